@@ -1,0 +1,1 @@
+"""The Hermes edge agent (`hermes-client`). Must not import fastapi or uvicorn."""

@@ -1,0 +1,221 @@
+"""The edge agent's loop: register, pull, train, push, pull, report.
+
+The server's sync strategy decides when a push lands (now, or at a barrier);
+the agent simply waits for the push reply, then pulls the model if it is
+newer than the one it trained from.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+import time
+import zlib
+from dataclasses import dataclass, field
+
+import torch
+import zmq
+
+from hermes.client.prefetch import Prefetcher, StopSignal, Work
+from hermes.client.trainer import LocalTrainer, resolve_device, resolve_precision
+from hermes.client.transport import ControlClient, DataClient, TrafficCounter
+from hermes.common.config import RunConfig
+from hermes.common.tensors import ModelSpec, build_from_spec
+from hermes.common.wire import MsgType, dtype_from_name
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class AgentOptions:
+    server: str
+    name: str
+    threads: int = 1
+    slowdown: float = 1.0
+    device: str = "auto"
+    request_timeout: float = 30.0
+    connect_retries: int = 8
+    progress: bool = True
+    max_cycles: int | None = None
+
+
+@dataclass
+class AgentStats:
+    cycles: int = 0
+    samples: int = 0
+    compute_seconds: float = 0.0
+    wait_seconds: float = 0.0
+    pushes: int = 0
+    applied: int = 0
+    rejected: int = 0
+    pulls: int = 0
+    last_loss: float = float("nan")
+    started: float = field(default_factory=time.perf_counter)
+
+
+class Agent:
+    def __init__(self, options: AgentOptions) -> None:
+        self.options = options
+        self.control = ControlClient(options.server, retries=options.connect_retries)
+        self.traffic = TrafficCounter()
+        self.stats = AgentStats()
+        self.stop_requested = threading.Event()
+        self.stop_reason = ""
+        self._ctx = zmq.Context()
+        self._last_report = 0.0
+        self._last_progress = 0.0
+
+    def request_stop(self, reason: str) -> None:
+        self.stop_reason = reason
+        self.stop_requested.set()
+
+    def run(self) -> AgentStats:
+        opts = self.options
+        torch.set_num_threads(opts.threads)
+        device = resolve_device(opts.device)
+        reg = self.control.register(
+            name=opts.name, threads=opts.threads, device=device.type, slowdown=opts.slowdown,
+            hints={"torch": torch.__version__},
+        )
+        self.worker_id, self.token = reg["worker_id"], reg["token"]
+        spec = ModelSpec.from_dict(reg["model_spec"])
+        self.config = RunConfig(**reg["run_config"])
+        self.precision = resolve_precision(self.config.precision, device)
+        log.info("registered as %s (%s); preset=%s model=%s (%d params) precision=%s device=%s data plane %s",
+                 self.worker_id, opts.name, self.config.preset, spec.name, spec.numel,
+                 self.precision, device, reg["data_plane"])
+        self.trainer = LocalTrainer(
+            build_from_spec(spec), lr=self.config.lr, momentum=self.config.momentum,
+            weight_decay=self.config.weight_decay, device=device, precision=self.precision,
+            slowdown=opts.slowdown, seed=zlib.crc32(self.worker_id.encode()),
+        )
+        self.wire_dtype = dtype_from_name(self.config.wire_dtype)
+        self.spec = spec
+        address = reg["data_plane"]
+        self.data = DataClient(address, self.worker_id, self.token, timeout=opts.request_timeout,
+                               counter=self.traffic, context=self._ctx)
+        self.prefetcher = Prefetcher(
+            lambda: DataClient(address, self.worker_id, self.token, timeout=opts.request_timeout,
+                               counter=self.traffic, context=self._ctx)
+        )
+        try:
+            self.version, self.base = self._pull(force=True)
+            self.prefetcher.start()
+            self._loop()
+        finally:
+            self.prefetcher.stop()
+            self._report(final=True)
+            self.data.close()
+            try:
+                self.control.leave(self.worker_id, self.token)
+            except Exception as exc:  # the server may be gone already
+                log.info("could not say goodbye to the server: %s", exc)
+            self._ctx.term()
+            self._progress(force=True)
+            if opts.progress and sys.stderr.isatty():
+                sys.stderr.write("\n")
+        return self.stats
+
+    def _loop(self) -> None:
+        while not self.stop_requested.is_set():
+            if self.options.max_cycles is not None and self.stats.cycles >= self.options.max_cycles:
+                self.stop_reason = f"max_cycles={self.options.max_cycles} reached"
+                return
+            item = self.prefetcher.next()
+            if isinstance(item, StopSignal):
+                if item.error is not None:
+                    raise item.error
+                self.stop_reason = item.reason
+                return
+            if self._cycle(item):
+                return
+            self._progress()
+            if time.monotonic() - self._last_report >= self.config.stats_interval_seconds:
+                self._report()
+
+    def _cycle(self, work: Work) -> bool:
+        """Train on one assignment, push, pull. True when the server says stop."""
+        self.trainer.set_lr(work.lr)
+        result = self.trainer.train_cycle(work.x, work.y, work.batch_size)
+        st = self.stats
+        st.cycles += 1
+        st.samples += result.samples
+        st.compute_seconds += result.compute_seconds
+        st.last_loss = result.loss
+        delta = (self.trainer.flat() - self.base).to(self.wire_dtype)
+        t0 = time.perf_counter()
+        reply = self.data.request(
+            MsgType.PUSH_UPDATE,
+            {"samples": result.samples, "steps": result.steps, "loss": result.loss,
+             "compute_seconds": result.compute_seconds},
+            payload=delta, model_version=self.version, shapes=self.spec.shapes,
+            # A barrier may hold the reply for as long as the slowest worker's cycle.
+            timeout=max(600.0, self.options.request_timeout), idempotent=False,
+        )
+        st.wait_seconds += time.perf_counter() - t0
+        st.pushes += 1
+        body = reply.header.body
+        if body.get("status") == "applied":
+            st.applied += 1
+        else:
+            st.rejected += 1
+            log.debug("update rejected: %s", body.get("reason"))
+        if body.get("stop"):
+            self.stop_reason = "server asked to stop"
+            return True
+        self.version, self.base = self._pull(force=False)
+        return False
+
+    def _pull(self, force: bool) -> tuple[int, torch.Tensor]:
+        t0 = time.perf_counter()
+        reply = self.data.request(MsgType.PULL_MODEL, {"if_newer": not force, "dtype": "float32"},
+                                  model_version=getattr(self, "version", 0))
+        self.stats.wait_seconds += time.perf_counter() - t0
+        self.stats.pulls += 1
+        if reply.payload is None:
+            # Unchanged: keep training from our own model against the same base.
+            return self.version, self.base
+        flat = reply.payload.flat().clone()  # own it: the frame buffers go away
+        self.trainer.load(flat)
+        return reply.header.model_version, flat
+
+    def _report(self, final: bool = False) -> None:
+        self._last_report = time.monotonic()
+        st = self.stats
+        body = {
+            "samples": st.samples,
+            "compute_seconds": st.compute_seconds,
+            "wait_seconds": st.wait_seconds + self.prefetcher.wait_seconds,
+            "prefetch_wait_seconds": self.prefetcher.wait_seconds,
+            "bytes_sent": self.traffic.bytes_sent,
+            "bytes_received": self.traffic.bytes_received,
+            "precision": self.precision,
+            "final": final,
+        }
+        try:
+            self.data.request(MsgType.REPORT_STATS, body, timeout=5.0 if final else None)
+        except Exception as exc:
+            if not final:
+                raise
+            log.info("final stats report not delivered: %s", exc)
+
+    def _progress(self, force: bool = False) -> None:
+        if not self.options.progress:
+            return
+        now = time.perf_counter()
+        if not force and now - self._last_progress < 1.0:
+            return
+        self._last_progress = now
+        st = self.stats
+        wall = max(1e-9, now - st.started)
+        line = (f"[{self.options.name}] v{self.version} cycles={st.cycles} samples={st.samples} "
+                f"loss={st.last_loss:.4f} compute={st.compute_seconds / wall:.0%} "
+                f"wait={(st.wait_seconds + self.prefetcher.wait_seconds) / wall:.0%} "
+                f"applied={st.applied}/{st.pushes} sent={self.traffic.bytes_sent / 1e6:.1f}MB")
+        if sys.stderr.isatty():
+            sys.stderr.write("\r" + line[:200])
+            sys.stderr.flush()
+        elif force or now - getattr(self, "_last_log_line", 0.0) >= 5.0:
+            self._last_log_line = now
+            log.info("%s", line)

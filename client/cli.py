@@ -1,0 +1,84 @@
+"""``hermes-client --server URL``: run an edge agent."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import socket
+import sys
+
+EXIT_OK, EXIT_CONFIG, EXIT_UNREACHABLE, EXIT_REMOTE = 0, 2, 3, 4
+
+
+def _env(name: str, default: str | None = None) -> str | None:
+    return os.environ.get(f"HERMES_{name}", default)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="hermes-client",
+        description="Hermes edge agent: joins a parameter server and trains. "
+        "Every flag has an environment variable twin (HERMES_SERVER, HERMES_NAME, ...).",
+    )
+    p.add_argument("--server", default=_env("SERVER"), help="control-plane URL, e.g. http://10.0.0.5:8000 [HERMES_SERVER]")
+    p.add_argument("--name", default=_env("NAME", socket.gethostname()), help="stable worker name [HERMES_NAME]")
+    p.add_argument("--threads", type=int, default=int(_env("THREADS", "1")), help="torch intra-op threads [HERMES_THREADS]")
+    p.add_argument("--slowdown", type=float, default=float(_env("SLOWDOWN", "1.0")),
+                   help="emulate a device this many times slower (>= 1) [HERMES_SLOWDOWN]")
+    p.add_argument("--device", default=_env("DEVICE", "auto"), help="auto, cpu, cuda, cuda:N [HERMES_DEVICE]")
+    p.add_argument("--request-timeout", type=float, default=float(_env("REQUEST_TIMEOUT", "30")),
+                   help="seconds to wait for a data-plane reply [HERMES_REQUEST_TIMEOUT]")
+    p.add_argument("--connect-retries", type=int, default=int(_env("CONNECT_RETRIES", "8")),
+                   help="registration retries (exponential backoff) before giving up [HERMES_CONNECT_RETRIES]")
+    p.add_argument("--max-cycles", type=int, default=None, help="stop after this many training cycles")
+    p.add_argument("--no-progress", action="store_true", help="no status line")
+    p.add_argument("--log-level", default=_env("LOG_LEVEL", "info"), choices=["debug", "info", "warning", "error"])
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not args.server:
+        print("hermes-client: --server URL (or HERMES_SERVER) is required", file=sys.stderr)
+        return EXIT_CONFIG
+    if args.slowdown < 1.0 or args.threads < 1:
+        print("hermes-client: --slowdown must be >= 1 and --threads >= 1", file=sys.stderr)
+        return EXIT_CONFIG
+
+    from hermes.client.agent import Agent, AgentOptions
+    from hermes.client.transport import RemoteError, ServerUnreachable
+
+    agent = Agent(AgentOptions(
+        server=args.server, name=args.name, threads=args.threads, slowdown=args.slowdown, device=args.device,
+        request_timeout=args.request_timeout, connect_retries=args.connect_retries,
+        progress=not args.no_progress, max_cycles=args.max_cycles,
+    ))
+
+    def on_signal(signum, _frame):
+        agent.request_stop(f"signal {signal.Signals(signum).name}")
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        stats = agent.run()
+    except ServerUnreachable as exc:
+        print(f"hermes-client: {exc}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    except RemoteError as exc:
+        print(f"hermes-client: server refused: {exc}", file=sys.stderr)
+        return EXIT_REMOTE
+    except ValueError as exc:
+        print(f"hermes-client: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    logging.getLogger("hermes.client").info(
+        "stopped (%s): %d cycles, %d samples, %d/%d updates applied",
+        agent.stop_reason or "done", stats.cycles, stats.samples, stats.applied, stats.pushes,
+    )
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""What the server and the agents share: wire format, config, models, data, policies."""

@@ -1,0 +1,165 @@
+"""Shard records and their assignment to workers.
+
+The training set is cut once into fixed-size shards. Each shard is one
+self-describing record, the same bytes whether it travels over the ZeroMQ
+data plane or (later) as a Kafka record value::
+
+    b"HSR1" | u32 little-endian header length | msgpack header | array bytes
+
+The header holds: ``format`` (1), ``dataset``, ``shard`` (id), ``samples``,
+``arrays`` (list of {name, dtype, shape, offset, nbytes}, offsets relative to
+the first array byte) and ``crc32c`` over all array bytes.
+
+An epoch is a seeded permutation of shard ids handed out in order, so the
+shards of one epoch are disjoint and cover the training set whatever the
+workers' speeds.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from dataclasses import dataclass
+
+import crc32c
+import msgpack
+import numpy as np
+
+RECORD_MAGIC = b"HSR1"
+RECORD_FORMAT = 1
+_LEN = struct.Struct("<I")
+_NP_DTYPES = {"float32", "float16", "int64", "int32", "uint8", "int8", "int16", "float64"}
+
+
+class RecordError(ValueError):
+    """A shard record that is truncated, corrupt or not ours."""
+
+
+@dataclass(frozen=True)
+class ShardRecord:
+    dataset: str
+    shard: int
+    x: np.ndarray
+    y: np.ndarray
+
+    @property
+    def samples(self) -> int:
+        return int(self.y.shape[0])
+
+
+def encode_record(dataset: str, shard: int, x: np.ndarray, y: np.ndarray) -> bytes:
+    arrays, blobs, offset = [], [], 0
+    for name, arr in (("x", x), ("y", y)):
+        arr = np.ascontiguousarray(arr)
+        if arr.dtype.name not in _NP_DTYPES:
+            raise ValueError(f"array {name!r} has dtype {arr.dtype} which records cannot carry")
+        blob = arr.tobytes()
+        arrays.append({"name": name, "dtype": arr.dtype.name, "shape": list(arr.shape), "offset": offset, "nbytes": len(blob)})
+        blobs.append(blob)
+        offset += len(blob)
+    body = b"".join(blobs)
+    header = msgpack.packb(
+        {
+            "format": RECORD_FORMAT,
+            "dataset": dataset,
+            "shard": int(shard),
+            "samples": int(y.shape[0]),
+            "arrays": arrays,
+            "crc32c": crc32c.crc32c(body),
+        },
+        use_bin_type=True,
+    )
+    return RECORD_MAGIC + _LEN.pack(len(header)) + header + body
+
+
+def decode_record(buf: bytes | memoryview) -> ShardRecord:
+    """Parse and verify one record; arrays are copies owned by the caller."""
+    view = memoryview(buf).cast("B")
+    if len(view) < 8 or bytes(view[:4]) != RECORD_MAGIC:
+        raise RecordError("not a shard record (bad magic)")
+    (hlen,) = _LEN.unpack(view[4:8])
+    if 8 + hlen > len(view):
+        raise RecordError(f"record truncated: header of {hlen} bytes, record of {len(view)}")
+    try:
+        header = msgpack.unpackb(view[8 : 8 + hlen], raw=False)
+        if header["format"] != RECORD_FORMAT:
+            raise RecordError(f"record format {header['format']} unsupported (want {RECORD_FORMAT})")
+        body = view[8 + hlen :]
+        if crc32c.crc32c(body) != header["crc32c"]:
+            raise RecordError(f"shard {header.get('shard')}: checksum mismatch")
+        arrays = {}
+        for a in header["arrays"]:
+            if a["dtype"] not in _NP_DTYPES:
+                raise RecordError(f"array {a['name']!r}: dtype {a['dtype']!r} not allowed")
+            dtype = np.dtype(a["dtype"])
+            shape = tuple(int(d) for d in a["shape"])
+            if math.prod(shape) * dtype.itemsize != a["nbytes"] or a["offset"] + a["nbytes"] > len(body):
+                raise RecordError(f"array {a['name']!r}: shape/length mismatch")
+            arrays[a["name"]] = np.frombuffer(body, dtype=dtype, count=math.prod(shape), offset=a["offset"]).reshape(shape).copy()
+        x, y = arrays["x"], arrays["y"]
+    except RecordError:
+        raise
+    except (KeyError, TypeError, ValueError, msgpack.UnpackException) as exc:
+        raise RecordError(f"malformed record header: {exc!r}") from None
+    if x.shape[0] != y.shape[0] or y.shape[0] != header["samples"]:
+        raise RecordError("x and y disagree on the sample count")
+    return ShardRecord(dataset=header["dataset"], shard=int(header["shard"]), x=x, y=y)
+
+
+def shard_bounds(num_samples: int, shard_size: int) -> list[tuple[int, int]]:
+    """Contiguous [start, stop) ranges of at most shard_size covering every sample."""
+    if num_samples <= 0 or shard_size <= 0:
+        raise ValueError("num_samples and shard_size must be positive")
+    return [(s, min(s + shard_size, num_samples)) for s in range(0, num_samples, shard_size)]
+
+
+@dataclass(frozen=True)
+class Assignment:
+    epoch: int
+    shards: tuple[int, ...]
+
+
+class ShardQueue:
+    """Hands out shard ids epoch by epoch; each epoch is a seeded permutation.
+
+    Deterministic given (num_shards, seed) and the sequence of take() calls.
+    An assignment never spans two epochs, so within an epoch the shards are
+    disjoint and, once the epoch is drained, cover the whole set.
+    """
+
+    def __init__(self, num_shards: int, seed: int = 0) -> None:
+        if num_shards <= 0:
+            raise ValueError("num_shards must be positive")
+        self.num_shards = num_shards
+        self.seed = seed
+        self.epoch = 0
+        self._order = self._permutation(0)
+        self._next = 0
+
+    def _permutation(self, epoch: int) -> list[int]:
+        rng = np.random.default_rng([self.seed, epoch])
+        return [int(i) for i in rng.permutation(self.num_shards)]
+
+    def take(self, count: int) -> Assignment:
+        if count <= 0:
+            raise ValueError("count must be positive")
+        if self._next >= self.num_shards:
+            self.epoch += 1
+            self._order = self._permutation(self.epoch)
+            self._next = 0
+        ids = self._order[self._next : self._next + count]
+        self._next += len(ids)
+        return Assignment(epoch=self.epoch, shards=tuple(ids))
+
+    @property
+    def progress(self) -> float:
+        """Epochs handed out so far, fractional."""
+        return self.epoch + self._next / self.num_shards
+
+    def state(self) -> dict:
+        return {"epoch": self.epoch, "next": self._next, "seed": self.seed, "num_shards": self.num_shards}
+
+
+def shards_for(samples: int, shard_size: int) -> int:
+    """How many shards carry at least ``samples`` samples."""
+    return max(1, math.ceil(samples / shard_size))

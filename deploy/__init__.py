@@ -1,0 +1,1 @@
+"""Deployment: local testbed launcher, compose profiles and (later) SSH roll-out."""

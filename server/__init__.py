@@ -1,0 +1,1 @@
+"""The Hermes parameter server: FastAPI control plane + ZeroMQ data plane."""

@@ -1,0 +1,123 @@
+"""ZeroMQ data plane: an asyncio ROUTER socket in front of the engine.
+
+Each request is handled in its own task so a worker held at a barrier never
+blocks the others. Every failure becomes an error reply, a counter and a log
+line; the loop itself only stops when told to.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import msgpack
+import zmq
+import zmq.asyncio
+
+from hermes.common.wire import MAX_HEADER_BYTES, ErrorCode, ProtocolError, error_frames
+from hermes.server.engine import Engine
+
+log = logging.getLogger(__name__)
+
+
+class DataPlane:
+    def __init__(self, engine: Engine, host: str, port: int, *, max_in_flight: int = 1024) -> None:
+        self.engine = engine
+        self.host = host
+        self.requested_port = port
+        self.port: int | None = None
+        self.max_in_flight = max_in_flight
+        self._ctx: zmq.asyncio.Context | None = None
+        self._sock: zmq.asyncio.Socket | None = None
+        self._task: asyncio.Task | None = None
+        self._inflight: set[asyncio.Task] = set()
+
+    async def start(self) -> int:
+        self._ctx = zmq.asyncio.Context()
+        sock = self._ctx.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.LINGER, 0)
+        # Frames bigger than the whole-message limit are refused by libzmq
+        # itself (it drops that peer's connection) before we allocate them.
+        sock.setsockopt(zmq.MAXMSGSIZE, self.engine.max_message_bytes + MAX_HEADER_BYTES)
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        if self.requested_port:
+            sock.bind(f"tcp://{self.host}:{self.requested_port}")
+            self.port = self.requested_port
+        else:
+            self.port = sock.bind_to_random_port(f"tcp://{self.host}")
+        self._sock = sock
+        self._task = asyncio.create_task(self._serve(), name="hermes-dataplane")
+        log.info("data plane listening on tcp://%s:%d", self.host, self.port)
+        return self.port
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        # Give held replies (released by request_stop) a moment to go out.
+        if self._inflight:
+            await asyncio.wait(list(self._inflight), timeout=2.0)
+        for t in list(self._inflight):
+            t.cancel()
+        if self._sock is not None:
+            self._sock.close(linger=0)
+        if self._ctx is not None:
+            self._ctx.term()
+        log.info("data plane stopped")
+
+    async def _serve(self) -> None:
+        assert self._sock is not None
+        while True:
+            try:
+                frames = await self._sock.recv_multipart(copy=False)
+            except asyncio.CancelledError:
+                raise
+            except zmq.ZMQError as exc:
+                log.warning("data plane receive failed: %s", exc)
+                continue
+            identity = frames[0].bytes
+            if len(self._inflight) >= self.max_in_flight:
+                self.engine.metrics.errors.labels(code=ErrorCode.UNAVAILABLE.value).inc()
+                await self._send(identity, error_frames(ErrorCode.UNAVAILABLE, "server busy, retry later"))
+                continue
+            task = asyncio.create_task(self._handle(identity, frames[1:]))
+            self._inflight.add(task)
+            task.add_done_callback(self._inflight.discard)
+
+    async def _handle(self, identity: bytes, frames: list) -> None:
+        try:
+            reply = await self.engine.handle(frames)
+        except ProtocolError as exc:
+            self.engine.metrics.errors.labels(code=exc.code.value).inc()
+            log.warning("rejected message from %s: %s", identity.hex(), exc)
+            reply = error_frames(exc.code, exc.message, seq=_seq_of(frames))
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            self.engine.metrics.errors.labels(code=ErrorCode.INTERNAL.value).inc()
+            log.exception("internal error handling a message from %s", identity.hex())
+            reply = error_frames(ErrorCode.INTERNAL, "internal server error", seq=_seq_of(frames))
+        await self._send(identity, reply)
+
+    async def _send(self, identity: bytes, reply: list) -> None:
+        assert self._sock is not None
+        try:
+            await self._sock.send_multipart([identity, *reply], copy=False)
+        except zmq.ZMQError as exc:
+            # The peer went away (ROUTER_MANDATORY): its event, not our crash.
+            log.info("could not reply to %s: %s", identity.hex(), exc)
+
+
+def _seq_of(frames: list) -> int:
+    """Best-effort seq of a rejected request, so the client can match the error."""
+    try:
+        raw = frames[0].buffer if hasattr(frames[0], "buffer") else frames[0]
+        if len(raw) > MAX_HEADER_BYTES:
+            return 0
+        seq = msgpack.unpackb(raw, raw=False).get("seq", 0)
+        return seq if isinstance(seq, int) and not isinstance(seq, bool) else 0
+    except Exception:
+        return 0

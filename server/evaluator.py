@@ -1,0 +1,119 @@
+"""Test loss/accuracy of the global model, computed in a background thread.
+
+The evaluator owns its own model replica and a fixed held-out subset. It
+reads the global model only through ModelState.snapshot (a short copy under
+the model lock), so evaluation never blocks the data plane.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from hermes.common.datasets import ArrayDataset
+from hermes.common.tensors import ModelSpec, build_from_spec, load_flat
+from hermes.server.state import ModelState
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    version: int
+    loss: float
+    accuracy: float
+    samples: int
+    seconds: float
+    at: float
+
+
+class Evaluator:
+    def __init__(
+        self,
+        spec: ModelSpec,
+        state: ModelState,
+        test: ArrayDataset,
+        *,
+        max_samples: int,
+        interval: float,
+        seed: int = 0,
+        on_result: Callable[[Evaluation], None] | None = None,
+        batch_size: int = 512,
+    ) -> None:
+        self.state = state
+        self.interval = interval
+        self.batch_size = batch_size
+        self.on_result = on_result
+        self.model = build_from_spec(spec).eval()
+        n = len(test)
+        # A fixed seeded subset: evaluations of different versions are comparable.
+        idx = np.sort(np.random.default_rng(seed).permutation(n)[: min(n, max_samples)])
+        self.x = torch.from_numpy(np.ascontiguousarray(test.x[idx]))
+        self.y = torch.from_numpy(np.ascontiguousarray(test.y[idx]))
+        self.latest: Evaluation | None = None
+        self.history: list[Evaluation] = []
+        self._lock = threading.Lock()  # one evaluation at a time (thread vs evaluate_now)
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="hermes-evaluator", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    def poke(self) -> None:
+        self._wake.set()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self.interval)
+            self._wake.clear()
+            if self._stop.is_set():
+                break
+            if self.latest is None or self.latest.version != self.state.version:
+                try:
+                    self.evaluate_now()
+                except Exception:  # an evaluation bug must not kill the server
+                    log.exception("evaluation failed")
+
+    @torch.inference_mode()
+    def evaluate_now(self) -> Evaluation:
+        with self._lock:
+            version, flat = self.state.snapshot()
+            if self.latest is not None and self.latest.version == version:
+                return self.latest
+            t0 = time.perf_counter()
+            load_flat(self.model, flat)
+            loss_sum, correct = 0.0, 0
+            for i in range(0, len(self.y), self.batch_size):
+                xb, yb = self.x[i : i + self.batch_size], self.y[i : i + self.batch_size]
+                logits = self.model(xb)
+                loss_sum += float(F.cross_entropy(logits, yb, reduction="sum"))
+                correct += int((logits.argmax(1) == yb).sum())
+            n = max(1, len(self.y))
+            result = Evaluation(
+                version=version,
+                loss=loss_sum / n,
+                accuracy=correct / n,
+                samples=len(self.y),
+                seconds=time.perf_counter() - t0,
+                at=time.time(),
+            )
+            self.latest = result
+            self.history.append(result)
+        if self.on_result is not None:
+            self.on_result(result)
+        return result

@@ -1,0 +1,42 @@
+"""Prometheus metrics of one server instance (its own registry, so several
+servers in one process, as in tests, never share counters)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class ServerMetrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.messages = Counter("hermes_messages_total", "Data-plane requests handled", ["type"], registry=r)
+        self.errors = Counter("hermes_errors_total", "Data-plane requests answered with an error", ["code"], registry=r)
+        self.bytes_in = Counter("hermes_bytes_received_total", "Data-plane bytes received", registry=r)
+        self.bytes_out = Counter("hermes_bytes_sent_total", "Data-plane bytes sent", registry=r)
+        self.updates = Counter("hermes_updates_total", "Pushed updates by outcome", ["outcome"], registry=r)
+        self.model_version = Gauge("hermes_model_version", "Global model version", registry=r)
+        self.workers = Gauge("hermes_workers", "Registered workers by state", ["state"], registry=r)
+        self.staleness = Histogram(
+            "hermes_update_staleness", "Versions between an update's base and the model it was applied to",
+            buckets=(0, 1, 2, 4, 8, 16, 32, 64, 128), registry=r,
+        )
+        self.apply_seconds = Histogram(
+            "hermes_apply_seconds", "Seconds to validate and fold one update (or barrier) into the model",
+            buckets=(1e-4, 5e-4, 1e-3, 5e-3, 0.01, 0.05, 0.1, 0.5, 1.0), registry=r,
+        )
+        self.eval_seconds = Histogram(
+            "hermes_eval_seconds", "Seconds per evaluation of the global model",
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30), registry=r,
+        )
+        self.test_accuracy = Gauge("hermes_test_accuracy", "Test accuracy of the last evaluated model", registry=r)
+        self.test_loss = Gauge("hermes_test_loss", "Test loss of the last evaluated model", registry=r)
+        self.evaluated_version = Gauge("hermes_evaluated_version", "Model version of the last evaluation", registry=r)
+        self.worker_compute = Gauge("hermes_worker_compute_seconds", "Compute seconds reported", ["worker"], registry=r)
+        self.worker_wait = Gauge("hermes_worker_wait_seconds", "Wait seconds reported", ["worker"], registry=r)
+        self.worker_samples = Gauge("hermes_worker_samples", "Samples trained, as reported", ["worker"], registry=r)
+        self.registrations = Counter("hermes_registrations_total", "Registration attempts by outcome", ["outcome"], registry=r)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

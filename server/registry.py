@@ -1,0 +1,123 @@
+"""Registered workers: identity, credentials and the measurements they report."""
+
+from __future__ import annotations
+
+import hmac
+import secrets
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from hermes.common.wire import ErrorCode, ProtocolError
+
+
+class RegistryFull(Exception):
+    """max_workers reached."""
+
+
+@dataclass
+class WorkerRecord:
+    id: str
+    name: str
+    token: str
+    joined_at: float
+    threads: int = 1
+    device: str = "cpu"
+    slowdown: float = 1.0
+    hints: dict[str, Any] = field(default_factory=dict)
+    state: str = "active"  # active | left
+    last_seen: float = 0.0
+    pushes: int = 0
+    applied: int = 0
+    rejected: int = 0
+    pulls: int = 0
+    # As the agent reports them (cumulative since it joined).
+    samples: int = 0
+    compute_seconds: float = 0.0
+    wait_seconds: float = 0.0
+    prefetch_wait_seconds: float = 0.0
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    precision: str = ""
+    # As the server counts them on the data plane.
+    server_bytes_in: int = 0
+    server_bytes_out: int = 0
+
+    def public(self) -> dict[str, Any]:
+        wall = max(1e-9, self.last_seen - self.joined_at)
+        return {
+            "id": self.id,
+            "name": self.name,
+            "state": self.state,
+            "threads": self.threads,
+            "device": self.device,
+            "slowdown": self.slowdown,
+            "speed": round(1.0 / self.slowdown, 6),
+            "precision": self.precision,
+            "samples": self.samples,
+            "compute_seconds": round(self.compute_seconds, 6),
+            "wait_seconds": round(self.wait_seconds, 6),
+            "prefetch_wait_seconds": round(self.prefetch_wait_seconds, 6),
+            "utilization": round(min(1.0, self.compute_seconds / wall), 6) if self.last_seen else 0.0,
+            "pushes": self.pushes,
+            "applied": self.applied,
+            "rejected": self.rejected,
+            "pulls": self.pulls,
+            "bytes_sent": self.bytes_sent,
+            "bytes_received": self.bytes_received,
+            "server_bytes_in": self.server_bytes_in,
+            "server_bytes_out": self.server_bytes_out,
+            "joined_at": self.joined_at,
+            "last_seen": self.last_seen,
+        }
+
+
+class Registry:
+    def __init__(self, max_workers: int) -> None:
+        self.max_workers = max_workers
+        self._by_id: dict[str, WorkerRecord] = {}
+        self._by_name: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    def register(self, name: str, **info: Any) -> tuple[WorkerRecord, bool]:
+        """A new record, or the same id with a fresh token when the name rejoins.
+
+        Returns (record, rejoined). The old token stops working at once.
+        """
+        with self._lock:
+            now = time.time()
+            wid = self._by_name.get(name)
+            if wid is not None:
+                rec = self._by_id[wid]
+                rec.token = secrets.token_urlsafe(24)
+                rec.state = "active"
+                rec.last_seen = now
+                for k, v in info.items():
+                    setattr(rec, k, v)
+                return rec, True
+            if len(self._by_id) >= self.max_workers:
+                raise RegistryFull(f"max_workers={self.max_workers} reached")
+            wid = f"w{len(self._by_id) + 1:04d}"
+            rec = WorkerRecord(id=wid, name=name, token=secrets.token_urlsafe(24), joined_at=now, last_seen=now, **info)
+            self._by_id[wid] = rec
+            self._by_name[name] = wid
+            return rec, False
+
+    def authenticate(self, worker_id: str, token: str) -> WorkerRecord:
+        rec = self._by_id.get(worker_id)
+        if rec is None:
+            raise ProtocolError(ErrorCode.UNKNOWN_WORKER, f"unknown worker id {worker_id!r}")
+        if not hmac.compare_digest(rec.token.encode(), token.encode()):
+            raise ProtocolError(ErrorCode.UNAUTHORIZED, f"bad token for worker {worker_id!r}")
+        rec.last_seen = time.time()
+        return rec
+
+    def get(self, worker_id: str) -> WorkerRecord | None:
+        return self._by_id.get(worker_id)
+
+    def all(self) -> list[WorkerRecord]:
+        return list(self._by_id.values())
+
+    def active_ids(self) -> list[str]:
+        return [r.id for r in self._by_id.values() if r.state == "active"]

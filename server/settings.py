@@ -1,0 +1,41 @@
+"""Server settings: CLI flags, ``HERMES_*`` environment variables or a config file.
+
+``uvicorn --factory hermes.server.app:create_app`` builds the app from the
+environment alone, so every setting has an env-var name (``HERMES_PRESET``,
+``HERMES_DATA_PORT``, ``HERMES_CONFIG`` ...).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from hermes.common.config import RunConfig, build_config, load_config_file
+from hermes.common.wire import DEFAULT_MAX_MESSAGE_BYTES
+
+
+class ServerSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="HERMES_", frozen=True, extra="ignore")
+
+    # Control-plane address agents are told about is the one they used; the
+    # data plane binds separately and advertises ``advertise_host``.
+    data_host: str = "0.0.0.0"
+    data_port: int = Field(default=0, ge=0, le=65535, description="0 picks a free port")
+    advertise_host: str = Field(default="127.0.0.1", description="host agents use to reach the data plane")
+    preset: str | None = None
+    config: str | None = Field(default=None, description="JSON or TOML file of run-config overrides")
+    run: dict[str, Any] = Field(default_factory=dict, description="run-config overrides (HERMES_RUN as JSON)")
+    out_dir: str | None = Field(default=None, description="where events.jsonl and summary.json go")
+    max_message_bytes: int = Field(default=DEFAULT_MAX_MESSAGE_BYTES, gt=1024)
+    max_workers: int = Field(default=256, gt=0)
+    eval_threads: int = Field(default=1, gt=0)
+
+    def run_config(self) -> RunConfig:
+        overrides: dict[str, Any] = {}
+        if self.config:
+            overrides.update(load_config_file(self.config))
+        overrides.update(self.run)
+        preset = self.preset or overrides.pop("preset", None)
+        return build_config(preset, **overrides)

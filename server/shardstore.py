@@ -1,0 +1,30 @@
+"""The training set cut into shard records, served by id over the data plane."""
+
+from __future__ import annotations
+
+import threading
+
+from hermes.common.datasets import ArrayDataset
+from hermes.common.shards import encode_record, shard_bounds
+
+
+class ShardStore:
+    def __init__(self, train: ArrayDataset, shard_size: int) -> None:
+        self.train = train
+        self.bounds = shard_bounds(len(train), shard_size)
+        self._records: dict[int, bytes] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def num_shards(self) -> int:
+        return len(self.bounds)
+
+    def record(self, shard: int) -> bytes:
+        """The encoded record of one shard; encoded once, then cached."""
+        rec = self._records.get(shard)
+        if rec is None:
+            start, stop = self.bounds[shard]
+            rec = encode_record(self.train.name, shard, self.train.x[start:stop], self.train.y[start:stop])
+            with self._lock:
+                self._records[shard] = rec
+        return rec
