@@ -38,6 +38,15 @@ class AgentOptions:
     connect_retries: int = 8
     progress: bool = True
     max_cycles: int | None = None
+    # (seconds since start, slowdown) steps: a device whose speed changes mid-run.
+    slowdown_schedule: tuple[tuple[float, float], ...] = ()
+
+    def slowdown_at(self, elapsed: float) -> float:
+        factor = self.slowdown
+        for at, step_factor in self.slowdown_schedule:
+            if elapsed >= at:
+                factor = step_factor
+        return factor
 
 
 @dataclass
@@ -137,6 +146,7 @@ class Agent:
     def _cycle(self, work: Work) -> bool:
         """Train on one assignment, push, pull. True when the server says stop."""
         self.trainer.set_lr(work.lr)
+        self.trainer.slowdown = self.options.slowdown_at(time.perf_counter() - self.stats.started)
         result = self.trainer.train_cycle(work.x, work.y, work.batch_size)
         st = self.stats
         st.cycles += 1

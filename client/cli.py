@@ -16,6 +16,19 @@ def _env(name: str, default: str | None = None) -> str | None:
     return os.environ.get(f"HERMES_{name}", default)
 
 
+def parse_schedule(text: str) -> tuple[tuple[float, float], ...]:
+    steps = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        at, sep, factor = part.partition(":")
+        if not sep:
+            raise ValueError(f"step {part!r}: expected SECONDS:SLOWDOWN")
+        step = (float(at), float(factor))
+        if step[0] < 0 or step[1] < 1.0:
+            raise ValueError(f"step {part!r}: seconds must be >= 0 and slowdown >= 1")
+        steps.append(step)
+    return tuple(sorted(steps))
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="hermes-client",
@@ -27,6 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=int(_env("THREADS", "1")), help="torch intra-op threads [HERMES_THREADS]")
     p.add_argument("--slowdown", type=float, default=float(_env("SLOWDOWN", "1.0")),
                    help="emulate a device this many times slower (>= 1) [HERMES_SLOWDOWN]")
+    p.add_argument("--slowdown-schedule", default=_env("SLOWDOWN_SCHEDULE", ""),
+                   help="speed changes mid-run as SECONDS:SLOWDOWN pairs, e.g. '30:8,60:1' [HERMES_SLOWDOWN_SCHEDULE]")
     p.add_argument("--device", default=_env("DEVICE", "auto"), help="auto, cpu, cuda, cuda:N [HERMES_DEVICE]")
     p.add_argument("--request-timeout", type=float, default=float(_env("REQUEST_TIMEOUT", "30")),
                    help="seconds to wait for a data-plane reply [HERMES_REQUEST_TIMEOUT]")
@@ -48,13 +63,19 @@ def main(argv: list[str] | None = None) -> int:
         print("hermes-client: --slowdown must be >= 1 and --threads >= 1", file=sys.stderr)
         return EXIT_CONFIG
 
+    try:
+        schedule = parse_schedule(args.slowdown_schedule)
+    except ValueError as exc:
+        print(f"hermes-client: --slowdown-schedule: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+
     from hermes.client.agent import Agent, AgentOptions
     from hermes.client.transport import RemoteError, ServerUnreachable
 
     agent = Agent(AgentOptions(
         server=args.server, name=args.name, threads=args.threads, slowdown=args.slowdown, device=args.device,
         request_timeout=args.request_timeout, connect_retries=args.connect_retries,
-        progress=not args.no_progress, max_cycles=args.max_cycles,
+        progress=not args.no_progress, max_cycles=args.max_cycles, slowdown_schedule=schedule,
     ))
 
     def on_signal(signum, _frame):

@@ -18,6 +18,7 @@ import math
 import os
 import pickle
 import random
+import zlib
 from dataclasses import dataclass
 from typing import Any, BinaryIO, Callable
 
@@ -139,7 +140,9 @@ def _stratified_split(
     return np.sort(train_idx), np.sort(test_idx)
 
 
-def _cap(x: np.ndarray, y: np.ndarray, limit: int | None, seed: int) -> tuple[np.ndarray, np.ndarray]:
+def _cap(
+    x: np.ndarray, y: np.ndarray, limit: int | None, seed: int
+) -> tuple[np.ndarray, np.ndarray]:
     if limit is None or limit >= len(y):
         return x, y
     keep = np.sort(np.random.default_rng(seed).choice(len(y), size=limit, replace=False))
@@ -250,7 +253,9 @@ def make_synthetic(
     x = centres[y, cluster] + rng.standard_normal((num_samples, dim))
     x = x.astype(np.float32).reshape(num_samples, *input_shape)
     train_idx, test_idx = _stratified_split(y, test_fraction, seed)
-    return _make_pair("synthetic", x[train_idx], y[train_idx], x[test_idx], y[test_idx], num_classes)
+    return _make_pair(
+        "synthetic", x[train_idx], y[train_idx], x[test_idx], y[test_idx], num_classes
+    )
 
 
 def _load_synthetic(
@@ -277,13 +282,15 @@ def read_idx(path: str, *, ndim: int) -> np.ndarray:
     The header is two zero bytes, a type code (0x08 = uint8), the number of
     dimensions, then each dimension as a big-endian uint32.
     """
-    opener: Callable[..., BinaryIO] = gzip.open if path.endswith(".gz") else open  # type: ignore[assignment]
+    opener: Callable[..., BinaryIO] = (
+        gzip.open if path.endswith(".gz") else open  # type: ignore[assignment]
+    )
     try:
         with opener(path, "rb") as fh:
             raw = fh.read()
     except FileNotFoundError as exc:
         raise DatasetUnavailable(f"IDX file {path} does not exist") from exc
-    except (OSError, EOFError) as exc:  # gzip.BadGzipFile is an OSError
+    except (OSError, EOFError, zlib.error) as exc:  # bad or truncated gzip streams
         raise DatasetCorrupt(f"cannot read IDX file {path}: {exc}") from exc
     if len(raw) < 4:
         raise DatasetCorrupt(f"IDX file {path} is too short for a header ({len(raw)} bytes)")
@@ -338,7 +345,10 @@ def _mnist_split(root: str, images_stem: str, labels_stem: str) -> tuple[np.ndar
 
 def _mnist_expectation(root: str | None, missing: list[str]) -> str:
     names = ", ".join(f"{s}[.gz]" for s in missing)
-    where = f"in {root} (or {os.path.join(root, 'MNIST', 'raw')})" if root else "in a folder given as root"
+    if root is None:
+        where = "in a folder given as root"
+    else:
+        where = f"in {root} (or {os.path.join(root, 'MNIST', 'raw')})"
     return f"data set 'mnist' needs the IDX files {names} {where}"
 
 
@@ -347,8 +357,9 @@ def _load_mnist(
 ) -> tuple[ArrayDataset, ArrayDataset]:
     if root is None:
         raise DatasetUnavailable(_mnist_expectation(None, list(_MNIST_FILES.values())))
-    x_train, y_train = _mnist_split(root, _MNIST_FILES["train_images"], _MNIST_FILES["train_labels"])
-    x_test, y_test = _mnist_split(root, _MNIST_FILES["test_images"], _MNIST_FILES["test_labels"])
+    files = _MNIST_FILES
+    x_train, y_train = _mnist_split(root, files["train_images"], files["train_labels"])
+    x_test, y_test = _mnist_split(root, files["test_images"], files["test_labels"])
     x_train, y_train = _cap(x_train, y_train, num_samples, seed)
     return _make_pair(
         "mnist",
@@ -411,7 +422,12 @@ def _read_cifar_batch(path: str) -> tuple[np.ndarray, np.ndarray]:
     # The official batches were pickled by Python 2, so keys come back as bytes.
     data = batch.get(b"data", batch.get("data"))
     labels = batch.get(b"labels", batch.get("labels"))
-    if not isinstance(data, np.ndarray) or data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3072:
+    if not (
+        isinstance(data, np.ndarray)
+        and data.dtype == np.uint8
+        and data.ndim == 2
+        and data.shape[1] == 3072
+    ):
         raise DatasetCorrupt(f"CIFAR-10 batch {path}: 'data' must be a uint8 array (N, 3072)")
     labels_arr = np.asarray(labels if labels is not None else [], dtype=np.int64)
     if labels_arr.shape != (data.shape[0],):

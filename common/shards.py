@@ -87,23 +87,31 @@ def decode_record(buf: bytes | memoryview) -> ShardRecord:
         body = view[8 + hlen :]
         if crc32c.crc32c(body) != header["crc32c"]:
             raise RecordError(f"shard {header.get('shard')}: checksum mismatch")
-        arrays = {}
+        arrays, end = {}, 0
         for a in header["arrays"]:
             if a["dtype"] not in _NP_DTYPES:
                 raise RecordError(f"array {a['name']!r}: dtype {a['dtype']!r} not allowed")
             dtype = np.dtype(a["dtype"])
             shape = tuple(int(d) for d in a["shape"])
-            if math.prod(shape) * dtype.itemsize != a["nbytes"] or a["offset"] + a["nbytes"] > len(body):
+            # The CRC covers the array bytes only, so the layout is checked too:
+            # arrays lie back to back from offset 0 (as encode_record writes them).
+            if (math.prod(shape) * dtype.itemsize != a["nbytes"] or any(d < 0 for d in shape)
+                    or a["offset"] != end or a["offset"] + a["nbytes"] > len(body)):
                 raise RecordError(f"array {a['name']!r}: shape/length mismatch")
             arrays[a["name"]] = np.frombuffer(body, dtype=dtype, count=math.prod(shape), offset=a["offset"]).reshape(shape).copy()
+            end += a["nbytes"]
+        if end != len(body):
+            raise RecordError(f"arrays cover {end} bytes, record body has {len(body)}")
         x, y = arrays["x"], arrays["y"]
+        # Inside the try: a header missing samples/dataset/shard, or 0-d arrays,
+        # is a corrupt record too (RecordError), not a KeyError/IndexError.
+        if x.shape[0] != y.shape[0] or y.shape[0] != header["samples"]:
+            raise RecordError("x and y disagree on the sample count")
+        return ShardRecord(dataset=header["dataset"], shard=int(header["shard"]), x=x, y=y)
     except RecordError:
         raise
-    except (KeyError, TypeError, ValueError, msgpack.UnpackException) as exc:
+    except (KeyError, TypeError, ValueError, IndexError, OverflowError, msgpack.UnpackException) as exc:
         raise RecordError(f"malformed record header: {exc!r}") from None
-    if x.shape[0] != y.shape[0] or y.shape[0] != header["samples"]:
-        raise RecordError("x and y disagree on the sample count")
-    return ShardRecord(dataset=header["dataset"], shard=int(header["shard"]), x=x, y=y)
 
 
 def shard_bounds(num_samples: int, shard_size: int) -> list[tuple[int, int]]:

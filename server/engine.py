@@ -304,7 +304,6 @@ class Engine:
             "update_applied", version=version, workers=[i.worker_id for i, _ in group],
             staleness=[version - 1 - i.base_version for i, _ in group], weights=[round(w, 6) for w in weights],
         )
-        self.evaluator.poke()
 
     async def _process_releases(self) -> None:
         """Fold and wake whatever the strategy releases. Caller holds _step."""

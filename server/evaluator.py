@@ -74,9 +74,6 @@ class Evaluator:
         if self._thread is not None:
             self._thread.join(timeout=30)
 
-    def poke(self) -> None:
-        self._wake.set()
-
     def _run(self) -> None:
         while not self._stop.is_set():
             self._wake.wait(self.interval)

@@ -303,6 +303,12 @@ def test_mnist_bad_gzip_names_the_file(tmp_path):
     with pytest.raises(DatasetCorrupt) as info:
         load_dataset("mnist", root=str(tmp_path))
     assert str(bad) in str(info.value)
+    labels = np.zeros(30, np.uint8)
+    whole = gzip.compress(_idx_bytes(labels))
+    bad.write_bytes(whole[: len(whole) // 2])  # cut off mid-stream
+    with pytest.raises(DatasetCorrupt) as info:
+        load_dataset("mnist", root=str(tmp_path))
+    assert str(bad) in str(info.value)
 
 
 def test_mnist_missing_files(tmp_path):
@@ -355,10 +361,9 @@ def test_cifar10_loads_fake_batches(tmp_path):
     unit_test = batches["test_batch"][0].reshape(-1, 3, 32, 32) / 255.0
     np.testing.assert_allclose(test.x, (unit_test - mean) / std, atol=1e-5)
     # Plane order: the first 1024 bytes of a row are the red channel.
-    first = batches["data_batch_1"][0][0]
-    np.testing.assert_allclose(
-        train.x[0, 0].ravel(), (first[:1024] / 255.0 - mean[0, 0, 0, 0]) / std[0, 0, 0, 0], atol=1e-5
-    )
+    red = batches["data_batch_1"][0][0, :1024] / 255.0
+    expected_red = (red - mean[0, 0, 0, 0]) / std[0, 0, 0, 0]
+    np.testing.assert_allclose(train.x[0, 0].ravel(), expected_red, atol=1e-5)
 
 
 def test_cifar10_finds_the_batches_subfolder_and_caps_training(tmp_path):

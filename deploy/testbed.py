@@ -1,0 +1,410 @@
+"""``hermes-testbed``: a heterogeneous cluster of real processes on one machine.
+
+Starts a real server (uvicorn, via ``hermes-server``) and N agent processes
+on loopback, makes them unequal as an HL profile says, prints live progress,
+stops at the target accuracy or the time limit, shuts everything down (no
+orphans, ports freed) and writes ``DIR/summary.json`` plus logs and the
+run's JSON-lines event log.
+
+Time to target is measured from the moment the agents are launched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hermes.deploy.profiles import PROFILE_CORES, parse_speed_schedule, slowdown_schedules, worker_profiles
+
+log = logging.getLogger(__name__)
+
+
+class TestbedError(Exception):
+    """The testbed could not start or run the cluster."""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def port_is_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+def http_json(url: str, method: str = "GET", timeout: float = 5.0) -> Any:
+    req = urllib.request.Request(url, method=method, data=b"" if method == "POST" else None)
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        return json.loads(resp.read())
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen
+    log_path: Path
+    info: dict[str, Any]
+
+
+class Testbed:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.out = Path(args.out).resolve()
+        self.logs = self.out / "logs"
+        self.procs: list[Proc] = []
+        self.server: Proc | None = None
+        self.port = free_port()
+        self.data_port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.events_path = self.out / "events.jsonl"
+
+    # ---- processes ----------------------------------------------------------
+
+    def _spawn(self, name: str, cmd: list[str], info: dict[str, Any]) -> Proc:
+        log_path = self.logs / f"{name}.log"
+        fh = open(log_path, "wb")  # noqa: SIM115 - the child owns it; closed after spawn
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        # A session of its own: one killpg reaches the process and any children.
+        popen = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                 start_new_session=True, env=env)
+        fh.close()
+        proc = Proc(name, popen, log_path, info)
+        self.procs.append(proc)
+        return proc
+
+    def start_server(self) -> None:
+        a = self.args
+        cmd = [
+            sys.executable, "-m", "hermes.server.cli",
+            "--host", "127.0.0.1", "--port", str(self.port),
+            "--data-host", "127.0.0.1", "--data-port", str(self.data_port), "--advertise-host", "127.0.0.1",
+            "--preset", a.preset, "--out", str(self.out), "--log-level", "warning",
+            "--set", f"dataset={a.dataset}", "--set", f"model={a.model}", "--set", f"seed={a.seed}",
+        ]
+        for kv in a.set:
+            cmd += ["--set", kv]
+        if a.config:
+            cmd += ["--config", a.config]
+        self.server = self._spawn("server", cmd, {})
+        deadline = time.monotonic() + a.startup_timeout
+        while time.monotonic() < deadline:
+            if self.server.popen.poll() is not None:
+                raise TestbedError(f"server exited with code {self.server.popen.returncode} during start-up; "
+                                   f"see {self.server.log_path}:\n{_tail(self.server.log_path)}")
+            try:
+                if http_json(self.url + "/healthz", timeout=1.0).get("status") == "ok":
+                    return
+            except (urllib.error.URLError, OSError, ValueError):
+                pass
+            time.sleep(0.2)
+        raise TestbedError(f"server did not become healthy within {a.startup_timeout}s; see {self.server.log_path}")
+
+    def start_agents(self) -> None:
+        a = self.args
+        profiles = worker_profiles(a.profile, a.clients, a.max_threads)
+        schedules = slowdown_schedules(parse_speed_schedule(a.speed_schedule), a.clients) if a.speed_schedule else None
+        for wp in profiles:
+            name = f"worker-{wp.index + 1}"
+            cmd = [
+                sys.executable, "-m", "hermes.client.cli", "--server", self.url, "--name", name,
+                "--threads", str(wp.threads), "--slowdown", f"{wp.slowdown:.6g}", "--log-level", "info",
+                "--device", a.device,
+            ]
+            if schedules:
+                cmd += ["--slowdown-schedule", ",".join(f"{t:g}:{s:.6g}" for t, s in schedules[wp.index])]
+            self._spawn(name, cmd, {"cores": wp.cores, "speed": wp.speed, "slowdown": wp.slowdown, "threads": wp.threads})
+
+    def agents(self) -> list[Proc]:
+        return [p for p in self.procs if p is not self.server]
+
+    def stop_all(self, grace: float = 15.0) -> None:
+        """Ask the run to stop, let agents leave, then terminate what is left."""
+        with contextlib.suppress(urllib.error.URLError, OSError, ValueError):
+            http_json(self.url + "/v1/stop?reason=testbed", method="POST")
+        _wait_all([p.popen for p in self.agents()], grace)
+        for p in self.agents():
+            _terminate(p.popen)
+        if self.server is not None:
+            _terminate(self.server.popen, grace=30.0)
+
+    # ---- events -------------------------------------------------------------
+
+    def emit(self, event: str, **fields: Any) -> None:
+        line = json.dumps({"ts": round(time.time(), 6), "event": event, "source": "testbed", **fields}) + "\n"
+        # One write per line on an O_APPEND file: lines from the server and
+        # the testbed never interleave mid-line.
+        fd = os.open(self.events_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line.encode())
+        finally:
+            os.close(fd)
+
+    # ---- the run --------------------------------------------------------------
+
+    def run(self) -> dict[str, Any]:
+        a = self.args
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.logs.mkdir(exist_ok=True)
+        for stale in ("events.jsonl", "summary.json", "server_summary.json"):
+            (self.out / stale).unlink(missing_ok=True)
+        self.emit("testbed_start", preset=a.preset, profile=a.profile, clients=a.clients,
+                  dataset=a.dataset, model=a.model, target_accuracy=a.target_accuracy, max_seconds=a.max_seconds)
+        self.start_server()
+        t0 = time.time()
+        self.start_agents()
+        reached_at: float | None = None
+        last_print = 0.0
+        status: dict[str, Any] = {}
+        outcome = "time limit"
+        while True:
+            elapsed = time.time() - t0
+            try:
+                status = http_json(self.url + "/v1/status")
+            except (urllib.error.URLError, OSError, ValueError) as exc:
+                if self.server is not None and self.server.popen.poll() is not None:
+                    outcome = f"server died (exit {self.server.popen.returncode})"
+                    break
+                log.warning("status poll failed: %s", exc)
+                status = status or {}
+            ev = status.get("evaluation") or {}
+            acc = ev.get("accuracy")
+            if a.target_accuracy is not None and acc is not None and acc >= a.target_accuracy and reached_at is None:
+                reached_at = ev.get("at", time.time())
+                outcome = "target reached"
+                self.emit("target_reached", accuracy=acc, version=ev.get("version"), seconds=round(reached_at - t0, 3))
+            if not a.quiet and (time.monotonic() - last_print >= a.progress_interval or reached_at):
+                last_print = time.monotonic()
+                print(_progress_line(elapsed, status, self.agents()), flush=True)
+            if reached_at is not None:
+                break
+            if elapsed >= a.max_seconds:
+                outcome = "time limit"
+                break
+            if all(p.popen.poll() is not None for p in self.agents()):
+                outcome = "all agents exited"
+                break
+            time.sleep(0.25)
+        wall = time.time() - t0
+        self.emit("testbed_stopping", outcome=outcome, wall_seconds=round(wall, 3))
+        try:
+            live = http_json(self.url + "/v1/summary")
+        except (urllib.error.URLError, OSError, ValueError):
+            live = {}
+        self.stop_all()
+        server_summary = _read_json(self.out / "server_summary.json") or live
+        summary = self._summary(server_summary, outcome, wall, reached_at, t0)
+        tmp = self.out / "summary.json.tmp"
+        tmp.write_text(json.dumps(summary, indent=2))
+        tmp.replace(self.out / "summary.json")
+        self.emit("testbed_end", outcome=outcome, final_accuracy=summary["final_accuracy"])
+        return summary
+
+    def _summary(self, srv: dict[str, Any], outcome: str, wall: float, reached_at: float | None, t0: float) -> dict:
+        a = self.args
+        by_name = {w["name"]: w for w in srv.get("workers", [])}
+        workers = []
+        for p in self.agents():
+            w = by_name.get(p.name, {})
+            workers.append({
+                "id": w.get("id"),
+                "name": p.name,
+                "speed": round(p.info["speed"], 6),
+                "slowdown": round(p.info["slowdown"], 6),
+                "cores_emulated": p.info["cores"],
+                "threads": p.info["threads"],
+                "precision": w.get("precision"),
+                "samples": w.get("samples", 0),
+                "compute_seconds": w.get("compute_seconds", 0.0),
+                "wait_seconds": w.get("wait_seconds", 0.0),
+                "prefetch_wait_seconds": w.get("prefetch_wait_seconds", 0.0),
+                "utilization": w.get("utilization", 0.0),
+                "pushes": w.get("pushes", 0),
+                "applied": w.get("applied", 0),
+                "rejected": w.get("rejected", 0),
+                "pulls": w.get("pulls", 0),
+                "bytes_sent": w.get("bytes_sent", 0),
+                "bytes_received": w.get("bytes_received", 0),
+                "exit_code": p.popen.returncode,
+                "log": str(p.log_path.relative_to(self.out)),
+            })
+        target = a.target_accuracy
+        final_acc = srv.get("final_accuracy")
+        return {
+            "preset": a.preset,
+            "profile": a.profile,
+            "clients": a.clients,
+            "dataset": a.dataset,
+            "model": a.model,
+            "speed_schedule": a.speed_schedule or None,
+            "outcome": outcome,
+            "wall_seconds": round(wall, 3),
+            "target_accuracy": target,
+            "final_accuracy": final_acc,
+            "final_loss": srv.get("final_loss"),
+            "reached_target": bool(target is not None and final_acc is not None and reached_at is not None),
+            "seconds_to_target": None if reached_at is None else round(reached_at - t0, 3),
+            "model_updates": srv.get("model_updates", 0),
+            "epochs": srv.get("epoch_progress"),
+            "server_exit_code": self.server.popen.returncode if self.server else None,
+            "config": srv.get("config"),
+            "accuracy_timeline": srv.get("evaluations", []),
+            "workers": workers,
+            "events_log": "events.jsonl",
+        }
+
+
+def _progress_line(elapsed: float, status: dict[str, Any], agents: list[Proc]) -> str:
+    ev = status.get("evaluation") or {}
+    alive = sum(1 for p in agents if p.popen.poll() is None)
+    return (f"[testbed {elapsed:6.1f}s] version={status.get('model_version', 0):>5} "
+            f"acc={_fmt(ev.get('accuracy'))} loss={_fmt(ev.get('loss'))} "
+            f"epochs={status.get('epoch_progress', 0):.2f} agents={alive}/{len(agents)}")
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _wait_all(popens: list[subprocess.Popen], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    for p in popens:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+
+
+def _terminate(p: subprocess.Popen, grace: float = 10.0) -> None:
+    if p.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGTERM)
+        try:
+            p.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            log.warning("pid %d ignored SIGTERM for %.0fs; killing", p.pid, grace)
+    # Whatever is left in the process group (including a killed parent's children).
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(p.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        p.wait(timeout=5)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="hermes-testbed", description=__doc__.split("\n\n")[0])
+    p.add_argument("--clients", type=int, default=4, help="number of agent processes (default 4)")
+    p.add_argument("--profile", default="hl4", choices=sorted(PROFILE_CORES),
+                   help="heterogeneity level, OmniLearn Table I (default hl4)")
+    p.add_argument("--preset", default=None, help="policy preset (default: the server's default)")
+    p.add_argument("--dataset", default="digits", help="digits (embedded default), mnist1d, synthetic, mnist, cifar10")
+    p.add_argument("--model", default="cnn", help="cnn, alexnet, resnet18, mlp")
+    p.add_argument("--max-seconds", type=float, default=120.0, help="wall-clock limit of the run (default 120)")
+    p.add_argument("--target-accuracy", type=float, default=None, help="stop once test accuracy reaches this")
+    p.add_argument("--out", default="runs/testbed", help="output directory (default runs/testbed)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="run-config override, repeatable")
+    p.add_argument("--config", help="JSON or TOML file of run-config overrides")
+    p.add_argument("--speed-schedule", default="",
+                   help="change the profile mid-run, e.g. '0:hl1,30:hl8,60:hl1' (OmniLearn's HL steps)")
+    p.add_argument("--max-threads", type=int, default=1, help="threads of the fastest agent (default 1)")
+    p.add_argument("--device", default="cpu", help="agents' device (default cpu)")
+    p.add_argument("--startup-timeout", type=float, default=90.0)
+    p.add_argument("--progress-interval", type=float, default=2.0, help="seconds between progress lines")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from hermes.common.config import DEFAULT_PRESET, PRESETS
+
+    args.preset = args.preset or DEFAULT_PRESET
+    if args.preset not in PRESETS:
+        print(f"hermes-testbed: unknown preset {args.preset!r}; known: {sorted(PRESETS)}", file=sys.stderr)
+        return 2
+    if args.clients < 1:
+        print("hermes-testbed: --clients must be >= 1", file=sys.stderr)
+        return 2
+    if args.speed_schedule:
+        try:
+            parse_speed_schedule(args.speed_schedule)
+        except ValueError as exc:
+            print(f"hermes-testbed: --speed-schedule: {exc}", file=sys.stderr)
+            return 2
+    bed = Testbed(args)
+
+    def on_signal(signum, _frame):
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        summary = bed.run()
+    except TestbedError as exc:
+        print(f"hermes-testbed: {exc}", file=sys.stderr)
+        bed.stop_all(grace=5.0)
+        return 1
+    except KeyboardInterrupt:
+        print("hermes-testbed: interrupted; shutting the cluster down", file=sys.stderr)
+        bed.stop_all(grace=5.0)
+        return 130
+    finally:
+        for p in bed.procs:
+            _terminate(p.popen, grace=5.0)
+    print(format_summary(summary, bed.out))
+    return 0
+
+
+def format_summary(s: dict[str, Any], out: Path) -> str:
+    lines = [
+        "",
+        f"== hermes-testbed: preset={s['preset']} profile={s['profile']} clients={s['clients']} "
+        f"dataset={s['dataset']} model={s['model']}",
+        f"   outcome: {s['outcome']}; wall {s['wall_seconds']:.1f}s; model updates {s['model_updates']}",
+        f"   final accuracy {_fmt(s['final_accuracy'])}, loss {_fmt(s['final_loss'])}; "
+        f"target {s['target_accuracy']} {'reached in ' + format(s['seconds_to_target'], '.1f') + 's' if s['reached_target'] else 'not reached'}",
+        f"   {'worker':<10} {'speed':>6} {'samples':>8} {'compute':>8} {'wait':>7} {'util':>5} {'push':>5} {'pull':>5} "
+        f"{'sent MB':>8} {'recv MB':>8} {'exit':>4}",
+    ]
+    for w in s["workers"]:
+        lines.append(
+            f"   {w['name']:<10} {w['speed']:>6.2f} {w['samples']:>8} {w['compute_seconds']:>7.1f}s "
+            f"{w['wait_seconds']:>6.1f}s {w['utilization']:>5.0%} {w['pushes']:>5} {w['pulls']:>5} "
+            f"{w['bytes_sent'] / 1e6:>8.2f} {w['bytes_received'] / 1e6:>8.2f} {str(w['exit_code']):>4}"
+        )
+    lines.append(f"   summary: {out / 'summary.json'}   events: {out / 'events.jsonl'}   logs: {out / 'logs'}")
+    return "\n".join(lines)
+
+
+def _fmt(v: Any) -> str:
+    return "-" if v is None else f"{v:.4f}"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,337 @@
+"""Shared fixtures: a real ``hermes-server`` subprocess and raw ZeroMQ helpers.
+
+``live_server`` starts the server exactly as a user does
+(``python -m hermes.server.cli ...``) on free loopback ports, waits for
+``/healthz``, and on teardown sends SIGTERM and checks that the process
+exited cleanly and gave both ports back. ``server_factory`` starts extra
+instances with their own flags (the fault-injection tests need one with a
+tiny ``--max-message-bytes``).
+
+Every data-plane exchange polls with a timeout: no test can hang on a
+server that does not answer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import httpx
+import pytest
+import torch
+import zmq
+
+from hermes.common.wire import Header, Message, MsgType, ProtocolError, decode, encode
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+STARTUP_TIMEOUT_S = 60.0
+SHUTDOWN_TIMEOUT_S = 20.0
+REPLY_TIMEOUT_S = 5.0
+
+
+# ---------------------------------------------------------------------------
+# ports
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct loopback ports that were free a moment ago."""
+    socks = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    """True when nothing listens on ``port`` (TIME_WAIT leftovers do not count)."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        s.bind((host, port))
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
+# ---------------------------------------------------------------------------
+# raw ZeroMQ
+
+
+def zmq_exchange(address: str, frames: Sequence[Any], *, timeout: float = REPLY_TIMEOUT_S) -> list[bytes] | None:
+    """Send one raw multipart message on a fresh DEALER; the reply frames, or None on timeout."""
+    ctx = zmq.Context.instance()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    try:
+        sock.connect(address)
+        sock.send_multipart(list(frames), copy=True)
+        if not sock.poll(int(timeout * 1000), zmq.POLLIN):
+            return None
+        return sock.recv_multipart()
+    finally:
+        sock.close(linger=0)
+
+
+@pytest.fixture
+def raw_exchange():
+    """``raw_exchange(address, frames, timeout=5.0) -> reply frames | None``."""
+    return zmq_exchange
+
+
+# ---------------------------------------------------------------------------
+# the server process
+
+
+@dataclass
+class WorkerHandle:
+    """A registered worker and a thin way to talk to the data plane as it."""
+
+    server: "LiveServer"
+    id: str
+    token: str
+    name: str
+    model_spec: dict[str, Any]
+    run_config: dict[str, Any]
+    _seq: itertools.count = field(default_factory=lambda: itertools.count(1))
+
+    @property
+    def numel(self) -> int:
+        return int(self.model_spec["numel"])
+
+    @property
+    def shapes(self) -> tuple[tuple[int, ...], ...]:
+        return tuple(tuple(s) for _, s in self.model_spec["entries"])
+
+    def next_seq(self) -> int:
+        return next(self._seq)
+
+    def header(self, type_: MsgType, **kw: Any) -> Header:
+        kw.setdefault("seq", self.next_seq())
+        return Header(type=type_, worker=self.id, token=self.token, **kw)
+
+    def frames(self, type_: MsgType, payload: Any = None, **kw: Any) -> list[bytes]:
+        """Encoded request frames as plain bytes (easy to corrupt)."""
+        return [bytes(f) for f in encode(self.header(type_, **kw), payload)]
+
+    def request(self, type_: MsgType, payload: Any = None, **kw: Any) -> Message:
+        return self.server.exchange(self.frames(type_, payload, **kw))
+
+    def pull(self, dtype: str = "float32") -> tuple[int, torch.Tensor]:
+        """A valid pull: (model_version, flat model). Asserts the reply is well formed."""
+        msg = self.request(MsgType.PULL_MODEL, body={"dtype": dtype})
+        assert msg.header.type is MsgType.MODEL, msg.header
+        assert msg.header.body.get("unchanged") is False
+        assert msg.payload is not None
+        assert msg.header.dtype == dtype
+        flat = msg.payload.flat().clone()
+        assert flat.numel() == self.numel
+        assert tuple(msg.header.shapes) == self.shapes
+        assert bool(torch.isfinite(flat.float()).all())
+        return msg.header.model_version, flat
+
+    def push(self, delta: torch.Tensor, *, base_version: int, samples: int = 32, **body: Any) -> Message:
+        return self.request(
+            MsgType.PUSH_UPDATE, delta, model_version=base_version, shapes=self.shapes,
+            body={"samples": samples, **body},
+        )
+
+
+@dataclass
+class LiveServer:
+    proc: subprocess.Popen
+    url: str
+    port: int
+    data_port: int
+    out_dir: Path
+    log_path: Path
+    http: httpx.Client
+    data_address: str = ""
+    _names: itertools.count = field(default_factory=lambda: itertools.count(1))
+
+    # -- control plane --
+    def get(self, path: str) -> httpx.Response:
+        return self.http.get(self.url + path)
+
+    def get_json(self, path: str) -> Any:
+        r = self.get(path)
+        assert r.status_code == 200, (path, r.status_code, r.text)
+        return r.json()
+
+    def healthz(self) -> dict[str, Any]:
+        return self.get_json("/healthz")
+
+    def register_raw(self, name: str | None = None, **fields: Any) -> dict[str, Any]:
+        body = {"name": name or f"t{os.getpid()}-{next(self._names)}", **fields}
+        r = self.http.post(self.url + "/v1/workers/register", json=body)
+        assert r.status_code == 200, (r.status_code, r.text)
+        reply = r.json()
+        for key in ("worker_id", "token", "model_spec", "run_config", "data_plane"):
+            assert key in reply, f"register reply lacks {key!r}: {reply}"
+        return reply
+
+    def register(self, name: str | None = None, **fields: Any) -> WorkerHandle:
+        reply = self.register_raw(name, **fields)
+        return WorkerHandle(
+            server=self, id=reply["worker_id"], token=reply["token"], name=name or "",
+            model_spec=reply["model_spec"], run_config=reply["run_config"],
+        )
+
+    def workers(self) -> dict[str, dict[str, Any]]:
+        return {w["id"]: w for w in self.get_json("/v1/workers")}
+
+    def metrics_text(self) -> str:
+        r = self.get("/metrics")
+        assert r.status_code == 200
+        return r.text
+
+    def counter(self, name: str, **labels: str) -> float:
+        """Current value of one Prometheus sample (0.0 when the series does not exist yet)."""
+        return parse_metric(self.metrics_text(), name, **labels)
+
+    def error_count(self, code: str) -> float:
+        return self.counter("hermes_errors_total", code=code)
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    # -- data plane --
+    def exchange_raw(self, frames: Sequence[Any], *, timeout: float = REPLY_TIMEOUT_S) -> list[bytes] | None:
+        return zmq_exchange(self.data_address, frames, timeout=timeout)
+
+    def exchange(self, frames: Sequence[Any], *, timeout: float = REPLY_TIMEOUT_S) -> Message:
+        reply = self.exchange_raw(frames, timeout=timeout)
+        assert reply is not None, f"no reply from the data plane within {timeout}s"
+        try:
+            return decode(reply)
+        except ProtocolError as exc:  # the server must always answer in protocol
+            pytest.fail(f"server reply does not decode: {exc}")
+
+
+_SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)$")
+
+
+def parse_metric(text: str, name: str, **labels: str) -> float:
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = _SAMPLE.match(line)
+        if not m or m.group("name") != name:
+            continue
+        got = dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', m.group("labels") or ""))
+        if got == labels:
+            return float(m.group("value"))
+    return 0.0
+
+
+def _server_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HERMES_")}
+    env["PYTHONUNBUFFERED"] = "1"
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+@contextlib.contextmanager
+def running_server(out_dir: Path, *extra_args: str, sets: Sequence[str] = ("eval_interval_seconds=0.5",)) -> Iterator[LiveServer]:
+    """Start ``python -m hermes.server.cli`` on free loopback ports; stop and check it on exit."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    port, data_port = free_ports(2)
+    log_path = out_dir / "server.log"
+    cmd = [
+        sys.executable, "-m", "hermes.server.cli",
+        "--host", "127.0.0.1", "--port", str(port),
+        "--data-host", "127.0.0.1", "--data-port", str(data_port),
+        "--advertise-host", "127.0.0.1", "--out", str(out_dir),
+    ]
+    for s in sets:
+        cmd += ["--set", s]
+    cmd += list(extra_args)
+    log_fh = open(log_path, "wb")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(cmd, stdout=log_fh, stderr=subprocess.STDOUT, cwd=str(out_dir), env=_server_env())
+    http = httpx.Client(timeout=10.0)
+    server = LiveServer(
+        proc=proc, url=f"http://127.0.0.1:{port}", port=port, data_port=data_port,
+        out_dir=out_dir, log_path=log_path, http=http,
+    )
+    try:
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"server exited with {proc.returncode} during startup:\n{server.log_text()[-4000:]}")
+            try:
+                if http.get(server.url + "/healthz", timeout=1.0).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"server not healthy within {STARTUP_TIMEOUT_S}s:\n{server.log_text()[-4000:]}")
+            time.sleep(0.1)
+        probe = server.register_raw("fixture-probe")
+        server.data_address = probe["data_plane"]
+        assert server.data_address == f"tcp://127.0.0.1:{data_port}", server.data_address
+        yield server
+    finally:
+        http.close()
+        killed = False
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=SHUTDOWN_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                killed = True
+                proc.kill()
+                proc.wait(timeout=10)
+        log_fh.close()
+        assert proc.returncode is not None, "server process still running after SIGKILL"
+        assert not killed, f"server ignored SIGTERM for {SHUTDOWN_TIMEOUT_S}s and was killed"
+        # uvicorn re-raises the captured SIGTERM after its graceful shutdown, so
+        # -SIGTERM is a clean exit too; the summary file proves the shutdown ran.
+        assert proc.returncode in (0, -signal.SIGTERM), (
+            f"server exited with {proc.returncode}:\n{server.log_text()[-4000:]}"
+        )
+        assert (out_dir / "server_summary.json").is_file(), "graceful shutdown did not write server_summary.json"
+        assert "Traceback" not in server.log_text(), server.log_text()[-4000:]
+        # The OS frees a dead process's sockets at once; allow a moment anyway.
+        for p in (port, data_port):
+            for _ in range(50):
+                if port_is_free(p):
+                    break
+                time.sleep(0.1)
+            assert port_is_free(p), f"port {p} still in use after the server exited"
+
+
+@pytest.fixture(scope="module")
+def server_factory(tmp_path_factory) -> Iterator:
+    """``start(*extra_cli_args, sets=(...)) -> LiveServer``; all stopped (and checked) at module end."""
+    stack = contextlib.ExitStack()
+    counter = itertools.count()
+
+    def start(*extra_args: str, sets: Sequence[str] = ("eval_interval_seconds=0.5",)) -> LiveServer:
+        out = tmp_path_factory.mktemp(f"server{next(counter)}")
+        return stack.enter_context(running_server(out, *extra_args, sets=sets))
+
+    with stack:
+        yield start
+
+
+@pytest.fixture(scope="module")
+def live_server(tmp_path_factory) -> Iterator[LiveServer]:
+    """A real hermes-server (preset asp, digits + cnn) for the whole test module."""
+    with running_server(tmp_path_factory.mktemp("live")) as server:
+        yield server

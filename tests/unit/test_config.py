@@ -1,0 +1,232 @@
+"""Run configuration: presets, overrides, errors that name the field, config files."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from pydantic import ValidationError
+
+from hermes.common.config import (
+    DEFAULT_PRESET,
+    PRESETS,
+    ConfigError,
+    RunConfig,
+    build_config,
+    load_config_file,
+)
+
+
+@pytest.fixture(autouse=True)
+def _no_hermes_env(monkeypatch):
+    import os
+
+    for key in list(os.environ):
+        if key.startswith("HERMES_"):
+            monkeypatch.delenv(key)
+
+
+# ---------------------------------------------------------------------------
+# presets and overrides
+
+
+def test_default_preset():
+    cfg = build_config()
+    assert DEFAULT_PRESET == "asp"
+    assert (cfg.preset, cfg.sync, cfg.aggregation, cfg.max_staleness) == ("asp", "asp", "mean", None)
+    assert (cfg.model, cfg.dataset, cfg.lr, cfg.batch_size) == ("cnn", "digits", 0.05, 32)
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_every_preset_builds_and_applies_its_choices(name):
+    cfg = build_config(name)
+    assert cfg.preset == name
+    for key, value in PRESETS[name].items():
+        assert getattr(cfg, key) == value
+
+
+def test_bsp_preset():
+    cfg = build_config("bsp")
+    assert (cfg.sync, cfg.aggregation) == ("bsp", "samples")
+
+
+def test_overrides_win_over_preset():
+    cfg = build_config("bsp", aggregation="mean", lr=0.2, batch_size=8, model="mlp")
+    assert (cfg.preset, cfg.sync, cfg.aggregation, cfg.lr, cfg.batch_size, cfg.model) == (
+        "bsp", "bsp", "mean", 0.2, 8, "mlp")
+
+
+def test_none_overrides_are_ignored():
+    assert build_config("bsp", aggregation=None).aggregation == "samples"
+
+
+def test_preset_given_among_overrides():
+    assert build_config(None, **{"preset": "bsp"}).sync == "bsp"
+
+
+def test_asp_max_staleness():
+    assert build_config("asp", max_staleness=3).max_staleness == 3
+    assert build_config("asp", max_staleness=0).max_staleness == 0
+
+
+def test_config_is_frozen():
+    cfg = build_config()
+    with pytest.raises(ValidationError):
+        cfg.lr = 1.0
+
+
+def test_model_dump_round_trips():
+    cfg = build_config("bsp", lr=0.3, model_kwargs={"hidden": [16]})
+    again = RunConfig(**cfg.model_dump())
+    assert again == cfg
+    assert json.loads(json.dumps(cfg.model_dump())) == cfg.model_dump()
+
+
+# ---------------------------------------------------------------------------
+# errors name the field
+
+
+@pytest.mark.parametrize(
+    "overrides,field",
+    [
+        ({"lr": -0.1}, "lr"),
+        ({"lr": 0}, "lr"),
+        ({"batch_size": 0}, "batch_size"),
+        ({"momentum": 1.0}, "momentum"),
+        ({"test_fraction": 1.5}, "test_fraction"),
+        ({"cycle_samples": -4}, "cycle_samples"),
+        ({"shard_size": 0}, "shard_size"),
+        ({"eval_interval_seconds": 0}, "eval_interval_seconds"),
+        ({"aggregation": "median"}, "aggregation"),
+        ({"precision": "fp8"}, "precision"),
+        ({"wire_dtype": "int8"}, "wire_dtype"),
+        ({"sync": "xyz"}, "sync"),
+        ({"model": "gpt5"}, "model"),
+        ({"dataset": "imagenet"}, "dataset"),
+        ({"max_staleness": -1}, "max_staleness"),
+        ({"batch_size": "many"}, "batch_size"),
+        ({"learning_rate": 0.1}, "learning_rate"),  # unknown field: extra="forbid"
+    ],
+)
+def test_config_error_names_the_field(overrides, field):
+    with pytest.raises(ConfigError) as ei:
+        build_config(**overrides)
+    assert str(ei.value).startswith(f"{field}:") or f"; {field}:" in str(ei.value), str(ei.value)
+
+
+def test_config_error_names_every_bad_field():
+    with pytest.raises(ConfigError) as ei:
+        build_config(lr=-1, batch_size=0, foo=1)
+    msg = str(ei.value)
+    for field in ("lr:", "batch_size:", "foo:"):
+        assert field in msg
+
+
+def test_unknown_sync_lists_known():
+    with pytest.raises(ConfigError, match=r"unknown sync strategy 'xyz'.*asp.*bsp"):
+        build_config(sync="xyz")
+
+
+def test_unknown_preset():
+    with pytest.raises(ConfigError) as ei:
+        build_config("hermes-ultra")
+    msg = str(ei.value)
+    assert msg.startswith("preset:") and "'hermes-ultra'" in msg and "asp" in msg
+
+
+def test_max_staleness_refused_with_bsp():
+    with pytest.raises(ConfigError, match="max_staleness applies to sync 'asp' only"):
+        build_config("bsp", max_staleness=2)
+    with pytest.raises(ConfigError, match="max_staleness"):
+        build_config("asp", sync="bsp", max_staleness=0)
+
+
+def test_file_datasets_need_a_root():
+    with pytest.raises(ConfigError, match="dataset_root"):
+        build_config(dataset="mnist")
+    assert build_config(dataset="mnist", dataset_root="/data").dataset_root == "/data"
+
+
+def test_config_error_is_a_value_error():
+    assert issubclass(ConfigError, ValueError)
+
+
+# ---------------------------------------------------------------------------
+# files
+
+
+def test_toml_file(tmp_path):
+    p = tmp_path / "run.toml"
+    p.write_text('preset = "bsp"\nlr = 0.125\nbatch_size = 16\n\n[model_kwargs]\nwidth = 2\n')
+    data = load_config_file(p)
+    assert data == {"preset": "bsp", "lr": 0.125, "batch_size": 16, "model_kwargs": {"width": 2}}
+    cfg = build_config(**data)
+    assert (cfg.sync, cfg.lr, cfg.batch_size) == ("bsp", 0.125, 16)
+
+
+def test_json_file(tmp_path):
+    p = tmp_path / "run.json"
+    p.write_text(json.dumps({"lr": 0.5, "aggregation": "samples", "max_staleness": 4}))
+    cfg = build_config(**load_config_file(str(p)))
+    assert (cfg.lr, cfg.aggregation, cfg.max_staleness) == (0.5, "samples", 4)
+
+
+@pytest.mark.parametrize(
+    "name,text,match",
+    [
+        ("bad.toml", "lr = = 1", "not valid TOML"),
+        ("bad.json", "{lr: 1}", "not valid JSON"),
+        ("list.json", "[1, 2]", "top level"),
+        ("bin.json", None, "not valid JSON"),
+    ],
+)
+def test_bad_config_files(tmp_path, name, text, match):
+    p = tmp_path / name
+    if text is None:
+        p.write_bytes(b"\xff\xfe\x00garbage")
+    else:
+        p.write_text(text)
+    with pytest.raises(ConfigError, match=match) as ei:
+        load_config_file(p)
+    assert str(p) in str(ei.value)
+
+
+def test_missing_config_file(tmp_path):
+    with pytest.raises(ConfigError, match="config file"):
+        load_config_file(tmp_path / "nope.toml")
+
+
+def test_bad_value_in_file_names_field(tmp_path):
+    p = tmp_path / "run.toml"
+    p.write_text("batch_size = -3\n")
+    with pytest.raises(ConfigError, match="^batch_size:"):
+        build_config(**load_config_file(p))
+
+
+# ---------------------------------------------------------------------------
+# server settings and CLI overrides layer on top
+
+
+def test_server_settings_layering(tmp_path, monkeypatch):
+    from hermes.server.settings import ServerSettings
+
+    p = tmp_path / "run.toml"
+    p.write_text('preset = "bsp"\nlr = 0.125\nbatch_size = 16\n')
+    cfg = ServerSettings(config=str(p), run={"lr": 0.25}).run_config()
+    assert (cfg.preset, cfg.sync, cfg.lr, cfg.batch_size) == ("bsp", "bsp", 0.25, 16)  # --set beats the file
+    cfg = ServerSettings(config=str(p), preset="asp").run_config()
+    assert (cfg.preset, cfg.sync) == ("asp", "asp")  # --preset beats the file's preset
+    monkeypatch.setenv("HERMES_RUN", json.dumps({"batch_size": 64}))
+    assert ServerSettings().run_config().batch_size == 64
+    with pytest.raises(ConfigError, match="^lr:"):
+        ServerSettings(run={"lr": -1}).run_config()
+
+
+def test_cli_set_parsing():
+    from hermes.server.cli import _parse_set
+
+    got = _parse_set(["lr=0.1", "model=mlp", 'model_kwargs={"hidden": [64]}', "max_staleness=null", "x=a=b"])
+    assert got == {"lr": 0.1, "model": "mlp", "model_kwargs": {"hidden": [64]}, "max_staleness": None, "x": "a=b"}
+    for bad in ("lr", "=3"):
+        with pytest.raises(ConfigError, match="KEY=VALUE"):
+            _parse_set([bad])
