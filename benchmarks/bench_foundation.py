@@ -316,7 +316,7 @@ class BareRouter:
 class ServerProcess:
     """``python -m hermes.server.cli`` with an mlp of the given hidden sizes."""
 
-    def __init__(self, hidden: list[int], extra: list[str], log_dir: str) -> None:
+    def __init__(self, hidden: list[int], extra: list[str], log_dir: str, threads: int | None = None) -> None:
         self.http_port, self.data_port = free_port(), free_port()
         self.log_path = Path(log_dir) / f"server-{'x'.join(map(str, hidden))}.log"
         cmd = [
@@ -329,7 +329,10 @@ class ServerProcess:
             *[a for kv in extra for a in ("--set", kv)],
         ]
         self._log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("HERMES_")}
+        if threads:
+            env["OMP_NUM_THREADS"] = str(threads)  # torch's intra-op pool in the server
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
         self.url = f"http://127.0.0.1:{self.http_port}"
         deadline = time.monotonic() + 120
         while True:
@@ -363,7 +366,9 @@ class ServerProcess:
         self._log.close()
 
 
-def bench_dataplane(repeats: int, log_dir: str, eval_samples: int) -> tuple[list[dict[str, Any]], list[dict]]:
+def bench_dataplane(
+    repeats: int, log_dir: str, eval_samples: int, threads: int | None
+) -> tuple[list[dict[str, Any]], list[dict]]:
     import torch
 
     from hermes.client.transport import ControlClient, DataClient
@@ -374,7 +379,7 @@ def bench_dataplane(repeats: int, log_dir: str, eval_samples: int) -> tuple[list
     bare = BareRouter()
     try:
         for size, hidden in MLP_HIDDEN.items():
-            server = ServerProcess(hidden, [f"eval_max_samples={eval_samples}"], log_dir)
+            server = ServerProcess(hidden, [f"eval_max_samples={eval_samples}"], log_dir, threads)
             try:
                 reg = ControlClient(server.url).register(name=f"bench-{size}", threads=1)
                 numel = int(reg["model_spec"]["numel"])
@@ -466,8 +471,8 @@ def _pair(op: str, size: str, numel: int, nbytes: int, nframes: int, t: dict[str
 
 def print_dataplane(rows: list[dict[str, Any]]) -> None:
     print_table(
-        "B. Data plane round trips (median ms; server = DataClient.request against hermes-server,"
-        " bare = pyzmq DEALER/ROUTER, same bytes and frames)",
+        "B. Data plane round trips (median ms; server = DataClient.request against hermes-server (asp, mlp on"
+        " digits), bare = pyzmq DEALER/ROUTER in its own process, same bytes and frames)",
         ["op", "model", "MB", "frames", "server", "bare", "ratio", "<=2x", "server GB/s", "bare GB/s",
          "min ratio"],
         [
@@ -510,6 +515,8 @@ def bench_pieces(repeats: int) -> list[dict[str, Any]]:
             }
             if dtype == torch.float32:
                 pieces["snapshot copy (fresh alloc)"] = lambda: w.to(torch.float32, copy=True)
+                snap = torch.empty(n)
+                pieces["snapshot copy_ into a reused buffer"] = lambda: snap.copy_(w)
                 pieces["asyncio.to_thread hop"] = lambda: loop.run_until_complete(asyncio.to_thread(int))
             else:
                 pieces["fp16->fp32 .to() (fresh alloc)"] = lambda: d.to(torch.float32)
@@ -524,6 +531,13 @@ def bench_pieces(repeats: int) -> list[dict[str, Any]]:
                         w[i : i + m].add_(s)
 
                 pieces["blocked fp16 axpy (1 MB scratch)"] = blocked_axpy
+
+                def blocked_check() -> bool:  # the proposed fix for the finite check
+                    block = 1 << 20
+                    return all(bool(torch.isfinite(d[i : i + block].sum(dtype=torch.float32)))
+                               for i in range(0, n, block))
+
+                pieces["finite check, 1M-element blocks"] = blocked_check
             for name, st in timed_ms(pieces, repeats).items():
                 out.append({"size": size, "dtype": dname, "piece": name, "ms": st["median"], "min_ms": st["min"]})
     loop.close()
@@ -552,6 +566,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--eval-samples", type=int, default=1,
                    help="server eval_max_samples during B (default 1: the evaluator, which re-evaluates after "
                         "every apply, barely competes for the CPU; the run default is 2000)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch intra-op threads here and in the server (default: torch's default). "
+                        "1 gives steadier figures on a loaded machine")
     p.add_argument("--_bare-router", type=int, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args._bare_router:
@@ -559,6 +576,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     t_start = time.perf_counter()
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     info = machine_info()
     print("Hermes foundation benchmark" + (" (--quick)" if args.quick else ""))
     print(f"  CPU: {info['cpu_model']} | cpu_count {info['cpu_count']} (usable {info['cpus_usable']})"
@@ -575,8 +596,14 @@ def main(argv: list[str] | None = None) -> int:
 
     if not args.skip_dataplane:
         with tempfile.TemporaryDirectory(prefix="hermes-bench-") as log_dir:
-            results["dataplane"], results["server_metrics"] = bench_dataplane(plane_reps, log_dir, args.eval_samples)
+            results["dataplane"], results["server_metrics"] = bench_dataplane(
+                plane_reps, log_dir, args.eval_samples, args.threads)
         print_dataplane(results["dataplane"])
+        folds = [f"{m['size']} {1e3 * m['apply_seconds']['sum'] / m['apply_seconds']['count']:.2f} ms"
+                 f" over {m['apply_seconds']['count']:.0f}"
+                 for m in results["server_metrics"] if m["apply_seconds"].get("count")]
+        print("server's own hermes_apply_seconds (the fold in its thread, mean over fp32 and fp16 pushes): "
+              + ", ".join(folds))
 
     results["pieces"] = bench_pieces(piece_reps)
     print_pieces(results["pieces"])

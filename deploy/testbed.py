@@ -167,7 +167,8 @@ class Testbed:
         for stale in ("events.jsonl", "summary.json", "server_summary.json"):
             (self.out / stale).unlink(missing_ok=True)
         self.emit("testbed_start", preset=a.preset, profile=a.profile, clients=a.clients,
-                  dataset=a.dataset, model=a.model, target_accuracy=a.target_accuracy, max_seconds=a.max_seconds)
+                  dataset=a.dataset, model=a.model, target_accuracy=a.target_accuracy, max_seconds=a.max_seconds,
+                  control_port=self.port, data_port=self.data_port)
         self.start_server()
         t0 = time.time()
         self.start_agents()

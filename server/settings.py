@@ -37,5 +37,8 @@ class ServerSettings(BaseSettings):
         if self.config:
             overrides.update(load_config_file(self.config))
         overrides.update(self.run)
-        preset = self.preset or overrides.pop("preset", None)
+        # Pop unconditionally: a file's preset left in overrides would collide
+        # with --preset (TypeError: multiple values for 'preset').
+        file_preset = overrides.pop("preset", None)
+        preset = self.preset or file_preset
         return build_config(preset, **overrides)

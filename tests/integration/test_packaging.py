@@ -183,7 +183,8 @@ def test_console_script_help(installed: Installed, script: str) -> None:
     assert r.returncode == 0, f"{script} --help exited {r.returncode}:\n{r.stdout}\n{r.stderr}"
     assert f"usage: {script}" in r.stdout, r.stdout
     first = exe.read_text(errors="replace").splitlines()[0]
-    assert first.startswith("#!") and _inside(first[2:].strip(), installed.venv), f"{script} shebang: {first}"
+    # Not resolved: the venv's python is a symlink to the system interpreter.
+    assert first.startswith("#!") and Path(first[2:].strip()).parent == installed.bin, f"{script} shebang: {first}"
 
 
 def test_testbed_script(installed: Installed) -> None:

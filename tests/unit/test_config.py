@@ -60,10 +60,6 @@ def test_none_overrides_are_ignored():
     assert build_config("bsp", aggregation=None).aggregation == "samples"
 
 
-def test_preset_given_among_overrides():
-    assert build_config(None, **{"preset": "bsp"}).sync == "bsp"
-
-
 def test_asp_max_staleness():
     assert build_config("asp", max_staleness=3).max_staleness == 3
     assert build_config("asp", max_staleness=0).max_staleness == 0

@@ -1,0 +1,91 @@
+"""The foundation's must-show: a 4-agent HL4 testbed reaches 0.9 on digits with ASP and BSP,
+and its summary is complete and agrees with the run's event log."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+WORKER_KEYS = {"id", "speed", "samples", "compute_seconds", "wait_seconds", "utilization",
+               "pushes", "pulls", "bytes_sent", "bytes_received"}
+TOP_KEYS = {"preset", "profile", "clients", "wall_seconds", "final_accuracy", "final_loss", "reached_target",
+            "seconds_to_target", "model_updates", "workers"}
+
+
+def _processes_mentioning(text: str) -> list[str]:
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in cmd:
+            found.append(f"{pid}: {cmd}")
+    return found
+
+
+def _port_free(port: int) -> bool:
+    # SO_REUSEADDR as a restarting server would set it: TIME_WAIT remnants of
+    # closed connections do not count, a listener that is still there does.
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+@pytest.mark.parametrize("preset", ["asp", "bsp"])
+def test_testbed_reaches_target(preset: str, tmp_path: Path) -> None:
+    out = tmp_path / f"run-{preset}"
+    proc = subprocess.run(
+        [sys.executable, "-m", "hermes.deploy.testbed", "--clients", "4", "--profile", "hl4", "--preset", preset,
+         "--dataset", "digits", "--target-accuracy", "0.9", "--max-seconds", "120", "--out", str(out)],
+        capture_output=True, text=True, timeout=240,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "version=" in proc.stdout and "final accuracy" in proc.stdout  # live progress + summary printed
+
+    s = json.loads((out / "summary.json").read_text())
+    assert TOP_KEYS <= s.keys()
+    assert s["preset"] == preset and s["profile"] == "hl4" and s["clients"] == 4
+    assert s["reached_target"] is True
+    assert s["final_accuracy"] >= 0.9
+    assert 0 < s["seconds_to_target"] <= s["wall_seconds"] <= 120 + 30
+    assert len(s["workers"]) == 4
+    speeds = sorted(w["speed"] for w in s["workers"])
+    assert speeds == pytest.approx(sorted([9 / 24, 9 / 24, 6 / 24, 1.0]))
+    for w in s["workers"]:
+        assert WORKER_KEYS <= w.keys()
+        assert w["samples"] > 0 and w["pushes"] > 0 and w["pulls"] >= w["pushes"]
+        assert 0 < w["utilization"] <= 1
+        assert w["compute_seconds"] > 0 and w["wait_seconds"] >= 0
+        assert w["bytes_sent"] > 0 and w["bytes_received"] > 0
+        assert w["exit_code"] == 0
+
+    events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
+    applied = [e for e in events if e["event"] == "update_applied"]
+    # Every model update is one logged step; the summary's count is that count.
+    assert len(applied) == s["model_updates"]
+    folded = sum(len(e["workers"]) for e in applied)
+    assert folded == sum(w["applied"] for w in s["workers"])
+    if preset == "bsp":
+        # One update per worker per barrier, never more.
+        assert all(len(e["workers"]) == len(set(e["workers"])) for e in applied)
+        assert all(len(e["workers"]) == 4 for e in applied[:-1])
+    start = next(e for e in events if e["event"] == "testbed_start")
+
+    # Clean shutdown: no process of this run left, ports freed.
+    assert _processes_mentioning(str(out)) == []
+    assert _port_free(start["control_port"]) and _port_free(start["data_port"])
