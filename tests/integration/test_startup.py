@@ -1,0 +1,130 @@
+"""Starting the server the way users do (uvicorn --factory, env vars) and agents
+against servers that are, or are not, there."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import torch
+
+from hermes.client.transport import DataClient
+from hermes.common.wire import MsgType
+
+pytestmark = pytest.mark.integration
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return r.status, r.read()
+
+
+def _post(url: str, body: dict) -> dict:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return json.loads(r.read())
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen, log: Path, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"server exited early:\n{log.read_text()[-3000:]}"
+        try:
+            if _get(url + "/healthz", timeout=1)[0] == 200:
+                return
+        except OSError:
+            time.sleep(0.2)
+    raise AssertionError(f"server not healthy in {timeout}s:\n{log.read_text()[-3000:]}")
+
+
+def test_uvicorn_factory_with_env_settings(tmp_path: Path) -> None:
+    port, data_port = _free_port(), _free_port()
+    log = tmp_path / "server.log"
+    env = {**os.environ, "HERMES_PRESET": "bsp", "HERMES_DATA_PORT": str(data_port),
+           "HERMES_ADVERTISE_HOST": "127.0.0.1", "HERMES_OUT_DIR": str(tmp_path / "out"),
+           "HERMES_RUN": json.dumps({"lr": 0.07, "model": "mlp"})}
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", "--factory", "hermes.server.app:create_app",
+             "--host", "127.0.0.1", "--port", str(port)],
+            stdout=fh, stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_healthy(url, proc, log)
+        reg_a = _post(url + "/v1/workers/register", {"name": "a"})
+        reg_b = _post(url + "/v1/workers/register", {"name": "b"})
+        assert reg_a["data_plane"] == f"tcp://127.0.0.1:{data_port}"
+        assert reg_a["run_config"]["preset"] == "bsp" and reg_a["run_config"]["lr"] == 0.07
+        assert reg_a["model_spec"]["name"] == "mlp"
+        assert reg_a["worker_id"] != reg_b["worker_id"] and reg_a["token"] != reg_b["token"]
+
+        # Replicas start from identical weights: both pulls return the server's seeded model.
+        pulls = []
+        for reg in (reg_a, reg_b):
+            client = DataClient(reg["data_plane"], reg["worker_id"], reg["token"], timeout=10)
+            reply = client.request(MsgType.PULL_MODEL, {"dtype": "float32"})
+            client.close()
+            assert reply.header.model_version == 0
+            pulls.append(reply.payload.flat().clone())
+        assert pulls[0].numel() == reg_a["model_spec"]["numel"]
+        assert torch.equal(pulls[0], pulls[1])
+
+        assert _get(url + "/docs")[0] == 200
+        assert "/v1/workers/register" in json.loads(_get(url + "/openapi.json")[1])["paths"]
+        metrics = _get(url + "/metrics")[1].decode()
+        assert 'hermes_messages_total{type="pull_model"} 2.0' in metrics
+        assert 'hermes_registrations_total{outcome="ok"} 2.0' in metrics
+        status = json.loads(_get(url + "/v1/status")[1])
+        assert status["sync"] == "bsp" and status["workers_active"] == 2
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        # Recent uvicorn re-raises SIGTERM after a graceful shutdown, so -15 is a clean exit too.
+        assert proc.wait(timeout=30) in (0, -signal.SIGTERM), log.read_text()[-3000:]
+    assert "Application shutdown complete" in log.read_text()
+    summary = json.loads((tmp_path / "out" / "server_summary.json").read_text())
+    assert summary["workers_total"] == 2 and summary["final_accuracy"] is not None
+    with socket.socket() as s:  # the data plane released its port
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", data_port))
+
+
+def test_agent_exits_nonzero_when_server_unreachable() -> None:
+    port = _free_port()  # nothing listens here
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "hermes.client.cli", "--server", f"http://127.0.0.1:{port}",
+         "--connect-retries", "2", "--name", "lonely"],
+        capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 3
+    assert f"127.0.0.1:{port}" in proc.stderr and "unreachable" in proc.stderr
+    assert time.monotonic() - t0 < 30  # bounded retries, not a hang
+
+
+def test_agent_refuses_bad_flags() -> None:
+    proc = subprocess.run([sys.executable, "-m", "hermes.client.cli", "--server", "http://x", "--slowdown", "0.5"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "--slowdown" in proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "hermes.client.cli", "--server", "http://x",
+                           "--slowdown-schedule", "abc"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "--slowdown-schedule" in proc.stderr
+
+
+def test_server_refuses_bad_config_naming_the_field() -> None:
+    proc = subprocess.run([sys.executable, "-m", "hermes.server.cli", "--set", "batch_size=-3"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "batch_size" in proc.stderr
