@@ -401,6 +401,17 @@ def bench_dataplane(
                     return sum(rep.header.frame_bytes)
 
                 try:
+                    # The fixed cost of one request: a pull that finds the model unchanged
+                    # (no payload either way) against a bare small round trip.
+                    small_req = [b"h" * BARE_HEADER_BYTES]
+
+                    def small() -> None:
+                        rep = dc.request(MsgType.PULL_MODEL, {"if_newer": True}, model_version=version)
+                        assert rep.payload is None and rep.header.body.get("unchanged") is True
+
+                    t = timed_ms({"server": small, "bare": lambda: bare.round_trip(small_req)}, repeats * 5)
+                    rows.append(_pair("small request (pull, unchanged)", size, numel, 0, 0, t))
+
                     for dname, delta in (("fp32", delta32), ("fp16", delta32.half())):
                         frames = encode(Header(type=MsgType.PUSH_UPDATE, seq=1, model_version=1), delta)
                         t = timed_ms({"server": lambda: push(delta), "bare": lambda: bare.round_trip(frames)},
@@ -586,9 +597,13 @@ def main(argv: list[str] | None = None) -> int:
           f" | torch threads {info['torch_threads']}")
     print(f"  python {info['python']} | torch {info['torch']} | numpy {info['numpy']} | pyzmq {info['pyzmq']}"
           f" | libzmq {info['libzmq']} | msgpack {info['msgpack']} | crc32c hw {info['crc32c_hardware']}")
-    print(f"  {info['platform']} | load average {info['loadavg_at_start']} (other processes skew timings)")
+    print(f"  {info['platform']} | load average {info['loadavg_at_start']}")
+    load = (info["loadavg_at_start"] or [0.0])[0]
+    if load > 0.5 * (info["cpus_usable"] or 1):
+        print(f"  WARNING: the machine is busy (load {load} on {info['cpus_usable']} CPUs): multi-threaded torch ops"
+              " wait for descheduled pool threads and every figure is inflated; --threads 1 is steadier")
 
-    apply_reps, plane_reps, piece_reps = (7, 10, 5) if args.quick else (31, 40, 21)
+    apply_reps, plane_reps, piece_reps = (7, 10, 5) if args.quick else (61, 60, 31)
     results: dict[str, Any] = {"machine": info, "quick": args.quick, "goal_ratio": GOAL}
 
     results["apply"] = bench_apply(apply_reps)

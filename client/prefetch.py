@@ -105,6 +105,8 @@ class Prefetcher:
                 nbytes += len(raw)
                 try:
                     record = decode_record(memoryview(raw))
+                    if record.shard != int(shard):
+                        raise RecordError(f"asked for shard {shard}, got shard {record.shard}")
                     break
                 except RecordError as exc:
                     log.warning("shard %s rejected (%s); refetch %d/%d", shard, exc, attempt + 1, self.max_refetch)

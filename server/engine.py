@@ -252,9 +252,11 @@ class Engine:
 
     async def _on_push(self, worker: WorkerRecord, msg: Message) -> list:
         h = msg.header
-        samples = _int_field(h.body, "samples", minimum=0)
+        # >= 1: with aggregation "samples" a group whose counts sum to 0 has no
+        # weights (ValueError inside _fold), which left BSP peers held forever.
+        samples = _int_field(h.body, "samples", minimum=1)
         loss = h.body.get("loss")
-        if loss is not None and (not isinstance(loss, (int, float)) or not math.isfinite(loss)):
+        if loss is not None and (not isinstance(loss, (int, float)) or isinstance(loss, bool) or not math.isfinite(loss)):
             raise ProtocolError(ErrorCode.BAD_REQUEST, "loss must be a finite number")
         if h.model_version < 0 or h.model_version > self.state.version:
             raise ProtocolError(
@@ -309,12 +311,15 @@ class Engine:
         """Fold and wake whatever the strategy releases. Caller holds _step."""
         while (release := self.strategy.take_release()) is not None:
             group = [(self._held[w].info, self._held[w].payload) for w in release.aggregate if w in self._held]
-            if group:
-                await self._fold(group)
-            for w in release.wake:
-                held = self._held.pop(w, None)
-                if held is not None and not held.reply.done():
-                    held.reply.set_result(None)
+            try:
+                if group:
+                    await self._fold(group)
+            finally:
+                # Even if folding failed, nobody may stay held for a step that is gone.
+                for w in release.wake:
+                    held = self._held.pop(w, None)
+                    if held is not None and not held.reply.done():
+                        held.reply.set_result(None)
 
     async def _on_pull(self, worker: WorkerRecord, msg: Message) -> list:
         h = msg.header

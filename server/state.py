@@ -80,13 +80,12 @@ class ModelState:
         applies costs one copy, not N.
         """
         key = dtype_name(dtype)
-        cached = self._snapshots.get(key)
-        if cached is not None and cached[0] == self._version:
-            return cached
         with self._lock:
-            snap = (self._version, self._flat.to(dtype, copy=True))
-        self._snapshots[key] = snap
-        return snap
+            cached = self._snapshots.get(key)
+            if cached is not None and cached[0] == self._version:
+                return cached
+            snap = self._snapshots[key] = (self._version, self._flat.to(dtype, copy=True))
+            return snap
 
     def load(self, flat: torch.Tensor, version: int) -> None:
         with self._lock:

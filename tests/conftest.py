@@ -285,6 +285,9 @@ def running_server(out_dir: Path, *extra_args: str, sets: Sequence[str] = ("eval
         probe = server.register_raw("fixture-probe")
         server.data_address = probe["data_plane"]
         assert server.data_address == f"tcp://127.0.0.1:{data_port}", server.data_address
+        # The probe leaves at once: an idle active worker would hold every BSP barrier.
+        r = http.post(f"{server.url}/v1/workers/{probe['worker_id']}/leave", headers={"X-Hermes-Token": probe["token"]})
+        assert r.status_code == 200 and r.json()["state"] == "left", r.text
         yield server
     finally:
         http.close()

@@ -252,6 +252,7 @@ PUSH_CASES: dict[str, tuple[Callable[[Any], list[bytes]], ErrorCode]] = {
     "samples_missing": (lambda w: w.frames(MsgType.PUSH_UPDATE, zeros_delta(w), shapes=w.shapes, body={}),
                         ErrorCode.BAD_REQUEST),
     "samples_negative": (lambda w: valid_push_frames(w, body={"samples": -1}), ErrorCode.BAD_REQUEST),
+    "samples_zero": (lambda w: valid_push_frames(w, body={"samples": 0}), ErrorCode.BAD_REQUEST),
     "samples_string": (lambda w: valid_push_frames(w, body={"samples": "32"}), ErrorCode.BAD_REQUEST),
     "samples_bool": (lambda w: valid_push_frames(w, body={"samples": True}), ErrorCode.BAD_REQUEST),
     "loss_nan": (lambda w: valid_push_frames(w, body={"loss": math.nan}), ErrorCode.BAD_REQUEST),

@@ -82,8 +82,24 @@ def _copy_sources(dest: Path) -> Path:
     return src
 
 
+def _require_build_backend() -> None:
+    """A no-isolation build needs the backend here: setuptools >= 70.1 (or an older one plus wheel)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        have = tuple(int(p) for p in version("setuptools").split(".")[:2])
+    except (PackageNotFoundError, ValueError):
+        pytest.skip("setuptools is not installed: a --no-build-isolation wheel build is impossible")
+    if have < (70, 1):
+        try:
+            version("wheel")
+        except PackageNotFoundError:
+            pytest.skip(f"setuptools {have} < 70.1 has no bdist_wheel of its own and wheel is not installed")
+
+
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory) -> Installed:
+    _require_build_backend()
     root = tmp_path_factory.mktemp("packaging")
     src = _copy_sources(root)
     dist = root / "dist"
