@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Foundation benchmark: the server's update path and data plane vs bare baselines.
 
-    python benchmarks/bench_foundation.py [--quick] [--json PATH]
+    python benchmarks/bench_foundation.py [--quick] [--threads N] [--json PATH]
 
 Measured in one run, printed side by side:
 
@@ -15,20 +15,26 @@ A. Update apply, in process. For a 1M- and a 10M-parameter flat model and
 
 B. Data plane round trips. The real server (``python -m hermes.server.cli``,
    an mlp on digits with ~1M and ~10M parameters) is started as a subprocess;
-   one worker registers over HTTP and times ``DataClient.request`` pushes
-   (ASP applies each one; the next push names the version the previous reply
-   carried) and pulls. The baseline is a bare pyzmq DEALER talking to a bare
-   ROUTER that sends / receives exactly the same frames (same byte counts,
-   same frame split) and does nothing else. The bare ROUTER runs in its own
-   process, like the server, so both sides pay the same process topology.
+   one worker registers over HTTP and times ``DataClient.request`` calls: a
+   small request (a pull that finds the model unchanged: the fixed cost of
+   one request), pushes (ASP applies each one; the next push names the
+   version the previous reply carried) and pulls. The baseline is a bare
+   pyzmq DEALER talking to a bare ROUTER that sends / receives exactly the
+   same frames (same byte counts, same frame split) and does nothing else.
+   The bare ROUTER runs in its own process, like the server, so both sides
+   pay the same process topology. Server and bare calls alternate, so load
+   from other processes hits both alike.
 
 C. Where the time goes: the pieces of those paths timed one by one
    (CRC32C, msgpack header, finiteness check, fp16->fp32 conversion, axpy,
-   snapshot copy, a thread hop), so a missed ratio can be read off directly.
+   snapshot copy, a thread hop), plus the blocked variants proposed as fixes,
+   so a missed ratio can be read off directly.
 
 The project's goal is to stay within 2x of the bare figures; every ratio is
 printed with whether it meets that goal. ``--quick`` shrinks the repeats so
-the whole run fits in about a minute; the default takes a few minutes.
+the whole run fits in about a minute; the default takes one to a few minutes.
+On a small or busy machine ``--threads 1`` gives steadier figures: torch's
+intra-op pool then never waits for a descheduled worker thread.
 """
 
 from __future__ import annotations

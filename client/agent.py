@@ -14,6 +14,10 @@ import time
 import zlib
 from dataclasses import dataclass, field
 
+import math
+import os
+
+import numpy as np
 import torch
 import zmq
 
@@ -21,6 +25,8 @@ from hermes.client.prefetch import Prefetcher, StopSignal, Work
 from hermes.client.trainer import LocalTrainer, resolve_device, resolve_precision
 from hermes.client.transport import ControlClient, DataClient, TrafficCounter
 from hermes.common.config import RunConfig
+from hermes.common.gate import GateConfig, ZScoreGate
+from hermes.common.shards import decode_record
 from hermes.common.tensors import ModelSpec, build_from_spec
 from hermes.common.wire import MsgType, dtype_from_name
 
@@ -60,7 +66,20 @@ class AgentStats:
     rejected: int = 0
     pulls: int = 0
     last_loss: float = float("nan")
+    gate_skips: int = 0
     started: float = field(default_factory=time.perf_counter)
+
+
+def available_memory_bytes() -> int:
+    """Free physical memory now (Linux/macOS); 0 when the platform will not say."""
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def _finite_or_none(v: float | None) -> float | None:
+    return v if v is not None and math.isfinite(v) else None
 
 
 class Agent:
@@ -85,7 +104,7 @@ class Agent:
         device = resolve_device(opts.device)
         reg = self.control.register(
             name=opts.name, threads=opts.threads, device=device.type, slowdown=opts.slowdown,
-            hints={"torch": torch.__version__},
+            hints={"torch": torch.__version__, "memory_available_bytes": available_memory_bytes()},
         )
         self.worker_id, self.token = reg["worker_id"], reg["token"]
         spec = ModelSpec.from_dict(reg["model_spec"])
@@ -108,8 +127,19 @@ class Agent:
             lambda: DataClient(address, self.worker_id, self.token, timeout=opts.request_timeout,
                                counter=self.traffic, context=self._ctx)
         )
+        self.gate = (
+            ZScoreGate(GateConfig(window=self.config.gate_window, alpha=self.config.gate_alpha,
+                                  beta=self.config.gate_beta, lam=self.config.gate_lambda))
+            if self.config.gate == "zscore" else None
+        )
         try:
             self.version, self.base = self._pull(force=True)
+            # Loss-weighted aggregation (Hermes Alg. 2) takes G = w_local - w0,
+            # the change since the initial model; the other rules take the
+            # change since the last pulled model.
+            self.from_baseline = self.config.aggregation == "loss"
+            self.baseline = self.base
+            self.validation = self._fetch_validation(reg["validation_shards"]) if self.gate else None
             self.prefetcher.start()
             self._loop()
         finally:
@@ -143,8 +173,17 @@ class Agent:
             if time.monotonic() - self._last_report >= self.config.stats_interval_seconds:
                 self._report()
 
+    def _fetch_validation(self, shards: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        xs, ys = [], []
+        for shard in shards:
+            reply = self.data.request(MsgType.FETCH_SHARD, {"shard": int(shard), "split": "validation"})
+            record = decode_record(memoryview(reply.payload.flat().numpy()))
+            xs.append(record.x)
+            ys.append(record.y)
+        return np.concatenate(xs), np.concatenate(ys)
+
     def _cycle(self, work: Work) -> bool:
-        """Train on one assignment, push, pull. True when the server says stop."""
+        """Train on one assignment; push and pull if the gate says so. True when the server says stop."""
         self.trainer.set_lr(work.lr)
         self.trainer.slowdown = self.options.slowdown_at(time.perf_counter() - self.stats.started)
         result = self.trainer.train_cycle(work.x, work.y, work.batch_size)
@@ -153,12 +192,28 @@ class Agent:
         st.samples += result.samples
         st.compute_seconds += result.compute_seconds
         st.last_loss = result.loss
-        delta = (self.trainer.flat() - self.base).to(self.wire_dtype)
+        cycle = {"dss": result.samples, "mbs": work.batch_size, "compute_seconds": result.compute_seconds,
+                 "decision": "always", "pushed": True, "val_loss": None, "z": None, "alpha": None}
+        if self.gate is not None:
+            assert self.validation is not None
+            val_loss = self.trainer.evaluate(*self.validation)
+            decision = self.gate.observe(val_loss)
+            st.gate_skips += not decision.push
+            cycle.update(decision=decision.reason, pushed=decision.push, val_loss=_finite_or_none(val_loss),
+                         z=_finite_or_none(decision.z), alpha=decision.alpha)
+            if not decision.push:
+                # Keep training the local model on fresh data; tell the
+                # server how long the cycle took (its straggler detector
+                # needs every cycle, not only pushed ones).
+                self._report(cycle=cycle)
+                return False
+        reference = self.baseline if self.from_baseline else self.base
+        delta = (self.trainer.flat() - reference).to(self.wire_dtype)
         t0 = time.perf_counter()
         reply = self.data.request(
             MsgType.PUSH_UPDATE,
             {"samples": result.samples, "steps": result.steps, "loss": result.loss,
-             "compute_seconds": result.compute_seconds},
+             "compute_seconds": result.compute_seconds, "cycle": cycle},
             payload=delta, model_version=self.version, shapes=self.spec.shapes,
             # A barrier may hold the reply for as long as the slowest worker's cycle.
             timeout=max(600.0, self.options.request_timeout), idempotent=False,
@@ -190,7 +245,7 @@ class Agent:
         self.trainer.load(flat)
         return reply.header.model_version, flat
 
-    def _report(self, final: bool = False) -> None:
+    def _report(self, final: bool = False, cycle: dict | None = None) -> None:
         self._last_report = time.monotonic()
         st = self.stats
         body = {
@@ -203,6 +258,8 @@ class Agent:
             "precision": self.precision,
             "final": final,
         }
+        if cycle is not None:
+            body["cycle"] = cycle
         try:
             self.data.request(MsgType.REPORT_STATS, body, timeout=5.0 if final else None)
         except Exception as exc:
@@ -222,7 +279,8 @@ class Agent:
         line = (f"[{self.options.name}] v{self.version} cycles={st.cycles} samples={st.samples} "
                 f"loss={st.last_loss:.4f} compute={st.compute_seconds / wall:.0%} "
                 f"wait={(st.wait_seconds + self.prefetcher.wait_seconds) / wall:.0%} "
-                f"applied={st.applied}/{st.pushes} sent={self.traffic.bytes_sent / 1e6:.1f}MB")
+                f"applied={st.applied}/{st.pushes} skipped={st.gate_skips} "
+                f"sent={self.traffic.bytes_sent / 1e6:.1f}MB")
         if sys.stderr.isatty():
             sys.stderr.write("\r" + line[:200])
             sys.stderr.flush()

@@ -114,6 +114,17 @@ class LocalTrainer:
             steps += 1
         return CycleResult(samples=len(y), steps=steps, loss=total_loss / max(1, steps), compute_seconds=compute)
 
+    @torch.inference_mode()
+    def evaluate(self, x: np.ndarray, y: np.ndarray, batch_size: int = 512) -> float:
+        """Mean cross-entropy of the local model on a held-out split (the gate's input)."""
+        self.model.eval()
+        xt, yt = torch.from_numpy(x), torch.from_numpy(y)
+        total = 0.0
+        for i in range(0, len(yt), batch_size):
+            logits = self.model(xt[i : i + batch_size].to(self.device)).float()
+            total += float(F.cross_entropy(logits, yt[i : i + batch_size].to(self.device), reduction="sum"))
+        return total / max(1, len(yt))
+
     def flat(self) -> torch.Tensor:
         return flatten(self.model).cpu()
 

@@ -1,12 +1,13 @@
 """Aggregation rules: how much each update in a step counts.
 
-The server folds updates as ``w <- w + sum_k weight_k * delta_k``; a rule only
-answers the weights. Later issues add ``power`` (EDP-SGD) and ``loss``
-(Hermes Alg. 2).
+Delta rules (``mean``, ``samples``) answer the weights of
+``w <- w + sum_k weight_k * delta_k``. The ``loss`` rule (Hermes Alg. 2)
+answers the share of a worker's model in a convex blend with the global one.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 
@@ -31,3 +32,19 @@ def aggregation_weights(rule: str, samples: Sequence[int]) -> list[float]:
     if rule == "samples":
         return sample_weights(samples)
     raise ValueError(f"unknown aggregation rule {rule!r}; known: mean, samples")
+
+
+def loss_blend_weight(global_loss: float, candidate_loss: float, *, floor: float = 1e-12) -> float:
+    """Share of the worker's model in the new global model (Hermes Eq. 5-6, Alg. 2).
+
+    Eq. 5 weighs by inverse test loss, W_worker = 1/T_w and W_global = 1/T_g;
+    Eq. 6 is then the convex combination
+        w_new = (W_global * w_global + W_worker * w_worker) / (W_global + W_worker),
+    so the worker's share is (1/T_w) / (1/T_w + 1/T_g) = T_g / (T_g + T_w).
+    Losses are floored so a perfect (zero-loss) model cannot divide by zero.
+    """
+    for name, v in (("global_loss", global_loss), ("candidate_loss", candidate_loss)):
+        if not math.isfinite(v) or v < 0:
+            raise ValueError(f"{name} must be a finite, non-negative loss, got {v!r}")
+    g, c = max(global_loss, floor), max(candidate_loss, floor)
+    return g / (g + c)

@@ -15,17 +15,24 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from hermes.common.sync import SYNC_STRATEGIES
 
-AGGREGATIONS = ("mean", "samples")
+AGGREGATIONS = ("mean", "samples", "loss")
 
-# Preset -> policy choices. Later issues add hermes, omnilearn-*, etc.
+# Preset -> policy choices. Later issues add omnilearn-*, etc.
 PRESETS: dict[str, dict[str, Any]] = {
+    # Hermes (paper 004, Sec. IV): gated async pushes, loss-weighted
+    # aggregation, IQR straggler detection + dual binary search. Table I: CNN
+    # trained with plain SGD, w=10, alpha=-1.3, beta=0.1, lambda=5.
+    "hermes": {
+        "sync": "hermes", "aggregation": "loss", "gate": "zscore", "allocation": "dual-search",
+        "momentum": 0.0, "lr": 0.1,
+    },
     # Local momentum on top of asynchronous, stale updates diverged on the
     # testbed (digits, HL4: accuracy back to chance within 10 s); plain SGD
     # converges, so ASP runs without it.
     "asp": {"sync": "asp", "aggregation": "mean", "momentum": 0.0},
     "bsp": {"sync": "bsp", "aggregation": "samples"},
 }
-DEFAULT_PRESET = "asp"
+DEFAULT_PRESET = "hermes"
 
 
 class ConfigError(ValueError):
@@ -37,7 +44,7 @@ class RunConfig(BaseModel):
 
     preset: str = DEFAULT_PRESET
     sync: str = "asp"
-    aggregation: Literal["mean", "samples"] = "mean"
+    aggregation: Literal["mean", "samples", "loss"] = "mean"
     # ASP only: refuse updates computed from a model more than this many versions old.
     max_staleness: int | None = Field(default=None, ge=0)
 
@@ -59,6 +66,28 @@ class RunConfig(BaseModel):
 
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     wire_dtype: Literal["float32", "float16", "bfloat16"] = "float32"
+
+    # Held out of the training set: the agents' gate and the server's loss
+    # weighting decide on it, never on the test set.
+    validation_fraction: float = Field(default=0.1, gt=0.0, lt=1.0)
+
+    # Update gate (Hermes Alg. 1); defaults from Hermes Table I.
+    gate: Literal["always", "zscore"] = "always"
+    gate_window: int = Field(default=10, ge=2)
+    gate_alpha: float = Field(default=-1.3, allow_inf_nan=False)
+    gate_beta: float = Field(default=0.1, ge=0.0)
+    gate_lambda: int = Field(default=5, ge=1)
+    gate_validation_samples: int = Field(default=256, gt=0)
+    # Loss-weighted aggregation (Hermes Alg. 2): candidate models are scored on this many validation samples.
+    loss_eval_samples: int = Field(default=512, gt=0)
+
+    # Work sizing: uniform, or Hermes' IQR straggler detection + dual binary search (Sec. IV-A).
+    allocation: Literal["uniform", "dual-search"] = "uniform"
+    mbs_min: int = Field(default=8, gt=0)
+    mbs_max: int = Field(default=256, gt=0)
+    search_tolerance: float = Field(default=0.1, gt=0.0, lt=1.0)
+    cost_fit: Literal["linear", "constant"] = "linear"
+    rebalance_min_observations: int = Field(default=2, ge=1)
 
     eval_interval_seconds: float = Field(default=1.0, gt=0.0)
     eval_max_samples: int = Field(default=2000, gt=0)
@@ -93,6 +122,23 @@ class RunConfig(BaseModel):
     def _coherent(self) -> "RunConfig":
         if self.max_staleness is not None and self.sync != "asp":
             raise ValueError(f"max_staleness applies to sync 'asp' only, not {self.sync!r}")
+        if self.aggregation == "loss" and self.sync not in ("hermes", "asp"):
+            raise ValueError(
+                f"aggregation 'loss' folds one update at a time against the global model (Hermes Alg. 2); "
+                f"it needs sync 'hermes' or 'asp', not {self.sync!r}"
+            )
+        if self.gate == "zscore" and self.sync in ("bsp",):
+            raise ValueError(
+                f"gate 'zscore' lets workers skip pushes, so a {self.sync!r} barrier would wait forever; "
+                f"use an asynchronous sync strategy"
+            )
+        if self.allocation == "dual-search":
+            for name in ("mbs_min", "mbs_max", "batch_size"):
+                v = getattr(self, name)
+                if v & (v - 1):
+                    raise ValueError(f"{name}={v}: dual-search mini-batch sizes are powers of two")
+            if not self.mbs_min <= self.batch_size <= self.mbs_max:
+                raise ValueError(f"batch_size={self.batch_size} outside [mbs_min, mbs_max]=[{self.mbs_min}, {self.mbs_max}]")
         if self.dataset in ("mnist", "cifar10") and not self.dataset_root:
             raise ValueError(f"dataset {self.dataset!r} is read from local files: set dataset_root")
         return self

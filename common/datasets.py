@@ -480,3 +480,26 @@ _LOADERS: dict[str, Callable[..., tuple[ArrayDataset, ArrayDataset]]] = {
     "mnist": _load_mnist,
     "cifar10": _load_cifar10,
 }
+
+
+def split_validation(train: ArrayDataset, fraction: float, seed: int) -> tuple[ArrayDataset, ArrayDataset]:
+    """Hold out a seeded ``fraction`` of the training set as a validation set.
+
+    The test set reports accuracy; decisions made during training (the
+    agents' update gate, the server's loss weighting) use this split instead,
+    so no test sample ever steers training.
+    """
+    if not 0.0 < fraction < 1.0:
+        raise ValueError(f"validation fraction must lie in (0, 1), got {fraction!r}")
+    n = len(train)
+    n_val = max(1, int(round(n * fraction)))
+    if n_val >= n:
+        raise ValueError(f"validation fraction {fraction} leaves no training samples out of {n}")
+    order = np.random.default_rng([seed, 0x5A1]).permutation(n)
+    val_idx, train_idx = np.sort(order[:n_val]), np.sort(order[n_val:])
+
+    def take(idx: np.ndarray, name: str) -> ArrayDataset:
+        return ArrayDataset(name=name, x=np.ascontiguousarray(train.x[idx]), y=np.ascontiguousarray(train.y[idx]),
+                            num_classes=train.num_classes)
+
+    return take(train_idx, train.name), take(val_idx, f"{train.name}-validation")

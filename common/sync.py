@@ -91,6 +91,17 @@ class AsyncStrategy(SyncStrategy):
         return Verdict(Decision.APPLY)
 
 
+class GatedAsyncStrategy(AsyncStrategy):
+    """Hermes: asynchronous, every push applied. The gating happens at the
+    agent (HermesGUP, Hermes Alg. 1): a push only arrives when the worker's
+    validation loss improved significantly, so the server never drops one."""
+
+    name = "hermes"
+
+    def __init__(self) -> None:
+        super().__init__(max_staleness=None)
+
+
 class BarrierStrategy(SyncStrategy):
     """BSP: one update per active worker per round, aggregated at the barrier.
 
@@ -123,6 +134,7 @@ class BarrierStrategy(SyncStrategy):
 SYNC_STRATEGIES: dict[str, Callable[..., SyncStrategy]] = {
     "asp": AsyncStrategy,
     "bsp": BarrierStrategy,
+    "hermes": GatedAsyncStrategy,
 }
 
 

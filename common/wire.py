@@ -275,8 +275,27 @@ class Message:
     payload: Payload | None = None
 
 
+@dataclass(frozen=True)
+class PreparedPayload:
+    """Frames and checksum of a tensor, computed once and sent many times
+    (the server's model snapshot is pulled by every worker)."""
+
+    tensor: torch.Tensor  # keeps the frames' memory alive
+    frames: tuple[memoryview, ...]
+    checksum: int
+    dtype: str
+
+
+def prepare(flat: torch.Tensor, *, max_frame_bytes: int = MAX_FRAME_BYTES) -> PreparedPayload:
+    frames = tuple(split_frames(flat, max_frame_bytes))
+    return PreparedPayload(flat, frames, checksum_of(frames), dtype_name(flat.dtype))
+
+
 def encode(
-    header: Header, flat: torch.Tensor | bytes | None = None, *, max_frame_bytes: int = MAX_FRAME_BYTES
+    header: Header,
+    flat: torch.Tensor | bytes | PreparedPayload | None = None,
+    *,
+    max_frame_bytes: int = MAX_FRAME_BYTES,
 ) -> list:
     """Build the frames of one message. ``flat`` is sent zero-copy.
 
@@ -290,22 +309,24 @@ def encode(
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # read-only bytes, never written through
             flat = torch.frombuffer(flat, dtype=torch.uint8) if len(flat) else torch.empty(0, dtype=torch.uint8)
-    if header.shapes and numel_of(header.shapes) != flat.numel():
-        raise ValueError(f"shapes describe {numel_of(header.shapes)} elements but tensor has {flat.numel()}")
-    frames = split_frames(flat, max_frame_bytes)
+    if not isinstance(flat, PreparedPayload):
+        flat = prepare(flat, max_frame_bytes=max_frame_bytes)
+    numel = flat.tensor.numel()
+    if header.shapes and numel_of(header.shapes) != numel:
+        raise ValueError(f"shapes describe {numel_of(header.shapes)} elements but tensor has {numel}")
     full = Header(
         type=header.type,
         worker=header.worker,
         token=header.token,
         seq=header.seq,
         model_version=header.model_version,
-        dtype=dtype_name(flat.dtype),
-        shapes=header.shapes or ((flat.numel(),),),
-        frame_bytes=tuple(len(f) for f in frames),
-        checksum=checksum_of(frames),
+        dtype=flat.dtype,
+        shapes=header.shapes or ((numel,),),
+        frame_bytes=tuple(len(f) for f in flat.frames),
+        checksum=flat.checksum,
         body=header.body,
     )
-    return [full.pack(), *frames]
+    return [full.pack(), *flat.frames]
 
 
 def _buffer(frame: Any) -> memoryview:

@@ -244,6 +244,16 @@ class Testbed:
                 "pulls": w.get("pulls", 0),
                 "bytes_sent": w.get("bytes_sent", 0),
                 "bytes_received": w.get("bytes_received", 0),
+                "messages": w.get("messages", 0),
+                "cycles": w.get("cycles", 0),
+                "wi": w.get("wi"),
+                "gate_pushes": w.get("gate_pushes", 0),
+                "gate_skips": w.get("gate_skips", 0),
+                "dss": w.get("dss"),
+                "mbs": w.get("mbs"),
+                "workload_history": w.get("workload_history", []),
+                "cycle_log_fields": w.get("cycle_log_fields", []),
+                "cycle_log": w.get("cycle_log", []),
                 "exit_code": p.popen.returncode,
                 "log": str(p.log_path.relative_to(self.out)),
             })
@@ -264,6 +274,10 @@ class Testbed:
             "reached_target": bool(target is not None and final_acc is not None and reached_at is not None),
             "seconds_to_target": None if reached_at is None else round(reached_at - t0, 3),
             "model_updates": srv.get("model_updates", 0),
+            "messages_total": srv.get("messages_total", 0),
+            "messages_by_type": srv.get("messages_by_type", {}),
+            "bytes_sent_total": sum(w["bytes_sent"] for w in workers),
+            "bytes_received_total": sum(w["bytes_received"] for w in workers),
             "epochs": srv.get("epoch_progress"),
             "server_exit_code": self.server.popen.returncode if self.server else None,
             "config": srv.get("config"),
@@ -390,14 +404,18 @@ def format_summary(s: dict[str, Any], out: Path) -> str:
         f"   outcome: {s['outcome']}; wall {s['wall_seconds']:.1f}s; model updates {s['model_updates']}",
         f"   final accuracy {_fmt(s['final_accuracy'])}, loss {_fmt(s['final_loss'])}; "
         f"target {s['target_accuracy']} {'reached in ' + format(s['seconds_to_target'], '.1f') + 's' if s['reached_target'] else 'not reached'}",
-        f"   {'worker':<10} {'speed':>6} {'samples':>8} {'compute':>8} {'wait':>7} {'util':>5} {'push':>5} {'pull':>5} "
-        f"{'sent MB':>8} {'recv MB':>8} {'exit':>4}",
+        f"   messages {s['messages_total']}; bytes sent {s['bytes_sent_total'] / 1e6:.2f} MB, "
+        f"received {s['bytes_received_total'] / 1e6:.2f} MB",
+        f"   {'worker':<10} {'speed':>6} {'samples':>8} {'cycles':>6} {'compute':>8} {'wait':>7} {'util':>5} "
+        f"{'push':>5} {'pull':>5} {'WI':>5} {'DSS':>5} {'MBS':>4} {'sent MB':>8} {'recv MB':>8} {'exit':>4}",
     ]
     for w in s["workers"]:
+        wi = "-" if w.get("wi") is None else f"{w['wi']:.2f}"
         lines.append(
-            f"   {w['name']:<10} {w['speed']:>6.2f} {w['samples']:>8} {w['compute_seconds']:>7.1f}s "
-            f"{w['wait_seconds']:>6.1f}s {w['utilization']:>5.0%} {w['pushes']:>5} {w['pulls']:>5} "
-            f"{w['bytes_sent'] / 1e6:>8.2f} {w['bytes_received'] / 1e6:>8.2f} {str(w['exit_code']):>4}"
+            f"   {w['name']:<10} {w['speed']:>6.2f} {w['samples']:>8} {w['cycles']:>6} {w['compute_seconds']:>7.1f}s "
+            f"{w['wait_seconds']:>6.1f}s {w['utilization']:>5.0%} {w['pushes']:>5} {w['pulls']:>5} {wi:>5} "
+            f"{str(w['dss']):>5} {str(w['mbs']):>4} {w['bytes_sent'] / 1e6:>8.2f} {w['bytes_received'] / 1e6:>8.2f} "
+            f"{str(w['exit_code']):>4}"
         )
     lines.append(f"   summary: {out / 'summary.json'}   events: {out / 'events.jsonl'}   logs: {out / 'logs'}")
     return "\n".join(lines)

@@ -48,6 +48,8 @@ class RegisterResponse(BaseModel):
     data_plane: str
     model_spec: dict[str, Any]
     run_config: dict[str, Any]
+    # Fixed local validation split for this worker's update gate (shard ids, split "validation").
+    validation_shards: list[int]
 
 
 def create_app(settings: ServerSettings | None = None) -> FastAPI:
@@ -118,6 +120,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
             data_plane=request.app.state.data_plane_address,
             model_spec=engine.spec.to_dict(),
             run_config=engine.config.model_dump(),
+            validation_shards=engine.validation_shards_for(rec),
         )
 
     @app.post("/v1/workers/{worker_id}/leave")

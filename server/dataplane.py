@@ -81,7 +81,9 @@ class DataPlane:
             identity = frames[0].bytes
             if len(self._inflight) >= self.max_in_flight:
                 self.engine.metrics.errors.labels(code=ErrorCode.UNAVAILABLE.value).inc()
-                await self._send(identity, error_frames(ErrorCode.UNAVAILABLE, "server busy, retry later"))
+                await self._send(
+                    identity, error_frames(ErrorCode.UNAVAILABLE, "server busy, retry later", seq=_seq_of(frames[1:]))
+                )
                 continue
             task = asyncio.create_task(self._handle(identity, frames[1:]))
             self._inflight.add(task)

@@ -19,9 +19,10 @@ from typing import Any, Sequence
 
 import torch
 
-from hermes.common.aggregation import aggregation_weights
+from hermes.common.aggregation import aggregation_weights, loss_blend_weight
 from hermes.common.config import RunConfig
-from hermes.common.datasets import load_dataset
+from hermes.common.allocation import make_allocator
+from hermes.common.datasets import load_dataset, split_validation
 from hermes.common.models import build_model
 from hermes.common.shards import ShardQueue, shards_for
 from hermes.common.sync import Decision, PushInfo, make_strategy
@@ -38,6 +39,7 @@ from hermes.common.wire import (
     encode,
 )
 from hermes.server.evaluator import Evaluation, Evaluator
+from hermes.server.lossprobe import LossProbe
 from hermes.server.events import EventLog
 from hermes.server.metrics import ServerMetrics
 from hermes.server.registry import Registry, WorkerRecord
@@ -55,6 +57,15 @@ class _Held:
     info: PushInfo
     payload: Payload | None
     reply: asyncio.Future
+    candidate_loss: float | None = None
+
+
+@dataclass(frozen=True)
+class _Update:
+    info: PushInfo
+    payload: Payload
+    # Loss of w0 + G on the validation subset (``loss`` aggregation only).
+    candidate_loss: float | None = None
 
 
 class Engine:
@@ -73,13 +84,15 @@ class Engine:
         self.events = events
         self.max_message_bytes = max_message_bytes
         self.out_dir = Path(out_dir) if out_dir else None
-        self.train, self.test = load_dataset(
+        train, self.test = load_dataset(
             config.dataset,
             root=config.dataset_root,
             seed=config.seed,
             test_fraction=config.test_fraction,
             num_samples=config.num_samples,
         )
+        self.train, self.validation = split_validation(train, config.validation_fraction, config.seed)
+        del train
         # Replicas start from identical weights: the server builds the seeded
         # initial model and every agent pulls it before its first step.
         torch.manual_seed(config.seed)
@@ -92,7 +105,14 @@ class Engine:
         self.strategy = make_strategy(config.sync, **self._strategy_params())
         self.registry = Registry(max_workers)
         self.shards = ShardStore(self.train, config.shard_size)
+        self.validation_shards = ShardStore(self.validation, config.shard_size)
         self.queue = ShardQueue(self.shards.num_shards, seed=config.seed)
+        self.allocator = make_allocator(config, dss_max=len(self.train))
+        self.probe = (
+            LossProbe(self.spec, self.state, self.validation, samples=config.loss_eval_samples,
+                      seed=config.seed, metrics=metrics)
+            if config.aggregation == "loss" else None
+        )
         self.evaluator = Evaluator(
             self.spec,
             self.state,
@@ -106,6 +126,8 @@ class Engine:
         self.stopping = False
         self.stop_reason = ""
         self._held: dict[str, _Held] = {}
+        # Authenticated data-plane requests by type: the "API calls" of Hermes Table III.
+        self.message_counts: dict[str, int] = {}
         self._step = asyncio.Lock()
         self.metrics.model_version.set(0)
 
@@ -165,6 +187,16 @@ class Engine:
     def register(self, name: str, **info: Any) -> tuple[WorkerRecord, bool]:
         rec, rejoined = self.registry.register(name, **info)
         self.strategy.on_join(rec.id)
+        memory = rec.hints.get("memory_available_bytes")
+        if isinstance(memory, int) and memory > 0:
+            # A quarter of the device's free memory for the samples of one
+            # cycle (two buffers with prefetching): the DSS cap of Sec. IV-A.
+            per_sample = self.train.x[0].nbytes + self.train.y[0].nbytes
+            self.allocator.set_memory_limit(rec.id, max(self.config.shard_size, memory // (8 * per_sample)))
+        dss, mbs = self.allocator.workload(rec.id)
+        rec.workload_history.append((round(time.time() - self.started_at, 3), dss, mbs))
+        self.metrics.worker_dss.labels(worker=rec.id).set(dss)
+        self.metrics.worker_mbs.labels(worker=rec.id).set(mbs)
         self._refresh_worker_gauge()
         self.events.emit("join", worker=rec.id, name=name, rejoined=rejoined, **info)
         log.info("worker %s (%s) %s", rec.id, name, "rejoined" if rejoined else "joined")
@@ -181,6 +213,42 @@ class Engine:
         log.info("worker %s left: %s", worker_id, reason)
         async with self._step:
             await self._process_releases()
+
+    def _observe_cycle(self, worker: WorkerRecord, cycle: dict[str, Any]) -> None:
+        """Record one local training cycle; feed the allocator; resize stragglers."""
+        elapsed = round(time.time() - self.started_at, 3)
+        worker.record_cycle(elapsed, cycle)
+        wid = worker.id
+        self.metrics.worker_cycles.labels(worker=wid).set(worker.cycles)
+        self.metrics.worker_cycle_seconds.labels(worker=wid).set(cycle["compute_seconds"])
+        self.metrics.worker_wi.labels(worker=wid).set(worker.worker_independence)
+        if cycle["decision"] != "always":
+            self.metrics.gate_decisions.labels(worker=wid, decision="push" if cycle["pushed"] else "skip").inc()
+            if cycle["z"] is not None:
+                self.metrics.gate_zscore.labels(worker=wid).set(cycle["z"])
+        self.events.emit("cycle", worker=wid, elapsed=elapsed, **cycle)
+        self.allocator.observe(wid, cycle["dss"], cycle["mbs"], cycle["compute_seconds"])
+        for resized_id, result in self.allocator.rebalance().items():
+            rec = self.registry.get(resized_id)
+            if rec is None:
+                continue
+            kind = "slow" if result.target_seconds < rec.last_cycle_seconds else "fast"
+            rec.workload_history.append((elapsed, result.dss, result.mbs))
+            self.metrics.stragglers.labels(worker=resized_id, kind=kind).inc()
+            self.metrics.worker_dss.labels(worker=resized_id).set(result.dss)
+            self.metrics.worker_mbs.labels(worker=resized_id).set(result.mbs)
+            self.events.emit(
+                "resize", worker=resized_id, kind=kind, dss=result.dss, mbs=result.mbs,
+                predicted_seconds=round(result.predicted_seconds, 6), target_seconds=round(result.target_seconds, 6),
+                within_tolerance=result.within_tolerance,
+            )
+
+    def validation_shards_for(self, worker: WorkerRecord) -> list[int]:
+        """A fixed local validation split per worker (its gate's data), spread over the validation set."""
+        n = self.validation_shards.num_shards
+        k = min(n, shards_for(self.config.gate_validation_samples, self.config.shard_size))
+        start = (int(worker.id.lstrip("w") or 0) * k) % n
+        return [(start + i) % n for i in range(k)]
 
     def _refresh_worker_gauge(self) -> None:
         workers = self.registry.all()
@@ -211,6 +279,10 @@ class Engine:
             "config": self.config.model_dump(),
             "model": self.spec.to_dict() | {"entries": len(self.spec.entries)},
             "model_updates": self.state.version,
+            "messages_total": sum(self.message_counts.values()),
+            "messages_by_type": dict(self.message_counts),
+            "bytes_received_total": sum(w.server_bytes_in for w in self.registry.all()),
+            "bytes_sent_total": sum(w.server_bytes_out for w in self.registry.all()),
             "final_accuracy": None if ev is None else ev.accuracy,
             "final_loss": None if ev is None else ev.loss,
             "evaluations": [
@@ -238,6 +310,8 @@ class Engine:
         if worker.state != "active":
             raise ProtocolError(ErrorCode.UNAUTHORIZED, f"worker {worker.id} has left; register again")
         worker.server_bytes_in += size
+        worker.messages += 1
+        self.message_counts[h.type.value] = self.message_counts.get(h.type.value, 0) + 1
         self.metrics.messages.labels(type=h.type.value).inc()
         reply = await _HANDLERS[h.type](self, worker, msg)
         out = sum(len(f) for f in reply)
@@ -262,10 +336,19 @@ class Engine:
             raise ProtocolError(
                 ErrorCode.BAD_REQUEST, f"base model_version {h.model_version} not in [0, {self.state.version}]"
             )
+        cycle = _cycle_fields(h.body.get("cycle"))
         await asyncio.to_thread(validate_update, self.spec, msg.payload)
         worker.pushes += 1
+        if cycle is not None:
+            self._observe_cycle(worker, cycle)
         if self.stopping:
             return self._reply(MsgType.PUSH_REPLY, worker, h.seq, {"status": "rejected", "reason": "run is stopping"})
+        candidate_loss = None
+        if self.probe is not None:
+            # Scored outside the step lock: it depends only on w0 and G, so
+            # concurrent pushes are scored in parallel and serialised only
+            # for the blend itself.
+            candidate_loss = await asyncio.to_thread(self.probe.candidate_loss, msg.payload)
         async with self._step:
             info = PushInfo(worker.id, h.model_version, self.state.version, samples, worker.pushes)
             verdict = self.strategy.on_push(info)
@@ -278,10 +361,10 @@ class Engine:
                     MsgType.PUSH_REPLY, worker, h.seq, {"status": "rejected", "reason": verdict.reason}
                 )
             if verdict.decision in (Decision.APPLY, Decision.APPLY_AND_WAIT):
-                await self._fold([(info, msg.payload)])
+                await self._fold([_Update(info, msg.payload, candidate_loss)])
             if verdict.decision in (Decision.BUFFER, Decision.APPLY_AND_WAIT):
                 held = _Held(info, msg.payload if verdict.decision is Decision.BUFFER else None,
-                             asyncio.get_running_loop().create_future())
+                             asyncio.get_running_loop().create_future(), candidate_loss)
                 self._held[worker.id] = held
             await self._process_releases()
         if held is not None:
@@ -289,28 +372,48 @@ class Engine:
         status = "applied" if not self.stopping or held is None else "abandoned"
         return self._reply(MsgType.PUSH_REPLY, worker, h.seq, {"status": status, "staleness": info.staleness})
 
-    async def _fold(self, group: list[tuple[PushInfo, Payload]]) -> None:
-        weights = aggregation_weights(self.config.aggregation, [info.samples for info, _ in group])
+    async def _fold(self, group: list[_Update]) -> None:
+        """One model step from a group of updates. Caller holds _step."""
         t0 = time.perf_counter()
-        version = await asyncio.to_thread(self.state.apply, [(p, w) for (_, p), w in zip(group, weights)])
+        extra: dict[str, Any] = {}
+        if self.probe is not None:
+            (update,) = group  # config validation keeps ``loss`` to one-at-a-time strategies
+            if self.state.version == 0:
+                weight = 1.0  # Hermes Alg. 2 initial step: sigma <- G
+            else:
+                _, global_loss = await asyncio.to_thread(self.probe.global_loss)
+                weight = loss_blend_weight(global_loss, update.candidate_loss)
+                extra = {"global_loss": round(global_loss, 6)}
+            extra["candidate_loss"] = round(update.candidate_loss, 6)
+            self.metrics.blend_weight.observe(weight)
+            weights = [weight]
+            version = await asyncio.to_thread(self.state.blend, update.payload, weight)
+        else:
+            weights = aggregation_weights(self.config.aggregation, [u.info.samples for u in group])
+            version = await asyncio.to_thread(self.state.apply, [(u.payload, w) for u, w in zip(group, weights)])
         self.metrics.apply_seconds.observe(time.perf_counter() - t0)
         self.metrics.model_version.set(version)
-        for info, _ in group:
-            rec = self.registry.get(info.worker_id)
+        for u in group:
+            rec = self.registry.get(u.info.worker_id)
             if rec is not None:
                 rec.applied += 1
             # Staleness against the model the update was folded into.
-            self.metrics.staleness.observe(version - 1 - info.base_version)
+            self.metrics.staleness.observe(version - 1 - u.info.base_version)
             self.metrics.updates.labels(outcome="applied").inc()
         self.events.emit(
-            "update_applied", version=version, workers=[i.worker_id for i, _ in group],
-            staleness=[version - 1 - i.base_version for i, _ in group], weights=[round(w, 6) for w in weights],
+            "update_applied", version=version, workers=[u.info.worker_id for u in group],
+            staleness=[version - 1 - u.info.base_version for u in group], weights=[round(w, 6) for w in weights],
+            **extra,
         )
 
     async def _process_releases(self) -> None:
         """Fold and wake whatever the strategy releases. Caller holds _step."""
         while (release := self.strategy.take_release()) is not None:
-            group = [(self._held[w].info, self._held[w].payload) for w in release.aggregate if w in self._held]
+            group = [
+                _Update(h.info, h.payload, h.candidate_loss)
+                for w in release.aggregate
+                if (h := self._held.get(w)) is not None and h.payload is not None
+            ]
             try:
                 if group:
                     await self._fold(group)
@@ -329,7 +432,7 @@ class Engine:
         dtype_name = h.body.get("dtype", "float32")
         if dtype_name not in ("float32", "float16", "bfloat16"):
             raise ProtocolError(ErrorCode.BAD_DTYPE, f"models are served as float32/float16/bfloat16, not {dtype_name!r}")
-        version, flat = await asyncio.to_thread(self.state.snapshot, dtype_from_name(dtype_name))
+        version, flat = await asyncio.to_thread(self.state.prepared, dtype_from_name(dtype_name))
         header = Header(
             type=MsgType.MODEL, worker=worker.id, seq=h.seq, model_version=version,
             shapes=self.spec.shapes, body={"unchanged": False, "stop": self.stopping},
@@ -337,13 +440,13 @@ class Engine:
         return encode(header, flat)
 
     async def _on_request_work(self, worker: WorkerRecord, msg: Message) -> list:
-        cycle = self.config.cycle_samples
-        assignment = self.queue.take(shards_for(cycle, self.config.shard_size))
+        dss, mbs = self.allocator.workload(worker.id)
+        assignment = self.queue.take(shards_for(dss, self.config.shard_size))
         body = {
             "epoch": assignment.epoch,
             "shards": list(assignment.shards),
-            "batch_size": self.config.batch_size,
-            "cycle_samples": cycle,
+            "batch_size": mbs,
+            "cycle_samples": dss,
             "lr": self.config.lr,
         }
         self.events.emit("assignment", worker=worker.id, epoch=assignment.epoch, shards=list(assignment.shards))
@@ -351,9 +454,13 @@ class Engine:
 
     async def _on_fetch_shard(self, worker: WorkerRecord, msg: Message) -> list:
         shard = _int_field(msg.header.body, "shard", minimum=0)
-        if shard >= self.shards.num_shards:
-            raise ProtocolError(ErrorCode.BAD_REQUEST, f"shard {shard} out of range [0, {self.shards.num_shards})")
-        record = self.shards.record(shard)
+        split = msg.header.body.get("split", "train")
+        store = {"train": self.shards, "validation": self.validation_shards}.get(split)
+        if store is None:
+            raise ProtocolError(ErrorCode.BAD_REQUEST, f"split must be 'train' or 'validation', got {split!r}")
+        if shard >= store.num_shards:
+            raise ProtocolError(ErrorCode.BAD_REQUEST, f"{split} shard {shard} out of range [0, {store.num_shards})")
+        record = store.record(shard)
         return self._reply(MsgType.SHARD, worker, msg.header.seq, {"shard": shard}, payload=record)
 
     async def _on_report(self, worker: WorkerRecord, msg: Message) -> list:
@@ -371,10 +478,36 @@ class Engine:
         precision = b.get("precision", "")
         if isinstance(precision, str):
             worker.precision = precision[:16]
+        cycle = _cycle_fields(b.get("cycle"))
+        if cycle is not None:
+            self._observe_cycle(worker, cycle)
         self.metrics.worker_compute.labels(worker=worker.id).set(worker.compute_seconds)
         self.metrics.worker_wait.labels(worker=worker.id).set(worker.wait_seconds)
         self.metrics.worker_samples.labels(worker=worker.id).set(worker.samples)
         return self._reply(MsgType.STATS_ACK, worker, msg.header.seq, {})
+
+
+def _cycle_fields(raw: Any) -> dict[str, Any] | None:
+    """The per-cycle report an agent attaches to a push or a stats message."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise ProtocolError(ErrorCode.BAD_REQUEST, "body field 'cycle' must be a map")
+    out: dict[str, Any] = {
+        "dss": _int_field(raw, "dss", minimum=1),
+        "mbs": _int_field(raw, "mbs", minimum=1),
+        "compute_seconds": _float_field(raw, "compute_seconds"),
+    }
+    for key in ("val_loss", "z", "alpha"):
+        v = raw.get(key)
+        if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v)):
+            raise ProtocolError(ErrorCode.BAD_REQUEST, f"cycle field {key!r} must be a finite number or nil")
+        out[key] = None if v is None else float(v)
+    pushed, decision = raw.get("pushed", True), raw.get("decision", "always")
+    if not isinstance(pushed, bool) or not isinstance(decision, str) or len(decision) > 32:
+        raise ProtocolError(ErrorCode.BAD_REQUEST, "cycle fields 'pushed' (bool) and 'decision' (short str) malformed")
+    out["pushed"], out["decision"] = pushed, decision
+    return out
 
 
 def _int_field(body: dict, key: str, *, minimum: int) -> int:

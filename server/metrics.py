@@ -30,6 +30,32 @@ class ServerMetrics:
             "hermes_eval_seconds", "Seconds per evaluation of the global model",
             buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30), registry=r,
         )
+        self.loss_eval_seconds = Histogram(
+            "hermes_loss_eval_seconds", "Seconds to score one candidate or global model for loss-weighted aggregation",
+            buckets=(1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0), registry=r,
+        )
+        self.blend_weight = Histogram(
+            "hermes_blend_weight", "Share of the worker model in loss-weighted aggregation (Hermes Eq. 5-6)",
+            buckets=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0), registry=r,
+        )
+        self.gate_decisions = Counter(
+            "hermes_gate_decisions_total", "Update-gate decisions reported by agents", ["worker", "decision"], registry=r
+        )
+        self.gate_zscore = Gauge("hermes_gate_last_zscore", "Last gate z-score per worker", ["worker"], registry=r)
+        self.worker_cycles = Gauge("hermes_worker_cycles", "Local training cycles per worker", ["worker"], registry=r)
+        self.worker_pulls = Gauge("hermes_worker_pulls", "Model pulls per worker", ["worker"], registry=r)
+        self.worker_wi = Gauge(
+            "hermes_worker_independence", "WI = local cycles / model pulls after the first (Hermes Eq. 7)",
+            ["worker"], registry=r,
+        )
+        self.worker_dss = Gauge("hermes_worker_dataset_size", "Samples per cycle (DSS) assigned", ["worker"], registry=r)
+        self.worker_mbs = Gauge("hermes_worker_batch_size", "Mini-batch size (MBS) assigned", ["worker"], registry=r)
+        self.worker_cycle_seconds = Gauge(
+            "hermes_worker_cycle_seconds", "Compute seconds of the last training cycle", ["worker"], registry=r
+        )
+        self.stragglers = Counter(
+            "hermes_straggler_resizes_total", "Workers resized after IQR outlier detection", ["worker", "kind"], registry=r
+        )
         self.test_accuracy = Gauge("hermes_test_accuracy", "Test accuracy of the last evaluated model", registry=r)
         self.test_loss = Gauge("hermes_test_loss", "Test loss of the last evaluated model", registry=r)
         self.evaluated_version = Gauge("hermes_evaluated_version", "Model version of the last evaluation", registry=r)

@@ -12,6 +12,9 @@ from typing import Any
 from hermes.common.wire import ErrorCode, ProtocolError
 
 
+CYCLE_LOG = 5000
+
+
 class RegistryFull(Exception):
     """max_workers reached."""
 
@@ -32,6 +35,7 @@ class WorkerRecord:
     applied: int = 0
     rejected: int = 0
     pulls: int = 0
+    messages: int = 0
     # As the agent reports them (cumulative since it joined).
     samples: int = 0
     compute_seconds: float = 0.0
@@ -43,6 +47,37 @@ class WorkerRecord:
     # As the server counts them on the data plane.
     server_bytes_in: int = 0
     server_bytes_out: int = 0
+    # Per local training cycle, as the agent reports them.
+    cycles: int = 0
+    gate_pushes: int = 0
+    gate_skips: int = 0
+    last_cycle_seconds: float = 0.0
+    # (elapsed, dss, mbs, compute seconds, z, pushed): bounded, see CYCLE_LOG.
+    cycle_log: list[tuple] = field(default_factory=list)
+    # (elapsed, dss, mbs) whenever the allocator changed this worker's workload.
+    workload_history: list[tuple[float, int, int]] = field(default_factory=list)
+
+    def record_cycle(self, elapsed: float, cycle: dict[str, Any]) -> None:
+        self.cycles += 1
+        self.last_cycle_seconds = cycle["compute_seconds"]
+        if cycle["decision"] != "always":
+            if cycle["pushed"]:
+                self.gate_pushes += 1
+            else:
+                self.gate_skips += 1
+        self.cycle_log.append((elapsed, cycle["dss"], cycle["mbs"], round(cycle["compute_seconds"], 6),
+                               None if cycle["z"] is None else round(cycle["z"], 4), cycle["pushed"]))
+        if len(self.cycle_log) > CYCLE_LOG:
+            del self.cycle_log[: len(self.cycle_log) - CYCLE_LOG]
+
+    @property
+    def worker_independence(self) -> float:
+        """WI = local iterations / global model requests (Hermes Eq. 7).
+
+        The pull that fetches the initial model at join is not a request for
+        progress, so it is not counted: BSP and ASP come out at exactly 1.
+        """
+        return self.cycles / max(1, self.pulls - 1)
 
     def public(self) -> dict[str, Any]:
         wall = max(1e-9, self.last_seen - self.joined_at)
@@ -64,8 +99,18 @@ class WorkerRecord:
             "applied": self.applied,
             "rejected": self.rejected,
             "pulls": self.pulls,
+            "messages": self.messages,
             "bytes_sent": self.bytes_sent,
             "bytes_received": self.bytes_received,
+            "cycles": self.cycles,
+            "wi": round(self.worker_independence, 4),
+            "gate_pushes": self.gate_pushes,
+            "gate_skips": self.gate_skips,
+            "dss": self.workload_history[-1][1] if self.workload_history else None,
+            "mbs": self.workload_history[-1][2] if self.workload_history else None,
+            "workload_history": [list(t) for t in self.workload_history],
+            "cycle_log_fields": ["elapsed", "dss", "mbs", "compute_seconds", "z", "pushed"],
+            "cycle_log": [list(t) for t in self.cycle_log],
             "server_bytes_in": self.server_bytes_in,
             "server_bytes_out": self.server_bytes_out,
             "joined_at": self.joined_at,

@@ -13,7 +13,22 @@ from typing import Sequence
 import torch
 
 from hermes.common.tensors import ModelSpec
-from hermes.common.wire import ErrorCode, Payload, ProtocolError, dtype_name
+from hermes.common.wire import ErrorCode, Payload, PreparedPayload, ProtocolError, dtype_name, prepare
+
+
+# fp16/bf16 deltas are widened to fp32 in blocks of this many elements: a
+# whole-vector fp32 temporary above 32 MB is fresh memory from the kernel on
+# every call (glibc's mmap threshold), which tripled the cost of a 10M push.
+_BLOCK = 1 << 20
+
+
+def _blocks(chunk: torch.Tensor):
+    n = chunk.numel()
+    if n <= _BLOCK:
+        yield chunk
+        return
+    for i in range(0, n, _BLOCK):
+        yield chunk[i : i + _BLOCK]
 
 
 def validate_update(spec: ModelSpec, payload: Payload | None) -> None:
@@ -30,12 +45,13 @@ def validate_update(spec: ModelSpec, payload: Payload | None) -> None:
             f"model has {len(spec.entries)} tensors, {spec.numel} elements)",
         )
     for _, chunk in payload.offsets():
-        # One fp32-accumulating pass: NaN/Inf propagate into the sum. Only when
-        # the sum is not finite do we pay for the exact per-element test.
-        if not torch.isfinite(chunk.sum(dtype=torch.float32)):
-            if not bool(torch.isfinite(chunk).all()):
-                raise ProtocolError(ErrorCode.NON_FINITE, "update contains NaN or Inf")
-            raise ProtocolError(ErrorCode.NON_FINITE, "update magnitude overflows float32")
+        for block in _blocks(chunk):
+            # One fp32-accumulating pass: NaN/Inf propagate into the sum. Only
+            # when the sum is not finite do we pay for the exact test.
+            if not torch.isfinite(block.sum(dtype=torch.float32)):
+                if not bool(torch.isfinite(block).all()):
+                    raise ProtocolError(ErrorCode.NON_FINITE, "update contains NaN or Inf")
+                raise ProtocolError(ErrorCode.NON_FINITE, "update magnitude overflows float32")
 
 
 class ModelState:
@@ -44,9 +60,12 @@ class ModelState:
             raise ValueError(f"initial vector has {initial.numel()} elements, spec {spec.numel}")
         self.spec = spec
         self._flat = initial.detach().to(torch.float32).clone().contiguous()
+        # w0, the model every replica started from: from-baseline updates
+        # (Hermes' G) are measured against it.
+        self._baseline = self._flat.clone()
         self._version = version
         self._lock = threading.Lock()
-        self._snapshots: dict[str, tuple[int, torch.Tensor]] = {}
+        self._snapshots: dict[str, tuple[int, PreparedPayload]] = {}
 
     @property
     def version(self) -> int:
@@ -65,11 +84,40 @@ class ModelState:
         with self._lock:
             for payload, weight in updates:
                 for off, chunk in payload.offsets():
-                    target = self._flat[off : off + chunk.numel()]
                     if chunk.dtype == torch.float32:
-                        target.add_(chunk, alpha=weight)
-                    else:
-                        target.add_(chunk.to(torch.float32), alpha=weight)
+                        self._flat[off : off + chunk.numel()].add_(chunk, alpha=weight)
+                        continue
+                    for block in _blocks(chunk):
+                        self._flat[off : off + block.numel()].add_(block.to(torch.float32), alpha=weight)
+                        off += block.numel()
+            self._version += 1
+            return self._version
+
+    def candidate(self, payload: Payload) -> torch.Tensor:
+        """w0 + G: the worker model a from-baseline update describes (Hermes Alg. 2, w_temp)."""
+        out = self._baseline.clone()
+        for off, chunk in payload.offsets():
+            for block in _blocks(chunk):
+                out[off : off + block.numel()].add_(block.to(torch.float32))
+                off += block.numel()
+        return out
+
+    def blend(self, payload: Payload, weight: float) -> int:
+        """w <- (1 - weight) * w + weight * (w0 + G) as one step (Hermes Eq. 6).
+
+        With weight = 1 this is Alg. 2's initial step, sigma <- G. Applied
+        chunk by chunk in place: no full-size temporary.
+        """
+        if not 0.0 <= weight <= 1.0:
+            raise ValueError(f"blend weight {weight} outside [0, 1]")
+        with self._lock:
+            for off, chunk in payload.offsets():
+                for block in _blocks(chunk):
+                    n = block.numel()
+                    target = self._flat[off : off + n]
+                    target.mul_(1.0 - weight).add_(self._baseline[off : off + n], alpha=weight)
+                    target.add_(block.to(torch.float32), alpha=weight)
+                    off += n
             self._version += 1
             return self._version
 
@@ -79,13 +127,23 @@ class ModelState:
         Copy-on-read keeps the hot apply path a bare axpy; a pull after N
         applies costs one copy, not N.
         """
+        version, prepared = self.prepared(dtype)
+        return version, prepared.tensor
+
+    def prepared(self, dtype: torch.dtype = torch.float32) -> tuple[int, PreparedPayload]:
+        """The snapshot with its wire frames and checksum, computed once per version."""
         key = dtype_name(dtype)
         with self._lock:
             cached = self._snapshots.get(key)
             if cached is not None and cached[0] == self._version:
                 return cached
-            snap = self._snapshots[key] = (self._version, self._flat.to(dtype, copy=True))
-            return snap
+            version, copy = self._version, self._flat.to(dtype, copy=True)
+        # Checksummed outside the lock: the copy is private and immutable.
+        snap = (version, prepare(copy))
+        with self._lock:
+            if version == self._version:
+                self._snapshots[key] = snap
+        return snap
 
     def load(self, flat: torch.Tensor, version: int) -> None:
         with self._lock:

@@ -259,6 +259,10 @@ def running_server(out_dir: Path, *extra_args: str, sets: Sequence[str] = ("eval
         "--data-host", "127.0.0.1", "--data-port", str(data_port),
         "--advertise-host", "127.0.0.1", "--out", str(out_dir),
     ]
+    # Plain ASP unless a test asks otherwise: its updates are bare deltas,
+    # which is what the wire-level tests construct.
+    if "--preset" not in extra_args:
+        cmd += ["--preset", "asp"]
     for s in sets:
         cmd += ["--set", s]
     cmd += list(extra_args)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from pydantic import ValidationError
@@ -30,11 +31,34 @@ def _no_hermes_env(monkeypatch):
 # presets and overrides
 
 
-def test_default_preset():
+def test_default_preset_is_hermes():
     cfg = build_config()
-    assert DEFAULT_PRESET == "asp"
-    assert (cfg.preset, cfg.sync, cfg.aggregation, cfg.max_staleness) == ("asp", "asp", "mean", None)
-    assert (cfg.model, cfg.dataset, cfg.lr, cfg.batch_size) == ("cnn", "digits", 0.05, 32)
+    assert DEFAULT_PRESET == "hermes"
+    assert (cfg.preset, cfg.sync, cfg.aggregation, cfg.gate, cfg.allocation) == (
+        "hermes", "hermes", "loss", "zscore", "dual-search")
+    # Hermes Table I: w=10, alpha=-1.3, beta=0.1, lambda=5; CNN with plain SGD at eta=0.1.
+    assert (cfg.gate_window, cfg.gate_alpha, cfg.gate_beta, cfg.gate_lambda) == (10, -1.3, 0.1, 5)
+    assert (cfg.model, cfg.dataset, cfg.lr, cfg.momentum, cfg.batch_size) == ("cnn", "digits", 0.1, 0.0, 32)
+
+
+def test_asp_preset():
+    cfg = build_config("asp")
+    assert (cfg.preset, cfg.sync, cfg.aggregation, cfg.max_staleness, cfg.gate) == ("asp", "asp", "mean", None, "always")
+    assert (cfg.lr, cfg.momentum, cfg.allocation) == (0.05, 0.0, "uniform")
+
+
+@pytest.mark.parametrize(
+    "overrides,field",
+    [
+        ({"sync": "bsp", "aggregation": "loss"}, "aggregation 'loss'"),
+        ({"sync": "bsp", "gate": "zscore", "aggregation": "samples"}, "gate 'zscore'"),
+        ({"batch_size": 48}, "batch_size=48"),
+        ({"mbs_min": 64, "batch_size": 32}, "outside [mbs_min, mbs_max]"),
+    ],
+)
+def test_incoherent_combinations_are_refused_with_a_reason(overrides, field):
+    with pytest.raises(ConfigError, match=re.escape(field)):
+        build_config("hermes", **overrides)
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
@@ -163,7 +187,7 @@ def test_toml_file(tmp_path):
 def test_json_file(tmp_path):
     p = tmp_path / "run.json"
     p.write_text(json.dumps({"lr": 0.5, "aggregation": "samples", "max_staleness": 4}))
-    cfg = build_config(**load_config_file(str(p)))
+    cfg = build_config("asp", **load_config_file(str(p)))
     assert (cfg.lr, cfg.aggregation, cfg.max_staleness) == (0.5, "samples", 4)
 
 

@@ -139,11 +139,13 @@ def test_version_is_monotonic():
 def test_snapshot_cached_per_version():
     s = state()
     a = s.snapshot()
-    assert s.snapshot() is a  # same version: no new copy
+    assert s.snapshot()[1] is a[1]  # same version: no new copy
     s.apply([(payload(torch.ones(N)), 1.0)])
     b = s.snapshot()
-    assert b is not a and b[0] == 1
-    assert s.snapshot() is b
+    assert b[1] is not a[1] and b[0] == 1
+    assert s.snapshot()[1] is b[1]
+    # The wire frames and checksum are cached with the copy.
+    assert s.prepared()[1] is s.prepared()[1]
 
 
 def test_snapshot_unaffected_by_later_applies():
@@ -164,7 +166,7 @@ def test_snapshot_per_dtype():
     assert v32 == v16 == vbf == 0
     assert (f32.dtype, f16.dtype, fbf.dtype) == (torch.float32, torch.float16, torch.bfloat16)
     assert torch.equal(f16, f32.half()) and torch.equal(fbf, f32.bfloat16())
-    assert s.snapshot(torch.float16) is s.snapshot(torch.float16)
+    assert s.snapshot(torch.float16)[1] is s.snapshot(torch.float16)[1]
     assert s.snapshot(torch.float32)[1].data_ptr() != f16.data_ptr()
 
 

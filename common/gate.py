@@ -1,0 +1,209 @@
+"""HermesGUP: push an update only when the validation loss improved significantly.
+
+Hermes Sec. IV-B, Alg. 1 and Eq. 4. The paper's text and the authors' code
+disagree on details, so this module states OUR rule, exactly:
+
+1. Window. The gate keeps the last ``w`` finite losses it observed (a queue,
+   Hermes Fig. 8). The current loss ``x`` is scored against the window of the
+   PREVIOUS losses only, never against a window that already contains ``x``:
+
+       z = (x - mu) / sigma                                  (Hermes Eq. 4)
+
+   with ``mu`` the mean and ``sigma`` the population standard deviation
+   (ddof=0) of the previous ``<= w`` losses.
+
+   Why exclude ``x``: if ``x`` is one of the ``n`` values its own mean and
+   std come from, then ``|z| <= sqrt(n - 1)`` (proof at ``inclusive_z_bound``).
+   With ``n <= 2`` that is ``|z| <= 1`` and a threshold of ``alpha = -1.3``
+   can never fire. The authors' code scores ``x`` inside its own window, which
+   is why their gate stays silent until the queue holds three losses.
+
+2. Warm-up. At least two previous losses are needed for a spread; with fewer
+   the decision is ``push=False``, ``reason="warmup"``, ``z=None``.
+
+3. Degenerate spread. ``sigma_eff = max(sigma, 1e-12, 1e-6 * |mu|)``, so a
+   flat window never yields NaN or inf: ``x == mu`` gives ``z = 0.0`` and
+   ``x`` slightly below gives a large negative but finite ``z``.
+
+4. Non-finite loss (NaN, +-inf): ``push=False``, ``reason="non_finite"``;
+   the loss is NOT added to the window (it would poison mu and sigma for
+   ``w`` cycles) and the cycle counts as silent.
+
+5. Threshold relaxation (Hermes Alg. 1 lines 11-12, "decay alpha by beta"
+   once ``N_iter >= lambda``). With ``silent`` the number of cycles since the
+   last push, counted before this decision,
+
+       alpha_eff = alpha + beta * floor(silent / lambda)
+
+   so with Table I defaults silent 0-4 -> -1.3, 5-9 -> -1.2, 10-14 -> -1.1,
+   and so on without bound: any finite ``z`` eventually fires (liveness).
+
+6. Decision: push iff ``z <= alpha_eff`` (``reason="zscore"``), otherwise
+   ``reason="above_threshold"``. A push resets ``silent`` to 0, which brings
+   ``alpha_eff`` back to ``alpha``.
+
+7. The window is kept across pushes (not cleared). Every finite loss is
+   appended after its decision, pushed or not; the oldest is dropped beyond
+   ``w``. Warm-up losses are appended too: that is how the gate warms up.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+# Floors for the spread (rule 3): an absolute one for losses near zero and a
+# relative one so that float noise around a large mean is not read as signal.
+_SIGMA_ABS_FLOOR = 1e-12
+_SIGMA_REL_FLOOR = 1e-6
+
+REASONS = ("warmup", "zscore", "above_threshold", "non_finite")
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+@dataclass(frozen=True)
+class GateConfig:
+    """Hyper-parameters of HermesGUP; defaults are Hermes Table I (w = 10, lambda = 5)."""
+
+    window: int = 10  # w
+    alpha: float = -1.3  # z threshold (Hermes Sec. IV-B2, "e.g. -1.3")
+    beta: float = 0.1  # relaxation step of alpha
+    lam: int = 5  # lambda: silent cycles per relaxation step
+
+    def __post_init__(self) -> None:
+        if not _is_int(self.window) or self.window < 2:
+            # A spread needs two previous losses (rule 2); a smaller window never leaves warm-up.
+            raise ValueError(f"window must be an integer >= 2, got {self.window!r}")
+        if not _is_int(self.lam) or self.lam < 1:
+            raise ValueError(f"lam must be an integer >= 1, got {self.lam!r}")
+        if isinstance(self.alpha, bool) or not isinstance(self.alpha, (int, float)) or not math.isfinite(self.alpha):
+            raise ValueError(f"alpha must be a finite number, got {self.alpha!r}")
+        if (
+            isinstance(self.beta, bool)
+            or not isinstance(self.beta, (int, float))
+            or not math.isfinite(self.beta)
+            or self.beta < 0
+        ):
+            # A negative beta would tighten the threshold while silent and could starve the worker.
+            raise ValueError(f"beta must be a finite number >= 0, got {self.beta!r}")
+
+
+@dataclass(frozen=True)
+class GateDecision:
+    push: bool
+    z: float | None  # None when not computable (warm-up, non-finite loss)
+    alpha: float  # the threshold in force for this decision
+    silent_cycles: int  # cycles since the last push, before this decision
+    reason: str  # one of REASONS
+
+
+def relaxed_alpha(config: GateConfig, silent_cycles: int) -> float:
+    """alpha_eff = alpha + beta * floor(silent / lambda) (Hermes Alg. 1 lines 11-12)."""
+    if not _is_int(silent_cycles) or silent_cycles < 0:
+        raise ValueError(f"silent_cycles must be an integer >= 0, got {silent_cycles!r}")
+    return config.alpha + config.beta * (silent_cycles // config.lam)
+
+
+def window_zscore(x: float, previous: tuple[float, ...] | list[float]) -> float:
+    """z of x against the previous losses only (Hermes Eq. 4, rule 1 and 3 above)."""
+    n = len(previous)
+    if n < 2:
+        raise ValueError(f"previous must hold at least 2 losses, got {n}")
+    mu = math.fsum(previous) / n
+    sigma = math.sqrt(math.fsum((v - mu) ** 2 for v in previous) / n)  # ddof=0
+    sigma_eff = max(sigma, _SIGMA_ABS_FLOOR, _SIGMA_REL_FLOOR * abs(mu))
+    return (x - mu) / sigma_eff
+
+
+def inclusive_z_bound(n: int) -> float:
+    """Largest |z| a value can reach when it is one of the n values scored (the authors' bug).
+
+    Let d_i = x_i - mu over the n values, so sum(d_i) = 0 and n*sigma^2 = sum(d_i^2).
+    For the scored value x: d_x = -sum_{i != x} d_i, and Cauchy-Schwarz gives
+    d_x^2 <= (n - 1) * sum_{i != x} d_i^2 = (n - 1) * (n*sigma^2 - d_x^2),
+    hence d_x^2 * n <= (n - 1) * n * sigma^2, i.e. |z| <= sqrt(n - 1).
+    For n = 2 that is 1 < 1.3: an inclusive window of two can never fire at alpha = -1.3.
+    """
+    if not _is_int(n) or n < 1:
+        raise ValueError(f"n must be an integer >= 1, got {n!r}")
+    return math.sqrt(n - 1)
+
+
+class ZScoreGate:
+    """Per-worker HermesGUP state: the loss window and the silent-cycle count (Hermes Alg. 1)."""
+
+    def __init__(self, config: GateConfig = GateConfig()) -> None:
+        self._config = config
+        self._window: deque[float] = deque(maxlen=config.window)
+        self._silent = 0
+
+    @property
+    def config(self) -> GateConfig:
+        return self._config
+
+    @property
+    def window_losses(self) -> tuple[float, ...]:
+        return tuple(self._window)
+
+    @property
+    def silent_cycles(self) -> int:
+        return self._silent
+
+    @property
+    def alpha(self) -> float:
+        """The threshold the next decision will use."""
+        return relaxed_alpha(self._config, self._silent)
+
+    def observe(self, loss: float) -> GateDecision:
+        """Score one validation loss and decide whether to push (Hermes Alg. 1 lines 4-12)."""
+        silent = self._silent
+        alpha_eff = relaxed_alpha(self._config, silent)
+        x = float(loss)
+        if not math.isfinite(x):
+            self._silent = silent + 1
+            return GateDecision(push=False, z=None, alpha=alpha_eff, silent_cycles=silent, reason="non_finite")
+        if len(self._window) < 2:
+            self._window.append(x)
+            self._silent = silent + 1
+            return GateDecision(push=False, z=None, alpha=alpha_eff, silent_cycles=silent, reason="warmup")
+        z = window_zscore(x, tuple(self._window))
+        push = z <= alpha_eff
+        self._window.append(x)
+        self._silent = 0 if push else silent + 1
+        return GateDecision(
+            push=push,
+            z=z,
+            alpha=alpha_eff,
+            silent_cycles=silent,
+            reason="zscore" if push else "above_threshold",
+        )
+
+    def state(self) -> dict[str, Any]:
+        """Plain data (lists, ints, floats) so a checkpoint can store it without pickle."""
+        return {"window": list(self._window), "silent_cycles": self._silent}
+
+    @classmethod
+    def from_state(cls, config: GateConfig, state: Mapping[str, Any]) -> ZScoreGate:
+        """Restore a gate; if config.window shrank since the checkpoint, keep the newest losses."""
+        if not isinstance(state, Mapping):
+            raise ValueError(f"state must be a mapping, got {type(state).__name__}")
+        window = state.get("window")
+        silent = state.get("silent_cycles")
+        if not isinstance(window, (list, tuple)):
+            raise ValueError(f"window must be a list of finite losses, got {window!r}")
+        values: list[float] = []
+        for v in window:
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise ValueError(f"window must hold only finite losses, got {v!r}")
+            values.append(float(v))
+        if not _is_int(silent) or silent < 0:
+            raise ValueError(f"silent_cycles must be an integer >= 0, got {silent!r}")
+        gate = cls(config)
+        gate._window.extend(values)  # deque(maxlen) keeps the newest
+        gate._silent = silent
+        return gate

@@ -1,0 +1,62 @@
+"""Scores candidate models for loss-weighted aggregation (Hermes Alg. 2).
+
+Scoring is the server's hottest cost under the ``loss`` rule: one forward
+pass over a fixed validation subset per push. It runs batched, in inference
+mode, in executor threads (never on the event loop), and the global model's
+loss is cached per version so each push costs one scoring, not two.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from hermes.common.datasets import ArrayDataset
+from hermes.common.tensors import ModelSpec, build_from_spec, load_flat
+from hermes.common.wire import Payload
+from hermes.server.metrics import ServerMetrics
+from hermes.server.state import ModelState
+
+
+class LossProbe:
+    def __init__(
+        self, spec: ModelSpec, state: ModelState, validation: ArrayDataset, *, samples: int, seed: int,
+        metrics: ServerMetrics, batch_size: int = 1024,
+    ) -> None:
+        self.state = state
+        self.metrics = metrics
+        self.batch_size = batch_size
+        self.model = build_from_spec(spec).eval()
+        idx = np.sort(np.random.default_rng([seed, 0x1055]).permutation(len(validation))[:samples])
+        self.x = torch.from_numpy(np.ascontiguousarray(validation.x[idx]))
+        self.y = torch.from_numpy(np.ascontiguousarray(validation.y[idx]))
+        self._lock = threading.Lock()  # one replica, one scoring at a time
+        self._global: tuple[int, float] | None = None
+
+    @torch.inference_mode()
+    def _score(self, flat: torch.Tensor) -> float:
+        with self._lock:
+            t0 = time.perf_counter()
+            load_flat(self.model, flat)
+            total = 0.0
+            for i in range(0, len(self.y), self.batch_size):
+                logits = self.model(self.x[i : i + self.batch_size])
+                total += float(F.cross_entropy(logits, self.y[i : i + self.batch_size], reduction="sum"))
+            self.metrics.loss_eval_seconds.observe(time.perf_counter() - t0)
+            return total / max(1, len(self.y))
+
+    def candidate_loss(self, payload: Payload) -> float:
+        return self._score(self.state.candidate(payload))
+
+    def global_loss(self) -> tuple[int, float]:
+        """(version, loss) of the current global model, cached per version."""
+        cached = self._global
+        if cached is not None and cached[0] == self.state.version:
+            return cached
+        version, flat = self.state.snapshot()
+        self._global = (version, self._score(flat))
+        return self._global
