@@ -208,6 +208,8 @@ class Engine:
             return
         rec.state = "left"
         self.strategy.on_leave(worker_id)
+        # Its cycle times no longer describe the cluster the median is taken over.
+        self.allocator.forget(worker_id)
         self._refresh_worker_gauge()
         self.events.emit("leave", worker=worker_id, reason=reason)
         log.info("worker %s left: %s", worker_id, reason)
