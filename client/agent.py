@@ -1,21 +1,22 @@
-"""The edge agent's loop: register, pull, train, push, pull, report.
+"""The edge agent's loop: register, pull, train, (gate), push, pull, report.
 
 The server's sync strategy decides when a push lands (now, or at a barrier);
 the agent simply waits for the push reply, then pulls the model if it is
-newer than the one it trained from.
+newer than the one it trained from. With the z-score gate (Hermes) the agent
+only pushes after cycles whose validation loss improved significantly, and
+otherwise keeps training its own model on the next assignment.
 """
 
 from __future__ import annotations
 
 import logging
+import math
+import os
 import sys
 import threading
 import time
 import zlib
 from dataclasses import dataclass, field
-
-import math
-import os
 
 import numpy as np
 import torch
