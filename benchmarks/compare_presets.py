@@ -12,13 +12,19 @@ For each preset and repeat (seeds 0..repeats-1), one after the other, it runs
 and reads ``OUT/P-rS/summary.json``. It prints:
 
 1. one table of the presets side by side (medians, and min-max over repeats
-   when there are several): runs that reached the target, seconds to target,
-   wall seconds, model updates, data-plane messages (the "API calls" of
-   Hermes Table III), messages per model update, MB sent and received by the
-   agents, WI (mean over workers of local iterations / model requests, Hermes
-   Eq. 7) and final accuracy;
+   when there are several): runs that reached the target, seconds to target
+   (from agent launch, as the testbed measures it), "train s" (from the first
+   agent's join to the evaluation that reached the target: the same figure
+   without the agents' start-up, several seconds on a small machine), wall
+   seconds, model updates, data-plane messages (summary ``messages_total``,
+   the "API calls" of Hermes Table III), push+pull messages only (the model
+   exchange the gate saves; the rest are shard fetches, work requests and
+   stats), messages per model update, MB sent and received by the agents, WI
+   (mean over workers of local iterations / model requests, Hermes Eq. 7)
+   and final accuracy;
 2. the same presets against BSP: speed-up (BSP seconds to target / preset
-   seconds to target) and communication (preset / BSP messages and bytes);
+   seconds to target, also on train s) and communication (preset / BSP
+   messages, push+pull messages and bytes);
 3. per preset, a per-worker table: speed, cycles, pushes, gate skips, WI,
    final DSS/MBS, and the cycle time after the search (median compute
    seconds of the worker's last ``--tail`` cycles), the cluster median of
@@ -36,6 +42,7 @@ import argparse
 import json
 import os
 import platform
+import signal
 import statistics
 import subprocess
 import sys
@@ -99,14 +106,21 @@ def run_one(args: argparse.Namespace, preset: str, seed: int, out_root: Path) ->
     timeout = args.run_timeout or (args.max_seconds + 150.0)
     t0 = time.time()
     rec: dict[str, Any] = {"preset": preset, "seed": seed, "out": str(out), "cmd": cmd, "log": str(log_path)}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-        rec["exit_code"] = proc.returncode
-        log_path.write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
-    except subprocess.TimeoutExpired as exc:
-        rec["exit_code"] = None
-        rec["error"] = f"timed out after {timeout:.0f}s"
-        log_path.write_text(_text(exc.stdout) + "\n--- stderr ---\n" + _text(exc.stderr))
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        # SIGTERM, not SIGKILL: the testbed then stops its server and agents (their own
+        # sessions, which a killed testbed would leave running).
+        proc.send_signal(signal.SIGTERM)
+        try:
+            stdout, stderr = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            stdout, stderr = proc.communicate()
+        rec["error"] = f"timed out after {timeout:.0f}s (testbed exit {proc.returncode})"
+    rec["exit_code"] = proc.returncode
+    log_path.write_text(_text(stdout) + "\n--- stderr ---\n" + _text(stderr))
     rec["elapsed"] = round(time.time() - t0, 3)
     try:
         summary = json.loads((out / "summary.json").read_text())
@@ -118,7 +132,40 @@ def run_one(args: argparse.Namespace, preset: str, seed: int, out_root: Path) ->
         rec.setdefault("error", f"exit {rec['exit_code']}")
     rec["ok"] = rec["exit_code"] == 0
     rec.update(run_figures(summary, args.tail))
+    rec.update(event_figures(out / "events.jsonl"))
     return rec
+
+
+def event_figures(path: Path) -> dict[str, Any]:
+    """Timings from the run's event log: start-up vs training, and event counts.
+
+    ``train_seconds_to_target`` runs from the first agent's join to the
+    evaluation that reached the target: the same clock as seconds to target
+    minus the agents' start-up (process start, torch import, registration),
+    which on a small machine is several seconds and the same for every preset.
+    """
+    try:
+        events = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    except (OSError, ValueError):
+        return {}
+    counts: dict[str, int] = {}
+    for e in events:
+        counts[e.get("event", "?")] = counts.get(e.get("event", "?"), 0) + 1
+    joins = [e["ts"] for e in events if e.get("event") == "join"]
+    applied = [e["ts"] for e in events if e.get("event") == "update_applied"]
+    reached = next((e for e in events if e.get("event") == "target_reached"), None)
+    start = next((e["ts"] for e in events if e.get("event") == "testbed_start"), None)
+    out: dict[str, Any] = {"event_counts": counts, "resizes": counts.get("resize", 0)}
+    if joins and start is not None:
+        out["first_join_after_start"] = round(min(joins) - start, 3)
+    if joins and applied:
+        out["first_update_after_join"] = round(min(applied) - min(joins), 3)
+    if reached is not None and joins:
+        # The evaluation that reached the target (seconds_to_target ends there too), else when the testbed saw it.
+        ev = next((e for e in events if e.get("event") == "evaluation" and e.get("version") == reached.get("version")
+                   and e.get("accuracy") == reached.get("accuracy")), reached)
+        out["train_seconds_to_target"] = round(ev["ts"] - min(joins), 3)
+    return out
 
 
 def _text(v: Any) -> str:
@@ -193,6 +240,9 @@ def run_figures(s: dict[str, Any], tail: int) -> dict[str, Any]:
         "messages_total": messages,
         "messages_by_type": s.get("messages_by_type", {}),
         "messages_per_update": messages / updates if updates else None,
+        # Model exchange only (push_update + pull_model): what Hermes' gate saves; fetch_shard,
+        # request_work and report_stats are the sample and bookkeeping traffic around it.
+        "model_messages": sum((s.get("messages_by_type") or {}).get(k, 0) for k in ("push_update", "pull_model")),
         "bytes_sent_mb": (s.get("bytes_sent_total", 0) or 0) / 1e6,
         "bytes_received_mb": (s.get("bytes_received_total", 0) or 0) / 1e6,
         "wi_mean": statistics.fmean(wis) if wis else None,
@@ -207,7 +257,8 @@ def run_figures(s: dict[str, Any], tail: int) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------- aggregation
 
-METRICS = ["seconds_to_target", "wall_seconds", "model_updates", "messages_total", "messages_per_update",
+METRICS = ["seconds_to_target", "train_seconds_to_target", "wall_seconds", "model_updates", "messages_total",
+           "model_messages", "messages_per_update",
            "bytes_sent_mb", "bytes_received_mb", "wi_mean", "final_accuracy"]
 
 
@@ -227,7 +278,7 @@ def aggregate(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "failed": [{"seed": r["seed"], "error": r.get("error")} for r in runs if not r.get("ok")],
     }
     for m in METRICS:
-        if m == "seconds_to_target":
+        if m in ("seconds_to_target", "train_seconds_to_target"):
             vals = [r[m] for r in ok if r.get("reached_target")]
         else:
             vals = [r.get(m) for r in ok]
@@ -251,7 +302,10 @@ def versus(agg: dict[str, dict[str, Any]], base: str) -> dict[str, dict[str, Any
         r: dict[str, Any] = {}
         bt, pt = med(b, "seconds_to_target"), med(a, "seconds_to_target")
         r["speedup_time_to_target"] = bt / pt if bt and pt else None
-        for k, name in (("messages_total", "messages_ratio"), ("bytes_sent_mb", "bytes_sent_ratio"),
+        bt, pt = med(b, "train_seconds_to_target"), med(a, "train_seconds_to_target")
+        r["speedup_train_time_to_target"] = bt / pt if bt and pt else None
+        for k, name in (("messages_total", "messages_ratio"), ("model_messages", "model_messages_ratio"),
+                        ("bytes_sent_mb", "bytes_sent_ratio"),
                         ("bytes_received_mb", "bytes_received_ratio")):
             bv, pv = med(b, k), med(a, k)
             r[name] = pv / bv if bv and pv is not None else None
@@ -303,16 +357,20 @@ def print_main(presets: list[str], agg: dict[str, dict[str, Any]], repeats: int)
         a = agg[p]
         rows.append([
             p, f"{a['reached']}/{a['runs']}",
-            fmt_spread(a["seconds_to_target"], 1, repeats), fmt_spread(a["wall_seconds"], 1, repeats),
+            fmt_spread(a["seconds_to_target"], 1, repeats), fmt_spread(a["train_seconds_to_target"], 1, repeats),
+            fmt_spread(a["wall_seconds"], 1, repeats),
             fmt_spread(a["model_updates"], 0, repeats), fmt_spread(a["messages_total"], 0, repeats),
+            fmt_spread(a["model_messages"], 0, repeats),
             fmt_spread(a["messages_per_update"], 1, repeats),
             fmt_spread(a["bytes_sent_mb"], 2, repeats), fmt_spread(a["bytes_received_mb"], 2, repeats),
             fmt_spread(a["wi_mean"], 2, repeats), fmt_spread(a["final_accuracy"], 3, repeats),
         ])
     note = " (median [min-max] over repeats)" if repeats > 1 else ""
+    note += ("; s to target from agent launch; train s from the first agent's join (start-up excluded); "
+             "messages = all data-plane requests (summary messages_total); push+pull = model exchange only")
     print_table(
         f"Presets side by side{note}",
-        ["preset", "reached", "s to target", "wall s", "updates", "messages", "msg/update",
+        ["preset", "reached", "s to target", "train s", "wall s", "updates", "messages", "push+pull", "msg/update",
          "sent MB", "recv MB", "WI", "final acc"],
         rows,
     )
@@ -328,13 +386,15 @@ def print_versus(presets: list[str], vs: dict[str, dict[str, Any]], base: str) -
         rows.append([
             p,
             "-" if r.get("speedup_time_to_target") is None else f"{r['speedup_time_to_target']:.2f}x",
-            fmt(r.get("messages_ratio")), fmt(r.get("bytes_sent_ratio")), fmt(r.get("bytes_received_ratio")),
+            "-" if r.get("speedup_train_time_to_target") is None else f"{r['speedup_train_time_to_target']:.2f}x",
+            fmt(r.get("messages_ratio")), fmt(r.get("model_messages_ratio")), fmt(r.get("bytes_sent_ratio")), fmt(r.get("bytes_received_ratio")),
             fmt(r.get("bytes_total_ratio")),
         ])
     print_table(
         f"Against {base} (medians). speed-up = {base} seconds to target / preset seconds to target (>1: faster); "
         f"communication = preset / {base} (<1: less)",
-        ["preset", f"speed-up vs {base}", f"messages / {base}", f"sent bytes / {base}",
+        ["preset", f"speed-up vs {base}", "(train s)", f"messages / {base}", f"push+pull / {base}",
+         f"sent bytes / {base}",
          f"recv bytes / {base}", f"all bytes / {base}"],
         rows,
     )
@@ -421,7 +481,8 @@ def main(argv: list[str] | None = None) -> int:
             if rec.get("ok"):
                 stt = rec.get("seconds_to_target")
                 print(f"  {p:<8} seed {seed}: {rec['outcome']}; "
-                      f"{'to target ' + format(stt, '.1f') + 's' if stt is not None else 'target not reached'}; "
+                      f"{'to target ' + format(stt, '.1f') + 's' if stt is not None else 'target not reached'}"
+                      f"{' (train ' + format(rec['train_seconds_to_target'], '.1f') + 's)' if rec.get('train_seconds_to_target') is not None else ''}; "
                       f"wall {rec['wall_seconds']:.1f}s; acc {fmt(rec['final_accuracy'], 3)}; "
                       f"updates {rec['model_updates']}; messages {rec['messages_total']}", flush=True)
             else:
@@ -445,12 +506,11 @@ def main(argv: list[str] | None = None) -> int:
 
     report = {
         "machine": machine,
-        "args": {k: v for k, v in vars(args).items()},
+        "args": vars(args),
         "presets": presets,
         "aggregate": agg,
         f"versus_{args.baseline}": vs,
-        "runs": {p: [{k: v for k, v in r.items() if k != "config"} | {"config": r.get("config")} for r in runs[p]]
-                 for p in presets},
+        "runs": runs,
     }
     (out_root / "comparison.json").write_text(json.dumps(report, indent=2))
     print(f"\nwritten: {out_root / 'comparison.json'}")

@@ -1,0 +1,56 @@
+"""The Hermes preset's must-show on the testbed: a 4-agent HL8 cluster reaches 0.9 on digits,
+the gate's and the sizer's figures are coherent, and the fastest worker is given more data."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+
+def test_hermes_hl8_reaches_target(tmp_path: Path) -> None:
+    out = tmp_path / "run-hermes"
+    proc = subprocess.run(
+        [sys.executable, "-m", "hermes.deploy.testbed", "--clients", "4", "--profile", "hl8", "--preset", "hermes",
+         "--dataset", "digits", "--target-accuracy", "0.9", "--max-seconds", "120", "--out", str(out)],
+        capture_output=True, text=True, timeout=240,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+    s = json.loads((out / "summary.json").read_text())
+    assert s["preset"] == "hermes" and s["profile"] == "hl8" and s["clients"] == 4
+    assert s["reached_target"] is True
+    assert s["final_accuracy"] >= 0.9
+    assert s["messages_total"] > 0
+    assert len(s["workers"]) == 4
+
+    for w in s["workers"]:
+        assert w["exit_code"] == 0, w
+        assert w["cycles"] > 0, w
+        # A push follows a cycle whose gate said push; a skipped cycle pushes nothing.
+        assert w["cycles"] >= w["pushes"], w
+        # Every cycle is one gate decision (the gate is on for every cycle of the hermes preset).
+        assert w["gate_pushes"] + w["gate_skips"] == w["cycles"], w
+        if w["pulls"] > 1:
+            # WI (Hermes Eq. 7) = cycles / pulls after the initial one: each such pull follows a push,
+            # and each push follows at least one cycle.
+            assert w["wi"] is not None and w["wi"] >= 1.0, w
+
+    events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
+    applied = [e for e in events if e["event"] == "update_applied"]
+    assert len(applied) == s["model_updates"]
+
+    # The dual search gave the fastest worker (speed 1.0) a larger dataset share than the base DSS.
+    base_dss = s["config"]["cycle_samples"]
+    fastest = max(s["workers"], key=lambda w: w["speed"])
+    assert fastest["speed"] == pytest.approx(1.0)
+    grown = [e for e in events if e["event"] == "resize" and e["worker"] == fastest["id"] and e["dss"] > base_dss]
+    assert grown, (
+        f"no resize of the fastest worker {fastest['id']} above DSS {base_dss}; resizes: "
+        f"{[e for e in events if e['event'] == 'resize']}"
+    )
