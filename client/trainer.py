@@ -2,8 +2,10 @@
 
 Precision ``auto`` picks fp16 autocast (with loss scaling) on CUDA and bf16
 autocast on CPU: measured on our CPUs, fp16 autocast falls back to slow
-reference convolutions (5-36x slower than fp32) while bf16 runs 1.0-1.7x
-faster than fp32.
+reference convolutions (5-36x slower than fp32) while bf16 ran 1.0-1.7x
+faster than fp32 on the larger models. For the tiny digits CNN at MBS 32,
+bf16 measured 11-19% slower than fp32 on a 2-core EPYC
+(benchmarks/bench_cost_model.py); ``precision = "fp32"`` is the switch.
 """
 
 from __future__ import annotations
@@ -98,7 +100,7 @@ class LocalTrainer:
             idx = torch.from_numpy(order[start : start + batch_size])
             xb = xt[idx].to(self.device, non_blocking=True)
             yb = yt[idx].to(self.device, non_blocking=True)
-            t0 = time.perf_counter()
+            t0, cpu0 = time.perf_counter(), time.thread_time()
             self.optimizer.zero_grad(set_to_none=True)
             with self._autocast():
                 loss = F.cross_entropy(self.model(xb), yb)
@@ -106,9 +108,8 @@ class LocalTrainer:
             self.scaler.step(self.optimizer)
             self.scaler.update()
             loss_value = float(loss.detach())
-            dt = time.perf_counter() - t0
             if self.slowdown > 1.0:
-                time.sleep(dt * (self.slowdown - 1.0))
+                time.sleep(self._work_seconds(t0, cpu0) * (self.slowdown - 1.0))
             compute += time.perf_counter() - t0
             total_loss += loss_value
             steps += 1
@@ -124,6 +125,20 @@ class LocalTrainer:
             logits = self.model(xt[i : i + batch_size].to(self.device)).float()
             total += float(F.cross_entropy(logits, yt[i : i + batch_size].to(self.device), reduction="sum"))
         return total / max(1, len(yt))
+
+    def _work_seconds(self, t0: float, cpu0: float) -> float:
+        """The step's own work, which the emulated slowdown multiplies.
+
+        With one intra-op thread the step runs on this thread, so its CPU
+        time excludes time spent descheduled: on a crowded testbed (5
+        processes on 2 cores) wall time let a 20 ms deschedule become +107 ms
+        on a 5.33x worker (measured cycle-time CV 0.5 vs 0.2 with CPU time).
+        With more threads or on CUDA the work is elsewhere: use wall time.
+        """
+        wall = time.perf_counter() - t0
+        if self.device.type == "cpu" and torch.get_num_threads() == 1:
+            return min(wall, time.thread_time() - cpu0)
+        return wall
 
     def flat(self) -> torch.Tensor:
         return flatten(self.model).cpu()

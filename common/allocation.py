@@ -54,6 +54,7 @@ def make_allocator(config: "RunConfig", *, dss_max: int) -> Allocator:
         search = SearchConfig(
             mbs_min=config.mbs_min, mbs_max=config.mbs_max, tolerance=config.search_tolerance,
             fit=config.cost_fit, min_observations=config.rebalance_min_observations,
+            balance_band=config.balance_band, warmup_cycles=config.rebalance_warmup_cycles,
         )
         return StragglerSizer(
             search, base_dss=config.cycle_samples, base_mbs=config.batch_size,

@@ -88,6 +88,10 @@ class RunConfig(BaseModel):
     search_tolerance: float = Field(default=0.1, gt=0.0, lt=1.0)
     cost_fit: Literal["linear", "constant"] = "linear"
     rebalance_min_observations: int = Field(default=2, ge=1)
+    # Beyond Hermes' IQR rule: also resize workers further than this share
+    # from the median cycle time (0 = the paper's rule); see common/sizing.py.
+    balance_band: float = Field(default=0.2, ge=0.0)
+    rebalance_warmup_cycles: int = Field(default=1, ge=0)
 
     eval_interval_seconds: float = Field(default=1.0, gt=0.0)
     eval_max_samples: int = Field(default=2000, gt=0)

@@ -467,6 +467,14 @@ class SearchConfig:
     history: int = 20  # observations per worker kept for the cost fit
     fit: str = "linear"  # "linear": K = a + b*MBS fitted; "constant": the paper's constant K
     min_observations: int = 2  # per worker before it may be resized
+    # Beyond the paper, from testbed measurements (benchmarks/compare_presets.py):
+    # with 4 workers the IQR fences can sit at ~1.6x the median, so a 1.4-1.7x
+    # straggler went unflagged. A worker further than balance_band * median
+    # from the median is resized too. 0 keeps the paper's IQR-only rule.
+    balance_band: float = 0.0
+    # A worker's first cycles carry one-off costs (allocator warm-up, the
+    # first pull); they are kept out of its cost fit and its detection.
+    warmup_cycles: int = 0
 
     def __post_init__(self) -> None:
         for name in ("mbs_min", "mbs_max"):
@@ -484,6 +492,11 @@ class SearchConfig:
             raise ValueError(f"history must be an integer >= min_observations, got {self.history!r}")
         if self.fit not in FITS:
             raise ValueError(f"fit must be one of {FITS}, got {self.fit!r}")
+        b = self.balance_band
+        if isinstance(b, bool) or not isinstance(b, (int, float)) or not math.isfinite(b) or b < 0:
+            raise ValueError(f"balance_band must be a finite number >= 0, got {b!r}")
+        if not _is_int(self.warmup_cycles) or self.warmup_cycles < 0:
+            raise ValueError(f"warmup_cycles must be an integer >= 0, got {self.warmup_cycles!r}")
 
 
 @dataclass(frozen=True)
@@ -528,6 +541,7 @@ class StragglerSizer:
         self._history: dict[str, deque[_Observation]] = {}
         self._workload: dict[str, tuple[int, int]] = {}
         self._memory_cap: dict[str, int] = {}
+        self._seen: dict[str, int] = {}
 
     @property
     def config(self) -> SearchConfig:
@@ -545,6 +559,9 @@ class StragglerSizer:
             raise ValueError(f"seconds must be a finite number > 0, got {seconds!r}")
         if seconds <= 0:
             raise ValueError(f"seconds must be a finite number > 0, got {seconds!r}")
+        seen = self._seen[worker_id] = self._seen.get(worker_id, 0) + 1
+        if seen <= self._config.warmup_cycles:
+            return
         hist = self._history.setdefault(worker_id, deque(maxlen=self._config.history))
         hist.append(_Observation(int(dss), int(mbs), float(seconds)))
 
@@ -553,6 +570,7 @@ class StragglerSizer:
         self._history.pop(worker_id, None)
         self._workload.pop(worker_id, None)
         self._memory_cap.pop(worker_id, None)
+        self._seen.pop(worker_id, None)
 
     def _dss_cap(self, worker_id: str) -> int:
         return min(self._dss_max, self._memory_cap.get(worker_id, self._dss_max))
@@ -592,13 +610,21 @@ class StragglerSizer:
         }
         if not latest:
             return {}
-        times = {w: o.seconds for w, o in latest.items()}
+        times = {w: self._comparable_seconds(w, o) for w, o in latest.items()}
         _, target, _ = quartiles(times.values())
+        # Hermes Sec. IV-A: t outside [Q1 - 1.5 IQR, Q3 + 1.5 IQR] is a straggler (or an under-used fast node).
+        candidates = dict(iqr_outliers(times))
+        if cfg.balance_band > 0:
+            for w, t in times.items():
+                if abs(t - target) > cfg.balance_band * target:
+                    candidates.setdefault(w, "slow" if t > target else "fast")
         resized: dict[str, SizingResult] = {}
-        for w, side in iqr_outliers(times).items():
+        for w, side in sorted(candidates.items()):
             current = self.workload(w)
             if w in self._workload and (latest[w].dss, latest[w].mbs) != current:
                 continue  # resized, not reported since: its time predates the new workload
+            if abs(times[w] - target) <= cfg.tolerance * target:
+                continue  # deadband: already as close as the search would aim for
             bounds = SizingBounds(
                 dss_min=self._dss_step,
                 dss_max=self._dss_cap(w),
@@ -606,14 +632,28 @@ class StragglerSizer:
                 mbs_max=cfg.mbs_max,
                 dss_step=self._dss_step,
             )
-            res = dual_binary_search(
-                self._model(w), target, bounds, preferred_mbs=current[1], tolerance=cfg.tolerance
-            )
+            model = self._model(w)
+            res = dual_binary_search(model, target, bounds, preferred_mbs=current[1], tolerance=cfg.tolerance)
             log.debug(
                 "worker %s %s (%.4gs vs median %.4gs): (%d, %d) -> (%d, %d), predicted %.4gs",
                 w, side, times[w], target, *current, res.dss, res.mbs, res.predicted_seconds,
             )
-            if (res.dss, res.mbs) != current:
+            before = model.cycle_seconds(*current)
+            # A noisy last cycle or a stale fit must never move a straggler the wrong way.
+            wrong_way = res.predicted_seconds > before if side == "slow" else res.predicted_seconds < before
+            if (res.dss, res.mbs) != current and not wrong_way:
                 self._workload[w] = (res.dss, res.mbs)
                 resized[w] = res
         return resized
+
+    def _comparable_seconds(self, worker_id: str, obs: _Observation) -> float:
+        """The last cycle's time scaled to the worker's assigned DSS.
+
+        An assignment cut short (end of the data, a shard-granular remainder)
+        ran fewer samples than assigned; judging it raw would call a loaded
+        worker fast. Time is taken as proportional to samples at equal MBS.
+        """
+        dss, mbs = self.workload(worker_id)
+        if obs.mbs == mbs and obs.dss != dss:
+            return obs.seconds * dss / obs.dss
+        return obs.seconds

@@ -222,14 +222,21 @@ def test_every_epoch_is_disjoint_and_covering(num_shards, sizes):
     by_epoch: dict[int, list[int]] = {}
     for a in assignments:
         assert a.shards, "an assignment is never empty"
-        by_epoch.setdefault(a.epoch, []).extend(a.shards)
-    assert sorted(by_epoch) == [0, 1, 2, 3]
-    for epoch, ids in by_epoch.items():
+        assert len(a.shards) == min(len(a.shards), num_shards) and len(a.epochs) == len(a.shards)
+        assert a.epoch == a.epochs[0]
+        for shard, epoch in zip(a.shards, a.epochs):
+            by_epoch.setdefault(epoch, []).append(shard)
+    assert sorted(by_epoch)[:4] == [0, 1, 2, 3]
+    for epoch in range(4):
+        ids = by_epoch[epoch]
         assert len(ids) == len(set(ids)), f"epoch {epoch} hands a shard out twice"
         assert sorted(ids) == list(range(num_shards)), f"epoch {epoch} does not cover the set"
-    # Assignments never span epochs and epochs only move forward.
-    epochs = [a.epoch for a in assignments]
+    # Epochs only move forward, within and across assignments.
+    epochs = [e for a in assignments for e in a.epochs]
     assert epochs == sorted(epochs)
+    # An assignment is as large as asked (up to one epoch's worth): never cut at an epoch end.
+    for i, a in enumerate(assignments):
+        assert len(a.shards) == min(sizes[i % len(sizes)], num_shards)
 
 
 def test_take_sizes_at_epoch_end():
@@ -237,9 +244,11 @@ def test_take_sizes_at_epoch_end():
     assert len(q.take(4).shards) == 4
     assert len(q.take(4).shards) == 4
     last = q.take(4)
-    assert last.epoch == 0 and len(last.shards) == 2  # the remainder, not a spill into epoch 1
+    # The remainder of epoch 0, topped up from epoch 1: a full-size assignment.
+    assert last.epoch == 0 and last.epochs == (0, 0, 1, 1) and len(last.shards) == 4
     nxt = q.take(4)
-    assert nxt.epoch == 1 and len(nxt.shards) == 4
+    assert nxt.epoch == 1 and nxt.epochs == (1, 1, 1, 1)
+    assert not set(last.shards[2:]) & set(nxt.shards)
 
 
 def test_progress_and_state():

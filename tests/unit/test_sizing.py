@@ -500,3 +500,58 @@ def test_linear_fit_predicts_a_new_mbs_constant_k_does_not():
     assert (results["constant"].dss, results["constant"].mbs) == (256, 128)
     assert errors["linear"] < 0.03, errors
     assert errors["constant"] > 0.25, errors
+
+
+# ---- extensions beyond the paper's IQR-only rule (measured on the testbed) ----
+
+
+def _feed(sizer, rounds, times, dss=128, mbs=32):
+    for _ in range(rounds):
+        for w, t in times.items():
+            sizer.observe(w, dss, mbs, t)
+
+
+def test_iqr_alone_misses_a_moderate_straggler_that_the_balance_band_catches():
+    # Live case from an mnist1d run: [21.4, 23.7, 38.2, 51.8] ms. Q1 = 23.125,
+    # Q3 = 41.6, IQR = 18.475: upper fence 69.3 ms, so 51.8 ms (1.67x the
+    # 30.95 ms median) is not an IQR outlier.
+    times = {"a": 0.0214, "b": 0.0237, "c": 0.0382, "d": 0.0518}
+    assert iqr_outliers(times) == {}
+    paper = StragglerSizer(SearchConfig(), base_dss=128, base_mbs=32, dss_step=32, dss_max=4096)
+    _feed(paper, 2, times)
+    assert paper.rebalance() == {}
+    banded = StragglerSizer(SearchConfig(balance_band=0.2), base_dss=128, base_mbs=32, dss_step=32, dss_max=4096)
+    _feed(banded, 2, times)
+    resized = banded.rebalance()
+    # a, b are 31% and 23% under the 30.95 ms median, c 23% and d 67% over:
+    # all four are outside the 20% band and move towards it.
+    assert set(resized) == {"a", "b", "c", "d"}
+    assert resized["d"].dss < resized["c"].dss <= 128 <= resized["b"].dss <= resized["a"].dss
+    assert all(r.target_seconds == pytest.approx(0.03095) for r in resized.values())
+
+
+def test_deadband_leaves_workers_within_tolerance_alone():
+    # Three equal workers make any deviation in the fourth an IQR outlier;
+    # 5% off the median is within the search tolerance (10%): no churn.
+    times = {"a": 0.100, "b": 0.100, "c": 0.100, "d": 0.105}
+    assert "d" in iqr_outliers(times)
+    sizer = StragglerSizer(SearchConfig(), base_dss=128, base_mbs=32, dss_step=32, dss_max=4096)
+    _feed(sizer, 2, times)
+    assert sizer.rebalance() == {}
+
+
+def test_warmup_cycles_are_kept_out_of_fit_and_detection():
+    sizer = StragglerSizer(SearchConfig(warmup_cycles=1), base_dss=128, base_mbs=32, dss_step=32, dss_max=4096)
+    for w in "abcd":
+        sizer.observe(w, 128, 32, 5.0 if w == "d" else 0.1)  # a huge one-off first cycle on d
+    _feed(sizer, 2, {"a": 0.1, "b": 0.1, "c": 0.1, "d": 0.1})
+    assert sizer.rebalance() == {}
+
+
+def test_a_cut_short_cycle_is_judged_at_its_assigned_size():
+    sizer = StragglerSizer(SearchConfig(), base_dss=256, base_mbs=32, dss_step=64, dss_max=4096)
+    _feed(sizer, 2, {"a": 0.2, "b": 0.2, "c": 0.2}, dss=256)
+    # d ran only 64 of its 256 samples (end of the data) in 0.05 s: as fast
+    # per sample as the others, so it must not be called a fast outlier.
+    _feed(sizer, 2, {"d": 0.05}, dss=64)
+    assert sizer.rebalance() == {}
