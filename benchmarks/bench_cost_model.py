@@ -39,24 +39,12 @@ from hermes.client.trainer import LocalTrainer
 from hermes.common.datasets import load_dataset
 from hermes.common.models import build_model, count_parameters
 from hermes.common.sizing import CostModel, constant_k_model, fit_cost_model
+from machine import cpu_model, loadavg
 
 
 def machine_line() -> str:
-    cpu = platform.processor() or ""
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    try:
-        load = [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        load = None
-    return (f"machine: {cpu or '?'}; cpu_count={os.cpu_count()}; torch {torch.__version__}; "
-            f"threads={torch.get_num_threads()}; python {platform.python_version()}; load {load}")
+    return (f"machine: {cpu_model() or '?'}; cpu_count={os.cpu_count()}; torch {torch.__version__}; "
+            f"threads={torch.get_num_threads()}; python {platform.python_version()}; load {loadavg()}")
 
 
 def measure(dataset: str, precision: str, dss: int, mbs_list: list[int], repeats: int, warmup: int,

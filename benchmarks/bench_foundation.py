@@ -42,7 +42,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import socket
 import statistics
 import subprocess
@@ -54,6 +53,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import zmq
+from machine import loadavg, machine_info
 
 GOAL = 2.0
 SIZES = {"1M": 1_000_000, "10M": 10_000_000}
@@ -112,48 +112,6 @@ def _fmt(v: Any) -> str:
 
 
 # --------------------------------------------------------------------------- machine
-
-
-def machine_info() -> dict[str, Any]:
-    import crc32c
-    import msgpack
-    import numpy as np
-    import torch
-
-    cpu_model = platform.processor() or ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu_model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except AttributeError:
-        usable = os.cpu_count()
-    return {
-        "cpu_model": cpu_model,
-        "cpu_count": os.cpu_count(),
-        "cpus_usable": usable,
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "torch": torch.__version__,
-        "torch_threads": torch.get_num_threads(),
-        "numpy": np.__version__,
-        "pyzmq": zmq.__version__,
-        "libzmq": zmq.zmq_version(),
-        "msgpack": ".".join(map(str, msgpack.version)),
-        "crc32c_hardware": bool(getattr(crc32c, "hardware_based", False)),
-        "loadavg_at_start": _loadavg(),
-    }
-
-
-def _loadavg() -> list[float] | None:
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        return None
 
 
 # --------------------------------------------------------------------------- A: apply
@@ -633,7 +591,7 @@ def main(argv: list[str] | None = None) -> int:
     misses += [f"{r['op']} {r['size']}" for r in results.get("dataplane", []) if not r["meets_goal"]]
     results["misses"] = misses
     results["seconds"] = time.perf_counter() - t_start
-    results["loadavg_at_end"] = _loadavg()
+    results["loadavg_at_end"] = loadavg()
     print(f"\nload average at the end: {results['loadavg_at_end']}")
     print(f"Goal (within {GOAL:g}x of bare): "
           + ("all met" if not misses else f"missed by {len(misses)}: " + "; ".join(misses)))

@@ -40,8 +40,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import signal
 import statistics
 import subprocess
@@ -50,38 +48,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from machine import machine_info
+
 
 # --------------------------------------------------------------------------- machine
-
-
-def machine_info() -> dict[str, Any]:
-    import torch
-
-    cpu_model = platform.processor() or ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu_model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except AttributeError:
-        usable = os.cpu_count()
-    try:
-        load = [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        load = None
-    return {
-        "cpu_model": cpu_model,
-        "cpu_count": os.cpu_count(),
-        "cpus_usable": usable,
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "torch": torch.__version__,
-        "loadavg_at_start": load,
-    }
 
 
 # --------------------------------------------------------------------------- one run

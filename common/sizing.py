@@ -36,6 +36,14 @@ def _is_pow2(v: int) -> bool:
     return _is_int(v) and v >= 1 and (v & (v - 1)) == 0
 
 
+def _check_mbs_range(mbs_min: int, mbs_max: int) -> None:
+    for name, v in (("mbs_min", mbs_min), ("mbs_max", mbs_max)):
+        if not _is_pow2(v):
+            raise ValueError(f"{name} must be a power of two, got {v!r}")
+    if mbs_max < mbs_min:
+        raise ValueError(f"mbs_max must be >= mbs_min ({mbs_min}), got {mbs_max}")
+
+
 def _finite_values(values: Iterable[float], name: str) -> np.ndarray:
     arr = np.asarray(list(values), dtype=float)
     if arr.size == 0:
@@ -210,12 +218,7 @@ class SizingBounds:
                 raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
         if self.dss_max < self.dss_min:
             raise ValueError(f"dss_max must be >= dss_min ({self.dss_min}), got {self.dss_max}")
-        for name in ("mbs_min", "mbs_max"):
-            v = getattr(self, name)
-            if not _is_pow2(v):
-                raise ValueError(f"{name} must be a power of two, got {v!r}")
-        if self.mbs_max < self.mbs_min:
-            raise ValueError(f"mbs_max must be >= mbs_min ({self.mbs_min}), got {self.mbs_max}")
+        _check_mbs_range(self.mbs_min, self.mbs_max)
         if self.dss_first > self.dss_max:
             raise ValueError(
                 f"dss_step {self.dss_step} has no multiple in [dss_min, dss_max] = [{self.dss_min}, {self.dss_max}]"
@@ -477,12 +480,7 @@ class SearchConfig:
     warmup_cycles: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("mbs_min", "mbs_max"):
-            v = getattr(self, name)
-            if not _is_pow2(v):
-                raise ValueError(f"{name} must be a power of two, got {v!r}")
-        if self.mbs_max < self.mbs_min:
-            raise ValueError(f"mbs_max must be >= mbs_min ({self.mbs_min}), got {self.mbs_max}")
+        _check_mbs_range(self.mbs_min, self.mbs_max)
         t = self.tolerance
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
             raise ValueError(f"tolerance must be a finite number >= 0, got {t!r}")

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from hermes.common.shards import decode_record
-from hermes.common.wire import MAX_HEADER_BYTES, ErrorCode, Header, MsgType, encode
+from hermes.common.wire import MAX_HEADER_BYTES, ErrorCode, MsgType, encode
 
 pytestmark = pytest.mark.integration
 

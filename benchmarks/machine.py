@@ -1,0 +1,57 @@
+"""The machine a benchmark ran on, printed at the top of every report.
+
+Imported by the scripts in this folder (``python benchmarks/NAME.py`` puts the
+folder on sys.path).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from pathlib import Path
+from typing import Any
+
+
+def loadavg() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or ""
+
+
+def machine_info() -> dict[str, Any]:
+    import crc32c
+    import msgpack
+    import numpy as np
+    import torch
+    import zmq
+
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except AttributeError:
+        usable = os.cpu_count()
+    return {
+        "cpu_model": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "cpus_usable": usable,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "numpy": np.__version__,
+        "pyzmq": zmq.__version__,
+        "libzmq": zmq.zmq_version(),
+        "msgpack": ".".join(map(str, msgpack.version)),
+        "crc32c_hardware": bool(getattr(crc32c, "hardware_based", False)),
+        "loadavg_at_start": loadavg(),
+    }
