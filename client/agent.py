@@ -22,12 +22,11 @@ import numpy as np
 import torch
 import zmq
 
-from hermes.client.prefetch import Prefetcher, StopSignal, Work
+from hermes.client.prefetch import Prefetcher, ShardFetcher, ShardStats, StopSignal, Work
 from hermes.client.trainer import LocalTrainer, resolve_device, resolve_precision
 from hermes.client.transport import ControlClient, DataClient, TrafficCounter
 from hermes.common.config import RunConfig
 from hermes.common.gate import GateConfig, ZScoreGate
-from hermes.common.shards import decode_record
 from hermes.common.tensors import ModelSpec, build_from_spec
 from hermes.common.wire import MsgType, dtype_from_name
 
@@ -47,6 +46,9 @@ class AgentOptions:
     max_cycles: int | None = None
     # (seconds since start, slowdown) steps: a device whose speed changes mid-run.
     slowdown_schedule: tuple[tuple[float, float], ...] = ()
+    # Kafka bootstrap address to use instead of the one the server names
+    # (the broker may be reachable under another name from this device).
+    kafka_bootstrap: str | None = None
 
     def slowdown_at(self, elapsed: float) -> float:
         factor = self.slowdown
@@ -124,10 +126,16 @@ class Agent:
         address = reg["data_plane"]
         self.data = DataClient(address, self.worker_id, self.token, timeout=opts.request_timeout,
                                counter=self.traffic, context=self._ctx)
+        self.shard_stats = ShardStats()
         self.prefetcher = Prefetcher(
             lambda: DataClient(address, self.worker_id, self.token, timeout=opts.request_timeout,
-                               counter=self.traffic, context=self._ctx)
+                               counter=self.traffic, context=self._ctx),
+            stats=self.shard_stats, kafka_bootstrap=opts.kafka_bootstrap,
         )
+        source = reg.get("data_source") or {"source": "zmq"}
+        if source.get("source") == "kafka":
+            log.info("shard records from Kafka at %s (the data plane is the fallback)",
+                     opts.kafka_bootstrap or source.get("bootstrap"))
         self.gate = (
             ZScoreGate(GateConfig(window=self.config.gate_window, alpha=self.config.gate_alpha,
                                   beta=self.config.gate_beta, lam=self.config.gate_lambda))
@@ -140,7 +148,7 @@ class Agent:
             # change since the last pulled model.
             self.from_baseline = self.config.aggregation == "loss"
             self.baseline = self.base
-            self.validation = self._fetch_validation(reg["validation_shards"]) if self.gate else None
+            self.validation = self._fetch_validation(reg["validation_shards"], source) if self.gate else None
             self.prefetcher.start()
             self._loop()
         finally:
@@ -174,14 +182,18 @@ class Agent:
             if time.monotonic() - self._last_report >= self.config.stats_interval_seconds:
                 self._report()
 
-    def _fetch_validation(self, shards: list[int]) -> tuple[np.ndarray, np.ndarray]:
-        xs, ys = [], []
-        for shard in shards:
-            reply = self.data.request(MsgType.FETCH_SHARD, {"shard": int(shard), "split": "validation"})
-            record = decode_record(memoryview(reply.payload.flat().numpy()))
-            xs.append(record.x)
-            ys.append(record.y)
-        return np.concatenate(xs), np.concatenate(ys)
+    def _fetch_validation(self, shards: list[int], source: dict) -> tuple[np.ndarray, np.ndarray]:
+        """The gate's fixed validation split: from Kafka when the server published it there."""
+        fetcher = ShardFetcher(self.data, self.shard_stats, kafka_bootstrap=self.options.kafka_bootstrap,
+                               should_stop=self.stop_requested.is_set)
+        try:
+            fetched = fetcher.fetch(shards, source, "validation")
+        finally:
+            fetcher.close()
+        if fetched is None:  # asked to stop meanwhile; the loop will not run a cycle
+            return np.zeros((0,)), np.zeros((0,))
+        records, _ = fetched
+        return np.concatenate([r.x for r in records]), np.concatenate([r.y for r in records])
 
     def _cycle(self, work: Work) -> bool:
         """Train on one assignment; push and pull if the gate says so. True when the server says stop."""
@@ -254,6 +266,8 @@ class Agent:
             "compute_seconds": st.compute_seconds,
             "wait_seconds": st.wait_seconds + self.prefetcher.wait_seconds,
             "prefetch_wait_seconds": self.prefetcher.wait_seconds,
+            "prefetch_wait_steady_seconds": self.prefetcher.steady_wait_seconds,
+            **self.shard_stats.report(),
             "bytes_sent": self.traffic.bytes_sent,
             "bytes_received": self.traffic.bytes_received,
             "precision": self.precision,

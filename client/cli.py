@@ -47,6 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds to wait for a data-plane reply [HERMES_REQUEST_TIMEOUT]")
     p.add_argument("--connect-retries", type=int, default=int(_env("CONNECT_RETRIES", "8")),
                    help="registration retries (exponential backoff) before giving up [HERMES_CONNECT_RETRIES]")
+    p.add_argument("--kafka-bootstrap", default=_env("KAFKA_BOOTSTRAP"),
+                   help="Kafka address to read shard records from instead of the one the server names "
+                        "[HERMES_KAFKA_BOOTSTRAP]")
     p.add_argument("--max-cycles", type=int, default=None, help="stop after this many training cycles")
     p.add_argument("--no-progress", action="store_true", help="no status line")
     p.add_argument("--log-level", default=_env("LOG_LEVEL", "info"), choices=["debug", "info", "warning", "error"])
@@ -56,6 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.log_level != "debug":
+        # kafka-python logs each failed connection attempt; the shard reader reports them once each.
+        logging.getLogger("kafka").setLevel(logging.CRITICAL)
     if not args.server:
         print("hermes-client: --server URL (or HERMES_SERVER) is required", file=sys.stderr)
         return EXIT_CONFIG
@@ -76,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         server=args.server, name=args.name, threads=args.threads, slowdown=args.slowdown, device=args.device,
         request_timeout=args.request_timeout, connect_retries=args.connect_retries,
         progress=not args.no_progress, max_cycles=args.max_cycles, slowdown_schedule=schedule,
+        kafka_bootstrap=args.kafka_bootstrap or None,
     ))
 
     def on_signal(signum, _frame):

@@ -4,6 +4,14 @@ A background thread asks the server for the next assignment and fetches its
 shards while the trainer works on the current one; the queue holds one
 ready assignment, so at most two are in the agent at a time. The time the
 trainer spends waiting on the queue is the prefetch wait we report.
+
+Where the records come from is the assignment's business: when the WORK
+reply names a Kafka topic (``source: "kafka"``, ``topic``, ``bootstrap``,
+``ranges``) they are read from Kafka with :class:`KafkaShardReader`; the
+shards Kafka could not deliver (broker unreachable, data lost in a restart,
+a record still corrupt after refetching) are fetched by id over the ZeroMQ
+data plane, so an assignment always arrives whole, each shard exactly once.
+Bytes and records are counted per source in :class:`ShardStats`.
 """
 
 from __future__ import annotations
@@ -17,7 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from hermes.client.transport import DataClient
-from hermes.common.shards import RecordError, decode_record
+from hermes.common.kafka_layout import shards_in, validate_ranges
+from hermes.common.shards import RecordError, ShardRecord, decode_record
 from hermes.common.wire import MsgType
 
 log = logging.getLogger(__name__)
@@ -40,16 +49,196 @@ class StopSignal:
     error: BaseException | None = None
 
 
+class ShardStats:
+    """Shard traffic of one agent, by source (``kafka``, ``zmq``); thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.bytes_by_source: dict[str, int] = {"kafka": 0, "zmq": 0}
+        self.records_by_source: dict[str, int] = {"kafka": 0, "zmq": 0}
+        self.corrupt_records = 0
+        self.refetches = 0
+        self.kafka_fallbacks = 0
+        self.kafka_reconnects = 0
+        self.kafka_discarded_bytes = 0
+        # Reads that found the assigned records gone from the broker (the server republishes on it).
+        self.kafka_data_missing = 0
+
+    def add(self, source: str, records: int, nbytes: int) -> None:
+        with self._lock:
+            self.bytes_by_source[source] = self.bytes_by_source.get(source, 0) + nbytes
+            self.records_by_source[source] = self.records_by_source.get(source, 0) + records
+
+    def bump(self, **counts: int) -> None:
+        with self._lock:
+            for k, v in counts.items():
+                setattr(self, k, getattr(self, k) + v)
+
+    @property
+    def data_source(self) -> str:
+        """The sources records actually came from: ``kafka``, ``zmq``, ``kafka+zmq`` or ``none``."""
+        used = [k for k in ("kafka", "zmq") if self.records_by_source.get(k)]
+        return "+".join(used) or "none"
+
+    def report(self) -> dict:
+        with self._lock:
+            return {
+                "data_source": self.data_source,
+                "shard_bytes": dict(self.bytes_by_source),
+                "shard_records": dict(self.records_by_source),
+                "corrupt_records": self.corrupt_records,
+                "shard_refetches": self.refetches,
+                "kafka_fallbacks": self.kafka_fallbacks,
+                "kafka_reconnects": self.kafka_reconnects,
+                "kafka_discarded_bytes": self.kafka_discarded_bytes,
+                "kafka_data_missing": self.kafka_data_missing,
+            }
+
+
+class ShardFetcher:
+    """Fetch the shards of one message: Kafka when it names a topic, ZeroMQ for the rest.
+
+    Used by one thread (it owns a Kafka consumer and uses one DataClient).
+    After the broker proved unreachable, Kafka is skipped for
+    ``kafka_cooldown`` seconds so every assignment does not pay the retry
+    budget again; the data plane serves meanwhile.
+    """
+
+    def __init__(self, client: DataClient, stats: ShardStats, *, kafka_bootstrap: str | None = None,
+                 max_refetch: int = 3, kafka_cooldown: float = 30.0, reader_options: dict | None = None,
+                 should_stop=None) -> None:
+        self.client = client
+        self.stats = stats
+        self.kafka_bootstrap = kafka_bootstrap
+        self.max_refetch = max_refetch
+        self.kafka_cooldown = kafka_cooldown
+        self.reader_options = dict(reader_options or {})
+        self.should_stop = should_stop or (lambda: False)
+        self._reader = None
+        self._kafka_off_until = 0.0
+        self._kafka_broken: str | None = None  # kafka-python missing
+
+    def close(self) -> None:
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+
+    def fetch(self, shards, spec: dict, split: str = "train") -> tuple[list[ShardRecord], int] | None:
+        """(records in ``shards`` order, bytes fetched); None when asked to stop mid-way."""
+        shards = [int(s) for s in shards]
+        got: dict[int, ShardRecord] = {}
+        nbytes = 0
+        if spec.get("source") == "kafka":
+            kafka_got = self._from_kafka(shards, spec)
+            if kafka_got is None:
+                return None
+            got, nbytes = kafka_got
+        for shard in shards:
+            if shard not in got:
+                record, n = self._from_zmq(shard, split)
+                got[shard] = record
+                nbytes += n
+        return [got[s] for s in shards], nbytes
+
+    def _reader_for(self, bootstrap: str):
+        if self._reader is not None and self._reader.bootstrap == bootstrap:
+            return self._reader
+        self.close()
+        from hermes.client.kafka_source import KafkaShardReader
+
+        self._reader = KafkaShardReader(bootstrap, max_refetch=min(self.max_refetch, 2),
+                                        should_stop=self.should_stop, **self.reader_options)
+        return self._reader
+
+    def _from_kafka(self, shards: list[int], spec: dict) -> tuple[dict[int, ShardRecord], int] | None:
+        bootstrap = self.kafka_bootstrap or spec.get("bootstrap")
+        if self._kafka_broken or not bootstrap or time.monotonic() < self._kafka_off_until:
+            return {}, 0
+        try:
+            partitions = int(spec["partitions"])
+            ranges = validate_ranges(spec["ranges"], partitions)
+            if sorted(shards_in(ranges, partitions)) != sorted(set(shards)):
+                raise ValueError("ranges do not cover the assigned shards")
+            topic = str(spec["topic"])
+        except (KeyError, TypeError, ValueError) as exc:
+            log.warning("assignment names Kafka but its ranges are unusable (%s); using the data plane", exc)
+            return {}, 0
+        try:
+            reader = self._reader_for(bootstrap)
+        except ImportError as exc:
+            self._kafka_broken = f"kafka-python is not installed ({exc})"
+            log.error("the server publishes shards to Kafka but %s: pip install 'hermes-edge[kafka]'; "
+                      "fetching them over the data plane instead", self._kafka_broken)
+            return {}, 0
+        try:
+            res = reader.read(topic, partitions, ranges, max_record_bytes=spec.get("max_record_bytes"))
+        except Exception as exc:  # never let the Kafka path take the assignment down
+            log.error("reading %s from Kafka at %s failed (%r); using the data plane", topic, bootstrap, exc)
+            self.stats.bump(kafka_fallbacks=1)
+            reader.close()
+            self._reader = None
+            return {}, 0
+        if res.failure_kind == "stopped" or self.should_stop():
+            return None
+        wanted = set(shards)
+        got = {s: r for s, r in res.records.items() if s in wanted}
+        self.stats.add("kafka", len(got), res.bytes)
+        self.stats.bump(corrupt_records=res.corrupt, refetches=res.refetches, kafka_reconnects=res.reconnects,
+                        kafka_discarded_bytes=res.discarded_bytes)
+        if res.missing:
+            self.stats.bump(kafka_fallbacks=1)
+            log.warning("%d of %d shards not read from Kafka (%s: %s); fetching them over the data plane",
+                        len(res.missing), len(wanted), res.failure_kind, res.failure)
+            if res.failure_kind == "missing_data":
+                self.stats.bump(kafka_data_missing=1)
+            if res.failure_kind == "unavailable":
+                self._kafka_off_until = time.monotonic() + self.kafka_cooldown
+                reader.close()
+        return got, res.bytes
+
+    def _from_zmq(self, shard: int, split: str) -> tuple[ShardRecord, int]:
+        body = {"shard": shard} if split == "train" else {"shard": shard, "split": split}
+        nbytes = 0
+        for attempt in range(self.max_refetch + 1):
+            reply = self.client.request(MsgType.FETCH_SHARD, body)
+            raw = reply.payload.flat().numpy() if reply.payload is not None else b""
+            nbytes += len(raw)
+            try:
+                record = decode_record(memoryview(raw))
+                if record.shard != shard:
+                    raise RecordError(f"asked for shard {shard}, got shard {record.shard}")
+                break
+            except RecordError as exc:
+                self.stats.bump(corrupt_records=1, refetches=1)
+                log.warning("shard %s rejected (%s); refetch %d/%d", shard, exc, attempt + 1, self.max_refetch)
+        else:
+            raise RecordError(f"shard {shard} corrupt after {self.max_refetch} refetches")
+        self.stats.add("zmq", 1, nbytes)
+        return record, nbytes
+
+
 class Prefetcher:
-    def __init__(self, client_factory, *, depth: int = 1, max_refetch: int = 3) -> None:
+    def __init__(self, client_factory, *, depth: int = 1, max_refetch: int = 3, stats: ShardStats | None = None,
+                 kafka_bootstrap: str | None = None, reader_options: dict | None = None) -> None:
         self._client_factory = client_factory
         self._queue: queue.Queue[Work | StopSignal] = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="hermes-prefetch", daemon=True)
         self.max_refetch = max_refetch
+        self.stats = stats or ShardStats()
+        self.kafka_bootstrap = kafka_bootstrap
+        self.reader_options = reader_options
         self.wait_seconds = 0.0
+        # The wait for the first assignment: nothing can be prefetched before it,
+        # so the steady-state wait is wait_seconds - first_wait_seconds.
+        self.first_wait_seconds: float | None = None
         self.fetched_bytes = 0
         self.client: DataClient | None = None
+        self.fetcher: ShardFetcher | None = None
+
+    @property
+    def steady_wait_seconds(self) -> float:
+        return max(0.0, self.wait_seconds - (self.first_wait_seconds or 0.0))
 
     def start(self) -> None:
         self._thread.start()
@@ -67,7 +256,10 @@ class Prefetcher:
     def next(self) -> Work | StopSignal:
         t0 = time.perf_counter()
         item = self._queue.get()
-        self.wait_seconds += time.perf_counter() - t0
+        waited = time.perf_counter() - t0
+        self.wait_seconds += waited
+        if self.first_wait_seconds is None:
+            self.first_wait_seconds = waited
         return item
 
     def _put(self, item: Work | StopSignal) -> None:
@@ -81,39 +273,36 @@ class Prefetcher:
     def _run(self) -> None:
         try:
             self.client = self._client_factory()
+            self.fetcher = ShardFetcher(self.client, self.stats, kafka_bootstrap=self.kafka_bootstrap,
+                                        max_refetch=self.max_refetch, reader_options=self.reader_options,
+                                        should_stop=self._stop.is_set)
             while not self._stop.is_set():
                 reply = self.client.request(MsgType.REQUEST_WORK, {})
                 body = reply.header.body
                 if body.get("stop"):
                     self._put(StopSignal("server asked to stop"))
                     return
-                self._put(self._fetch(body))
+                work = self._fetch(body)
+                if work is None:
+                    return
+                self._put(work)
         except Exception as exc:  # surfaced to the training loop, which decides
             log.debug("prefetcher stopped by %r", exc)
             self._put(StopSignal(f"prefetch failed: {exc}", exc))
         finally:
+            if self.fetcher is not None:
+                self.fetcher.close()
             if self.client is not None:
                 self.client.close()
 
-    def _fetch(self, body: dict) -> Work:
-        assert self.client is not None
-        xs, ys, nbytes = [], [], 0
-        for shard in body["shards"]:
-            for attempt in range(self.max_refetch + 1):
-                reply = self.client.request(MsgType.FETCH_SHARD, {"shard": int(shard)})
-                raw = reply.payload.flat().numpy() if reply.payload is not None else b""
-                nbytes += len(raw)
-                try:
-                    record = decode_record(memoryview(raw))
-                    if record.shard != int(shard):
-                        raise RecordError(f"asked for shard {shard}, got shard {record.shard}")
-                    break
-                except RecordError as exc:
-                    log.warning("shard %s rejected (%s); refetch %d/%d", shard, exc, attempt + 1, self.max_refetch)
-            else:
-                raise RecordError(f"shard {shard} corrupt after {self.max_refetch} refetches")
-            xs.append(record.x)
-            ys.append(record.y)
+    def _fetch(self, body: dict) -> Work | None:
+        assert self.fetcher is not None
+        fetched = self.fetcher.fetch(body["shards"], body, "train")
+        if fetched is None:
+            return None
+        records, nbytes = fetched
+        xs = [r.x for r in records]
+        ys = [r.y for r in records]
         self.fetched_bytes += nbytes
         return Work(
             epoch=int(body["epoch"]),

@@ -1,1 +1,1 @@
-"""Deployment: local testbed launcher, compose profiles and (later) SSH roll-out."""
+"""Deployment: local testbed launcher, compose profiles and the SSH roll-out (hermes-deploy)."""

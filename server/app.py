@@ -10,6 +10,7 @@ cleanly (writing the server summary) on shutdown.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 from contextlib import asynccontextmanager
@@ -18,10 +19,12 @@ from typing import Any
 from fastapi import FastAPI, Header, HTTPException, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
+from hermes.common.kafka_layout import KafkaUnavailable
 from hermes.common.wire import PROTOCOL_VERSION
 from hermes.server.dataplane import DataPlane
 from hermes.server.engine import Engine
 from hermes.server.events import EventLog
+from hermes.server.kafka_publish import KafkaOptions
 from hermes.server.metrics import CONTENT_TYPE, ServerMetrics
 from hermes.server.registry import RegistryFull
 from hermes.server.settings import ServerSettings
@@ -50,6 +53,9 @@ class RegisterResponse(BaseModel):
     run_config: dict[str, Any]
     # Fixed local validation split for this worker's update gate (shard ids, split "validation").
     validation_shards: list[int]
+    # Where shard records come from: {"source": "zmq"} or the Kafka topics and
+    # this worker's validation ranges ({"source": "kafka", "bootstrap", ...}).
+    data_source: dict[str, Any] = Field(default_factory=lambda: {"source": "zmq"})
 
 
 def create_app(settings: ServerSettings | None = None) -> FastAPI:
@@ -68,6 +74,18 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
             max_message_bytes=settings.max_message_bytes,
             out_dir=settings.out_dir,
         )
+        if settings.kafka_bootstrap:
+            # Blocking kafka-python calls: off the event loop, before serving.
+            opts = KafkaOptions(settings.kafka_bootstrap, partitions=settings.kafka_partitions,
+                                retries=settings.kafka_retries)
+            try:
+                await asyncio.to_thread(engine.publish_to_kafka, opts)
+            except Exception as exc:
+                # KafkaUnavailable names the bootstrap address and the attempts made.
+                log.error("cannot start: %s", exc if isinstance(exc, KafkaUnavailable)
+                          else f"publishing shards to Kafka at {settings.kafka_bootstrap} failed: {exc!r}")
+                events.close()
+                raise
         plane = DataPlane(engine, settings.data_host, settings.data_port)
         port = await plane.start()
         engine.start()
@@ -121,6 +139,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
             model_spec=engine.spec.to_dict(),
             run_config=engine.config.model_dump(),
             validation_shards=engine.validation_shards_for(rec),
+            data_source=engine.data_source_for(rec),
         )
 
     @app.post("/v1/workers/{worker_id}/leave")

@@ -26,7 +26,11 @@ def _parse_set(items: list[str]) -> dict[str, Any]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="hermes-server", description="Hermes parameter server (FastAPI + ZeroMQ).")
+    p = argparse.ArgumentParser(
+        prog="hermes-server", description="Hermes parameter server (FastAPI + ZeroMQ).",
+        epilog="Publish a data set's shard records to Kafka ahead of a run (or again after a broker "
+               "that keeps data in memory restarted): hermes-server shards publish --help",
+    )
     p.add_argument("--host", default="0.0.0.0", help="control-plane bind address (default 0.0.0.0)")
     p.add_argument("--port", type=int, default=8000, help="control-plane HTTP port (default 8000)")
     p.add_argument("--data-host", default="0.0.0.0", help="data-plane bind address")
@@ -38,13 +42,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", dest="out_dir", help="directory for events.jsonl and server_summary.json")
     p.add_argument("--max-workers", type=int, default=256)
     p.add_argument("--max-message-bytes", type=int, default=None)
+    p.add_argument("--kafka", dest="kafka_bootstrap", metavar="HOST:PORT", default=None,
+                   help="publish shard records to this Kafka broker and have agents read them from it "
+                        "[HERMES_KAFKA_BOOTSTRAP]; without it records travel over the ZeroMQ data plane")
+    p.add_argument("--kafka-partitions", type=int, default=None, help="partitions per shard topic (default 4)")
+    p.add_argument("--kafka-retries", type=int, default=None,
+                   help="broker connection retries with exponential backoff before giving up (default 5)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:2] == ["shards", "publish"]:
+        from hermes.server.shards_publish import main as publish_main
+
+        return publish_main(argv[2:])
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.log_level != "debug":
+        # kafka-python logs every failed connection attempt; our retry loops report them once each.
+        logging.getLogger("kafka").setLevel(logging.CRITICAL)
     try:
         import uvicorn
 
@@ -61,6 +79,9 @@ def main(argv: list[str] | None = None) -> int:
         "config": args.config,
         "out_dir": args.out_dir,
         "max_workers": args.max_workers,
+        "kafka_bootstrap": args.kafka_bootstrap,
+        "kafka_partitions": args.kafka_partitions,
+        "kafka_retries": args.kafka_retries,
     }
     if args.max_message_bytes:
         fields["max_message_bytes"] = args.max_message_bytes
@@ -71,6 +92,21 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, ValueError) as exc:
         print(f"hermes-server: configuration error: {exc}", file=sys.stderr)
         return 2
+    if settings.kafka_bootstrap:
+        # Fail before uvicorn starts, with the address in the message; the
+        # lifespan then publishes (and would fail the same way).
+        from hermes.common.kafka_layout import KafkaUnavailable
+        from hermes.server.kafka_publish import KafkaOptions, wait_for_broker
+
+        try:
+            wait_for_broker(KafkaOptions(settings.kafka_bootstrap, retries=settings.kafka_retries))
+        except ImportError as exc:
+            print(f"hermes-server: --kafka needs kafka-python: pip install 'hermes-edge[kafka]' ({exc})",
+                  file=sys.stderr)
+            return 2
+        except KafkaUnavailable as exc:
+            print(f"hermes-server: {exc}", file=sys.stderr)
+            return 3
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=10)
     return 0
 

@@ -12,6 +12,7 @@ import asyncio
 import json
 import logging
 import math
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +23,6 @@ import torch
 from hermes.common.aggregation import aggregation_weights, loss_blend_weight
 from hermes.common.config import RunConfig
 from hermes.common.allocation import make_allocator
-from hermes.common.datasets import load_dataset, split_validation
 from hermes.common.models import build_model
 from hermes.common.shards import ShardQueue, shards_for
 from hermes.common.sync import Decision, PushInfo, make_strategy
@@ -41,9 +41,10 @@ from hermes.common.wire import (
 from hermes.server.evaluator import Evaluation, Evaluator
 from hermes.server.lossprobe import LossProbe
 from hermes.server.events import EventLog
+from hermes.server.kafka_publish import KafkaOptions, publish_stores
 from hermes.server.metrics import ServerMetrics
 from hermes.server.registry import Registry, WorkerRecord
-from hermes.server.shardstore import ShardStore
+from hermes.server.shardstore import ShardStore, load_splits
 from hermes.server.state import ModelState, validate_update
 
 log = logging.getLogger(__name__)
@@ -84,15 +85,7 @@ class Engine:
         self.events = events
         self.max_message_bytes = max_message_bytes
         self.out_dir = Path(out_dir) if out_dir else None
-        train, self.test = load_dataset(
-            config.dataset,
-            root=config.dataset_root,
-            seed=config.seed,
-            test_fraction=config.test_fraction,
-            num_samples=config.num_samples,
-        )
-        self.train, self.validation = split_validation(train, config.validation_fraction, config.seed)
-        del train
+        self.train, self.validation, self.test = load_splits(config)
         # Replicas start from identical weights: the server builds the seeded
         # initial model and every agent pulls it before its first step.
         torch.manual_seed(config.seed)
@@ -107,6 +100,12 @@ class Engine:
         self.shards = ShardStore(self.train, config.shard_size)
         self.validation_shards = ShardStore(self.validation, config.shard_size)
         self.queue = ShardQueue(self.shards.num_shards, seed=config.seed)
+        # Set by publish_to_kafka when a broker is configured: shard records
+        # then travel through Kafka and the ZeroMQ data plane is the fallback.
+        self.kafka: dict[str, Any] | None = None
+        self._kafka_opts: KafkaOptions | None = None
+        self._republishing = threading.Lock()
+        self._last_publish = 0.0
         self.allocator = make_allocator(config, dss_max=len(self.train))
         self.probe = (
             LossProbe(self.spec, self.state, self.validation, samples=config.loss_eval_samples,
@@ -245,6 +244,83 @@ class Engine:
                 within_tolerance=result.within_tolerance,
             )
 
+    def publish_to_kafka(self, opts: KafkaOptions) -> None:
+        """Write both splits into Kafka (blocking: run it in a thread before serving)."""
+        try:
+            import kafka  # noqa: F401
+        except ImportError as exc:  # pragma: no cover - the kafka extra is missing
+            raise RuntimeError(
+                f"the Kafka data plane needs kafka-python: pip install 'hermes-edge[kafka]' ({exc})"
+            ) from None
+        published = publish_stores(self.shards, self.validation_shards, dataset=self.config.dataset, opts=opts)
+        self._kafka_opts = opts
+        self._last_publish = time.monotonic()
+        self.kafka = {
+            "bootstrap": opts.bootstrap,
+            "train": published["train"].layout,
+            "validation": published["validation"].layout,
+            "reused": {k: v.reused for k, v in published.items()},
+            "publish_seconds": round(sum(v.seconds for v in published.values()), 6),
+        }
+        self.events.emit(
+            "shards_published", bootstrap=opts.bootstrap, publish_seconds=self.kafka["publish_seconds"],
+            **{split: v.layout.describe() | {"reused": v.reused} for split, v in published.items()},
+        )
+
+    def republish_kafka(self, reason: str, *, min_interval: float = 2.0) -> bool:
+        """Publish the shards again in a background thread, e.g. after an agent found them gone
+        (a broker that keeps data in memory restarted). The layout is deterministic, so every
+        shard returns to the offset already assigned: agents read from Kafka again as soon as
+        it is back, and the data plane serves meanwhile. False when not started (no Kafka,
+        already running, or the last publish was less than ``min_interval`` seconds ago)."""
+        if self._kafka_opts is None or time.monotonic() - self._last_publish < min_interval:
+            return False
+        if not self._republishing.acquire(blocking=False):
+            return False
+
+        def run() -> None:
+            t0 = time.perf_counter()
+            try:
+                published = publish_stores(self.shards, self.validation_shards, dataset=self.config.dataset,
+                                           opts=self._kafka_opts)
+                same = all(published[k].layout == self.kafka[k] for k in ("train", "validation"))
+                self.events.emit("shards_republished", reason=reason, seconds=round(time.perf_counter() - t0, 6),
+                                 same_layout=same, reused={k: v.reused for k, v in published.items()})
+                log.info("shard records republished to %s (%s)", self._kafka_opts.bootstrap, reason)
+            except Exception as exc:  # the broker may still be down; the next report tries again
+                log.warning("republishing shard records to %s failed: %s", self._kafka_opts.bootstrap, exc)
+                self.events.emit("shards_republish_failed", reason=reason, error=str(exc)[:500])
+            finally:
+                self._last_publish = time.monotonic()
+                self._republishing.release()
+
+        threading.Thread(target=run, name="hermes-kafka-republish", daemon=True).start()
+        return True
+
+    def data_plane_info(self) -> dict[str, Any]:
+        if self.kafka is None:
+            return {"source": "zmq"}
+        return {
+            "source": "kafka", "bootstrap": self.kafka["bootstrap"],
+            "publish_seconds": self.kafka["publish_seconds"], "reused": self.kafka["reused"],
+            "topics": {split: self.kafka[split].describe() for split in ("train", "validation")},
+        }
+
+    def _kafka_fields(self, split: str, shards: Sequence[int]) -> dict[str, Any]:
+        """What a reader needs to fetch these shards from Kafka ({"source": "zmq"} without a broker)."""
+        if self.kafka is None:
+            return {"source": "zmq"}
+        layout = self.kafka[split]
+        return {
+            "source": "kafka", "bootstrap": self.kafka["bootstrap"], "topic": layout.topic,
+            "partitions": layout.partitions, "ranges": layout.ranges_for(shards),
+            "max_record_bytes": layout.max_record_bytes,
+        }
+
+    def data_source_for(self, worker: WorkerRecord) -> dict[str, Any]:
+        """The register reply's ``data_source``: where this worker's validation shards are read from."""
+        return self._kafka_fields("validation", self.validation_shards_for(worker))
+
     def validation_shards_for(self, worker: WorkerRecord) -> list[int]:
         """A fixed local validation split per worker (its gate's data), spread over the validation set."""
         n = self.validation_shards.num_shards
@@ -293,6 +369,7 @@ class Engine:
                 for e in self.evaluator.history
             ],
             "workers": [w.public() for w in self.registry.all()],
+            "data_plane": self.data_plane_info(),
         }
 
     # ---- data plane ---------------------------------------------------------
@@ -450,6 +527,7 @@ class Engine:
             "batch_size": mbs,
             "cycle_samples": dss,
             "lr": self.config.lr,
+            **self._kafka_fields("train", assignment.shards),
         }
         self.events.emit("assignment", worker=worker.id, epoch=assignment.epoch, shards=list(assignment.shards))
         return self._reply(MsgType.WORK, worker, msg.header.seq, body)
@@ -477,6 +555,10 @@ class Engine:
         }
         for k, v in counters.items():
             setattr(worker, k, v)
+        missing_before = worker.kafka_data_missing
+        _shard_traffic(worker, b)
+        if worker.kafka_data_missing > missing_before:
+            self.republish_kafka(f"worker {worker.id} found shard records missing from Kafka")
         precision = b.get("precision", "")
         if isinstance(precision, str):
             worker.precision = precision[:16]
@@ -486,7 +568,34 @@ class Engine:
         self.metrics.worker_compute.labels(worker=worker.id).set(worker.compute_seconds)
         self.metrics.worker_wait.labels(worker=worker.id).set(worker.wait_seconds)
         self.metrics.worker_samples.labels(worker=worker.id).set(worker.samples)
+        self.metrics.worker_prefetch_wait.labels(worker=worker.id).set(worker.prefetch_wait_seconds)
+        for source, nbytes in worker.shard_bytes.items():
+            self.metrics.worker_shard_bytes.labels(worker=worker.id, source=source).set(nbytes)
         return self._reply(MsgType.STATS_ACK, worker, msg.header.seq, {})
+
+
+_SHARD_SOURCES = ("kafka", "zmq")
+_SHARD_COUNTERS = ("corrupt_records", "shard_refetches", "kafka_fallbacks", "kafka_reconnects",
+                   "kafka_discarded_bytes", "kafka_data_missing")
+
+
+def _shard_traffic(worker: WorkerRecord, b: dict) -> None:
+    """The shard-fetch part of a stats report (optional: older agents do not send it)."""
+    if "prefetch_wait_steady_seconds" in b:
+        worker.prefetch_wait_steady_seconds = _float_field(b, "prefetch_wait_steady_seconds")
+    for key in ("shard_bytes", "shard_records"):
+        raw = b.get(key)
+        if raw is None:
+            continue
+        if not isinstance(raw, dict) or not set(raw) <= set(_SHARD_SOURCES):
+            raise ProtocolError(ErrorCode.BAD_REQUEST, f"body field {key!r} must map {_SHARD_SOURCES} to counts")
+        setattr(worker, key, {src: _int_field(raw, src, minimum=0) for src in raw})
+    for key in _SHARD_COUNTERS:
+        if key in b:
+            setattr(worker, key, _int_field(b, key, minimum=0))
+    source = b.get("data_source")
+    if isinstance(source, str):
+        worker.data_source = source[:16]
 
 
 def _cycle_fields(raw: Any) -> dict[str, Any] | None:

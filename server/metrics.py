@@ -62,6 +62,14 @@ class ServerMetrics:
         self.worker_compute = Gauge("hermes_worker_compute_seconds", "Compute seconds reported", ["worker"], registry=r)
         self.worker_wait = Gauge("hermes_worker_wait_seconds", "Wait seconds reported", ["worker"], registry=r)
         self.worker_samples = Gauge("hermes_worker_samples", "Samples trained, as reported", ["worker"], registry=r)
+        self.worker_shard_bytes = Gauge(
+            "hermes_worker_shard_bytes", "Shard record bytes fetched, by source (kafka, zmq), as reported",
+            ["worker", "source"], registry=r,
+        )
+        self.worker_prefetch_wait = Gauge(
+            "hermes_worker_prefetch_wait_seconds", "Seconds the trainer waited for prefetched shards", ["worker"],
+            registry=r,
+        )
         self.registrations = Counter("hermes_registrations_total", "Registration attempts by outcome", ["outcome"], registry=r)
 
     def render(self) -> bytes:

@@ -44,6 +44,18 @@ class WorkerRecord:
     bytes_sent: int = 0
     bytes_received: int = 0
     precision: str = ""
+    # Shard fetching, as the agent reports it: where records came from
+    # ("kafka", "zmq", "kafka+zmq"), bytes and records by source, trouble.
+    prefetch_wait_steady_seconds: float = 0.0
+    data_source: str = ""
+    shard_bytes: dict[str, int] = field(default_factory=dict)
+    shard_records: dict[str, int] = field(default_factory=dict)
+    corrupt_records: int = 0
+    shard_refetches: int = 0
+    kafka_fallbacks: int = 0
+    kafka_reconnects: int = 0
+    kafka_discarded_bytes: int = 0
+    kafka_data_missing: int = 0
     # As the server counts them on the data plane.
     server_bytes_in: int = 0
     server_bytes_out: int = 0
@@ -94,6 +106,17 @@ class WorkerRecord:
             "compute_seconds": round(self.compute_seconds, 6),
             "wait_seconds": round(self.wait_seconds, 6),
             "prefetch_wait_seconds": round(self.prefetch_wait_seconds, 6),
+            "prefetch_wait_steady_seconds": round(self.prefetch_wait_steady_seconds, 6),
+            "data_source": self.data_source,
+            "shard_bytes_fetched": sum(self.shard_bytes.values()),
+            "shard_bytes": dict(self.shard_bytes),
+            "shard_records": dict(self.shard_records),
+            "corrupt_records": self.corrupt_records,
+            "shard_refetches": self.shard_refetches,
+            "kafka_fallbacks": self.kafka_fallbacks,
+            "kafka_reconnects": self.kafka_reconnects,
+            "kafka_discarded_bytes": self.kafka_discarded_bytes,
+            "kafka_data_missing": self.kafka_data_missing,
             "utilization": round(min(1.0, self.compute_seconds / wall), 6) if self.last_seen else 0.0,
             "pushes": self.pushes,
             "applied": self.applied,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from hermes.common.config import RunConfig, build_config, load_config_file
@@ -31,6 +31,21 @@ class ServerSettings(BaseSettings):
     max_message_bytes: int = Field(default=DEFAULT_MAX_MESSAGE_BYTES, gt=1024)
     max_workers: int = Field(default=256, gt=0)
     eval_threads: int = Field(default=1, gt=0)
+    # Kafka data plane for shard records; unset = records over ZeroMQ only.
+    kafka_bootstrap: str | None = Field(default=None, description="HOST:PORT of a Kafka broker (HERMES_KAFKA_BOOTSTRAP)")
+    kafka_partitions: int = Field(default=4, gt=0, le=1024, description="partitions per shard topic")
+    kafka_retries: int = Field(default=5, ge=0, le=100, description="broker connection retries (exponential backoff)")
+
+    @field_validator("kafka_bootstrap")
+    @classmethod
+    def _bootstrap(cls, v: str | None) -> str | None:
+        if v is None or not v.strip():
+            return None
+        for server in v.split(","):
+            host, sep, port = server.strip().rpartition(":")
+            if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError(f"kafka_bootstrap {v!r}: expected HOST:PORT[,HOST:PORT...]")
+        return v.strip()
 
     def run_config(self) -> RunConfig:
         overrides: dict[str, Any] = {}

