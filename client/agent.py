@@ -88,10 +88,10 @@ def _finite_or_none(v: float | None) -> float | None:
 class Agent:
     def __init__(self, options: AgentOptions) -> None:
         self.options = options
-        self.control = ControlClient(options.server, retries=options.connect_retries)
+        self.stop_requested = threading.Event()
+        self.control = ControlClient(options.server, retries=options.connect_retries, stop=self.stop_requested)
         self.traffic = TrafficCounter()
         self.stats = AgentStats()
-        self.stop_requested = threading.Event()
         self.stop_reason = ""
         self._ctx = zmq.Context()
         self._last_report = 0.0

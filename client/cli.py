@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_CONFIG
 
     from hermes.client.agent import Agent, AgentOptions
-    from hermes.client.transport import RemoteError, ServerUnreachable
+    from hermes.client.transport import RemoteError, ServerUnreachable, StopRequested
 
     agent = Agent(AgentOptions(
         server=args.server, name=args.name, threads=args.threads, slowdown=args.slowdown, device=args.device,
@@ -92,6 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, on_signal)
     try:
         stats = agent.run()
+    except StopRequested as exc:
+        print(f"hermes-client: {exc}", file=sys.stderr)
+        return EXIT_OK
     except ServerUnreachable as exc:
         print(f"hermes-client: {exc}", file=sys.stderr)
         return EXIT_UNREACHABLE

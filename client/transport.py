@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -37,12 +38,21 @@ class RemoteError(Exception):
         self.message = message
 
 
+class StopRequested(Exception):
+    """The agent was told to stop (SIGTERM, Ctrl-C) while it waited for the server."""
+
+
 class ControlClient:
-    def __init__(self, base_url: str, *, timeout: float = 10.0, retries: int = 8, backoff: float = 0.5) -> None:
+    def __init__(
+        self, base_url: str, *, timeout: float = 10.0, retries: int = 8, backoff: float = 0.5,
+        stop: threading.Event | None = None,
+    ) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
         self.retries = retries
         self.backoff = backoff
+        # Backoff waits on this, so a stop request ends the retries at once.
+        self.stop = stop or threading.Event()
 
     def _call(self, method: str, path: str, body: dict | None = None, headers: dict | None = None) -> Any:
         data = None if body is None else json.dumps(body).encode()
@@ -66,7 +76,8 @@ class ControlClient:
             if attempt < self.retries:
                 log.info("server %s not reachable (%s); retry %d/%d in %.1fs",
                          self.base_url, last, attempt + 1, self.retries, delay)
-                time.sleep(delay)
+                if self.stop.wait(delay):
+                    raise StopRequested(f"stopped while waiting for the server at {self.base_url}")
                 delay = min(delay * 2, 10.0)
         raise ServerUnreachable(f"server {self.base_url} unreachable after {self.retries + 1} attempts: {last}")
 

@@ -299,8 +299,11 @@ class Testbed:
             "outcome": outcome,
             "wall_seconds": round(wall, 3),
             "target_accuracy": target,
+            # The last evaluation, taken at shutdown: updates that were in
+            # flight when the target was seen can still move it a little.
             "final_accuracy": final_acc,
             "final_loss": srv.get("final_loss"),
+            "best_accuracy": max((e["accuracy"] for e in srv.get("evaluations", [])), default=None),
             "reached_target": bool(target is not None and final_acc is not None and reached_at is not None),
             "seconds_to_target": None if reached_at is None else round(reached_at - t0, 3),
             "model_updates": srv.get("model_updates", 0),

@@ -128,3 +128,23 @@ def test_server_refuses_bad_config_naming_the_field() -> None:
     proc = subprocess.run([sys.executable, "-m", "hermes.server.cli", "--set", "batch_size=-3"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "batch_size" in proc.stderr
+
+
+def test_agent_stops_promptly_on_sigterm_while_waiting_for_the_server() -> None:
+    port = _free_port()  # nothing listens: the agent sits in its registration backoff
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hermes.client.cli", "--server", f"http://127.0.0.1:{port}",
+         "--connect-retries", "50", "--name", "patient"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(4.0)  # past imports, into the retries
+        assert proc.poll() is None
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=20)
+        assert time.monotonic() - t0 < 5  # not the whole backoff, not a SIGKILL fallback
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert "stopped while waiting for the server" in err
