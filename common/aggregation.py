@@ -26,6 +26,24 @@ def sample_weights(samples: Sequence[int]) -> list[float]:
     return [s / total for s in samples]
 
 
+def power_weights(powers: Sequence[float]) -> list[float]:
+    """EDP-SGD (DP-SGD paper Sec. 4.2): gradient g_m weighted by normalised compute power CP_m / sum(CP)."""
+    total = sum(powers)
+    if not powers or any(not math.isfinite(p) or p <= 0 for p in powers):
+        raise ValueError(f"compute powers must be finite and positive, got {list(powers)}")
+    return [p / total for p in powers]
+
+
+def batch_scaled_lr(lr: float, batch: int, global_batch: int) -> float:
+    """OmniLearn Eq. 5b: eta_k = eta * b_k / sum_i b_i (sum_i b_i = B = K*b).
+
+    Literal: with uniform batches every worker steps at eta / K.
+    """
+    if lr <= 0 or batch <= 0 or global_batch <= 0:
+        raise ValueError(f"lr, batch and global batch must be positive, got {lr}, {batch}, {global_batch}")
+    return lr * batch / global_batch
+
+
 def aggregation_weights(rule: str, samples: Sequence[int]) -> list[float]:
     if rule == "mean":
         return mean_weights(len(samples))
