@@ -131,7 +131,7 @@ class RunConfig(BaseModel):
                 f"aggregation 'loss' folds one update at a time against the global model (Hermes Alg. 2); "
                 f"it needs sync 'hermes' or 'asp', not {self.sync!r}"
             )
-        if self.gate == "zscore" and self.sync in ("bsp",):
+        if self.gate == "zscore" and self.sync in ("bsp", "ssp", "ebsp"):
             raise ValueError(
                 f"gate 'zscore' lets workers skip pushes, so a {self.sync!r} barrier would wait forever; "
                 f"use an asynchronous sync strategy"

@@ -52,6 +52,8 @@ def test_asp_preset():
     [
         ({"sync": "bsp", "aggregation": "loss"}, "aggregation 'loss'"),
         ({"sync": "bsp", "gate": "zscore", "aggregation": "samples"}, "gate 'zscore'"),
+        ({"sync": "ssp", "gate": "zscore", "aggregation": "samples"}, "gate 'zscore'"),
+        ({"sync": "ebsp", "gate": "zscore", "aggregation": "samples"}, "gate 'zscore'"),
         ({"batch_size": 48}, "batch_size=48"),
         ({"mbs_min": 64, "batch_size": 32}, "outside [mbs_min, mbs_max]"),
     ],
