@@ -95,6 +95,10 @@ class ShardStats:
             }
 
 
+# Shards per FETCH_SHARD request over the data plane (the server allows 256).
+_ZMQ_BATCH = 64
+
+
 class ShardFetcher:
     """Fetch the shards of one message: Kafka when it names a topic, ZeroMQ for the rest.
 
@@ -133,12 +137,43 @@ class ShardFetcher:
             if kafka_got is None:
                 return None
             got, nbytes = kafka_got
+        missing = list(dict.fromkeys(s for s in shards if s not in got))
+        for i in range(0, len(missing), _ZMQ_BATCH):
+            batch_got, n = self._from_zmq_batch(missing[i : i + _ZMQ_BATCH], split)
+            got.update(batch_got)
+            nbytes += n
+        return [got[s] for s in shards], nbytes
+
+    def _from_zmq_batch(self, shards: list[int], split: str) -> tuple[dict[int, ShardRecord], int]:
+        """Several records in one request; a record that fails its check is refetched alone."""
+        if len(shards) == 1:
+            record, n = self._from_zmq(shards[0], split)
+            return {shards[0]: record}, n
+        body = {"shards": shards} if split == "train" else {"shards": shards, "split": split}
+        reply = self.client.request(MsgType.FETCH_SHARD, body)
+        raw = reply.payload.flat().numpy() if reply.payload is not None else b""
+        view, lengths = memoryview(raw), reply.header.body.get("lengths")
+        got: dict[int, ShardRecord] = {}
+        nbytes = len(raw)
+        if isinstance(lengths, list) and len(lengths) == len(shards) and sum(lengths) == len(raw):
+            offset = 0
+            for shard, length in zip(shards, lengths):
+                try:
+                    record = decode_record(view[offset : offset + length])
+                    if record.shard == shard:
+                        got[shard] = record
+                except RecordError as exc:
+                    log.warning("shard %s rejected (%s); refetching it alone", shard, exc)
+                offset += length
+            self.stats.add("zmq", len(got), nbytes)
+        else:
+            log.warning("multi-shard reply does not match its request; refetching shard by shard")
         for shard in shards:
             if shard not in got:
-                record, n = self._from_zmq(shard, split)
-                got[shard] = record
+                self.stats.bump(corrupt_records=1)
+                got[shard], n = self._from_zmq(shard, split)
                 nbytes += n
-        return [got[s] for s in shards], nbytes
+        return got, nbytes
 
     def _reader_for(self, bootstrap: str):
         if self._reader is not None and self._reader.bootstrap == bootstrap:

@@ -49,6 +49,8 @@ from hermes.server.state import ModelState, validate_update
 
 log = logging.getLogger(__name__)
 
+MAX_SHARDS_PER_FETCH = 256
+
 # Tensor work on payloads up to this size runs on the event loop itself: a
 # thread hop costs ~0.35 ms each way here, more than checksumming, checking
 # and folding 8 MB (measured: 3 hops were a third of a 1M-parameter push).
@@ -548,15 +550,33 @@ class Engine:
         return self._reply(MsgType.WORK, worker, msg.header.seq, body)
 
     async def _on_fetch_shard(self, worker: WorkerRecord, msg: Message) -> list:
-        shard = _int_field(msg.header.body, "shard", minimum=0)
-        split = msg.header.body.get("split", "train")
+        """One shard record (body ``shard``), or several in one reply (body ``shards``).
+
+        Several: the payload is the records back to back and ``lengths`` cuts
+        it; one request per assignment instead of one per shard (a fast
+        worker's 25-shard cycle made 25 requests).
+        """
+        body = msg.header.body
+        split = body.get("split", "train")
         store = {"train": self.shards, "validation": self.validation_shards}.get(split)
         if store is None:
             raise ProtocolError(ErrorCode.BAD_REQUEST, f"split must be 'train' or 'validation', got {split!r}")
-        if shard >= store.num_shards:
-            raise ProtocolError(ErrorCode.BAD_REQUEST, f"{split} shard {shard} out of range [0, {store.num_shards})")
-        record = store.record(shard)
-        return self._reply(MsgType.SHARD, worker, msg.header.seq, {"shard": shard}, payload=record)
+        if "shards" in body:
+            ids = body["shards"]
+            if (not isinstance(ids, list) or not 0 < len(ids) <= MAX_SHARDS_PER_FETCH
+                    or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids)):
+                raise ProtocolError(ErrorCode.BAD_REQUEST,
+                                    f"body field 'shards' must be a list of 1..{MAX_SHARDS_PER_FETCH} ints")
+        else:
+            ids = [_int_field(body, "shard", minimum=0)]
+        for shard in ids:
+            if not 0 <= shard < store.num_shards:
+                raise ProtocolError(ErrorCode.BAD_REQUEST, f"{split} shard {shard} out of range [0, {store.num_shards})")
+        if "shards" not in body:
+            return self._reply(MsgType.SHARD, worker, msg.header.seq, {"shard": ids[0]}, payload=store.record(ids[0]))
+        records = [store.record(i) for i in ids]
+        reply = {"shards": ids, "lengths": [len(r) for r in records]}
+        return self._reply(MsgType.SHARD, worker, msg.header.seq, reply, payload=b"".join(records))
 
     async def _on_report(self, worker: WorkerRecord, msg: Message) -> list:
         b = msg.header.body

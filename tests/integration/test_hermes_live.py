@@ -128,3 +128,24 @@ def test_validation_split_is_served_and_distinct_from_training(hermes_server):
     assert record.dataset.endswith("-validation") and record.samples > 0
     bad = w.request(MsgType.FETCH_SHARD, body={"shard": 0, "split": "test"})
     assert bad.header.type is MsgType.ERROR and bad.header.body["code"] == "bad_request"
+
+
+def test_several_shards_in_one_fetch(hermes_server):
+    from hermes.common.shards import decode_record
+
+    w = hermes_server.register()
+    reply = w.request(MsgType.FETCH_SHARD, body={"shards": [3, 0, 3]})
+    assert reply.header.type is MsgType.SHARD
+    lengths = reply.header.body["lengths"]
+    raw = memoryview(reply.payload.flat().numpy())
+    assert sum(lengths) == len(raw) and reply.header.body["shards"] == [3, 0, 3]
+    ids, off = [], 0
+    for n in lengths:
+        ids.append(decode_record(raw[off : off + n]).shard)
+        off += n
+    assert ids == [3, 0, 3]
+    single = w.request(MsgType.FETCH_SHARD, body={"shard": 0})
+    assert bytes(single.payload.flat().numpy()) == bytes(raw[lengths[0] : lengths[0] + lengths[1]])
+    for bad in ([], [0] * 257, [0, "1"], [0, 10_000], "0"):
+        err = w.request(MsgType.FETCH_SHARD, body={"shards": bad})
+        assert err.header.type is MsgType.ERROR and err.header.body["code"] == "bad_request", bad
