@@ -25,6 +25,8 @@ import sys
 import time
 from pathlib import Path
 
+from hermes.deploy.procs import terminate_group
+
 log = logging.getLogger(__name__)
 
 
@@ -139,19 +141,8 @@ class TansuBroker:
         in memory only, so nothing is lost by not waiting longer.
         """
         proc, self.proc = self.proc, None
-        if proc is None:
-            return
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=grace)
-            except subprocess.TimeoutExpired:
-                log.info("Tansu broker pid %d still up %.0fs after SIGTERM; killing it", proc.pid, grace)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=5)
+        if proc is not None:
+            terminate_group(proc, grace)
 
     def kill(self) -> None:
         """Stop abruptly (SIGKILL), as a crash would."""

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hermes.deploy.procs import terminate_group
 from hermes.deploy.profiles import PROFILE_CORES, parse_speed_schedule, slowdown_schedules, worker_profiles
 
 log = logging.getLogger(__name__)
@@ -147,9 +148,9 @@ class Testbed:
             http_json(self.url + "/v1/stop?reason=testbed", method="POST")
         _wait_all([p.popen for p in self.agents()], grace)
         for p in self.agents():
-            _terminate(p.popen)
+            terminate_group(p.popen)
         if self.server is not None:
-            _terminate(self.server.popen, grace=30.0)
+            terminate_group(self.server.popen, grace=30.0)
         self.stop_broker()
 
     def start_broker(self) -> None:
@@ -369,21 +370,6 @@ def _wait_all(popens: list[subprocess.Popen], timeout: float) -> None:
             p.wait(timeout=max(0.0, deadline - time.monotonic()))
 
 
-def _terminate(p: subprocess.Popen, grace: float = 10.0) -> None:
-    if p.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(p.pid, signal.SIGTERM)
-        try:
-            p.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            log.warning("pid %d ignored SIGTERM for %.0fs; killing", p.pid, grace)
-    # Whatever is left in the process group (including a killed parent's children).
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(p.pid, signal.SIGKILL)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        p.wait(timeout=5)
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hermes-testbed", description=__doc__.split("\n\n")[0])
     p.add_argument("--clients", type=int, default=4, help="number of agent processes (default 4)")
@@ -452,7 +438,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     finally:
         for p in bed.procs:
-            _terminate(p.popen, grace=5.0)
+            terminate_group(p.popen, grace=5.0)
         bed.stop_broker()
     print(format_summary(summary, bed.out))
     return 0
