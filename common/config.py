@@ -31,6 +31,12 @@ PRESETS: dict[str, dict[str, Any]] = {
     # converges, so ASP runs without it.
     "asp": {"sync": "asp", "aggregation": "mean", "momentum": 0.0},
     "bsp": {"sync": "bsp", "aggregation": "samples"},
+    # Bounded staleness: a worker runs at most ssp_staleness pushes ahead of
+    # the slowest (Hermes Table III runs SSP with s = 125 on 12 workers).
+    "ssp": {"sync": "ssp", "aggregation": "mean", "momentum": 0.0},
+    # Elastic BSP (Zipline-style): the barrier falls where predicted waiting
+    # is least within ebsp_lookahead pushes of the fastest worker.
+    "ebsp": {"sync": "ebsp", "aggregation": "samples"},
 }
 DEFAULT_PRESET = "hermes"
 
@@ -47,6 +53,11 @@ class RunConfig(BaseModel):
     aggregation: Literal["mean", "samples", "loss"] = "mean"
     # ASP only: refuse updates computed from a model more than this many versions old.
     max_staleness: int | None = Field(default=None, ge=0)
+    # SSP: pushes a worker may run ahead of the slowest active worker.
+    ssp_staleness: int = Field(default=3, ge=0)
+    # EBSP: lookahead R (pushes of the fastest worker) and push-interval history per worker.
+    ebsp_lookahead: int = Field(default=3, ge=1)
+    ebsp_history: int = Field(default=10, ge=2)
 
     model: str = "cnn"
     model_kwargs: dict[str, Any] = Field(default_factory=dict)

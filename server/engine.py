@@ -148,6 +148,10 @@ class Engine:
     def _strategy_params(self) -> dict[str, Any]:
         if self.config.sync == "asp":
             return {"max_staleness": self.config.max_staleness}
+        if self.config.sync == "ssp":
+            return {"staleness": self.config.ssp_staleness}
+        if self.config.sync == "ebsp":
+            return {"lookahead": self.config.ebsp_lookahead, "history": self.config.ebsp_history}
         return {}
 
     # ---- lifecycle -------------------------------------------------------
@@ -441,7 +445,8 @@ class Engine:
             # for the blend itself.
             candidate_loss = await asyncio.to_thread(self.probe.candidate_loss, msg.payload)
         async with self._step:
-            info = PushInfo(worker.id, h.model_version, self.state.version, samples, worker.pushes)
+            info = PushInfo(worker.id, h.model_version, self.state.version, samples, worker.pushes,
+                            at=time.monotonic())
             verdict = self.strategy.on_push(info)
             held: _Held | None = None
             if verdict.decision is Decision.REJECT:

@@ -91,3 +91,24 @@ def test_testbed_reaches_target(preset: str, tmp_path: Path) -> None:
     # Clean shutdown: no process of this run left, ports freed.
     assert _processes_mentioning(str(out)) == []
     assert _port_free(start["control_port"]) and _port_free(start["data_port"])
+
+
+@pytest.mark.parametrize("preset", ["ssp", "ebsp"])
+def test_bounded_staleness_and_elastic_barrier_presets_train(preset: str, tmp_path: Path) -> None:
+    out = tmp_path / f"run-{preset}"
+    proc = subprocess.run(
+        [sys.executable, "-m", "hermes.deploy.testbed", "--clients", "4", "--profile", "hl8", "--preset", preset,
+         "--dataset", "digits", "--target-accuracy", "0.85", "--max-seconds", "120", "--out", str(out), "--quiet"],
+        capture_output=True, text=True, timeout=240,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    s = json.loads((out / "summary.json").read_text())
+    assert s["reached_target"] is True and s["best_accuracy"] >= 0.85
+    pushes = {w["speed"]: w["pushes"] for w in s["workers"]}
+    if preset == "ssp":
+        # Nobody runs more than ssp_staleness (3) pushes ahead of the slowest, plus the push in flight at stop.
+        assert max(pushes.values()) - min(pushes.values()) <= 3 + 1
+    else:
+        # Elastic barrier: the fast worker pushes several times per barrier instead of waiting.
+        assert pushes[1.0] > 2 * min(pushes.values())
+    assert all(w["exit_code"] == 0 for w in s["workers"])
