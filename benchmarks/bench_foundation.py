@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import zmq
-from machine import loadavg, machine_info
+from machine import loadavg, machine_info, print_table
 
 GOAL = 2.0
 SIZES = {"1M": 1_000_000, "10M": 10_000_000}
@@ -95,14 +95,8 @@ def verdict(ratio: float) -> str:
     return "yes" if ratio <= GOAL else "NO"
 
 
-def print_table(title: str, header: list[str], rows: list[list[Any]]) -> None:
-    cells = [[_fmt(c) for c in r] for r in rows]
-    widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(header)]
-    print(f"\n{title}")
-    print("  ".join(h.rjust(w) if i else h.ljust(w) for i, (h, w) in enumerate(zip(header, widths))))
-    print("  ".join("-" * w for w in widths))
-    for r in cells:
-        print("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))))
+def print_cells(title: str, header: list[str], rows: list[list[Any]]) -> None:
+    print_table(title, header, [[_fmt(c) for c in r] for r in rows])
 
 
 def _fmt(v: Any) -> str:
@@ -183,7 +177,7 @@ def bench_apply(repeats: int) -> list[dict[str, Any]]:
 
 
 def print_apply(rows: list[dict[str, Any]]) -> None:
-    print_table(
+    print_cells(
         "A. Update apply, in process (median ms; ratio = server / bare torch of the same work;"
         " fp16 bare = w.add_(d16.float()))",
         ["model", "delta", "apply", "val+apply", "dec+val+apply", "bare torch", "bare fp32", "bare numpy",
@@ -445,7 +439,7 @@ def _pair(op: str, size: str, numel: int, nbytes: int, nframes: int, t: dict[str
 
 
 def print_dataplane(rows: list[dict[str, Any]]) -> None:
-    print_table(
+    print_cells(
         "B. Data plane round trips (median ms; server = DataClient.request against hermes-server (asp, mlp on"
         " digits), bare = pyzmq DEALER/ROUTER in its own process, same bytes and frames)",
         ["op", "model", "MB", "frames", "server", "bare", "ratio", "<=2x", "server GB/s", "bare GB/s",
@@ -523,7 +517,7 @@ def print_pieces(rows: list[dict[str, Any]]) -> None:
     keys = list(dict.fromkeys(r["piece"] for r in rows))
     cols = list(dict.fromkeys((r["size"], r["dtype"]) for r in rows))
     table = {(r["piece"], r["size"], r["dtype"]): r["ms"] for r in rows}
-    print_table(
+    print_cells(
         "C. Where the time goes: the pieces alone (median ms)",
         ["piece", *[f"{s} {d}" for s, d in cols]],
         [[k, *[table.get((k, s, d), "") for s, d in cols]] for k in keys],

@@ -48,7 +48,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from machine import machine_info
+from machine import machine_info, print_table
 
 
 # --------------------------------------------------------------------------- machine
@@ -310,15 +310,6 @@ def fmt_spread(s: dict[str, Any] | None, nd: int = 2, repeats: int = 1) -> str:
     if repeats > 1 and s["n"] > 1:
         return f"{med} [{fmt(s['min'], nd)}-{fmt(s['max'], nd)}]"
     return med
-
-
-def print_table(title: str, header: list[str], rows: list[list[str]]) -> None:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
-    print(f"\n{title}")
-    print("  ".join(h.rjust(w) if i else h.ljust(w) for i, (h, w) in enumerate(zip(header, widths))))
-    print("  ".join("-" * w for w in widths))
-    for r in rows:
-        print("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))))
 
 
 def print_main(presets: list[str], agg: dict[str, dict[str, Any]], repeats: int) -> None:

@@ -55,3 +55,13 @@ def machine_info() -> dict[str, Any]:
         "crc32c_hardware": bool(getattr(crc32c, "hardware_based", False)),
         "loadavg_at_start": loadavg(),
     }
+
+
+def print_table(title: str, header: list[str], rows: list[list[str]]) -> None:
+    """A plain aligned table: first column left, the rest right-aligned."""
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
+    print(f"\n{title}")
+    print("  ".join(h.rjust(w) if i else h.ljust(w) for i, (h, w) in enumerate(zip(header, widths))))
+    print("  ".join("-" * w for w in widths))
+    for r in rows:
+        print("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))))

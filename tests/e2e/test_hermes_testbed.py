@@ -4,25 +4,18 @@ the gate's and the sizer's figures are coherent, and the fastest worker is given
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import run_testbed
 
 pytestmark = pytest.mark.integration
 
 
 def test_hermes_hl8_reaches_target(tmp_path: Path) -> None:
     out = tmp_path / "run-hermes"
-    proc = subprocess.run(
-        [sys.executable, "-m", "hermes.deploy.testbed", "--clients", "4", "--profile", "hl8", "--preset", "hermes",
-         "--dataset", "digits", "--target-accuracy", "0.9", "--max-seconds", "120", "--out", str(out)],
-        capture_output=True, text=True, timeout=240,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-
-    s = json.loads((out / "summary.json").read_text())
+    _, s = run_testbed(out, "--profile", "hl8", "--preset", "hermes", "--target-accuracy", "0.9")
     assert s["preset"] == "hermes" and s["profile"] == "hl8" and s["clients"] == 4
     assert s["reached_target"] is True
     # Reached = an evaluation during the run hit the target; the shutdown

@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 import os
 import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import run_testbed
 
 pytestmark = pytest.mark.integration
 
@@ -49,15 +49,9 @@ def _port_free(port: int) -> bool:
 @pytest.mark.parametrize("preset", ["asp", "bsp"])
 def test_testbed_reaches_target(preset: str, tmp_path: Path) -> None:
     out = tmp_path / f"run-{preset}"
-    proc = subprocess.run(
-        [sys.executable, "-m", "hermes.deploy.testbed", "--clients", "4", "--profile", "hl4", "--preset", preset,
-         "--dataset", "digits", "--target-accuracy", "0.9", "--max-seconds", "120", "--out", str(out)],
-        capture_output=True, text=True, timeout=240,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    proc, s = run_testbed(out, "--profile", "hl4", "--preset", preset, "--target-accuracy", "0.9")
     assert "version=" in proc.stdout and "final accuracy" in proc.stdout  # live progress + summary printed
 
-    s = json.loads((out / "summary.json").read_text())
     assert TOP_KEYS <= s.keys()
     assert s["preset"] == preset and s["profile"] == "hl4" and s["clients"] == 4
     assert s["reached_target"] is True
@@ -95,14 +89,8 @@ def test_testbed_reaches_target(preset: str, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("preset", ["ssp", "ebsp"])
 def test_bounded_staleness_and_elastic_barrier_presets_train(preset: str, tmp_path: Path) -> None:
-    out = tmp_path / f"run-{preset}"
-    proc = subprocess.run(
-        [sys.executable, "-m", "hermes.deploy.testbed", "--clients", "4", "--profile", "hl8", "--preset", preset,
-         "--dataset", "digits", "--target-accuracy", "0.85", "--max-seconds", "120", "--out", str(out), "--quiet"],
-        capture_output=True, text=True, timeout=240,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    s = json.loads((out / "summary.json").read_text())
+    _, s = run_testbed(tmp_path / f"run-{preset}", "--profile", "hl8", "--preset", preset,
+                       "--target-accuracy", "0.85", "--quiet")
     assert s["reached_target"] is True and s["best_accuracy"] >= 0.85
     pushes = {w["speed"]: w["pushes"] for w in s["workers"]}
     if preset == "ssp":

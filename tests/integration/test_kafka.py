@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import free_ports, port_is_free, running_server
+from tests.conftest import free_ports, port_is_free, run_testbed, running_server
 
 pytest.importorskip("kafka")
 
@@ -423,14 +423,8 @@ def _tansu_processes() -> list[str]:
 def test_testbed_with_kafka_auto_reaches_the_target(tmp_path, kafka_broker):
     # kafka_broker: only so the test is skipped where no broker can run; --kafka auto starts its own.
     out = tmp_path / "run"
-    proc = subprocess.run(
-        [sys.executable, "-m", "hermes.deploy.testbed", "--clients", "4", "--profile", "hl4", "--dataset", "digits",
-         "--target-accuracy", "0.9", "--max-seconds", "120", "--kafka", "auto", "--out", str(out)],
-        capture_output=True, text=True, timeout=300,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    proc, s = run_testbed(out, "--profile", "hl4", "--target-accuracy", "0.9", "--kafka", "auto", timeout=300)
     assert "shard records via Kafka" in proc.stdout
-    s = json.loads((out / "summary.json").read_text())
     assert s["reached_target"] is True
     # The evaluation that stopped the run; the final one, taken at shutdown after the
     # updates still in flight, may sit a little lower (seen: 0.897 after 0.93).
