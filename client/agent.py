@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import sys
 import threading
 import time
@@ -22,6 +21,7 @@ import numpy as np
 import torch
 import zmq
 
+from hermes.client.memory_probe import available_memory_bytes, memory_profile
 from hermes.client.prefetch import Prefetcher, ShardFetcher, ShardStats, StopSignal, Work
 from hermes.client.trainer import LocalTrainer, resolve_device, resolve_precision
 from hermes.client.transport import ControlClient, DataClient, TrafficCounter
@@ -49,6 +49,9 @@ class AgentOptions:
     # Kafka bootstrap address to use instead of the one the server names
     # (the broker may be reachable under another name from this device).
     kafka_bootstrap: str | None = None
+    # Compute capacity this device declares (cores, or FLOPs): the static
+    # allocation policy's c_k (OmniLearn Eq. 4a). None: the server decides.
+    cores: float | None = None
 
     def slowdown_at(self, elapsed: float) -> float:
         factor = self.slowdown
@@ -73,14 +76,6 @@ class AgentStats:
     started: float = field(default_factory=time.perf_counter)
 
 
-def available_memory_bytes() -> int:
-    """Free physical memory now (Linux/macOS); 0 when the platform will not say."""
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return 0
-
-
 def _finite_or_none(v: float | None) -> float | None:
     return v if v is not None and math.isfinite(v) else None
 
@@ -96,6 +91,7 @@ class Agent:
         self._ctx = zmq.Context()
         self._last_report = 0.0
         self._last_progress = 0.0
+        self._carry: tuple[np.ndarray, np.ndarray] | None = None
 
     def request_stop(self, reason: str) -> None:
         self.stop_reason = reason
@@ -105,9 +101,11 @@ class Agent:
         opts = self.options
         torch.set_num_threads(opts.threads)
         device = resolve_device(opts.device)
+        hints = {"torch": torch.__version__, "memory_available_bytes": available_memory_bytes(device)}
+        if opts.cores:
+            hints["cores"] = opts.cores
         reg = self.control.register(
-            name=opts.name, threads=opts.threads, device=device.type, slowdown=opts.slowdown,
-            hints={"torch": torch.__version__, "memory_available_bytes": available_memory_bytes()},
+            name=opts.name, threads=opts.threads, device=device.type, slowdown=opts.slowdown, hints=hints,
         )
         self.worker_id, self.token = reg["worker_id"], reg["token"]
         spec = ModelSpec.from_dict(reg["model_spec"])
@@ -150,6 +148,10 @@ class Agent:
             self.baseline = self.base
             self.validation = self._fetch_validation(reg["validation_shards"], source) if self.gate else None
             self.prefetcher.start()
+            if self.config.allocation in ("static", "pcontrol", "partition"):
+                # Those policies cap each worker's batch by its memory (OmniLearn Eq. 9).
+                self._report(memory_profile=memory_profile(self.trainer.model, spec.input_shape,
+                                                           spec.num_classes, device))
             self._loop()
         finally:
             self.prefetcher.stop()
@@ -199,13 +201,18 @@ class Agent:
         """Train on one assignment; push and pull if the gate says so. True when the server says stop."""
         self.trainer.set_lr(work.lr)
         self.trainer.slowdown = self.options.slowdown_at(time.perf_counter() - self.stats.started)
-        result = self.trainer.train_cycle(work.x, work.y, work.batch_size)
+        x, y = self._cycle_samples(work)
+        if len(y) == 0:
+            log.warning("assignment of epoch %d holds no samples; asking for the next one", work.epoch)
+            return False
+        result = self.trainer.train_cycle(x, y, work.batch_size, work.accumulation)
         st = self.stats
         st.cycles += 1
         st.samples += result.samples
         st.compute_seconds += result.compute_seconds
         st.last_loss = result.loss
-        cycle = {"dss": result.samples, "mbs": work.batch_size, "compute_seconds": result.compute_seconds,
+        cycle = {"dss": result.samples, "mbs": work.batch_size, "accumulation": work.accumulation,
+                 "compute_seconds": result.compute_seconds,
                  "decision": "always", "pushed": True, "val_loss": None, "z": None, "alpha": None}
         if self.gate is not None:
             assert self.validation is not None
@@ -245,6 +252,21 @@ class Agent:
         self.version, self.base = self._pull(force=False)
         return False
 
+    def _cycle_samples(self, work: Work) -> tuple[np.ndarray, np.ndarray]:
+        """Exactly the samples this cycle asks for: the carry from the last cycle first, then the new shards.
+
+        Shards are whole while workloads are not; what is left over is trained
+        next cycle (the server counts it the same way and sends less).
+        """
+        parts = [p for p in (self._carry, (work.x, work.y) if work.x is not None else None) if p is not None]
+        if not parts:
+            return np.zeros((0,)), np.zeros((0,), dtype=np.int64)
+        x = np.concatenate([p[0] for p in parts]) if len(parts) > 1 else parts[0][0]
+        y = np.concatenate([p[1] for p in parts]) if len(parts) > 1 else parts[0][1]
+        n = len(y) if work.cycle_samples is None else min(work.cycle_samples, len(y))
+        self._carry = (x[n:], y[n:]) if n < len(y) else None
+        return x[:n], y[:n]
+
     def _pull(self, force: bool) -> tuple[int, torch.Tensor]:
         t0 = time.perf_counter()
         reply = self.data.request(MsgType.PULL_MODEL, {"if_newer": not force, "dtype": "float32"},
@@ -258,7 +280,8 @@ class Agent:
         self.trainer.load(flat)
         return reply.header.model_version, flat
 
-    def _report(self, final: bool = False, cycle: dict | None = None) -> None:
+    def _report(self, final: bool = False, cycle: dict | None = None,
+                memory_profile: list[tuple[int, int]] | None = None) -> None:
         self._last_report = time.monotonic()
         st = self.stats
         body = {
@@ -275,6 +298,8 @@ class Agent:
         }
         if cycle is not None:
             body["cycle"] = cycle
+        if memory_profile is not None:
+            body["memory_profile"] = [list(p) for p in memory_profile]
         try:
             self.data.request(MsgType.REPORT_STATS, body, timeout=5.0 if final else None)
         except Exception as exc:

@@ -50,6 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kafka-bootstrap", default=_env("KAFKA_BOOTSTRAP"),
                    help="Kafka address to read shard records from instead of the one the server names "
                         "[HERMES_KAFKA_BOOTSTRAP]")
+    p.add_argument("--cores", type=float, default=float(_env("CORES", "0")) or None,
+                   help="compute capacity this device declares, in cores or FLOPs (any unit consistent across "
+                        "the cluster); the static allocation policy splits batches by it [HERMES_CORES]")
     p.add_argument("--max-cycles", type=int, default=None, help="stop after this many training cycles")
     p.add_argument("--no-progress", action="store_true", help="no status line")
     p.add_argument("--log-level", default=_env("LOG_LEVEL", "info"), choices=["debug", "info", "warning", "error"])
@@ -65,8 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.server:
         print("hermes-client: --server URL (or HERMES_SERVER) is required", file=sys.stderr)
         return EXIT_CONFIG
-    if args.slowdown < 1.0 or args.threads < 1:
-        print("hermes-client: --slowdown must be >= 1 and --threads >= 1", file=sys.stderr)
+    if args.slowdown < 1.0 or args.threads < 1 or (args.cores is not None and args.cores <= 0):
+        print("hermes-client: --slowdown must be >= 1, --threads >= 1 and --cores > 0", file=sys.stderr)
         return EXIT_CONFIG
 
     try:
@@ -82,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         server=args.server, name=args.name, threads=args.threads, slowdown=args.slowdown, device=args.device,
         request_timeout=args.request_timeout, connect_retries=args.connect_retries,
         progress=not args.no_progress, max_cycles=args.max_cycles, slowdown_schedule=schedule,
-        kafka_bootstrap=args.kafka_bootstrap or None,
+        kafka_bootstrap=args.kafka_bootstrap or None, cores=args.cores,
     ))
 
     def on_signal(signum, _frame):

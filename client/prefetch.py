@@ -36,11 +36,14 @@ log = logging.getLogger(__name__)
 class Work:
     epoch: int
     shards: tuple[int, ...]
-    x: np.ndarray
-    y: np.ndarray
+    x: np.ndarray | None  # None: no new shards this cycle
+    y: np.ndarray | None
     batch_size: int
     lr: float
     fetched_bytes: int
+    # Samples to train this cycle (None: all of x) and micro-batches per optimizer step.
+    cycle_samples: int | None = None
+    accumulation: int = 1
 
 
 @dataclass(frozen=True)
@@ -332,19 +335,24 @@ class Prefetcher:
 
     def _fetch(self, body: dict) -> Work | None:
         assert self.fetcher is not None
-        fetched = self.fetcher.fetch(body["shards"], body, "train")
-        if fetched is None:
-            return None
-        records, nbytes = fetched
+        if body["shards"]:
+            fetched = self.fetcher.fetch(body["shards"], body, "train")
+            if fetched is None:
+                return None
+            records, nbytes = fetched
+        else:
+            records, nbytes = [], 0  # the samples carried over from the last cycle cover this one
         xs = [r.x for r in records]
         ys = [r.y for r in records]
         self.fetched_bytes += nbytes
         return Work(
             epoch=int(body["epoch"]),
             shards=tuple(int(s) for s in body["shards"]),
-            x=np.concatenate(xs) if len(xs) > 1 else xs[0],
-            y=np.concatenate(ys) if len(ys) > 1 else ys[0],
+            x=np.concatenate(xs) if len(xs) > 1 else (xs[0] if xs else None),
+            y=np.concatenate(ys) if len(ys) > 1 else (ys[0] if ys else None),
             batch_size=int(body["batch_size"]),
             lr=float(body["lr"]),
             fetched_bytes=nbytes,
+            cycle_samples=int(body["cycle_samples"]) if body.get("cycle_samples") else None,
+            accumulation=int(body.get("accumulation", 1)),
         )

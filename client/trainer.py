@@ -85,35 +85,45 @@ class LocalTrainer:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=dtype)
 
-    def train_cycle(self, x: np.ndarray, y: np.ndarray, batch_size: int) -> CycleResult:
-        """One pass over the assignment in shuffled mini-batches.
+    def train_cycle(self, x: np.ndarray, y: np.ndarray, batch_size: int, accumulation: int = 1) -> CycleResult:
+        """One pass over the assignment in shuffled micro-batches of ``batch_size``.
+
+        With ``accumulation`` > 1 the gradients of that many micro-batches add
+        up into one optimizer step (Chao et al.: w_i micro-batches per
+        aggregation), each weighted by its share of the step's samples so the
+        step follows the mean gradient over all of them whatever the sizes.
 
         compute_seconds includes the emulated slowdown: the sleep stands for
         the work a slower device would be doing.
         """
+        if accumulation < 1:
+            raise ValueError(f"accumulation must be >= 1, got {accumulation}")
         self.model.train()
         order = self.rng.permutation(len(y))
         xt = torch.from_numpy(x)
         yt = torch.from_numpy(y)
-        total_loss, steps, compute = 0.0, 0, 0.0
-        for start in range(0, len(order), batch_size):
-            idx = torch.from_numpy(order[start : start + batch_size])
-            xb = xt[idx].to(self.device, non_blocking=True)
-            yb = yt[idx].to(self.device, non_blocking=True)
+        step_samples = batch_size * accumulation
+        total_loss, steps, micro, compute = 0.0, 0, 0, 0.0
+        for step_start in range(0, len(order), step_samples):
+            step_order = order[step_start : step_start + step_samples]
             t0, cpu0 = time.perf_counter(), time.thread_time()
             self.optimizer.zero_grad(set_to_none=True)
-            with self._autocast():
-                loss = F.cross_entropy(self.model(xb), yb)
-            self.scaler.scale(loss).backward()
+            for start in range(0, len(step_order), batch_size):
+                idx = torch.from_numpy(step_order[start : start + batch_size])
+                xb = xt[idx].to(self.device, non_blocking=True)
+                yb = yt[idx].to(self.device, non_blocking=True)
+                with self._autocast():
+                    loss = F.cross_entropy(self.model(xb), yb)
+                self.scaler.scale(loss * (len(idx) / len(step_order))).backward()
+                total_loss += float(loss.detach())
+                micro += 1
             self.scaler.step(self.optimizer)
             self.scaler.update()
-            loss_value = float(loss.detach())
             if self.slowdown > 1.0:
                 time.sleep(self._work_seconds(t0, cpu0) * (self.slowdown - 1.0))
             compute += time.perf_counter() - t0
-            total_loss += loss_value
             steps += 1
-        return CycleResult(samples=len(y), steps=steps, loss=total_loss / max(1, steps), compute_seconds=compute)
+        return CycleResult(samples=len(y), steps=steps, loss=total_loss / max(1, micro), compute_seconds=compute)
 
     @torch.inference_mode()
     def evaluate(self, x: np.ndarray, y: np.ndarray, batch_size: int = 512) -> float:

@@ -15,7 +15,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from hermes.common.sync import SYNC_STRATEGIES
 
-AGGREGATIONS = ("mean", "samples", "loss")
+# Strategies whose steps aggregate one update from every worker together.
+BARRIER_SYNCS = ("bsp", "ebsp")
+
+AGGREGATIONS = ("mean", "samples", "loss", "power")
 
 # Preset -> policy choices. Later issues add omnilearn-*, etc.
 PRESETS: dict[str, dict[str, Any]] = {
@@ -37,8 +40,61 @@ PRESETS: dict[str, dict[str, Any]] = {
     # Elastic BSP (Zipline-style): the barrier falls where predicted waiting
     # is least within ebsp_lookahead pushes of the fastest worker.
     "ebsp": {"sync": "ebsp", "aggregation": "samples"},
+    # OmniLearn (paper 000) BSP: proportional control of each worker's batch
+    # once per epoch (Eq. 6-7), global batch kept at K*b (Eq. 8), gradients
+    # weighted by lambda_k = b_k / sum(b) (Eq. 4b); bounds and dead-band of Fig. 11.
+    "omnilearn-bsp": {
+        "sync": "bsp", "aggregation": "samples", "allocation": "pcontrol", "control_interval": "epoch",
+        "b_min": 4, "b_max": 96, "pcontrol_deadband": 0.1,
+    },
+    # OmniLearn ASP (Alg. 2): the same controller without a global batch,
+    # learning rate scaled by b_k / B instead of gradient weighting (Eq. 5b).
+    # lr 0.2 so that a worker at the initial b = B/K steps at 0.05.
+    "omnilearn-asp": {
+        "sync": "asp", "aggregation": "mean", "allocation": "pcontrol", "control_interval": "epoch",
+        "lr_scaling": "batch-scaled", "lr": 0.2, "momentum": 0.0, "b_min": 4, "b_max": 96,
+        "pcontrol_deadband": 0.1,
+    },
+    # ACSOS dynamic batching (paper 001): the same proportional law adjusted
+    # at any iteration with EWMA-smoothed times, global batch fixed (Eq. 4-5).
+    "dynamic-batching": {
+        "sync": "bsp", "aggregation": "samples", "allocation": "pcontrol", "control_interval": "round",
+        "b_min": 4, "b_max": 96, "pcontrol_deadband": 0.1,
+    },
+    # OmniLearn's variable batching (Sec. III-A): batches from declared
+    # cores, never re-measured.
+    "variable-batching": {"sync": "bsp", "aggregation": "samples", "allocation": "static", "b_min": 4, "b_max": 96},
+    # Chao et al. (paper 002): w_i micro-batches accumulated per step (Eq. 10),
+    # aggregation weighted by each worker's share of the step's samples.
+    "task-allocation": {"sync": "bsp", "aggregation": "samples", "allocation": "adaptive", "lr": 0.1},
+    # DP-SGD / EDP-SGD (paper 003): per-epoch partitions by compute power
+    # (Alg. 1); EDP-SGD also weighs gradients by normalised compute power (Sec. 4.2).
+    "dp-sgd": {"sync": "bsp", "aggregation": "mean", "allocation": "partition"},
+    "edp-sgd": {"sync": "bsp", "aggregation": "power", "allocation": "partition"},
 }
 DEFAULT_PRESET = "hermes"
+
+PRESET_SOURCES: dict[str, str] = {
+    "hermes": "Hermes (When Less is More): gated pushes, loss-weighted blend, dual binary search",
+    "asp": "asynchronous parallel baseline",
+    "bsp": "bulk-synchronous baseline, uniform batches",
+    "ssp": "stale-synchronous parallel baseline (bounded staleness)",
+    "ebsp": "elastic BSP baseline (Zipline-style predicted barrier)",
+    "omnilearn-bsp": "OmniLearn BSP: proportional-control dynamic batching per epoch, fixed global batch",
+    "omnilearn-asp": "OmniLearn ASP: proportional-control dynamic batching, batch-scaled learning rate",
+    "dynamic-batching": "ACSOS dynamic batching: proportional control at every round, fixed global batch",
+    "variable-batching": "OmniLearn/ACSOS static variable batching from declared cores",
+    "task-allocation": "Chao et al.: self-adaptive gradient-accumulation counts per worker",
+    "dp-sgd": "DP-SGD: per-epoch data partitions by measured compute power",
+    "edp-sgd": "EDP-SGD: DP-SGD plus gradients weighted by compute power",
+}
+POLICY_FIELDS = ("sync", "allocation", "aggregation", "gate", "lr_scaling")
+
+
+def preset_policies(name: str) -> dict[str, Any]:
+    """The policies a preset selects, as the run would build them."""
+    cfg = build_config(name)
+    return {f: getattr(cfg, f) for f in POLICY_FIELDS}
 
 
 class ConfigError(ValueError):
@@ -50,7 +106,9 @@ class RunConfig(BaseModel):
 
     preset: str = DEFAULT_PRESET
     sync: str = "asp"
-    aggregation: Literal["mean", "samples", "loss"] = "mean"
+    aggregation: Literal["mean", "samples", "loss", "power"] = "mean"
+    # "batch-scaled": eta_k = eta * b_k / sum(b) for asynchronous pushes (OmniLearn Eq. 5b).
+    lr_scaling: Literal["none", "batch-scaled"] = "none"
     # ASP only: refuse updates computed from a model more than this many versions old.
     max_staleness: int | None = Field(default=None, ge=0)
     # SSP: pushes a worker may run ahead of the slowest active worker.
@@ -93,7 +151,26 @@ class RunConfig(BaseModel):
     loss_eval_samples: int = Field(default=512, gt=0)
 
     # Work sizing: uniform, or Hermes' IQR straggler detection + dual binary search (Sec. IV-A).
-    allocation: Literal["uniform", "dual-search"] = "uniform"
+    allocation: Literal["uniform", "dual-search", "static", "pcontrol", "adaptive", "partition"] = "uniform"
+    # Per-step batch bounds of static/pcontrol/partition (OmniLearn Fig. 11: 4..96).
+    b_min: int = Field(default=4, gt=0)
+    b_max: int = Field(default=96, gt=0)
+    # pcontrol: dead-band (OmniLearn Eq. 7), EWMA weight of the newest cycle,
+    # when to step ("epoch": after each data epoch; "round": whenever every
+    # worker has new measurements), and the global batch rule (Eq. 8): None
+    # = fixed under a barrier, free for asynchronous pushes.
+    pcontrol_deadband: float = Field(default=0.1, ge=0.0, lt=1.0)
+    pcontrol_alpha: float = Field(default=0.3, gt=0.0, le=1.0)
+    control_interval: Literal["epoch", "round"] = "epoch"
+    global_batch: Literal["fixed", "free"] | None = None
+    # adaptive (Chao et al. Alg. 1): stop re-allocating once every share moved
+    # less than epsilon (relative) this many epochs in a row.
+    adaptive_epsilon: float = Field(default=0.05, gt=0.0)
+    adaptive_patience: int = Field(default=2, ge=1)
+    # partition (DP-SGD Sec. 4.1): epochs of compute-power history per estimate.
+    partition_window: int = Field(default=1, ge=1)
+    # Share of a worker's free memory its per-step batch may plan for (OmniLearn Eq. 9 b_max).
+    memory_fraction: float = Field(default=0.5, gt=0.0, le=1.0)
     mbs_min: int = Field(default=8, gt=0)
     mbs_max: int = Field(default=256, gt=0)
     search_tolerance: float = Field(default=0.1, gt=0.0, lt=1.0)
@@ -154,9 +231,51 @@ class RunConfig(BaseModel):
                     raise ValueError(f"{name}={v}: dual-search mini-batch sizes are powers of two")
             if not self.mbs_min <= self.batch_size <= self.mbs_max:
                 raise ValueError(f"batch_size={self.batch_size} outside [mbs_min, mbs_max]=[{self.mbs_min}, {self.mbs_max}]")
+        self._coherent_allocation()
         if self.dataset in ("mnist", "cifar10") and not self.dataset_root:
             raise ValueError(f"dataset {self.dataset!r} is read from local files: set dataset_root")
         return self
+
+
+    @property
+    def fixed_global_batch(self) -> bool:
+        if self.global_batch is not None:
+            return self.global_batch == "fixed"
+        return self.sync in BARRIER_SYNCS
+
+    def _coherent_allocation(self) -> None:
+        barrier = self.sync in BARRIER_SYNCS
+        if self.allocation in ("adaptive", "partition") and self.sync != "bsp":
+            raise ValueError(
+                f"allocation {self.allocation!r} splits one synchronous round's work among the workers, so every "
+                f"worker must push exactly once per round: it needs sync 'bsp', not {self.sync!r}"
+            )
+        if self.global_batch == "fixed" and not barrier:
+            raise ValueError(
+                f"global_batch 'fixed' (OmniLearn Eq. 8) constrains the batches of one synchronous step; "
+                f"{self.sync!r} pushes asynchronously, so there is no global batch to fix"
+            )
+        if self.global_batch is not None and self.allocation != "pcontrol":
+            raise ValueError(f"global_batch applies to allocation 'pcontrol' only, not {self.allocation!r}")
+        if self.lr_scaling == "batch-scaled" and barrier:
+            raise ValueError(
+                f"lr_scaling 'batch-scaled' (OmniLearn Eq. 5b) is for asynchronous pushes; under {self.sync!r} "
+                f"aggregation 'samples' already weighs each update by its batch (Eq. 4b), and scaling the learning "
+                f"rate too would count the batch twice"
+            )
+        if self.aggregation == "power" and not barrier:
+            raise ValueError(
+                f"aggregation 'power' weighs the updates of one synchronous step against each other (EDP-SGD); "
+                f"{self.sync!r} folds one update at a time, so every weight would be 1"
+            )
+        if self.allocation in ("static", "pcontrol", "partition"):
+            if not self.b_min <= self.batch_size <= self.b_max:
+                raise ValueError(f"batch_size={self.batch_size} outside [b_min, b_max]=[{self.b_min}, {self.b_max}]")
+            if self.cycle_samples < self.batch_size:
+                raise ValueError(
+                    f"cycle_samples={self.cycle_samples} < batch_size={self.batch_size}: allocation "
+                    f"{self.allocation!r} scales the batch of each of cycle_samples // batch_size steps"
+                )
 
 
 def build_config(preset: str | None = None, **overrides: Any) -> RunConfig:

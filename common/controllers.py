@@ -380,7 +380,8 @@ class AdaptiveAccumulation:
     _calm: int = 0
     _last_share: list[float] | None = None
 
-    def update(self, compute_times: Sequence[float]) -> list[int]:
+    def update(self, compute_times: Sequence[float], *, upper: Bound = None) -> list[int]:
+        """``upper``: per-worker caps on w_i (the samples of a cycle must fit in memory)."""
         if self.stopped:
             return list(self.current)
         total = sum(self.current)
@@ -392,7 +393,7 @@ class AdaptiveAccumulation:
         self._calm = self._calm + 1 if change < self.epsilon else 0
         if self._calm >= self.patience:
             self.stopped = True
-        self.current = round_preserving_sum(targets, total, self.lower)
+        self.current = round_preserving_sum(targets, total, self.lower, upper)
         return list(self.current)
 
 

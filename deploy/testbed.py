@@ -28,7 +28,13 @@ from pathlib import Path
 from typing import Any
 
 from hermes.deploy.procs import terminate_group
-from hermes.deploy.profiles import PROFILE_CORES, parse_speed_schedule, slowdown_schedules, worker_profiles
+from hermes.deploy.profiles import (
+    PROFILE_CORES,
+    heterogeneity_level,
+    parse_speed_schedule,
+    slowdown_schedules,
+    worker_profiles,
+)
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +138,8 @@ class Testbed:
             name = f"worker-{wp.index + 1}"
             cmd = [
                 sys.executable, "-m", "hermes.client.cli", "--server", self.url, "--name", name,
-                "--threads", str(wp.threads), "--slowdown", f"{wp.slowdown:.6g}", "--log-level", "info",
+                "--threads", str(wp.threads), "--slowdown", f"{wp.slowdown:.6g}", "--cores", str(wp.cores),
+                "--log-level", "info",
                 "--device", a.device,
             ]
             if schedules:
@@ -198,6 +205,7 @@ class Testbed:
         reached_at: float | None = None
         last_print = 0.0
         status: dict[str, Any] = {}
+        workloads = WorkloadWatch()
         outcome = "time limit"
         while True:
             elapsed = time.time() - t0
@@ -215,6 +223,9 @@ class Testbed:
                 reached_at = ev.get("at", time.time())
                 outcome = "target reached"
                 self.emit("target_reached", accuracy=acc, version=ev.get("version"), seconds=round(reached_at - t0, 3))
+            if not a.quiet:
+                for line in workloads.changes(elapsed, status.get("workloads") or {}):
+                    print(line, flush=True)
             if not a.quiet and (time.monotonic() - last_print >= a.progress_interval or reached_at):
                 last_print = time.monotonic()
                 print(_progress_line(elapsed, status, self.agents()), flush=True)
@@ -236,6 +247,11 @@ class Testbed:
         self.stop_all()
         server_summary = _read_json(self.out / "server_summary.json") or live
         summary = self._summary(server_summary, outcome, wall, reached_at, t0)
+        summary["heterogeneity"] = {
+            "profile": heterogeneity_level(PROFILE_CORES[a.profile]),
+            **(server_summary.get("heterogeneity") or status.get("heterogeneity") or {}),
+        }
+        summary["workload_changes"] = workloads.log
         tmp = self.out / "summary.json.tmp"
         tmp.write_text(json.dumps(summary, indent=2))
         tmp.replace(self.out / "summary.json")
@@ -282,6 +298,8 @@ class Testbed:
                 "gate_skips": w.get("gate_skips", 0),
                 "dss": w.get("dss"),
                 "mbs": w.get("mbs"),
+                "accumulation": w.get("accumulation", 1),
+                "throughput": w.get("throughput"),
                 "workload_history": w.get("workload_history", []),
                 "cycle_log_fields": w.get("cycle_log_fields", []),
                 "cycle_log": w.get("cycle_log", []),
@@ -325,6 +343,29 @@ class Testbed:
             "workers": workers,
             "events_log": "events.jsonl",
         }
+
+
+class WorkloadWatch:
+    """Turns the server's per-worker workloads into one line per change (batch trajectories, live)."""
+
+    def __init__(self) -> None:
+        self.last: dict[str, tuple[int, int, int]] = {}
+        self.log: list[dict[str, Any]] = []
+
+    def changes(self, elapsed: float, workloads: dict[str, dict[str, Any]]) -> list[str]:
+        lines = []
+        for wid, w in sorted(workloads.items()):
+            now = (w["dss"], w["mbs"], w.get("accumulation", 1))
+            before = self.last.get(wid)
+            self.last[wid] = now
+            if before is None or before == now:
+                continue
+            self.log.append({"elapsed": round(elapsed, 3), "worker": wid, "name": w.get("name"),
+                             "dss": now[0], "mbs": now[1], "accumulation": now[2]})
+            acc = f" accumulation {before[2]} -> {now[2]}" if before[2] != now[2] else ""
+            lines.append(f"[testbed {elapsed:6.1f}s] workload {w.get('name', wid)}: batch {before[1]} -> {now[1]}, "
+                         f"samples/cycle {before[0]} -> {now[0]}{acc}")
+        return lines
 
 
 def _progress_line(elapsed: float, status: dict[str, Any], agents: list[Proc]) -> str:
@@ -394,11 +435,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--startup-timeout", type=float, default=90.0)
     p.add_argument("--progress-interval", type=float, default=2.0, help="seconds between progress lines")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.add_argument("--list-presets", action="store_true", help="print every preset with its policies and exit")
     return p
+
+
+def list_presets() -> str:
+    from hermes.common.config import PRESET_SOURCES, PRESETS, preset_policies
+
+    lines = []
+    for name in PRESETS:
+        policies = " ".join(f"{k}={v}" for k, v in preset_policies(name).items())
+        lines.append(f"{name:<18} {policies}\n{'':<18} {PRESET_SOURCES.get(name, '')}")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.list_presets:
+        print(list_presets())
+        return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from hermes.common.config import DEFAULT_PRESET, PRESETS
 

@@ -20,11 +20,12 @@ from typing import Any, Sequence
 
 import torch
 
-from hermes.common.aggregation import aggregation_weights, loss_blend_weight
+from hermes.common.aggregation import aggregation_weights, batch_scaled_lr, loss_blend_weight, power_weights
+from hermes.common.allocation import CycleObservation, Resize, make_allocator
 from hermes.common.config import RunConfig
-from hermes.common.allocation import make_allocator
+from hermes.common.controllers import fit_memory_model, max_batch_for_memory
 from hermes.common.models import build_model
-from hermes.common.shards import ShardQueue, shards_for
+from hermes.common.shards import Assignment, ShardQueue, shards_for
 from hermes.common.sync import Decision, PushInfo, make_strategy
 from hermes.common.tensors import flatten, spec_of
 from hermes.common.wire import (
@@ -121,7 +122,7 @@ class Engine:
         self._kafka_opts: KafkaOptions | None = None
         self._republishing = threading.Lock()
         self._last_publish = 0.0
-        self.allocator = make_allocator(config, dss_max=len(self.train))
+        self.allocator = make_allocator(config, dss_max=len(self.train), epoch_samples=len(self.train))
         self.probe = (
             LossProbe(self.spec, self.state, self.validation, samples=config.loss_eval_samples,
                       seed=config.seed, metrics=metrics)
@@ -205,16 +206,12 @@ class Engine:
     def register(self, name: str, **info: Any) -> tuple[WorkerRecord, bool]:
         rec, rejoined = self.registry.register(name, **info)
         self.strategy.on_join(rec.id)
-        memory = rec.hints.get("memory_available_bytes")
-        if isinstance(memory, int) and memory > 0:
-            # A quarter of the device's free memory for the samples of one
-            # cycle (two buffers with prefetching): the DSS cap of Sec. IV-A.
-            per_sample = self.train.x[0].nbytes + self.train.y[0].nbytes
-            self.allocator.set_memory_limit(rec.id, max(self.config.shard_size, memory // (8 * per_sample)))
-        dss, mbs = self.allocator.workload(rec.id)
-        rec.workload_history.append((round(time.time() - self.started_at, 3), dss, mbs))
-        self.metrics.worker_dss.labels(worker=rec.id).set(dss)
-        self.metrics.worker_mbs.labels(worker=rec.id).set(mbs)
+        self.allocator.join(rec.id, rec.declared_capacity)
+        self._apply_memory_limits(rec)
+        elapsed = round(time.time() - self.started_at, 3)
+        self._record_workload(rec, elapsed, self.allocator.workload(rec.id))
+        # Policies that split a fixed total (static, the global batch) move the others too.
+        self._apply_resizes(self.allocator.rebalance(), elapsed)
         self._refresh_worker_gauge()
         self.events.emit("join", worker=rec.id, name=name, rejoined=rejoined, **info)
         log.info("worker %s (%s) %s", rec.id, name, "rejoined" if rejoined else "joined")
@@ -228,6 +225,7 @@ class Engine:
         self.strategy.on_leave(worker_id)
         # Its cycle times no longer describe the cluster the median is taken over.
         self.allocator.forget(worker_id)
+        self._apply_resizes(self.allocator.rebalance(), round(time.time() - self.started_at, 3))
         self._refresh_worker_gauge()
         self.events.emit("leave", worker=worker_id, reason=reason)
         log.info("worker %s left: %s", worker_id, reason)
@@ -247,21 +245,52 @@ class Engine:
             if cycle["z"] is not None:
                 self.metrics.gate_zscore.labels(worker=wid).set(cycle["z"])
         self.events.emit("cycle", worker=wid, elapsed=elapsed, **cycle)
-        self.allocator.observe(wid, cycle["dss"], cycle["mbs"], cycle["compute_seconds"])
-        for resized_id, result in self.allocator.rebalance().items():
+        self.allocator.observe(wid, CycleObservation(cycle["dss"], cycle["mbs"], cycle["compute_seconds"],
+                                                     cycle["accumulation"]))
+        self._apply_resizes(self.allocator.rebalance(), elapsed)
+
+    def _apply_memory_limits(self, rec: WorkerRecord) -> None:
+        """Caps from the memory a worker declared at registration."""
+        memory = rec.hints.get("memory_available_bytes")
+        if not isinstance(memory, int) or memory <= 0:
+            return
+        # A quarter of the device's free memory for the samples of one
+        # cycle (two buffers with prefetching): the DSS cap of Hermes Sec. IV-A.
+        per_sample = self.train.x[0].nbytes + self.train.y[0].nbytes
+        self.allocator.set_memory_limit(rec.id, max(self.config.shard_size, memory // (8 * per_sample)))
+        profile = rec.hints.get("memory_profile")
+        if not profile:
+            return
+        try:
+            # OmniLearn Eq. 9: training memory is m0 + m1*b, fitted on the worker's own measurements.
+            m0, m1 = fit_memory_model([(int(b), float(m)) for b, m in profile])
+            b_max = max_batch_for_memory(m0, m1, memory * self.config.memory_fraction)
+        except (TypeError, ValueError) as exc:
+            log.warning("worker %s: unusable memory profile %r: %s", rec.id, profile, exc)
+            self.events.emit("memory_profile_rejected", worker=rec.id, error=str(exc)[:200])
+            return
+        self.allocator.set_batch_limit(rec.id, b_max)
+        self.events.emit("memory_model", worker=rec.id, m0=round(m0), m1=round(m1, 3), b_max=b_max,
+                         budget=int(memory * self.config.memory_fraction))
+
+    def _record_workload(self, rec: WorkerRecord, elapsed: float, wl) -> None:
+        rec.workload_history.append((elapsed, wl.dss, wl.mbs))
+        rec.accumulation = wl.accumulation
+        self.metrics.worker_dss.labels(worker=rec.id).set(wl.dss)
+        self.metrics.worker_mbs.labels(worker=rec.id).set(wl.mbs)
+
+    def _apply_resizes(self, resizes: dict[str, Resize], elapsed: float) -> None:
+        for resized_id, resize in resizes.items():
             rec = self.registry.get(resized_id)
-            if rec is None:
+            if rec is None or rec.state != "active":
                 continue
-            kind = "slow" if result.target_seconds < rec.last_cycle_seconds else "fast"
-            rec.workload_history.append((elapsed, result.dss, result.mbs))
-            self.metrics.stragglers.labels(worker=resized_id, kind=kind).inc()
-            self.metrics.worker_dss.labels(worker=resized_id).set(result.dss)
-            self.metrics.worker_mbs.labels(worker=resized_id).set(result.mbs)
-            self.events.emit(
-                "resize", worker=resized_id, kind=kind, dss=result.dss, mbs=result.mbs,
-                predicted_seconds=round(result.predicted_seconds, 6), target_seconds=round(result.target_seconds, 6),
-                within_tolerance=result.within_tolerance,
-            )
+            wl = resize.workload
+            self._record_workload(rec, elapsed, wl)
+            self.metrics.stragglers.labels(worker=resized_id, kind=resize.kind).inc()
+            log.info("worker %s resized (%s): dss=%d mbs=%d accumulation=%d %s", resized_id, resize.kind,
+                     wl.dss, wl.mbs, wl.accumulation, resize.detail)
+            self.events.emit("resize", worker=resized_id, kind=resize.kind, dss=wl.dss, mbs=wl.mbs,
+                             accumulation=wl.accumulation, **resize.detail)
 
     def publish_to_kafka(self, opts: KafkaOptions) -> None:
         """Write both splits into Kafka (blocking: run it in a thread before serving)."""
@@ -364,6 +393,12 @@ class Engine:
                 "version": ev.version, "accuracy": ev.accuracy, "loss": ev.loss, "at": ev.at,
             },
             "workers_active": len(self.registry.active_ids()),
+            "heterogeneity": self.registry.heterogeneity(),
+            "workloads": {
+                r.id: {"name": r.name, "dss": r.workload_history[-1][1], "mbs": r.workload_history[-1][2],
+                       "accumulation": r.accumulation}
+                for r in self.registry.all() if r.state == "active" and r.workload_history
+            },
             "workers_total": len(self.registry.all()),
             "stopping": self.stopping,
             "stop_reason": self.stop_reason,
@@ -484,6 +519,13 @@ class Engine:
             self.metrics.blend_weight.observe(weight)
             weights = [weight]
             version = await asyncio.to_thread(self.state.blend, update.payload, weight)
+        elif self.config.aggregation == "power":
+            # EDP-SGD Sec. 4.2: each update weighs its worker's normalised compute power.
+            weights = power_weights([self._compute_power(u.info.worker_id) for u in group])
+            version = await _offload(
+                sum(_payload_bytes(u.payload) for u in group),
+                self.state.apply, [(u.payload, w) for u, w in zip(group, weights)],
+            )
         else:
             weights = aggregation_weights(self.config.aggregation, [u.info.samples for u in group])
             version = await _offload(
@@ -540,15 +582,41 @@ class Engine:
         )
         return encode(header, flat)
 
+    def _compute_power(self, worker_id: str) -> float:
+        power = getattr(self.allocator, "power", lambda _w: None)(worker_id)
+        if power is None:
+            rec = self.registry.get(worker_id)
+            power = rec.throughput() if rec is not None else None
+        return power or 1.0  # before any measurement every worker counts alike (DP-SGD Alg. 1 line 5)
+
+    def _learning_rate(self, mbs: int) -> float:
+        if self.config.lr_scaling != "batch-scaled":
+            return self.config.lr
+        # OmniLearn Eq. 5b: eta_k = eta * b_k / sum_i b_i over the active workers.
+        total = sum(self.allocator.workload(w).step_batch for w in self.registry.active_ids())
+        return batch_scaled_lr(self.config.lr, mbs, max(total, mbs))
+
     async def _on_request_work(self, worker: WorkerRecord, msg: Message) -> list:
-        dss, mbs = self.allocator.workload(worker.id)
-        assignment = self.queue.take(shards_for(dss, self.config.shard_size))
+        wl = self.allocator.workload(worker.id)
+        # Whole shards, while a workload is any number of samples: the agent
+        # trains exactly ``cycle_samples`` and carries the rest into its next
+        # cycle. The server keeps the same account (the credit), so it hands
+        # out only what the carry does not cover and no sample is skipped.
+        need = wl.dss - worker.sample_credit
+        if need > 0:
+            assignment = self.queue.take(shards_for(need, self.config.shard_size))
+        else:
+            assignment = Assignment(epoch=self.queue.epoch, shards=())
+        given = sum(self.shards.samples(s) for s in assignment.shards)
+        # Never negative: short of data the agent trains what it has and carries nothing.
+        worker.sample_credit = max(0, worker.sample_credit + given - wl.dss)
         body = {
             "epoch": assignment.epoch,
             "shards": list(assignment.shards),
-            "batch_size": mbs,
-            "cycle_samples": dss,
-            "lr": self.config.lr,
+            "batch_size": wl.mbs,
+            "cycle_samples": wl.dss,
+            "accumulation": wl.accumulation,
+            "lr": self._learning_rate(wl.step_batch),
             **self._kafka_fields("train", assignment.shards),
         }
         self.events.emit("assignment", worker=worker.id, epoch=assignment.epoch, shards=list(assignment.shards))
@@ -602,6 +670,16 @@ class Engine:
         precision = b.get("precision", "")
         if isinstance(precision, str):
             worker.precision = precision[:16]
+        profile = b.get("memory_profile")
+        if profile is not None:
+            if (not isinstance(profile, list) or not 2 <= len(profile) <= 16
+                    or not all(isinstance(p, list) and len(p) == 2 and all(_is_number(v) and v > 0 for v in p)
+                               for p in profile)):
+                raise ProtocolError(ErrorCode.BAD_REQUEST,
+                                    "body field 'memory_profile' must be 2..16 [batch, bytes] pairs of positive numbers")
+            worker.hints["memory_profile"] = profile
+            self._apply_memory_limits(worker)
+            self._apply_resizes(self.allocator.rebalance(), round(time.time() - self.started_at, 3))
         cycle = _cycle_fields(b.get("cycle"))
         if cycle is not None:
             self._observe_cycle(worker, cycle)
@@ -648,6 +726,8 @@ def _cycle_fields(raw: Any) -> dict[str, Any] | None:
         "dss": _int_field(raw, "dss", minimum=1),
         "mbs": _int_field(raw, "mbs", minimum=1),
         "compute_seconds": _float_field(raw, "compute_seconds"),
+        # Older agents do not send it: they never accumulate.
+        "accumulation": _int_field(raw, "accumulation", minimum=1) if "accumulation" in raw else 1,
     }
     for key in ("val_loss", "z", "alpha"):
         v = raw.get(key)
@@ -659,6 +739,10 @@ def _cycle_fields(raw: Any) -> dict[str, Any] | None:
         raise ProtocolError(ErrorCode.BAD_REQUEST, "cycle fields 'pushed' (bool) and 'decision' (short str) malformed")
     out["pushed"], out["decision"] = pushed, decision
     return out
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def _int_field(body: dict, key: str, *, minimum: int) -> int:

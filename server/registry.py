@@ -68,6 +68,25 @@ class WorkerRecord:
     cycle_log: list[tuple] = field(default_factory=list)
     # (elapsed, dss, mbs) whenever the allocator changed this worker's workload.
     workload_history: list[tuple[float, int, int]] = field(default_factory=list)
+    accumulation: int = 1
+    # Samples handed out beyond the workloads asked for, which the agent
+    # carries into its next cycle (see Engine._on_request_work).
+    sample_credit: int = 0
+
+    @property
+    def declared_capacity(self) -> float | None:
+        """Compute capacity the worker declared (FLOPs, else cores): the static policy's c_k."""
+        for key in ("flops", "cores"):
+            v = self.hints.get(key)
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0:
+                return float(v)
+        return None
+
+    def throughput(self, window: int = 5) -> float | None:
+        """Samples per compute second over the last ``window`` cycles (DP-SGD Eq. 2's CP)."""
+        recent = self.cycle_log[-window:]
+        seconds = sum(c[3] for c in recent)
+        return sum(c[1] for c in recent) / seconds if recent and seconds > 0 else None
 
     def record_cycle(self, elapsed: float, cycle: dict[str, Any]) -> None:
         self.cycles += 1
@@ -131,6 +150,9 @@ class WorkerRecord:
             "gate_skips": self.gate_skips,
             "dss": self.workload_history[-1][1] if self.workload_history else None,
             "mbs": self.workload_history[-1][2] if self.workload_history else None,
+            "accumulation": self.accumulation,
+            "declared_capacity": self.declared_capacity,
+            "throughput": None if (x := self.throughput()) is None else round(x, 3),
             "workload_history": [list(t) for t in self.workload_history],
             "cycle_log_fields": ["elapsed", "dss", "mbs", "compute_seconds", "z", "pushed"],
             "cycle_log": [list(t) for t in self.cycle_log],
@@ -161,6 +183,7 @@ class Registry:
                 rec.token = secrets.token_urlsafe(24)
                 rec.state = "active"
                 rec.last_seen = now
+                rec.sample_credit = 0  # a restarted agent carries no samples over
                 for k, v in info.items():
                     setattr(rec, k, v)
                 return rec, True
@@ -189,3 +212,19 @@ class Registry:
 
     def active_ids(self) -> list[str]:
         return [r.id for r in self._by_id.values() if r.state == "active"]
+
+    def heterogeneity(self) -> dict[str, float | None]:
+        """HL of the active workers (OmniLearn Eq. 3): max/min capacity.
+
+        ``declared`` from the cores/FLOPs workers declared, ``measured`` from
+        their recent training throughput (samples per compute second): the
+        latter includes slowdowns no declaration shows. None until two
+        workers have a value.
+        """
+        active = [r for r in self._by_id.values() if r.state == "active"]
+        out: dict[str, float | None] = {}
+        for key, values in (("declared", [r.declared_capacity for r in active]),
+                            ("measured", [r.throughput() for r in active])):
+            known = [v for v in values if v]
+            out[key] = round(max(known) / min(known), 3) if len(known) >= 2 else None
+        return out

@@ -37,6 +37,10 @@ class ShardStore:
     def num_shards(self) -> int:
         return len(self.bounds)
 
+    def samples(self, shard: int) -> int:
+        start, stop = self.bounds[shard]
+        return stop - start
+
     def record(self, shard: int) -> bytes:
         """The encoded record of one shard; encoded once, then cached."""
         rec = self._records.get(shard)

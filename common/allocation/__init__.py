@@ -1,0 +1,102 @@
+"""Allocation policies: how much work each worker gets per cycle.
+
+The engine owns the loop; an allocator only answers questions. It is told
+who joins and leaves (with the capacity a worker declares) and how long each
+finished cycle took, and it answers each worker's ``Workload``: samples per
+cycle (DSS), micro-batch size (MBS) and micro-batches accumulated per
+optimizer step. ``rebalance`` returns the workers whose workload changed.
+
+Policies (one module each):
+- ``uniform``: everyone gets the run's defaults, whatever its speed.
+- ``dual-search``: Hermes' IQR straggler detection + dual binary search.
+- ``static``: batches proportional to declared cores/FLOPs (OmniLearn Eq. 4a).
+- ``pcontrol``: OmniLearn Eq. 6-8 / ACSOS Eq. 4-5 proportional control.
+- ``adaptive``: Chao et al. Eq. 10 accumulation counts.
+- ``partition``: DP-SGD Algorithm 1 per-epoch partitions by compute power.
+
+The per-step batch policies keep a run's number of optimizer steps per
+cycle, ``local_steps = cycle_samples // batch_size``, for every worker and
+scale the step's batch: a worker with batch b trains ``local_steps * b``
+samples per cycle, so equal cycle times mean equal step times.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from hermes.common.config import RunConfig
+
+ALLOCATIONS = ("uniform", "dual-search", "static", "pcontrol", "adaptive", "partition")
+
+
+@dataclass(frozen=True)
+class Workload:
+    dss: int  # samples per cycle (between two pushes)
+    mbs: int  # micro-batch size
+    accumulation: int = 1  # micro-batches per optimizer step
+
+    def __post_init__(self) -> None:
+        if self.dss < 1 or self.mbs < 1 or self.accumulation < 1:
+            raise ValueError(f"workload fields must be >= 1, got {self}")
+
+    @property
+    def step_batch(self) -> int:
+        return self.mbs * self.accumulation
+
+
+@dataclass(frozen=True)
+class CycleObservation:
+    """One finished cycle as the agent ran it."""
+
+    dss: int
+    mbs: int
+    seconds: float
+    accumulation: int = 1
+
+    def ran(self, workload: Workload) -> bool:
+        """Did this cycle run at ``workload``? Cycles assigned before a resize still arrive after it."""
+        return (self.dss, self.mbs, self.accumulation) == (workload.dss, workload.mbs, workload.accumulation)
+
+
+@dataclass(frozen=True)
+class Resize:
+    workload: Workload
+    # "slow"/"fast" (the worker's cycle time against the cluster's), or why it
+    # moved without a measurement ("membership" for a join/leave).
+    kind: str
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+class Allocator(Protocol):
+    def join(self, worker_id: str, capacity: float | None = None) -> None: ...
+    def forget(self, worker_id: str) -> None: ...
+    def observe(self, worker_id: str, cycle: CycleObservation) -> None: ...
+    def workload(self, worker_id: str) -> Workload: ...
+    def set_memory_limit(self, worker_id: str, max_dss: int) -> None: ...
+    def set_batch_limit(self, worker_id: str, max_batch: int) -> None: ...
+    def rebalance(self) -> dict[str, Resize]: ...
+
+
+def local_steps(config: "RunConfig") -> int:
+    return max(1, config.cycle_samples // config.batch_size)
+
+
+def make_allocator(config: "RunConfig", *, dss_max: int, epoch_samples: int) -> Allocator:
+    """The run's allocation policy, configured from the run config."""
+    from hermes.common.allocation import adaptive, dual_search, partition, pcontrol, static, uniform
+
+    if config.allocation == "uniform":
+        return uniform.UniformAllocator(Workload(config.cycle_samples, config.batch_size))
+    if config.allocation == "dual-search":
+        return dual_search.DualSearchAllocator.from_config(config, dss_max=dss_max)
+    if config.allocation == "static":
+        return static.StaticAllocator.from_config(config)
+    if config.allocation == "pcontrol":
+        return pcontrol.PControlAllocator.from_config(config, epoch_samples=epoch_samples)
+    if config.allocation == "adaptive":
+        return adaptive.AdaptiveAllocator.from_config(config, epoch_samples=epoch_samples)
+    if config.allocation == "partition":
+        return partition.PartitionAllocator.from_config(config, epoch_samples=epoch_samples)
+    raise ValueError(f"unknown allocation {config.allocation!r}; known: {', '.join(ALLOCATIONS)}")

@@ -1,0 +1,86 @@
+"""Bookkeeping shared by the per-step batch policies (static, pcontrol, adaptive, partition)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hermes.common.allocation import Resize, Workload
+
+
+class EpochClock:
+    """Counts the samples all workers trained; says when another data epoch has gone by.
+
+    OmniLearn, Chao et al. and DP-SGD re-allocate once per epoch; on a parameter
+    server the cluster's epoch is the train set's size in trained samples.
+    """
+
+    def __init__(self, epoch_samples: int) -> None:
+        if epoch_samples < 1:
+            raise ValueError(f"epoch_samples must be >= 1, got {epoch_samples}")
+        self.epoch_samples = epoch_samples
+        self.samples = 0
+        self.epoch = 0
+
+    def add(self, samples: int) -> bool:
+        self.samples += samples
+        epoch = self.samples // self.epoch_samples
+        crossed, self.epoch = epoch > self.epoch, epoch
+        return crossed
+
+
+class StepBatches:
+    """Per-worker step batch b (and accumulation count), caps, and resizes not yet reported.
+
+    A worker's workload is ``steps`` optimizer steps of ``b * accumulation``
+    samples, in micro-batches of ``b``.
+    """
+
+    def __init__(self, *, steps: int, base: int, b_min: int, b_max: int) -> None:
+        self.steps, self.base, self.b_min, self.b_max = steps, base, b_min, b_max
+        self.batch: dict[str, int] = {}
+        self.accumulation: dict[str, int] = {}
+        self.caps: dict[str, int] = {}
+        self._pending: dict[str, Resize] = {}
+
+    def workers(self) -> list[str]:
+        return sorted(self.batch)
+
+    def cap(self, worker_id: str) -> int:
+        return max(self.b_min, min(self.b_max, self.caps.get(worker_id, self.b_max)))
+
+    def add(self, worker_id: str, batch: int | None = None, accumulation: int = 1) -> None:
+        self.batch[worker_id] = min(batch or self.base, self.cap(worker_id))
+        self.accumulation[worker_id] = accumulation
+
+    def remove(self, worker_id: str) -> None:
+        for d in (self.batch, self.accumulation, self.caps, self._pending):
+            d.pop(worker_id, None)
+
+    def workload(self, worker_id: str) -> Workload:
+        b = self.batch.get(worker_id, self.base)
+        acc = self.accumulation.get(worker_id, 1)
+        return Workload(dss=self.steps * b * acc, mbs=b, accumulation=acc)
+
+    def limit(self, worker_id: str, max_batch: int) -> bool:
+        """Lower a worker's cap; True when its current batch had to shrink to it."""
+        self.caps[worker_id] = min(self.caps.get(worker_id, self.b_max), max(self.b_min, int(max_batch)))
+        if self.batch.get(worker_id, 0) > self.cap(worker_id):
+            self.set(worker_id, self.cap(worker_id), "memory", cap=self.cap(worker_id))
+            return True
+        return False
+
+    def set(self, worker_id: str, batch: int, kind: str | None = None, accumulation: int | None = None,
+            **detail: Any) -> None:
+        old = self.workload(worker_id)
+        self.batch[worker_id] = int(batch)
+        if accumulation is not None:
+            self.accumulation[worker_id] = int(accumulation)
+        new = self.workload(worker_id)
+        if new != old:
+            if kind is None:
+                kind = "slow" if new.dss < old.dss else "fast"
+            self._pending[worker_id] = Resize(new, kind, detail)
+
+    def take_pending(self) -> dict[str, Resize]:
+        out, self._pending = self._pending, {}
+        return out

@@ -1,0 +1,101 @@
+"""``adaptive``: self-adaptive task allocation by gradient accumulation (Chao et al. Eq. 10, Algorithm 1).
+
+Every worker uses the run's micro-batch; worker i accumulates w_i
+micro-batches into each optimizer step and the cluster aggregates once per
+step, so a round's work is sum(w) micro-batches, kept constant (Eq. 4, 16).
+Once per data epoch w is re-estimated from the mean time each worker took for
+its w_i micro-batches; re-allocation stops once the shares are stable
+(``controllers.AdaptiveAccumulation``). A join or leave restarts it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from hermes.common.allocation import CycleObservation, Resize, Workload, local_steps
+from hermes.common.allocation._common import EpochClock, StepBatches
+from hermes.common.controllers import AdaptiveAccumulation
+
+if TYPE_CHECKING:
+    from hermes.common.config import RunConfig
+
+
+class AdaptiveAllocator:
+    def __init__(self, *, mbs: int, w0: int, epsilon: float, patience: int, warmup: int, epoch_samples: int) -> None:
+        # One optimizer step per cycle: the cycle is w_i micro-batches of ``mbs``.
+        self.b = StepBatches(steps=1, base=mbs, b_min=mbs, b_max=mbs)
+        self.w0 = w0
+        self.epsilon, self.patience, self.warmup = epsilon, patience, warmup
+        self.clock = EpochClock(epoch_samples)
+        self.max_w: dict[str, int] = {}
+        self._times: dict[str, list[float]] = {}
+        self._seen: dict[str, int] = {}
+        self._alg: AdaptiveAccumulation | None = None
+        self._epoch_due = False
+
+    @classmethod
+    def from_config(cls, config: "RunConfig", *, epoch_samples: int) -> "AdaptiveAllocator":
+        return cls(mbs=config.batch_size, w0=local_steps(config), epsilon=config.adaptive_epsilon,
+                   patience=config.adaptive_patience, warmup=config.rebalance_warmup_cycles,
+                   epoch_samples=epoch_samples)
+
+    @property
+    def stopped(self) -> bool:
+        return self._alg is not None and self._alg.stopped
+
+    def _restart(self) -> None:
+        ws = self.b.workers()
+        self._alg = AdaptiveAccumulation([self.b.accumulation[w] for w in ws], epsilon=self.epsilon,
+                                         patience=self.patience) if ws else None
+        for w in ws:
+            self._times[w] = []
+
+    def join(self, worker_id: str, capacity: float | None = None) -> None:
+        self.b.add(worker_id, accumulation=min(self.w0, self.max_w.get(worker_id, self.w0)))
+        self._seen[worker_id] = 0
+        self._restart()
+
+    def forget(self, worker_id: str) -> None:
+        self.b.remove(worker_id)
+        for d in (self.max_w, self._times, self._seen):
+            d.pop(worker_id, None)
+        self._restart()
+
+    def observe(self, worker_id: str, cycle: CycleObservation) -> None:
+        if worker_id not in self._seen:
+            return
+        if self.clock.add(cycle.dss):
+            self._epoch_due = True
+        self._seen[worker_id] += 1
+        if self._seen[worker_id] > self.warmup and cycle.ran(self.b.workload(worker_id)):
+            self._times[worker_id].append(cycle.seconds)
+
+    def workload(self, worker_id: str) -> Workload:
+        return self.b.workload(worker_id)
+
+    def set_memory_limit(self, worker_id: str, max_dss: int) -> None:
+        # Accumulation keeps activation memory at one micro-batch; the samples
+        # of a cycle still have to fit, which caps w_i.
+        self.max_w[worker_id] = max(1, max_dss // self.b.base)
+        if self.b.accumulation.get(worker_id, 0) > self.max_w[worker_id]:
+            self.b.set(worker_id, self.b.base, "memory", accumulation=self.max_w[worker_id])
+            self._restart()
+
+    def set_batch_limit(self, worker_id: str, max_batch: int) -> None:
+        pass  # the micro-batch is the run's, for every worker
+
+    def rebalance(self) -> dict[str, Resize]:
+        ws = self.b.workers()
+        if self._alg is not None and self._epoch_due and all(self._times.get(w) for w in ws):
+            self._epoch_due = False
+            if not self._alg.stopped:
+                means = [sum(self._times[w]) / len(self._times[w]) for w in ws]
+                upper = [self.max_w.get(w, sum(self._alg.current)) for w in ws]
+                # Chao et al. Eq. 10 with the stop rule of Algorithm 1.
+                new = self._alg.update(means, upper=upper)
+                for w, wi, t in zip(ws, new, means):
+                    if wi != self.b.accumulation[w]:
+                        self._times[w] = []
+                    self.b.set(w, self.b.base, accumulation=wi, mean_seconds=round(t, 6),
+                               stopped=self._alg.stopped)
+        return self.b.take_pending()

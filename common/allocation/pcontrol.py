@@ -1,0 +1,122 @@
+"""``pcontrol``: dynamic batching by proportional control (OmniLearn Eq. 6-9, ACSOS Eq. 4-5).
+
+The control law, smoothing, dead-band, bounds, exact global batch and the
+throughput-drop b_max rule live in ``controllers.ProportionalController``;
+this adapter feeds it the cycles that ran at each worker's current batch and
+decides when to take a control step.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from hermes.common.allocation import CycleObservation, Resize, Workload, local_steps
+from hermes.common.allocation._common import EpochClock, StepBatches
+from hermes.common.controllers import ProportionalController
+
+if TYPE_CHECKING:
+    from hermes.common.config import RunConfig
+
+
+class PControlAllocator:
+    """When to step: ``interval="epoch"`` after each data epoch (OmniLearn's
+    granularity), ``"round"`` at any round (ACSOS: any iteration); either
+    way only once every worker has ``min_observations`` cycles at its current
+    batch, since a single cycle after a change is mostly noise. Cycles
+    assigned before a change still arrive after it and are skipped, and so
+    are a worker's first ``warmup`` cycles (allocator and JIT warm-up).
+
+    ``global_batch=True`` keeps sum(b) = K*b (Eq. 8) over the K active
+    workers; a join adds b, a leave is re-normalised at the next step.
+    """
+
+    def __init__(self, *, steps: int, base: int, b_min: int, b_max: int, deadband: float, alpha: float,
+                 global_batch: bool, interval: str, min_observations: int, warmup: int, epoch_samples: int) -> None:
+        self.b = StepBatches(steps=steps, base=base, b_min=b_min, b_max=b_max)
+        self.ctl = ProportionalController({}, b_min=b_min, b_max=b_max, deadband=deadband, alpha=alpha,
+                                          global_batch=0 if global_batch else None)
+        self.fixed_global = global_batch
+        self.interval = interval
+        self.min_observations = min_observations
+        self.warmup = warmup
+        self.clock = EpochClock(epoch_samples)
+        self._seen: dict[str, int] = {}
+        self._counted: dict[str, int] = {}
+        self._epoch_due = False
+
+    @classmethod
+    def from_config(cls, config: "RunConfig", *, epoch_samples: int) -> "PControlAllocator":
+        return cls(
+            steps=local_steps(config), base=config.batch_size, b_min=config.b_min, b_max=config.b_max,
+            deadband=config.pcontrol_deadband, alpha=config.pcontrol_alpha,
+            global_batch=config.fixed_global_batch, interval=config.control_interval,
+            min_observations=config.rebalance_min_observations, warmup=config.rebalance_warmup_cycles,
+            epoch_samples=epoch_samples,
+        )
+
+    def _resize_global(self) -> None:
+        if self.fixed_global:
+            # K*b, unless memory caps and throughput-drop caps cannot hold it together.
+            caps = sum(st.b_max for st in self.ctl.workers.values())
+            self.ctl.global_batch = min(len(self.ctl.workers) * self.b.base, caps)
+
+    def join(self, worker_id: str, capacity: float | None = None) -> None:
+        self.b.add(worker_id)
+        self.ctl.add_worker(worker_id, self.b.batch[worker_id])
+        self.ctl.set_b_max(worker_id, self.b.cap(worker_id))
+        self._seen[worker_id] = self._counted[worker_id] = 0
+        self._resize_global()
+
+    def forget(self, worker_id: str) -> None:
+        self.b.remove(worker_id)
+        self.ctl.remove_worker(worker_id)
+        self._seen.pop(worker_id, None)
+        self._counted.pop(worker_id, None)
+        self._resize_global()
+
+    def observe(self, worker_id: str, cycle: CycleObservation) -> None:
+        if worker_id not in self.ctl.workers:
+            return
+        if self.clock.add(cycle.dss):
+            self._epoch_due = True
+        self._seen[worker_id] += 1
+        if self._seen[worker_id] <= self.warmup or not cycle.ran(self.b.workload(worker_id)):
+            return
+        self.ctl.observe(worker_id, cycle.seconds)
+        self._counted[worker_id] += 1
+
+    def workload(self, worker_id: str) -> Workload:
+        return self.b.workload(worker_id)
+
+    def set_memory_limit(self, worker_id: str, max_dss: int) -> None:
+        self.set_batch_limit(worker_id, max_dss // self.b.steps)
+
+    def set_batch_limit(self, worker_id: str, max_batch: int) -> None:
+        """b_max from the worker's memory (OmniLearn Eq. 9); a batch above it shrinks now."""
+        if self.b.limit(worker_id, max_batch):
+            self.ctl.workers[worker_id].batch = self.b.batch[worker_id]
+            self.ctl.workers[worker_id].ewma = None
+            self._counted[worker_id] = 0
+        if worker_id in self.ctl.workers:
+            self.ctl.set_b_max(worker_id, self.b.cap(worker_id))
+
+    def _due(self) -> bool:
+        ws = list(self.ctl.workers)
+        if not ws or any(self._counted[w] < self.min_observations for w in ws):
+            return False
+        return self._epoch_due if self.interval == "epoch" else True
+
+    def rebalance(self) -> dict[str, Resize]:
+        if self._due():
+            self._epoch_due = False
+            times = {w: self.ctl.smoothed(w) for w in self.ctl.workers}
+            old = {w: self.ctl.batch(w) for w in self.ctl.workers}
+            self._resize_global()
+            new = self.ctl.update()
+            t_bar = sum(times.values()) / len(times)
+            for w, b in new.items():
+                if b != old[w]:
+                    self._counted[w] = 0
+                    self.b.set(w, b, smoothed_seconds=round(times[w], 6), mean_seconds=round(t_bar, 6),
+                               b_max=self.ctl.b_max_of(w), adjustment=self.ctl.adjustments)
+        return self.b.take_pending()

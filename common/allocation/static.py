@@ -1,0 +1,71 @@
+"""``static``: open-loop variable batching from declared capacity (OmniLearn Eq. 4a, ACSOS static policy)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from hermes.common.allocation import CycleObservation, Resize, Workload, local_steps
+from hermes.common.allocation._common import StepBatches
+from hermes.common.controllers import static_batches
+
+if TYPE_CHECKING:
+    from hermes.common.config import RunConfig
+
+
+class StaticAllocator:
+    """b_k = c_k / sum(c) * K*b over the active workers, recomputed when membership changes.
+
+    c_k is what the worker declared at registration (cores, or FLOPs: any
+    consistent unit); a worker that declared nothing counts as the median of
+    those that did. Measurements never move a batch: that is the point of
+    the static policy, and its weakness OmniLearn Fig. 7 shows.
+    """
+
+    def __init__(self, *, steps: int, base: int, b_min: int, b_max: int) -> None:
+        self.b = StepBatches(steps=steps, base=base, b_min=b_min, b_max=b_max)
+        self.capacity: dict[str, float | None] = {}
+
+    @classmethod
+    def from_config(cls, config: "RunConfig") -> "StaticAllocator":
+        return cls(steps=local_steps(config), base=config.batch_size, b_min=config.b_min, b_max=config.b_max)
+
+    def _declared(self) -> dict[str, float]:
+        known = sorted(c for c in self.capacity.values() if c)
+        fill = known[len(known) // 2] if known else 1.0
+        return {w: (c or fill) for w, c in sorted(self.capacity.items())}
+
+    def _reallocate(self) -> None:
+        caps = self._declared()
+        if not caps:
+            return
+        ws = list(caps)
+        upper = [self.b.cap(w) for w in ws]
+        total = min(len(ws) * self.b.base, sum(upper))  # K*b, unless the caps cannot hold it
+        for w, batch in zip(ws, static_batches([caps[w] for w in ws], total, lower=self.b.b_min, upper=upper)):
+            self.b.set(w, batch, "membership", capacity=caps[w], global_batch=total)
+
+    def join(self, worker_id: str, capacity: float | None = None) -> None:
+        self.capacity[worker_id] = capacity if capacity and capacity > 0 else None
+        self.b.add(worker_id)
+        self._reallocate()
+
+    def forget(self, worker_id: str) -> None:
+        self.capacity.pop(worker_id, None)
+        self.b.remove(worker_id)
+        self._reallocate()
+
+    def observe(self, worker_id: str, cycle: CycleObservation) -> None:
+        pass
+
+    def workload(self, worker_id: str) -> Workload:
+        return self.b.workload(worker_id)
+
+    def set_memory_limit(self, worker_id: str, max_dss: int) -> None:
+        self.set_batch_limit(worker_id, max_dss // self.b.steps)
+
+    def set_batch_limit(self, worker_id: str, max_batch: int) -> None:
+        self.b.limit(worker_id, max_batch)
+        self._reallocate()
+
+    def rebalance(self) -> dict[str, Resize]:
+        return self.b.take_pending()

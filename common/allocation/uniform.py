@@ -1,0 +1,31 @@
+"""``uniform``: every worker trains the run's default workload, whatever its speed."""
+
+from __future__ import annotations
+
+from hermes.common.allocation import CycleObservation, Resize, Workload
+
+
+class UniformAllocator:
+    def __init__(self, workload: Workload) -> None:
+        self._workload = workload
+
+    def join(self, worker_id: str, capacity: float | None = None) -> None:
+        pass
+
+    def forget(self, worker_id: str) -> None:
+        pass
+
+    def observe(self, worker_id: str, cycle: CycleObservation) -> None:
+        pass
+
+    def workload(self, worker_id: str) -> Workload:
+        return self._workload
+
+    def set_memory_limit(self, worker_id: str, max_dss: int) -> None:
+        pass
+
+    def set_batch_limit(self, worker_id: str, max_batch: int) -> None:
+        pass
+
+    def rebalance(self) -> dict[str, Resize]:
+        return {}
