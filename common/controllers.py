@@ -205,8 +205,9 @@ class ProportionalController:
     estimate by less than a third.
 
     Throughput drop (ACSOS Sec. "Batch size bounds"): if a worker's
-    throughput after increasing its batch from b0 to b is lower than at b0,
-    its b_max becomes b0 (only ever lowered).
+    throughput after increasing its batch from b0 to b is lower than at b0
+    (by more than ``drop_margin``, relative; 0 = the paper's rule), its b_max
+    becomes b0 (only ever lowered).
 
     Until every worker has at least one measurement at its current batch,
     ``update`` changes nothing.
@@ -219,6 +220,7 @@ class ProportionalController:
     alpha: float = 0.3
     global_batch: int | None = None
     global_rule: str = "proportional"
+    drop_margin: float = 0.0
     workers: dict[str, _WorkerState] = field(init=False)
     adjustments: int = field(init=False, default=0)
 
@@ -276,10 +278,12 @@ class ProportionalController:
         t = {w: st[w].ewma for w in ws}
         x = {w: st[w].batch / t[w] for w in ws}  # throughput X_k, OmniLearn Eq. 6a
         # ACSOS throughput-drop rule: b_max <- b0 when X fell after b0 -> b.
+        # A fall within ``drop_margin`` is measurement noise: one noisy cycle
+        # on a shared machine would otherwise cap a fast worker for good.
         for w in ws:
             if st[w].before_increase is not None:
                 b0, x0 = st[w].before_increase
-                if x[w] < x0:
+                if x[w] < x0 * (1.0 - self.drop_margin):
                     st[w].b_max = max(self.b_min, min(st[w].b_max, b0))
                 st[w].before_increase = None
         t_bar = sum(t.values()) / len(ws)
@@ -313,6 +317,10 @@ class ProportionalController:
         return {w: st[w].batch for w in ws}
 
     def _global(self, ws: list[str], proposal: list[float], total: int, lo: list[int], hi: list[int]) -> list[int]:
+        # Caps lowered by the throughput-drop rule (or memory) may no longer
+        # hold B together: then every worker runs at its cap, the most the
+        # cluster can do, rather than failing the step.
+        total = min(total, sum(hi))
         if self.global_rule == "uniform":
             # OmniLearn Eq. 8 literally: b_k <- b_k' - dB/K, dB = sum(b') - K*b.
             shift = (sum(proposal) - total) / len(ws)

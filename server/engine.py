@@ -210,10 +210,10 @@ class Engine:
         self._apply_memory_limits(rec)
         elapsed = round(time.time() - self.started_at, 3)
         self._record_workload(rec, elapsed, self.allocator.workload(rec.id))
-        # Policies that split a fixed total (static, the global batch) move the others too.
-        self._apply_resizes(self.allocator.rebalance(), elapsed)
         self._refresh_worker_gauge()
         self.events.emit("join", worker=rec.id, name=name, rejoined=rejoined, **info)
+        # Policies that split a fixed total (static, the global batch) move the others too.
+        self._apply_resizes(self.allocator.rebalance(), elapsed)
         log.info("worker %s (%s) %s", rec.id, name, "rejoined" if rejoined else "joined")
         return rec, rejoined
 
@@ -280,11 +280,16 @@ class Engine:
         self.metrics.worker_mbs.labels(worker=rec.id).set(wl.mbs)
 
     def _apply_resizes(self, resizes: dict[str, Resize], elapsed: float) -> None:
+        if self.stopping:
+            return  # at shutdown everyone leaves: there is no work left to re-split
         for resized_id, resize in resizes.items():
             rec = self.registry.get(resized_id)
             if rec is None or rec.state != "active":
                 continue
             wl = resize.workload
+            if rec.workload_history and rec.workload_history[-1][1:] == (wl.dss, wl.mbs) \
+                    and rec.accumulation == wl.accumulation:
+                continue  # e.g. a joining worker, recorded at registration
             self._record_workload(rec, elapsed, wl)
             self.metrics.stragglers.labels(worker=resized_id, kind=resize.kind).inc()
             log.info("worker %s resized (%s): dss=%d mbs=%d accumulation=%d %s", resized_id, resize.kind,
@@ -408,6 +413,8 @@ class Engine:
         ev = self.evaluator.latest
         return {
             **self.status(),
+            # Over every worker of the run: at shutdown the active ones have left.
+            "heterogeneity": self.registry.heterogeneity(active_only=False),
             "config": self.config.model_dump(),
             "model": self.spec.to_dict() | {"entries": len(self.spec.entries)},
             "model_updates": self.state.version,
@@ -619,7 +626,8 @@ class Engine:
             "lr": self._learning_rate(wl.step_batch),
             **self._kafka_fields("train", assignment.shards),
         }
-        self.events.emit("assignment", worker=worker.id, epoch=assignment.epoch, shards=list(assignment.shards))
+        self.events.emit("assignment", worker=worker.id, epoch=assignment.epoch, shards=list(assignment.shards),
+                         dss=wl.dss, mbs=wl.mbs, accumulation=wl.accumulation, lr=body["lr"])
         return self._reply(MsgType.WORK, worker, msg.header.seq, body)
 
     async def _on_fetch_shard(self, worker: WorkerRecord, msg: Message) -> list:

@@ -213,15 +213,15 @@ class Registry:
     def active_ids(self) -> list[str]:
         return [r.id for r in self._by_id.values() if r.state == "active"]
 
-    def heterogeneity(self) -> dict[str, float | None]:
-        """HL of the active workers (OmniLearn Eq. 3): max/min capacity.
+    def heterogeneity(self, active_only: bool = True) -> dict[str, float | None]:
+        """HL of the active (or all) workers (OmniLearn Eq. 3): max/min capacity.
 
         ``declared`` from the cores/FLOPs workers declared, ``measured`` from
         their recent training throughput (samples per compute second): the
         latter includes slowdowns no declaration shows. None until two
         workers have a value.
         """
-        active = [r for r in self._by_id.values() if r.state == "active"]
+        active = [r for r in self._by_id.values() if r.state == "active" or not active_only]
         out: dict[str, float | None] = {}
         for key, values in (("declared", [r.declared_capacity for r in active]),
                             ("measured", [r.throughput() for r in active])):

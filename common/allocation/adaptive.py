@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from hermes.common.allocation import CycleObservation, Resize, Workload, local_steps
 from hermes.common.allocation._common import EpochClock, StepBatches
-from hermes.common.controllers import AdaptiveAccumulation
+from hermes.common.controllers import AdaptiveAccumulation, round_preserving_sum
 
 if TYPE_CHECKING:
     from hermes.common.config import RunConfig
@@ -44,11 +44,18 @@ class AdaptiveAllocator:
         return self._alg is not None and self._alg.stopped
 
     def _restart(self) -> None:
+        """After a join, leave or memory cap: keep the current shares, rescaled so sum(w) = K*w0 again."""
         ws = self.b.workers()
-        self._alg = AdaptiveAccumulation([self.b.accumulation[w] for w in ws], epsilon=self.epsilon,
-                                         patience=self.patience) if ws else None
-        for w in ws:
+        self._alg = None
+        if not ws:
+            return
+        total = len(ws) * self.w0
+        upper = [self.max_w.get(w, total) for w in ws]
+        counts = round_preserving_sum([self.b.accumulation[w] for w in ws], min(total, sum(upper)), 1, upper)
+        for w, wi in zip(ws, counts):
+            self.b.set(w, self.b.base, "membership", accumulation=wi)
             self._times[w] = []
+        self._alg = AdaptiveAccumulation(counts, epsilon=self.epsilon, patience=self.patience)
 
     def join(self, worker_id: str, capacity: float | None = None) -> None:
         self.b.add(worker_id, accumulation=min(self.w0, self.max_w.get(worker_id, self.w0)))
@@ -79,7 +86,7 @@ class AdaptiveAllocator:
         self.max_w[worker_id] = max(1, max_dss // self.b.base)
         if self.b.accumulation.get(worker_id, 0) > self.max_w[worker_id]:
             self.b.set(worker_id, self.b.base, "memory", accumulation=self.max_w[worker_id])
-            self._restart()
+            self._restart()  # the others take up what the capped worker cannot
 
     def set_batch_limit(self, worker_id: str, max_batch: int) -> None:
         pass  # the micro-batch is the run's, for every worker

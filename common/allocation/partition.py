@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from hermes.common.allocation import CycleObservation, Resize, Workload, local_steps
 from hermes.common.allocation._common import EpochClock, StepBatches
-from hermes.common.controllers import compute_power, partition_sizes
+from hermes.common.controllers import compute_power, round_preserving_sum
 
 if TYPE_CHECKING:
     from hermes.common.config import RunConfig
@@ -72,11 +72,12 @@ class PartitionAllocator:
         # A worker that joined mid-epoch has no estimate yet: it counts as the median worker.
         fill = sorted(known)[len(known) // 2]
         powers = [self.power(w) or fill for w in ws]
-        # Alg. 1 lines 8-10 on one round: K*steps*b samples cut in proportion
-        # to CP, in rows of ``steps`` so every worker's step batch is whole.
-        round_samples = len(ws) * self.b.steps * self.b.base
-        sizes = partition_sizes(powers, round_samples, shard_size=self.b.steps)
-        batches = [max(self.b.b_min, min(self.b.cap(w), s // self.b.steps)) for w, s in zip(ws, sizes)]
+        # Alg. 1 lines 8-10, |D_m| = CP_m / sum(CP) * |D|, on one round: its
+        # K*b samples per step cut in proportion to CP, whole and within each
+        # worker's bounds (what a capped worker cannot take goes to the others).
+        caps = [self.b.cap(w) for w in ws]
+        total = min(len(ws) * self.b.base, sum(caps))
+        batches = round_preserving_sum(powers, total, min(self.b.b_min, total // len(ws)), caps)
         self.partitions.append(dict(zip(ws, (self.b.steps * b for b in batches))))
         for w, batch, p in zip(ws, batches, powers):
             self.b.set(w, batch, compute_power=round(p, 3), epoch=self.clock.epoch)

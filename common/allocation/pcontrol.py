@@ -33,8 +33,9 @@ class PControlAllocator:
     def __init__(self, *, steps: int, base: int, b_min: int, b_max: int, deadband: float, alpha: float,
                  global_batch: bool, interval: str, min_observations: int, warmup: int, epoch_samples: int) -> None:
         self.b = StepBatches(steps=steps, base=base, b_min=b_min, b_max=b_max)
+        # A throughput fall smaller than the dead-band is not acted on, as a batch change that small is not.
         self.ctl = ProportionalController({}, b_min=b_min, b_max=b_max, deadband=deadband, alpha=alpha,
-                                          global_batch=0 if global_batch else None)
+                                          global_batch=0 if global_batch else None, drop_margin=deadband)
         self.fixed_global = global_batch
         self.interval = interval
         self.min_observations = min_observations

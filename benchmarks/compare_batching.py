@@ -1,0 +1,186 @@
+#!/usr/bin/env python
+"""Uniform batches (``bsp``) against OmniLearn's dynamic batching (``omnilearn-bsp``), side by side.
+
+    python benchmarks/compare_batching.py [--profile hl8] [--clients 4] [--max-seconds 45]
+        [--presets bsp,omnilearn-bsp] [--out runs/batching]
+
+One testbed run per preset, one after the other, on the same profile and
+data, each for the full ``--max-seconds`` (no target: we want the steady
+state). From each run's per-cycle log it takes the *settled window*: the
+cycles after every worker has reached its final workload (plus one cycle in
+flight), and prints per worker:
+
+- mean compute seconds per optimizer step in the window (a cycle is
+  ``cycle_samples // batch_size`` steps for every worker in both presets),
+- the step batch it settled on;
+
+and per preset: max/min of those step times (OmniLearn's goal: ~1 once the
+controller settles, against ~HL for uniform batches), the wait fraction
+(the share of wall time the agents spent waiting on the server, including
+the barrier), cluster throughput in the window (samples/s), and the sum of
+the workers' *standalone* throughputs: each worker's profile (same slowdown,
+same model, its settled batch) trained alone in this process for
+``--standalone-steps`` steps, one worker at a time. Goal: cluster throughput
+within 10% of that sum for omnilearn-bsp.
+
+Everything is written to ``OUT/batching.json`` as well.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from compare_presets import run_one
+from machine import machine_info, print_table
+
+
+def settled_window(summary: dict[str, Any]) -> tuple[float, float]:
+    """(start, end) elapsed seconds during which every worker ran its final workload."""
+    last_change = max((h[-1][0] for w in summary["workers"] if (h := w["workload_history"])), default=0.0)
+    ends = [w["cycle_log"][-1][0] for w in summary["workers"] if w["cycle_log"]]
+    # The cycle that was already prefetched at the old workload finishes after the change: skip past it.
+    starts = []
+    for w in summary["workers"]:
+        after = [c[0] for c in w["cycle_log"] if c[0] > last_change]
+        starts.append(after[1] if len(after) > 1 else (after[0] if after else last_change))
+    return max(starts), min(ends) if ends else 0.0
+
+
+def worker_figures(summary: dict[str, Any], window: tuple[float, float]) -> list[dict[str, Any]]:
+    cfg = summary["config"]
+    steps = max(1, cfg["cycle_samples"] // cfg["batch_size"])
+    lo, hi = window
+    out = []
+    for w in summary["workers"]:
+        fields = w["cycle_log_fields"]
+        cycles = [dict(zip(fields, c)) for c in w["cycle_log"] if lo < c[0] <= hi]
+        step_times = [c["compute_seconds"] / steps for c in cycles]
+        out.append({
+            "name": w["name"], "speed": w["speed"], "slowdown": w["slowdown"], "batch": w["mbs"],
+            "cycles_in_window": len(cycles), "samples_in_window": sum(c["dss"] for c in cycles),
+            "mean_step_seconds": statistics.fmean(step_times) if step_times else None,
+            "wait_fraction": w["wait_seconds"] / max(1e-9, summary["wall_seconds"]),
+            "utilization": w["utilization"],
+        })
+    return out
+
+
+def standalone_throughput(model_name: str, dataset: str, batch: int, slowdown: float, steps: int) -> float:
+    """Samples per second of one worker's profile training alone (same trainer the agent runs)."""
+    import numpy as np
+    import torch
+
+    from hermes.client.trainer import LocalTrainer, resolve_precision
+    from hermes.common.datasets import load_dataset
+    from hermes.common.models import build_model
+
+    torch.set_num_threads(1)
+    train, _ = load_dataset(dataset, seed=0)
+    torch.manual_seed(0)
+    model = build_model(model_name, input_shape=train.input_shape, num_classes=train.num_classes)
+    device = torch.device("cpu")
+    trainer = LocalTrainer(model, lr=0.01, momentum=0.0, weight_decay=0.0, device=device,
+                           precision=resolve_precision("auto", device), slowdown=slowdown)
+    n = batch * steps
+    idx = np.arange(n) % len(train.y)
+    trainer.train_cycle(train.x[idx[:batch]], train.y[idx[:batch]], batch)  # warm-up
+    result = trainer.train_cycle(train.x[idx], train.y[idx], batch)
+    return result.samples / result.compute_seconds
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--presets", default="bsp,omnilearn-bsp")
+    p.add_argument("--profile", default="hl8")
+    p.add_argument("--clients", type=int, default=4)
+    p.add_argument("--dataset", default="digits")
+    p.add_argument("--model", default="cnn")
+    p.add_argument("--max-seconds", type=float, default=45.0)
+    p.add_argument("--standalone-steps", type=int, default=40)
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--out", default="runs/batching")
+    args = p.parse_args(argv)
+    # run_one's knobs that this comparison does not expose.
+    args.target_accuracy, args.run_timeout, args.tail = None, None, 5
+    out_root = Path(args.out)
+    machine = machine_info()
+    print(f"machine: {machine}", flush=True)
+
+    results: dict[str, Any] = {"machine": machine, "args": vars(args), "presets": {}}
+    for preset in args.presets.split(","):
+        print(f"running {preset} on {args.profile} for {args.max_seconds:g}s ...", flush=True)
+        rec = run_one(args, preset, 0, out_root)
+        if not rec.get("ok"):
+            print(f"  {preset}: failed: {rec.get('error')} (log {rec['log']})", flush=True)
+            results["presets"][preset] = {"error": rec.get("error")}
+            continue
+        summary = json.loads((Path(rec["out"]) / "summary.json").read_text())
+        window = settled_window(summary)
+        workers = worker_figures(summary, window)
+        t0 = time.perf_counter()
+        for w in workers:
+            w["standalone_samples_per_s"] = standalone_throughput(
+                args.model, args.dataset, w["batch"], w["slowdown"], args.standalone_steps)
+        step_times = [w["mean_step_seconds"] for w in workers if w["mean_step_seconds"]]
+        span = window[1] - window[0]
+        results["presets"][preset] = {
+            "window": [round(window[0], 3), round(window[1], 3)],
+            "workers": workers,
+            "step_time_max_min": max(step_times) / min(step_times) if len(step_times) == len(workers) else None,
+            "wait_fraction": statistics.fmean(w["wait_fraction"] for w in workers),
+            "cluster_samples_per_s": sum(w["samples_in_window"] for w in workers) / span if span > 0 else None,
+            "standalone_sum_samples_per_s": sum(w["standalone_samples_per_s"] for w in workers),
+            "heterogeneity": summary.get("heterogeneity"),
+            "resizes": rec.get("resizes", 0),
+            "final_accuracy": summary["final_accuracy"],
+            "standalone_seconds": round(time.perf_counter() - t0, 2),
+        }
+
+    names = [n for n, r in results["presets"].items() if "error" not in r]
+    if not names:
+        return 1
+    rows = []
+    for i in range(args.clients):
+        row = [results["presets"][names[0]]["workers"][i]["name"],
+               f"{results['presets'][names[0]]['workers'][i]['speed']:.3f}"]
+        for n in names:
+            w = results["presets"][n]["workers"][i]
+            ms = w["mean_step_seconds"]
+            row += [str(w["batch"]), "-" if ms is None else f"{ms * 1000:.1f}", str(w["cycles_in_window"]),
+                    f"{w['standalone_samples_per_s']:.0f}"]
+        rows.append(row)
+    header = ["worker", "speed"]
+    for n in names:
+        header += [f"{n} b", f"{n} ms/step", f"{n} cycles", f"{n} alone/s"]
+    print_table(f"per worker, settled window ({args.profile}, {args.dataset}/{args.model})", header, rows)
+
+    rows = []
+    for n in names:
+        r = results["presets"][n]
+        ratio = r["cluster_samples_per_s"] / r["standalone_sum_samples_per_s"] if r["cluster_samples_per_s"] else None
+        r["throughput_vs_standalone"] = ratio
+        rows.append([
+            n, f"{r['window'][0]:.1f}-{r['window'][1]:.1f}s", f"{r['step_time_max_min']:.2f}",
+            f"{r['wait_fraction']:.1%}", f"{r['cluster_samples_per_s']:.0f}",
+            f"{r['standalone_sum_samples_per_s']:.0f}", "-" if ratio is None else f"{ratio:.1%}",
+            str(r["resizes"]), f"{r['final_accuracy']:.3f}",
+        ])
+    print_table("side by side", ["preset", "window", "step max/min", "wait", "cluster samples/s",
+                                 "sum standalone/s", "cluster/standalone", "resizes", "final acc"], rows)
+    hl = results["presets"][names[0]].get("heterogeneity") or {}
+    print(f"heterogeneity level (OmniLearn Eq. 3): profile {hl.get('profile')}, declared {hl.get('declared')}, "
+          f"measured {hl.get('measured')}")
+    out_root.mkdir(parents=True, exist_ok=True)
+    (out_root / "batching.json").write_text(json.dumps(results, indent=2))
+    print(f"written: {out_root / 'batching.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

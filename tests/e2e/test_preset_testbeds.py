@@ -1,0 +1,96 @@
+"""Issue 5's must-show: every other seed system runs as a preset of the same engine and
+reaches 0.85 on digits at HL8 with 4 agents, with the policy visible in what it did."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_testbed
+
+pytestmark = pytest.mark.integration
+
+HL8_SPEEDS = {"worker-1": 6 / 32, "worker-2": 6 / 32, "worker-3": 4 / 32, "worker-4": 1.0}
+
+
+def _events(out: Path, kind: str) -> list[dict]:
+    return [e for line in (out / "events.jsonl").read_text().splitlines() if (e := json.loads(line))["event"] == kind]
+
+
+def _final_batches(s: dict) -> dict[str, int]:
+    return {w["name"]: w["mbs"] for w in s["workers"]}
+
+
+@pytest.mark.parametrize("preset", [
+    "omnilearn-bsp", "omnilearn-asp", "dynamic-batching", "variable-batching", "task-allocation", "dp-sgd", "edp-sgd",
+])
+def test_preset_reaches_target_at_hl8(preset: str, tmp_path: Path) -> None:
+    out = tmp_path / preset
+    proc, s = run_testbed(out, "--profile", "hl8", "--preset", preset, "--target-accuracy", "0.85")
+    assert s["reached_target"] is True, (s["outcome"], s["best_accuracy"])
+    assert s["best_accuracy"] >= 0.85
+    assert all(w["exit_code"] == 0 for w in s["workers"])
+    # HL of the running cluster (OmniLearn Eq. 3): 32/4 from the profile and the declared cores.
+    assert s["heterogeneity"]["profile"] == 8.0 and s["heterogeneity"]["declared"] == 8.0
+    assert s["heterogeneity"]["measured"] > 2.0
+
+    batches = _final_batches(s)
+    cfg = s["config"]
+    if preset == "variable-batching":
+        # OmniLearn Eq. 4a: b_k = c_k / sum(c) * K*b with cores (6, 6, 4, 32) and b = 32.
+        assert batches == {"worker-1": 16, "worker-2": 16, "worker-3": 11, "worker-4": 85}
+    elif preset == "task-allocation":
+        acc = {w["name"]: w["accumulation"] for w in s["workers"]}
+        assert sum(acc.values()) == 4 * (cfg["cycle_samples"] // cfg["batch_size"])  # Chao Eq. 4: sum(w) constant
+        assert set(batches.values()) == {cfg["batch_size"]}  # the micro-batch never changes
+        assert acc["worker-4"] > acc["worker-3"]
+    else:
+        # The run stops at the target after a few epochs, before a controller
+        # has necessarily settled (test_batches_follow_dynamic_heterogeneity
+        # follows one to equilibrium); here: it acted, within its constraints.
+        assert _events(out, "resize"), "the controller never moved a batch at HL8"
+        assert all(cfg["b_min"] <= b <= cfg["b_max"] for b in batches.values())
+        if cfg["allocation"] == "pcontrol" and cfg["sync"] == "bsp":
+            assert sum(batches.values()) == 4 * cfg["batch_size"]  # OmniLearn Eq. 8: global batch K*b kept
+    if preset == "edp-sgd":
+        # Sec. 4.2: after the first epoch the updates are weighed by compute power, not uniformly.
+        weighted = [e["weights"] for e in _events(out, "update_applied") if len(e["weights"]) == 4]
+        assert any(max(w) > 2 * min(w) for w in weighted)
+    if preset == "omnilearn-asp":
+        # OmniLearn Eq. 5b: eta_k = eta * b_k / sum(b); the agents log the lr they were given.
+        given = [e for e in _events(out, "assignment")]
+        ratios = {round(e["lr"] / e["mbs"], 9) for e in given}
+        assert len({e["lr"] for e in given}) > 1  # batches moved, and the learning rate with them
+        # lr / b_k = eta / sum(b): one value while the batch sum stays put; a handful across changes.
+        assert len(ratios) < len(given) / 4
+    if preset in ("omnilearn-bsp", "dynamic-batching"):
+        assert "workload worker-" in proc.stdout  # each adjustment is printed as it happens
+
+
+def _batches_at(s: dict, t: float) -> dict[str, int]:
+    """Each worker's step batch at elapsed time ``t`` of the server's clock."""
+    out = {}
+    for w in s["workers"]:
+        hist = [h for h in w["workload_history"] if h[0] <= t]
+        out[w["name"]] = hist[-1][2] if hist else None
+    return out
+
+
+def test_batches_follow_dynamic_heterogeneity(tmp_path: Path) -> None:
+    # OmniLearn Fig. 11: HL1 -> HL8 -> HL1 mid-run; the controller follows both steps.
+    out = tmp_path / "dynamic"
+    proc, s = run_testbed(out, "--profile", "hl1", "--preset", "dynamic-batching",
+                          "--speed-schedule", "0:hl1,12:hl8,30:hl1", "--max-seconds", "45")
+    assert "workload worker-" in proc.stdout  # every adjustment printed as it happens
+    changes = s["workload_changes"]
+    assert changes and all({"elapsed", "name", "mbs"} <= c.keys() for c in changes)
+    # The schedule runs on the agents' clocks (from their start); the workload history on the
+    # server's. Both start within a few seconds: judge well inside each phase.
+    joined = min(w["workload_history"][0][0] for w in s["workers"])
+    hl8 = _batches_at(s, joined + 28)
+    assert hl8["worker-4"] > 2 * hl8["worker-3"], hl8  # 8x faster: a much bigger batch
+    assert sum(hl8.values()) == 4 * s["config"]["batch_size"]
+    back = _batches_at(s, 10**9)
+    assert max(back.values()) <= 1.5 * min(back.values()), back  # equal speeds again: near-equal batches
