@@ -46,6 +46,9 @@ class AgentOptions:
     max_cycles: int | None = None
     # (seconds since start, slowdown) steps: a device whose speed changes mid-run.
     slowdown_schedule: tuple[tuple[float, float], ...] = ()
+    # Unix time the schedule's seconds count from (the testbed passes one
+    # origin to every agent so their phases line up); None: the agent's start.
+    schedule_origin: float | None = None
     # Kafka bootstrap address to use instead of the one the server names
     # (the broker may be reachable under another name from this device).
     kafka_bootstrap: str | None = None
@@ -200,7 +203,9 @@ class Agent:
     def _cycle(self, work: Work) -> bool:
         """Train on one assignment; push and pull if the gate says so. True when the server says stop."""
         self.trainer.set_lr(work.lr)
-        self.trainer.slowdown = self.options.slowdown_at(time.perf_counter() - self.stats.started)
+        origin = self.options.schedule_origin
+        self.trainer.slowdown = self.options.slowdown_at(
+            time.time() - origin if origin is not None else time.perf_counter() - self.stats.started)
         x, y = self._cycle_samples(work)
         if len(y) == 0:
             log.warning("assignment of epoch %d holds no samples; asking for the next one", work.epoch)

@@ -50,6 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kafka-bootstrap", default=_env("KAFKA_BOOTSTRAP"),
                    help="Kafka address to read shard records from instead of the one the server names "
                         "[HERMES_KAFKA_BOOTSTRAP]")
+    p.add_argument("--schedule-origin", type=float, default=None,
+                   help="unix time the --slowdown-schedule seconds count from (default: the agent's start)")
     p.add_argument("--cores", type=float, default=float(_env("CORES", "0")) or None,
                    help="compute capacity this device declares, in cores or FLOPs (any unit consistent across "
                         "the cluster); the static allocation policy splits batches by it [HERMES_CORES]")
@@ -85,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         server=args.server, name=args.name, threads=args.threads, slowdown=args.slowdown, device=args.device,
         request_timeout=args.request_timeout, connect_retries=args.connect_retries,
         progress=not args.no_progress, max_cycles=args.max_cycles, slowdown_schedule=schedule,
-        kafka_bootstrap=args.kafka_bootstrap or None, cores=args.cores,
+        kafka_bootstrap=args.kafka_bootstrap or None, cores=args.cores, schedule_origin=args.schedule_origin,
     ))
 
     def on_signal(signum, _frame):

@@ -42,10 +42,12 @@ PRESETS: dict[str, dict[str, Any]] = {
     "ebsp": {"sync": "ebsp", "aggregation": "samples"},
     # OmniLearn (paper 000) BSP: proportional control of each worker's batch
     # once per epoch (Eq. 6-7), global batch kept at K*b (Eq. 8), gradients
-    # weighted by lambda_k = b_k / sum(b) (Eq. 4b); bounds and dead-band of Fig. 11.
+    # weighted by lambda_k = b_k / sum(b) (Eq. 4b); bounds and dead-band of
+    # Fig. 11. OmniLearn bounds batches by fixed bounds and memory (Eq. 9)
+    # only: the throughput-drop cap is ACSOS's, so it is off here.
     "omnilearn-bsp": {
         "sync": "bsp", "aggregation": "samples", "allocation": "pcontrol", "control_interval": "epoch",
-        "b_min": 4, "b_max": 96, "pcontrol_deadband": 0.1,
+        "b_min": 4, "b_max": 96, "pcontrol_deadband": 0.1, "pcontrol_throughput_cap": False,
     },
     # OmniLearn ASP (Alg. 2): the same controller without a global batch,
     # learning rate scaled by b_k / B instead of gradient weighting (Eq. 5b).
@@ -53,7 +55,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "omnilearn-asp": {
         "sync": "asp", "aggregation": "mean", "allocation": "pcontrol", "control_interval": "epoch",
         "lr_scaling": "batch-scaled", "lr": 0.2, "momentum": 0.0, "b_min": 4, "b_max": 96,
-        "pcontrol_deadband": 0.1,
+        "pcontrol_deadband": 0.1, "pcontrol_throughput_cap": False,
     },
     # ACSOS dynamic batching (paper 001): the same proportional law adjusted
     # at any iteration with EWMA-smoothed times, global batch fixed (Eq. 4-5).
@@ -162,6 +164,13 @@ class RunConfig(BaseModel):
     pcontrol_deadband: float = Field(default=0.1, ge=0.0, lt=1.0)
     pcontrol_alpha: float = Field(default=0.3, gt=0.0, le=1.0)
     control_interval: Literal["epoch", "round"] = "epoch"
+    # ACSOS throughput-drop rule (b_max <- b0 when throughput fell after b0 -> b):
+    # a fall within this margin is noise (cycle times on a shared CPU jitter by
+    # 10-30%; ACSOS Fig. 5's memory cliff is far steeper), and a cap is lifted
+    # after this many control steps (0 = never, the paper's rule).
+    pcontrol_throughput_cap: bool = True
+    pcontrol_drop_margin: float = Field(default=0.25, ge=0.0, lt=1.0)
+    pcontrol_drop_cap_updates: int = Field(default=10, ge=0)
     global_batch: Literal["fixed", "free"] | None = None
     # adaptive (Chao et al. Alg. 1): stop re-allocating once every share moved
     # less than epsilon (relative) this many epochs in a row.

