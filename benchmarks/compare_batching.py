@@ -7,12 +7,11 @@
 One testbed run per preset, one after the other, on the same profile and
 data, each for the full ``--max-seconds`` (no target: we want the steady
 state). From each run's per-cycle log it takes the *settled window*: the
-cycles after every worker has reached its final workload (plus one cycle in
-flight), and prints per worker:
+last half of the run (``--settle-fraction``), and prints per worker:
 
 - mean compute seconds per optimizer step in the window (a cycle is
   ``cycle_samples // batch_size`` steps for every worker in both presets),
-- the step batch it settled on;
+- the step batch it ended with;
 
 and per preset: max/min of those step times (OmniLearn's goal: ~1 once the
 controller settles, against ~HL for uniform batches), the wait fraction
@@ -40,16 +39,16 @@ from compare_presets import run_one
 from machine import machine_info, print_table
 
 
-def settled_window(summary: dict[str, Any]) -> tuple[float, float]:
-    """(start, end) elapsed seconds during which every worker ran its final workload."""
-    last_change = max((h[-1][0] for w in summary["workers"] if (h := w["workload_history"])), default=0.0)
+def settled_window(summary: dict[str, Any], settle_fraction: float) -> tuple[float, float]:
+    """(start, end) elapsed seconds: the run's last ``1 - settle_fraction``, by which the controller
+    has had ``settle_fraction`` of the run to settle (a dead-band controller on noisy times keeps
+    making small moves, so "after the last change" can be an empty window)."""
+    starts = [w["cycle_log"][0][0] for w in summary["workers"] if w["cycle_log"]]
     ends = [w["cycle_log"][-1][0] for w in summary["workers"] if w["cycle_log"]]
-    # The cycle that was already prefetched at the old workload finishes after the change: skip past it.
-    starts = []
-    for w in summary["workers"]:
-        after = [c[0] for c in w["cycle_log"] if c[0] > last_change]
-        starts.append(after[1] if len(after) > 1 else (after[0] if after else last_change))
-    return max(starts), min(ends) if ends else 0.0
+    if not starts:
+        return 0.0, 0.0
+    lo, hi = max(starts), min(ends)
+    return lo + settle_fraction * (hi - lo), hi
 
 
 def worker_figures(summary: dict[str, Any], window: tuple[float, float]) -> list[dict[str, Any]]:
@@ -103,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="cnn")
     p.add_argument("--max-seconds", type=float, default=45.0)
     p.add_argument("--standalone-steps", type=int, default=40)
+    p.add_argument("--settle-fraction", type=float, default=0.5,
+                   help="share of the run left to the controller before the measured window (default 0.5)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--out", default="runs/batching")
     args = p.parse_args(argv)
@@ -121,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
             results["presets"][preset] = {"error": rec.get("error")}
             continue
         summary = json.loads((Path(rec["out"]) / "summary.json").read_text())
-        window = settled_window(summary)
+        window = settled_window(summary, args.settle_fraction)
         workers = worker_figures(summary, window)
         t0 = time.perf_counter()
         for w in workers:

@@ -21,10 +21,11 @@ import numpy as np
 import torch
 import zmq
 
+from hermes.client.collective import CollectiveGroup, Rendezvous
 from hermes.client.memory_probe import available_memory_bytes, memory_profile
 from hermes.client.prefetch import Prefetcher, ShardFetcher, ShardStats, StopSignal, Work
 from hermes.client.trainer import LocalTrainer, resolve_device, resolve_precision
-from hermes.client.transport import ControlClient, DataClient, TrafficCounter
+from hermes.client.transport import ControlClient, DataClient, StopRequested, TrafficCounter
 from hermes.common.config import RunConfig
 from hermes.common.gate import GateConfig, ZScoreGate
 from hermes.common.tensors import ModelSpec, build_from_spec
@@ -155,7 +156,10 @@ class Agent:
                 # Those policies cap each worker's batch by its memory (OmniLearn Eq. 9).
                 self._report(memory_profile=memory_profile(self.trainer.model, spec.input_shape,
                                                            spec.num_classes, device))
-            self._loop()
+            if reg.get("collective"):
+                self._collective_loop(Rendezvous.from_reply(reg["collective"]), device)
+            else:
+                self._loop()
         finally:
             self.prefetcher.stop()
             self._report(final=True)
@@ -187,6 +191,79 @@ class Agent:
             if time.monotonic() - self._last_report >= self.config.stats_interval_seconds:
                 self._report()
 
+    def _collective_loop(self, rv: Rendezvous, device: torch.device) -> None:
+        """Topology 'collective': every step all-reduces weighted gradients with the other ranks.
+
+        The server sizes the work and hears each cycle's compute time; rank 0
+        sends it a copy of the model every ``eval_interval_seconds`` (and at
+        the end) for evaluation. Stopping is agreed in the all-reduce itself.
+        """
+        group = self.group = CollectiveGroup(rv, device)
+        try:
+            group.broadcast_model(self.trainer.model)
+            copied, last_copy = self.trainer.flat(), time.monotonic()
+            power = 1.0
+            while True:
+                self.trainer.stop_requested = self.trainer.stop_requested or self.stop_requested.is_set()
+                item = self.prefetcher.next()
+                if isinstance(item, StopSignal):
+                    if item.error is not None and not isinstance(item.error, StopRequested):
+                        raise item.error
+                    self.stop_reason = item.reason
+                    # Tell the others in the all-reduce they are waiting in: nobody hangs.
+                    group.reduce_gradients([p for p in self.trainer.model.parameters()], 0.0, True)
+                    break
+                x, y = self._cycle_samples(item)
+                steps = max(1, (item.cycle_samples or len(y)) // (item.batch_size * item.accumulation))
+                self.trainer.set_lr(item.lr)
+                self.trainer.slowdown = self._slowdown_now()
+                result, waited, stop = self.trainer.train_cycle_collective(
+                    x, y, item.batch_size, item.accumulation, steps, group.reduce_gradients,
+                    weight=self.config.aggregation if self.config.aggregation in ("mean", "power") else "samples",
+                    power=power)
+                if result.compute_seconds > 0 and result.samples:
+                    power = result.samples / result.compute_seconds  # DP-SGD Eq. 2, for EDP-SGD's weights
+                st = self.stats
+                st.cycles += 1
+                st.samples += result.samples
+                st.compute_seconds += result.compute_seconds
+                st.wait_seconds += waited
+                st.last_loss = result.loss
+                cycle = {"dss": result.samples, "mbs": item.batch_size, "accumulation": item.accumulation,
+                         "compute_seconds": result.compute_seconds, "decision": "always", "pushed": False,
+                         "val_loss": None, "z": None, "alpha": None}
+                if rv.rank == 0 and (stop or time.monotonic() - last_copy >= self.config.eval_interval_seconds):
+                    copied, last_copy = self._send_copy(copied), time.monotonic()
+                if self._report(cycle=cycle):
+                    self.trainer.stop_requested = True  # said in the next all-reduce
+                self._progress()
+                if stop:
+                    self.stop_reason = self.stop_reason or "the collective group agreed to stop"
+                    break
+        finally:
+            self.collective_bytes = group.reduced_bytes
+            group.close()
+
+    def _send_copy(self, base: torch.Tensor) -> torch.Tensor:
+        """Rank 0: the change since the last copy, folded by the server with weight 1 (it then holds our model)."""
+        flat = self.trainer.flat()
+        reply = self.data.request(
+            MsgType.PUSH_UPDATE, {"samples": 1, "copy": True}, payload=(flat - base).to(self.wire_dtype),
+            model_version=self.version, shapes=self.spec.shapes, idempotent=False,
+        )
+        if reply.header.body.get("status") == "applied":
+            self.version = reply.header.model_version
+            self.stats.pushes += 1
+            self.stats.applied += 1
+            return flat
+        log.warning("model copy not applied: %s", reply.header.body.get("reason"))
+        return base
+
+    def _slowdown_now(self) -> float:
+        origin = self.options.schedule_origin
+        return self.options.slowdown_at(
+            time.time() - origin if origin is not None else time.perf_counter() - self.stats.started)
+
     def _fetch_validation(self, shards: list[int], source: dict) -> tuple[np.ndarray, np.ndarray]:
         """The gate's fixed validation split: from Kafka when the server published it there."""
         fetcher = ShardFetcher(self.data, self.shard_stats, kafka_bootstrap=self.options.kafka_bootstrap,
@@ -203,9 +280,7 @@ class Agent:
     def _cycle(self, work: Work) -> bool:
         """Train on one assignment; push and pull if the gate says so. True when the server says stop."""
         self.trainer.set_lr(work.lr)
-        origin = self.options.schedule_origin
-        self.trainer.slowdown = self.options.slowdown_at(
-            time.time() - origin if origin is not None else time.perf_counter() - self.stats.started)
+        self.trainer.slowdown = self._slowdown_now()
         x, y = self._cycle_samples(work)
         if len(y) == 0:
             log.warning("assignment of epoch %d holds no samples; asking for the next one", work.epoch)
@@ -286,7 +361,8 @@ class Agent:
         return reply.header.model_version, flat
 
     def _report(self, final: bool = False, cycle: dict | None = None,
-                memory_profile: list[tuple[int, int]] | None = None) -> None:
+                memory_profile: list[tuple[int, int]] | None = None) -> bool:
+        """Send the stats (and a cycle); True when the server's reply says the run is stopping."""
         self._last_report = time.monotonic()
         st = self.stats
         body = {
@@ -305,12 +381,17 @@ class Agent:
             body["cycle"] = cycle
         if memory_profile is not None:
             body["memory_profile"] = [list(p) for p in memory_profile]
+        group = getattr(self, "group", None)
+        if group is not None:
+            body["collective_bytes"] = group.reduced_bytes
         try:
-            self.data.request(MsgType.REPORT_STATS, body, timeout=5.0 if final else None)
+            reply = self.data.request(MsgType.REPORT_STATS, body, timeout=5.0 if final else None)
+            return bool(reply.header.body.get("stop"))
         except Exception as exc:
             if not final:
                 raise
             log.info("final stats report not delivered: %s", exc)
+        return False
 
     def _progress(self, force: bool = False) -> None:
         if not self.options.progress:

@@ -74,6 +74,8 @@ class LocalTrainer:
         # Loss scaling only matters for fp16 gradients on CUDA.
         self.scaler = torch.amp.GradScaler("cuda", enabled=(precision == "fp16" and device.type == "cuda"))
         self.rng = np.random.default_rng(seed)
+        # Collective mode: this rank wants to stop; said in its next all-reduce.
+        self.stop_requested = False
 
     def set_lr(self, lr: float) -> None:
         for group in self.optimizer.param_groups:
@@ -124,6 +126,52 @@ class LocalTrainer:
             compute += time.perf_counter() - t0
             steps += 1
         return CycleResult(samples=len(y), steps=steps, loss=total_loss / max(1, micro), compute_seconds=compute)
+
+    def train_cycle_collective(self, x: np.ndarray, y: np.ndarray, batch_size: int, accumulation: int, steps: int,
+                               reduce, weight: str = "samples", power: float = 1.0) -> tuple[CycleResult, float, bool]:
+        """Exactly ``steps`` optimizer steps, each on the all-reduced gradient of every rank's step.
+
+        Every rank must take part in the same number of all-reduces, so the
+        step count is fixed by the run, not by how many samples arrived: the
+        assignment is cut into ``steps`` chunks of ``batch_size * accumulation``
+        and a short (or empty) chunk contributes with its real sample count.
+        ``reduce(params, weight, stop)`` is ``CollectiveGroup.reduce_gradients``;
+        ``weight``: "samples" (union-of-batches gradient), "mean" (1 per rank
+        with samples) or "power" (``power``, the rank's compute power).
+        Returns (result, seconds waiting in the all-reduce, whether any rank asked to stop).
+        The fp16 loss scaler is not used here: a rank-local skip decision would
+        split the replicas; non-finite reduced gradients skip the step on every rank alike.
+        """
+        self.model.train()
+        order = self.rng.permutation(len(y))
+        xt, yt = torch.from_numpy(x), torch.from_numpy(y)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        step_samples = batch_size * accumulation
+        total_loss, micro, compute, waited, stop = 0.0, 0, 0.0, 0.0, False
+        for step in range(steps):
+            chunk = order[step * step_samples:(step + 1) * step_samples]
+            t0, cpu0 = time.perf_counter(), time.thread_time()
+            self.optimizer.zero_grad(set_to_none=False)
+            for start in range(0, len(chunk), batch_size):
+                idx = torch.from_numpy(chunk[start:start + batch_size])
+                with self._autocast():
+                    loss = F.cross_entropy(self.model(xt[idx].to(self.device)), yt[idx].to(self.device))
+                (loss * (len(idx) / len(chunk))).backward()
+                total_loss += float(loss.detach())
+                micro += 1
+            if self.slowdown > 1.0:
+                time.sleep(self._work_seconds(t0, cpu0) * (self.slowdown - 1.0))
+            compute += time.perf_counter() - t0
+            t1 = time.perf_counter()
+            w = 0.0 if len(chunk) == 0 else {"samples": float(len(chunk)), "mean": 1.0, "power": power}[weight]
+            _, stop = reduce(params, w, self.stop_requested)
+            waited += time.perf_counter() - t1
+            if all(bool(torch.isfinite(p.grad).all()) for p in params):
+                self.optimizer.step()
+            if stop:
+                break
+        result = CycleResult(samples=len(y), steps=steps, loss=total_loss / max(1, micro), compute_seconds=compute)
+        return result, waited, stop
 
     @torch.inference_mode()
     def evaluate(self, x: np.ndarray, y: np.ndarray, batch_size: int = 512) -> float:

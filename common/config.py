@@ -119,6 +119,16 @@ class RunConfig(BaseModel):
     ebsp_lookahead: int = Field(default=3, ge=1)
     ebsp_history: int = Field(default=10, ge=2)
 
+    # "ps": the server holds the model and folds pushed updates. "collective":
+    # workers all-reduce weighted gradients among themselves (torch.distributed,
+    # gloo on CPU, nccl on CUDA); the server only coordinates (ranks, the
+    # rendezvous store, work sizes), evaluates copies rank 0 sends and reports.
+    topology: Literal["ps", "collective"] = "ps"
+    # Collective: the group's size (every rank must join before the first step)
+    # and how long a collective may wait on a peer before failing.
+    world_size: int | None = Field(default=None, ge=1)
+    collective_timeout_seconds: float = Field(default=60.0, gt=0.0)
+
     model: str = "cnn"
     model_kwargs: dict[str, Any] = Field(default_factory=dict)
     dataset: str = "digits"
@@ -241,6 +251,7 @@ class RunConfig(BaseModel):
             if not self.mbs_min <= self.batch_size <= self.mbs_max:
                 raise ValueError(f"batch_size={self.batch_size} outside [mbs_min, mbs_max]=[{self.mbs_min}, {self.mbs_max}]")
         self._coherent_allocation()
+        self._coherent_topology()
         if self.dataset in ("mnist", "cifar10") and not self.dataset_root:
             raise ValueError(f"dataset {self.dataset!r} is read from local files: set dataset_root")
         return self
@@ -251,6 +262,26 @@ class RunConfig(BaseModel):
         if self.global_batch is not None:
             return self.global_batch == "fixed"
         return self.sync in BARRIER_SYNCS
+
+    def _coherent_topology(self) -> None:
+        if self.topology == "ps":
+            if self.world_size is not None:
+                raise ValueError("world_size applies to topology 'collective' only")
+            return
+        if self.world_size is None:
+            raise ValueError("topology 'collective' needs world_size: every rank joins the group before the first step")
+        if self.sync != "bsp":
+            raise ValueError(
+                f"topology 'collective' all-reduces every step, a barrier by construction: it needs sync 'bsp', "
+                f"not {self.sync!r}"
+            )
+        if self.allocation == "dual-search":
+            raise ValueError(
+                "topology 'collective' needs the same number of optimizer steps on every rank per cycle; "
+                "dual-search sizes DSS and MBS independently, so ranks would disagree on the step count"
+            )
+        if self.aggregation == "loss":
+            raise ValueError("aggregation 'loss' blends models on the server; topology 'collective' has no server model")
 
     def _coherent_allocation(self) -> None:
         barrier = self.sync in BARRIER_SYNCS

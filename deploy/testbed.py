@@ -110,6 +110,8 @@ class Testbed:
             "--preset", a.preset, "--out", str(self.out), "--log-level", "warning",
             "--set", f"dataset={a.dataset}", "--set", f"model={a.model}", "--set", f"seed={a.seed}",
         ]
+        if a.topology == "collective":
+            cmd += ["--set", "topology=collective", "--set", f"world_size={a.clients}"]
         for kv in a.set:
             cmd += ["--set", kv]
         if a.config:
@@ -295,6 +297,7 @@ class Testbed:
                 "pulls": w.get("pulls", 0),
                 "bytes_sent": w.get("bytes_sent", 0),
                 "bytes_received": w.get("bytes_received", 0),
+                "collective_bytes": w.get("collective_bytes", 0),
                 "messages": w.get("messages", 0),
                 "cycles": w.get("cycles", 0),
                 "wi": w.get("wi"),
@@ -320,6 +323,7 @@ class Testbed:
             "model": a.model,
             "speed_schedule": a.speed_schedule or None,
             "pace": a.pace,
+            "topology": a.topology,
             "outcome": outcome,
             "wall_seconds": round(wall, 3),
             "target_accuracy": target,
@@ -433,6 +437,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--speed-schedule", default="",
                    help="change the profile mid-run, e.g. '0:hl1,30:hl8,60:hl1' (OmniLearn's HL steps)")
     p.add_argument("--max-threads", type=int, default=1, help="threads of the fastest agent (default 1)")
+    p.add_argument("--topology", choices=("ps", "collective"), default="ps",
+                   help="ps: the server holds the model (default); collective: the agents all-reduce "
+                        "gradients among themselves (torch.distributed gloo) and the server coordinates")
     p.add_argument("--pace", type=float, default=1.0,
                    help="slow every agent down by this factor on top of its profile (default 1). Emulated "
                         "devices share this machine's cores: at HL1 four full-speed agents on 2 cores contend "

@@ -56,6 +56,8 @@ class RegisterResponse(BaseModel):
     # Where shard records come from: {"source": "zmq"} or the Kafka topics and
     # this worker's validation ranges ({"source": "kafka", "bootstrap", ...}).
     data_source: dict[str, Any] = Field(default_factory=lambda: {"source": "zmq"})
+    # Topology "collective": rank, world_size, master_addr, master_port, timeout_seconds.
+    collective: dict[str, Any] | None = None
 
 
 def create_app(settings: ServerSettings | None = None) -> FastAPI:
@@ -86,6 +88,9 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
                           else f"publishing shards to Kafka at {settings.kafka_bootstrap} failed: {exc!r}")
                 events.close()
                 raise
+        if config.topology == "collective":
+            engine.start_coordinator(bind_host=settings.data_host, port=settings.collective_port,
+                                     advertise_host=settings.advertise_host)
         plane = DataPlane(engine, settings.data_host, settings.data_port)
         port = await plane.start()
         engine.start()
@@ -140,6 +145,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
             run_config=engine.config.model_dump(),
             validation_shards=engine.validation_shards_for(rec),
             data_source=engine.data_source_for(rec),
+            collective=engine.collective_for(rec),
         )
 
     @app.post("/v1/workers/{worker_id}/leave")

@@ -36,6 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-host", default="0.0.0.0", help="data-plane bind address")
     p.add_argument("--data-port", type=int, default=0, help="data-plane ZeroMQ port (0 = pick a free one)")
     p.add_argument("--advertise-host", default="127.0.0.1", help="host agents use to reach the data plane")
+    p.add_argument("--collective-port", type=int, default=None,
+                   help="topology collective: port of the rendezvous store, MASTER_PORT (default: a free one)")
     p.add_argument("--preset", choices=sorted(PRESETS), help="named policy bundle (default asp)")
     p.add_argument("--config", help="JSON or TOML file of run-config overrides")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="run-config override, repeatable")
@@ -82,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         "kafka_bootstrap": args.kafka_bootstrap,
         "kafka_partitions": args.kafka_partitions,
         "kafka_retries": args.kafka_retries,
+        "collective_port": args.collective_port,
     }
     if args.max_message_bytes:
         fields["max_message_bytes"] = args.max_message_bytes

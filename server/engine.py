@@ -39,6 +39,7 @@ from hermes.common.wire import (
     dtype_from_name,
     encode,
 )
+from hermes.server.coordinator import Coordinator
 from hermes.server.evaluator import Evaluation, Evaluator
 from hermes.server.lossprobe import LossProbe
 from hermes.server.events import EventLog
@@ -111,7 +112,11 @@ class Engine:
         self.spec = spec_of(model, config.model, self.train.input_shape, self.train.num_classes, **config.model_kwargs)
         self.state = ModelState(self.spec, flatten(model))
         del model
-        self.strategy = make_strategy(config.sync, **self._strategy_params())
+        # Collective: the ranks all-reduce among themselves; the server only
+        # folds the copies rank 0 sends for evaluation, one at a time (asp).
+        self.strategy = (make_strategy("asp") if config.topology == "collective"
+                         else make_strategy(config.sync, **self._strategy_params()))
+        self.coordinator: Coordinator | None = None
         self.registry = Registry(max_workers)
         self.shards = ShardStore(self.train, config.shard_size)
         self.validation_shards = ShardStore(self.validation, config.shard_size)
@@ -203,7 +208,21 @@ class Engine:
 
     # ---- control plane ----------------------------------------------------
 
+    def start_coordinator(self, *, bind_host: str, port: int, advertise_host: str) -> None:
+        """Host the collective group's rendezvous store (topology 'collective')."""
+        assert self.config.world_size is not None  # config validation
+        self.coordinator = Coordinator(bind_host=bind_host, port=port, advertise_host=advertise_host,
+                                       world_size=self.config.world_size,
+                                       timeout_seconds=self.config.collective_timeout_seconds)
+        self.events.emit("collective_group", world_size=self.config.world_size, master_addr=advertise_host,
+                         master_port=self.coordinator.port)
+
+    def collective_for(self, rec: WorkerRecord) -> dict[str, Any] | None:
+        return None if self.coordinator is None else self.coordinator.rendezvous(rec.name)
+
     def register(self, name: str, **info: Any) -> tuple[WorkerRecord, bool]:
+        if self.coordinator is not None:
+            self.coordinator.assign(name)  # GroupFull before anything is recorded
         rec, rejoined = self.registry.register(name, **info)
         self.strategy.on_join(rec.id)
         self.allocator.join(rec.id, rec.declared_capacity)
@@ -671,6 +690,8 @@ class Engine:
         }
         for k, v in counters.items():
             setattr(worker, k, v)
+        if "collective_bytes" in b:  # topology collective: the all-reduce traffic the agent sent
+            worker.collective_bytes = _int_field(b, "collective_bytes", minimum=0)
         missing_before = worker.kafka_data_missing
         _shard_traffic(worker, b)
         if worker.kafka_data_missing > missing_before:

@@ -69,6 +69,8 @@ class WorkerRecord:
     # (elapsed, dss, mbs) whenever the allocator changed this worker's workload.
     workload_history: list[tuple[float, int, int]] = field(default_factory=list)
     accumulation: int = 1
+    # Topology collective: all-reduce bytes through this worker (ring estimate, as the agent reports).
+    collective_bytes: int = 0
     # Samples handed out beyond the workloads asked for, which the agent
     # carries into its next cycle (see Engine._on_request_work).
     sample_credit: int = 0
@@ -144,6 +146,7 @@ class WorkerRecord:
             "messages": self.messages,
             "bytes_sent": self.bytes_sent,
             "bytes_received": self.bytes_received,
+            "collective_bytes": self.collective_bytes,
             "cycles": self.cycles,
             "wi": round(self.worker_independence, 4),
             "gate_pushes": self.gate_pushes,

@@ -30,6 +30,8 @@ class ServerSettings(BaseSettings):
     out_dir: str | None = Field(default=None, description="where events.jsonl and summary.json go")
     max_message_bytes: int = Field(default=DEFAULT_MAX_MESSAGE_BYTES, gt=1024)
     max_workers: int = Field(default=256, gt=0)
+    # topology "collective": port of the rendezvous store (MASTER_PORT) on data_host; 0 picks a free one.
+    collective_port: int = Field(default=0, ge=0, le=65535)
     eval_threads: int = Field(default=1, gt=0)
     # Kafka data plane for shard records; unset = records over ZeroMQ only.
     kafka_bootstrap: str | None = Field(default=None, description="HOST:PORT of a Kafka broker (HERMES_KAFKA_BOOTSTRAP)")

@@ -1,0 +1,128 @@
+"""Collective topology on the agent: workers all-reduce weighted gradients among themselves.
+
+The server only coordinates (rank, world size, the rendezvous store, work
+sizes); the model lives on the workers, replicated, and every step all
+workers apply the same reduced gradient, so the replicas stay identical.
+torch.distributed does the all-reduce (gloo on CPU, nccl on CUDA): never a
+home-made one.
+
+Weighting. Each rank contributes ``weight * mean_gradient`` and ``weight``
+in one flat buffer; after a SUM all-reduce the gradient is divided by the
+summed weight. With weight = the step's sample count this is exactly the
+mean gradient over the union of the workers' batches, whatever their sizes
+(OmniLearn Eq. 4b lambda_k = b_k / sum(b); Chao et al.: accumulation-weighted)
+and however many samples a short last step holds: nothing is silently divided
+by the world size. ``mean`` weighs every rank 1 (plain averaging, DP-SGD) and
+``power`` by its compute power (EDP-SGD Sec. 4.2).
+
+The same buffer carries a stop flag: a worker that must stop says so in its
+last all-reduce and every rank stops after the same step, so nobody is left
+waiting in a collective that will never complete. A rank that dies makes the
+others' all-reduce fail within the group timeout (a clear error, no hang).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+log = logging.getLogger(__name__)
+
+
+class CollectiveError(RuntimeError):
+    """A peer failed or the group could not form: the run cannot go on with this group."""
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    rank: int
+    world_size: int
+    master_addr: str
+    master_port: int
+    timeout_seconds: float
+
+    @classmethod
+    def from_reply(cls, body: dict) -> "Rendezvous":
+        try:
+            return cls(int(body["rank"]), int(body["world_size"]), str(body["master_addr"]),
+                       int(body["master_port"]), float(body["timeout_seconds"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CollectiveError(f"server sent an unusable rendezvous {body!r}: {exc}") from None
+
+
+def backend_for(device: torch.device) -> str:
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+class CollectiveGroup:
+    """One process group for the run, formed on the server's store (MASTER_ADDR:MASTER_PORT)."""
+
+    def __init__(self, rv: Rendezvous, device: torch.device) -> None:
+        self.rv = rv
+        self.device = device
+        timeout = timedelta(seconds=rv.timeout_seconds)
+        try:
+            store = dist.TCPStore(rv.master_addr, rv.master_port, rv.world_size, is_master=False, timeout=timeout)
+            dist.init_process_group(backend_for(device), store=store, rank=rv.rank, world_size=rv.world_size,
+                                    timeout=timeout)
+        except (RuntimeError, ValueError) as exc:
+            raise CollectiveError(f"could not join the process group at {rv.master_addr}:{rv.master_port} "
+                                  f"as rank {rv.rank}/{rv.world_size}: {exc}") from None
+        self.reduced_bytes = 0
+        self.allreduces = 0
+        log.info("joined the process group: rank %d of %d (%s) at %s:%d", rv.rank, rv.world_size,
+                 backend_for(device), rv.master_addr, rv.master_port)
+
+    def broadcast_model(self, model: nn.Module) -> None:
+        """Replicas start from rank 0's weights."""
+        flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).to(self.device)
+        self._run(dist.broadcast, flat, src=0)
+        offset = 0
+        with torch.no_grad():
+            for p in model.parameters():
+                p.copy_(flat[offset:offset + p.numel()].view_as(p))
+                offset += p.numel()
+
+    def reduce_gradients(self, params: Sequence[nn.Parameter], weight: float, stop: bool) -> tuple[float, bool]:
+        """Replace each parameter's gradient by the weighted mean over all ranks.
+
+        Returns (the summed weight, whether any rank asked to stop). A rank
+        with no samples this step passes weight 0 and zero gradients.
+        """
+        grads = [p.grad.reshape(-1) if p.grad is not None else torch.zeros(p.numel(), device=self.device)
+                 for p in params]
+        flat = torch.cat([g.float() * weight for g in grads]
+                         + [torch.tensor([float(weight), 1.0 if stop else 0.0], device=self.device)])
+        self._run(dist.all_reduce, flat, op=dist.ReduceOp.SUM)
+        total, stops = float(flat[-2]), float(flat[-1])
+        if total > 0:
+            flat[:-2] /= total
+        offset = 0
+        for p in params:
+            n = p.numel()
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            p.grad.copy_(flat[offset:offset + n].view_as(p.grad))
+            offset += n
+        self.allreduces += 1
+        # Ring all-reduce moves 2 (W-1)/W of the buffer through each rank.
+        w = self.rv.world_size
+        self.reduced_bytes += int(2 * (w - 1) / w * flat.numel() * flat.element_size())
+        return total, stops > 0
+
+    def _run(self, collective, *args, **kwargs) -> None:
+        try:
+            collective(*args, **kwargs)
+        except (RuntimeError, dist.DistBackendError) as exc:
+            raise CollectiveError(f"{collective.__name__} failed (a peer died or timed out after "
+                                  f"{self.rv.timeout_seconds:g}s): {exc}") from None
+
+    def close(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
