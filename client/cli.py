@@ -9,7 +9,7 @@ import signal
 import socket
 import sys
 
-EXIT_OK, EXIT_CONFIG, EXIT_UNREACHABLE, EXIT_REMOTE = 0, 2, 3, 4
+EXIT_OK, EXIT_CONFIG, EXIT_UNREACHABLE, EXIT_REMOTE, EXIT_GROUP = 0, 2, 3, 4, 5
 
 
 def _env(name: str, default: str | None = None) -> str | None:
@@ -81,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_CONFIG
 
     from hermes.client.agent import Agent, AgentOptions
+    from hermes.client.collective import CollectiveError
     from hermes.client.transport import RemoteError, ServerUnreachable, StopRequested
 
     agent = Agent(AgentOptions(
@@ -106,6 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     except RemoteError as exc:
         print(f"hermes-client: server refused: {exc}", file=sys.stderr)
         return EXIT_REMOTE
+    except CollectiveError as exc:
+        print(f"hermes-client: the collective group failed: {exc}", file=sys.stderr)
+        return EXIT_GROUP
     except ValueError as exc:
         print(f"hermes-client: {exc}", file=sys.stderr)
         return EXIT_CONFIG

@@ -1,0 +1,93 @@
+"""Issue 6's must-show: the same presets on the collective topology (gloo all-reduce among the
+agents, the server only coordinating) reach their targets, and a dead agent fails the others
+fast with a clear error that the testbed reports."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_testbed
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.mark.parametrize("preset,profile,target", [
+    ("task-allocation", "hl4", "0.9"), ("omnilearn-bsp", "hl8", "0.85"), ("dp-sgd", "hl8", "0.85"),
+    ("edp-sgd", "hl8", "0.85"),
+])
+def test_collective_topology_reaches_target(preset: str, profile: str, target: str, tmp_path: Path) -> None:
+    out = tmp_path / preset
+    _, s = run_testbed(out, "--topology", "collective", "--profile", profile, "--preset", preset,
+                       "--target-accuracy", target)
+    assert s["topology"] == "collective" and s["config"]["topology"] == "collective"
+    assert s["reached_target"] is True, (s["outcome"], s["best_accuracy"])
+    assert all(w["exit_code"] == 0 for w in s["workers"])
+    # Gradients went worker to worker: every rank all-reduced, the same amount; only rank 0
+    # pushed anything to the server (model copies for evaluation).
+    reduced = {w["collective_bytes"] for w in s["workers"]}
+    assert len(reduced) == 1 and reduced.pop() > 0
+    assert sum(1 for w in s["workers"] if w["pushes"] > 0) == 1
+    events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
+    group = next(e for e in events if e["event"] == "collective_group")
+    assert group["world_size"] == 4
+
+
+def _agent_pids(port: int) -> dict[str, int]:
+    pids = {}
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        args = [c.decode(errors="replace") for c in cmd]
+        if "hermes.client.cli" in args and f"http://127.0.0.1:{port}" in args:
+            pids[args[args.index("--name") + 1]] = int(pid)
+    return pids
+
+
+def test_a_dead_agent_fails_the_group_fast_and_the_testbed_reports_it(tmp_path: Path) -> None:
+    out = tmp_path / "dead"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hermes.deploy.testbed", "--clients", "3", "--dataset", "digits", "--profile", "hl1",
+         "--preset", "task-allocation", "--topology", "collective", "--set", "collective_timeout_seconds=10",
+         "--max-seconds", "120", "--out", str(out), "--quiet"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        deadline = time.monotonic() + 90
+        events = out / "events.jsonl"
+        while time.monotonic() < deadline:  # wait until the group trains (rank 0 sent a copy)
+            if events.exists() and '"update_applied"' in events.read_text():
+                break
+            time.sleep(0.5)
+        else:
+            pytest.fail("the collective group never trained")
+        start = json.loads(events.read_text().splitlines()[0])
+        pids = _agent_pids(start["control_port"])
+        assert set(pids) == {"worker-1", "worker-2", "worker-3"}, pids
+        killed_at = time.monotonic()
+        os.kill(pids["worker-2"], signal.SIGKILL)
+        stdout, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    s = json.loads((out / "summary.json").read_text())
+    assert s["outcome"] == "all agents exited", s["outcome"]
+    # The survivors noticed within the group timeout (10 s) plus shutdown, not at the 120 s limit.
+    assert time.monotonic() - killed_at < 60
+    codes = {w["name"]: w["exit_code"] for w in s["workers"]}
+    assert codes["worker-2"] == -signal.SIGKILL
+    for name in ("worker-1", "worker-3"):
+        assert codes[name] not in (0, None), codes
+        log = (out / "logs" / f"{name}.log").read_text()
+        assert "a peer died or timed out" in log, log[-2000:]

@@ -1,0 +1,150 @@
+"""Collective topology with real gloo process groups on loopback, rendezvous on the server's store.
+
+The weighted all-reduce must give exactly the single-process gradient of the
+union of the workers' batches, whatever the batch sizes and accumulation
+counts (OmniLearn Eq. 4b; Chao et al.), and a dead peer must fail the others
+fast with a clear error instead of hanging them.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from hermes.server.coordinator import Coordinator, GroupFull
+
+pytestmark = pytest.mark.integration
+
+# (samples, micro-batch, accumulation) per rank: unequal sizes, a short last micro-batch, one accumulating rank.
+RANKS = [(5, 5, 1), (11, 4, 3), (16, 16, 1)]
+
+
+def _data(n: int = 32) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(7)
+    return rng.normal(size=(n, 1, 8, 8)).astype(np.float32), rng.integers(0, 10, size=n).astype(np.int64)
+
+
+def _model():
+    from hermes.common.models import build_model
+
+    torch.manual_seed(0)
+    return build_model("cnn", input_shape=(1, 8, 8), num_classes=10)
+
+
+def _rank_main(rank: int, port: int, out: str, lr: float) -> None:
+    from hermes.client.collective import CollectiveGroup, Rendezvous
+    from hermes.client.trainer import LocalTrainer
+
+    torch.set_num_threads(1)
+    x, y = _data()
+    start = sum(n for n, _, _ in RANKS[:rank])
+    n, mbs, acc = RANKS[rank]
+    model = _model()
+    if rank != 0:  # replicas must start from rank 0's weights, whatever they built
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(1.0)
+    group = CollectiveGroup(Rendezvous(rank, len(RANKS), "127.0.0.1", port, 20.0), torch.device("cpu"))
+    try:
+        group.broadcast_model(model)
+        trainer = LocalTrainer(model, lr=lr, momentum=0.0, weight_decay=0.0, device=torch.device("cpu"),
+                               precision="fp32")
+        result, _, stop = trainer.train_cycle_collective(x[start:start + n], y[start:start + n], mbs, acc, 1,
+                                                         group.reduce_gradients)
+        assert result.steps == 1 and not stop
+        torch.save({"flat": trainer.flat(), "bytes": group.reduced_bytes}, out)
+    finally:
+        group.close()
+
+
+def _store(world: int) -> Coordinator:
+    return Coordinator(bind_host="127.0.0.1", port=0, advertise_host="127.0.0.1", world_size=world,
+                       timeout_seconds=20.0)
+
+
+def test_weighted_allreduce_equals_the_single_process_gradient_of_the_union(tmp_path: Path) -> None:
+    coord = _store(len(RANKS))
+    ctx = mp.get_context("spawn")
+    lr = 0.5
+    procs = [ctx.Process(target=_rank_main, args=(r, coord.port, str(tmp_path / f"r{r}.pt"), lr))
+             for r in range(len(RANKS))]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0, f"rank exited with {p.exitcode}"
+    results = [torch.load(tmp_path / f"r{r}.pt") for r in range(len(RANKS))]
+
+    # One process, one SGD step on the mean loss over all 32 samples.
+    from hermes.common.tensors import flatten
+
+    model = _model()
+    x, y = _data()
+    loss = F.cross_entropy(model(torch.from_numpy(x)), torch.from_numpy(y))
+    loss.backward()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.sub_(lr * p.grad)
+    expected = flatten(model)
+    for r in results:
+        assert torch.allclose(r["flat"], expected, atol=1e-6, rtol=1e-5), float((r["flat"] - expected).abs().max())
+    # Every replica is the same model, bit for bit.
+    assert all(torch.equal(r["flat"], results[0]["flat"]) for r in results)
+    # Ring estimate: 2 (W-1)/W of (parameters + weight + stop flag) fp32 values.
+    numel = expected.numel()
+    assert results[0]["bytes"] == int(2 * 2 / 3 * (numel + 2) * 4)
+
+
+def _lonely_rank(port: int, out: str) -> None:
+    from hermes.client.collective import CollectiveError, CollectiveGroup, Rendezvous
+
+    group = CollectiveGroup(Rendezvous(0, 2, "127.0.0.1", port, 3.0), torch.device("cpu"))
+    t0 = time.monotonic()
+    try:
+        group.reduce_gradients(list(_model().parameters()), 1.0, False)
+        Path(out).write_text("no error")
+    except CollectiveError as exc:
+        Path(out).write_text(f"{time.monotonic() - t0:.1f}|{exc}")
+    finally:
+        group.close()
+
+
+def _dying_rank(port: int) -> None:
+    from hermes.client.collective import CollectiveGroup, Rendezvous
+
+    CollectiveGroup(Rendezvous(1, 2, "127.0.0.1", port, 3.0), torch.device("cpu"))
+    raise SystemExit(17)  # dies before its first all-reduce, without a goodbye
+
+
+def test_a_dead_peer_fails_the_others_fast_with_a_clear_error(tmp_path: Path) -> None:
+    coord = _store(2)
+    ctx = mp.get_context("spawn")
+    out = tmp_path / "lonely.txt"
+    lonely = ctx.Process(target=_lonely_rank, args=(coord.port, str(out)))
+    dying = ctx.Process(target=_dying_rank, args=(coord.port,))
+    lonely.start(), dying.start()
+    dying.join(60)
+    lonely.join(60)
+    assert dying.exitcode == 17
+    assert lonely.exitcode == 0, "the surviving rank crashed instead of reporting the failure"
+    text = out.read_text()
+    assert text != "no error"
+    seconds, message = text.split("|", 1)
+    assert float(seconds) < 30, "the survivor hung far past the group timeout"
+    assert "a peer died or timed out" in message
+
+
+def test_coordinator_hands_out_ranks_in_order_and_refuses_beyond_the_world():
+    coord = _store(2)
+    assert (coord.assign("a"), coord.assign("b"), coord.assign("a")) == (0, 1, 0)
+    with pytest.raises(GroupFull):
+        coord.assign("c")
+    rv = coord.rendezvous("b")
+    assert rv == {"rank": 1, "world_size": 2, "master_addr": "127.0.0.1", "master_port": coord.port,
+                  "timeout_seconds": 20.0}
