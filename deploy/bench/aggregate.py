@@ -204,4 +204,9 @@ def worker_cycle_stats(results: dict[str, Any], profile: str, label: str) -> lis
             d["cycles"].append(w.get("cycles", 0))
             d["dss"].append(w.get("dss"))
             d["mbs"].append(w.get("mbs"))
-    return sorted(by_name.values(), key=lambda d: d["name"])
+    return sorted(by_name.values(), key=lambda d: natural_key(d["name"]))
+
+
+def natural_key(name: str) -> tuple[int, str]:
+    """worker-2 before worker-10."""
+    return (len(name), name)

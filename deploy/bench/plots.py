@@ -17,7 +17,9 @@ matplotlib.use("Agg")  # before pyplot: a bench runs on headless machines
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from hermes.deploy.bench.aggregate import cycle_seconds, groups, ok_runs, worker_cycle_stats  # noqa: E402
+from hermes.deploy.bench.aggregate import (  # noqa: E402
+    cycle_seconds, groups, natural_key, ok_runs, worker_cycle_stats,
+)
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +55,8 @@ def accuracy_vs_time(results: dict[str, Any]) -> Figure | None:
                 continue
             tl = r["summary"].get("accuracy_timeline") or []
             origin = _timeline_origin(r)
-            xs = [e["elapsed"] - origin for e in tl if e.get("elapsed") is not None]
+            # Evaluations before the first join score the initial model: draw them at 0.
+            xs = [max(0.0, e["elapsed"] - origin) for e in tl if e.get("elapsed") is not None]
             ys = [e["accuracy"] for e in tl if e.get("elapsed") is not None]
             label = r["variant"] if r["variant"] not in seen else None
             seen.add(r["variant"])
@@ -94,9 +97,9 @@ def time_to_target(results: dict[str, Any]) -> Figure | None:
                    yerr=[[sp.median - sp.min], [sp.max - sp.median]], capsize=3)
             ax.text(x, sp.max, f"{g.reached}/{g.runs}", ha="center", va="bottom", fontsize=7)
     ax.set_xticks(range(len(profiles)), [p.upper() for p in profiles])
-    ax.set_xlabel("heterogeneity profile (bar: median, whiskers: min-max; label: runs that reached the target)")
+    ax.set_xlabel("heterogeneity profile")
     ax.set_ylabel(f"seconds to {results['suite']['target_accuracy']:g} accuracy (s)")
-    ax.set_title("Time to target accuracy per variant")
+    ax.set_title("Time to target: median, whiskers min-max;\nlabel = runs that reached the target", fontsize=10)
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -138,7 +141,7 @@ def compute_boxplots(results: dict[str, Any]) -> Figure | None:
 
 
 def workload_trajectories(results: dict[str, Any], profile: str) -> Figure | None:
-    """DSS and MBS of each worker over time, from the first repeat of each variant (OmniLearn Figs. 8/11)."""
+    """Assigned DSS and MBS of each worker over time, first repeat of each variant (OmniLearn Figs. 8/11)."""
     runs = [r for r in ok_runs(results) if r["profile"] == profile]
     labels = [lb for lb in _labels(results) if any(r["variant"] == lb for r in runs)]
     if not labels:
@@ -147,19 +150,22 @@ def workload_trajectories(results: dict[str, Any], profile: str) -> Figure | Non
     for i, label in enumerate(labels):
         rec = min((r for r in runs if r["variant"] == label), key=lambda r: r["repeat"])
         origin = _timeline_origin(rec)
-        for w in sorted(rec["summary"].get("workers") or [], key=lambda w: _natural(w["name"])):
-            fields = w.get("cycle_log_fields") or ["elapsed", "dss", "mbs"]
-            log_rows = w.get("cycle_log") or []
-            t = [row[fields.index("elapsed")] - origin for row in log_rows]
-            for col, name in ((0, "dss"), (1, "mbs")):
-                axes[i][col].plot(t, [row[fields.index(name)] for row in log_rows], drawstyle="steps-post",
-                                  linewidth=1.2, label=f"{w['name']} (×{w['speed']:.2f})")
-        axes[i][0].set_ylabel(f"{label}\nsamples per cycle (DSS)", fontsize=9)
+        for w in sorted(rec["summary"].get("workers") or [], key=lambda w: natural_key(w["name"])):
+            hist = w.get("workload_history") or []
+            if not hist:
+                continue
+            # The assignment in force, held until the worker's last logged cycle (or its last change).
+            fields = w.get("cycle_log_fields") or ["elapsed"]
+            end = max([row[fields.index("elapsed")] for row in w.get("cycle_log") or []] + [hist[-1][0]])
+            t = [max(0.0, h[0] - origin) for h in hist] + [max(0.0, end - origin)]
+            for col, idx in ((0, 1), (1, 2)):
+                axes[i][col].plot(t, [h[idx] for h in hist] + [hist[-1][idx]], drawstyle="steps-post",
+                                  linewidth=1.4, label=f"{w['name']} (×{w['speed']:.2f})")
+        axes[i][0].set_ylabel(f"{label}\ndataset size (DSS, samples)", fontsize=9)
         axes[i][1].set_ylabel("mini-batch size (MBS, samples)", fontsize=9)
-        axes[i][0].set_title(f"{profile.upper()} · {label} · seed {rec['seed']}: dataset size per cycle", fontsize=9)
-        axes[i][1].set_title(f"{profile.upper()} · {label} · seed {rec['seed']}: mini-batch size", fontsize=9)
-        for ax in axes[i]:
-            ax.grid(alpha=0.3)
+        for col, what in ((0, "samples per cycle"), (1, "mini-batch size")):
+            axes[i][col].set_title(f"{profile.upper()} · {label} · seed {rec['seed']}: {what}", fontsize=9)
+            axes[i][col].grid(alpha=0.3)
     for ax in axes[-1]:
         ax.set_xlabel("wall time since the first agent joined (s)")
     axes[0][1].legend(fontsize=7, loc="best")
@@ -201,42 +207,43 @@ def communication(results: dict[str, Any]) -> Figure | None:
     return fig
 
 
-def _natural(name: str) -> tuple[int, str]:
-    return (len(name), name)
-
-
-def _plotters(results: dict[str, Any]) -> list[tuple[str, Callable[[dict[str, Any]], Figure | None]]]:
-    items: list[tuple[str, Callable[[dict[str, Any]], Figure | None]]] = [
-        ("accuracy_vs_time.png", accuracy_vs_time),
-        ("time_to_target.png", time_to_target),
-        ("compute_time_boxplots.png", compute_boxplots),
-        ("communication.png", communication),
-    ]
+def _drawers(results: dict[str, Any]) -> dict[str, Callable[[dict[str, Any]], Figure | None]]:
+    d: dict[str, Callable[[dict[str, Any]], Figure | None]] = {
+        "accuracy_vs_time.png": accuracy_vs_time,
+        "time_to_target.png": time_to_target,
+        "compute_time_boxplots.png": compute_boxplots,
+        "communication.png": communication,
+    }
     for profile in results["suite"]["profiles"]:
-        items.append((f"workload_{profile}.png", lambda r, p=profile: workload_trajectories(r, p)))
-    return items
+        d[f"workload_{profile}.png"] = lambda r, p=profile: workload_trajectories(r, p)
+    return d
 
 
 def plot_names(results: dict[str, Any]) -> list[str]:
-    """The PNG files ``render_plots`` writes for these results (those with data to draw)."""
-    if not ok_runs(results):
+    """The PNG files ``render_plots`` writes for these results: those with something to draw."""
+    runs = ok_runs(results)
+    if not runs:
         return []
-    names = ["accuracy_vs_time.png", "communication.png"]
+    names = ["accuracy_vs_time.png"]
     if results["suite"].get("target_accuracy") is not None:
-        names.insert(1, "time_to_target.png")
-    if any(cycle_seconds(w) for r in ok_runs(results) for w in r["summary"].get("workers") or []):
-        names.insert(-1, "compute_time_boxplots.png")
-    names += [f"workload_{p}.png" for p in results["suite"]["profiles"]
-              if any(r["profile"] == p for r in ok_runs(results))]
+        names.append("time_to_target.png")
+    if any(cycle_seconds(w) for r in runs for w in r["summary"].get("workers") or []):
+        names.append("compute_time_boxplots.png")
+    names.append("communication.png")
+    names += [f"workload_{p}.png" for p in results["suite"]["profiles"] if any(r["profile"] == p for r in runs)]
     return names
 
 
 def render_plots(results: dict[str, Any], out: Path) -> list[Path]:
+    drawers = _drawers(results)
+    names = plot_names(results)
+    for stale in set(drawers) - set(names):
+        (out / stale).unlink(missing_ok=True)
     written = []
-    for name, fn in _plotters(results):
-        fig = fn(results)
-        if fig is None:
-            (out / name).unlink(missing_ok=True)
+    for name in names:
+        fig = drawers[name](results)
+        if fig is None:  # plot_names promised data: a bug, but the rest of the report still matters
+            log.warning("plot %s had nothing to draw", name)
             continue
         fig.savefig(out / name, dpi=DPI)
         plt.close(fig)

@@ -39,6 +39,8 @@ def fmt_spread(sp: Spread | None, nd: int = 2) -> str:
 
 
 def fmt_speedup(sp: Speedup | None, g: Group, baseline: str) -> str:
+    if g.label == baseline and sp is not None and sp.status == "ok":
+        return "1.00× (baseline)"
     if sp is None:
         return "-"
     if sp.status == "no-runs":

@@ -194,7 +194,8 @@ def describe(rec: dict[str, Any]) -> str:
     acc = s.get("final_accuracy")
     target = (f"target reached in {s['seconds_to_target']:.1f}s" if s.get("reached_target")
               else "target not reached")
-    return (f"{s.get('outcome')}; {target}; wall {s.get('wall_seconds', 0):.1f}s; "
+    outcome = "" if s.get("reached_target") else f"{s.get('outcome')}; "
+    return (f"{outcome}{target}; wall {s.get('wall_seconds', 0):.1f}s; "
             f"accuracy {'-' if acc is None else f'{acc:.3f}'}; updates {s.get('model_updates')}; "
             f"messages {s.get('messages_total')} (run took {rec.get('elapsed_seconds') or 0:.0f}s)")
 
