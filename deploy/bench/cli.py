@@ -21,8 +21,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hermes.deploy.bench.suites import BUILTIN, Suite, SuiteError, builtin_suite, check_runnable, load_suite, \
-    runnable_part
+from hermes.deploy.bench.suites import (
+    BUILTIN,
+    Suite,
+    SuiteError,
+    builtin_suite,
+    check_runnable,
+    load_suite,
+    runnable_part,
+)
 
 log = logging.getLogger(__name__)
 

@@ -37,7 +37,6 @@ def bench_codec(repeats: int, numel: int = 1_000_000) -> list[dict[str, Any]]:
     import msgpack
     import numpy as np
     import torch
-
     from hermes.common.wire import Header, MsgType, decode, encode
 
     rows = []
@@ -80,7 +79,6 @@ def bench_evaluator(repeats: int, dataset: str = "digits", model_name: str = "cn
                     max_samples: int = 2000) -> dict[str, Any]:
     import torch
     import torch.nn.functional as F
-
     from hermes.common.datasets import load_dataset
     from hermes.common.models import build_model
     from hermes.common.tensors import flatten, spec_of

@@ -11,7 +11,7 @@ import datetime as _dt
 import statistics
 from typing import Any
 
-from hermes.deploy.bench.aggregate import Group, Spread, Speedup, groups, speedups, worker_cycle_stats
+from hermes.deploy.bench.aggregate import Group, Speedup, Spread, groups, speedups, worker_cycle_stats
 from hermes.deploy.bench.plots import plot_names
 
 PLOT_CAPTIONS = {
@@ -87,7 +87,7 @@ def render_report(results: dict[str, Any]) -> str:
             for v in suite["variants"]),
     ]
     if written:
-        out.append(f"- written {_dt.datetime.fromtimestamp(written, _dt.timezone.utc):%Y-%m-%d %H:%M UTC}")
+        out.append(f"- written {_dt.datetime.fromtimestamp(written, _dt.UTC):%Y-%m-%d %H:%M UTC}")
     if suite["repeats"] < 3:
         out += ["", f"> {suite['repeats']} repeat(s) per variant: too few for claims. Use at least 3 "
                 "(`--repeats 3`) before quoting any figure."]

@@ -15,9 +15,8 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
-
 from hermes.deploy.profiles import PROFILE_CORES
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +79,7 @@ class Suite(BaseModel):
         return v
 
     @model_validator(mode="after")
-    def _labels(self) -> "Suite":
+    def _labels(self) -> Suite:
         labels = [v.label for v in self.variants]
         dup = sorted({x for x in labels if labels.count(x) > 1})
         if dup:
@@ -96,13 +95,13 @@ class Suite(BaseModel):
     def variant(self, label: str) -> Variant:
         return next(v for v in self.variants if v.label == label)
 
-    def with_changes(self, **changes: Any) -> "Suite":
+    def with_changes(self, **changes: Any) -> Suite:
         """A copy with fields replaced and validated again (``None`` values are left out)."""
         data = self.model_dump()
         data.update({k: v for k, v in changes.items() if v is not None})
         return build_suite(data)
 
-    def only_variants(self, labels: list[str]) -> "Suite":
+    def only_variants(self, labels: list[str]) -> Suite:
         known = [v.label for v in self.variants]
         missing = [x for x in labels if x not in known]
         if missing:

@@ -6,7 +6,6 @@ import statistics
 
 import pytest
 from bench_fixture import TIMES, make_results
-
 from hermes.deploy.bench.aggregate import cycle_seconds, groups, run_metrics, speedups, spread, worker_cycle_stats
 
 
