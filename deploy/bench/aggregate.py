@@ -1,4 +1,5 @@
-"""From run summaries to the figures the report shows: pure functions, no I/O.
+"""From run summaries to the figures the report shows: pure functions (``event_figures``
+alone reads a file: a run's event log, when the run is collected).
 
 Every number in ``report.md`` comes from here, computed from ``results.json``
 alone, so a report can be re-rendered and checked against the summaries.
