@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 # Metrics per run, in the order the main table shows them.
-TIME_METRICS = ("seconds_to_target", "train_seconds_to_target")
 METRICS = ("seconds_to_target", "train_seconds_to_target", "wall_seconds", "iterations", "model_updates",
            "messages_total", "model_messages", "mb_total", "wi_mean", "final_accuracy", "best_accuracy")
 

@@ -92,9 +92,6 @@ class Suite(BaseModel):
     def run_timeout(self) -> float:
         return self.run_timeout_seconds or self.max_seconds + 150.0
 
-    def variant(self, label: str) -> Variant:
-        return next(v for v in self.variants if v.label == label)
-
     def with_changes(self, **changes: Any) -> Suite:
         """A copy with fields replaced and validated again (``None`` values are left out)."""
         data = self.model_dump()
