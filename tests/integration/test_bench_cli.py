@@ -1,0 +1,76 @@
+"""hermes-bench end to end: a tiny real suite (2 presets x 1 repeat, short budget) through the CLI."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def bench(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hermes.deploy.bench", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_tiny_suite_end_to_end_then_resume(tmp_path):
+    suite = tmp_path / "tiny.toml"
+    suite.write_text('presets = ["bsp", "hermes"]\nprofiles = ["hl8"]\nclients = 2\nrepeats = 1\n'
+                     'target_accuracy = 0.8\nmax_seconds = 8\n')
+    out = tmp_path / "out"
+    proc = bench("run", str(suite), "--out", str(out))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "[1/2] hl8/bsp/r0" in proc.stdout and "[2/2] hl8/hermes/r0" in proc.stdout
+    assert "ETA" in proc.stdout
+
+    results = json.loads((out / "results.json").read_text())
+    assert [r["key"] for r in results["runs"]] == ["hl8/bsp/r0", "hl8/hermes/r0"]
+    for r in results["runs"]:
+        assert r["status"] == "ok", r
+        on_disk = json.loads((out / r["run_dir"] / "summary.json").read_text())
+        assert r["summary"] == on_disk and on_disk["preset"] == r["preset"] and on_disk["clients"] == 2
+    assert results["machine"]["cpu_count"] and results["versions"]["torch"]
+
+    report = (out / "report.md").read_text()
+    for r in results["runs"]:
+        s = r["summary"]
+        row = next(line for line in report.splitlines() if line.startswith(f"| `{r['key']}`"))
+        assert f"| {s['wall_seconds']:.1f} |" in row and f"| {s['model_updates']} |" in row
+    pngs = sorted(p.name for p in out.glob("*.png"))
+    assert len(pngs) >= 3, pngs
+    for name in pngs:
+        data = (out / name).read_bytes()
+        assert data[:8] == PNG_MAGIC and len(data) > 5000, name
+        assert f"({name})" in report
+
+    # Second invocation: nothing re-run, same summaries.
+    mtimes = {p: p.stat().st_mtime for p in out.glob("runs/*/*/*/summary.json")}
+    t0 = time.monotonic()
+    again = bench("run", str(suite), "--out", str(out))
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "2 already finished" in again.stdout and "0 to run" in again.stdout
+    assert time.monotonic() - t0 < 60
+    assert {p: p.stat().st_mtime for p in mtimes} == mtimes
+
+    # The report re-renders from results.json alone.
+    (out / "report.md").unlink()
+    rendered = bench("report", str(out))
+    assert rendered.returncode == 0, rendered.stderr
+    assert (out / "report.md").read_text() == report
+
+
+def test_unknown_presets_are_refused_before_any_run(tmp_path):
+    proc = bench("paper-omnilearn", "--out", str(tmp_path / "o"), "--profiles", "hl8", timeout=60)
+    from hermes.common.config import PRESETS
+
+    if "omnilearn-bsp" in PRESETS and "omnilearn-asp" in PRESETS:
+        pytest.skip("the omnilearn presets exist here")
+    assert proc.returncode == 2
+    assert "unknown preset(s)" in proc.stderr and "omnilearn-bsp" in proc.stderr
+    assert not (tmp_path / "o" / "runs").exists()

@@ -1,0 +1,130 @@
+"""hermes-bench runner: resumable (finished runs are skipped, half-written ones redone), suites validated."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from bench_fixture import summary
+from hermes.deploy.bench.runner import execute, plan
+from hermes.deploy.bench.suites import SuiteError, build_suite, builtin_suite, check_runnable, load_suite
+
+
+class FakeTestbed:
+    """Stands in for ``python -m hermes.deploy.testbed``: writes what a finished run leaves."""
+
+    def __init__(self, fail: set[str] | None = None) -> None:
+        self.calls: list[list[str]] = []
+        self.fail = fail or set()
+
+    def __call__(self, args: list[str], run_dir: Path, timeout: float):
+        self.calls.append(args)
+        preset = args[args.index("--preset") + 1]
+        seed = int(args[args.index("--seed") + 1])
+        if preset in self.fail:
+            (run_dir / "events.jsonl").write_text("")
+            return 1, "testbed exited with 1"
+        (run_dir / "summary.json").write_text(json.dumps(summary(preset, seed, 5.0 + seed)))
+        (run_dir / "events.jsonl").write_text(
+            json.dumps({"ts": 100.0, "event": "evaluation", "elapsed": 1.0, "version": 0, "accuracy": 0.1}) + "\n"
+            + json.dumps({"ts": 101.0, "event": "join", "worker": "w0001"}) + "\n")
+        return 0, None
+
+
+def small_suite(**changes):
+    return build_suite({"name": "t", "presets": ["bsp", "hermes"], "profiles": ["hl8"], "repeats": 2,
+                        "max_seconds": 5, **changes})
+
+
+def test_plan_interleaves_variants_within_each_repeat():
+    keys = [s.key for s in plan(small_suite())]
+    assert keys == ["hl8/bsp/r0", "hl8/hermes/r0", "hl8/bsp/r1", "hl8/hermes/r1"]
+    assert [s.seed for s in plan(small_suite(seed=7))] == [7, 7, 8, 8]
+
+
+def test_second_invocation_skips_finished_runs(tmp_path):
+    fake = FakeTestbed()
+    res = execute(small_suite(), tmp_path, launcher=fake)
+    assert len(fake.calls) == 4
+    assert [r["status"] for r in res["runs"]] == ["ok"] * 4
+    assert json.loads((tmp_path / "results.json").read_text())["runs"][0]["summary"]["preset"] == "bsp"
+
+    again = FakeTestbed()
+    lines: list[str] = []
+    res2 = execute(small_suite(), tmp_path, launcher=again, progress=lines.append)
+    assert again.calls == []
+    assert "4 already finished" in lines[0] and "0 to run" in lines[0]
+    assert [r["summary"] for r in res2["runs"]] == [r["summary"] for r in res["runs"]]
+
+
+def test_half_written_and_outdated_runs_are_redone(tmp_path):
+    execute(small_suite(), tmp_path, launcher=FakeTestbed())
+    half = tmp_path / "runs/hl8/hermes/r1"
+    (half / "summary.json").unlink()  # interrupted mid-run: run.json and logs, no summary
+    (half / "stale.log").write_text("left over")
+    fake = FakeTestbed()
+    execute(small_suite(), tmp_path, launcher=fake)
+    assert len(fake.calls) == 1 and fake.calls[0][fake.calls[0].index("--out") + 1] == str(half)
+    assert not (half / "stale.log").exists()
+    # a different budget measures something else: every run is redone
+    fake = FakeTestbed()
+    execute(small_suite(max_seconds=6), tmp_path, launcher=fake)
+    assert len(fake.calls) == 4
+
+
+def test_failed_runs_are_recorded_and_retried(tmp_path):
+    res = execute(small_suite(), tmp_path, launcher=FakeTestbed(fail={"hermes"}))
+    failed = [r for r in res["runs"] if r["status"] != "ok"]
+    assert [r["key"] for r in failed] == ["hl8/hermes/r0", "hl8/hermes/r1"]
+    assert failed[0]["error"] == "testbed exited with 1"
+    fake = FakeTestbed()
+    execute(small_suite(), tmp_path, launcher=fake)
+    assert len(fake.calls) == 2
+
+
+def test_overrides_reach_the_testbed(tmp_path):
+    suite = build_suite({"name": "t", "variants": [{"label": "b64", "preset": "bsp", "overrides": {"batch_size": 64}}],
+                         "overrides": {"eval_interval_seconds": 0.5}, "baseline": None, "repeats": 1})
+    fake = FakeTestbed()
+    execute(suite, tmp_path, launcher=fake)
+    args = fake.calls[0]
+    sets = [args[i + 1] for i, a in enumerate(args) if a == "--set"]
+    assert sets == ["eval_interval_seconds=0.5", "batch_size=64"]
+
+
+def test_unknown_presets_are_named_at_run_time():
+    problems = check_runnable(build_suite({"name": "t", "presets": ["bsp", "omnilearn-zz", "nope"]}))
+    assert len(problems) == 1
+    assert "unknown preset(s) ['nope', 'omnilearn-zz']" in problems[0] and "'bsp'" in problems[0]
+    assert check_runnable(builtin_suite("paper-hermes")) == []
+    assert check_runnable(builtin_suite("quick")) == []
+
+
+def test_bad_overrides_are_refused_with_the_field():
+    problems = check_runnable(build_suite({"name": "t", "presets": ["bsp"], "overrides": {"lr": -1}}))
+    assert problems and "lr" in problems[0]
+
+
+@pytest.mark.parametrize("data, field", [
+    ({"presets": ["bsp"], "repeats": 0}, "repeats"),
+    ({"presets": ["bsp"], "profiles": ["hl3"]}, "profiles"),
+    ({"presets": ["bsp", "bsp"]}, "duplicate label"),
+    ({"presets": ["hermes"]}, "baseline"),
+    ({"presets": ["bsp"], "colour": "red"}, "colour"),
+])
+def test_suite_errors_name_the_field(data, field):
+    with pytest.raises(SuiteError, match=field):
+        build_suite({"name": "t", **data})
+
+
+def test_suite_from_toml(tmp_path):
+    f = tmp_path / "mine.toml"
+    f.write_text('presets = ["bsp", "hermes"]\nprofiles = ["hl4", "hl8"]\nrepeats = 3\nmax_seconds = 30\n'
+                 '[overrides]\nbatch_size = 16\n')
+    s = load_suite(f)
+    assert s.name == "mine" and [v.label for v in s.variants] == ["bsp", "hermes"]
+    assert s.overrides == {"batch_size": 16} and len(plan(s)) == 12
+    f.write_text("repeats = [")
+    with pytest.raises(SuiteError, match="not valid TOML"):
+        load_suite(f)
