@@ -178,6 +178,9 @@ class RunConfig(BaseModel):
     # a fall within this margin is noise (cycle times on a shared CPU jitter by
     # 10-30%; ACSOS Fig. 5's memory cliff is far steeper), and a cap is lifted
     # after this many control steps (0 = never, the paper's rule).
+    # Keep the smoothed time across a batch change, rescaled by the batch ratio
+    # (see controllers.ProportionalController); False restarts it (ACSOS).
+    pcontrol_carry_smoothing: bool = True
     pcontrol_throughput_cap: bool = True
     pcontrol_drop_margin: float = Field(default=0.25, ge=0.0, lt=1.0)
     pcontrol_drop_cap_updates: int = Field(default=10, ge=0)

@@ -32,11 +32,12 @@ class PControlAllocator:
 
     def __init__(self, *, steps: int, base: int, b_min: int, b_max: int, deadband: float, alpha: float,
                  global_batch: bool, interval: str, min_observations: int, warmup: int, epoch_samples: int,
-                 drop_margin: float = 0.0, drop_cap_updates: int | None = None) -> None:
+                 drop_margin: float = 0.0, drop_cap_updates: int | None = None,
+                 carry_smoothing: bool = False) -> None:
         self.b = StepBatches(steps=steps, base=base, b_min=b_min, b_max=b_max)
         self.ctl = ProportionalController({}, b_min=b_min, b_max=b_max, deadband=deadband, alpha=alpha,
                                           global_batch=0 if global_batch else None, drop_margin=drop_margin,
-                                          drop_cap_updates=drop_cap_updates)
+                                          drop_cap_updates=drop_cap_updates, carry_smoothing=carry_smoothing)
         self.fixed_global = global_batch
         self.interval = interval
         self.min_observations = min_observations
@@ -57,6 +58,7 @@ class PControlAllocator:
             # No throughput-drop cap: a margin no fall can exceed.
             drop_margin=config.pcontrol_drop_margin if config.pcontrol_throughput_cap else 1.0,
             drop_cap_updates=config.pcontrol_drop_cap_updates or None,
+            carry_smoothing=config.pcontrol_carry_smoothing,
         )
 
     def _resize_global(self) -> None:

@@ -346,3 +346,15 @@ def test_throughput_drop_within_the_margin_is_noise_and_a_cap_expires():
     c2.observe("b", 1.0)
     c2.update()
     assert c2.b_max_of("a") == c2.b_max  # ... then it is lifted: the resources may have changed
+
+
+def test_carried_smoothing_rescales_the_estimate_by_the_batch_ratio():
+    # t ∝ b: the estimate at b=48 starts from the b=32 estimate times 48/32, and one noisy
+    # cycle at the new batch moves it by alpha only (a restart would take it whole).
+    c = ProportionalController({"a": 32, "b": 32}, deadband=0.0, alpha=0.3, carry_smoothing=True)
+    c.observe("a", 0.5)
+    c.observe("b", 1.0)
+    assert c.update() == {"a": 48, "b": 24}
+    assert c.smoothed("a") == pytest.approx(0.75) and c.smoothed("b") == pytest.approx(0.75)
+    c.observe("a", 3.0)  # an outlier
+    assert c.smoothed("a") == pytest.approx(0.3 * 3.0 + 0.7 * 0.75)
