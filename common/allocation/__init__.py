@@ -55,9 +55,17 @@ class CycleObservation:
     seconds: float
     accumulation: int = 1
 
-    def ran(self, workload: Workload) -> bool:
-        """Did this cycle run at ``workload``? Cycles assigned before a resize still arrive after it."""
-        return (self.dss, self.mbs, self.accumulation) == (workload.dss, workload.mbs, workload.accumulation)
+    def seconds_at(self, workload: Workload) -> float | None:
+        """This cycle's time as if it had run all of ``workload``; None if it ran another batch.
+
+        Cycles assigned before a resize still arrive after it: those are not
+        evidence about the new batch. A cycle cut short (a workload bigger than
+        an epoch of data, the end of the data) ran the right batch on fewer
+        samples: its time is scaled up, steps taking equal time at equal batch.
+        """
+        if (self.mbs, self.accumulation) != (workload.mbs, workload.accumulation) or self.dss <= 0:
+            return None
+        return self.seconds * workload.dss / self.dss
 
 
 @dataclass(frozen=True)

@@ -74,8 +74,9 @@ class AdaptiveAllocator:
         if self.clock.add(cycle.dss):
             self._epoch_due = True
         self._seen[worker_id] += 1
-        if self._seen[worker_id] > self.warmup and cycle.ran(self.b.workload(worker_id)):
-            self._times[worker_id].append(cycle.seconds)
+        seconds = cycle.seconds_at(self.b.workload(worker_id))
+        if self._seen[worker_id] > self.warmup and seconds is not None:
+            self._times[worker_id].append(seconds)
 
     def workload(self, worker_id: str) -> Workload:
         return self.b.workload(worker_id)

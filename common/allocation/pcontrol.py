@@ -87,9 +87,10 @@ class PControlAllocator:
         if self.clock.add(cycle.dss):
             self._epoch_due = True
         self._seen[worker_id] += 1
-        if self._seen[worker_id] <= self.warmup or not cycle.ran(self.b.workload(worker_id)):
+        seconds = cycle.seconds_at(self.b.workload(worker_id))
+        if self._seen[worker_id] <= self.warmup or seconds is None:
             return
-        self.ctl.observe(worker_id, cycle.seconds)
+        self.ctl.observe(worker_id, seconds)
         self._counted[worker_id] += 1
 
     def workload(self, worker_id: str) -> Workload:

@@ -726,3 +726,12 @@ def test_dual_search_memory_limit_caps_the_workload():
     assert any(w == "w4" and r.kind == "fast" for _, w, r in c.log)
     c.leave("w4")  # forget drops its history; the others are not disturbed
     assert all(alloc.workload(w).dss > 0 for w in c.speed)
+
+
+def test_a_cycle_cut_short_counts_scaled_and_another_batch_not_at_all():
+    wl = Workload(dss=1352, mbs=338)
+    # A workload bigger than an epoch of data ran 1293 samples at the right batch: scaled up.
+    assert CycleObservation(1293, 338, 1.0).seconds_at(wl) == pytest.approx(1352 / 1293)
+    assert CycleObservation(1352, 338, 2.0).seconds_at(wl) == 2.0
+    assert CycleObservation(1352, 300, 2.0).seconds_at(wl) is None  # assigned before a resize
+    assert CycleObservation(1352, 338, 2.0, accumulation=2).seconds_at(wl) is None
