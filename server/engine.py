@@ -21,7 +21,7 @@ from typing import Any, Sequence
 import torch
 
 from hermes.common.aggregation import aggregation_weights, batch_scaled_lr, loss_blend_weight, power_weights
-from hermes.common.allocation import CycleObservation, Resize, make_allocator
+from hermes.common.allocation import CycleObservation, Resize, Workload, make_allocator
 from hermes.common.config import RunConfig
 from hermes.common.controllers import fit_memory_model, max_batch_for_memory
 from hermes.common.models import build_model
@@ -292,7 +292,7 @@ class Engine:
         self.events.emit("memory_model", worker=rec.id, m0=round(m0), m1=round(m1, 3), b_max=b_max,
                          budget=int(memory * self.config.memory_fraction))
 
-    def _record_workload(self, rec: WorkerRecord, elapsed: float, wl) -> None:
+    def _record_workload(self, rec: WorkerRecord, elapsed: float, wl: Workload) -> None:
         rec.workload_history.append((elapsed, wl.dss, wl.mbs))
         rec.accumulation = wl.accumulation
         self.metrics.worker_dss.labels(worker=rec.id).set(wl.dss)
