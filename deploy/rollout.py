@@ -276,6 +276,9 @@ def build_wheel(source: Path, out_dir: Path, *, timeout: float = 300.0) -> Path:
                 shutil.copy2(source / name, src / name)
         junk = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "build", "dist")
         for folder in sorted(folders):
+            # A subpackage mapped on its own lies inside its parent's folder, copied already.
+            if any(folder != f and Path(folder).is_relative_to(f) for f in folders):
+                continue
             shutil.copytree(source / folder, src / folder, ignore=junk)
         dist = Path(tmp) / "dist"
         cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
