@@ -1,7 +1,8 @@
 """Shared fixtures: a real ``hermes-server`` subprocess and raw ZeroMQ helpers.
 
 ``live_server`` starts the server exactly as a user does
-(``python -m hermes.server.cli ...``) on free loopback ports, waits for
+(``python -m hermes.server.cli ...``, join token in ``HERMES_JOIN_TOKEN``,
+admin token in ``HERMES_ADMIN_TOKEN``) on free loopback ports, waits for
 ``/healthz``, and on teardown sends SIGTERM and checks that the process
 exited cleanly and gave both ports back. ``server_factory`` starts extra
 instances with their own flags (the fault-injection tests need one with a
@@ -32,12 +33,15 @@ import pytest
 import torch
 import zmq
 
+from hermes.common.signing import new_session, now_ms
 from hermes.common.wire import Header, Message, MsgType, ProtocolError, decode, encode
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 STARTUP_TIMEOUT_S = 60.0
 SHUTDOWN_TIMEOUT_S = 20.0
 REPLY_TIMEOUT_S = 5.0
+JOIN_TOKEN = "test-join-token-" + "0123456789abcdef" * 2
+ADMIN_TOKEN = "test-admin-token-" + "fedcba9876543210" * 2
 
 
 # ---------------------------------------------------------------------------
@@ -123,13 +127,21 @@ class WorkerHandle:
     def next_seq(self) -> int:
         return next(self._seq)
 
+    session: str = field(default_factory=new_session)
+
+    @property
+    def key(self) -> bytes:
+        return self.token.encode()
+
     def header(self, type_: MsgType, **kw: Any) -> Header:
         kw.setdefault("seq", self.next_seq())
-        return Header(type=type_, worker=self.id, token=self.token, **kw)
+        kw.setdefault("ts", now_ms())
+        kw.setdefault("session", self.session)
+        return Header(type=type_, worker=self.id, **kw)
 
-    def frames(self, type_: MsgType, payload: Any = None, **kw: Any) -> list[bytes]:
-        """Encoded request frames as plain bytes (easy to corrupt)."""
-        return [bytes(f) for f in encode(self.header(type_, **kw), payload)]
+    def frames(self, type_: MsgType, payload: Any = None, *, sign: bool = True, **kw: Any) -> list[bytes]:
+        """Encoded request frames, signed with this worker's secret, as plain bytes (easy to corrupt)."""
+        return [bytes(f) for f in encode(self.header(type_, **kw), payload, key=self.key if sign else None)]
 
     def request(self, type_: MsgType, payload: Any = None, **kw: Any) -> Message:
         return self.server.exchange(self.frames(type_, payload, **kw))
@@ -180,7 +192,8 @@ class LiveServer:
 
     def register_raw(self, name: str | None = None, **fields: Any) -> dict[str, Any]:
         body = {"name": name or f"t{os.getpid()}-{next(self._names)}", **fields}
-        r = self.http.post(self.url + "/v1/workers/register", json=body)
+        r = self.http.post(self.url + "/v1/workers/register", json=body,
+                           headers={"Authorization": f"Bearer {JOIN_TOKEN}"})
         assert r.status_code == 200, (r.status_code, r.text)
         reply = r.json()
         for key in ("worker_id", "token", "model_spec", "run_config", "data_plane"):
@@ -243,6 +256,8 @@ def parse_metric(text: str, name: str, **labels: str) -> float:
 
 def _server_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("HERMES_")}
+    env["HERMES_JOIN_TOKEN"] = JOIN_TOKEN
+    env["HERMES_ADMIN_TOKEN"] = ADMIN_TOKEN
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("OMP_NUM_THREADS", "1")
     return env
