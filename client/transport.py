@@ -248,7 +248,7 @@ class DataClient:
                 # Unsigned: the server answers messages it could not authenticate too.
                 raise RemoteError(str(msg.header.body.get("code", ErrorCode.INTERNAL.value)),
                                   str(msg.header.body.get("message", "")))
-            if msg.header.session != self.session or not verify_mac(msg.header, frames[1:], self.key):
+            if msg.header.session != self.session or not verify_mac(frames[0], msg.header, frames[1:], self.key):
                 log.warning("reply %d without a valid server signature dropped", seq)
                 continue
             return msg

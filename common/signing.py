@@ -10,10 +10,10 @@ extensions), a few ms for a 4 MB update. What it does not give is secrecy:
 model weights and shard records cross the data plane in the clear. Where
 that matters, run the data plane inside a VPN (WireGuard) or add CURVE.
 
-The MAC covers the packed header with ``mac`` empty (type, worker, session,
-seq, timestamp, model version, dtype, shapes, frame lengths, checksum, body)
-and every payload byte. Both sides pack the header from the same decoded
-fields, so the bytes hashed are identical without a canonical encoding.
+The MAC covers the header frame's bytes up to the MAC itself (the last
+entry of the msgpack map: type, worker, session, seq, timestamp, model
+version, dtype, shapes, frame lengths, checksum, body) and every payload
+byte, exactly as received.
 """
 
 from __future__ import annotations

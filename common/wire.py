@@ -27,6 +27,8 @@ import crc32c
 import msgpack
 import torch
 
+from hermes.common.signing import MAC_HEX_CHARS, mac_hex, macs_equal
+
 # 2: per-message HMAC (mac, session, ts) replaced the bearer token of version 1.
 PROTOCOL_VERSION = 2
 MAX_FRAME_BYTES = 32 * 1024 * 1024
@@ -133,7 +135,8 @@ class Header:
     checksum: int = 0
     body: dict[str, Any] = field(default_factory=dict)
     proto: int = PROTOCOL_VERSION
-    # HMAC-SHA256 (hex) over this header packed with mac="" and the payload.
+    # HMAC-SHA256 (hex) over the packed header up to this value (always the
+    # last entry, so its 64 characters end the frame) and the payload.
     mac: str = ""
 
     def pack(self) -> bytes:
@@ -319,7 +322,7 @@ def encode(
     with ``copy=False`` and do not mutate the tensor in the meantime).
     """
     if flat is None:
-        return [_signed(header, (), key).pack()]
+        return [_pack_signed(header, (), key)]
     if isinstance(flat, (bytes, bytearray, memoryview)):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # read-only bytes, never written through
@@ -342,21 +345,26 @@ def encode(
         checksum=flat.checksum,
         body=header.body,
     )
-    return [_signed(full, flat.frames, key).pack(), *flat.frames]
+    return [_pack_signed(full, flat.frames, key), *flat.frames]
 
 
-def _signed(header: Header, frames: Sequence[Any], key: bytes | None) -> Header:
+def _pack_signed(header: Header, frames: Sequence[Any], key: bytes | None) -> bytes:
     if key is None:
-        return header
-    unsigned = replace(header, mac="") if header.mac else header
-    return replace(unsigned, mac=mac_hex(key, unsigned.pack(), frames))
+        return header.pack()
+    # Packed with a placeholder of the final length: the MAC covers every
+    # header byte before it, then takes its place.
+    raw = replace(header, mac="0" * MAC_HEX_CHARS).pack()
+    return raw[:-MAC_HEX_CHARS] + mac_hex(key, raw[:-MAC_HEX_CHARS], frames).encode()
 
 
-def verify_mac(header: Header, payload_frames: Sequence[Any], key: bytes) -> bool:
-    """True when ``header.mac`` is the HMAC of this header and payload under ``key``."""
-    if len(header.mac) != MAC_HEX_CHARS:
+def verify_mac(header_frame: Any, header: Header, payload_frames: Sequence[Any], key: bytes) -> bool:
+    """True when the header frame ends in its ``mac`` and that is the HMAC, under ``key``, of
+    every header byte before it and every payload byte. Checked on the received bytes, not a
+    re-encoding: any change to them (a renamed key, another encoding of a value) fails."""
+    raw = bytes(_buffer(header_frame))
+    if len(header.mac) != MAC_HEX_CHARS or raw[-MAC_HEX_CHARS:] != header.mac.encode():
         return False
-    return macs_equal(header.mac, mac_hex(key, replace(header, mac="").pack(), payload_frames))
+    return macs_equal(header.mac, mac_hex(key, raw[:-MAC_HEX_CHARS], payload_frames))
 
 
 def _buffer(frame: Any) -> memoryview:

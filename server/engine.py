@@ -452,7 +452,7 @@ class Engine:
             raise ProtocolError(ErrorCode.BAD_REQUEST, f"{h.type.value} is a reply type, not a request")
         worker = self.registry.lookup(h.worker)
         # Signature first: nothing unauthenticated may move the replay counters.
-        if not await _offload(size, verify_mac, h, frames[1:], worker.key):
+        if not await _offload(size, verify_mac, frames[0], h, frames[1:], worker.key):
             raise ProtocolError(ErrorCode.UNAUTHORIZED, f"bad signature from worker {h.worker!r}")
         self.replay.check(h)
         if worker.state != "active":
