@@ -15,6 +15,7 @@ server that does not answer.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import json
 import os
@@ -132,6 +133,14 @@ class WorkerHandle:
     @property
     def key(self) -> bytes:
         return self.token.encode()
+
+    _sibling: "WorkerHandle | None" = field(default=None, repr=False)
+
+    def other_session(self) -> "WorkerHandle":
+        """The same worker on a second session (its seq counter does not interleave with this one's)."""
+        if self._sibling is None:
+            self._sibling = dataclasses.replace(self, session=new_session(), _seq=itertools.count(1))
+        return self._sibling
 
     def header(self, type_: MsgType, **kw: Any) -> Header:
         kw.setdefault("seq", self.next_seq())
