@@ -182,15 +182,15 @@ class Agent:
                                   beta=self.config.gate_beta, lam=self.config.gate_lambda))
             if self.config.gate == "zscore" else None
         )
+        # Loss-weighted aggregation (Hermes Alg. 2) takes G = w_local - w0,
+        # the change since the initial model; the other rules take the
+        # change since the last pulled model.
+        self.from_baseline = self.config.aggregation == "loss"
+        self.baseline: torch.Tensor | None = None
+        self.version = 0
+        self.validation = None
+        self._validation_source = (reg["validation_shards"], source)
         try:
-            self.version, self.base = self._pull(force=True)
-            # Loss-weighted aggregation (Hermes Alg. 2) takes G = w_local - w0,
-            # the change since the initial model; the other rules take the
-            # change since the last pulled model.
-            self.from_baseline = self.config.aggregation == "loss"
-            self.baseline = self.base
-            self.validation = self._fetch_validation(reg["validation_shards"], source) if self.gate else None
-            self.prefetcher.start()
             self._loop_rejoining()
         finally:
             self.prefetcher.stop()
@@ -217,6 +217,7 @@ class Agent:
         """The training loop, registering again whenever the server lost us or restarted."""
         while True:
             try:
+                self._begin()
                 self._loop()
                 return
             except RequestCancelled:
@@ -246,11 +247,20 @@ class Agent:
         # Retries with backoff while a restarting server comes back.
         reg = self._register()
         self.data = self._data_client(reg["data_plane"])
-        # Catch up: whatever this agent trained meanwhile is superseded by the global model.
-        self.version, self.base = self._pull(force=True)
-        log.info("registered again as %s (%s); model version %d", self.worker_id, "rejoined" if reg["rejoined"]
-                 else "new", self.version)
+        log.info("registered again as %s (%s)", self.worker_id, "rejoined" if reg["rejoined"] else "new")
+        previous = self.prefetcher
         self.prefetcher = self._new_prefetcher(reg["data_plane"])
+        self.prefetcher.wait_seconds = previous.wait_seconds
+        self.prefetcher.first_wait_seconds = previous.first_wait_seconds
+
+    def _begin(self) -> None:
+        """After each registration: catch up with the global model (whatever this agent trained
+        meanwhile is superseded by it), then start prefetching."""
+        self.version, self.base = self._pull(force=True)
+        if self.baseline is None:
+            self.baseline = self.base
+        if self.gate is not None and self.validation is None:
+            self.validation = self._fetch_validation(*self._validation_source)
         self.prefetcher.start()
 
     def _loop(self) -> None:

@@ -70,12 +70,23 @@ def http_json(url: str, method: str = "GET", timeout: float = 5.0, token: str | 
 
 @dataclass(frozen=True)
 class ChaosStep:
-    at: float
+    at: float  # seconds after the agents started, or
     action: str  # kill-agent | restart-agent | kill-server
     agent: int = 0  # 1-based index for the agent actions
+    at_version: int | None = None  # ... once the model reaches this version (``@vN``)
+
+    def due(self, elapsed: float, version: int | None) -> bool:
+        if self.at_version is not None:
+            return version is not None and version >= self.at_version
+        return elapsed >= self.at
 
 
-_CHAOS = re.compile(r"^(kill-agent|restart-agent):(\d+)@([0-9.]+)$|^(kill-server)@([0-9.]+)$")
+_WHEN = r"@(v\d+|[0-9.]+)$"
+_CHAOS = re.compile(r"^(kill-agent|restart-agent):(\d+)" + _WHEN + r"|^(kill-server)" + _WHEN)
+
+
+def _when(text: str) -> dict[str, Any]:
+    return {"at": 0.0, "at_version": int(text[1:])} if text.startswith("v") else {"at": float(text)}
 
 
 def parse_chaos(items: list[str], clients: int) -> list[ChaosStep]:
@@ -83,15 +94,16 @@ def parse_chaos(items: list[str], clients: int) -> list[ChaosStep]:
     for item in items:
         m = _CHAOS.match(item.strip())
         if not m:
-            raise ValueError(f"{item!r}: expected kill-agent:N@SECONDS, restart-agent:N@SECONDS or kill-server@SECONDS")
+            raise ValueError(f"{item!r}: expected kill-agent:N@WHEN, restart-agent:N@WHEN or kill-server@WHEN, "
+                             "WHEN being seconds after the agents started or vN (once the model reaches version N)")
         if m.group(1):
             n = int(m.group(2))
             if not 1 <= n <= clients:
                 raise ValueError(f"{item!r}: agent {n} not in 1..{clients}")
-            steps.append(ChaosStep(float(m.group(3)), m.group(1), n))
+            steps.append(ChaosStep(action=m.group(1), agent=n, **_when(m.group(3))))
         else:
-            steps.append(ChaosStep(float(m.group(5)), "kill-server"))
-    return sorted(steps, key=lambda st: st.at)
+            steps.append(ChaosStep(action="kill-server", **_when(m.group(5))))
+    return steps
 
 
 @dataclass
@@ -203,8 +215,9 @@ class Testbed:
         except (urllib.error.URLError, OSError, ValueError):
             return None
 
-    def run_chaos(self, elapsed: float) -> None:
-        while self.chaos and self.chaos[0].at <= elapsed:
+    def run_chaos(self, elapsed: float, version: int | None) -> None:
+        """Steps run in the order given, each once it is due."""
+        while self.chaos and self.chaos[0].due(elapsed, version):
             step = self.chaos.pop(0)
             entry: dict[str, Any] = {"action": step.action, "at": round(elapsed, 3)}
             if step.action == "kill-server":
@@ -304,7 +317,7 @@ class Testbed:
         outcome = "time limit"
         while True:
             elapsed = time.time() - t0
-            self.run_chaos(elapsed)
+            self.run_chaos(elapsed, status.get("model_version"))
             try:
                 status = http_json(self.url + "/v1/status")
             except (urllib.error.URLError, OSError, ValueError) as exc:
@@ -504,9 +517,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--heartbeat-timeout", type=float, default=10.0,
                    help="silence after which the server marks an agent lost (default 10)")
     p.add_argument("--chaos", action="append", default=[], metavar="ACTION@SECONDS",
-                   help="inject a fault, repeatable: kill-agent:N@T (SIGKILL agent N at T seconds), "
-                        "restart-agent:N@T (start it again), kill-server@T (SIGKILL the server and restart it "
-                        "with --resume from the run's checkpoints)")
+                   help="inject a fault, repeatable, in order: kill-agent:N@WHEN (SIGKILL agent N), "
+                        "restart-agent:N@WHEN (start it again), kill-server@WHEN (SIGKILL the server and restart "
+                        "it with --resume from the run's checkpoints); WHEN is seconds after the agents started "
+                        "(e.g. @20) or a model version (e.g. @v50)")
     p.add_argument("--progress-interval", type=float, default=2.0, help="seconds between progress lines")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     return p

@@ -200,7 +200,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
                          f"more than {settings.register_burst} registrations at {settings.register_rate}/s "
                          f"from {client}; retry in {retry_after:.1f}s", client,
                          {"Retry-After": str(max(1, round(retry_after)))})
-        if not creds.insecure and not token_matches(bearer(authorization), creds.join):
+        if creds.join is not None and not token_matches(bearer(authorization), creds.join):
             raise refuse(engine, 401, "unauthorized", "missing or wrong join token", client,
                          {"WWW-Authenticate": "Bearer"})
         if body.protocol_version != PROTOCOL_VERSION:
