@@ -158,3 +158,33 @@ def test_resume_refuses_wrong_directories(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "hermes.server.cli", "--checkpoint-dir", str(used)],
                           capture_output=True, text=True, timeout=60, env=_server_env())
     assert proc.returncode == 2 and "holds a checkpoint" in proc.stderr and "--resume" in proc.stderr
+
+
+def test_agent_sigterm_at_a_barrier_abandons_the_wait_reports_and_leaves(server_factory, tmp_path):
+    import os
+    import signal
+
+    from tests.conftest import JOIN_TOKEN
+
+    srv = server_factory("--preset", "bsp")
+    srv.register("never-pushes")  # holds every barrier: the agent's first push waits
+    env = {**os.environ, "HERMES_JOIN_TOKEN": JOIN_TOKEN, "PYTHONUNBUFFERED": "1"}
+    log = tmp_path / "agent.log"
+    with open(log, "wb") as fh:
+        agent = subprocess.Popen([sys.executable, "-m", "hermes.client.cli", "--server", srv.url, "--name",
+                                  "terminated", "--no-progress"], stdout=fh, stderr=subprocess.STDOUT, env=env)
+    try:
+        wid = _wait_for(lambda: next((w["id"] for w in srv.workers().values() if w["name"] == "terminated"), None),
+                        60, "the agent to register")
+        _wait_for(lambda: srv.workers()[wid]["pushes"] >= 1, 90, "the agent's first push (held at the barrier)")
+        t0 = time.monotonic()
+        agent.send_signal(signal.SIGTERM)
+        assert agent.wait(timeout=20) == 0, log.read_text()[-3000:]
+        assert time.monotonic() - t0 < 10
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+    rec = srv.workers()[wid]
+    assert rec["state"] == "left" and rec["samples"] > 0, rec  # final stats delivered, then goodbye
+    assert srv.healthz()["model_version"] == 0  # the held push was abandoned, not applied
+    assert "Traceback" not in log.read_text()
