@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Sequence
 import crc32c
 import torch
 
-from hermes.common.wire import Payload, dtype_from_name, dtype_name
+from hermes.common.wire import Payload, ProtocolError, dtype_from_name, dtype_name
 from hermes.server.evaluator import Evaluation
 
 if TYPE_CHECKING:
@@ -176,7 +176,7 @@ def read_journal(path: Path) -> list[tuple[dict[str, Any], list[torch.Tensor]]]:
             head = json.loads(data[pos + 4 : pos + 4 + n])
             sizes = [d["numel"] * torch.empty(0, dtype=dtype_from_name(d["dtype"])).element_size()
                      for d in head["deltas"]]
-        except (ValueError, KeyError, TypeError, Exception):  # noqa: BLE001 - any garbage ends the log
+        except (ValueError, KeyError, TypeError, ProtocolError):  # garbage ends the log
             break
         body_at = pos + 4 + n
         end = body_at + sum(sizes)

@@ -20,34 +20,43 @@ from tests.conftest import run_testbed
 
 pytestmark = pytest.mark.integration
 
-FAST_HEARTBEATS = ("--heartbeat-interval", "0.5", "--heartbeat-timeout", "3")
+HEARTBEAT_TIMEOUT = 2.0
+FAST_HEARTBEATS = ("--heartbeat-interval", "0.3", "--heartbeat-timeout", str(HEARTBEAT_TIMEOUT))
 
 
 def _events(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
 
 
-def _check_agent_killed(out: Path, s: dict, agent: str) -> None:
+def _check_agent_killed(out: Path, s: dict, agent: str, *, barrier: bool) -> None:
     assert s["reached_target"] is True, s["outcome"]
     (chaos,) = s["chaos"]
     assert chaos["action"] == "kill-agent" and chaos["agent"] == agent
     killed = next(w for w in s["workers"] if w["name"] == agent)
     assert killed["exit_code"] == -9
     assert all(w["exit_code"] == 0 for w in s["workers"] if w["name"] != agent)
-    lost = [e for e in _events(out) if e.get("event") == "leave" and e.get("worker") == killed["id"]]
-    assert lost and lost[0]["state"] == "lost", lost
     assert s["model_updates"] > chaos["version_before"], "no progress after the kill"
+    events = _events(out)
+    lost = [i for i, e in enumerate(events) if e.get("event") == "leave" and e.get("worker") == killed["id"]]
+    if barrier or s["wall_seconds"] - chaos["at"] > HEARTBEAT_TIMEOUT + 2:
+        # The server noticed (a barrier cannot finish without noticing) ...
+        assert lost and events[lost[0]]["state"] == "lost", [events[i] for i in lost]
+    if barrier:
+        # ... and the barrier went on without the dead worker.
+        assert any(e.get("event") == "update_applied" for e in events[lost[0]:]), "no progress after the loss"
 
 
-@pytest.mark.parametrize("preset,profile,agent,version", [
-    ("bsp", "hl4", "worker-2", 8),
-    ("hermes", "hl8", "worker-3", 10),
+# Killed early and with a target far enough away that the run outlasts the
+# heartbeat timeout: what is tested is training on after the loss.
+@pytest.mark.parametrize("preset,profile,agent,version,target", [
+    ("bsp", "hl4", "worker-2", 2, "0.9"),
+    ("hermes", "hl8", "worker-3", 1, "0.93"),
 ])
-def test_run_survives_a_killed_agent(preset, profile, agent, version, tmp_path):
+def test_run_survives_a_killed_agent(preset, profile, agent, version, target, tmp_path):
     out = tmp_path / f"kill-{preset}"
-    _, s = run_testbed(out, "--preset", preset, "--profile", profile, "--target-accuracy", "0.9", "--quiet",
+    _, s = run_testbed(out, "--preset", preset, "--profile", profile, "--target-accuracy", target, "--quiet",
                        "--chaos", f"kill-agent:{agent.rsplit('-', 1)[1]}@v{version}", *FAST_HEARTBEATS)
-    _check_agent_killed(out, s, agent)
+    _check_agent_killed(out, s, agent, barrier=preset == "bsp")
 
 
 def _check_server_resumed(out: Path, s: dict) -> dict:

@@ -4,7 +4,6 @@ replay-proof data plane, garbage on the data-plane port, limits, TLS."""
 from __future__ import annotations
 
 import datetime
-import os
 import random
 import socket
 import stat
@@ -18,7 +17,7 @@ import pytest
 import torch
 
 from hermes.client.transport import ControlClient, DataClient, RemoteError, ServerUnreachable, tls_context
-from hermes.common.wire import ErrorCode, MsgType, decode
+from hermes.common.wire import ErrorCode, MsgType, checksum_of
 from tests.conftest import ADMIN_TOKEN, JOIN_TOKEN, running_server
 
 pytestmark = pytest.mark.integration
@@ -105,7 +104,6 @@ def test_forged_signature_is_rejected_and_counted(live_server):
     forged = list(good)
     forged[1] = bytes(4 * w.numel)  # same length, CRC redone: only the signature can tell
     header = msgpack.unpackb(good[0], raw=False)
-    from hermes.common.wire import checksum_of
     header["checksum"] = checksum_of([forged[1]])
     forged[0] = msgpack.packb(header, use_bin_type=True)
     body = _rejected(live_server, forged, ErrorCode.UNAUTHORIZED)
