@@ -134,7 +134,6 @@ class Testbed:
         self.checkpoint_dir = self.out / "checkpoints"
         self.chaos = parse_chaos(args.chaos, args.clients)
         self.chaos_log: list[dict[str, Any]] = []
-        self._restarting = False
 
     # ---- processes ----------------------------------------------------------
 
@@ -227,11 +226,7 @@ class Testbed:
                 self.server.popen.wait(timeout=10)
                 self.emit("chaos", **entry)
                 t0 = time.monotonic()
-                self._restarting = True
-                try:
-                    self.start_server(resume=True)
-                finally:
-                    self._restarting = False
+                self.start_server(resume=True)
                 status = http_json(self.url + "/v1/status")
                 entry |= {"restart_seconds": round(time.monotonic() - t0, 3),
                           "resumed_from": status.get("resumed_from"), "version_after": status.get("model_version")}
