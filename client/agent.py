@@ -22,14 +22,19 @@ import torch
 import zmq
 
 from hermes.client.collective import CollectiveGroup, Rendezvous
+from hermes.client.heartbeat import Heartbeat
 from hermes.client.memory_probe import available_memory_bytes, memory_profile
 from hermes.client.prefetch import Prefetcher, ShardFetcher, ShardStats, StopSignal, Work
 from hermes.client.trainer import LocalTrainer, resolve_device, resolve_precision
-from hermes.client.transport import ControlClient, DataClient, StopRequested, TrafficCounter
+from hermes.client.transport import (
+    ControlClient, DataClient, RemoteError, RequestCancelled, ServerUnreachable, StopRequested, TrafficCounter,
+    tls_context,
+)
 from hermes.common.config import RunConfig
 from hermes.common.gate import GateConfig, ZScoreGate
+from hermes.common.signing import ServerClock
 from hermes.common.tensors import ModelSpec, build_from_spec
-from hermes.common.wire import MsgType, dtype_from_name
+from hermes.common.wire import ErrorCode, MsgType, dtype_from_name
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +61,13 @@ class AgentOptions:
     # Compute capacity this device declares (cores, or FLOPs): the static
     # allocation policy's c_k (OmniLearn Eq. 4a). None: the server decides.
     cores: float | None = None
+    # Security: the operator's join token; TLS for the control plane.
+    join_token: str | None = field(default=None, repr=False)
+    ssl_ca_certfile: str | None = None
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
+    # Registrations after the first (server restarted, or it marked us lost) before giving up.
+    max_rejoins: int = 100
 
     def slowdown_at(self, elapsed: float) -> float:
         factor = self.slowdown
@@ -80,6 +92,12 @@ class AgentStats:
     started: float = field(default_factory=time.perf_counter)
 
 
+# Data-plane errors after which registering again is the cure: the server
+# forgot this worker (marked lost, or restarted with new secrets) or is restarting.
+_REJOIN_CODES = frozenset({ErrorCode.UNAUTHORIZED.value, ErrorCode.UNKNOWN_WORKER.value,
+                           ErrorCode.UNAVAILABLE.value, ErrorCode.REPLAY.value})
+
+
 def _finite_or_none(v: float | None) -> float | None:
     return v if v is not None and math.isfinite(v) else None
 
@@ -88,7 +106,15 @@ class Agent:
     def __init__(self, options: AgentOptions) -> None:
         self.options = options
         self.stop_requested = threading.Event()
-        self.control = ControlClient(options.server, retries=options.connect_retries, stop=self.stop_requested)
+        # Cuts data-plane waits short: set on stop and when the server forgot us.
+        self.cancel = threading.Event()
+        tls = tls_context(options.ssl_ca_certfile, options.ssl_certfile, options.ssl_keyfile)
+        self.control = ControlClient(options.server, retries=options.connect_retries, stop=self.stop_requested,
+                                     join_token=options.join_token, ssl_context=tls)
+        # One attempt each: heartbeats and the goodbye must not hang in backoff.
+        self.quick_control = ControlClient(options.server, retries=0, timeout=5.0, ssl_context=tls)
+        self.rejoins = 0
+        self.heartbeat: Heartbeat | None = None
         self.traffic = TrafficCounter()
         self.stats = AgentStats()
         self.stop_reason = ""
@@ -100,18 +126,44 @@ class Agent:
     def request_stop(self, reason: str) -> None:
         self.stop_reason = reason
         self.stop_requested.set()
+        self.cancel.set()
+
+    def _register(self) -> dict:
+        reg = self.control.register(
+            name=self.options.name, threads=self.options.threads, device=self.device.type,
+            slowdown=self.options.slowdown,
+            hints=self._hints(),
+        )
+        self.worker_id, self.token = reg["worker_id"], reg["token"]
+        self.rendezvous = reg.get("collective")
+        self.clock = ServerClock(reg.get("server_time_ms"))
+        self.max_message_bytes = int(reg.get("max_message_bytes", 0)) or 2**62
+        self.heartbeat = Heartbeat(self.quick_control, self.worker_id, self.token,
+                                   interval=float(reg.get("heartbeat_interval_seconds", 5.0)),
+                                   on_lost=self._registration_lost)
+        self.heartbeat.start()
+        return reg
+
+    def _hints(self) -> dict:
+        hints = {"torch": torch.__version__, "memory_available_bytes": available_memory_bytes(self.device)}
+        if self.options.cores:
+            hints["cores"] = self.options.cores
+        return hints
+
+    def _registration_lost(self, reason: str) -> None:
+        log.warning("%s; will register again", reason)
+        self.cancel.set()
+
+    def _data_client(self, address: str) -> DataClient:
+        return DataClient(address, self.worker_id, self.token, timeout=self.options.request_timeout,
+                          counter=self.traffic, context=self._ctx, clock=self.clock,
+                          max_message_bytes=self.max_message_bytes, cancel=self.cancel)
 
     def run(self) -> AgentStats:
         opts = self.options
         torch.set_num_threads(opts.threads)
-        device = resolve_device(opts.device)
-        hints = {"torch": torch.__version__, "memory_available_bytes": available_memory_bytes(device)}
-        if opts.cores:
-            hints["cores"] = opts.cores
-        reg = self.control.register(
-            name=opts.name, threads=opts.threads, device=device.type, slowdown=opts.slowdown, hints=hints,
-        )
-        self.worker_id, self.token = reg["worker_id"], reg["token"]
+        device = self.device = resolve_device(opts.device)
+        reg = self._register()
         spec = ModelSpec.from_dict(reg["model_spec"])
         self.config = RunConfig(**reg["run_config"])
         self.precision = resolve_precision(self.config.precision, device)
@@ -126,14 +178,9 @@ class Agent:
         self.wire_dtype = dtype_from_name(self.config.wire_dtype)
         self.spec = spec
         address = reg["data_plane"]
-        self.data = DataClient(address, self.worker_id, self.token, timeout=opts.request_timeout,
-                               counter=self.traffic, context=self._ctx)
+        self.data = self._data_client(address)
         self.shard_stats = ShardStats()
-        self.prefetcher = Prefetcher(
-            lambda: DataClient(address, self.worker_id, self.token, timeout=opts.request_timeout,
-                               counter=self.traffic, context=self._ctx),
-            stats=self.shard_stats, kafka_bootstrap=opts.kafka_bootstrap,
-        )
+        self.prefetcher = self._new_prefetcher(address)
         source = reg.get("data_source") or {"source": "zmq"}
         if source.get("source") == "kafka":
             log.info("shard records from Kafka at %s (the data plane is the fallback)",
@@ -143,29 +190,25 @@ class Agent:
                                   beta=self.config.gate_beta, lam=self.config.gate_lambda))
             if self.config.gate == "zscore" else None
         )
+        # Loss-weighted aggregation (Hermes Alg. 2) takes G = w_local - w0,
+        # the change since the initial model; the other rules take the
+        # change since the last pulled model.
+        self.from_baseline = self.config.aggregation == "loss"
+        self.baseline: torch.Tensor | None = None
+        self.version = 0
+        self.validation = None
+        self._validation_source = (reg["validation_shards"], source)
         try:
-            self.version, self.base = self._pull(force=True)
-            # Loss-weighted aggregation (Hermes Alg. 2) takes G = w_local - w0,
-            # the change since the initial model; the other rules take the
-            # change since the last pulled model.
-            self.from_baseline = self.config.aggregation == "loss"
-            self.baseline = self.base
-            self.validation = self._fetch_validation(reg["validation_shards"], source) if self.gate else None
-            self.prefetcher.start()
-            if self.config.allocation in ("static", "pcontrol", "partition"):
-                # Those policies cap each worker's batch by its memory (OmniLearn Eq. 9).
-                self._report(memory_profile=memory_profile(self.trainer.model, spec.input_shape,
-                                                           spec.num_classes, device))
-            if reg.get("collective"):
-                self._collective_loop(Rendezvous.from_reply(reg["collective"]), device)
-            else:
-                self._loop()
+            self._loop_rejoining()
         finally:
             self.prefetcher.stop()
+            if self.heartbeat is not None:
+                self.heartbeat.stop()
+            self.cancel.clear()  # the goodbye below must not be cut short
             self._report(final=True)
             self.data.close()
             try:
-                self.control.leave(self.worker_id, self.token)
+                self.quick_control.leave(self.worker_id, self.token)
             except Exception as exc:  # the server may be gone already
                 log.info("could not say goodbye to the server: %s", exc)
             self._ctx.term()
@@ -173,6 +216,72 @@ class Agent:
             if opts.progress and sys.stderr.isatty():
                 sys.stderr.write("\n")
         return self.stats
+
+    def _new_prefetcher(self, address: str) -> Prefetcher:
+        return Prefetcher(lambda: self._data_client(address), stats=self.shard_stats,
+                          kafka_bootstrap=self.options.kafka_bootstrap)
+
+    def _loop_rejoining(self) -> None:
+        """The training loop, registering again whenever the server lost us or restarted."""
+        while True:
+            try:
+                self._begin()
+                self._train()
+                return
+            except RequestCancelled:
+                if self.stop_requested.is_set():
+                    return  # SIGTERM during a wait: the step is abandoned
+                reason = "registration lost"
+            except RemoteError as exc:
+                if exc.code not in _REJOIN_CODES:
+                    raise
+                reason = str(exc)
+            except ServerUnreachable as exc:
+                reason = str(exc)
+            if self.stop_requested.is_set():
+                return
+            self._rejoin(reason)
+
+    def _train(self) -> None:
+        if self.config.allocation in ("static", "pcontrol", "partition"):
+            # Those policies cap each worker's batch by its memory (OmniLearn Eq. 9).
+            self._report(memory_profile=memory_profile(self.trainer.model, self.spec.input_shape,
+                                                       self.spec.num_classes, self.device))
+        if self.rendezvous:
+            # A broken group cannot be re-formed by registering again: CollectiveError ends the agent.
+            self._collective_loop(Rendezvous.from_reply(self.rendezvous), self.device)
+        else:
+            self._loop()
+
+    def _rejoin(self, reason: str) -> None:
+        self.rejoins += 1
+        if self.rejoins > self.options.max_rejoins:
+            raise ServerUnreachable(f"gave up after {self.options.max_rejoins} re-registrations; last: {reason}")
+        log.warning("registering again (%s)", reason)
+        self.prefetcher.stop()
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
+        self.data.close()
+        self.cancel.clear()
+        self._carry = None  # the server's account of carried samples starts over too
+        # Retries with backoff while a restarting server comes back.
+        reg = self._register()
+        self.data = self._data_client(reg["data_plane"])
+        log.info("registered again as %s (%s)", self.worker_id, "rejoined" if reg["rejoined"] else "new")
+        previous = self.prefetcher
+        self.prefetcher = self._new_prefetcher(reg["data_plane"])
+        self.prefetcher.wait_seconds = previous.wait_seconds
+        self.prefetcher.first_wait_seconds = previous.first_wait_seconds
+
+    def _begin(self) -> None:
+        """After each registration: catch up with the global model (whatever this agent trained
+        meanwhile is superseded by it), then start prefetching."""
+        self.version, self.base = self._pull(force=True)
+        if self.baseline is None:
+            self.baseline = self.base
+        if self.gate is not None and self.validation is None:
+            self.validation = self._fetch_validation(*self._validation_source)
+        self.prefetcher.start()
 
     def _loop(self) -> None:
         while not self.stop_requested.is_set():

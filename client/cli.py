@@ -29,6 +29,15 @@ def parse_schedule(text: str) -> tuple[tuple[float, float], ...]:
     return tuple(sorted(steps))
 
 
+def _join_token(path: str | None) -> str | None:
+    if path:
+        lines = [ln.strip() for ln in open(path, encoding="utf-8").read().splitlines() if ln.strip()]
+        if not lines:
+            raise OSError(f"{path} is empty")
+        return lines[0]
+    return _env("JOIN_TOKEN") or None
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="hermes-client",
@@ -55,6 +64,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cores", type=float, default=float(_env("CORES", "0")) or None,
                    help="compute capacity this device declares, in cores or FLOPs (any unit consistent across "
                         "the cluster); the static allocation policy splits batches by it [HERMES_CORES]")
+    p.add_argument("--join-token-file", default=_env("JOIN_TOKEN_FILE"), metavar="FILE",
+                   help="file whose first line is the server's join token; or set HERMES_JOIN_TOKEN "
+                        "(never a flag: command lines are visible to every user)")
+    p.add_argument("--ssl-ca-certfile", default=_env("SSL_CA_CERTFILE"), metavar="PEM",
+                   help="CA bundle to verify an https:// server with (default: the system's) [HERMES_SSL_CA_CERTFILE]")
+    p.add_argument("--ssl-certfile", default=_env("SSL_CERTFILE"), metavar="PEM",
+                   help="client certificate, for servers that require one [HERMES_SSL_CERTFILE]")
+    p.add_argument("--ssl-keyfile", default=_env("SSL_KEYFILE"), metavar="PEM",
+                   help="private key of --ssl-certfile [HERMES_SSL_KEYFILE]")
     p.add_argument("--max-cycles", type=int, default=None, help="stop after this many training cycles")
     p.add_argument("--no-progress", action="store_true", help="no status line")
     p.add_argument("--log-level", default=_env("LOG_LEVEL", "info"), choices=["debug", "info", "warning", "error"])
@@ -80,6 +98,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"hermes-client: --slowdown-schedule: {exc}", file=sys.stderr)
         return EXIT_CONFIG
 
+    try:
+        join_token = _join_token(args.join_token_file)
+    except OSError as exc:
+        print(f"hermes-client: --join-token-file: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    if bool(args.ssl_certfile) != bool(args.ssl_keyfile):
+        print("hermes-client: --ssl-certfile and --ssl-keyfile go together", file=sys.stderr)
+        return EXIT_CONFIG
+    for flag in ("ssl_ca_certfile", "ssl_certfile", "ssl_keyfile"):
+        path = getattr(args, flag)
+        if path and not os.path.isfile(path):
+            print(f"hermes-client: --{flag.replace('_', '-')} {path!r}: no such file", file=sys.stderr)
+            return EXIT_CONFIG
+
     from hermes.client.agent import Agent, AgentOptions
     from hermes.client.collective import CollectiveError
     from hermes.client.transport import RemoteError, ServerUnreachable, StopRequested
@@ -89,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
         request_timeout=args.request_timeout, connect_retries=args.connect_retries,
         progress=not args.no_progress, max_cycles=args.max_cycles, slowdown_schedule=schedule,
         kafka_bootstrap=args.kafka_bootstrap or None, cores=args.cores, schedule_origin=args.schedule_origin,
+        join_token=join_token,
+        ssl_ca_certfile=args.ssl_ca_certfile, ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile,
     ))
 
     def on_signal(signum, _frame):

@@ -289,7 +289,8 @@ class Prefetcher:
                 self._queue.get_nowait()
         except queue.Empty:
             pass
-        self._thread.join(timeout=10)
+        if self._thread.ident is not None:  # started (a rejoin may replace it before it starts)
+            self._thread.join(timeout=10)
 
     def next(self) -> Work | StopSignal:
         t0 = time.perf_counter()

@@ -4,12 +4,18 @@ Standard library HTTP (urllib) keeps the agent light: no fastapi, uvicorn or
 HTTP client package on the device. A DataClient is one DEALER socket and is
 used by one thread only (ZeroMQ sockets are not thread-safe); the prefetcher
 has its own.
+
+Every data-plane request is signed with the worker's secret (HMAC, see
+hermes.common.signing) under a random session id, a growing seq and a
+server-clock timestamp; replies must carry the server's signature under the
+same secret and echo the session and seq.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import ssl
 import threading
 import time
 import urllib.error
@@ -20,7 +26,10 @@ from typing import Any
 import torch
 import zmq
 
-from hermes.common.wire import ErrorCode, Header, Message, MsgType, ProtocolError, decode, encode
+from hermes.common.signing import ServerClock, new_session
+from hermes.common.wire import (
+    DEFAULT_MAX_MESSAGE_BYTES, ErrorCode, Header, Message, MsgType, ProtocolError, decode, encode, verify_mac,
+)
 
 log = logging.getLogger(__name__)
 
@@ -42,15 +51,33 @@ class StopRequested(Exception):
     """The agent was told to stop (SIGTERM, Ctrl-C) while it waited for the server."""
 
 
+class RequestCancelled(Exception):
+    """A data-plane wait was cut short by the agent (stopping, or its registration is gone)."""
+
+
+def tls_context(ca_file: str | None = None, cert_file: str | None = None,
+                key_file: str | None = None) -> ssl.SSLContext | None:
+    """Verification of the server against ``ca_file`` (system CAs without it) and an optional
+    client certificate for servers that require one. None when no TLS option is given."""
+    if not (ca_file or cert_file):
+        return None
+    ctx = ssl.create_default_context(cafile=ca_file)
+    if cert_file:
+        ctx.load_cert_chain(cert_file, key_file)
+    return ctx
+
+
 class ControlClient:
     def __init__(
         self, base_url: str, *, timeout: float = 10.0, retries: int = 8, backoff: float = 0.5,
-        stop: threading.Event | None = None,
+        stop: threading.Event | None = None, join_token: str | None = None, ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
         self.retries = retries
         self.backoff = backoff
+        self.join_token = join_token
+        self.ssl_context = ssl_context
         # Backoff waits on this, so a stop request ends the retries at once.
         self.stop = stop or threading.Event()
 
@@ -63,16 +90,24 @@ class ControlClient:
         delay, last = self.backoff, None
         for attempt in range(self.retries + 1):
             try:
-                with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                with urllib.request.urlopen(req, timeout=self.timeout, context=self.ssl_context) as resp:
                     return json.loads(resp.read() or b"null")
             except urllib.error.HTTPError as exc:
                 detail = exc.read().decode(errors="replace")[:500]
-                if exc.code in (502, 503, 504) and attempt < self.retries:
+                if exc.code in (429, 502, 503, 504) and attempt < self.retries:
                     last = f"HTTP {exc.code}: {detail}"
+                    retry_after = exc.headers.get("Retry-After", "")
+                    if retry_after.isdigit():
+                        delay = max(delay, min(60.0, float(retry_after)))
                 else:
                     raise RemoteError(f"http_{exc.code}", detail) from None
-            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError) as exc:
-                last = str(getattr(exc, "reason", exc))
+            except urllib.error.URLError as exc:
+                if isinstance(exc.reason, ssl.SSLError):
+                    # A certificate problem does not go away by retrying.
+                    raise RemoteError("tls", f"TLS with {self.base_url} failed: {exc.reason}") from None
+                last = str(exc.reason)
+            except (ConnectionError, TimeoutError, OSError) as exc:
+                last = str(exc)
             if attempt < self.retries:
                 log.info("server %s not reachable (%s); retry %d/%d in %.1fs",
                          self.base_url, last, attempt + 1, self.retries, delay)
@@ -82,7 +117,11 @@ class ControlClient:
         raise ServerUnreachable(f"server {self.base_url} unreachable after {self.retries + 1} attempts: {last}")
 
     def register(self, **fields: Any) -> dict[str, Any]:
-        return self._call("POST", "/v1/workers/register", fields)
+        headers = {"Authorization": f"Bearer {self.join_token}"} if self.join_token else {}
+        return self._call("POST", "/v1/workers/register", fields, headers=headers)
+
+    def heartbeat(self, worker_id: str, token: str) -> dict[str, Any]:
+        return self._call("POST", f"/v1/workers/{worker_id}/heartbeat", {}, headers={"X-Hermes-Token": token})
 
     def leave(self, worker_id: str, token: str) -> None:
         self._call("POST", f"/v1/workers/{worker_id}/leave", {}, headers={"X-Hermes-Token": token})
@@ -110,10 +149,18 @@ class DataClient:
         retries: int = 3,
         counter: TrafficCounter | None = None,
         context: zmq.Context | None = None,
+        clock: ServerClock | None = None,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        cancel: threading.Event | None = None,
     ) -> None:
         self.address = address
         self.worker_id = worker_id
-        self.token = token
+        self.key = token.encode()
+        self.session = new_session()
+        self.clock = clock or ServerClock()
+        self.max_message_bytes = max_message_bytes
+        # Set by the agent to cut a wait short (stop, or the server forgot us).
+        self.cancel = cancel
         self.timeout = timeout
         self.retries = retries
         self.counter = counter or TrafficCounter()
@@ -156,10 +203,15 @@ class DataClient:
         for attempt in range(attempts):
             self._seq += 1
             header = Header(
-                type=type_, worker=self.worker_id, token=self.token, seq=self._seq,
+                type=type_, worker=self.worker_id, session=self.session, seq=self._seq, ts=self.clock.now_ms(),
                 model_version=model_version, shapes=shapes, body=body or {},
             )
-            frames = encode(header, payload)
+            frames = encode(header, payload, key=self.key)
+            size = sum(len(f) for f in frames)
+            if size > self.max_message_bytes:
+                # The server would refuse it (or drop the connection); say so now.
+                raise RemoteError(ErrorCode.TOO_LARGE.value, f"{type_.value} of {size} bytes exceeds the "
+                                  f"server's limit of {self.max_message_bytes} bytes")
             assert self._sock is not None
             self._sock.send_multipart(frames, copy=False)
             self.counter.bytes_sent += sum(len(f) for f in frames)
@@ -176,8 +228,13 @@ class DataClient:
         deadline = time.monotonic() + wait
         while True:
             remaining = deadline - time.monotonic()
-            if remaining <= 0 or not self._sock.poll(int(remaining * 1000)):
+            if remaining <= 0:
                 return None
+            # In slices, so a cancel (stop, lost registration) ends a long barrier wait.
+            if not self._sock.poll(int(min(remaining, 0.25) * 1000)):
+                if self.cancel is not None and self.cancel.is_set():
+                    raise RequestCancelled(f"wait for reply {seq} cancelled")
+                continue
             frames = self._sock.recv_multipart(copy=False)
             self.counter.bytes_received += sum(len(f.buffer) for f in frames)
             try:
@@ -188,6 +245,10 @@ class DataClient:
             if msg.header.seq != seq:
                 continue  # a late reply to a request we already gave up on
             if msg.header.type is MsgType.ERROR:
+                # Unsigned: the server answers messages it could not authenticate too.
                 raise RemoteError(str(msg.header.body.get("code", ErrorCode.INTERNAL.value)),
                                   str(msg.header.body.get("message", "")))
+            if msg.header.session != self.session or not verify_mac(frames[0], msg.header, frames[1:], self.key):
+                log.warning("reply %d without a valid server signature dropped", seq)
+                continue
             return msg

@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 import struct
 from dataclasses import dataclass
+from typing import Sequence
 
 import crc32c
 import msgpack
@@ -147,6 +148,9 @@ class ShardQueue:
         self.epoch = 0
         self._order = self._permutation(0)
         self._next = 0
+        # Shards of workers that were lost before finishing them: handed out
+        # first, so the epoch still covers them.
+        self._requeued: list[tuple[int, int]] = []
 
     def _permutation(self, epoch: int) -> list[int]:
         rng = np.random.default_rng([self.seed, epoch])
@@ -158,7 +162,11 @@ class ShardQueue:
             raise ValueError("count must be positive")
         ids: list[int] = []
         epochs: list[int] = []
-        for _ in range(min(count, self.num_shards)):
+        while self._requeued and len(ids) < min(count, self.num_shards):
+            shard, epoch = self._requeued.pop(0)
+            ids.append(shard)
+            epochs.append(epoch)
+        for _ in range(min(count, self.num_shards) - len(ids)):
             if self._next >= self.num_shards:
                 self.epoch += 1
                 self._order = self._permutation(self.epoch)
@@ -168,13 +176,29 @@ class ShardQueue:
             self._next += 1
         return Assignment(epoch=epochs[0], shards=tuple(ids), epochs=tuple(epochs))
 
+    def requeue(self, shards: Sequence[int]) -> None:
+        """Hand these shards out again before anything else (their worker was lost)."""
+        for shard in shards:
+            if not 0 <= shard < self.num_shards:
+                raise ValueError(f"shard {shard} out of range [0, {self.num_shards})")
+            self._requeued.append((int(shard), self.epoch))
+
+    def restore(self, state: dict) -> None:
+        """Continue from ``state()`` (a checkpoint): same permutation, same position."""
+        if state.get("num_shards") != self.num_shards or state.get("seed") != self.seed:
+            raise ValueError(f"queue state {state} does not fit {self.num_shards} shards with seed {self.seed}")
+        self.epoch, self._next = int(state["epoch"]), int(state["next"])
+        self._order = self._permutation(self.epoch)
+        self._requeued = [(int(s), int(e)) for s, e in state.get("requeued", [])]
+
     @property
     def progress(self) -> float:
         """Epochs handed out so far, fractional."""
         return self.epoch + self._next / self.num_shards
 
     def state(self) -> dict:
-        return {"epoch": self.epoch, "next": self._next, "seed": self.seed, "num_shards": self.num_shards}
+        return {"epoch": self.epoch, "next": self._next, "seed": self.seed, "num_shards": self.num_shards,
+                "requeued": [list(p) for p in self._requeued]}
 
 
 def shards_for(samples: int, shard_size: int) -> int:

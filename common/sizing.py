@@ -570,6 +570,22 @@ class StragglerSizer:
         self._memory_cap.pop(worker_id, None)
         self._seen.pop(worker_id, None)
 
+    def state_dict(self) -> dict:
+        """Plain JSON-able state for a server checkpoint."""
+        return {
+            "history": {w: [[o.dss, o.mbs, o.seconds] for o in h] for w, h in self._history.items()},
+            "workload": {w: list(v) for w, v in self._workload.items()},
+            "memory_cap": dict(self._memory_cap),
+            "seen": dict(self._seen),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self._history = {w: deque((_Observation(int(d), int(m), float(t)) for d, m, t in h),
+                                  maxlen=self._config.history) for w, h in state["history"].items()}
+        self._workload = {w: (int(v[0]), int(v[1])) for w, v in state["workload"].items()}
+        self._memory_cap = {w: int(v) for w, v in state["memory_cap"].items()}
+        self._seen = {w: int(v) for w, v in state["seen"].items()}
+
     def _dss_cap(self, worker_id: str) -> int:
         return min(self._dss_max, self._memory_cap.get(worker_id, self._dss_max))
 

@@ -20,14 +20,17 @@ from __future__ import annotations
 import enum
 import math
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Sequence
 
 import crc32c
 import msgpack
 import torch
 
-PROTOCOL_VERSION = 1
+from hermes.common.signing import MAC_HEX_CHARS, mac_hex, macs_equal
+
+# 2: per-message HMAC (mac, session, ts) replaced the bearer token of version 1.
+PROTOCOL_VERSION = 2
 MAX_FRAME_BYTES = 32 * 1024 * 1024
 MAX_HEADER_BYTES = 64 * 1024
 DEFAULT_MAX_MESSAGE_BYTES = 512 * 1024 * 1024
@@ -58,6 +61,7 @@ class ErrorCode(str, enum.Enum):
     UNSUPPORTED_VERSION = "unsupported_version"
     UNKNOWN_WORKER = "unknown_worker"
     UNAUTHORIZED = "unauthorized"
+    REPLAY = "replay"
     BAD_SHAPE = "bad_shape"
     BAD_DTYPE = "bad_dtype"
     NON_FINITE = "non_finite"
@@ -119,8 +123,11 @@ def numel_of(shapes: Sequence[Sequence[int]]) -> int:
 class Header:
     type: MsgType
     worker: str = ""
-    token: str = ""
+    # Random per connection; (session, seq) is strictly increasing and ts (ms,
+    # server clock) fresh, which is how replays are told apart.
+    session: str = ""
     seq: int = 0
+    ts: int = 0
     model_version: int = 0
     dtype: str = ""
     shapes: tuple[tuple[int, ...], ...] = ()
@@ -128,6 +135,9 @@ class Header:
     checksum: int = 0
     body: dict[str, Any] = field(default_factory=dict)
     proto: int = PROTOCOL_VERSION
+    # HMAC-SHA256 (hex) over the packed header up to this value (always the
+    # last entry, so its 64 characters end the frame) and the payload.
+    mac: str = ""
 
     def pack(self) -> bytes:
         return msgpack.packb(
@@ -135,14 +145,16 @@ class Header:
                 "type": self.type.value,
                 "proto": self.proto,
                 "worker": self.worker,
-                "token": self.token,
+                "session": self.session,
                 "seq": self.seq,
+                "ts": self.ts,
                 "model_version": self.model_version,
                 "dtype": self.dtype,
                 "shapes": [list(s) for s in self.shapes],
                 "frame_bytes": list(self.frame_bytes),
                 "checksum": self.checksum,
                 "body": self.body,
+                "mac": self.mac,
             },
             use_bin_type=True,
         )
@@ -181,14 +193,16 @@ class Header:
             type=msg_type,
             proto=proto,
             worker=_field(obj, "worker", str, default=""),
-            token=_field(obj, "token", str, default=""),
+            session=_field(obj, "session", str, default=""),
             seq=_field(obj, "seq", int, default=0),
+            ts=_field(obj, "ts", int, default=0),
             model_version=_field(obj, "model_version", int, default=0),
             dtype=_field(obj, "dtype", str, default=""),
             shapes=tuple(shapes),
             frame_bytes=tuple(frame_bytes),
             checksum=_field(obj, "checksum", int, default=0),
             body=body,
+            mac=_field(obj, "mac", str, default=""),
         )
 
 
@@ -296,15 +310,19 @@ def encode(
     flat: torch.Tensor | bytes | PreparedPayload | None = None,
     *,
     max_frame_bytes: int = MAX_FRAME_BYTES,
+    key: bytes | None = None,
 ) -> list:
     """Build the frames of one message. ``flat`` is sent zero-copy.
+
+    With ``key`` the header carries the HMAC of header and payload (see
+    hermes.common.signing).
 
     ``flat`` is a tensor (any wire dtype) or raw bytes (sent as uint8). The
     caller must keep it alive and unmodified until ZeroMQ has sent it (send
     with ``copy=False`` and do not mutate the tensor in the meantime).
     """
     if flat is None:
-        return [header.pack()]
+        return [_pack_signed(header, (), key)]
     if isinstance(flat, (bytes, bytearray, memoryview)):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # read-only bytes, never written through
@@ -317,8 +335,9 @@ def encode(
     full = Header(
         type=header.type,
         worker=header.worker,
-        token=header.token,
+        session=header.session,
         seq=header.seq,
+        ts=header.ts,
         model_version=header.model_version,
         dtype=flat.dtype,
         shapes=header.shapes or ((numel,),),
@@ -326,7 +345,26 @@ def encode(
         checksum=flat.checksum,
         body=header.body,
     )
-    return [full.pack(), *flat.frames]
+    return [_pack_signed(full, flat.frames, key), *flat.frames]
+
+
+def _pack_signed(header: Header, frames: Sequence[Any], key: bytes | None) -> bytes:
+    if key is None:
+        return header.pack()
+    # Packed with a placeholder of the final length: the MAC covers every
+    # header byte before it, then takes its place.
+    raw = replace(header, mac="0" * MAC_HEX_CHARS).pack()
+    return raw[:-MAC_HEX_CHARS] + mac_hex(key, raw[:-MAC_HEX_CHARS], frames).encode()
+
+
+def verify_mac(header_frame: Any, header: Header, payload_frames: Sequence[Any], key: bytes) -> bool:
+    """True when the header frame ends in its ``mac`` and that is the HMAC, under ``key``, of
+    every header byte before it and every payload byte. Checked on the received bytes, not a
+    re-encoding: any change to them (a renamed key, another encoding of a value) fails."""
+    raw = bytes(_buffer(header_frame))
+    if len(header.mac) != MAC_HEX_CHARS or raw[-MAC_HEX_CHARS:] != header.mac.encode():
+        return False
+    return macs_equal(header.mac, mac_hex(key, raw[:-MAC_HEX_CHARS], payload_frames))
 
 
 def _buffer(frame: Any) -> memoryview:

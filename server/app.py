@@ -4,26 +4,37 @@
 
 reads its settings from ``HERMES_*`` environment variables (see
 ServerSettings); ``hermes-server`` passes them explicitly. The lifespan
-starts the engine, the evaluator and the ZeroMQ data plane, and stops them
-cleanly (writing the server summary) on shutdown.
+starts the engine, the evaluator, the ZeroMQ data plane, the heartbeat
+monitor and the checkpointer, and stops them cleanly on shutdown (SIGTERM):
+held requests are answered "unavailable", a last checkpoint is written,
+then the server summary.
+
+Credentials (hermes.server.auth) are resolved here, so an app without a
+join token fails to build, and uvicorn to start, unless ``insecure``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
+import os
+import time
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Header, HTTPException, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from hermes.common.kafka_layout import KafkaUnavailable
-from hermes.common.wire import PROTOCOL_VERSION
+from hermes.common.signing import now_ms
+from hermes.common.wire import PROTOCOL_VERSION, ProtocolError
+from hermes.server.auth import AuthConfigError, RateLimiter, bearer, new_secret, read_secret, token_matches
+from hermes.server.checkpoint import Checkpointer
 from hermes.server.dataplane import DataPlane
 from hermes.server.engine import Engine
 from hermes.server.events import EventLog
+from hermes.server.heartbeat import HeartbeatMonitor
 from hermes.server.kafka_publish import KafkaOptions
 from hermes.server.metrics import CONTENT_TYPE, ServerMetrics
 from hermes.server.registry import RegistryFull
@@ -58,11 +69,44 @@ class RegisterResponse(BaseModel):
     data_source: dict[str, Any] = Field(default_factory=lambda: {"source": "zmq"})
     # Topology "collective": rank, world_size, master_addr, master_port, timeout_seconds.
     collective: dict[str, Any] | None = None
+    # Signed data-plane messages carry server-clock timestamps: the agent's offset.
+    server_time_ms: int
+    heartbeat_interval_seconds: float
+    max_message_bytes: int
+
+
+class Credentials:
+    """The join token and the admin token of one server (never logged)."""
+
+    def __init__(self, settings: ServerSettings) -> None:
+        self.insecure = settings.insecure
+        self.join = read_secret(settings.join_token, settings.join_token_file, "join_token")
+        if self.join is None and not self.insecure:
+            raise AuthConfigError(
+                "no join token: set HERMES_JOIN_TOKEN (or --join-token-file FILE) to a long random string, "
+                "e.g. `openssl rand -hex 32`, and give it to the agents; or pass --insecure to let anyone "
+                "who reaches the server join (trusted networks only)")
+        self.admin = read_secret(settings.admin_token, settings.admin_token_file, "admin_token")
+        self.admin_file: Path | None = None
+        if self.admin is None and not self.insecure and settings.out_dir:
+            # The operator's credential for /v1/stop, readable by the server's user only.
+            self.admin = new_secret()
+            self.admin_file = Path(settings.out_dir) / "admin.token"
+            self.admin_file.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.admin_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as fh:
+                fh.write(self.admin + "\n")
 
 
 def create_app(settings: ServerSettings | None = None) -> FastAPI:
     settings = settings or ServerSettings()
     config = settings.run_config()
+    creds = Credentials(settings)
+    limiter = RateLimiter(settings.register_rate, settings.register_burst)
+    if creds.insecure:
+        log.warning("--insecure: no join token is checked; anyone who reaches this server can join")
+    if creds.admin_file is not None:
+        log.info("admin token for /v1/stop written to %s", creds.admin_file)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -75,7 +119,19 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
             max_workers=settings.max_workers,
             max_message_bytes=settings.max_message_bytes,
             out_dir=settings.out_dir,
+            replay_window_seconds=settings.replay_window_seconds,
         )
+        checkpoints = None
+        if settings.checkpoint_dir:
+            checkpoints = Checkpointer(engine, settings.checkpoint_dir, interval=settings.checkpoint_interval_seconds,
+                                       durable_acks=settings.durable_acks)
+            try:
+                checkpoints.open(resume=settings.resume)
+            except Exception as exc:
+                log.error("cannot start: %s", exc)
+                events.close()
+                raise
+            engine.checkpoints = checkpoints
         if settings.kafka_bootstrap:
             # Blocking kafka-python calls: off the event loop, before serving.
             opts = KafkaOptions(settings.kafka_bootstrap, partitions=settings.kafka_partitions,
@@ -94,6 +150,10 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         plane = DataPlane(engine, settings.data_host, settings.data_port)
         port = await plane.start()
         engine.start()
+        monitor = HeartbeatMonitor(engine, settings.heartbeat_timeout_seconds)
+        monitor.start()
+        if checkpoints is not None:
+            checkpoints.start()
         app.state.engine = engine
         app.state.data_plane_address = f"tcp://{settings.advertise_host}:{port}"
         log.info("hermes server ready: preset=%s model=%s dataset=%s data plane %s",
@@ -101,8 +161,17 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         try:
             yield
         finally:
-            engine.request_stop("server shutdown")
+            # The run goes on after a restart: agents hear "unavailable", not "stop".
+            engine.begin_shutdown()
+            await monitor.stop()
             await plane.stop()
+            if checkpoints is not None:
+                await checkpoints.stop()
+                try:
+                    await checkpoints.save("shutdown")
+                except Exception as exc:  # the journal still holds every acknowledged update
+                    log.error("final checkpoint failed: %s", exc)
+                checkpoints.close()
             engine.shutdown()
 
     app = FastAPI(title="Hermes parameter server", version="0.1.0", lifespan=lifespan)
@@ -119,9 +188,26 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     def metrics(request: Request) -> Response:
         return Response(engine_of(request).metrics.render(), media_type=CONTENT_TYPE)
 
+    def refuse(engine: Engine, status: int, outcome: str, message: str, client: str,
+               headers: dict[str, str] | None = None) -> HTTPException:
+        engine.metrics.registrations.labels(outcome=outcome).inc()
+        log.warning("registration from %s refused (%s): %s", client, outcome, message)
+        return HTTPException(status, message, headers=headers)
+
     @app.post("/v1/workers/register", response_model=RegisterResponse)
-    def register(body: RegisterRequest, request: Request) -> RegisterResponse:
+    def register(body: RegisterRequest, request: Request, authorization: str = Header(default="")) -> RegisterResponse:
         engine = engine_of(request)
+        client = request.client.host if request.client else "unknown"
+        retry_after = limiter.allow(client)
+        if retry_after:
+            engine.metrics.limit_hits.labels(limit="register_rate").inc()
+            raise refuse(engine, 429, "rate_limited",
+                         f"more than {settings.register_burst} registrations at {settings.register_rate}/s "
+                         f"from {client}; retry in {retry_after:.1f}s", client,
+                         {"Retry-After": str(max(1, round(retry_after)))})
+        if creds.join is not None and not token_matches(bearer(authorization), creds.join):
+            raise refuse(engine, 401, "unauthorized", "missing or wrong join token", client,
+                         {"WWW-Authenticate": "Bearer"})
         if body.protocol_version != PROTOCOL_VERSION:
             engine.metrics.registrations.labels(outcome="bad_protocol").inc()
             raise HTTPException(426, f"protocol version {body.protocol_version} unsupported; server speaks {PROTOCOL_VERSION}")
@@ -132,8 +218,8 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
                 body.name, threads=body.threads, device=body.device, slowdown=body.slowdown, hints=dict(body.hints)
             )
         except RegistryFull as exc:
-            engine.metrics.registrations.labels(outcome="full").inc()
-            raise HTTPException(503, str(exc)) from None
+            engine.metrics.limit_hits.labels(limit="max_workers").inc()
+            raise refuse(engine, 503, "full", str(exc), client) from None
         engine.metrics.registrations.labels(outcome="ok").inc()
         return RegisterResponse(
             worker_id=rec.id,
@@ -146,16 +232,32 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
             validation_shards=engine.validation_shards_for(rec),
             data_source=engine.data_source_for(rec),
             collective=engine.collective_for(rec),
+            server_time_ms=now_ms(),
+            heartbeat_interval_seconds=settings.heartbeat_interval_seconds,
+            max_message_bytes=engine.max_message_bytes,
         )
+
+    def worker_of(engine: Engine, worker_id: str, token: str):
+        try:
+            return engine.registry.authenticate(worker_id, token)
+        except ProtocolError as exc:
+            raise HTTPException(404 if exc.code.value == "unknown_worker" else 401, exc.message) from None
+
+    @app.post("/v1/workers/{worker_id}/heartbeat")
+    def heartbeat(worker_id: str, request: Request, x_hermes_token: str = Header(default="")) -> dict[str, Any]:
+        engine = engine_of(request)
+        rec = worker_of(engine, worker_id, x_hermes_token)
+        if rec.state != "active":
+            # 410: the agent registers again (same name, same id) and catches up.
+            raise HTTPException(410, f"worker {worker_id} is {rec.state}; register again")
+        rec.last_seen = time.time()
+        engine.metrics.heartbeats.inc()
+        return {"state": rec.state, "model_version": engine.state.version, "stop": engine.stopping}
 
     @app.post("/v1/workers/{worker_id}/leave")
     async def leave(worker_id: str, request: Request, x_hermes_token: str = Header(default="")) -> dict[str, Any]:
         engine = engine_of(request)
-        rec = engine.registry.get(worker_id)
-        if rec is None:
-            raise HTTPException(404, f"unknown worker {worker_id!r}")
-        if not hmac.compare_digest(x_hermes_token.encode(), rec.token.encode()):
-            raise HTTPException(401, "bad worker token")
+        rec = worker_of(engine, worker_id, x_hermes_token)
         await engine.leave(worker_id, "agent said goodbye")
         return {"worker_id": worker_id, "state": rec.state}
 
@@ -176,8 +278,15 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         return engine_of(request).summary()
 
     @app.post("/v1/stop")
-    def stop(request: Request, reason: str = "operator request") -> dict[str, Any]:
+    def stop(request: Request, reason: str = "operator request", authorization: str = Header(default="")) -> dict[str, Any]:
         engine = engine_of(request)
+        if not (creds.insecure and creds.admin is None) and not token_matches(bearer(authorization), creds.admin):
+            client = request.client.host if request.client else "unknown"
+            log.warning("stop request from %s refused: missing or wrong admin token", client)
+            raise HTTPException(401 if creds.admin else 403,
+                                "needs the admin token (Authorization: Bearer ...)" if creds.admin
+                                else "no admin token configured (HERMES_ADMIN_TOKEN); stop the server with SIGTERM",
+                                headers={"WWW-Authenticate": "Bearer"})
         engine.request_stop(reason[:200])
         return engine.status()
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from typing import Any
 
@@ -50,8 +51,59 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kafka-partitions", type=int, default=None, help="partitions per shard topic (default 4)")
     p.add_argument("--kafka-retries", type=int, default=None,
                    help="broker connection retries with exponential backoff before giving up (default 5)")
+    sec = p.add_argument_group(
+        "security", "The join token comes from HERMES_JOIN_TOKEN or --join-token-file (never a flag: command "
+        "lines are visible to every user); the server refuses to start without one unless --insecure.")
+    sec.add_argument("--join-token-file", metavar="FILE", help="file whose first line is the join token")
+    sec.add_argument("--admin-token-file", metavar="FILE",
+                     help="file whose first line is the admin token for /v1/stop [HERMES_ADMIN_TOKEN]; "
+                          "default: a random one written to OUT/admin.token")
+    sec.add_argument("--insecure", action="store_true",
+                     help="accept agents without a join token (trusted networks only)")
+    sec.add_argument("--ssl-certfile", metavar="PEM", help="TLS certificate of the control plane")
+    sec.add_argument("--ssl-keyfile", metavar="PEM", help="private key of --ssl-certfile")
+    sec.add_argument("--ssl-ca-certfile", metavar="PEM",
+                     help="CA bundle to verify agents' client certificates with (mutual TLS: agents must "
+                          "present one)")
+    sec.add_argument("--register-rate", type=float, default=None,
+                     help="registrations per second per client address (default 2; 0 = no limit)")
+    sec.add_argument("--register-burst", type=int, default=None, help="registration burst per address (default 32)")
+    sec.add_argument("--replay-window", type=float, default=None, dest="replay_window_seconds",
+                     help="seconds a signed data-plane message stays valid (default 300)")
+    ft = p.add_argument_group("fault tolerance")
+    ft.add_argument("--heartbeat-interval", type=float, default=None, dest="heartbeat_interval_seconds",
+                    help="seconds between agent heartbeats (default 5)")
+    ft.add_argument("--heartbeat-timeout", type=float, default=None, dest="heartbeat_timeout_seconds",
+                    help="silence after which a worker is marked lost (default 30; 0 = never)")
+    ft.add_argument("--checkpoint-dir", metavar="DIR", help="write checkpoints here [HERMES_CHECKPOINT_DIR]")
+    ft.add_argument("--checkpoint-interval", type=float, default=None, dest="checkpoint_interval_seconds",
+                    help="seconds between checkpoints (default 60; one is also written on shutdown)")
+    ft.add_argument("--resume", metavar="DIR", help="continue the run checkpointed in DIR (and keep checkpointing there)")
+    ft.add_argument("--no-durable-acks", dest="durable_acks", action="store_false", default=None,
+                    help="acknowledge updates without journaling them first (a crash then loses every update "
+                         "since the last checkpoint)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return p
+
+
+def ssl_options(args: argparse.Namespace) -> dict[str, Any]:
+    """uvicorn's TLS arguments; with a CA bundle, clients must present a certificate it signed."""
+    import ssl
+
+    if bool(args.ssl_certfile) != bool(args.ssl_keyfile):
+        raise ConfigError("--ssl-certfile and --ssl-keyfile go together")
+    if args.ssl_ca_certfile and not args.ssl_certfile:
+        raise ConfigError("--ssl-ca-certfile (client certificates) needs --ssl-certfile and --ssl-keyfile")
+    for flag in ("ssl_certfile", "ssl_keyfile", "ssl_ca_certfile"):
+        path = getattr(args, flag)
+        if path and not os.path.isfile(path):
+            raise ConfigError(f"--{flag.replace('_', '-')} {path!r}: no such file")
+    if not args.ssl_certfile:
+        return {}
+    out: dict[str, Any] = {"ssl_certfile": args.ssl_certfile, "ssl_keyfile": args.ssl_keyfile}
+    if args.ssl_ca_certfile:
+        out |= {"ssl_ca_certs": args.ssl_ca_certfile, "ssl_cert_reqs": ssl.CERT_REQUIRED}
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         import uvicorn
 
         from hermes.server.app import create_app
+        from hermes.server.checkpoint import CheckpointError, check_directory
         from hermes.server.settings import ServerSettings
     except ImportError as exc:
         print(f"hermes-server needs the server extra: pip install 'hermes-edge[server]' ({exc})", file=sys.stderr)
@@ -85,14 +138,36 @@ def main(argv: list[str] | None = None) -> int:
         "kafka_partitions": args.kafka_partitions,
         "kafka_retries": args.kafka_retries,
         "collective_port": args.collective_port,
+        "join_token_file": args.join_token_file,
+        "admin_token_file": args.admin_token_file,
+        "register_rate": args.register_rate,
+        "register_burst": args.register_burst,
+        "replay_window_seconds": args.replay_window_seconds,
+        "heartbeat_interval_seconds": args.heartbeat_interval_seconds,
+        "heartbeat_timeout_seconds": args.heartbeat_timeout_seconds,
+        "checkpoint_dir": args.resume or args.checkpoint_dir,
+        "checkpoint_interval_seconds": args.checkpoint_interval_seconds,
+        "durable_acks": args.durable_acks,
     }
+    if args.insecure:
+        fields["insecure"] = True
+    if args.resume:
+        if args.checkpoint_dir and args.checkpoint_dir != args.resume:
+            print("hermes-server: --resume DIR continues checkpointing in DIR; drop --checkpoint-dir",
+                  file=sys.stderr)
+            return 2
+        fields["resume"] = True
     if args.max_message_bytes:
         fields["max_message_bytes"] = args.max_message_bytes
     try:
         fields["run"] = _parse_set(args.set)
         settings = ServerSettings(**{k: v for k, v in fields.items() if v is not None})
+        tls = ssl_options(args)
+        if settings.checkpoint_dir:
+            # Refuse a wrong --resume before uvicorn starts, with exit status 2.
+            check_directory(settings.checkpoint_dir, resume=settings.resume)
         app = create_app(settings)
-    except (ConfigError, ValueError) as exc:
+    except (ConfigError, ValueError, CheckpointError) as exc:
         print(f"hermes-server: configuration error: {exc}", file=sys.stderr)
         return 2
     if settings.kafka_bootstrap:
@@ -110,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         except KafkaUnavailable as exc:
             print(f"hermes-server: {exc}", file=sys.stderr)
             return 3
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=10)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=10, **tls)
     return 0
 
 

@@ -36,9 +36,7 @@ class DataPlane:
         self._ctx = zmq.asyncio.Context()
         sock = self._ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 0)
-        # Frames bigger than the whole-message limit are refused by libzmq
-        # itself (it drops that peer's connection) before we allocate them.
-        sock.setsockopt(zmq.MAXMSGSIZE, self.engine.max_message_bytes + MAX_HEADER_BYTES)
+        sock.setsockopt(zmq.MAXMSGSIZE, socket_frame_cap(self.engine.max_message_bytes))
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         if self.requested_port:
             sock.bind(f"tcp://{self.host}:{self.requested_port}")
@@ -94,6 +92,8 @@ class DataPlane:
             reply = await self.engine.handle(frames)
         except ProtocolError as exc:
             self.engine.metrics.errors.labels(code=exc.code.value).inc()
+            if exc.code is ErrorCode.TOO_LARGE:
+                self.engine.metrics.limit_hits.labels(limit="max_message_bytes").inc()
             log.warning("rejected message from %s: %s", identity.hex(), exc)
             reply = error_frames(exc.code, exc.message, seq=_seq_of(frames))
         except asyncio.CancelledError:
@@ -111,6 +111,18 @@ class DataPlane:
         except zmq.ZMQError as exc:
             # The peer went away (ROUTER_MANDATORY): its event, not our crash.
             log.info("could not reply to %s: %s", identity.hex(), exc)
+
+
+def socket_frame_cap(max_message_bytes: int) -> int:
+    """The largest single frame libzmq accepts: twice the message limit.
+
+    A frame up to this size is received, refused in protocol with ``too_large``
+    (naming the limit) and counted. A bigger one makes libzmq drop the peer's
+    connection before allocating it: the one defence against a frame sized to
+    exhaust memory, and no reply can reach a dropped connection. Agents learn
+    the limit at registration and never send such a frame.
+    """
+    return 2 * max_message_bytes + MAX_HEADER_BYTES
 
 
 def _seq_of(frames: list) -> int:

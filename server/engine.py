@@ -9,6 +9,7 @@ axpy, snapshots) runs in executor threads so the event loop keeps serving.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
 import logging
 import math
@@ -38,8 +39,10 @@ from hermes.common.wire import (
     decode,
     dtype_from_name,
     encode,
+    verify_mac,
 )
 from hermes.server.coordinator import Coordinator
+from hermes.server.auth import ReplayGuard
 from hermes.server.evaluator import Evaluation, Evaluator
 from hermes.server.lossprobe import LossProbe
 from hermes.server.events import EventLog
@@ -96,6 +99,7 @@ class Engine:
         max_workers: int,
         max_message_bytes: int,
         out_dir: str | None = None,
+        replay_window_seconds: float = 300.0,
     ) -> None:
         self.config = config
         self.metrics = metrics
@@ -145,6 +149,16 @@ class Engine:
         self.started_at = time.time()
         self.stopping = False
         self.stop_reason = ""
+        # SIGTERM: unlike a stop, the run goes on after a restart, so agents
+        # are told "unavailable" (retry) rather than "stop".
+        self.shutting_down = False
+        self.replay = ReplayGuard(replay_window_seconds)
+        # Set by the app when checkpoints are on (hermes.server.checkpoint).
+        self.checkpoints: Any = None
+        self.resumed_from: dict[str, int] | None = None
+        # The last assignments handed to each worker (the one it trains and the
+        # one it prefetched): requeued if the worker is lost.
+        self._outstanding: dict[str, list[tuple[int, ...]]] = {}
         self._held: dict[str, _Held] = {}
         # Authenticated data-plane requests by type: the "API calls" of Hermes Table III.
         self.message_counts: dict[str, int] = {}
@@ -180,6 +194,18 @@ class Engine:
         for held in self._held.values():
             if not held.reply.done():
                 held.reply.set_result(None)
+        self._held.clear()
+
+    def begin_shutdown(self) -> None:
+        """The server process is going away (SIGTERM); the run is not over."""
+        if self.shutting_down:
+            return
+        self.shutting_down = True
+        log.info("server shutting down; agents will reconnect to a restarted server")
+        self.events.emit("server_shutdown")
+        for held in self._held.values():
+            if not held.reply.done():
+                held.reply.set_exception(_going_away())
         self._held.clear()
 
     def shutdown(self) -> dict[str, Any]:
@@ -224,6 +250,10 @@ class Engine:
         if self.coordinator is not None:
             self.coordinator.assign(name)  # GroupFull before anything is recorded
         rec, rejoined = self.registry.register(name, **info)
+        # A new secret: sessions signed with the old one are gone, and a previous
+        # incarnation's unfinished shards will not be finished by it.
+        self.replay.forget(rec.id)
+        self._requeue_outstanding(rec.id)
         self.strategy.on_join(rec.id)
         self.allocator.join(rec.id, rec.declared_capacity)
         self._apply_memory_limits(rec)
@@ -236,20 +266,35 @@ class Engine:
         log.info("worker %s (%s) %s", rec.id, name, "rejoined" if rejoined else "joined")
         return rec, rejoined
 
-    async def leave(self, worker_id: str, reason: str) -> None:
+    async def leave(self, worker_id: str, reason: str, *, state: str = "left") -> None:
+        """The worker said goodbye (``left``) or went silent (``lost``)."""
         rec = self.registry.get(worker_id)
         if rec is None or rec.state != "active":
             return
-        rec.state = "left"
+        rec.state = state
+        requeued = self._requeue_outstanding(worker_id)
         self.strategy.on_leave(worker_id)
         # Its cycle times no longer describe the cluster the median is taken over.
         self.allocator.forget(worker_id)
         self._apply_resizes(self.allocator.rebalance(), round(time.time() - self.started_at, 3))
         self._refresh_worker_gauge()
-        self.events.emit("leave", worker=worker_id, reason=reason)
-        log.info("worker %s left: %s", worker_id, reason)
+        self.events.emit("leave", worker=worker_id, reason=reason, state=state, requeued_shards=requeued)
+        log.info("worker %s %s: %s", worker_id, state, reason)
         async with self._step:
             await self._process_releases()
+
+    def _note_assignment(self, worker_id: str, shards: tuple[int, ...]) -> None:
+        recent = self._outstanding.setdefault(worker_id, [])
+        recent.append(shards)
+        # Requesting assignment k means k-2 is trained (one trains, one is prefetched).
+        del recent[:-2]
+
+    def _requeue_outstanding(self, worker_id: str) -> list[int]:
+        """A departed worker's unfinished shards go back to the front of the queue."""
+        shards = [s for a in self._outstanding.pop(worker_id, []) for s in a]
+        if shards:
+            self.queue.requeue(shards)
+        return shards
 
     def _observe_cycle(self, worker: WorkerRecord, cycle: dict[str, Any]) -> None:
         """Record one local training cycle; feed the allocator; resize stragglers."""
@@ -402,7 +447,7 @@ class Engine:
 
     def _refresh_worker_gauge(self) -> None:
         workers = self.registry.all()
-        for state in ("active", "left"):
+        for state in ("active", "left", "lost"):
             self.metrics.workers.labels(state=state).set(sum(1 for w in workers if w.state == state))
 
     def status(self) -> dict[str, Any]:
@@ -426,6 +471,8 @@ class Engine:
             "workers_total": len(self.registry.all()),
             "stopping": self.stopping,
             "stop_reason": self.stop_reason,
+            "resumed_from": self.resumed_from,
+            "last_checkpoint_version": None if self.checkpoints is None else self.checkpoints.last_version,
         }
 
     def summary(self) -> dict[str, Any]:
@@ -458,13 +505,21 @@ class Engine:
         """Reply frames for one request; raises ProtocolError for bad input."""
         size = sum(len(f.buffer) if hasattr(f, "buffer") else len(f) for f in frames)
         self.metrics.bytes_in.inc(size)
+        if self.shutting_down:
+            raise _going_away()
         msg = await _offload(size, decode, frames, max_message_bytes=self.max_message_bytes)
         h = msg.header
         if h.type not in _HANDLERS:
             raise ProtocolError(ErrorCode.BAD_REQUEST, f"{h.type.value} is a reply type, not a request")
-        worker = self.registry.authenticate(h.worker, h.token)
+        worker = self.registry.lookup(h.worker)
+        # Signature first: nothing unauthenticated may move the replay counters.
+        if not await _offload(size, verify_mac, frames[0], h, frames[1:], worker.key):
+            raise ProtocolError(ErrorCode.UNAUTHORIZED, f"bad signature from worker {h.worker!r}")
+        self.replay.check(h)
         if worker.state != "active":
-            raise ProtocolError(ErrorCode.UNAUTHORIZED, f"worker {worker.id} has left; register again")
+            raise ProtocolError(ErrorCode.UNAUTHORIZED, f"worker {worker.id} is {worker.state}; register again")
+        worker.last_seen = time.time()
+        _request.set(h)
         worker.server_bytes_in += size
         worker.messages += 1
         self.message_counts[h.type.value] = self.message_counts.get(h.type.value, 0) + 1
@@ -477,8 +532,9 @@ class Engine:
 
     def _reply(self, type_: MsgType, worker: WorkerRecord, seq: int, body: dict, payload=None) -> list:
         body = {**body, "stop": self.stopping}
-        header = Header(type=type_, worker=worker.id, seq=seq, model_version=self.state.version, body=body)
-        return encode(header, payload)
+        header = Header(type=type_, worker=worker.id, seq=seq, model_version=self.state.version, body=body,
+                        session=_request.get().session)
+        return encode(header, payload, key=worker.key)
 
     async def _on_push(self, worker: WorkerRecord, msg: Message) -> list:
         h = msg.header
@@ -558,6 +614,10 @@ class Engine:
                 sum(_payload_bytes(u.payload) for u in group),
                 self.state.apply, [(u.payload, w) for u, w in zip(group, weights)],
             )
+        if self.checkpoints is not None:
+            # Journaled before any reply goes out: what is acknowledged survives a crash.
+            await asyncio.to_thread(self.checkpoints.record_fold, version, "blend" if self.probe else "apply",
+                                    [u.payload for u in group], weights)
         self.metrics.apply_seconds.observe(time.perf_counter() - t0)
         self.metrics.model_version.set(version)
         for u in group:
@@ -603,10 +663,10 @@ class Engine:
         nbytes = self.spec.numel * torch.empty(0, dtype=dtype).element_size()
         version, flat = await _offload(nbytes, self.state.prepared, dtype)
         header = Header(
-            type=MsgType.MODEL, worker=worker.id, seq=h.seq, model_version=version,
+            type=MsgType.MODEL, worker=worker.id, seq=h.seq, model_version=version, session=h.session,
             shapes=self.spec.shapes, body={"unchanged": False, "stop": self.stopping},
         )
-        return encode(header, flat)
+        return await _offload(nbytes, encode, header, flat, key=worker.key)
 
     def _compute_power(self, worker_id: str) -> float:
         power = getattr(self.allocator, "power", lambda _w: None)(worker_id)
@@ -636,6 +696,7 @@ class Engine:
         given = sum(self.shards.samples(s) for s in assignment.shards)
         # Never negative: short of data the agent trains what it has and carries nothing.
         worker.sample_credit = max(0, worker.sample_credit + given - wl.dss)
+        self._note_assignment(worker.id, assignment.shards)
         body = {
             "epoch": assignment.epoch,
             "shards": list(assignment.shards),
@@ -719,6 +780,15 @@ class Engine:
         for source, nbytes in worker.shard_bytes.items():
             self.metrics.worker_shard_bytes.labels(worker=worker.id, source=source).set(nbytes)
         return self._reply(MsgType.STATS_ACK, worker, msg.header.seq, {})
+
+
+# The request being handled (each request runs in its own task): replies
+# echo its session, so a signed reply cannot answer another connection.
+_request: contextvars.ContextVar[Header] = contextvars.ContextVar("hermes_request")
+
+
+def _going_away() -> ProtocolError:
+    return ProtocolError(ErrorCode.UNAVAILABLE, "server is shutting down; retry after it restarts")
 
 
 _SHARD_SOURCES = ("kafka", "zmq")

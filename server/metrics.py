@@ -71,6 +71,13 @@ class ServerMetrics:
             registry=r,
         )
         self.registrations = Counter("hermes_registrations_total", "Registration attempts by outcome", ["outcome"], registry=r)
+        self.limit_hits = Counter(
+            "hermes_limit_hits_total", "Requests refused by a configured limit (message size, workers, rate)",
+            ["limit"], registry=r,
+        )
+        self.workers_lost = Counter("hermes_workers_lost_total", "Workers marked lost after heartbeat silence", registry=r)
+        self.heartbeats = Counter("hermes_heartbeats_total", "Control-plane heartbeats received", registry=r)
+        self.checkpoints = Counter("hermes_checkpoints_total", "Checkpoints written", registry=r)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import hmac
-import secrets
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from hermes.common.wire import ErrorCode, ProtocolError
+from hermes.server.auth import new_secret
 
 
 CYCLE_LOG = 5000
@@ -29,7 +29,7 @@ class WorkerRecord:
     device: str = "cpu"
     slowdown: float = 1.0
     hints: dict[str, Any] = field(default_factory=dict)
-    state: str = "active"  # active | left
+    state: str = "active"  # active | left | lost (silent past the heartbeat timeout)
     last_seen: float = 0.0
     pushes: int = 0
     applied: int = 0
@@ -102,6 +102,11 @@ class WorkerRecord:
                                None if cycle["z"] is None else round(cycle["z"], 4), cycle["pushed"]))
         if len(self.cycle_log) > CYCLE_LOG:
             del self.cycle_log[: len(self.cycle_log) - CYCLE_LOG]
+
+    @property
+    def key(self) -> bytes:
+        """The data plane's HMAC key: the secret handed out at registration."""
+        return self.token.encode()
 
     @property
     def worker_independence(self) -> float:
@@ -183,7 +188,7 @@ class Registry:
             wid = self._by_name.get(name)
             if wid is not None:
                 rec = self._by_id[wid]
-                rec.token = secrets.token_urlsafe(24)
+                rec.token = new_secret()
                 rec.state = "active"
                 rec.last_seen = now
                 rec.sample_credit = 0  # a restarted agent carries no samples over
@@ -193,19 +198,36 @@ class Registry:
             if len(self._by_id) >= self.max_workers:
                 raise RegistryFull(f"max_workers={self.max_workers} reached")
             wid = f"w{len(self._by_id) + 1:04d}"
-            rec = WorkerRecord(id=wid, name=name, token=secrets.token_urlsafe(24), joined_at=now, last_seen=now, **info)
+            rec = WorkerRecord(id=wid, name=name, token=new_secret(), joined_at=now, last_seen=now, **info)
             self._by_id[wid] = rec
             self._by_name[name] = wid
             return rec, False
 
-    def authenticate(self, worker_id: str, token: str) -> WorkerRecord:
+    def lookup(self, worker_id: str) -> WorkerRecord:
         rec = self._by_id.get(worker_id)
         if rec is None:
             raise ProtocolError(ErrorCode.UNKNOWN_WORKER, f"unknown worker id {worker_id!r}")
+        return rec
+
+    def authenticate(self, worker_id: str, token: str) -> WorkerRecord:
+        """Control-plane calls of a worker (heartbeat, leave): its secret as a header."""
+        rec = self.lookup(worker_id)
         if not hmac.compare_digest(rec.token.encode(), token.encode()):
             raise ProtocolError(ErrorCode.UNAUTHORIZED, f"bad token for worker {worker_id!r}")
-        rec.last_seen = time.time()
         return rec
+
+    def identities(self) -> list[dict[str, Any]]:
+        """Ids and names for a checkpoint; never the secrets (a restarted server issues new ones)."""
+        return [{"id": r.id, "name": r.name, "joined_at": r.joined_at} for r in self._by_id.values()]
+
+    def restore(self, identities: list[dict[str, Any]]) -> None:
+        """Known names keep their ids across a restart, as ``lost`` until they register again."""
+        with self._lock:
+            for ident in identities:
+                rec = WorkerRecord(id=str(ident["id"]), name=str(ident["name"]), token=new_secret(),
+                                   joined_at=float(ident.get("joined_at", 0.0)), state="lost")
+                self._by_id[rec.id] = rec
+                self._by_name[rec.name] = rec.id
 
     def get(self, worker_id: str) -> WorkerRecord | None:
         return self._by_id.get(worker_id)

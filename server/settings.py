@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from hermes.common.config import RunConfig, build_config, load_config_file
@@ -37,6 +37,23 @@ class ServerSettings(BaseSettings):
     kafka_bootstrap: str | None = Field(default=None, description="HOST:PORT of a Kafka broker (HERMES_KAFKA_BOOTSTRAP)")
     kafka_partitions: int = Field(default=4, gt=0, le=1024, description="partitions per shard topic")
     kafka_retries: int = Field(default=5, ge=0, le=100, description="broker connection retries (exponential backoff)")
+    # Security (hermes.server.auth). Without a join token the server refuses
+    # to start unless ``insecure`` says so explicitly.
+    join_token: str | None = Field(default=None, repr=False, description="secret agents present to register")
+    join_token_file: str | None = Field(default=None, description="file whose first line is the join token")
+    admin_token: str | None = Field(default=None, repr=False, description="bearer token for /v1/stop")
+    admin_token_file: str | None = Field(default=None, description="file whose first line is the admin token")
+    insecure: bool = Field(default=False, description="run without a join token (trusted networks only)")
+    register_rate: float = Field(default=2.0, ge=0, description="registrations per second per client address (0 = no limit)")
+    register_burst: int = Field(default=32, ge=1, description="registrations a client address may make at once")
+    replay_window_seconds: float = Field(default=300.0, gt=0, description="how far a signed message's timestamp may be from the server clock")
+    # Fault tolerance: heartbeats (hermes.server.heartbeat), checkpoints (hermes.server.checkpoint).
+    heartbeat_interval_seconds: float = Field(default=5.0, gt=0, description="how often agents send a heartbeat")
+    heartbeat_timeout_seconds: float = Field(default=30.0, ge=0, description="silence after which a worker is lost (0 = never)")
+    checkpoint_dir: str | None = Field(default=None, description="where checkpoints go (HERMES_CHECKPOINT_DIR)")
+    checkpoint_interval_seconds: float = Field(default=60.0, gt=0, description="seconds between periodic checkpoints")
+    resume: bool = Field(default=False, description="continue from the last checkpoint in checkpoint_dir")
+    durable_acks: bool = Field(default=True, description="journal every applied update (fsync) before acknowledging it")
 
     @field_validator("kafka_bootstrap")
     @classmethod
@@ -48,6 +65,15 @@ class ServerSettings(BaseSettings):
             if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
                 raise ValueError(f"kafka_bootstrap {v!r}: expected HOST:PORT[,HOST:PORT...]")
         return v.strip()
+
+    @model_validator(mode="after")
+    def _relations(self) -> "ServerSettings":
+        if self.heartbeat_timeout_seconds and self.heartbeat_timeout_seconds < 2 * self.heartbeat_interval_seconds:
+            raise ValueError(f"heartbeat_timeout_seconds ({self.heartbeat_timeout_seconds}) must be at least twice "
+                             f"heartbeat_interval_seconds ({self.heartbeat_interval_seconds}) or 0")
+        if self.resume and not self.checkpoint_dir:
+            raise ValueError("resume needs checkpoint_dir (the directory to resume from)")
+        return self
 
     def run_config(self) -> RunConfig:
         overrides: dict[str, Any] = {}

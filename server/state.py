@@ -145,8 +145,14 @@ class ModelState:
                 self._snapshots[key] = snap
         return snap
 
-    def load(self, flat: torch.Tensor, version: int) -> None:
+    @property
+    def baseline(self) -> torch.Tensor:
+        return self._baseline
+
+    def load(self, flat: torch.Tensor, version: int, *, baseline: torch.Tensor | None = None) -> None:
         with self._lock:
             self._flat.copy_(flat)
+            if baseline is not None:
+                self._baseline.copy_(baseline)
             self._version = version
             self._snapshots.clear()

@@ -1,7 +1,8 @@
 """Shared fixtures: a real ``hermes-server`` subprocess and raw ZeroMQ helpers.
 
 ``live_server`` starts the server exactly as a user does
-(``python -m hermes.server.cli ...``) on free loopback ports, waits for
+(``python -m hermes.server.cli ...``, join token in ``HERMES_JOIN_TOKEN``,
+admin token in ``HERMES_ADMIN_TOKEN``) on free loopback ports, waits for
 ``/healthz``, and on teardown sends SIGTERM and checks that the process
 exited cleanly and gave both ports back. ``server_factory`` starts extra
 instances with their own flags (the fault-injection tests need one with a
@@ -14,6 +15,7 @@ server that does not answer.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import json
 import os
@@ -32,12 +34,15 @@ import pytest
 import torch
 import zmq
 
+from hermes.common.signing import new_session, now_ms
 from hermes.common.wire import Header, Message, MsgType, ProtocolError, decode, encode
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 STARTUP_TIMEOUT_S = 60.0
 SHUTDOWN_TIMEOUT_S = 20.0
 REPLY_TIMEOUT_S = 5.0
+JOIN_TOKEN = "test-join-token-" + "0123456789abcdef" * 2
+ADMIN_TOKEN = "test-admin-token-" + "fedcba9876543210" * 2
 
 
 # ---------------------------------------------------------------------------
@@ -123,13 +128,29 @@ class WorkerHandle:
     def next_seq(self) -> int:
         return next(self._seq)
 
+    session: str = field(default_factory=new_session)
+
+    @property
+    def key(self) -> bytes:
+        return self.token.encode()
+
+    _sibling: "WorkerHandle | None" = field(default=None, repr=False)
+
+    def other_session(self) -> "WorkerHandle":
+        """The same worker on a second session (its seq counter does not interleave with this one's)."""
+        if self._sibling is None:
+            self._sibling = dataclasses.replace(self, session=new_session(), _seq=itertools.count(1))
+        return self._sibling
+
     def header(self, type_: MsgType, **kw: Any) -> Header:
         kw.setdefault("seq", self.next_seq())
-        return Header(type=type_, worker=self.id, token=self.token, **kw)
+        kw.setdefault("ts", now_ms())
+        kw.setdefault("session", self.session)
+        return Header(type=type_, worker=self.id, **kw)
 
-    def frames(self, type_: MsgType, payload: Any = None, **kw: Any) -> list[bytes]:
-        """Encoded request frames as plain bytes (easy to corrupt)."""
-        return [bytes(f) for f in encode(self.header(type_, **kw), payload)]
+    def frames(self, type_: MsgType, payload: Any = None, *, sign: bool = True, **kw: Any) -> list[bytes]:
+        """Encoded request frames, signed with this worker's secret, as plain bytes (easy to corrupt)."""
+        return [bytes(f) for f in encode(self.header(type_, **kw), payload, key=self.key if sign else None)]
 
     def request(self, type_: MsgType, payload: Any = None, **kw: Any) -> Message:
         return self.server.exchange(self.frames(type_, payload, **kw))
@@ -180,7 +201,8 @@ class LiveServer:
 
     def register_raw(self, name: str | None = None, **fields: Any) -> dict[str, Any]:
         body = {"name": name or f"t{os.getpid()}-{next(self._names)}", **fields}
-        r = self.http.post(self.url + "/v1/workers/register", json=body)
+        r = self.http.post(self.url + "/v1/workers/register", json=body,
+                           headers={"Authorization": f"Bearer {JOIN_TOKEN}"})
         assert r.status_code == 200, (r.status_code, r.text)
         reply = r.json()
         for key in ("worker_id", "token", "model_spec", "run_config", "data_plane"):
@@ -241,18 +263,34 @@ def parse_metric(text: str, name: str, **labels: str) -> float:
     return 0.0
 
 
-def _server_env() -> dict[str, str]:
+def _server_env(overrides: dict[str, str | None] | None = None) -> dict[str, str]:
+    """The tests' server environment: no HERMES_* from outside, our tokens; ``None`` removes a variable."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("HERMES_")}
+    env["HERMES_JOIN_TOKEN"] = JOIN_TOKEN
+    env["HERMES_ADMIN_TOKEN"] = ADMIN_TOKEN
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("OMP_NUM_THREADS", "1")
+    for k, v in (overrides or {}).items():
+        if v is None:
+            env.pop(k, None)
+        else:
+            env[k] = v
     return env
 
 
 @contextlib.contextmanager
-def running_server(out_dir: Path, *extra_args: str, sets: Sequence[str] = ("eval_interval_seconds=0.5",)) -> Iterator[LiveServer]:
-    """Start ``python -m hermes.server.cli`` on free loopback ports; stop and check it on exit."""
+def running_server(
+    out_dir: Path, *extra_args: str, sets: Sequence[str] = ("eval_interval_seconds=0.5",),
+    env: dict[str, str | None] | None = None, ports: tuple[int, int] | None = None,
+    scheme: str = "http", http_kwargs: dict[str, Any] | None = None, check_exit: bool = True,
+) -> Iterator[LiveServer]:
+    """Start ``python -m hermes.server.cli`` on free loopback ports; stop and check it on exit.
+
+    ``ports`` reuses given ones (a restart), ``scheme``/``http_kwargs`` talk TLS to it,
+    ``check_exit=False`` is for tests that kill it themselves.
+    """
     out_dir.mkdir(parents=True, exist_ok=True)
-    port, data_port = free_ports(2)
+    port, data_port = ports or free_ports(2)
     log_path = out_dir / "server.log"
     cmd = [
         sys.executable, "-m", "hermes.server.cli",
@@ -268,10 +306,10 @@ def running_server(out_dir: Path, *extra_args: str, sets: Sequence[str] = ("eval
         cmd += ["--set", s]
     cmd += list(extra_args)
     log_fh = open(log_path, "wb")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen(cmd, stdout=log_fh, stderr=subprocess.STDOUT, cwd=str(out_dir), env=_server_env())
-    http = httpx.Client(timeout=10.0)
+    proc = subprocess.Popen(cmd, stdout=log_fh, stderr=subprocess.STDOUT, cwd=str(out_dir), env=_server_env(env))
+    http = httpx.Client(timeout=10.0, **(http_kwargs or {}))
     server = LiveServer(
-        proc=proc, url=f"http://127.0.0.1:{port}", port=port, data_port=data_port,
+        proc=proc, url=f"{scheme}://127.0.0.1:{port}", port=port, data_port=data_port,
         out_dir=out_dir, log_path=log_path, http=http,
     )
     try:
@@ -296,32 +334,45 @@ def running_server(out_dir: Path, *extra_args: str, sets: Sequence[str] = ("eval
         yield server
     finally:
         http.close()
-        killed = False
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=SHUTDOWN_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                killed = True
+        try:
+            if check_exit:
+                _check_clean_exit(server, out_dir, log_fh)
+        finally:
+            if proc.poll() is None:  # a test that said it would kill it did not
                 proc.kill()
                 proc.wait(timeout=10)
-        log_fh.close()
-        assert proc.returncode is not None, "server process still running after SIGKILL"
-        assert not killed, f"server ignored SIGTERM for {SHUTDOWN_TIMEOUT_S}s and was killed"
-        # uvicorn re-raises the captured SIGTERM after its graceful shutdown, so
-        # -SIGTERM is a clean exit too; the summary file proves the shutdown ran.
-        assert proc.returncode in (0, -signal.SIGTERM), (
-            f"server exited with {proc.returncode}:\n{server.log_text()[-4000:]}"
-        )
-        assert (out_dir / "server_summary.json").is_file(), "graceful shutdown did not write server_summary.json"
-        assert "Traceback" not in server.log_text(), server.log_text()[-4000:]
-        # The OS frees a dead process's sockets at once; allow a moment anyway.
-        for p in (port, data_port):
-            for _ in range(50):
-                if port_is_free(p):
-                    break
-                time.sleep(0.1)
-            assert port_is_free(p), f"port {p} still in use after the server exited"
+            log_fh.close()
+
+
+def _check_clean_exit(server: LiveServer, out_dir: Path, log_fh) -> None:
+    """SIGTERM, then: exited by itself, cleanly, summary written, no traceback, ports free."""
+    proc = server.proc
+    killed = False
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=SHUTDOWN_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            killed = True
+            proc.kill()
+            proc.wait(timeout=10)
+    log_fh.flush()
+    assert proc.returncode is not None, "server process still running after SIGKILL"
+    assert not killed, f"server ignored SIGTERM for {SHUTDOWN_TIMEOUT_S}s and was killed"
+    # uvicorn re-raises the captured SIGTERM after its graceful shutdown, so
+    # -SIGTERM is a clean exit too; the summary file proves the shutdown ran.
+    assert proc.returncode in (0, -signal.SIGTERM), (
+        f"server exited with {proc.returncode}:\n{server.log_text()[-4000:]}"
+    )
+    assert (out_dir / "server_summary.json").is_file(), "graceful shutdown did not write server_summary.json"
+    assert "Traceback" not in server.log_text(), server.log_text()[-4000:]
+    # The OS frees a dead process's sockets at once; allow a moment anyway.
+    for p in (server.port, server.data_port):
+        for _ in range(50):
+            if port_is_free(p):
+                break
+            time.sleep(0.1)
+        assert port_is_free(p), f"port {p} still in use after the server exited"
 
 
 @pytest.fixture(scope="module")
@@ -330,9 +381,9 @@ def server_factory(tmp_path_factory) -> Iterator:
     stack = contextlib.ExitStack()
     counter = itertools.count()
 
-    def start(*extra_args: str, sets: Sequence[str] = ("eval_interval_seconds=0.5",)) -> LiveServer:
+    def start(*extra_args: str, sets: Sequence[str] = ("eval_interval_seconds=0.5",), **kw: Any) -> LiveServer:
         out = tmp_path_factory.mktemp(f"server{next(counter)}")
-        return stack.enter_context(running_server(out, *extra_args, sets=sets))
+        return stack.enter_context(running_server(out, *extra_args, sets=sets, **kw))
 
     with stack:
         yield start

@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import socket
 import statistics
 import subprocess
@@ -272,6 +273,10 @@ class BareRouter:
                 self.proc.wait()
 
 
+# The servers this benchmark starts are its own: a fresh join token each run.
+JOIN_TOKEN = secrets.token_urlsafe(32)
+
+
 class ServerProcess:
     """``python -m hermes.server.cli`` with an mlp of the given hidden sizes."""
 
@@ -288,7 +293,7 @@ class ServerProcess:
             *[a for kv in extra for a in ("--set", kv)],
         ]
         self._log = open(self.log_path, "w")
-        env = {k: v for k, v in os.environ.items() if not k.startswith("HERMES_")}
+        env = {k: v for k, v in os.environ.items() if not k.startswith("HERMES_")} | {"HERMES_JOIN_TOKEN": JOIN_TOKEN}
         if threads:
             env["OMP_NUM_THREADS"] = str(threads)  # torch's intra-op pool in the server
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
@@ -341,7 +346,7 @@ def bench_dataplane(
             hidden = MLP_HIDDEN[size]
             server = ServerProcess(hidden, [f"eval_max_samples={eval_samples}"], log_dir, threads)
             try:
-                reg = ControlClient(server.url).register(name=f"bench-{size}", threads=1)
+                reg = ControlClient(server.url, join_token=JOIN_TOKEN).register(name=f"bench-{size}", threads=1)
                 numel = int(reg["model_spec"]["numel"])
                 dc = DataClient(reg["data_plane"], reg["worker_id"], reg["token"], timeout=60.0)
                 version = dc.request(MsgType.PULL_MODEL, {"dtype": "float32"}).header.model_version

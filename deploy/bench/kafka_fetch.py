@@ -37,6 +37,7 @@ import argparse
 import json
 import logging
 import os
+import secrets
 import statistics
 import subprocess
 import sys
@@ -59,9 +60,14 @@ from hermes.deploy.testbed import free_port
 logging.getLogger("kafka").setLevel(logging.CRITICAL)
 
 
+# The servers these benchmarks start are theirs alone: a fresh join token each run.
+JOIN_TOKEN = secrets.token_urlsafe(32)
+
+
 def http_json(url: str, body: dict | None = None) -> Any:
     data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"},
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json",
+                                                          "Authorization": f"Bearer {JOIN_TOKEN}"},
                                  method="POST" if body is not None else "GET")
     with urllib.request.urlopen(req, timeout=30) as r:
         return json.loads(r.read())
@@ -76,7 +82,7 @@ def start_server(bootstrap: str, args, log_dir: str) -> tuple[subprocess.Popen, 
            "--set", f"shard_size={args.shard_size}", "--set", "eval_interval_seconds=1000",
            "--set", "model=mlp"]
     log = open(Path(log_dir) / "server.log", "wb")  # noqa: SIM115
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HERMES_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HERMES_")} | {"HERMES_JOIN_TOKEN": JOIN_TOKEN}
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300

@@ -36,7 +36,7 @@ paramiko = pytest.importorskip("paramiko", reason="paramiko is not installed (pi
 from hermes.deploy import rollout, ssh_cli
 from hermes.deploy.inventory import load_inventory
 
-from tests.conftest import free_ports
+from tests.conftest import JOIN_TOKEN, free_ports
 
 pytestmark = pytest.mark.integration
 
@@ -277,7 +277,7 @@ def test_start_without_install_is_refused(sshd, tmp_path, capsys) -> None:
 def test_roll_out_trains_on_the_device(sshd, server_factory, tmp_path, capsys, monkeypatch) -> None:
     """install -> start -> the agent joins the server and trains -> status -> logs -> stop."""
     server = server_factory("--preset", "asp")
-    monkeypatch.setenv("HERMES_JOIN_TOKEN", "s3cret-join-token")
+    monkeypatch.setenv("HERMES_JOIN_TOKEN", JOIN_TOKEN)  # the server checks it
     wd = tmp_path / "device"
     inv = write_inventory(tmp_path / "edge.toml", sshd, [
         {"name": "edge-1", "workdir": str(wd / "edge-1"), "threads": 1, "device": "cpu",
@@ -308,7 +308,7 @@ def test_roll_out_trains_on_the_device(sshd, server_factory, tmp_path, capsys, m
 
         # The forwarded secret is in the agent's environment, not on any command line.
         environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        assert b"HERMES_JOIN_TOKEN=s3cret-join-token" in environ
+        assert f"HERMES_JOIN_TOKEN={JOIN_TOKEN}".encode() in environ
         assert b"s3cret" not in Path(f"/proc/{pid}/cmdline").read_bytes()
 
         deadline = time.monotonic() + 90

@@ -50,6 +50,9 @@ def expected_seq(header_frame: bytes) -> int:
 
 def assert_rejected(server, worker, frames: list[bytes], code: ErrorCode) -> dict[str, Any]:
     """Send ``frames``; check the error reply, the counter, health and an untouched model."""
+    # Pulls on a session of their own: ``frames`` were signed before them and must not
+    # look like a replay on the worker's main session.
+    worker = worker.other_session()
     v0, m0 = worker.pull()
     before = server.error_count(code.value)
     before_internal = server.error_count(ErrorCode.INTERNAL.value)
@@ -149,7 +152,8 @@ HEADER_CASES: dict[str, tuple[Callable[[Any], list[bytes]], ErrorCode]] = {
     "type_is_int": (lambda w: [packed(header_dict(w, type=3))], ErrorCode.MALFORMED),
     "seq_is_string": (lambda w: [packed(header_dict(w, seq="12"))], ErrorCode.MALFORMED),
     "worker_is_int": (lambda w: [packed(header_dict(w, worker=1))], ErrorCode.MALFORMED),
-    "token_is_nil": (lambda w: [packed(header_dict(w, token=None))], ErrorCode.MALFORMED),
+    "mac_is_nil": (lambda w: [packed(header_dict(w, mac=None))], ErrorCode.MALFORMED),
+    "ts_is_string": (lambda w: [packed(header_dict(w, ts="now"))], ErrorCode.MALFORMED),
     "model_version_is_float": (lambda w: [packed(header_dict(w, model_version=1.5))], ErrorCode.MALFORMED),
     "shapes_is_string": (lambda w: [packed(header_dict(w, shapes="22154"))], ErrorCode.MALFORMED),
     "shape_negative": (lambda w: [packed(header_dict(w, shapes=[[-1]]))], ErrorCode.MALFORMED),
@@ -168,14 +172,18 @@ HEADER_CASES: dict[str, tuple[Callable[[Any], list[bytes]], ErrorCode]] = {
     "reply_type_push_reply": (lambda w: [packed(header_dict(w, type=MsgType.PUSH_REPLY.value))],
                               ErrorCode.BAD_REQUEST),
     "reply_type_error": (lambda w: [packed(header_dict(w, type=MsgType.ERROR.value))], ErrorCode.BAD_REQUEST),
-    "proto_2": (lambda w: [packed(header_dict(w, proto=2))], ErrorCode.UNSUPPORTED_VERSION),
+    "proto_1_bearer_tokens": (lambda w: [packed(header_dict(w, proto=1))], ErrorCode.UNSUPPORTED_VERSION),
+    "proto_3": (lambda w: [packed(header_dict(w, proto=3))], ErrorCode.UNSUPPORTED_VERSION),
     "proto_0": (lambda w: [packed(header_dict(w, proto=0))], ErrorCode.UNSUPPORTED_VERSION),
     "unknown_worker": (lambda w: [packed(header_dict(w, worker="w9999"))], ErrorCode.UNKNOWN_WORKER),
-    "empty_worker": (lambda w: [packed(header_dict(w, worker="", token=""))], ErrorCode.UNKNOWN_WORKER),
-    "wrong_token": (lambda w: [packed(header_dict(w, token=w.token[::-1] + "x"))], ErrorCode.UNAUTHORIZED),
-    "empty_token": (lambda w: [packed(header_dict(w, token=""))], ErrorCode.UNAUTHORIZED),
-    "wrong_token_on_push": (
-        lambda w: rewrite_header(valid_push_frames(w), token="not-the-token"), ErrorCode.UNAUTHORIZED),
+    "empty_worker": (lambda w: [packed(header_dict(w, worker="", mac=""))], ErrorCode.UNKNOWN_WORKER),
+    "forged_mac": (lambda w: [packed(header_dict(w, mac="ab" * 32))], ErrorCode.UNAUTHORIZED),
+    "unsigned": (lambda w: w.frames(MsgType.PULL_MODEL, sign=False), ErrorCode.UNAUTHORIZED),
+    "signed_with_another_key": (
+        lambda w: [bytes(f) for f in encode(w.header(MsgType.PULL_MODEL), key=b"x" * 43)], ErrorCode.UNAUTHORIZED),
+    "legacy_bearer_token": (lambda w: [packed(header_dict(w, token=w.token, mac=""))], ErrorCode.UNAUTHORIZED),
+    "push_body_changed_after_signing": (
+        lambda w: rewrite_header(valid_push_frames(w), body={"samples": 33}), ErrorCode.UNAUTHORIZED),
 }
 
 
@@ -225,7 +233,7 @@ PUSH_CASES: dict[str, tuple[Callable[[Any], list[bytes]], ErrorCode]] = {
     "nan_in_last_frame": (
         lambda w: [bytes(f) for f in encode(
             w.header(MsgType.PUSH_UPDATE, shapes=w.shapes, body={"samples": 1}),
-            torch.cat([torch.zeros(w.numel - 1), torch.tensor([math.nan])]), max_frame_bytes=8192)],
+            torch.cat([torch.zeros(w.numel - 1), torch.tensor([math.nan])]), max_frame_bytes=8192, key=w.key)],
         ErrorCode.NON_FINITE),
     # framing
     "payload_frame_missing": (lambda w: valid_push_frames(w)[:1], ErrorCode.MALFORMED),
@@ -383,7 +391,7 @@ def test_valid_multiframe_fp16_push(live_server):
     delta = torch.linspace(-1, 1, w.numel).to(torch.float16)
     frames = [bytes(f) for f in encode(
         w.header(MsgType.PUSH_UPDATE, model_version=v0, shapes=w.shapes, body={"samples": 8}),
-        delta, max_frame_bytes=4096,
+        delta, max_frame_bytes=4096, key=w.key,
     )]
     assert len(frames) > 5
     reply = live_server.exchange(frames)
@@ -445,9 +453,9 @@ def test_garbage_flood_then_valid_pull(live_server, worker):
 
 
 def test_rejections_are_logged_as_warnings(live_server, worker):
-    frames = [packed(header_dict(worker, token="definitely-wrong"))]
+    frames = [packed(header_dict(worker, mac="cd" * 32))]
     assert_rejected(live_server, worker, frames, ErrorCode.UNAUTHORIZED)
-    wanted = f"bad token for worker '{worker.id}'"
+    wanted = f"bad signature from worker '{worker.id}'"
     deadline = time.monotonic() + 3
     while True:
         lines = [ln for ln in live_server.log_text().splitlines() if wanted in ln]
@@ -490,7 +498,7 @@ def test_oversized_push_is_too_large(small_server):
     # Split into frames well under the limit: the whole message still counts.
     split = [bytes(f) for f in encode(
         w.header(MsgType.PUSH_UPDATE, model_version=v0, shapes=w.shapes, body={"samples": 1}),
-        torch.full((w.numel,), 0.25), max_frame_bytes=8192,
+        torch.full((w.numel,), 0.25), max_frame_bytes=8192, key=w.key,
     )]
     assert max(len(f) for f in split) < SMALL_LIMIT
     assert_rejected(small_server, w, split, ErrorCode.TOO_LARGE)
@@ -503,14 +511,24 @@ def test_oversized_push_is_too_large(small_server):
     assert small_server.workers()[w.id]["pushes"] == 1
 
 
+def test_single_oversized_frame_gets_a_too_large_reply(small_server):
+    """One frame over the message limit (but under the socket cap of twice the limit) is
+    answered in protocol, counted as too_large and as a limit hit."""
+    w = small_server.register("one-big-frame")
+    hits = small_server.counter("hermes_limit_hits_total", limit="max_message_bytes")
+    frames = [packed(header_dict(w)), b"\x00" * (SMALL_LIMIT + 4096)]
+    body = assert_rejected(small_server, w, frames, ErrorCode.TOO_LARGE)
+    assert str(SMALL_LIMIT) in body["message"]
+    assert small_server.counter("hermes_limit_hits_total", limit="max_message_bytes") == hits + 1
+
+
 def test_frame_over_socket_limit_does_not_hurt_the_server(small_server):
-    """A single frame past libzmq's MAXMSGSIZE is dropped with its connection; others carry on."""
+    """A single frame past libzmq's MAXMSGSIZE (twice the limit) is dropped with its connection
+    before it is allocated; the server and the other workers carry on."""
     w = small_server.register("other-worker")
     v0, m0 = w.pull()
     huge = [packed(header_dict(w)), b"\x00" * (4 * SMALL_LIMIT + 2 * 65536)]
-    reply = small_server.exchange_raw(huge, timeout=1.0)
-    if reply is not None:  # either dropped silently or refused in protocol, never applied
-        assert msgpack.unpackb(reply[0])["type"] == MsgType.ERROR.value
+    assert small_server.exchange_raw(huge, timeout=1.0) is None
     assert small_server.healthz()["status"] == "ok"
     v1, m1 = w.pull()
     assert v1 == v0 and torch.equal(m1, m0)

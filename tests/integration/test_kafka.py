@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import free_ports, port_is_free, run_testbed, running_server
+from tests.conftest import _server_env, free_ports, port_is_free, run_testbed, running_server
 
 pytest.importorskip("kafka")
 
@@ -247,7 +247,7 @@ def test_unreachable_broker_is_a_clear_bounded_error():
 def test_server_start_fails_naming_an_unreachable_broker(tmp_path):
     (port,) = free_ports(1)
     address = f"127.0.0.1:{port}"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HERMES_")}
+    env = _server_env()
     t0 = time.monotonic()
     procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for cmd in (
         [sys.executable, "-m", "hermes.server.cli", "--port", str(free_ports(1)[0]), "--kafka", address,

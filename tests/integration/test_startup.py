@@ -33,9 +33,12 @@ def _get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
         return r.status, r.read()
 
 
+JOIN = "startup-join-token-0123456789abcdef"
+
+
 def _post(url: str, body: dict) -> dict:
     req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
-                                 headers={"Content-Type": "application/json"})
+                                 headers={"Content-Type": "application/json", "Authorization": f"Bearer {JOIN}"})
     with urllib.request.urlopen(req, timeout=10) as r:
         return json.loads(r.read())
 
@@ -57,7 +60,7 @@ def test_uvicorn_factory_with_env_settings(tmp_path: Path) -> None:
     log = tmp_path / "server.log"
     env = {**os.environ, "HERMES_PRESET": "bsp", "HERMES_DATA_PORT": str(data_port),
            "HERMES_ADVERTISE_HOST": "127.0.0.1", "HERMES_OUT_DIR": str(tmp_path / "out"),
-           "HERMES_RUN": json.dumps({"lr": 0.07, "model": "mlp"})}
+           "HERMES_RUN": json.dumps({"lr": 0.07, "model": "mlp"}), "HERMES_JOIN_TOKEN": JOIN}
     with open(log, "wb") as fh:
         proc = subprocess.Popen(
             [sys.executable, "-m", "uvicorn", "--factory", "hermes.server.app:create_app",
@@ -101,6 +104,22 @@ def test_uvicorn_factory_with_env_settings(tmp_path: Path) -> None:
     with socket.socket() as s:  # the data plane released its port
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind(("127.0.0.1", data_port))
+
+
+def test_server_refuses_to_start_without_a_join_token(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HERMES_")}
+    proc = subprocess.run([sys.executable, "-m", "hermes.server.cli", "--port", str(_free_port())],
+                          capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == 2, proc.stderr
+    assert "HERMES_JOIN_TOKEN" in proc.stderr and "--insecure" in proc.stderr
+    # The uvicorn factory refuses too: the app cannot be built.
+    proc = subprocess.run([sys.executable, "-m", "uvicorn", "--factory", "hermes.server.app:create_app",
+                           "--port", str(_free_port())], capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode != 0 and "no join token" in proc.stderr
+    # A short token is refused with the field named.
+    proc = subprocess.run([sys.executable, "-m", "hermes.server.cli", "--port", str(_free_port())],
+                          capture_output=True, text=True, timeout=60, env={**env, "HERMES_JOIN_TOKEN": "abc"})
+    assert proc.returncode == 2 and "join_token must be at least 16" in proc.stderr
 
 
 def test_agent_exits_nonzero_when_server_unreachable() -> None:

@@ -32,7 +32,7 @@ from hermes.common.wire import (
 FUZZ = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 SMALL_LIMIT = 1 << 16
 
-HEADER_KEYS = ["type", "proto", "worker", "token", "seq", "model_version", "dtype", "shapes", "frame_bytes",
+HEADER_KEYS = ["type", "proto", "worker", "session", "seq", "ts", "mac", "model_version", "dtype", "shapes", "frame_bytes",
                "checksum", "body"]
 DTYPE_NAMES = ["float32", "float16", "bfloat16", "float64", "int64", "int32", "int16", "uint8", "int8",
                "complex64", "", "f4"]
@@ -65,7 +65,8 @@ field_values = {
 def headers(draw) -> dict:
     """A real-looking header with a few fields dropped or replaced by values of random types."""
     out = {
-        "type": draw(st.sampled_from(TYPE_NAMES)), "proto": PROTOCOL_VERSION, "worker": "w0001", "token": "t",
+        "type": draw(st.sampled_from(TYPE_NAMES)), "proto": PROTOCOL_VERSION, "worker": "w0001", "session": "s",
+        "ts": draw(st.integers(0, 2**45)), "mac": draw(st.text(alphabet="0123456789abcdef", max_size=64)),
         "seq": draw(st.integers(0, 2**32)), "model_version": 0, "dtype": draw(st.sampled_from(DTYPE_NAMES)),
         "shapes": draw(st.lists(st.lists(st.integers(0, 6), max_size=3), max_size=3)),
         "frame_bytes": draw(st.lists(st.integers(0, 48), max_size=3)),
@@ -150,7 +151,7 @@ def test_structured_mutated_headers(header_frames):
         h = None
     if h is not None:
         # Whatever was accepted has the declared types.
-        assert isinstance(h.worker, str) and isinstance(h.token, str) and isinstance(h.body, dict)
+        assert isinstance(h.worker, str) and isinstance(h.session, str) and isinstance(h.mac, str) and isinstance(h.body, dict)
         assert isinstance(h.seq, int) and isinstance(h.checksum, int) and isinstance(h.dtype, str)
         assert all(isinstance(d, int) and d >= 0 for s in h.shapes for d in s)
         assert all(isinstance(n, int) and n >= 0 for n in h.frame_bytes)
@@ -169,7 +170,7 @@ def consistent_messages(draw) -> list[bytes]:
     step = max(item, cut // item * item)
     frames = [data[i : i + step] for i in range(0, len(data), step)]
     header = {
-        "type": draw(st.sampled_from(TYPE_NAMES[:-2])), "proto": PROTOCOL_VERSION, "worker": "w", "token": "t",
+        "type": draw(st.sampled_from(TYPE_NAMES[:-2])), "proto": PROTOCOL_VERSION, "worker": "w", "session": "s", "ts": 0, "mac": "",
         "seq": 1, "model_version": 0, "dtype": dtype, "shapes": shapes,
         "frame_bytes": [len(f) for f in frames], "checksum": checksum_of(frames), "body": {},
     }

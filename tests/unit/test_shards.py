@@ -260,7 +260,7 @@ def test_progress_and_state():
     assert q.progress == pytest.approx(1.0)
     q.take(1)
     assert q.progress == pytest.approx(1.1)
-    assert q.state() == {"epoch": 1, "next": 1, "seed": 5, "num_shards": 10}
+    assert q.state() == {"epoch": 1, "next": 1, "seed": 5, "num_shards": 10, "requeued": []}
 
 
 def test_deterministic_per_seed():

@@ -35,7 +35,7 @@ def _values(dtype: torch.dtype, n: int = 23) -> torch.Tensor:
 
 
 def _push_header(**kw) -> Header:
-    base = dict(type=MsgType.PUSH_UPDATE, worker="w0001", token="tok", seq=7, model_version=3,
+    base = dict(type=MsgType.PUSH_UPDATE, worker="w0001", session="s1", seq=7, model_version=3,
                 shapes=SHAPES, body={"samples": 32, "loss": 0.25})
     base.update(kw)
     return Header(**base)
@@ -67,7 +67,7 @@ def test_round_trip_float_dtypes(dtype):
     msg = decode(_as_bytes(frames))
     h = msg.header
     assert h.type is MsgType.PUSH_UPDATE
-    assert (h.worker, h.token, h.seq, h.model_version, h.proto) == ("w0001", "tok", 7, 3, PROTOCOL_VERSION)
+    assert (h.worker, h.session, h.seq, h.model_version, h.proto) == ("w0001", "s1", 7, 3, PROTOCOL_VERSION)
     assert h.body == {"samples": 32, "loss": 0.25}
     assert h.dtype == dtype_name(dtype)
     assert h.shapes == SHAPES
@@ -84,7 +84,7 @@ def test_round_trip_float_dtypes(dtype):
 
 
 def test_round_trip_header_only():
-    frames = encode(Header(type=MsgType.PULL_MODEL, worker="w1", token="t", seq=99, body={"dtype": "float16"}))
+    frames = encode(Header(type=MsgType.PULL_MODEL, worker="w1", session="s", seq=99, body={"dtype": "float16"}))
     assert len(frames) == 1
     msg = decode(frames)
     assert msg.payload is None
@@ -294,14 +294,14 @@ def test_error_missing_required_field(field):
 
 def test_optional_fields_default():
     h = Header.unpack(msgpack.packb({"proto": PROTOCOL_VERSION, "type": "pull_model"}))
-    assert (h.worker, h.token, h.seq, h.model_version, h.dtype) == ("", "", 0, 0, "")
+    assert (h.worker, h.session, h.seq, h.ts, h.model_version, h.dtype, h.mac) == ("", "", 0, 0, 0, "", "")
     assert (h.shapes, h.frame_bytes, h.checksum, h.body) == ((), (), 0, {})
 
 
 @pytest.mark.parametrize(
     "field,value",
     [
-        ("proto", "1"), ("proto", True), ("proto", 1.0), ("type", 1), ("worker", 5), ("token", None),
+        ("proto", "1"), ("proto", True), ("proto", 1.0), ("type", 1), ("worker", 5), ("session", None), ("mac", 7), ("ts", "now"),
         ("seq", "3"), ("seq", False), ("model_version", 2.5), ("dtype", 4), ("shapes", "23"),
         ("shapes", [[-1]]), ("shapes", [["3"]]), ("shapes", [[True]]), ("shapes", [3]), ("shapes", [[1.0]]),
         ("frame_bytes", 92), ("frame_bytes", [-1]), ("frame_bytes", ["92"]), ("frame_bytes", [False]),
@@ -315,7 +315,7 @@ def test_error_wrong_field_type(field, value):
     assert field in ei.value.message or "shape" in ei.value.message
 
 
-@pytest.mark.parametrize("proto", [0, 2, PROTOCOL_VERSION + 100, -1])
+@pytest.mark.parametrize("proto", [0, 1, PROTOCOL_VERSION + 1, PROTOCOL_VERSION + 100, -1])
 def test_error_unsupported_version(proto):
     with pytest.raises(ProtocolError) as ei:
         Header.unpack(msgpack.packb(_header_map(proto=proto)))

@@ -1,0 +1,61 @@
+"""The agent's heartbeat: a thread that tells the server it is alive.
+
+Training cycles can be long and the data-plane socket belongs to the
+training thread, so liveness goes over the control plane. The thread also
+notices when the server no longer knows this worker (it was marked lost, or
+the server restarted and issued new secrets: HTTP 401/404/410) or has been
+unreachable for a while, and calls ``on_lost`` so the agent re-registers.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Callable
+
+from hermes.client.transport import ControlClient, RemoteError, ServerUnreachable, StopRequested
+
+log = logging.getLogger(__name__)
+
+FORGOTTEN = frozenset({"http_401", "http_404", "http_410"})
+
+
+class Heartbeat:
+    def __init__(self, control: ControlClient, worker_id: str, token: str, *, interval: float,
+                 on_lost: Callable[[str], None], unreachable_after: float = 30.0) -> None:
+        self.control = control
+        self.worker_id, self.token = worker_id, token
+        self.interval = interval
+        self.on_lost = on_lost
+        self.unreachable_after = max(unreachable_after, 3 * interval)
+        self.sent = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="hermes-heartbeat", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=self.control.timeout + 1)
+
+    def _run(self) -> None:
+        last_ok = time.monotonic()
+        while not self._stop.wait(self.interval):
+            try:
+                self.control.heartbeat(self.worker_id, self.token)
+                self.sent += 1
+                last_ok = time.monotonic()
+            except RemoteError as exc:
+                if exc.code in FORGOTTEN:
+                    self.on_lost(f"the server no longer knows worker {self.worker_id} ({exc})")
+                    return
+                log.info("heartbeat refused: %s", exc)
+            except (ServerUnreachable, StopRequested) as exc:
+                quiet = time.monotonic() - last_ok
+                log.info("heartbeat failed (%.0fs without an answer): %s", quiet, exc)
+                if quiet > self.unreachable_after:
+                    self.on_lost(f"server unreachable for {quiet:.0f}s")
+                    return

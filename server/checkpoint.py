@@ -1,0 +1,403 @@
+"""Server checkpoints and the update journal: nothing acknowledged is lost.
+
+A checkpoint directory holds
+
+- ``checkpoint.json``: metadata of the last complete checkpoint (version,
+  run config, shard queue, allocator state, worker ids and names, evaluation
+  history, counters), replaced atomically (temp file, fsync, ``os.replace``);
+- ``model-<V>.safetensors``: the global model and its baseline w0 as raw fp32
+  tensors in the safetensors layout (8-byte header length, JSON header, raw
+  bytes); no pickle anywhere;
+- ``journal-<V>.log``: every update folded after checkpoint V, appended and
+  fsynced *before* the push is acknowledged (``durable_acks``): the raw delta
+  bytes as received and the weights they were folded with.
+
+Resuming loads the last checkpoint and replays the journals in order, which
+reproduces the model bit for bit (the folds are element-wise, so the result
+does not depend on how frames were cut). An update whose journal record is
+torn (the process died while writing it) was never acknowledged and is
+dropped. With ``durable_acks`` off nothing is journaled: the window of loss
+is then every update since the last checkpoint.
+
+What a restart does not keep: worker secrets (every agent registers again
+and gets a new one; ids stay with names), sync-strategy state (barriers
+start over as agents rejoin), and the shard queue's progress after the last
+checkpoint (those shards are handed out again).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import struct
+import time
+import warnings
+from dataclasses import asdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, BinaryIO, Sequence
+
+import crc32c
+import torch
+
+from hermes.common.wire import Payload, ProtocolError, dtype_from_name, dtype_name
+from hermes.server.evaluator import Evaluation
+
+if TYPE_CHECKING:
+    from hermes.server.engine import Engine
+
+log = logging.getLogger(__name__)
+
+FORMAT = 1
+META = "checkpoint.json"
+_ST_DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16"}
+_REC_HEAD = struct.Struct("<I")  # length of a journal record's JSON header
+
+
+class CheckpointError(Exception):
+    """A checkpoint directory that cannot be written, read or resumed from."""
+
+
+# ---------------------------------------------------------------------------
+# files
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_atomic(path: Path, write) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as fh:
+        write(fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def _bytes_of(t: torch.Tensor) -> memoryview:
+    return memoryview(t.detach().contiguous().reshape(-1).view(torch.uint8).numpy()).cast("B")
+
+
+def write_tensors(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
+    """A safetensors file, written atomically."""
+    header: dict[str, Any] = {"__metadata__": metadata or {}}
+    offset = 0
+    for name, t in tensors.items():
+        n = t.numel() * t.element_size()
+        header[name] = {"dtype": _ST_DTYPES[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + n]}
+        offset += n
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)  # the format aligns the data to 8 bytes
+
+    def write(fh: BinaryIO) -> None:
+        fh.write(struct.pack("<Q", len(raw)))
+        fh.write(raw)
+        for t in tensors.values():
+            fh.write(_bytes_of(t))
+
+    _write_atomic(path, write)
+
+
+def read_tensors(path: Path) -> dict[str, torch.Tensor]:
+    data = path.read_bytes()
+    try:
+        (n,) = struct.unpack_from("<Q", data)
+        header = json.loads(data[8 : 8 + n])
+        by_code = {v: k for k, v in _ST_DTYPES.items()}
+        out = {}
+        for name, entry in header.items():
+            if name == "__metadata__":
+                continue
+            begin, end = entry["data_offsets"]
+            chunk = bytearray(data[8 + n + begin : 8 + n + end])
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)
+                t = torch.frombuffer(chunk, dtype=by_code[entry["dtype"]]) if chunk else torch.empty(0)
+            out[name] = t.reshape(entry["shape"]).clone()
+        return out
+    except (struct.error, ValueError, KeyError, TypeError, RuntimeError) as exc:
+        raise CheckpointError(f"{path}: not a readable tensor file ({exc})") from None
+
+
+# ---------------------------------------------------------------------------
+# the journal
+
+
+class Journal:
+    """Append-only log of folded updates since one checkpoint.
+
+    Record: u32 header length, JSON header (version, op, weights, dtype and
+    element count of each delta), the deltas' raw bytes, u32 CRC32C of all
+    of it. Appends happen under the engine's step lock, in fold order.
+    """
+
+    def __init__(self, path: Path, *, fsync: bool = True) -> None:
+        self.path = path
+        self.fsync = fsync
+        self._fh = open(path, "ab")  # noqa: SIM115 - closed in close()
+
+    def append(self, version: int, op: str, payloads: Sequence[Payload], weights: Sequence[float]) -> None:
+        head = json.dumps({
+            "version": version, "op": op, "weights": [float(w) for w in weights],
+            "deltas": [{"dtype": dtype_name(p.dtype), "numel": p.numel} for p in payloads],
+        }).encode()
+        crc = crc32c.crc32c(head)
+        parts: list[Any] = [_REC_HEAD.pack(len(head)), head]
+        for p in payloads:
+            for chunk in p.chunks:
+                b = _bytes_of(chunk)
+                crc = crc32c.crc32c(b, crc)
+                parts.append(b)
+        parts.append(_REC_HEAD.pack(crc))
+        self._fh.writelines(parts)
+        self._fh.flush()
+        if self.fsync:
+            os.fsync(self._fh.fileno())
+
+    def close(self) -> None:
+        if not self._fh.closed:
+            self._fh.close()
+
+
+def read_journal(path: Path) -> list[tuple[dict[str, Any], list[torch.Tensor]]]:
+    """Complete records in order; a torn or corrupt tail ends the read (it was never acknowledged)."""
+    data = path.read_bytes()
+    out, pos = [], 0
+    while pos + _REC_HEAD.size <= len(data):
+        (n,) = _REC_HEAD.unpack_from(data, pos)
+        try:
+            head = json.loads(data[pos + 4 : pos + 4 + n])
+            sizes = [d["numel"] * torch.empty(0, dtype=dtype_from_name(d["dtype"])).element_size()
+                     for d in head["deltas"]]
+        except (ValueError, KeyError, TypeError, ProtocolError):  # garbage ends the log
+            break
+        body_at = pos + 4 + n
+        end = body_at + sum(sizes)
+        if end + 4 > len(data):
+            break
+        (crc,) = _REC_HEAD.unpack_from(data, end)
+        if crc32c.crc32c(data[body_at:end], crc32c.crc32c(data[pos + 4 : body_at])) != crc:
+            log.warning("journal %s: corrupt record at byte %d; replay stops there", path, pos)
+            break
+        deltas, at = [], body_at
+        for d, size in zip(head["deltas"], sizes):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)
+                raw = bytearray(data[at : at + size])
+                deltas.append(torch.frombuffer(raw, dtype=dtype_from_name(d["dtype"])) if size else torch.empty(0))
+            at += size
+        out.append((head, deltas))
+        pos = end + 4
+    if pos != len(data):
+        log.warning("journal %s: %d trailing bytes of an unfinished record dropped", path, len(data) - pos)
+    return out
+
+
+# ---------------------------------------------------------------------------
+# the checkpointer
+
+
+def check_directory(directory: str | Path, *, resume: bool) -> dict[str, Any] | None:
+    """Create the directory (mode 0700) and return the checkpoint to resume, if resuming.
+
+    Refuses to resume from nothing and to overwrite another run's checkpoint.
+    """
+    d = Path(directory)
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        os.chmod(d, 0o700)  # models and worker names: not for other users
+    except OSError as exc:
+        raise CheckpointError(f"checkpoint directory {d}: {exc.strerror or exc}") from None
+    path = d / META
+    meta = None
+    if path.is_file():
+        try:
+            meta = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise CheckpointError(f"{path}: unreadable ({exc})") from None
+        if meta.get("format") != FORMAT:
+            raise CheckpointError(f"{path}: format {meta.get('format')!r}, this server reads {FORMAT}")
+    if resume and meta is None:
+        raise CheckpointError(f"--resume {d}: no checkpoint there ({META} missing)")
+    if not resume and meta is not None:
+        raise CheckpointError(f"{d} holds a checkpoint of a run at version {meta['version']}: "
+                              f"resume it (--resume {d}) or choose another directory")
+    return meta
+
+
+class Checkpointer:
+    def __init__(self, engine: "Engine", directory: str | Path, *, interval: float, durable_acks: bool) -> None:
+        self.engine = engine
+        self.dir = Path(directory)
+        self.interval = interval
+        self.durable_acks = durable_acks
+        self.journal: Journal | None = None
+        self.last_version: int | None = None
+        self.last_seconds = 0.0
+        self.written = 0
+        self._task: asyncio.Task | None = None
+
+    # -- layout --
+    def _model_path(self, version: int) -> Path:
+        return self.dir / f"model-{version}.safetensors"
+
+    def _journal_path(self, version: int) -> Path:
+        return self.dir / f"journal-{version}.log"
+
+    # -- lifecycle --
+    def open(self, *, resume: bool) -> None:
+        """Prepare the directory: resume from it, or start a fresh run in it."""
+        meta = check_directory(self.dir, resume=resume)
+        if meta is not None:
+            self._restore(meta)
+        else:
+            # A checkpoint from the start, so --resume works even after a crash
+            # before the first periodic one (the journal holds the rest).
+            version, flat = self.engine.state.snapshot(torch.float32)
+            self._write(version, flat, self._metadata(version))
+            self.last_version = version
+        self._start_journal(self.engine.state.version)
+
+    def _start_journal(self, version: int) -> None:
+        if self.journal is not None:
+            self.journal.close()
+        self.journal = Journal(self._journal_path(version), fsync=True) if self.durable_acks else None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._periodic(), name="hermes-checkpoints")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+
+    def close(self) -> None:
+        if self.journal is not None:
+            self.journal.close()
+
+    async def _periodic(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval)
+            try:
+                await self.save("periodic")
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a full disk must not take the server down
+                log.error("periodic checkpoint failed: %s", exc)
+                self.engine.events.emit("checkpoint_failed", error=str(exc)[:500])
+
+    # -- hooks --
+    def record_fold(self, version: int, op: str, payloads: Sequence[Payload], weights: Sequence[float]) -> None:
+        """Called by the engine after each fold and before any reply: durable first, then acknowledged."""
+        if self.journal is not None:
+            self.journal.append(version, op, payloads, weights)
+
+    # -- saving --
+    async def save(self, reason: str) -> int:
+        """Write a checkpoint of the current state; returns its version."""
+        engine = self.engine
+        t0 = time.perf_counter()
+        async with engine._step:  # no fold in between: model, version and queue agree
+            version, flat = engine.state.snapshot(torch.float32)
+            meta = self._metadata(version)
+            old_journal = self.journal
+            # Folds after this point belong to the new checkpoint's journal.
+            self.journal = Journal(self._journal_path(version), fsync=True) if self.durable_acks else None
+        try:
+            await asyncio.to_thread(self._write, version, flat, meta)
+        finally:
+            if old_journal is not None and old_journal is not self.journal:
+                old_journal.close()
+        self.last_version, self.last_seconds = version, time.perf_counter() - t0
+        self.written += 1
+        engine.metrics.checkpoints.inc()
+        engine.events.emit("checkpoint", version=version, reason=reason, seconds=round(self.last_seconds, 6))
+        log.info("checkpoint at version %d (%s) in %.3fs", version, reason, self.last_seconds)
+        return version
+
+    def _metadata(self, version: int) -> dict[str, Any]:
+        e = self.engine
+        allocator_state = getattr(e.allocator, "state_dict", None)
+        return {
+            "format": FORMAT,
+            "version": version,
+            "created": time.time(),
+            "model_file": self._model_path(version).name,
+            "journal_file": self._journal_path(version).name,
+            "config": e.config.model_dump(),
+            "model": {"name": e.spec.name, "numel": e.spec.numel},
+            "queue": e.queue.state(),
+            "outstanding": {w: [list(a) for a in lst] for w, lst in e._outstanding.items()},
+            "allocator": allocator_state() if allocator_state else None,
+            "workers": e.registry.identities(),
+            "evaluations": [asdict(ev) for ev in e.evaluator.history],
+            "message_counts": dict(e.message_counts),
+            "elapsed_seconds": time.time() - e.started_at,
+        }
+
+    def _write(self, version: int, flat: torch.Tensor, meta: dict[str, Any]) -> None:
+        write_tensors(self._model_path(version), {"model": flat, "baseline": self.engine.state.baseline},
+                      {"version": str(version)})
+        _write_atomic(self.dir / META, lambda fh: fh.write(json.dumps(meta, indent=1).encode()))
+        # Only now is everything older unneeded.
+        for old in list(self.dir.glob("model-*.safetensors")) + list(self.dir.glob("journal-*.log")):
+            try:
+                v = int(old.stem.split("-", 1)[1].split(".")[0])
+            except ValueError:
+                continue
+            if v < version:
+                old.unlink(missing_ok=True)
+
+    # -- resuming --
+    def _restore(self, meta: dict[str, Any]) -> None:
+        e = self.engine
+        if meta["model"] != {"name": e.spec.name, "numel": e.spec.numel}:
+            raise CheckpointError(f"checkpoint model {meta['model']} does not match this run's "
+                                  f"{e.spec.name} ({e.spec.numel} parameters)")
+        differing = sorted(k for k, v in meta["config"].items() if e.config.model_dump().get(k) != v)
+        if differing:
+            log.warning("resuming with run-config changes: %s", ", ".join(differing))
+        tensors = read_tensors(self.dir / meta["model_file"])
+        version = int(meta["version"])
+        e.state.load(tensors["model"], version, baseline=tensors["baseline"])
+        replayed = 0
+        journals = sorted(self.dir.glob("journal-*.log"), key=lambda p: int(p.stem.split("-", 1)[1]))
+        for path in journals:
+            for head, deltas in read_journal(path):
+                if head["version"] <= e.state.version:
+                    continue
+                if head["version"] != e.state.version + 1:
+                    raise CheckpointError(f"{path.name}: update {head['version']} follows {e.state.version}; "
+                                          "the journal has a gap")
+                payloads = [Payload(dtype=d.dtype, chunks=(d,), shapes=((d.numel(),),)) for d in deltas]
+                if head["op"] == "blend":
+                    e.state.blend(payloads[0], head["weights"][0])
+                else:
+                    e.state.apply(list(zip(payloads, head["weights"])))
+                replayed += 1
+        e.queue.restore(meta["queue"])
+        for shards in meta.get("outstanding", {}).values():
+            e.queue.requeue([s for a in shards for s in a])
+        if meta.get("allocator") is not None and hasattr(e.allocator, "load_state_dict"):
+            e.allocator.load_state_dict(meta["allocator"])
+        e.registry.restore(meta["workers"])
+        e.evaluator.history.extend(Evaluation(**ev) for ev in meta["evaluations"])
+        if e.evaluator.history:
+            e.evaluator.latest = e.evaluator.history[-1]
+        e.message_counts.update(meta.get("message_counts", {}))
+        e.started_at = time.time() - float(meta.get("elapsed_seconds", 0.0))
+        e.metrics.model_version.set(e.state.version)
+        e.resumed_from = {"checkpoint_version": version, "replayed_updates": replayed, "version": e.state.version}
+        e.events.emit("resumed", directory=str(self.dir), **e.resumed_from)
+        log.info("resumed from %s: checkpoint version %d + %d journaled updates = version %d",
+                 self.dir, version, replayed, e.state.version)

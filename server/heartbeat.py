@@ -1,0 +1,67 @@
+"""Marks silent workers lost.
+
+A worker is alive while it talks: every authenticated data-plane message and
+every control-plane heartbeat refreshes ``last_seen``. One silent for longer
+than the timeout is marked ``lost``: the sync strategy stops waiting for it
+(its barrier share is released), its unfinished shards go back to the
+queue, and the allocator forgets it. It can register again under the same
+name, gets its old id back, and pulls the current model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from hermes.server.engine import Engine
+
+log = logging.getLogger(__name__)
+
+
+class HeartbeatMonitor:
+    def __init__(self, engine: "Engine", timeout: float) -> None:
+        self.engine = engine
+        self.timeout = timeout
+        self.lost = 0
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        if self.timeout > 0:
+            self._task = asyncio.create_task(self._run(), name="hermes-heartbeats")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+
+    async def _run(self) -> None:
+        # Check several times per timeout so a loss is noticed within ~1.25 timeouts.
+        period = max(0.05, min(1.0, self.timeout / 4))
+        while True:
+            await asyncio.sleep(period)
+            try:
+                await self.sweep()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # the monitor must outlive any one bad sweep
+                log.exception("heartbeat sweep failed")
+
+    async def sweep(self, now: float | None = None) -> list[str]:
+        """Mark every active worker silent past the timeout lost; returns their ids."""
+        now = time.time() if now is None else now
+        silent = [r for r in self.engine.registry.all()
+                  if r.state == "active" and now - r.last_seen > self.timeout]
+        for rec in silent:
+            quiet = now - rec.last_seen
+            log.warning("worker %s (%s) silent for %.1fs (timeout %.1fs): marked lost", rec.id, rec.name,
+                        quiet, self.timeout)
+            self.engine.metrics.workers_lost.inc()
+            self.lost += 1
+            await self.engine.leave(rec.id, f"no heartbeat for {quiet:.1f}s", state="lost")
+        return [r.id for r in silent]
