@@ -48,6 +48,13 @@ class DualSearchAllocator:
         # workers; per-worker activation-memory caps are not part of Hermes.
         pass
 
+    def state_dict(self) -> dict:
+        """For a server checkpoint (``server.checkpoint``): the sizer's histories and workloads."""
+        return self.sizer.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.sizer.load_state_dict(state)
+
     def rebalance(self) -> dict[str, Resize]:
         out = {}
         for w, res in self.sizer.rebalance().items():
