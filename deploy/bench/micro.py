@@ -4,8 +4,8 @@
   (``hermes.deploy.bench.foundation``, part A);
 - data plane: push and pull through ``hermes-server`` vs a bare pyzmq
   DEALER/ROUTER pair moving the same frames (foundation, part B);
-- codec: ``wire.encode`` / ``wire.decode`` vs a bare msgpack header + raw
-  buffer, with and without the CRC32C our format adds;
+- codec: signed ``wire.encode`` / ``wire.decode`` + ``verify_mac`` vs a bare msgpack header + raw
+  buffer, without and with the CRC32C and HMAC-SHA256 our format adds;
 - evaluator: ``Evaluator.evaluate_now`` (snapshot, load, forward) vs the
   bare forward passes over the same samples;
 - shard fetch: our Kafka reader vs the ZeroMQ data plane vs a bare
@@ -19,6 +19,8 @@ other processes hits both alike; the figure to read is the ratio.
 from __future__ import annotations
 
 import argparse
+import hashlib
+import hmac
 import json
 import logging
 import tempfile
@@ -37,32 +39,45 @@ def bench_codec(repeats: int, numel: int = 1_000_000) -> list[dict[str, Any]]:
     import msgpack
     import numpy as np
     import torch
-    from hermes.common.wire import Header, MsgType, decode, encode
+    from hermes.common.wire import Header, MsgType, decode, encode, verify_mac
 
     rows = []
     for dname, dtype in (("fp32", torch.float32), ("fp16", torch.float16)):
         t = (torch.randn(numel, generator=torch.Generator().manual_seed(0)) * 1e-3).to(dtype)
-        hdr = Header(type=MsgType.PUSH_UPDATE, worker="w0001", token="x" * 32, seq=7, model_version=3,
+        # Signed as the data plane signs every message (HMAC-SHA256 per worker key).
+        key = b"k" * 32
+        hdr = Header(type=MsgType.PUSH_UPDATE, worker="w0001", session="s" * 16, seq=7, ts=1, model_version=3,
                      shapes=((numel,),), body={"samples": 32, "loss": 1.0})
-        frames = [bytes(f) for f in encode(hdr, t)]
-        raw = {"type": "push_update", "worker": "w0001", "token": "x" * 32, "seq": 7, "model_version": 3,
+        frames = [bytes(f) for f in encode(hdr, t, key=key)]
+        raw = {"type": "push_update", "worker": "w0001", "session": "s" * 16, "seq": 7, "model_version": 3,
                "dtype": dname, "shapes": [[numel]], "body": {"samples": 32, "loss": 1.0}}
         npdtype = np.float32 if dtype == torch.float32 else np.float16
 
         def bare_encode(crc: bool) -> None:
             buf = memoryview(t.numpy()).cast("B")
-            msgpack.packb({**raw, "checksum": crc32c.crc32c(buf) if crc else 0})
+            packed = msgpack.packb({**raw, "checksum": crc32c.crc32c(buf) if crc else 0})
+            if crc:
+                mac = hmac.new(key, packed, hashlib.sha256)
+                mac.update(buf)
+                mac.hexdigest()
 
         def bare_decode(crc: bool) -> None:
             msgpack.unpackb(frames[0])
             if crc:
                 crc32c.crc32c(frames[1])
+                mac = hmac.new(key, frames[0], hashlib.sha256)
+                mac.update(frames[1])
+                mac.hexdigest()
             np.frombuffer(frames[1], dtype=npdtype)
 
+        def signed_decode() -> None:
+            msg = decode(frames)
+            verify_mac(frames[0], msg.header, frames[1:], key)
+
         stats = timed_ms({
-            "encode": lambda: encode(hdr, t), "bare_encode": lambda: bare_encode(False),
+            "encode": lambda: encode(hdr, t, key=key), "bare_encode": lambda: bare_encode(False),
             "bare_encode_crc": lambda: bare_encode(True),
-            "decode": lambda: decode(frames), "bare_decode": lambda: bare_decode(False),
+            "decode": signed_decode, "bare_decode": lambda: bare_decode(False),
             "bare_decode_crc": lambda: bare_decode(True),
         }, repeats)
         for op in ("encode", "decode"):
@@ -117,7 +132,7 @@ def bench_evaluator(repeats: int, dataset: str = "digits", model_name: str = "cn
 
 
 def _payload(flat):
-    from hermes.common.wire import Header, MsgType, decode, encode
+    from hermes.common.wire import Header, MsgType, decode, encode, verify_mac
 
     return decode(encode(Header(type=MsgType.PUSH_UPDATE, shapes=((flat.numel(),),)), flat)).payload
 
@@ -199,7 +214,7 @@ def ratio_rows(res: dict[str, Any]) -> list[list[str]]:
         rows.append([f"data plane {r['op']} {r['size']} (hermes-server vs bare pyzmq)", f"{r['server_ms']:.2f} ms",
                      f"{r['bare_ms']:.2f} ms", f"{r['ratio']:.2f}"])
     for r in res.get("codec", []):
-        rows.append([f"codec {r['op']} {r['numel'] / 1e6:.0f}M {r['dtype']} (vs msgpack + buffer; + crc32c)",
+        rows.append([f"codec {r['op']} {r['numel'] / 1e6:.0f}M {r['dtype']} (vs msgpack + buffer; + crc32c + hmac)",
                      f"{r['ms']:.3f} ms", f"{r['bare_ms']:.3f} ms; {r['bare_crc_ms']:.3f} ms",
                      f"{r['ratio']:.2f}; {r['ratio_vs_crc']:.2f}"])
     e = res.get("evaluator")

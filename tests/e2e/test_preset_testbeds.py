@@ -78,6 +78,7 @@ def _batches_at(s: dict, t: float) -> dict[str, int]:
     return out
 
 
+@pytest.mark.slow  # a 55 s schedule; run with -m slow
 def test_batches_follow_dynamic_heterogeneity(tmp_path: Path) -> None:
     # OmniLearn Fig. 11: HL1 -> HL8 -> HL1 mid-run; the controller follows both steps.
     # --pace 2: four full-speed agents on this machine's 2 cores would contend for the CPU
