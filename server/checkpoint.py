@@ -40,8 +40,8 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Sequence
 
 import crc32c
 import torch
-
 from hermes.common.wire import Payload, ProtocolError, dtype_from_name, dtype_name
+from hermes.server.aio import cancel_and_wait
 from hermes.server.evaluator import Evaluation
 
 if TYPE_CHECKING:
@@ -274,12 +274,7 @@ class Checkpointer:
         self._task = asyncio.create_task(self._periodic(), name="hermes-checkpoints")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+        await cancel_and_wait(self._task)
 
     def close(self) -> None:
         if self.journal is not None:

@@ -13,8 +13,8 @@ import logging
 import msgpack
 import zmq
 import zmq.asyncio
-
 from hermes.common.wire import MAX_HEADER_BYTES, ErrorCode, ProtocolError, error_frames
+from hermes.server.aio import cancel_and_wait
 from hermes.server.engine import Engine
 
 log = logging.getLogger(__name__)
@@ -49,12 +49,7 @@ class DataPlane:
         return self.port
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+        await cancel_and_wait(self._task)
         # Give held replies (released by request_stop) a moment to go out.
         if self._inflight:
             await asyncio.wait(list(self._inflight), timeout=2.0)

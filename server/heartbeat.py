@@ -15,6 +15,8 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
+from hermes.server.aio import cancel_and_wait
+
 if TYPE_CHECKING:
     from hermes.server.engine import Engine
 
@@ -33,12 +35,7 @@ class HeartbeatMonitor:
             self._task = asyncio.create_task(self._run(), name="hermes-heartbeats")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+        await cancel_and_wait(self._task)
 
     async def _run(self) -> None:
         # Check several times per timeout so a loss is noticed within ~1.25 timeouts.
