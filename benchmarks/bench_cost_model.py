@@ -34,7 +34,6 @@ from typing import Any
 
 import numpy as np
 import torch
-
 from hermes.client.trainer import LocalTrainer
 from hermes.common.datasets import load_dataset
 from hermes.common.models import build_model, count_parameters

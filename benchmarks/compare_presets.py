@@ -48,10 +48,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from machine import machine_info, print_table
-
 from hermes.deploy.bench.aggregate import event_figures
-
+from machine import machine_info, print_table
 
 # --------------------------------------------------------------------------- machine
 

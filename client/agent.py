@@ -20,14 +20,25 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 import zmq
-
 from hermes.client.collective import CollectiveGroup, Rendezvous
 from hermes.client.heartbeat import Heartbeat
 from hermes.client.memory_probe import available_memory_bytes, memory_profile
-from hermes.client.prefetch import Prefetcher, ShardFetcher, ShardStats, StopSignal, Work
+from hermes.client.prefetch import (
+    Prefetcher,
+    ShardFetcher,
+    ShardStats,
+    StopSignal,
+    Work,
+)
 from hermes.client.trainer import LocalTrainer, resolve_device, resolve_precision
 from hermes.client.transport import (
-    ControlClient, DataClient, RemoteError, RequestCancelled, ServerUnreachable, StopRequested, TrafficCounter,
+    ControlClient,
+    DataClient,
+    RemoteError,
+    RequestCancelled,
+    ServerUnreachable,
+    StopRequested,
+    TrafficCounter,
     tls_context,
 )
 from hermes.common.config import RunConfig

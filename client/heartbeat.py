@@ -14,7 +14,12 @@ import threading
 import time
 from typing import Callable
 
-from hermes.client.transport import ControlClient, RemoteError, ServerUnreachable, StopRequested
+from hermes.client.transport import (
+    ControlClient,
+    RemoteError,
+    ServerUnreachable,
+    StopRequested,
+)
 
 log = logging.getLogger(__name__)
 

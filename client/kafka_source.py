@@ -34,7 +34,12 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
-from hermes.common.kafka_layout import KafkaUnavailable, connect_with_retries, shard_at, validate_ranges
+from hermes.common.kafka_layout import (
+    KafkaUnavailable,
+    connect_with_retries,
+    shard_at,
+    validate_ranges,
+)
 from hermes.common.shards import RecordError, ShardRecord, decode_record
 
 log = logging.getLogger(__name__)

@@ -18,9 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch import nn
-
 from hermes.common.tensors import flatten, load_flat
+from torch import nn
 
 log = logging.getLogger(__name__)
 

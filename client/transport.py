@@ -25,10 +25,17 @@ from typing import Any
 
 import torch
 import zmq
-
 from hermes.common.signing import ServerClock, new_session
 from hermes.common.wire import (
-    DEFAULT_MAX_MESSAGE_BYTES, ErrorCode, Header, Message, MsgType, ProtocolError, decode, encode, verify_mac,
+    DEFAULT_MAX_MESSAGE_BYTES,
+    ErrorCode,
+    Header,
+    Message,
+    MsgType,
+    ProtocolError,
+    decode,
+    encode,
+    verify_mac,
 )
 
 log = logging.getLogger(__name__)

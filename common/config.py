@@ -11,9 +11,15 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
-
 from hermes.common.sync import SYNC_STRATEGIES
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 # Strategies whose steps aggregate one update from every worker together.
 BARRIER_SYNCS = ("bsp", "ebsp")

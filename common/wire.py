@@ -26,7 +26,6 @@ from typing import Any, Iterable, Sequence
 import crc32c
 import msgpack
 import torch
-
 from hermes.common.signing import MAC_HEX_CHARS, mac_hex, macs_equal
 
 # 2: per-message HMAC (mac, session, ts) replaced the bearer token of version 1.

@@ -24,12 +24,17 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Header, HTTPException, Request, Response
-from pydantic import BaseModel, ConfigDict, Field
-
 from hermes.common.kafka_layout import KafkaUnavailable
 from hermes.common.signing import now_ms
 from hermes.common.wire import PROTOCOL_VERSION, ProtocolError
-from hermes.server.auth import AuthConfigError, RateLimiter, bearer, new_secret, read_secret, token_matches
+from hermes.server.auth import (
+    AuthConfigError,
+    RateLimiter,
+    bearer,
+    new_secret,
+    read_secret,
+    token_matches,
+)
 from hermes.server.checkpoint import Checkpointer
 from hermes.server.dataplane import DataPlane
 from hermes.server.engine import Engine
@@ -39,6 +44,7 @@ from hermes.server.kafka_publish import KafkaOptions
 from hermes.server.metrics import CONTENT_TYPE, ServerMetrics
 from hermes.server.registry import RegistryFull
 from hermes.server.settings import ServerSettings
+from pydantic import BaseModel, ConfigDict, Field
 
 log = logging.getLogger(__name__)
 

@@ -20,8 +20,12 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import torch
-
-from hermes.common.aggregation import aggregation_weights, batch_scaled_lr, loss_blend_weight, power_weights
+from hermes.common.aggregation import (
+    aggregation_weights,
+    batch_scaled_lr,
+    loss_blend_weight,
+    power_weights,
+)
 from hermes.common.allocation import CycleObservation, Resize, Workload, make_allocator
 from hermes.common.config import RunConfig
 from hermes.common.controllers import fit_memory_model, max_batch_for_memory
@@ -41,12 +45,12 @@ from hermes.common.wire import (
     encode,
     verify_mac,
 )
-from hermes.server.coordinator import Coordinator
 from hermes.server.auth import ReplayGuard
+from hermes.server.coordinator import Coordinator
 from hermes.server.evaluator import Evaluation, Evaluator
-from hermes.server.lossprobe import LossProbe
 from hermes.server.events import EventLog
 from hermes.server.kafka_publish import KafkaOptions, publish_stores
+from hermes.server.lossprobe import LossProbe
 from hermes.server.metrics import ServerMetrics
 from hermes.server.registry import Registry, WorkerRecord
 from hermes.server.shardstore import ShardStore, load_splits

@@ -16,7 +16,6 @@ from typing import Callable
 import numpy as np
 import torch
 import torch.nn.functional as F
-
 from hermes.common.datasets import ArrayDataset
 from hermes.common.tensors import ModelSpec, build_from_spec, load_flat
 from hermes.server.state import ModelState

@@ -86,7 +86,11 @@ def publish_split(records: Sequence[bytes], *, dataset: str, split: str, opts: K
     """Publish one split's records (shard i at index i); return where they lie."""
     from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
     from kafka.admin import NewTopic
-    from kafka.errors import KafkaError, TopicAlreadyExistsError, UnknownTopicOrPartitionError
+    from kafka.errors import (
+        KafkaError,
+        TopicAlreadyExistsError,
+        UnknownTopicOrPartitionError,
+    )
 
     if not records:
         raise PublishError(f"{dataset}/{split}: no records to publish")

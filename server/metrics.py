@@ -3,7 +3,13 @@ servers in one process, as in tests, never share counters)."""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

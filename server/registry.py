@@ -11,7 +11,6 @@ from typing import Any
 from hermes.common.wire import ErrorCode, ProtocolError
 from hermes.server.auth import new_secret
 
-
 CYCLE_LOG = 5000
 
 

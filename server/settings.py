@@ -9,11 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
-
 from hermes.common.config import RunConfig, build_config, load_config_file
 from hermes.common.wire import DEFAULT_MAX_MESSAGE_BYTES
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
 class ServerSettings(BaseSettings):

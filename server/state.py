@@ -11,10 +11,15 @@ import threading
 from typing import Sequence
 
 import torch
-
 from hermes.common.tensors import ModelSpec
-from hermes.common.wire import ErrorCode, Payload, PreparedPayload, ProtocolError, dtype_name, prepare
-
+from hermes.common.wire import (
+    ErrorCode,
+    Payload,
+    PreparedPayload,
+    ProtocolError,
+    dtype_name,
+    prepare,
+)
 
 # fp16/bf16 deltas are widened to fp32 in blocks of this many elements: a
 # whole-vector fp32 temporary above 32 MB is fresh memory from the kernel on

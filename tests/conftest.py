@@ -33,7 +33,6 @@ import httpx
 import pytest
 import torch
 import zmq
-
 from hermes.common.signing import new_session, now_ms
 from hermes.common.wire import Header, Message, MsgType, ProtocolError, decode, encode
 

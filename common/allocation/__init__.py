@@ -93,7 +93,14 @@ def local_steps(config: "RunConfig") -> int:
 
 def make_allocator(config: "RunConfig", *, dss_max: int, epoch_samples: int) -> Allocator:
     """The run's allocation policy, configured from the run config."""
-    from hermes.common.allocation import adaptive, dual_search, partition, pcontrol, static, uniform
+    from hermes.common.allocation import (
+        adaptive,
+        dual_search,
+        partition,
+        pcontrol,
+        static,
+        uniform,
+    )
 
     if config.allocation == "uniform":
         return uniform.UniformAllocator(Workload(config.cycle_samples, config.batch_size))

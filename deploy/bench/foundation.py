@@ -53,7 +53,6 @@ from pathlib import Path
 from typing import Any, Callable
 
 import zmq
-
 from hermes.deploy.bench.machine import loadavg, machine_info, print_table
 
 GOAL = 2.0
@@ -121,7 +120,6 @@ def flat_spec(n: int):
 def bench_apply(repeats: int, sizes: tuple[str, ...] = tuple(SIZES)) -> list[dict[str, Any]]:
     import numpy as np
     import torch
-
     from hermes.common.wire import Header, MsgType, decode, encode
     from hermes.server.state import ModelState, validate_update
 
@@ -334,7 +332,6 @@ def bench_dataplane(
     repeats: int, log_dir: str, eval_samples: int, threads: int | None, sizes: tuple[str, ...] = tuple(MLP_HIDDEN),
 ) -> tuple[list[dict[str, Any]], list[dict]]:
     import torch
-
     from hermes.client.transport import ControlClient, DataClient
     from hermes.common.wire import Header, MsgType, encode
 
@@ -468,8 +465,14 @@ def bench_pieces(repeats: int) -> list[dict[str, Any]]:
     import asyncio
 
     import torch
-
-    from hermes.common.wire import Header, MsgType, checksum_of, decode, encode, split_frames
+    from hermes.common.wire import (
+        Header,
+        MsgType,
+        checksum_of,
+        decode,
+        encode,
+        split_frames,
+    )
 
     out = []
     loop = asyncio.new_event_loop()

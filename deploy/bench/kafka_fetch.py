@@ -48,7 +48,6 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
-
 from hermes.client.kafka_source import KafkaShardReader
 from hermes.client.transport import DataClient
 from hermes.common.kafka_layout import TopicLayout

@@ -15,11 +15,14 @@ import matplotlib
 
 matplotlib.use("Agg")  # before pyplot: a bench runs on headless machines
 import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
-
 from hermes.deploy.bench.aggregate import (  # noqa: E402
-    cycle_seconds, groups, natural_key, ok_runs, worker_cycle_stats,
+    cycle_seconds,
+    groups,
+    natural_key,
+    ok_runs,
+    worker_cycle_stats,
 )
+from matplotlib.figure import Figure  # noqa: E402
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,14 @@ import datetime as _dt
 import statistics
 from typing import Any
 
-from hermes.deploy.bench.aggregate import Group, Speedup, Spread, groups, speedups, worker_cycle_stats
+from hermes.deploy.bench.aggregate import (
+    Group,
+    Speedup,
+    Spread,
+    groups,
+    speedups,
+    worker_cycle_stats,
+)
 from hermes.deploy.bench.plots import plot_names
 
 PLOT_CAPTIONS = {

@@ -16,7 +16,14 @@ from pathlib import Path
 from typing import Any
 
 from hermes.deploy.profiles import PROFILE_CORES
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,6 @@ import time
 
 import pytest
 import torch
-
 from hermes.common.wire import ErrorCode, MsgType
 
 pytestmark = pytest.mark.integration

@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-
 from hermes.server.coordinator import Coordinator, GroupFull
 
 pytestmark = pytest.mark.integration

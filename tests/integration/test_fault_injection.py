@@ -19,7 +19,6 @@ from typing import Any, Callable
 import msgpack
 import pytest
 import torch
-
 from hermes.common.shards import decode_record
 from hermes.common.wire import MAX_HEADER_BYTES, ErrorCode, MsgType, encode
 

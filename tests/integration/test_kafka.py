@@ -27,7 +27,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import _server_env, free_ports, port_is_free, run_testbed, running_server
+from tests.conftest import (
+    _server_env,
+    free_ports,
+    port_is_free,
+    run_testbed,
+    running_server,
+)
 
 pytest.importorskip("kafka")
 

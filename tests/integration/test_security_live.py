@@ -15,9 +15,15 @@ import httpx
 import msgpack
 import pytest
 import torch
-
-from hermes.client.transport import ControlClient, DataClient, RemoteError, ServerUnreachable, tls_context
+from hermes.client.transport import (
+    ControlClient,
+    DataClient,
+    RemoteError,
+    ServerUnreachable,
+    tls_context,
+)
 from hermes.common.wire import ErrorCode, MsgType, checksum_of
+
 from tests.conftest import ADMIN_TOKEN, JOIN_TOKEN, running_server
 
 pytestmark = pytest.mark.integration

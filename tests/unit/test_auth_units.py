@@ -8,14 +8,28 @@ from dataclasses import replace
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-
 from hermes.common.shards import ShardQueue
 from hermes.common.signing import new_session, now_ms
-from hermes.common.wire import ErrorCode, Header, MsgType, ProtocolError, decode, encode, verify_mac
-from hermes.server.auth import AuthConfigError, RateLimiter, ReplayGuard, bearer, read_secret, token_matches
+from hermes.common.wire import (
+    ErrorCode,
+    Header,
+    MsgType,
+    ProtocolError,
+    decode,
+    encode,
+    verify_mac,
+)
+from hermes.server.auth import (
+    AuthConfigError,
+    RateLimiter,
+    ReplayGuard,
+    bearer,
+    read_secret,
+    token_matches,
+)
 from hermes.server.checkpoint import Journal, read_journal, read_tensors, write_tensors
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 KEY = b"k" * 43
 

@@ -6,7 +6,14 @@ import statistics
 
 import pytest
 from bench_fixture import TIMES, make_results
-from hermes.deploy.bench.aggregate import cycle_seconds, groups, run_metrics, speedups, spread, worker_cycle_stats
+from hermes.deploy.bench.aggregate import (
+    cycle_seconds,
+    groups,
+    run_metrics,
+    speedups,
+    spread,
+    worker_cycle_stats,
+)
 
 
 def test_spread_drops_missing_values_and_reports_median_min_max():

@@ -8,7 +8,13 @@ from pathlib import Path
 import pytest
 from bench_fixture import summary
 from hermes.deploy.bench.runner import execute, plan
-from hermes.deploy.bench.suites import SuiteError, build_suite, builtin_suite, check_runnable, load_suite
+from hermes.deploy.bench.suites import (
+    SuiteError,
+    build_suite,
+    builtin_suite,
+    check_runnable,
+    load_suite,
+)
 
 
 class FakeTestbed:

@@ -6,8 +6,6 @@ import json
 import re
 
 import pytest
-from pydantic import ValidationError
-
 from hermes.common.config import (
     DEFAULT_PRESET,
     PRESETS,
@@ -16,6 +14,7 @@ from hermes.common.config import (
     build_config,
     load_config_file,
 )
+from pydantic import ValidationError
 
 
 @pytest.fixture(autouse=True)

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from hermes.common.datasets import (
     DATASET_NAMES,
     ArrayDataset,

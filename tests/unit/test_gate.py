@@ -6,7 +6,6 @@ import math
 import random
 
 import pytest
-
 from hermes.common.gate import (
     GateConfig,
     GateDecision,

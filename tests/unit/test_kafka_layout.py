@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from hermes.common.kafka_layout import (
     TopicLayout,
     coalesce,

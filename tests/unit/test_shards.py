@@ -7,7 +7,6 @@ import struct
 import msgpack
 import numpy as np
 import pytest
-
 from hermes.common.shards import (
     RECORD_MAGIC,
     Assignment,

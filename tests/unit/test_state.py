@@ -7,9 +7,16 @@ import threading
 
 import pytest
 import torch
-
 from hermes.common.tensors import ModelSpec
-from hermes.common.wire import ErrorCode, Header, MsgType, Payload, ProtocolError, decode, encode
+from hermes.common.wire import (
+    ErrorCode,
+    Header,
+    MsgType,
+    Payload,
+    ProtocolError,
+    decode,
+    encode,
+)
 from hermes.server.state import ModelState, validate_update
 
 SPEC = ModelSpec(

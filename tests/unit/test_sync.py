@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from hermes.common.sync import (
     SYNC_STRATEGIES,
     AsyncStrategy,
