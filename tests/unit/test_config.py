@@ -17,15 +17,6 @@ from hermes.common.config import (
 from pydantic import ValidationError
 
 
-@pytest.fixture(autouse=True)
-def _no_hermes_env(monkeypatch):
-    import os
-
-    for key in list(os.environ):
-        if key.startswith("HERMES_"):
-            monkeypatch.delenv(key)
-
-
 # ---------------------------------------------------------------------------
 # presets and overrides
 

@@ -19,15 +19,6 @@ from hermes.common.config import (
 )
 
 
-@pytest.fixture(autouse=True)
-def _no_hermes_env(monkeypatch):
-    import os
-
-    for key in list(os.environ):
-        if key.startswith("HERMES_"):
-            monkeypatch.delenv(key)
-
-
 # ---------------------------------------------------------------------------
 # presets
 
