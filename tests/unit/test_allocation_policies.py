@@ -372,7 +372,7 @@ def test_pcontrol_unchanged_throughput_never_lowers_b_max():
     # equilibrium ∝ (6, 6, 2, 32): (17, 17, 5, 89), max/min 1.13. With a strict X < X0 the
     # same throughput re-measured at the new batch (46.875 vs 46.87500000000001) is one ulp
     # "lower": w1, w2, w4 got b_max = their old batches, w3 was forced back to 9 and max/min
-    # stayed 1.69 for good. The controller's drop_margin (= dead-band) absorbs that.
+    # stayed 1.69 for good. The controller's drop_margin (pcontrol_drop_margin) absorbs that.
     alloc, cfg = alloc_for("dynamic-batching")
     c = Cluster(alloc, HL8)
     c.run(5)
