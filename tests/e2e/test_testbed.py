@@ -56,8 +56,14 @@ def test_testbed_reaches_target(preset: str, tmp_path: Path) -> None:
     assert s["preset"] == preset and s["profile"] == "hl4" and s["clients"] == 4
     assert s["reached_target"] is True
     # Reached = an evaluation during the run hit the target; the shutdown
-    # evaluation may sit a little lower after in-flight updates.
-    assert s["best_accuracy"] >= 0.9 and s["final_accuracy"] >= 0.85
+    # evaluation comes after the updates applied between that evaluation and
+    # the stop. Under BSP those move it little. Under ASP, stale pushes from
+    # the slow workers swing digits accuracy by tens of points from one
+    # evaluation to the next (timelines seen: 0.80 -> 0.69 -> 0.975; a clean
+    # CI run ended at 0.70 after reaching 0.91), so there it must only stay
+    # far above chance.
+    assert s["best_accuracy"] >= 0.9
+    assert s["final_accuracy"] >= (0.85 if preset == "bsp" else 0.5)
     assert 0 < s["seconds_to_target"] <= s["wall_seconds"] <= 120 + 30
     assert len(s["workers"]) == 4
     speeds = sorted(w["speed"] for w in s["workers"])
