@@ -1,8 +1,9 @@
 #!/usr/bin/env python
 """Uniform batches (``bsp``) against OmniLearn's dynamic batching (``omnilearn-bsp``), side by side.
 
-    python benchmarks/compare_batching.py [--profile hl8] [--clients 4] [--max-seconds 45]
-        [--presets bsp,omnilearn-bsp] [--out runs/batching]
+    python benchmarks/compare_batching.py [--profile hl8] [--clients 4] [--max-seconds 60]
+        [--presets bsp,omnilearn-bsp] [--dataset synthetic] [--pace 2] [--set KEY=VALUE ...]
+        [--out runs/batching]
 
 One testbed run per preset, one after the other, on the same profile and
 data, each for the full ``--max-seconds`` (no target: we want the steady
@@ -18,9 +19,29 @@ controller settles, against ~HL for uniform batches), the wait fraction
 (the share of wall time the agents spent waiting on the server, including
 the barrier), cluster throughput in the window (samples/s), and the sum of
 the workers' *standalone* throughputs: each worker's profile (same slowdown,
-same model, its settled batch) trained alone in this process for
-``--standalone-steps`` steps, one worker at a time. Goal: cluster throughput
-within 10% of that sum for omnilearn-bsp.
+same model, its settled batch) trained alone in this process, the best of
+three runs of ``--standalone-steps`` steps (the most favourable standalone
+figure, so the ratio errs low). Goal: cluster throughput within 10% of that
+sum for omnilearn-bsp.
+
+The defaults are sized so that equal step times are *feasible*, which the
+goal presumes (``DEFAULT_SETTINGS``, each overridable with ``--set``):
+
+- A step has a fixed cost of about 1 ms on this CNN whatever the batch, and
+  the emulated slowdown multiplies it: at HL8 x pace 2 the slowest worker
+  needs ~45 ms for a step of b_min = 4. The fast worker matches that only
+  near b = 800, so the global batch K*b must be well above 4*128; hence
+  ``batch_size=256`` with ``b_max=1024``.
+- A round's push, barrier and pull cost tens of milliseconds: eight local
+  steps per round (``cycle_samples=2048``) keep that a small share.
+- Such cycles need more data than digits' 1,437 training samples (a cycle
+  larger than an epoch is cut short): the synthetic set with 40,000 samples.
+- ``--pace 2`` halves every agent's CPU demand, so that four agents and the
+  server fit on two cores; standalone runs use the same slowdown.
+
+With digits, batch 32 and 4 steps per round the same comparison shows
+max/min near 1.3 for omnilearn-bsp but only ~45% of the standalone sum:
+the slowest worker at b_min is still the slowest, and round costs dominate.
 
 Everything is written to ``OUT/batching.json`` as well.
 """
@@ -88,8 +109,20 @@ def standalone_throughput(model_name: str, dataset: str, batch: int, slowdown: f
     n = batch * steps
     idx = np.arange(n) % len(train.y)
     trainer.train_cycle(train.x[idx[:batch]], train.y[idx[:batch]], batch)  # warm-up
-    result = trainer.train_cycle(train.x[idx], train.y[idx], batch)
-    return result.samples / result.compute_seconds
+    best = 0.0
+    for _ in range(3):
+        result = trainer.train_cycle(train.x[idx], train.y[idx], batch)
+        best = max(best, result.samples / result.compute_seconds)
+    return best
+
+
+# See the module docstring for why each; a --set of the same key wins.
+DEFAULT_SETTINGS = ("num_samples=40000", "batch_size=256", "cycle_samples=2048", "b_max=1024")
+
+
+def with_defaults(settings: list[str]) -> list[str]:
+    given = {kv.split("=", 1)[0] for kv in settings}
+    return [kv for kv in DEFAULT_SETTINGS if kv.split("=", 1)[0] not in given] + list(settings)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -97,15 +130,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--presets", default="bsp,omnilearn-bsp")
     p.add_argument("--profile", default="hl8")
     p.add_argument("--clients", type=int, default=4)
-    p.add_argument("--dataset", default="digits")
+    p.add_argument("--dataset", default="synthetic")
     p.add_argument("--model", default="cnn")
-    p.add_argument("--max-seconds", type=float, default=45.0)
+    p.add_argument("--max-seconds", type=float, default=60.0)
     p.add_argument("--standalone-steps", type=int, default=40)
     p.add_argument("--settle-fraction", type=float, default=0.5,
                    help="share of the run left to the controller before the measured window (default 0.5)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--pace", type=float, default=2.0,
+                   help="testbed --pace: slow every agent by this factor, so that the cluster's summed CPU "
+                        "demand fits the cores (the standalone runs use the same factor)")
     p.add_argument("--out", default="runs/batching")
     args = p.parse_args(argv)
+    args.set = with_defaults(args.set)
     # run_one's knobs that this comparison does not expose.
     args.target_accuracy, args.run_timeout, args.tail = None, None, 5
     out_root = Path(args.out)

@@ -69,6 +69,8 @@ def run_one(args: argparse.Namespace, preset: str, seed: int, out_root: Path) ->
         cmd += ["--target-accuracy", f"{args.target_accuracy:g}"]
     for kv in args.set:
         cmd += ["--set", kv]
+    if getattr(args, "pace", None):
+        cmd += ["--pace", f"{args.pace:g}"]
     # A summary left by an earlier run in the same folder must not pass for this one.
     (out / "summary.json").unlink(missing_ok=True)
     out_root.mkdir(parents=True, exist_ok=True)

@@ -78,19 +78,24 @@ def _batches_at(s: dict, t: float) -> dict[str, int]:
     return out
 
 
-@pytest.mark.slow  # a 55 s schedule; run with -m slow
+@pytest.mark.slow  # a 70 s schedule; run with -m slow
 def test_batches_follow_dynamic_heterogeneity(tmp_path: Path) -> None:
-    # OmniLearn Fig. 11: HL1 -> HL8 -> HL1 mid-run; the controller follows both steps.
+    # OmniLearn Fig. 11: HL1 -> HL4 -> HL8 -> HL1 mid-run; the controller follows every step.
     # --pace 2: four full-speed agents on this machine's 2 cores would contend for the CPU
     # at HL1, and the controller would chase that noise instead of the schedule.
     out = tmp_path / "dynamic"
     proc, s = run_testbed(out, "--profile", "hl1", "--preset", "omnilearn-bsp", "--pace", "2",
-                          "--speed-schedule", "0:hl1,15:hl8,35:hl1", "--max-seconds", "55")
+                          "--speed-schedule", "0:hl1,12:hl4,30:hl8,48:hl1", "--max-seconds", "70")
     assert "workload worker-" in proc.stdout  # every adjustment printed as it happens
     assert s["workload_changes"] and all({"elapsed", "name", "mbs"} <= c.keys() for c in s["workload_changes"])
-    hl8 = _batches_at(s, 34)
-    assert hl8["worker-4"] > 2 * hl8["worker-3"], hl8  # 8x faster: a much bigger batch
-    assert sum(hl8.values()) == 4 * s["config"]["batch_size"]  # OmniLearn Eq. 8 throughout
+    hl4, hl8 = _batches_at(s, 29), _batches_at(s, 47)
+    # worker-4 is the fastest at HL4 and HL8 (speeds 1 : 0.25 at HL4, 1 : 0.125 at HL8).
+    assert hl4["worker-4"] > 1.5 * hl4["worker-3"], hl4
+    assert hl8["worker-4"] > 2 * hl8["worker-3"], hl8
+    # HL8 is more skewed than HL4: the slowest worker's share shrinks further.
+    assert hl8["worker-3"] / hl8["worker-4"] < hl4["worker-3"] / hl4["worker-4"], (hl4, hl8)
+    for batches in (hl4, hl8):
+        assert sum(batches.values()) == 4 * s["config"]["batch_size"]  # OmniLearn Eq. 8 throughout
     back = _batches_at(s, 10**9)
     # Equal speeds again: the slow worker's batch grows back and the fast one's shrinks.
     assert back["worker-3"] > 1.5 * hl8["worker-3"] and back["worker-4"] < 0.75 * hl8["worker-4"], (hl8, back)
