@@ -83,8 +83,13 @@ def test_batches_follow_dynamic_heterogeneity(tmp_path: Path) -> None:
     # OmniLearn Fig. 11: HL1 -> HL4 -> HL8 -> HL1 mid-run; the controller follows every step.
     # --pace 2: four full-speed agents on this machine's 2 cores would contend for the CPU
     # at HL1, and the controller would chase that noise instead of the schedule.
+    # A global batch of 4 x 128 (bounds [4, 512]) leaves the controller room at HL4 and at HL8:
+    # with 4 x 32 (bounds [4, 96]) both levels pin the batches to the same bounds. The
+    # synthetic set is big enough for the fast worker's cycles (digits is one of them).
     out = tmp_path / "dynamic"
     proc, s = run_testbed(out, "--profile", "hl1", "--preset", "omnilearn-bsp", "--pace", "2",
+                          "--dataset", "synthetic", "--set", "num_samples=40000", "--set", "batch_size=128",
+                          "--set", "cycle_samples=512", "--set", "b_max=512",
                           "--speed-schedule", "0:hl1,12:hl4,30:hl8,48:hl1", "--max-seconds", "70")
     assert "workload worker-" in proc.stdout  # every adjustment printed as it happens
     assert s["workload_changes"] and all({"elapsed", "name", "mbs"} <= c.keys() for c in s["workload_changes"])
