@@ -15,6 +15,7 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -301,7 +302,7 @@ class Engine:
         self.events.emit("target_reached", target_accuracy=target, **reached.public())
         self._on_loop(self.request_stop, f"target accuracy {target} reached at version {ev.version}")
 
-    def _on_loop(self, fn: Any, *args: Any) -> None:
+    def _on_loop(self, fn: Callable[..., object], *args: Any) -> None:
         """Run ``fn`` on the engine's event loop: held replies are futures of that loop."""
         loop = self._loop
         try:
