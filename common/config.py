@@ -7,6 +7,7 @@ validated when built; errors name the offending field.
 from __future__ import annotations
 
 import json
+import math
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -210,6 +211,9 @@ class RunConfig(BaseModel):
     rebalance_warmup_cycles: int = Field(default=1, ge=0)
 
     eval_interval_seconds: float = Field(default=1.0, gt=0.0)
+    # The server stops the run itself once an evaluation reaches this test
+    # accuracy (the same stop as POST /v1/stop); None trains until stopped.
+    target_accuracy: float | None = None
     eval_max_samples: int = Field(default=2000, gt=0)
     stats_interval_seconds: float = Field(default=2.0, gt=0.0)
 
@@ -218,6 +222,15 @@ class RunConfig(BaseModel):
     def _known_sync(cls, v: str) -> str:
         if v not in SYNC_STRATEGIES:
             raise ValueError(f"unknown sync strategy {v!r}; known: {sorted(SYNC_STRATEGIES)}")
+        return v
+
+    @field_validator("target_accuracy")
+    @classmethod
+    def _target_in_range(cls, v: float | None) -> float | None:
+        # Checked here rather than with Field(gt=, le=) so the message says what
+        # the number is: a fraction of the test set, not a percentage.
+        if v is not None and not (math.isfinite(v) and 0.0 < v <= 1.0):
+            raise ValueError(f"target_accuracy={v}: must be a test accuracy in (0, 1], e.g. 0.9 (not 90)")
         return v
 
     @field_validator("model")

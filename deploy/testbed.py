@@ -6,6 +6,13 @@ stops at the target accuracy or the time limit, shuts everything down (no
 orphans, ports freed) and writes ``DIR/summary.json`` plus logs and the
 run's JSON-lines event log.
 
+The target accuracy is handed to the server (``--target-accuracy``), which
+stops the run itself at the evaluation that reached it and keeps that model
+(``DIR/model-best.safetensors``); the testbed only watches. Against a server
+that does not report an ``outcome`` (an older one) it falls back to
+detecting the target in the status and stopping the run through
+``/v1/stop``.
+
 Time to target is measured from the moment the agents are launched.
 
 The testbed generates a join token and an admin token for each run and hands
@@ -166,6 +173,8 @@ class Testbed:
         ]
         if a.topology == "collective":
             cmd += ["--set", "topology=collective", "--set", f"world_size={a.clients}"]
+        if a.target_accuracy is not None:
+            cmd += ["--target-accuracy", f"{a.target_accuracy:g}"]
         for kv in a.set:
             cmd += ["--set", kv]
         if a.config:
@@ -334,12 +343,10 @@ class Testbed:
                     break
                 log.warning("status poll failed: %s", exc)
                 status = status or {}
-            ev = status.get("evaluation") or {}
-            acc = ev.get("accuracy")
-            if a.target_accuracy is not None and acc is not None and acc >= a.target_accuracy and reached_at is None:
-                reached_at = ev.get("at", time.time())
-                outcome = "target reached"
-                self.emit("target_reached", accuracy=acc, version=ev.get("version"), seconds=round(reached_at - t0, 3))
+            if reached_at is None:
+                reached_at = self._target_reached(status, t0)
+                if reached_at is not None:
+                    outcome = "target reached"
             if not a.quiet:
                 for line in workloads.changes(elapsed, status.get("workloads") or {}):
                     print(line, flush=True)
@@ -353,6 +360,12 @@ class Testbed:
                 break
             if all(p.popen.poll() is not None for p in self.agents()):
                 outcome = "all agents exited"
+                # The server stops the agents when it reaches the target: they may
+                # have exited between the last status poll and this check.
+                with contextlib.suppress(urllib.error.URLError, OSError, ValueError):
+                    reached_at = self._target_reached(http_json(self.url + "/v1/status"), t0)
+                if reached_at is not None:
+                    outcome = "target reached"
                 break
             time.sleep(0.25)
         wall = time.time() - t0
@@ -374,6 +387,34 @@ class Testbed:
         tmp.replace(self.out / "summary.json")
         self.emit("testbed_end", outcome=outcome, final_accuracy=summary["final_accuracy"])
         return summary
+
+    def _target_reached(self, status: dict[str, Any], t0: float) -> float | None:
+        """When (wall clock) the run reached the target accuracy, or None if it has not.
+
+        Either time is the wall-clock time of the evaluation that reached the
+        target, taken on this machine, so ``reached_at - t0`` measures from
+        the agents' launch as documented, whichever path saw it.
+        """
+        target = self.args.target_accuracy
+        if target is None:
+            return None
+        if "outcome" in status:
+            # The server stops the run itself at the target (it was given
+            # --target-accuracy): report its evaluation, and never call
+            # /v1/stop first, which would record an operator stop instead.
+            reached = status.get("target_reached_at")
+            if status["outcome"] != "target_reached" or not reached:
+                return None
+            return float(reached["at"])
+        # Fallback for a server without its own target stop: the testbed sees
+        # the evaluation and stops the run through /v1/stop when it breaks out.
+        ev = status.get("evaluation") or {}
+        acc = ev.get("accuracy")
+        if acc is None or acc < target:
+            return None
+        at = float(ev.get("at", time.time()))
+        self.emit("target_reached", accuracy=acc, version=ev.get("version"), seconds=round(at - t0, 3))
+        return at
 
     def _summary(self, srv: dict[str, Any], outcome: str, wall: float, reached_at: float | None, t0: float) -> dict:
         a = self.args
@@ -442,7 +483,15 @@ class Testbed:
             # flight when the target was seen can still move it a little.
             "final_accuracy": final_acc,
             "final_loss": srv.get("final_loss"),
-            "best_accuracy": max((e["accuracy"] for e in srv.get("evaluations", [])), default=None),
+            # The server's best evaluation, whose model it wrote to model-best.safetensors
+            # (an older server reports none: the best of its evaluation timeline then).
+            "best_accuracy": srv["best_accuracy"] if "best_accuracy" in srv
+            else max((e["accuracy"] for e in srv.get("evaluations", [])), default=None),
+            "best_version": srv.get("best_version"),
+            "best_model_file": srv.get("best_model_file"),
+            # The server's own account: target_reached, stopped or running.
+            "server_outcome": srv.get("outcome"),
+            "target_reached_at": srv.get("target_reached_at"),
             "reached_target": bool(target is not None and final_acc is not None and reached_at is not None),
             "seconds_to_target": None if reached_at is None else round(reached_at - t0, 3),
             "model_updates": srv.get("model_updates", 0),
@@ -653,6 +702,9 @@ def format_summary(s: dict[str, Any], out: Path) -> str:
         f"dataset={s['dataset']} model={s['model']}",
         f"   outcome: {s['outcome']}; wall {s['wall_seconds']:.1f}s; model updates {s['model_updates']}",
         f"   final accuracy {_fmt(s['final_accuracy'])}, loss {_fmt(s['final_loss'])}; "
+        f"best {_fmt(s.get('best_accuracy'))}"
+        f"{'' if s.get('best_version') is None else ' at version ' + str(s['best_version'])}"
+        f"{' (' + s['best_model_file'] + ')' if s.get('best_model_file') else ''}; "
         f"target {s['target_accuracy']} {'reached in ' + format(s['seconds_to_target'], '.1f') + 's' if s['reached_target'] else 'not reached'}",
         f"   messages {s['messages_total']}; bytes sent {s['bytes_sent_total'] / 1e6:.2f} MB, "
         f"received {s['bytes_received_total'] / 1e6:.2f} MB",

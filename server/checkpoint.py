@@ -126,6 +126,17 @@ def read_tensors(path: Path) -> dict[str, torch.Tensor]:
         raise CheckpointError(f"{path}: not a readable tensor file ({exc})") from None
 
 
+def read_tensor_metadata(path: Path) -> dict[str, str]:
+    """The ``__metadata__`` strings of a tensor file written by write_tensors."""
+    try:
+        with open(path, "rb") as fh:
+            (n,) = struct.unpack("<Q", fh.read(8))
+            header = json.loads(fh.read(n))
+        return dict(header.get("__metadata__") or {})
+    except (OSError, struct.error, ValueError, TypeError, AttributeError) as exc:
+        raise CheckpointError(f"{path}: not a readable tensor file ({exc})") from None
+
+
 # ---------------------------------------------------------------------------
 # the journal
 

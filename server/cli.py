@@ -42,7 +42,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--preset", choices=sorted(PRESETS), help="named policy bundle (default asp)")
     p.add_argument("--config", help="JSON or TOML file of run-config overrides")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="run-config override, repeatable")
-    p.add_argument("--out", dest="out_dir", help="directory for events.jsonl and server_summary.json")
+    p.add_argument("--target-accuracy", type=float, default=None, metavar="ACC",
+                   help="stop the run once a test evaluation reaches this accuracy, 0 < ACC <= 1 "
+                        "[HERMES_TARGET_ACCURACY]; the best model is kept as OUT/model-best.safetensors")
+    p.add_argument("--out", dest="out_dir", help="directory for events.jsonl, server_summary.json and model-best.safetensors")
     p.add_argument("--max-workers", type=int, default=256)
     p.add_argument("--max-message-bytes", type=int, default=None)
     p.add_argument("--kafka", dest="kafka_bootstrap", metavar="HOST:PORT", default=None,
@@ -130,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         "data_port": args.data_port,
         "advertise_host": args.advertise_host,
         "preset": args.preset,
+        "target_accuracy": args.target_accuracy,
         "config": args.config,
         "out_dir": args.out_dir,
         "max_workers": args.max_workers,

@@ -15,6 +15,7 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -46,6 +47,7 @@ from hermes.common.wire import (
     verify_mac,
 )
 from hermes.server.auth import ReplayGuard
+from hermes.server.checkpoint import write_tensors
 from hermes.server.coordinator import Coordinator
 from hermes.server.evaluator import Evaluation, Evaluator
 from hermes.server.events import EventLog
@@ -59,6 +61,7 @@ from hermes.server.state import ModelState, validate_update
 log = logging.getLogger(__name__)
 
 MAX_SHARDS_PER_FETCH = 256
+BEST_MODEL_FILE = "model-best.safetensors"
 
 # Tensor work on payloads up to this size runs on the event loop itself: a
 # thread hop costs ~0.35 ms each way here, more than checksumming, checking
@@ -83,6 +86,23 @@ class _Held:
     payload: Payload | None
     reply: asyncio.Future
     candidate_loss: float | None = None
+
+
+@dataclass(frozen=True)
+class TargetReached:
+    """The evaluation that reached the run's target accuracy."""
+
+    version: int
+    accuracy: float
+    # Since the run started (Engine.started_at), on the server's clock.
+    seconds: float
+    # Wall-clock time of that evaluation (time.time()), like the status's evaluation "at":
+    # a launcher on the same machine measures time to target from its own origin with it.
+    at: float
+
+    def public(self) -> dict[str, Any]:
+        return {"version": self.version, "accuracy": self.accuracy, "seconds": round(self.seconds, 3),
+                "at": round(self.at, 6)}
 
 
 @dataclass(frozen=True)
@@ -153,6 +173,10 @@ class Engine:
         self.started_at = time.time()
         self.stopping = False
         self.stop_reason = ""
+        self.target_reached: TargetReached | None = None
+        # The loop that owns the held replies: evaluations run in the
+        # evaluator's thread and must hand a stop over to it (set in start()).
+        self._loop: asyncio.AbstractEventLoop | None = None
         # SIGTERM: unlike a stop, the run goes on after a restart, so agents
         # are told "unavailable" (retry) rather than "stop".
         self.shutting_down = False
@@ -181,6 +205,10 @@ class Engine:
     # ---- lifecycle -------------------------------------------------------
 
     def start(self) -> None:
+        try:
+            self._loop = asyncio.get_running_loop()
+        except RuntimeError:  # started outside a loop (tests): stops run inline
+            self._loop = None
         self.evaluator.start()
         self.events.emit(
             "run_start", config=self.config.model_dump(), model_numel=self.spec.numel,
@@ -215,16 +243,43 @@ class Engine:
     def shutdown(self) -> dict[str, Any]:
         self.request_stop(self.stop_reason or "shutdown")
         self.evaluator.stop()
+        # The current model, whatever it scores: the best one is reported beside it, not instead.
         final = self.evaluator.evaluate_now()
         summary = self.summary()
-        self.events.emit("run_end", version=self.state.version, accuracy=final.accuracy, loss=final.loss)
+        self.events.emit("run_end", version=self.state.version, accuracy=final.accuracy, loss=final.loss,
+                         best_version=summary["best_version"], best_accuracy=summary["best_accuracy"])
         if self.out_dir is not None:
             self.out_dir.mkdir(parents=True, exist_ok=True)
+            summary["best_model_file"] = self._write_best_model()
             tmp = self.out_dir / "server_summary.json.tmp"
             tmp.write_text(json.dumps(summary, indent=2))
             tmp.replace(self.out_dir / "server_summary.json")
         self.events.close()
         return summary
+
+    def _write_best_model(self) -> str | None:
+        """OUT/model-best.safetensors: the best evaluated model, in the checkpoints' tensor layout.
+
+        Returns the file name, or None before any evaluation.
+        """
+        assert self.out_dir is not None
+        best = self.evaluator.best_model()
+        if best is None:
+            return None
+        ev, flat = best
+        path = self.out_dir / BEST_MODEL_FILE
+        try:
+            write_tensors(path, {"model": flat}, {
+                "version": str(ev.version), "accuracy": repr(ev.accuracy), "loss": repr(ev.loss),
+                "evaluated_samples": str(ev.samples),
+                # Enough to rebuild the network: build_from_spec(ModelSpec.from_dict(...)) + load_flat.
+                "spec": json.dumps(self.spec.to_dict(), separators=(",", ":")),
+            })
+        except OSError as exc:  # a full disk must not cost the summary
+            log.error("writing the best model to %s failed: %s", path, exc)
+            return None
+        log.info("best model (version %d, accuracy %.4f) written to %s", ev.version, ev.accuracy, path)
+        return path.name
 
     def _on_evaluation(self, ev: Evaluation) -> None:
         self.metrics.test_accuracy.set(ev.accuracy)
@@ -235,6 +290,32 @@ class Engine:
             "evaluation", version=ev.version, accuracy=ev.accuracy, loss=ev.loss,
             seconds=round(ev.seconds, 6), elapsed=round(ev.at - self.started_at, 3),
         )
+        target = self.config.target_accuracy
+        # Not once the run is stopping: the shutdown evaluation must not turn an
+        # operator's stop into a reached target after the fact.
+        if target is None or ev.accuracy < target or self.target_reached is not None or self.stopping:
+            return
+        reached = TargetReached(ev.version, ev.accuracy, ev.at - self.started_at, ev.at)
+        self.target_reached = reached
+        log.info("target accuracy %s reached: %.4f at model version %d, %.1fs after the start; stopping the run",
+                 target, ev.accuracy, ev.version, reached.seconds)
+        self.events.emit("target_reached", target_accuracy=target, **reached.public())
+        self._on_loop(self.request_stop, f"target accuracy {target} reached at version {ev.version}")
+
+    def _on_loop(self, fn: Callable[..., object], *args: Any) -> None:
+        """Run ``fn`` on the engine's event loop: held replies are futures of that loop."""
+        loop = self._loop
+        try:
+            here = asyncio.get_running_loop()
+        except RuntimeError:
+            here = None
+        if loop is None or here is loop:
+            fn(*args)
+            return
+        try:
+            loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:  # the loop is closed: nothing is held any more
+            fn(*args)
 
     # ---- control plane ----------------------------------------------------
 
@@ -454,8 +535,16 @@ class Engine:
         for state in ("active", "left", "lost"):
             self.metrics.workers.labels(state=state).set(sum(1 for w in workers if w.state == state))
 
+    @property
+    def outcome(self) -> str:
+        """running, stopped (operator, SIGTERM's shutdown) or target_reached (the server stopped itself)."""
+        if self.target_reached is not None:
+            return "target_reached"
+        return "stopped" if self.stopping else "running"
+
     def status(self) -> dict[str, Any]:
         ev = self.evaluator.latest
+        best = self.evaluator.best
         return {
             "preset": self.config.preset,
             "sync": self.config.sync,
@@ -475,6 +564,11 @@ class Engine:
             "workers_total": len(self.registry.all()),
             "stopping": self.stopping,
             "stop_reason": self.stop_reason,
+            "outcome": self.outcome,
+            "target_accuracy": self.config.target_accuracy,
+            "target_reached_at": None if self.target_reached is None else self.target_reached.public(),
+            "best_accuracy": None if best is None else best.accuracy,
+            "best_version": None if best is None else best.version,
             "resumed_from": self.resumed_from,
             "last_checkpoint_version": None if self.checkpoints is None else self.checkpoints.last_version,
         }
@@ -566,6 +660,12 @@ class Engine:
             # for the blend itself.
             candidate_loss = await asyncio.to_thread(self.probe.candidate_loss, msg.payload)
         async with self._step:
+            if self.stopping:
+                # The stop came while this push was being scored or waited for
+                # the lock: after a stop nothing is folded, and nothing may be
+                # held for a barrier that request_stop has already released.
+                return self._reply(MsgType.PUSH_REPLY, worker, h.seq,
+                                   {"status": "rejected", "reason": "run is stopping"})
             info = PushInfo(worker.id, h.model_version, self.state.version, samples, worker.pushes,
                             at=time.monotonic())
             verdict = self.strategy.on_push(info)

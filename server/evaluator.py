@@ -58,6 +58,11 @@ class Evaluator:
         self.y = torch.from_numpy(np.ascontiguousarray(test.y[idx]))
         self.latest: Evaluation | None = None
         self.history: list[Evaluation] = []
+        # The most accurate model evaluated by this process and its weights:
+        # under asynchronous updates accuracy swings between evaluations, so
+        # the last model is often not the best one the run produced.
+        self.best: Evaluation | None = None
+        self._best_flat: torch.Tensor | None = None
         self._lock = threading.Lock()  # one evaluation at a time (thread vs evaluate_now)
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -85,6 +90,13 @@ class Evaluator:
                 except Exception:  # an evaluation bug must not kill the server
                     log.exception("evaluation failed")
 
+    def best_model(self) -> tuple[Evaluation, torch.Tensor] | None:
+        """The best evaluation so far and the flat fp32 model it scored (None before any)."""
+        with self._lock:
+            if self.best is None or self._best_flat is None:
+                return None
+            return self.best, self._best_flat
+
     @torch.inference_mode()
     def evaluate_now(self) -> Evaluation:
         with self._lock:
@@ -110,6 +122,11 @@ class Evaluator:
             )
             self.latest = result
             self.history.append(result)
+            if self.best is None or result.accuracy > self.best.accuracy:
+                # Strictly better only: on a tie the earlier version reached it first.
+                # ModelState.snapshot hands out a private copy that nobody writes to,
+                # so keeping a reference is keeping a copy, at no extra cost.
+                self.best, self._best_flat = result, flat
         if self.on_result is not None:
             self.on_result(result)
         return result

@@ -24,6 +24,9 @@ class ServerSettings(BaseSettings):
     data_port: int = Field(default=0, ge=0, le=65535, description="0 picks a free port")
     advertise_host: str = Field(default="127.0.0.1", description="host agents use to reach the data plane")
     preset: str | None = None
+    # A shortcut for the run config's target_accuracy (HERMES_TARGET_ACCURACY,
+    # --target-accuracy); beats the config file and HERMES_RUN / --set.
+    target_accuracy: float | None = Field(default=None, description="stop the run at this test accuracy")
     config: str | None = Field(default=None, description="JSON or TOML file of run-config overrides")
     run: dict[str, Any] = Field(default_factory=dict, description="run-config overrides (HERMES_RUN as JSON)")
     out_dir: str | None = Field(default=None, description="where events.jsonl and summary.json go")
@@ -79,6 +82,8 @@ class ServerSettings(BaseSettings):
         if self.config:
             overrides.update(load_config_file(self.config))
         overrides.update(self.run)
+        if self.target_accuracy is not None:
+            overrides["target_accuracy"] = self.target_accuracy
         # Pop unconditionally: a file's preset left in overrides would collide
         # with --preset (TypeError: multiple values for 'preset').
         file_preset = overrides.pop("preset", None)

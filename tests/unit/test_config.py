@@ -242,3 +242,52 @@ def test_cli_set_parsing():
     for bad in ("lr", "=3"):
         with pytest.raises(ConfigError, match="KEY=VALUE"):
             _parse_set([bad])
+
+
+# ---------------------------------------------------------------------------
+# target accuracy: the server stops the run itself once an evaluation reaches it
+
+
+def test_target_accuracy_defaults_to_none_and_takes_a_fraction():
+    assert build_config("asp").target_accuracy is None
+    assert build_config("asp", target_accuracy=0.9).target_accuracy == 0.9
+    assert build_config("hermes", target_accuracy=1).target_accuracy == 1.0
+
+
+@pytest.mark.parametrize("bad", [0, 0.0, -0.5, 1.0001, 90, float("nan"), float("inf")])
+def test_target_accuracy_out_of_range_is_refused_naming_the_field(bad):
+    with pytest.raises(ConfigError, match=r"^target_accuracy: .*target_accuracy=.*\(0, 1\]"):
+        build_config("asp", target_accuracy=bad)
+
+
+def test_target_accuracy_not_a_number_names_the_field():
+    with pytest.raises(ConfigError, match="^target_accuracy:"):
+        build_config("asp", target_accuracy="high")
+
+
+def test_target_accuracy_from_file_env_and_flag(tmp_path, monkeypatch):
+    from hermes.server.cli import build_parser
+    from hermes.server.settings import ServerSettings
+
+    p = tmp_path / "run.toml"
+    p.write_text("target_accuracy = 0.8\n")
+    assert ServerSettings(config=str(p)).run_config().target_accuracy == 0.8
+    monkeypatch.setenv("HERMES_RUN", json.dumps({"target_accuracy": 0.7}))
+    assert ServerSettings(config=str(p)).run_config().target_accuracy == 0.7  # HERMES_RUN / --set beat the file
+    monkeypatch.setenv("HERMES_TARGET_ACCURACY", "0.95")
+    assert ServerSettings(config=str(p)).run_config().target_accuracy == 0.95  # the setting beats both
+    monkeypatch.setenv("HERMES_TARGET_ACCURACY", "95")
+    with pytest.raises(ConfigError, match="^target_accuracy:"):
+        ServerSettings().run_config()
+    args = build_parser().parse_args(["--target-accuracy", "0.85"])
+    assert args.target_accuracy == 0.85
+    assert build_parser().parse_args([]).target_accuracy is None
+
+
+def test_hermes_server_refuses_a_bad_target_with_exit_2(capsys, monkeypatch):
+    from hermes.server.cli import main
+
+    monkeypatch.delenv("HERMES_TARGET_ACCURACY", raising=False)
+    monkeypatch.delenv("HERMES_RUN", raising=False)
+    assert main(["--insecure", "--target-accuracy", "1.5"]) == 2
+    assert "target_accuracy" in capsys.readouterr().err

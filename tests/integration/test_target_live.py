@@ -1,0 +1,128 @@
+"""A server given a target accuracy stops the run itself and keeps the model that reached it.
+
+Real ``hermes-server`` (uvicorn + ZeroMQ) and real ``hermes-client`` agents on
+loopback, no testbed: the server alone notices the target, tells the agents
+to stop, refuses later pushes, and writes ``model-best.safetensors``, which
+scores on the evaluator's held-out set what the summary says it scored.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from hermes.common.config import RunConfig
+from hermes.common.tensors import ModelSpec
+from hermes.server.checkpoint import read_tensor_metadata, read_tensors
+from hermes.server.evaluator import Evaluator
+from hermes.server.shardstore import load_splits
+from hermes.server.state import ModelState
+
+from tests.conftest import JOIN_TOKEN, running_server
+
+pytestmark = pytest.mark.integration
+
+TARGET = 0.3
+
+
+def _wait_for(fn: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = fn()
+        if got:
+            return got
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def _agent(url: str, name: str, log: Path) -> subprocess.Popen:
+    env = {**os.environ, "HERMES_JOIN_TOKEN": JOIN_TOKEN, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    with open(log, "wb") as fh:
+        return subprocess.Popen([sys.executable, "-m", "hermes.client.cli", "--server", url, "--name", name,
+                                 "--no-progress"], stdout=fh, stderr=subprocess.STDOUT, env=env)
+
+
+def test_server_stops_at_target_and_keeps_the_best_model(tmp_path: Path) -> None:
+    out = tmp_path / "server"
+    # No heartbeat timeout: the idle worker below must still be a worker when it pushes after the stop.
+    with running_server(out, "--target-accuracy", str(TARGET), "--heartbeat-timeout", "0",
+                        sets=("eval_interval_seconds=0.3",)) as srv:
+        status = srv.get_json("/v1/status")
+        assert (status["outcome"], status["target_accuracy"], status["target_reached_at"]) == ("running", TARGET, None)
+        idle = srv.register("idle")
+        agents = [_agent(srv.url, f"agent-{i}", tmp_path / f"agent-{i}.log") for i in range(2)]
+        try:
+            status = _wait_for(lambda: (s := srv.get_json("/v1/status"))["outcome"] == "target_reached" and s,
+                               90, "the server to reach its target")
+            codes = [a.wait(timeout=30) for a in agents]
+        finally:
+            for a in agents:
+                if a.poll() is None:
+                    a.kill()
+                    a.wait(timeout=10)
+        logs = [(tmp_path / f"agent-{i}.log").read_text(errors="replace") for i in range(2)]
+        assert codes == [0, 0], [log[-2000:] for log in logs]
+        assert not any("Traceback" in log for log in logs)
+
+        reached = status["target_reached_at"]
+        assert reached["accuracy"] >= TARGET and reached["version"] >= 1 and reached["seconds"] > 0
+        status = srv.get_json("/v1/status")
+        assert status["stopping"] and status["stop_reason"].startswith(f"target accuracy {TARGET} reached")
+        assert status["outcome"] == "target_reached" and status["target_reached_at"] == reached
+        # The same stop as POST /v1/stop: later pushes are refused and change nothing, nobody new joins.
+        version = status["model_version"]
+        reply = idle.push(torch.zeros(idle.numel), base_version=version)
+        assert reply.header.body["status"] == "rejected" and reply.header.body["reason"] == "run is stopping"
+        assert reply.header.body["stop"] is True
+        assert srv.healthz()["model_version"] == version
+        r = srv.http.post(srv.url + "/v1/workers/register", json={"name": "late"},
+                          headers={"Authorization": f"Bearer {JOIN_TOKEN}"})
+        assert r.status_code == 503
+        live = srv.get_json("/v1/summary")
+        assert live["best_accuracy"] >= reached["accuracy"] and live["outcome"] == "target_reached"
+    # running_server sent SIGTERM and checked the clean exit and server_summary.json.
+
+    summary = json.loads((out / "server_summary.json").read_text())
+    assert summary["outcome"] == "target_reached" and summary["target_reached_at"] == reached
+    assert summary["target_accuracy"] == TARGET and summary["model_version"] == version
+    # The shutdown evaluation is the current model's, reported as it is, next to the best one.
+    assert summary["evaluations"][-1]["version"] == version
+    assert summary["final_accuracy"] == summary["evaluations"][-1]["accuracy"]
+    best = max(summary["evaluations"], key=lambda e: e["accuracy"])
+    assert summary["best_accuracy"] == best["accuracy"] >= reached["accuracy"]
+    assert summary["best_version"] == min(e["version"] for e in summary["evaluations"]
+                                          if e["accuracy"] == best["accuracy"])
+
+    assert summary["best_model_file"] == "model-best.safetensors"
+    path = out / "model-best.safetensors"
+    meta = read_tensor_metadata(path)
+    assert int(meta["version"]) == summary["best_version"]
+    assert float(meta["accuracy"]) == summary["best_accuracy"]
+    flat = read_tensors(path)["model"]
+    spec = ModelSpec.from_dict(json.loads(meta["spec"]))
+    assert flat.dtype == torch.float32 and flat.numel() == spec.numel == summary["model"]["numel"]
+    # Scored again on the evaluator's own held-out subset, by the evaluator's code.
+    config = RunConfig(**summary["config"])
+    _, _, test = load_splits(config)
+    again = Evaluator(spec, ModelState(spec, flat), test, max_samples=config.eval_max_samples, interval=1.0,
+                      seed=config.seed).evaluate_now()
+    assert again.accuracy == pytest.approx(summary["best_accuracy"], abs=0.01)
+
+    events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
+    names = [e["event"] for e in events]
+    (hit,) = [e for e in events if e["event"] == "target_reached"]
+    assert (hit["version"], hit["accuracy"], hit["target_accuracy"]) == (reached["version"], reached["accuracy"], TARGET)
+    stop = next(e for e in events if e["event"] == "stop_requested")
+    assert names.index("target_reached") < names.index("stop_requested")
+    assert stop["reason"] == status["stop_reason"]
+    end = next(e for e in events if e["event"] == "run_end")
+    assert (end["best_version"], end["best_accuracy"]) == (summary["best_version"], summary["best_accuracy"])
+    assert "target accuracy 0.3 reached" in srv.log_text()
