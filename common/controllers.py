@@ -19,9 +19,10 @@ deterministic function of its inputs (measurements in, workloads out):
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -284,6 +285,32 @@ class ProportionalController:
     def smoothed(self, worker: str) -> float | None:
         return self.workers[worker].ewma
 
+    # ---- checkpoints -----------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Plain JSON-able: per-worker batch, caps, smoothed time and throughput-drop memory."""
+        workers = {w: {"batch": st.batch, "hard_max": st.hard_max, "ewma": st.ewma,
+                       "before_increase": None if st.before_increase is None else list(st.before_increase),
+                       "drop_cap": st.drop_cap, "drop_cap_age": st.drop_cap_age}
+                   for w, st in self.workers.items()}
+        return {"workers": workers, "global_batch": self.global_batch, "adjustments": self.adjustments}
+
+    def restored(self, state: Mapping[str, Any]) -> ProportionalController:
+        """A controller with these settings in the saved state (a new object: a bad state leaves this one alone)."""
+        out = dataclasses.replace(self, batches={})
+        for w, st in state["workers"].items():
+            before = st["before_increase"]
+            out.workers[str(w)] = _WorkerState(
+                batch=int(st["batch"]), hard_max=int(st["hard_max"]),
+                ewma=None if st["ewma"] is None else float(st["ewma"]),
+                before_increase=None if before is None else (int(before[0]), float(before[1])),
+                drop_cap=None if st["drop_cap"] is None else int(st["drop_cap"]),
+                drop_cap_age=int(st["drop_cap_age"]),
+            )
+        out.global_batch = None if state["global_batch"] is None else int(state["global_batch"])
+        out.adjustments = int(state["adjustments"])
+        return out
+
     # ---- the control step ------------------------------------------------
 
     def update(self) -> dict[str, int]:
@@ -428,6 +455,18 @@ class AdaptiveAccumulation:
             self.stopped = True
         self.current = round_preserving_sum(targets, total, self.lower, upper)
         return list(self.current)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"current": list(self.current), "stopped": self.stopped, "calm": self._calm,
+                "last_share": None if self._last_share is None else list(self._last_share)}
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, Any], *, epsilon: float, patience: int, lower: int = 1
+                   ) -> AdaptiveAccumulation:
+        share = state["last_share"]
+        return cls([int(w) for w in state["current"]], epsilon=epsilon, patience=patience, lower=lower,
+                   stopped=bool(state["stopped"]), _calm=int(state["calm"]),
+                   _last_share=None if share is None else [float(x) for x in share])
 
 
 # ---------------------------------------------------------------------------

@@ -579,12 +579,19 @@ class StragglerSizer:
             "seen": dict(self._seen),
         }
 
-    def load_state_dict(self, state: dict) -> None:
-        self._history = {w: deque((_Observation(int(d), int(m), float(t)) for d, m, t in h),
-                                  maxlen=self._config.history) for w, h in state["history"].items()}
-        self._workload = {w: (int(v[0]), int(v[1])) for w, v in state["workload"].items()}
-        self._memory_cap = {w: int(v) for w, v in state["memory_cap"].items()}
-        self._seen = {w: int(v) for w, v in state["seen"].items()}
+    def load_state_dict(self, state: Mapping) -> None:
+        # Everything is parsed before anything is replaced: a bad state leaves the sizer as it was.
+        history = {str(w): deque((_Observation(int(d), int(m), float(t)) for d, m, t in h),
+                                 maxlen=self._config.history) for w, h in state["history"].items()}
+        workload = {str(w): (int(v[0]), int(v[1])) for w, v in state["workload"].items()}
+        memory_cap = {str(w): int(v) for w, v in state["memory_cap"].items()}
+        seen = {str(w): int(v) for w, v in state["seen"].items()}
+        self._history, self._workload, self._memory_cap, self._seen = history, workload, memory_cap, seen
+
+    def params(self) -> dict:
+        """What a saved workload means: the base workload and the (DSS, MBS) grid it lies on."""
+        return {"base_dss": self._base[0], "base_mbs": self._base[1], "dss_step": self._dss_step,
+                "dss_max": self._dss_max, "mbs_min": self._config.mbs_min, "mbs_max": self._config.mbs_max}
 
     def _dss_cap(self, worker_id: str) -> int:
         return min(self._dss_max, self._memory_cap.get(worker_id, self._dss_max))

@@ -5,6 +5,9 @@ A checkpoint directory holds
 - ``checkpoint.json``: metadata of the last complete checkpoint (version,
   run config, shard queue, allocator state, worker ids and names, evaluation
   history, counters), replaced atomically (temp file, fsync, ``os.replace``);
+  the allocator state keeps every worker's workload, so agents that register
+  again after a resume carry on with it; one that has not registered again
+  within the heartbeat timeout is forgotten by the allocator, as if lost;
 - ``model-<V>.safetensors``: the global model and its baseline w0 as raw fp32
   tensors in the safetensors layout (8-byte header length, JSON header, raw
   bytes); no pickle anywhere;
@@ -40,6 +43,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Sequence
 
 import crc32c
 import torch
+from hermes.common.allocation import AllocatorStateError
 from hermes.common.wire import Payload, ProtocolError, dtype_from_name, dtype_name
 from hermes.server.aio import cancel_and_wait
 from hermes.server.evaluator import Evaluation
@@ -333,7 +337,6 @@ class Checkpointer:
 
     def _metadata(self, version: int) -> dict[str, Any]:
         e = self.engine
-        allocator_state = getattr(e.allocator, "state_dict", None)
         return {
             "format": FORMAT,
             "version": version,
@@ -344,7 +347,7 @@ class Checkpointer:
             "model": {"name": e.spec.name, "numel": e.spec.numel},
             "queue": e.queue.state(),
             "outstanding": {w: [list(a) for a in lst] for w, lst in e._outstanding.items()},
-            "allocator": allocator_state() if allocator_state else None,
+            "allocator": e.allocator.state_dict(),
             "workers": e.registry.identities(),
             "evaluations": [asdict(ev) for ev in e.evaluator.history],
             "message_counts": dict(e.message_counts),
@@ -365,6 +368,22 @@ class Checkpointer:
                 old.unlink(missing_ok=True)
 
     # -- resuming --
+    def _restore_allocator(self, state: dict[str, Any] | None, workers: list[dict[str, Any]]) -> None:
+        e = self.engine
+        if state is None:  # checkpoints of older servers saved no state for most policies
+            return
+        try:
+            e.allocator.load_state_dict(state)
+        except AllocatorStateError as exc:
+            # The run config may change on resume (another policy, other bounds):
+            # the saved workloads then mean nothing here, and allocation starts afresh.
+            log.warning("allocator state not restored, allocation starts afresh: %s", exc)
+            e.events.emit("allocator_state_discarded", error=str(exc)[:500])
+            return
+        # Every known id, not only those active at the checkpoint: one restored by an
+        # earlier resume may be a member still, and forgetting a stranger is a no-op.
+        e.expect_rejoin(str(w["id"]) for w in workers)
+
     def _restore(self, meta: dict[str, Any]) -> None:
         e = self.engine
         if meta["model"] != {"name": e.spec.name, "numel": e.spec.numel}:
@@ -394,8 +413,7 @@ class Checkpointer:
         e.queue.restore(meta["queue"])
         for shards in meta.get("outstanding", {}).values():
             e.queue.requeue([s for a in shards for s in a])
-        if meta.get("allocator") is not None and hasattr(e.allocator, "load_state_dict"):
-            e.allocator.load_state_dict(meta["allocator"])
+        self._restore_allocator(meta.get("allocator"), meta["workers"])
         e.registry.restore(meta["workers"])
         e.evaluator.history.extend(Evaluation(**ev) for ev in meta["evaluations"])
         if e.evaluator.history:

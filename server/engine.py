@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 import torch
 from hermes.common.aggregation import (
@@ -156,6 +156,9 @@ class Engine:
         self._republishing = threading.Lock()
         self._last_publish = 0.0
         self.allocator = make_allocator(config, dss_max=len(self.train), epoch_samples=len(self.train))
+        # Workers a resumed checkpoint's allocator state still counts, until they register again.
+        self._awaiting_rejoin: set[str] = set()
+        self._awaiting_since = 0.0
         self.probe = (
             LossProbe(self.spec, self.state, self.validation, samples=config.loss_eval_samples,
                       seed=config.seed, metrics=metrics)
@@ -335,6 +338,7 @@ class Engine:
         if self.coordinator is not None:
             self.coordinator.assign(name)  # GroupFull before anything is recorded
         rec, rejoined = self.registry.register(name, **info)
+        self._awaiting_rejoin.discard(rec.id)
         # A new secret: sessions signed with the old one are gone, and a previous
         # incarnation's unfinished shards will not be finished by it.
         self.replay.forget(rec.id)
@@ -350,6 +354,31 @@ class Engine:
         self._apply_resizes(self.allocator.rebalance(), elapsed)
         log.info("worker %s (%s) %s", rec.id, name, "rejoined" if rejoined else "joined")
         return rec, rejoined
+
+    def expect_rejoin(self, worker_ids: Iterable[str]) -> None:
+        """Workers whose allocation a resumed checkpoint restored: they hold it until they register again."""
+        self._awaiting_rejoin = set(worker_ids)
+        self._awaiting_since = time.time()
+
+    def forget_unreturned(self, timeout: float, now: float | None = None) -> list[str]:
+        """Restored workers not registered again ``timeout`` seconds after the resume: the allocator forgets them.
+
+        Until then they count as members (an agent reconnecting to the
+        restarted server keeps its workload); a worker that never comes back
+        would otherwise hold the policies that wait for every member's
+        measurements, and its share of a global batch, for good.
+        """
+        now = time.time() if now is None else now
+        if not self._awaiting_rejoin or now - self._awaiting_since <= timeout:
+            return []
+        gone, self._awaiting_rejoin = sorted(self._awaiting_rejoin), set()
+        for wid in gone:
+            self.allocator.forget(wid)
+        self._apply_resizes(self.allocator.rebalance(), round(now - self.started_at, 3))
+        log.info("%d worker(s) of the resumed checkpoint did not register again within %.1fs; "
+                 "the allocator forgot them: %s", len(gone), timeout, ", ".join(gone))
+        self.events.emit("restored_workers_forgotten", workers=gone)
+        return gone
 
     async def leave(self, worker_id: str, reason: str, *, state: str = "left") -> None:
         """The worker said goodbye (``left``) or went silent (``lost``)."""

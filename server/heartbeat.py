@@ -5,7 +5,9 @@ every control-plane heartbeat refreshes ``last_seen``. One silent for longer
 than the timeout is marked ``lost``: the sync strategy stops waiting for it
 (its barrier share is released), its unfinished shards go back to the
 queue, and the allocator forgets it. It can register again under the same
-name, gets its old id back, and pulls the current model.
+name, gets its old id back, and pulls the current model. After a resume,
+workers the checkpoint's allocator state holds are given the same timeout
+to register again before the allocator forgets them.
 """
 
 from __future__ import annotations
@@ -61,4 +63,7 @@ class HeartbeatMonitor:
             self.engine.metrics.workers_lost.inc()
             self.lost += 1
             await self.engine.leave(rec.id, f"no heartbeat for {quiet:.1f}s", state="lost")
+        # The same timeout for workers a resumed server restored: one that has
+        # not registered again by then is gone as far as the allocator is concerned.
+        self.engine.forget_unreturned(self.timeout, now)
         return [r.id for r in silent]

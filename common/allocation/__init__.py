@@ -6,6 +6,13 @@ finished cycle took, and it answers each worker's ``Workload``: samples per
 cycle (DSS), micro-batch size (MBS) and micro-batches accumulated per
 optimizer step. ``rebalance`` returns the workers whose workload changed.
 
+Every allocator's state survives a server restart: ``state_dict`` is a plain
+JSON-able dict stamped with the policy and the parameters that give its
+numbers meaning, and ``load_state_dict`` refuses (``AllocatorStateError``)
+a state another policy or other parameters wrote. ``join`` of a worker the
+allocator already knows (an agent registering again, after a resume too)
+keeps its workload; only ``forget`` (a leave) makes the next join start fresh.
+
 Policies (one module each):
 - ``uniform``: everyone gets the run's defaults, whatever its speed.
 - ``dual-search``: Hermes' IQR straggler detection + dual binary search.
@@ -22,6 +29,7 @@ samples per cycle, so equal cycle times mean equal step times.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -77,6 +85,10 @@ class Resize:
     detail: dict[str, Any] = field(default_factory=dict)
 
 
+class AllocatorStateError(ValueError):
+    """A checkpointed allocator state this allocator cannot load: another policy's, or a different setup's."""
+
+
 class Allocator(Protocol):
     def join(self, worker_id: str, capacity: float | None = None) -> None: ...
     def forget(self, worker_id: str) -> None: ...
@@ -85,6 +97,8 @@ class Allocator(Protocol):
     def set_memory_limit(self, worker_id: str, max_dss: int) -> None: ...
     def set_batch_limit(self, worker_id: str, max_batch: int) -> None: ...
     def rebalance(self) -> dict[str, Resize]: ...
+    def state_dict(self) -> dict[str, Any]: ...
+    def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
 
 
 def local_steps(config: "RunConfig") -> int:

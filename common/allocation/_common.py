@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from hermes.common.allocation import Resize, Workload
+from hermes.common.allocation._state import resize_from_state, resize_state, str_ints
 
 
 class EpochClock:
@@ -26,6 +28,15 @@ class EpochClock:
         epoch = self.samples // self.epoch_samples
         crossed, self.epoch = epoch > self.epoch, epoch
         return crossed
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"samples": self.samples, "epoch": self.epoch}
+
+    def restored(self, state: Mapping[str, Any]) -> EpochClock:
+        """A clock of this epoch size at the saved count (a new object: a bad state leaves this one alone)."""
+        out = EpochClock(self.epoch_samples)
+        out.samples, out.epoch = int(state["samples"]), int(state["epoch"])
+        return out
 
 
 class StepBatches:
@@ -84,3 +95,24 @@ class StepBatches:
     def take_pending(self) -> dict[str, Resize]:
         out, self._pending = self._pending, {}
         return out
+
+    def state_dict(self) -> dict[str, Any]:
+        # Resizes not yet taken are kept too: the engine takes them after
+        # every call, but a restored allocator must answer exactly as this one.
+        return {"batch": dict(self.batch), "accumulation": dict(self.accumulation), "caps": dict(self.caps),
+                "pending": {w: resize_state(r) for w, r in self._pending.items()}}
+
+    def restored(self, state: Mapping[str, Any]) -> StepBatches:
+        """These bounds with the saved batches (a new object: a bad state leaves this one alone)."""
+        out = StepBatches(steps=self.steps, base=self.base, b_min=self.b_min, b_max=self.b_max)
+        out.batch = str_ints(state["batch"])
+        out.accumulation = str_ints(state["accumulation"])
+        out.caps = str_ints(state["caps"])
+        out._pending = {str(w): resize_from_state(r) for w, r in state["pending"].items()}
+        if set(out.accumulation) != set(out.batch):
+            raise ValueError("batch and accumulation name different workers")
+        return out
+
+    def params(self) -> dict[str, int]:
+        """What a saved batch means: steps per cycle, base batch and bounds."""
+        return {"steps": self.steps, "base": self.base, "b_min": self.b_min, "b_max": self.b_max}

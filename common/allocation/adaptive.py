@@ -10,14 +10,23 @@ its w_i micro-batches; re-allocation stops once the shares are stable
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from hermes.common.allocation import CycleObservation, Resize, Workload, local_steps
 from hermes.common.allocation._common import EpochClock, StepBatches
+from hermes.common.allocation._state import (
+    malformed_as_state_error,
+    stamp,
+    str_ints,
+    unstamp,
+)
 from hermes.common.controllers import AdaptiveAccumulation, round_preserving_sum
 
 if TYPE_CHECKING:
     from hermes.common.config import RunConfig
+
+POLICY = "adaptive"
 
 
 class AdaptiveAllocator:
@@ -58,15 +67,19 @@ class AdaptiveAllocator:
         self._alg = AdaptiveAccumulation(counts, epsilon=self.epsilon, patience=self.patience)
 
     def join(self, worker_id: str, capacity: float | None = None) -> None:
+        if worker_id in self._seen:
+            return  # registering again: no restart, its count and the stop rule's progress stand
         self.b.add(worker_id, accumulation=min(self.w0, self.max_w.get(worker_id, self.w0)))
         self._seen[worker_id] = 0
         self._restart()
 
     def forget(self, worker_id: str) -> None:
+        known = worker_id in self._seen
         self.b.remove(worker_id)
         for d in (self.max_w, self._times, self._seen):
             d.pop(worker_id, None)
-        self._restart()
+        if known:  # for a stranger, a restart would throw away the others' measurements for nothing
+            self._restart()
 
     def observe(self, worker_id: str, cycle: CycleObservation) -> None:
         if worker_id not in self._seen:
@@ -107,3 +120,30 @@ class AdaptiveAllocator:
                     self.b.set(w, self.b.base, accumulation=wi, mean_seconds=round(t, 6),
                                stopped=self._alg.stopped)
         return self.b.take_pending()
+
+    def _params(self) -> dict[str, Any]:
+        return {"mbs": self.b.base, "w0": self.w0, "epoch_samples": self.clock.epoch_samples}
+
+    def state_dict(self) -> dict[str, Any]:
+        return stamp(POLICY, self._params(), batches=self.b.state_dict(), clock=self.clock.state_dict(),
+                     max_w=dict(self.max_w), times={w: list(t) for w, t in self._times.items()},
+                     seen=dict(self._seen), epoch_due=self._epoch_due,
+                     algorithm=None if self._alg is None else self._alg.state_dict())
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        body = unstamp(POLICY, state, self._params())
+        with malformed_as_state_error(POLICY):
+            b = self.b.restored(body["batches"])
+            clock = self.clock.restored(body["clock"])
+            max_w, seen = str_ints(body["max_w"]), str_ints(body["seen"])
+            times = {str(w): [float(t) for t in ts] for w, ts in body["times"].items()}
+            alg = body["algorithm"]
+            alg = None if alg is None else AdaptiveAccumulation.from_state(alg, epsilon=self.epsilon,
+                                                                           patience=self.patience)
+            if not set(b.batch) == set(seen) == set(times):
+                raise ValueError("batches, counts and times name different workers")
+            if alg is not None and len(alg.current) != len(b.batch):
+                raise ValueError("the algorithm's counts do not match the workers")
+            epoch_due = bool(body["epoch_due"])
+        self.b, self.clock, self.max_w, self._times, self._seen = b, clock, max_w, times, seen
+        self._alg, self._epoch_due = alg, epoch_due

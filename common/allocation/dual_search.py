@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from hermes.common.allocation import CycleObservation, Resize, Workload
+from hermes.common.allocation._state import malformed_as_state_error, stamp, unstamp
 from hermes.common.sizing import SearchConfig, StragglerSizer
 
 if TYPE_CHECKING:
     from hermes.common.config import RunConfig
+
+POLICY = "dual-search"
 
 
 class DualSearchAllocator:
@@ -27,7 +31,9 @@ class DualSearchAllocator:
                                   dss_step=config.shard_size, dss_max=dss_max))
 
     def join(self, worker_id: str, capacity: float | None = None) -> None:
-        pass  # Hermes measures; it does not trust declared capacity
+        # Hermes measures; it does not trust declared capacity. A worker
+        # registering again keeps its workload and history: only forget drops them.
+        pass
 
     def forget(self, worker_id: str) -> None:
         self.sizer.forget(worker_id)
@@ -48,12 +54,24 @@ class DualSearchAllocator:
         # workers; per-worker activation-memory caps are not part of Hermes.
         pass
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         """For a server checkpoint (``server.checkpoint``): the sizer's histories and workloads."""
-        return self.sizer.state_dict()
+        return stamp(POLICY, self.sizer.params(), sizer=self.sizer.state_dict(),
+                     last_seconds=dict(self._last_seconds))
 
-    def load_state_dict(self, state: dict) -> None:
-        self.sizer.load_state_dict(state)
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if isinstance(state, Mapping) and "policy" not in state and "history" in state:
+            # Checkpoints from before states were stamped hold the bare sizer
+            # state (dual-search was the only policy that saved one).
+            with malformed_as_state_error(POLICY):
+                self.sizer.load_state_dict(state)
+            self._last_seconds = {}
+            return
+        body = unstamp(POLICY, state, self.sizer.params())
+        with malformed_as_state_error(POLICY):
+            last = {str(w): float(t) for w, t in body["last_seconds"].items()}
+            self.sizer.load_state_dict(body["sizer"])
+        self._last_seconds = last
 
     def rebalance(self) -> dict[str, Resize]:
         out = {}

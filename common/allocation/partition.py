@@ -12,14 +12,23 @@ epoch, fast to adapt; more: resistant to transient changes, Sec. 4.1).
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from hermes.common.allocation import CycleObservation, Resize, Workload, local_steps
 from hermes.common.allocation._common import EpochClock, StepBatches
+from hermes.common.allocation._state import (
+    malformed_as_state_error,
+    stamp,
+    str_ints,
+    unstamp,
+)
 from hermes.common.controllers import compute_power, round_preserving_sum
 
 if TYPE_CHECKING:
     from hermes.common.config import RunConfig
+
+POLICY = "partition"
 
 
 class PartitionAllocator:
@@ -37,6 +46,8 @@ class PartitionAllocator:
                    window=config.partition_window, epoch_samples=epoch_samples)
 
     def join(self, worker_id: str, capacity: float | None = None) -> None:
+        if worker_id in self._epoch_work:
+            return  # registering again: its partition and power history stand
         self.b.add(worker_id)
         self._epoch_work[worker_id] = [0.0, 0.0]
         self._powers[worker_id] = deque(maxlen=self.window)
@@ -93,3 +104,25 @@ class PartitionAllocator:
 
     def rebalance(self) -> dict[str, Resize]:
         return self.b.take_pending()
+
+    def _params(self) -> dict[str, Any]:
+        return {**self.b.params(), "epoch_samples": self.clock.epoch_samples}
+
+    def state_dict(self) -> dict[str, Any]:
+        # The window is not a parameter of the state: a changed one keeps the newest powers that fit.
+        return stamp(POLICY, self._params(), batches=self.b.state_dict(), clock=self.clock.state_dict(),
+                     epoch_work={w: list(v) for w, v in self._epoch_work.items()},
+                     powers={w: list(h) for w, h in self._powers.items()},
+                     partitions=[dict(p) for p in self.partitions])
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        body = unstamp(POLICY, state, self._params())
+        with malformed_as_state_error(POLICY):
+            b = self.b.restored(body["batches"])
+            clock = self.clock.restored(body["clock"])
+            work = {str(w): [float(v[0]), float(v[1])] for w, v in body["epoch_work"].items()}
+            powers = {str(w): deque((float(p) for p in h), maxlen=self.window) for w, h in body["powers"].items()}
+            partitions = [str_ints(p) for p in body["partitions"]]
+            if not set(b.batch) == set(work) == set(powers):
+                raise ValueError("batches, epoch work and powers name different workers")
+        self.b, self.clock, self._epoch_work, self._powers, self.partitions = b, clock, work, powers, partitions

@@ -8,14 +8,23 @@ decides when to take a control step.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from hermes.common.allocation import CycleObservation, Resize, Workload, local_steps
 from hermes.common.allocation._common import EpochClock, StepBatches
+from hermes.common.allocation._state import (
+    malformed_as_state_error,
+    stamp,
+    str_ints,
+    unstamp,
+)
 from hermes.common.controllers import ProportionalController
 
 if TYPE_CHECKING:
     from hermes.common.config import RunConfig
+
+POLICY = "pcontrol"
 
 
 class PControlAllocator:
@@ -68,6 +77,8 @@ class PControlAllocator:
             self.ctl.global_batch = min(len(self.ctl.workers) * self.b.base, caps)
 
     def join(self, worker_id: str, capacity: float | None = None) -> None:
+        if worker_id in self.ctl.workers:
+            return  # registering again: its batch, smoothed time and caps stand
         self.b.add(worker_id)
         self.ctl.add_worker(worker_id, self.b.batch[worker_id])
         self.ctl.set_b_max(worker_id, self.b.cap(worker_id))
@@ -128,3 +139,24 @@ class PControlAllocator:
                     self.b.set(w, b, smoothed_seconds=round(times[w], 6), mean_seconds=round(t_bar, 6),
                                b_max=self.ctl.b_max_of(w), adjustment=self.ctl.adjustments)
         return self.b.take_pending()
+
+    def _params(self) -> dict[str, Any]:
+        return {**self.b.params(), "global_batch": self.fixed_global, "epoch_samples": self.clock.epoch_samples}
+
+    def state_dict(self) -> dict[str, Any]:
+        return stamp(POLICY, self._params(), batches=self.b.state_dict(), controller=self.ctl.state_dict(),
+                     clock=self.clock.state_dict(), seen=dict(self._seen), counted=dict(self._counted),
+                     epoch_due=self._epoch_due)
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        body = unstamp(POLICY, state, self._params())
+        with malformed_as_state_error(POLICY):
+            b = self.b.restored(body["batches"])
+            ctl = self.ctl.restored(body["controller"])
+            clock = self.clock.restored(body["clock"])
+            seen, counted = str_ints(body["seen"]), str_ints(body["counted"])
+            if not set(b.batch) == set(ctl.workers) == set(seen) == set(counted):
+                raise ValueError("batches, controller and counts name different workers")
+            epoch_due = bool(body["epoch_due"])
+        self.b, self.ctl, self.clock = b, ctl, clock
+        self._seen, self._counted, self._epoch_due = seen, counted, epoch_due

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from hermes.common.allocation import CycleObservation, Resize, Workload, local_steps
 from hermes.common.allocation._common import StepBatches
+from hermes.common.allocation._state import malformed_as_state_error, stamp, unstamp
 from hermes.common.controllers import static_batches
 
 if TYPE_CHECKING:
     from hermes.common.config import RunConfig
+
+POLICY = "static"
 
 
 class StaticAllocator:
@@ -45,7 +49,15 @@ class StaticAllocator:
             self.b.set(w, batch, "membership", capacity=caps[w], global_batch=total)
 
     def join(self, worker_id: str, capacity: float | None = None) -> None:
-        self.capacity[worker_id] = capacity if capacity and capacity > 0 else None
+        declared = capacity if capacity and capacity > 0 else None
+        if worker_id in self.capacity:
+            # Registering again (a restarted agent, a resumed server): the split
+            # stands unless what the worker declares has changed.
+            if self.capacity[worker_id] != declared:
+                self.capacity[worker_id] = declared
+                self._reallocate()
+            return
+        self.capacity[worker_id] = declared
         self.b.add(worker_id)
         self._reallocate()
 
@@ -69,3 +81,15 @@ class StaticAllocator:
 
     def rebalance(self) -> dict[str, Resize]:
         return self.b.take_pending()
+
+    def state_dict(self) -> dict[str, Any]:
+        return stamp(POLICY, self.b.params(), batches=self.b.state_dict(), capacity=dict(self.capacity))
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        body = unstamp(POLICY, state, self.b.params())
+        with malformed_as_state_error(POLICY):
+            b = self.b.restored(body["batches"])
+            capacity = {str(w): (None if c is None else float(c)) for w, c in body["capacity"].items()}
+            if set(capacity) != set(b.batch):
+                raise ValueError("capacities and batches name different workers")
+        self.b, self.capacity = b, capacity

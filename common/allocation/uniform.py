@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from hermes.common.allocation import CycleObservation, Resize, Workload
+from hermes.common.allocation._state import stamp, unstamp
+
+POLICY = "uniform"
 
 
 class UniformAllocator:
@@ -29,3 +35,11 @@ class UniformAllocator:
 
     def rebalance(self) -> dict[str, Resize]:
         return {}
+
+    # Nothing to keep (the workload is the run config's), but the stamp still
+    # tells a resumed run whose allocation changed that it cannot load this.
+    def state_dict(self) -> dict[str, Any]:
+        return stamp(POLICY, {})
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        unstamp(POLICY, state, {})
