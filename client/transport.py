@@ -134,7 +134,9 @@ class ControlClient:
         self._call("POST", f"/v1/workers/{worker_id}/leave", {}, headers={"X-Hermes-Token": token})
 
     def status(self) -> dict[str, Any]:
-        return self._call("GET", "/v1/status")
+        # The join token also opens a server's protected read endpoints (protect_reads).
+        headers = {"Authorization": f"Bearer {self.join_token}"} if self.join_token else {}
+        return self._call("GET", "/v1/status", headers=headers)
 
 
 @dataclass

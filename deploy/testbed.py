@@ -175,6 +175,8 @@ class Testbed:
             cmd += ["--set", "topology=collective", "--set", f"world_size={a.clients}"]
         if a.target_accuracy is not None:
             cmd += ["--target-accuracy", f"{a.target_accuracy:g}"]
+        if a.protect_reads:
+            cmd.append("--protect-reads")  # the testbed reads with its admin token either way
         for kv in a.set:
             cmd += ["--set", kv]
         if a.config:
@@ -231,7 +233,7 @@ class Testbed:
 
     def _status_version(self) -> int | None:
         try:
-            return http_json(self.url + "/v1/status", timeout=2.0).get("model_version")
+            return http_json(self.url + "/v1/status", timeout=2.0, token=self.admin_token).get("model_version")
         except (urllib.error.URLError, OSError, ValueError):
             return None
 
@@ -248,7 +250,7 @@ class Testbed:
                 self.emit("chaos", **entry)
                 t0 = time.monotonic()
                 self.start_server(resume=True)
-                status = http_json(self.url + "/v1/status")
+                status = http_json(self.url + "/v1/status", token=self.admin_token)
                 entry |= {"restart_seconds": round(time.monotonic() - t0, 3),
                           "resumed_from": status.get("resumed_from"), "version_after": status.get("model_version")}
                 log.info("chaos: server killed at %.1fs (version %s) and resumed at version %s",
@@ -336,7 +338,7 @@ class Testbed:
             elapsed = time.time() - t0
             self.run_chaos(elapsed, status.get("model_version"))
             try:
-                status = http_json(self.url + "/v1/status")
+                status = http_json(self.url + "/v1/status", token=self.admin_token)
             except (urllib.error.URLError, OSError, ValueError) as exc:
                 if self.server is not None and self.server.popen.poll() is not None:
                     outcome = f"server died (exit {self.server.popen.returncode})"
@@ -363,7 +365,7 @@ class Testbed:
                 # The server stops the agents when it reaches the target: they may
                 # have exited between the last status poll and this check.
                 with contextlib.suppress(urllib.error.URLError, OSError, ValueError):
-                    reached_at = self._target_reached(http_json(self.url + "/v1/status"), t0)
+                    reached_at = self._target_reached(http_json(self.url + "/v1/status", token=self.admin_token), t0)
                 if reached_at is not None:
                     outcome = "target reached"
                 break
@@ -371,7 +373,7 @@ class Testbed:
         wall = time.time() - t0
         self.emit("testbed_stopping", outcome=outcome, wall_seconds=round(wall, 3))
         try:
-            live = http_json(self.url + "/v1/summary")
+            live = http_json(self.url + "/v1/summary", token=self.admin_token)
         except (urllib.error.URLError, OSError, ValueError):
             live = {}
         self.stop_all()
@@ -592,6 +594,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="cnn", help="cnn, alexnet, resnet18, mlp")
     p.add_argument("--max-seconds", type=float, default=120.0, help="wall-clock limit of the run (default 120)")
     p.add_argument("--target-accuracy", type=float, default=None, help="stop once test accuracy reaches this")
+    p.add_argument("--protect-reads", action="store_true",
+                   help="start the server with --protect-reads (status, metrics etc. need a token)")
     p.add_argument("--out", default="runs/testbed", help="output directory (default runs/testbed)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="run-config override, repeatable")

@@ -23,7 +23,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI, Header, HTTPException, Request, Response
+from fastapi import Depends, FastAPI, Header, HTTPException, Request, Response
 from hermes.common.kafka_layout import KafkaUnavailable
 from hermes.common.signing import now_ms
 from hermes.common.wire import PROTOCOL_VERSION, ProtocolError
@@ -93,6 +93,7 @@ class Credentials:
                 "e.g. `openssl rand -hex 32`, and give it to the agents; or pass --insecure to let anyone "
                 "who reaches the server join (trusted networks only)")
         self.admin = read_secret(settings.admin_token, settings.admin_token_file, "admin_token")
+        self.protect_reads = settings.protect_reads
         self.admin_file: Path | None = None
         if self.admin is None and not self.insecure and settings.out_dir:
             # The operator's credential for /v1/stop, readable by the server's user only.
@@ -102,6 +103,16 @@ class Credentials:
             fd = os.open(self.admin_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             with os.fdopen(fd, "w") as fh:
                 fh.write(self.admin + "\n")
+        if self.protect_reads and self.join is None and self.admin is None:
+            raise AuthConfigError("protect_reads needs a join token or an admin token to check reads against; "
+                                  "set HERMES_JOIN_TOKEN or HERMES_ADMIN_TOKEN")
+
+    def may_read(self, authorization: str) -> bool:
+        """Without protect_reads anyone may read; with it, a cluster member (join token) or the operator."""
+        if not self.protect_reads:
+            return True
+        given = bearer(authorization)
+        return any(secret is not None and token_matches(given, secret) for secret in (self.join, self.admin))
 
 
 def create_app(settings: ServerSettings | None = None) -> FastAPI:
@@ -185,14 +196,26 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     def engine_of(request: Request) -> Engine:
         return request.app.state.engine
 
+    def readable(request: Request, authorization: str = Header(default="")) -> Engine:
+        """The engine, for a read endpoint: refused (401) under protect_reads without a valid token."""
+        engine = engine_of(request)
+        if not creds.may_read(authorization):
+            endpoint = request.url.path
+            engine.metrics.reads_refused.labels(endpoint=endpoint).inc()
+            client = request.client.host if request.client else "unknown"
+            log.warning("read of %s from %s refused: missing or wrong token", endpoint, client)
+            raise HTTPException(401, "this server protects its read endpoints: send the join or the admin token "
+                                     "(Authorization: Bearer ...)", headers={"WWW-Authenticate": "Bearer"})
+        return engine
+
     @app.get("/healthz")
     def healthz(request: Request) -> dict[str, Any]:
         engine = engine_of(request)
         return {"status": "ok", "model_version": engine.state.version, "stopping": engine.stopping}
 
     @app.get("/metrics")
-    def metrics(request: Request) -> Response:
-        return Response(engine_of(request).metrics.render(), media_type=CONTENT_TYPE)
+    def metrics(engine: Engine = Depends(readable)) -> Response:
+        return Response(engine.metrics.render(), media_type=CONTENT_TYPE)
 
     def refuse(engine: Engine, status: int, outcome: str, message: str, client: str,
                headers: dict[str, str] | None = None) -> HTTPException:
@@ -268,20 +291,20 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         return {"worker_id": worker_id, "state": rec.state}
 
     @app.get("/v1/workers")
-    def workers(request: Request) -> list[dict[str, Any]]:
-        return [w.public() for w in engine_of(request).registry.all()]
+    def workers(engine: Engine = Depends(readable)) -> list[dict[str, Any]]:
+        return [w.public() for w in engine.registry.all()]
 
     @app.get("/v1/status")
-    def status(request: Request) -> dict[str, Any]:
-        return engine_of(request).status()
+    def status(engine: Engine = Depends(readable)) -> dict[str, Any]:
+        return engine.status()
 
     @app.get("/v1/config")
-    def run_config(request: Request) -> dict[str, Any]:
-        return engine_of(request).config.model_dump()
+    def run_config(engine: Engine = Depends(readable)) -> dict[str, Any]:
+        return engine.config.model_dump()
 
     @app.get("/v1/summary")
-    def summary(request: Request) -> dict[str, Any]:
-        return engine_of(request).summary()
+    def summary(engine: Engine = Depends(readable)) -> dict[str, Any]:
+        return engine.summary()
 
     @app.post("/v1/stop")
     def stop(request: Request, reason: str = "operator request", authorization: str = Header(default="")) -> dict[str, Any]:

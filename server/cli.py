@@ -63,6 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "default: a random one written to OUT/admin.token")
     sec.add_argument("--insecure", action="store_true",
                      help="accept agents without a join token (trusted networks only)")
+    sec.add_argument("--protect-reads", action="store_true",
+                     help="the read endpoints (status, workers, config, summary, metrics) need the join or "
+                          "the admin token as a bearer token; /healthz stays open [HERMES_PROTECT_READS]")
     sec.add_argument("--ssl-certfile", metavar="PEM", help="TLS certificate of the control plane")
     sec.add_argument("--ssl-keyfile", metavar="PEM", help="private key of --ssl-certfile")
     sec.add_argument("--ssl-ca-certfile", metavar="PEM",
@@ -154,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     if args.insecure:
         fields["insecure"] = True
+    if args.protect_reads:
+        fields["protect_reads"] = True
     if args.resume:
         if args.checkpoint_dir and args.checkpoint_dir != args.resume:
             print("hermes-server: --resume DIR continues checkpointing in DIR; drop --checkpoint-dir",

@@ -82,6 +82,9 @@ class ServerMetrics:
             ["limit"], registry=r,
         )
         self.workers_lost = Counter("hermes_workers_lost_total", "Workers marked lost after heartbeat silence", registry=r)
+        self.reads_refused = Counter("hermes_reads_refused_total",
+                                     "Read requests refused for a missing or wrong token (protect_reads)",
+                                     ["endpoint"], registry=r)
         self.heartbeats = Counter("hermes_heartbeats_total", "Control-plane heartbeats received", registry=r)
         self.checkpoints = Counter("hermes_checkpoints_total", "Checkpoints written", registry=r)
 

@@ -98,6 +98,35 @@ def test_insecure_server_lets_anyone_join(server_factory):
     w.pull()
 
 
+READS = ("/v1/status", "/v1/workers", "/v1/config", "/v1/summary", "/metrics")
+
+
+def test_read_endpoints_are_open_by_default(live_server):
+    for path in READS + ("/healthz",):
+        assert httpx.get(live_server.url + path, timeout=10).status_code == 200, path
+
+
+def test_protected_reads_need_the_join_or_the_admin_token(server_factory):
+    srv = server_factory("--protect-reads", http_kwargs={"headers": {"Authorization": f"Bearer {ADMIN_TOKEN}"}})
+    for path in READS:
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {JOIN_TOKEN}"}):
+            r = httpx.get(srv.url + path, headers=headers, timeout=10)
+            assert r.status_code == 401 and r.headers.get("www-authenticate") == "Bearer", (path, r.text)
+        for token in (JOIN_TOKEN, ADMIN_TOKEN):
+            assert httpx.get(srv.url + path, headers={"Authorization": f"Bearer {token}"},
+                             timeout=10).status_code == 200, path
+    # Liveness probes need no secret; it tells nothing beyond the version.
+    assert httpx.get(srv.url + "/healthz", timeout=10).status_code == 200
+    assert srv.counter("hermes_reads_refused_total", endpoint="/v1/status") == 3
+    assert "read of /v1/summary from 127.0.0.1 refused" in srv.log_text()
+    assert JOIN_TOKEN not in srv.log_text() and ADMIN_TOKEN not in srv.log_text()
+    # An agent reads status with its join token.
+    control = ControlClient(srv.url, join_token=JOIN_TOKEN, retries=0)
+    assert control.status()["model_version"] >= 0
+    with pytest.raises(RemoteError):
+        ControlClient(srv.url, join_token=None, retries=0).status()
+
+
 # ---------------------------------------------------------------------------
 # the data plane
 

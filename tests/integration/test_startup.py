@@ -119,6 +119,10 @@ def test_server_refuses_to_start_without_a_join_token(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "hermes.server.cli", "--port", str(_free_port())],
                           capture_output=True, text=True, timeout=60, env={**env, "HERMES_JOIN_TOKEN": "abc"})
     assert proc.returncode == 2 and "join_token must be at least 16" in proc.stderr
+    # Protected reads with no token to check them against cannot work.
+    proc = subprocess.run([sys.executable, "-m", "hermes.server.cli", "--port", str(_free_port()), "--insecure",
+                           "--protect-reads"], capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == 2 and "protect_reads needs a join token or an admin token" in proc.stderr
 
 
 def test_agent_exits_nonzero_when_server_unreachable() -> None:
