@@ -36,6 +36,7 @@ from hermes.client.transport import (
     DataClient,
     RemoteError,
     RequestCancelled,
+    RunOver,
     ServerUnreachable,
     StopRequested,
     TrafficCounter,
@@ -140,11 +141,17 @@ class Agent:
         self.cancel.set()
 
     def _register(self) -> dict:
-        reg = self.control.register(
-            name=self.options.name, threads=self.options.threads, device=self.device.type,
-            slowdown=self.options.slowdown,
-            hints=self._hints(),
-        )
+        try:
+            reg = self.control.register(
+                name=self.options.name, threads=self.options.threads, device=self.device.type,
+                slowdown=self.options.slowdown,
+                hints=self._hints(),
+            )
+        except RemoteError as exc:
+            if exc.code == "http_410":
+                self.stop_reason = "the server's run is over"
+                raise RunOver(f"the server's run is over ({exc.message})") from None
+            raise
         self.worker_id, self.token = reg["worker_id"], reg["token"]
         self.rendezvous = reg.get("collective")
         self.clock = ServerClock(reg.get("server_time_ms"))

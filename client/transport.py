@@ -58,6 +58,10 @@ class StopRequested(Exception):
     """The agent was told to stop (SIGTERM, Ctrl-C) while it waited for the server."""
 
 
+class RunOver(StopRequested):
+    """The server refused a registration because its run has ended (target reached, stopped)."""
+
+
 class RequestCancelled(Exception):
     """A data-plane wait was cut short by the agent (stopping, or its registration is gone)."""
 

@@ -240,8 +240,11 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         if body.protocol_version != PROTOCOL_VERSION:
             engine.metrics.registrations.labels(outcome="bad_protocol").inc()
             raise HTTPException(426, f"protocol version {body.protocol_version} unsupported; server speaks {PROTOCOL_VERSION}")
+        if engine.stopping and not engine.shutting_down:
+            # 410, not 503: the run is over and will not come back; agents stop instead of retrying.
+            raise HTTPException(410, f"the run is over: {engine.stop_reason}")
         if engine.stopping:
-            raise HTTPException(503, "the run is stopping")
+            raise HTTPException(503, "the server is shutting down")
         try:
             rec, rejoined = engine.register(
                 body.name, threads=body.threads, device=body.device, slowdown=body.slowdown, hints=dict(body.hints)

@@ -46,7 +46,7 @@ import torch
 from hermes.common.allocation import AllocatorStateError
 from hermes.common.wire import Payload, ProtocolError, dtype_from_name, dtype_name
 from hermes.server.aio import cancel_and_wait
-from hermes.server.evaluator import Evaluation
+from hermes.server.evaluator import Evaluation, TargetReached
 
 if TYPE_CHECKING:
     from hermes.server.engine import Engine
@@ -320,11 +320,12 @@ class Checkpointer:
         async with engine._step:  # no fold in between: model, version and queue agree
             version, flat = engine.state.snapshot(torch.float32)
             meta = self._metadata(version)
+            best = engine.evaluator.best_model()
             old_journal = self.journal
             # Folds after this point belong to the new checkpoint's journal.
             self.journal = Journal(self._journal_path(version), fsync=True) if self.durable_acks else None
         try:
-            await asyncio.to_thread(self._write, version, flat, meta)
+            await asyncio.to_thread(self._write, version, flat, meta, None if best is None else best[1])
         finally:
             if old_journal is not None and old_journal is not self.journal:
                 old_journal.close()
@@ -350,13 +351,18 @@ class Checkpointer:
             "allocator": e.allocator.state_dict(),
             "workers": e.registry.identities(),
             "evaluations": [asdict(ev) for ev in e.evaluator.history],
+            # The best model's weights sit beside the model in the tensor file ("best").
+            "best_evaluation": None if e.evaluator.best is None else asdict(e.evaluator.best),
+            "target_reached": None if e.target_reached is None else asdict(e.target_reached),
             "message_counts": dict(e.message_counts),
             "elapsed_seconds": time.time() - e.started_at,
         }
 
-    def _write(self, version: int, flat: torch.Tensor, meta: dict[str, Any]) -> None:
-        write_tensors(self._model_path(version), {"model": flat, "baseline": self.engine.state.baseline},
-                      {"version": str(version)})
+    def _write(self, version: int, flat: torch.Tensor, meta: dict[str, Any], best: torch.Tensor | None = None) -> None:
+        tensors = {"model": flat, "baseline": self.engine.state.baseline}
+        if best is not None:
+            tensors["best"] = best
+        write_tensors(self._model_path(version), tensors, {"version": str(version)})
         _write_atomic(self.dir / META, lambda fh: fh.write(json.dumps(meta, indent=1).encode()))
         # Only now is everything older unneeded.
         for old in list(self.dir.glob("model-*.safetensors")) + list(self.dir.glob("journal-*.log")):
@@ -383,6 +389,22 @@ class Checkpointer:
         # Every known id, not only those active at the checkpoint: one restored by an
         # earlier resume may be a member still, and forgetting a stranger is a no-op.
         e.expect_rejoin(str(w["id"]) for w in workers)
+
+    def _restore_target(self, reached: dict[str, Any] | None) -> None:
+        """A run that had reached its target before the restart is over: it stops again at once.
+
+        Unless the resumed run asks for more (a higher target, or none at all:
+        the operator resumed it to train on).
+        """
+        e = self.engine
+        target = e.config.target_accuracy
+        if reached is None or target is None or reached["accuracy"] < target:
+            if reached is not None:
+                log.info("the run had reached accuracy %.4f before the restart; the resumed run's target is %s, "
+                         "so it trains on", reached["accuracy"], target)
+            return
+        e.target_reached = TargetReached(**reached)
+        e.request_stop(f"target accuracy {target} was reached at version {reached['version']} before the restart")
 
     def _restore(self, meta: dict[str, Any]) -> None:
         e = self.engine
@@ -418,6 +440,9 @@ class Checkpointer:
         e.evaluator.history.extend(Evaluation(**ev) for ev in meta["evaluations"])
         if e.evaluator.history:
             e.evaluator.latest = e.evaluator.history[-1]
+        if meta.get("best_evaluation") is not None and "best" in tensors:
+            e.evaluator.restore_best(Evaluation(**meta["best_evaluation"]), tensors["best"])
+        self._restore_target(meta.get("target_reached"))
         e.message_counts.update(meta.get("message_counts", {}))
         e.started_at = time.time() - float(meta.get("elapsed_seconds", 0.0))
         e.metrics.model_version.set(e.state.version)

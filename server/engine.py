@@ -49,7 +49,7 @@ from hermes.common.wire import (
 from hermes.server.auth import ReplayGuard
 from hermes.server.checkpoint import write_tensors
 from hermes.server.coordinator import Coordinator
-from hermes.server.evaluator import Evaluation, Evaluator
+from hermes.server.evaluator import Evaluation, Evaluator, TargetReached
 from hermes.server.events import EventLog
 from hermes.server.kafka_publish import KafkaOptions, publish_stores
 from hermes.server.lossprobe import LossProbe
@@ -86,23 +86,6 @@ class _Held:
     payload: Payload | None
     reply: asyncio.Future
     candidate_loss: float | None = None
-
-
-@dataclass(frozen=True)
-class TargetReached:
-    """The evaluation that reached the run's target accuracy."""
-
-    version: int
-    accuracy: float
-    # Since the run started (Engine.started_at), on the server's clock.
-    seconds: float
-    # Wall-clock time of that evaluation (time.time()), like the status's evaluation "at":
-    # a launcher on the same machine measures time to target from its own origin with it.
-    at: float
-
-    def public(self) -> dict[str, Any]:
-        return {"version": self.version, "accuracy": self.accuracy, "seconds": round(self.seconds, 3),
-                "at": round(self.at, 6)}
 
 
 @dataclass(frozen=True)
@@ -177,6 +160,7 @@ class Engine:
         self.stopping = False
         self.stop_reason = ""
         self.target_reached: TargetReached | None = None
+        self._background: set[asyncio.Task] = set()
         # The loop that owns the held replies: evaluations run in the
         # evaluator's thread and must hand a stop over to it (set in start()).
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -304,6 +288,26 @@ class Engine:
                  target, ev.accuracy, ev.version, reached.seconds)
         self.events.emit("target_reached", target_accuracy=target, **reached.public())
         self._on_loop(self.request_stop, f"target accuracy {target} reached at version {ev.version}")
+        if self.checkpoints is not None:
+            # The outcome and the best model are durable at once: a server killed before its
+            # shutdown checkpoint resumes as a finished run, not as one that trains on.
+            self._on_loop(self._checkpoint_soon, "target reached")
+
+    def _checkpoint_soon(self, reason: str) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop (engine driven by hand in tests): the shutdown checkpoint will do
+            return
+        task = loop.create_task(self._checkpoint_quietly(reason))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _checkpoint_quietly(self, reason: str) -> None:
+        try:
+            await self.checkpoints.save(reason)
+        except Exception as exc:  # a full disk must not take the server down
+            log.error("checkpoint (%s) failed: %s", reason, exc)
+            self.events.emit("checkpoint_failed", error=str(exc)[:500])
 
     def _on_loop(self, fn: Callable[..., object], *args: Any) -> None:
         """Run ``fn`` on the engine's event loop: held replies are futures of that loop."""

@@ -33,6 +33,23 @@ class Evaluation:
     at: float
 
 
+@dataclass(frozen=True)
+class TargetReached:
+    """The evaluation that reached the run's target accuracy."""
+
+    version: int
+    accuracy: float
+    # Since the run started (Engine.started_at), on the server's clock.
+    seconds: float
+    # Wall-clock time of that evaluation (time.time()), like the status's evaluation "at":
+    # a launcher on the same machine measures time to target from its own origin with it.
+    at: float
+
+    def public(self) -> dict[str, Any]:
+        return {"version": self.version, "accuracy": self.accuracy, "seconds": round(self.seconds, 3),
+                "at": round(self.at, 6)}
+
+
 class Evaluator:
     def __init__(
         self,
@@ -96,6 +113,12 @@ class Evaluator:
             if self.best is None or self._best_flat is None:
                 return None
             return self.best, self._best_flat
+
+    def restore_best(self, ev: Evaluation, flat: torch.Tensor) -> None:
+        """The best model of the run before a restart (from its checkpoint)."""
+        with self._lock:
+            if self.best is None or ev.accuracy > self.best.accuracy:
+                self.best, self._best_flat = ev, flat
 
     @torch.inference_mode()
     def evaluate_now(self) -> Evaluation:

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import torch
 from hermes.common.config import RunConfig
@@ -26,7 +27,7 @@ from hermes.server.evaluator import Evaluator
 from hermes.server.shardstore import load_splits
 from hermes.server.state import ModelState
 
-from tests.conftest import JOIN_TOKEN, running_server
+from tests.conftest import JOIN_TOKEN, _server_env, free_ports, running_server
 
 pytestmark = pytest.mark.integration
 
@@ -85,7 +86,13 @@ def test_server_stops_at_target_and_keeps_the_best_model(tmp_path: Path) -> None
         assert srv.healthz()["model_version"] == version
         r = srv.http.post(srv.url + "/v1/workers/register", json={"name": "late"},
                           headers={"Authorization": f"Bearer {JOIN_TOKEN}"})
-        assert r.status_code == 503
+        assert r.status_code == 410 and "the run is over" in r.json()["detail"]
+        # An agent that comes late (or reconnects after the stop) is told so and exits 0, not 3.
+        t0 = time.monotonic()
+        late = _agent(srv.url, "late", tmp_path / "late.log")
+        assert late.wait(timeout=60) == 0, (tmp_path / "late.log").read_text(errors="replace")[-2000:]
+        assert time.monotonic() - t0 < 30  # no retries with backoff against a finished run
+        assert "the server's run is over" in (tmp_path / "late.log").read_text(errors="replace")
         live = srv.get_json("/v1/summary")
         assert live["best_accuracy"] >= reached["accuracy"] and live["outcome"] == "target_reached"
     # running_server sent SIGTERM and checked the clean exit and server_summary.json.
@@ -126,3 +133,74 @@ def test_server_stops_at_target_and_keeps_the_best_model(tmp_path: Path) -> None
     end = next(e for e in events if e["event"] == "run_end")
     assert (end["best_version"], end["best_accuracy"]) == (summary["best_version"], summary["best_accuracy"])
     assert "target accuracy 0.3 reached" in srv.log_text()
+
+
+def _start_finished(ckpt: Path, out: Path, *flags: str) -> tuple[subprocess.Popen, str]:
+    """A resumed server whose run is over: running_server's probe registration would be refused."""
+    port, data_port = free_ports(2)
+    out.mkdir(parents=True)
+    log = open(out / "server.log", "wb")  # noqa: SIM115 - the process holds it
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hermes.server.cli", "--host", "127.0.0.1", "--port", str(port),
+         "--data-host", "127.0.0.1", "--data-port", str(data_port), "--advertise-host", "127.0.0.1",
+         "--preset", "asp", "--out", str(out), "--resume", str(ckpt), *flags],
+        stdout=log, stderr=subprocess.STDOUT, env=_server_env())
+    url = f"http://127.0.0.1:{port}"
+
+    def healthy() -> bool:
+        assert proc.poll() is None, (out / "server.log").read_text(errors="replace")[-3000:]
+        try:
+            return httpx.get(url + "/healthz", timeout=1.0).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    _wait_for(healthy, 60, "the resumed server")
+    return proc, url
+
+
+def test_a_finished_run_stays_finished_across_a_restart(tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    with running_server(tmp_path / "first", "--target-accuracy", str(TARGET), "--checkpoint-dir", str(ckpt),
+                        "--checkpoint-interval", "3600", sets=("eval_interval_seconds=0.3",),
+                        check_exit=False) as first:
+        agents = [_agent(first.url, f"agent-{i}", tmp_path / f"agent-{i}.log") for i in range(2)]
+        try:
+            reached = _wait_for(lambda: first.get_json("/v1/status")["target_reached_at"], 90, "the target")
+            # Written when the target was reached, not only at shutdown.
+            meta = _wait_for(lambda: (m := json.loads((ckpt / "checkpoint.json").read_text()))["target_reached"]
+                             and m, 30, "a checkpoint that knows the target was reached")
+            best = first.get_json("/v1/status")
+        finally:
+            for a in agents:
+                try:
+                    a.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    a.kill()
+                    a.wait(timeout=10)
+        first.proc.kill()  # no shutdown checkpoint: only what was already durable survives
+        first.proc.wait(timeout=10)
+    assert meta["target_reached"]["version"] == reached["version"]
+    assert meta["best_evaluation"]["accuracy"] >= reached["accuracy"]
+
+    # Same target: the resumed run is over at once, and says so to an agent that reconnects.
+    proc, url = _start_finished(ckpt, tmp_path / "second", "--target-accuracy", str(TARGET))
+    try:
+        status = httpx.get(url + "/v1/status", timeout=10).json()
+        assert status["outcome"] == "target_reached" and status["stopping"], status
+        assert status["target_reached_at"]["version"] == reached["version"]
+        assert status["best_accuracy"] == meta["best_evaluation"]["accuracy"]
+        late = _agent(url, "agent-0", tmp_path / "late.log")
+        assert late.wait(timeout=60) == 0, (tmp_path / "late.log").read_text(errors="replace")[-2000:]
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=60) in (0, -15)
+    # The best model survived the restart with its weights: the resumed server writes it again.
+    restored = read_tensor_metadata(tmp_path / "second" / "model-best.safetensors")
+    assert int(restored["version"]) == meta["best_evaluation"]["version"]
+    assert float(restored["accuracy"]) == meta["best_evaluation"]["accuracy"] == best["best_accuracy"]
+
+    # A higher target: the operator resumed it to train on.
+    with running_server(tmp_path / "third", "--resume", str(ckpt), "--target-accuracy", "0.99") as third:
+        status = third.get_json("/v1/status")
+        assert status["outcome"] == "running" and not status["stopping"]
+        assert status["best_accuracy"] >= meta["best_evaluation"]["accuracy"]
