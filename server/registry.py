@@ -18,6 +18,11 @@ class RegistryFull(Exception):
     """max_workers reached."""
 
 
+# Counted by the server itself (data plane, per reported cycle): a checkpoint keeps them.
+SERVER_COUNTERS = ("pushes", "applied", "rejected", "pulls", "messages", "server_bytes_in", "server_bytes_out",
+                   "cycles", "gate_pushes", "gate_skips")
+
+
 @dataclass
 class WorkerRecord:
     id: str
@@ -216,15 +221,27 @@ class Registry:
         return rec
 
     def identities(self) -> list[dict[str, Any]]:
-        """Ids and names for a checkpoint; never the secrets (a restarted server issues new ones)."""
-        return [{"id": r.id, "name": r.name, "joined_at": r.joined_at} for r in self._by_id.values()]
+        """Ids, names and the server's own counts for a checkpoint; never the secrets
+        (a restarted server issues new ones). What agents report is cumulative on
+        their side and comes back with their next report."""
+        return [{"id": r.id, "name": r.name, "joined_at": r.joined_at,
+                 "counters": {k: getattr(r, k) for k in SERVER_COUNTERS},
+                 "cycle_log": [list(c) for c in r.cycle_log],
+                 "workload_history": [list(w) for w in r.workload_history]}
+                for r in self._by_id.values()]
 
     def restore(self, identities: list[dict[str, Any]]) -> None:
-        """Known names keep their ids across a restart, as ``lost`` until they register again."""
+        """Known names keep their ids and counts across a restart, as ``lost`` until they register again."""
         with self._lock:
             for ident in identities:
                 rec = WorkerRecord(id=str(ident["id"]), name=str(ident["name"]), token=new_secret(),
                                    joined_at=float(ident.get("joined_at", 0.0)), state="lost")
+                # Checkpoints of older servers hold ids and names only.
+                for key, value in (ident.get("counters") or {}).items():
+                    if key in SERVER_COUNTERS:
+                        setattr(rec, key, int(value))
+                rec.cycle_log = [tuple(c) for c in ident.get("cycle_log", [])][-CYCLE_LOG:]
+                rec.workload_history = [(float(t), int(d), int(m)) for t, d, m in ident.get("workload_history", [])]
                 self._by_id[rec.id] = rec
                 self._by_name[rec.name] = rec.id
 

@@ -143,6 +143,10 @@ def test_sigkill_then_resume_keeps_every_acknowledged_update(tmp_path, durable):
     # SIGTERM wrote a final checkpoint at the last version.
     meta = json.loads((ckpt / "checkpoint.json").read_text())
     assert meta["version"] == version + 1
+    # The server's own counts are checkpointed too (as of the checkpoint: the journal holds updates only).
+    (survivor,) = [ident for ident in meta["workers"] if ident["id"] == w.id]
+    assert survivor["counters"]["pushes"] == 1 and survivor["counters"]["applied"] == 1
+    assert survivor["counters"]["pulls"] >= 1
     assert {p.name for p in ckpt.iterdir()} == {"checkpoint.json", f"model-{version + 1}.safetensors",
                                                 f"journal-{version + 1}.log"}
 
