@@ -49,4 +49,7 @@ def test_with_faults_to_inject_the_testbed_keeps_the_target_to_itself(tmp_path):
     bed = _bed(tmp_path, "--target-accuracy", "0.9", "--chaos", "kill-agent:2@v3")
     status = {"outcome": "running", "target_accuracy": None, "target_reached_at": None,
               "evaluation": {"accuracy": 0.93, "at": 104.0, "version": 9}}
+    # Faults first: the target does not count while one is still to fire.
+    assert bed._target_reached(status, t0=100.0) is None
+    bed.chaos.clear()  # what run_chaos does as they fire
     assert bed._target_reached(status, t0=100.0) == 104.0
