@@ -18,7 +18,10 @@ by the world size. ``mean`` weighs every rank 1 (plain averaging, DP-SGD) and
 The same buffer carries a stop flag: a worker that must stop says so in its
 last all-reduce and every rank stops after the same step, so nobody is left
 waiting in a collective that will never complete. A rank that dies makes the
-others' all-reduce fail within the group timeout (a clear error, no hang).
+others' all-reduce fail within the group timeout (a clear error, no hang);
+the agent then destroys the group and, unless regrouping is off, asks the
+server for the next generation (``Rendezvous.generation``), whose ranks
+rendezvous under their own store prefix and start from rank 0's replica.
 """
 
 from __future__ import annotations
@@ -46,14 +49,30 @@ class Rendezvous:
     master_addr: str
     master_port: int
     timeout_seconds: float
+    generation: int = 0
+    # Keys of this generation's rendezvous live under it, so a broken group's leftovers are never read.
+    store_prefix: str = ""
 
     @classmethod
     def from_reply(cls, body: dict) -> "Rendezvous":
+        field_name = "?"
         try:
-            return cls(int(body["rank"]), int(body["world_size"]), str(body["master_addr"]),
-                       int(body["master_port"]), float(body["timeout_seconds"]))
+            values = []
+            for field_name, kind in (("rank", int), ("world_size", int), ("master_addr", str),
+                                     ("master_port", int), ("timeout_seconds", float)):
+                values.append(kind(body[field_name]))
+            field_name = "generation"
+            generation = int(body.get("generation", 0))
+            field_name = "store_prefix"
+            prefix = str(body.get("store_prefix", ""))
         except (KeyError, TypeError, ValueError) as exc:
-            raise CollectiveError(f"server sent an unusable rendezvous {body!r}: {exc}") from None
+            raise CollectiveError(f"server sent an unusable rendezvous (field {field_name!r}): {body!r}: "
+                                  f"{exc}") from None
+        rv = cls(*values, generation=generation, store_prefix=prefix)
+        if not 0 <= rv.rank < rv.world_size:
+            raise CollectiveError(f"server sent an unusable rendezvous (field 'rank'): {rv.rank} not in "
+                                  f"0..{rv.world_size - 1}")
+        return rv
 
 
 def backend_for(device: torch.device) -> str:
@@ -68,7 +87,10 @@ class CollectiveGroup:
         self.device = device
         timeout = timedelta(seconds=rv.timeout_seconds)
         try:
-            store = dist.TCPStore(rv.master_addr, rv.master_port, rv.world_size, is_master=False, timeout=timeout)
+            store: dist.Store = dist.TCPStore(rv.master_addr, rv.master_port, rv.world_size, is_master=False,
+                                              timeout=timeout)
+            if rv.store_prefix:
+                store = dist.PrefixStore(rv.store_prefix, store)
             dist.init_process_group(backend_for(device), store=store, rank=rv.rank, world_size=rv.world_size,
                                     timeout=timeout)
         except (RuntimeError, ValueError) as exc:
@@ -76,8 +98,8 @@ class CollectiveGroup:
                                   f"as rank {rv.rank}/{rv.world_size}: {exc}") from None
         self.reduced_bytes = 0
         self.allreduces = 0
-        log.info("joined the process group: rank %d of %d (%s) at %s:%d", rv.rank, rv.world_size,
-                 backend_for(device), rv.master_addr, rv.master_port)
+        log.info("joined the process group: rank %d of %d (%s, generation %d) at %s:%d", rv.rank,
+                 rv.world_size, backend_for(device), rv.generation, rv.master_addr, rv.master_port)
 
     def broadcast_model(self, model: nn.Module) -> None:
         """Replicas start from rank 0's weights."""
@@ -125,4 +147,8 @@ class CollectiveGroup:
 
     def close(self) -> None:
         if dist.is_initialized():
-            dist.destroy_process_group()
+            try:
+                dist.destroy_process_group()
+            except (RuntimeError, dist.DistBackendError) as exc:
+                # A broken group may fail to tear down cleanly; the next one is built from scratch.
+                log.info("destroying the process group: %s", exc)
