@@ -134,6 +134,9 @@ class Agent:
         self._last_report = 0.0
         self._last_progress = 0.0
         self._carry: tuple[np.ndarray, np.ndarray] | None = None
+        # Topology collective: the current generation's group and the all-reduce bytes of earlier ones.
+        self.group: CollectiveGroup | None = None
+        self._reduced_before = 0
 
     def request_stop(self, reason: str) -> None:
         self.stop_reason = reason
@@ -329,7 +332,6 @@ class Agent:
         regrouping is off: then the CollectiveError ends the agent.
         """
         self._power = 1.0
-        self._reduced_before = 0
         while True:
             group: CollectiveGroup | None = None
             try:
@@ -343,7 +345,6 @@ class Agent:
             finally:
                 if group is not None:
                     self._reduced_before += group.reduced_bytes
-                    self.collective_bytes = self._reduced_before
                     self.group = None
                     group.close()
             rv = self._regroup(rv, failure)
@@ -564,9 +565,8 @@ class Agent:
             body["cycle"] = cycle
         if memory_profile is not None:
             body["memory_profile"] = [list(p) for p in memory_profile]
-        group = getattr(self, "group", None)
-        if group is not None or hasattr(self, "collective_bytes"):
-            body["collective_bytes"] = getattr(self, "_reduced_before", 0) + (group.reduced_bytes if group else 0)
+        if self.rendezvous:
+            body["collective_bytes"] = self._reduced_before + (self.group.reduced_bytes if self.group else 0)
         try:
             reply = self.data.request(MsgType.REPORT_STATS, body, timeout=5.0 if final else None)
             return bool(reply.header.body.get("stop"))

@@ -27,9 +27,9 @@ rendezvous under their own store prefix and start from rank 0's replica.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Sequence
 
 import torch
 import torch.distributed as dist
@@ -54,7 +54,7 @@ class Rendezvous:
     store_prefix: str = ""
 
     @classmethod
-    def from_reply(cls, body: dict) -> "Rendezvous":
+    def from_reply(cls, body: dict) -> Rendezvous:
         field_name = "?"
         try:
             values = []

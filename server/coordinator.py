@@ -15,12 +15,15 @@ rendezvouses under its own store prefix (``gen{g}/``) on the same TCPStore,
 so keys a broken group left behind cannot be read by the next one.
 
 This class is synchronous and takes the time as an argument: the engine
-drives it from the event loop, the tests drive it with a fake clock.
+drives it from the event loop, the tests drive it with a fake clock. A lock
+guards it because registrations arrive on FastAPI's thread pool while
+regroup reports arrive on the event loop.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -88,6 +91,7 @@ class Coordinator:
         self.pending: _Pending | None = None
         # Set when the survivors were too few: later reports get the same answer.
         self.failed: str | None = None
+        self._lock = threading.RLock()
         log.info("collective rendezvous store on %s:%d for %d ranks", bind_host, self.port, world_size)
 
     @property
@@ -104,73 +108,80 @@ class Coordinator:
         Only generation 0 admits new workers: a replacement agent cannot join a
         running group (its replica, data position and step count would not match).
         """
-        gen = self.generation
-        if name in gen.members:
-            return gen.members.index(name)
-        if gen.number > 0 or self.pending is not None:
-            raise GroupRunning(f"the collective group is running (generation {gen.number}, {gen.world_size} ranks) "
-                            "and admits no new or returning workers; start a new run to add agents")
-        if len(gen.members) >= gen.world_size:
-            raise GroupFull(f"all {gen.world_size} ranks of the collective group are taken")
-        self.generation = Generation(0, gen.world_size, gen.members + (name,))
-        return len(gen.members)
+        with self._lock:
+            gen = self.generation
+            if name in gen.members:
+                return gen.members.index(name)
+            if gen.number > 0 or self.pending is not None:
+                raise GroupRunning(f"the collective group is running (generation {gen.number}, "
+                                   f"{gen.world_size} ranks) and admits no new or returning workers; "
+                                   "start a new run to add agents")
+            if len(gen.members) >= gen.world_size:
+                raise GroupFull(f"all {gen.world_size} ranks of the collective group are taken")
+            self.generation = Generation(0, gen.world_size, gen.members + (name,))
+            return len(gen.members)
 
     def rendezvous(self, name: str) -> dict[str, Any]:
-        gen = self.generation
-        return {"rank": gen.members.index(name), "world_size": gen.world_size, "master_addr": self.advertise_host,
-                "master_port": self.port, "timeout_seconds": self.timeout_seconds,
-                "generation": gen.number, "store_prefix": gen.store_prefix}
+        with self._lock:
+            gen = self.generation
+            return {"rank": gen.members.index(name), "world_size": gen.world_size, "master_addr": self.advertise_host,
+                    "master_port": self.port, "timeout_seconds": self.timeout_seconds,
+                    "generation": gen.number, "store_prefix": gen.store_prefix}
 
     def mark_dead(self, name: str) -> None:
         """A member left or was marked lost: the open window need not wait for it."""
-        if name in self.generation.members:
-            self.dead.add(name)
+        with self._lock:
+            if name in self.generation.members:
+                self.dead.add(name)
 
     def arrive(self, name: str, failed_generation: int, now: float) -> int:
         """A survivor reports that ``failed_generation`` broke; returns the generation it will join."""
-        if self.failed is not None:
-            raise GroupTooSmall(self.failed)
-        gen = self.generation
-        if name not in gen.members:
-            raise RegroupRefused(f"{name} is not a member of the collective group's generation {gen.number}: "
-                                 "the group re-formed without it")
-        if failed_generation == gen.number - 1 and self.pending is None:
-            return gen.number  # a retried report: this worker is in the generation that formed
-        if failed_generation != gen.number:
-            raise RegroupRefused(f"{name} reports generation {failed_generation} but the group is at "
-                                 f"generation {gen.number}")
-        if self.pending is None:
-            self.pending = _Pending(gen.number + 1, now + self.regroup_seconds)
-            log.warning("collective generation %d broke (reported by %s): waiting up to %.1fs for the survivors",
-                        gen.number, name, self.regroup_seconds)
-        self.pending.arrived.add(name)
-        self.dead.discard(name)
-        return self.pending.target
+        with self._lock:
+            if self.failed is not None:
+                raise GroupTooSmall(self.failed)
+            gen = self.generation
+            if name not in gen.members:
+                raise RegroupRefused(f"{name} is not a member of the collective group's generation {gen.number}: "
+                                     "the group re-formed without it")
+            if failed_generation == gen.number - 1 and self.pending is None:
+                return gen.number  # a retried report: this worker is in the generation that formed
+            if failed_generation != gen.number:
+                raise RegroupRefused(f"{name} reports generation {failed_generation} but the group is at "
+                                     f"generation {gen.number}")
+            if self.pending is None:
+                self.pending = _Pending(gen.number + 1, now + self.regroup_seconds)
+                log.warning("collective generation %d broke (reported by %s): waiting up to %.1fs for the "
+                            "survivors", gen.number, name, self.regroup_seconds)
+            self.pending.arrived.add(name)
+            self.dead.discard(name)
+            return self.pending.target
 
     def due(self, now: float) -> bool:
         """The next generation can form: the window closed, or every member not known dead reported."""
-        p = self.pending
-        if p is None:
-            return False
-        return now >= p.deadline or set(self.generation.members) - self.dead <= p.arrived
+        with self._lock:
+            p = self.pending
+            if p is None:
+                return False
+            return now >= p.deadline or set(self.generation.members) - self.dead <= p.arrived
 
     def seconds_left(self, now: float) -> float:
         return 0.0 if self.pending is None else max(0.0, self.pending.deadline - now)
 
     def form(self) -> Formed:
         """Close the window: the survivors, in their old rank order, become ranks 0..n-1."""
-        assert self.pending is not None
-        old, p = self.generation, self.pending
-        survivors = tuple(m for m in old.members if m in p.arrived)
-        dropped = tuple(m for m in old.members if m not in p.arrived)
-        self.pending = None
-        self.dead = set()
-        if len(survivors) < self.min_world_size:
-            self.failed = (f"the collective group fell to {len(survivors)} rank(s) after generation {old.number} "
-                           f"broke, below collective_min_world_size={self.min_world_size}")
-            log.error("%s; the run ends", self.failed)
-            raise GroupTooSmall(self.failed)
-        self.generation = Generation(p.target, len(survivors), survivors)
-        log.warning("collective generation %d formed with %d rank(s) %s; dropped %s", p.target, len(survivors),
-                    ", ".join(survivors), ", ".join(dropped) or "none")
-        return Formed(self.generation, dropped)
+        with self._lock:
+            assert self.pending is not None
+            old, p = self.generation, self.pending
+            survivors = tuple(m for m in old.members if m in p.arrived)
+            dropped = tuple(m for m in old.members if m not in p.arrived)
+            self.pending = None
+            self.dead = set()
+            if len(survivors) < self.min_world_size:
+                self.failed = (f"the collective group fell to {len(survivors)} rank(s) after generation "
+                               f"{old.number} broke, below collective_min_world_size={self.min_world_size}")
+                log.error("%s; the run ends", self.failed)
+                raise GroupTooSmall(self.failed)
+            self.generation = Generation(p.target, len(survivors), survivors)
+            log.warning("collective generation %d formed with %d rank(s) %s; dropped %s", p.target, len(survivors),
+                        ", ".join(survivors), ", ".join(dropped) or "none")
+            return Formed(self.generation, dropped)

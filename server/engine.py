@@ -364,7 +364,7 @@ class Engine:
                 break
             try:
                 await asyncio.wait_for(formed.wait(), timeout=max(0.01, coord.seconds_left(time.monotonic())))
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
         if coord.failed is not None:
             raise GroupTooSmall(coord.failed)
