@@ -355,8 +355,9 @@ class Agent:
         """The next generation's rendezvous from the server; None when the run is over meanwhile."""
         log.warning("collective generation %d broke (%s); asking the server for the next one", rv.generation, failure)
         try:
+            # The server may wait for a slow survivor up to the group timeout past its window.
             body = self.control.regroup(self.worker_id, self.token, rv.generation,
-                                        wait_seconds=self.config.collective_regroup_seconds)
+                                        wait_seconds=self.config.collective_regroup_seconds + rv.timeout_seconds)
         except RemoteError as exc:
             if exc.code == "http_410":
                 self.stop_reason = f"the server's run is over ({exc.message})"

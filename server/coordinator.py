@@ -8,8 +8,11 @@ to worker (gloo/nccl), never through the server.
 
 Regrouping follows torchrun's elastic rendezvous: the group has a
 *generation*. When a rank dies the survivors report the failed generation
-(``arrive``); the first report opens a window of ``regroup_seconds`` (closed
-early once every member not known dead has reported), and the survivors form
+(``arrive``); the first report opens a window of ``regroup_seconds``. It
+closes early once every member not known dead has reported; past it, the
+server still waits for members it believes alive (they are heartbeating, so
+their own collective will fail and they will report, within the group
+timeout), but no longer than the group timeout. Then the survivors form
 generation g+1 with dense ranks in their old rank order. Each generation
 rendezvouses under its own store prefix (``gen{g}/``) on the same TCPStore,
 so keys a broken group left behind cannot be read by the next one.
@@ -64,7 +67,8 @@ class Generation:
 @dataclass
 class _Pending:
     target: int  # the generation being formed
-    deadline: float
+    deadline: float  # the window: members not reported by then are waited for only while alive
+    hard_deadline: float  # nobody is waited for any longer: a live member's collective has failed by then
     arrived: set[str] = field(default_factory=set)
 
 
@@ -149,23 +153,32 @@ class Coordinator:
                 raise RegroupRefused(f"{name} reports generation {failed_generation} but the group is at "
                                      f"generation {gen.number}")
             if self.pending is None:
-                self.pending = _Pending(gen.number + 1, now + self.regroup_seconds)
+                self.pending = _Pending(gen.number + 1, now + self.regroup_seconds,
+                                        now + self.regroup_seconds + self.timeout_seconds)
                 log.warning("collective generation %d broke (reported by %s): waiting up to %.1fs for the "
                             "survivors", gen.number, name, self.regroup_seconds)
             self.pending.arrived.add(name)
             self.dead.discard(name)
             return self.pending.target
 
-    def due(self, now: float) -> bool:
-        """The next generation can form: the window closed, or every member not known dead reported."""
+    def due(self, now: float, alive: frozenset[str] = frozenset()) -> bool:
+        """The next generation can form: every member not known dead reported, or the window closed
+        and none of the missing ones is ``alive`` (still heartbeating), or the hard deadline passed."""
         with self._lock:
             p = self.pending
             if p is None:
                 return False
-            return now >= p.deadline or set(self.generation.members) - self.dead <= p.arrived
+            missing = set(self.generation.members) - self.dead - p.arrived
+            if not missing or now >= p.hard_deadline:
+                return True
+            return now >= p.deadline and not missing & alive
 
     def seconds_left(self, now: float) -> float:
-        return 0.0 if self.pending is None else max(0.0, self.pending.deadline - now)
+        """Until the next moment ``due`` can change by the clock alone."""
+        p = self.pending
+        if p is None:
+            return 0.0
+        return max(0.0, (p.deadline if now < p.deadline else p.hard_deadline) - now)
 
     def form(self) -> Formed:
         """Close the window: the survivors, in their old rank order, become ranks 0..n-1."""

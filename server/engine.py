@@ -373,7 +373,10 @@ class Engine:
     async def _maybe_form_generation(self) -> bool:
         """Form the next generation if its window is due; True when it did."""
         coord = self.coordinator
-        if coord is None or coord.pending is None or not coord.due(time.monotonic()):
+        if coord is None or coord.pending is None:
+            return False
+        alive = frozenset(r.name for r in self.registry.all() if r.state == "active")
+        if not coord.due(time.monotonic(), alive):
             return False
         formed = self._regrouped.setdefault(coord.pending.target, asyncio.Event())
         try:

@@ -66,6 +66,11 @@ def test_the_window_closes_at_its_deadline_and_leaves_out_who_did_not_report() -
         coord.assign(name)
     coord.arrive("b", 0, now=10.0)
     assert not coord.due(11.9) and coord.due(12.0)
+    # Past the window the server still waits for a member it believes alive (its collective
+    # fails within the group timeout, 5 s here), but not beyond that.
+    assert not coord.due(12.0, alive=frozenset({"a", "b", "c"}))
+    assert coord.seconds_left(12.0) == pytest.approx(5.0)
+    assert coord.due(17.0, alive=frozenset({"a", "b", "c"}))
     formed = coord.form()
     assert formed.generation.members == ("b",) and formed.dropped == ("a", "c")
     # The left-out ones learn it when they report late.

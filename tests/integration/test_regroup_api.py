@@ -20,6 +20,9 @@ def _client(tmp_path, **run: Any) -> TestClient:
     settings = ServerSettings(preset="task-allocation", data_host="127.0.0.1", join_token=JOIN,
                               out_dir=str(tmp_path),
                               run={"topology": "collective", "world_size": 3, "collective_regroup_seconds": 1.0,
+                                   # A silent member still counts as alive (no heartbeat timeout here): the
+                                   # server waits for it up to the group timeout past the window.
+                                   "collective_timeout_seconds": 2.0,
                                    "model": "mlp", **run})
     return TestClient(create_app(settings))
 
@@ -43,7 +46,7 @@ def test_survivors_get_dense_ranks_in_generation_1_and_the_others_are_refused(tm
         def report(name: str) -> None:
             replies[name] = _regroup(client, regs[name], 0)
 
-        # b and c survive (a, rank 0, died silently); the window closes after 1 s without a.
+        # b and c survive (a, rank 0, died silently); the group forms without a after 1 + 2 s.
         threads = [threading.Thread(target=report, args=(n,)) for n in ("c", "b")]
         for t in threads:
             t.start()
