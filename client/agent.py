@@ -20,7 +20,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 import zmq
-from hermes.client.collective import CollectiveError, CollectiveGroup, Rendezvous
+from hermes.client.collective import (
+    CollectiveError,
+    CollectiveGroup,
+    Rendezvous,
+    settle_abandoned,
+)
 from hermes.client.heartbeat import Heartbeat
 from hermes.client.memory_probe import available_memory_bytes, memory_profile
 from hermes.client.prefetch import (
@@ -161,7 +166,7 @@ class Agent:
         self.max_message_bytes = int(reg.get("max_message_bytes", 0)) or 2**62
         self.heartbeat = Heartbeat(self.quick_control, self.worker_id, self.token,
                                    interval=float(reg.get("heartbeat_interval_seconds", 5.0)),
-                                   on_lost=self._registration_lost)
+                                   on_lost=self._registration_lost, on_reply=self._heartbeat_reply)
         self.heartbeat.start()
         return reg
 
@@ -170,6 +175,14 @@ class Agent:
         if self.options.cores:
             hints["cores"] = self.options.cores
         return hints
+
+    def _heartbeat_reply(self, body: dict) -> None:
+        """Heartbeat thread: the server says our collective generation broke (we may be stuck in
+        gloo's recv from a dead peer until the group timeout): give up on it now."""
+        broken = body.get("collective_broken")
+        group = self.group
+        if isinstance(broken, int) and group is not None and group.rv.generation == broken:
+            group.abort(f"the server reports that collective generation {broken} broke")
 
     def _registration_lost(self, reason: str) -> None:
         log.warning("%s; will register again", reason)
@@ -233,6 +246,8 @@ class Agent:
             except Exception as exc:  # the server may be gone already
                 log.info("could not say goodbye to the server: %s", exc)
             self._ctx.term()
+            # A generation abandoned on the server's word may still hold a failing collective.
+            settle_abandoned(self.config.collective_timeout_seconds + 5.0)
             self._progress(force=True)
             if opts.progress and sys.stderr.isatty():
                 sys.stderr.write("\n")

@@ -310,7 +310,13 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
             raise HTTPException(410, f"worker {worker_id} is {rec.state}; register again")
         rec.last_seen = time.time()
         engine.metrics.heartbeats.inc()
-        return {"state": rec.state, "model_version": engine.state.version, "stop": engine.stopping}
+        reply = {"state": rec.state, "model_version": engine.state.version, "stop": engine.stopping}
+        broken = engine.broken_generation_for(rec)
+        if broken is not None:
+            # Topology collective: the group is re-forming without this worker's report yet;
+            # it may be stuck in a collective that will only time out.
+            reply["collective_broken"] = broken
+        return reply
 
     @app.post("/v1/workers/{worker_id}/leave")
     async def leave(worker_id: str, request: Request, x_hermes_token: str = Header(default="")) -> dict[str, Any]:

@@ -132,6 +132,14 @@ class Coordinator:
                     "master_port": self.port, "timeout_seconds": self.timeout_seconds,
                     "generation": gen.number, "store_prefix": gen.store_prefix}
 
+    def broken_generation(self, name: str) -> int | None:
+        """The generation being replaced, if ``name`` is one of its members that has not reported yet."""
+        with self._lock:
+            p = self.pending
+            if p is None or name in p.arrived or name not in self.generation.members:
+                return None
+            return self.generation.number
+
     def mark_dead(self, name: str) -> None:
         """A member left or was marked lost: the open window need not wait for it."""
         with self._lock:

@@ -342,6 +342,9 @@ class Engine:
     def collective_for(self, rec: WorkerRecord) -> dict[str, Any] | None:
         return None if self.coordinator is None else self.coordinator.rendezvous(rec.name)
 
+    def broken_generation_for(self, rec: WorkerRecord) -> int | None:
+        return None if self.coordinator is None else self.coordinator.broken_generation(rec.name)
+
     async def regroup(self, worker_id: str, failed_generation: int) -> dict[str, Any]:
         """A survivor of a broken collective generation: wait for the next one and return its rendezvous.
 

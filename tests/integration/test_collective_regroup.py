@@ -13,6 +13,7 @@ import json
 import multiprocessing as mp
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -46,11 +47,14 @@ def test_survivors_form_the_next_generation_with_dense_ranks_and_a_fresh_prefix(
     assert coord.arrive("d", 0, now=100.0) == 1
     assert coord.arrive("b", 0, now=100.5) == 1
     assert not coord.due(101.0)  # a and c may still come
+    # Their heartbeats say so: they may be stuck in a collective that only times out.
+    assert (coord.broken_generation("a"), coord.broken_generation("d")) == (0, None)
     coord.mark_dead("c")  # the heartbeat monitor: c is gone, no need to wait for it
     assert not coord.due(101.0)
     assert coord.arrive("a", 0, now=101.0) == 1
     assert coord.due(101.0)  # every member not known dead has reported: no need to wait out the window
     formed = coord.form()
+    assert coord.broken_generation("a") is None
     assert formed.dropped == ("c",)
     assert formed.generation.members == ("a", "b", "d")  # the old rank order, re-numbered densely
     assert [coord.rendezvous(n)["rank"] for n in ("a", "b", "d")] == [0, 1, 2]
@@ -225,3 +229,45 @@ def test_survivors_of_a_killed_rank_reform_generation_1_and_keep_training_exactl
     for g in gen1:
         assert torch.allclose(g["after"], expected, atol=1e-6, rtol=1e-5), float((g["after"] - expected).abs().max())
     assert torch.equal(gen1[0]["after"], gen1[1]["after"])  # identical replicas, bit for bit
+
+
+def _stuck_rank(rank: int, port: int, out: str) -> None:
+    """Rank 0 waits in an all-reduce that rank 1 (alive, silent) never joins, until the server-side
+    abort; then it forms the next generation alone in the same process."""
+    from hermes.client.collective import CollectiveError, CollectiveGroup, Rendezvous
+
+    torch.set_num_threads(1)
+    group = CollectiveGroup(Rendezvous(rank, 2, "127.0.0.1", port, 60.0, 0, "gen0/"), torch.device("cpu"))
+    if rank == 1:
+        time.sleep(30)  # alive, heartbeating as far as anyone knows, never in the collective
+        return
+    params = list(_model().parameters())
+    threading.Timer(1.0, group.abort, args=("the server reports that collective generation 0 broke",)).start()
+    t0 = time.monotonic()
+    try:
+        group.reduce_gradients(params, 1.0, False)
+        raise AssertionError("the all-reduce completed without its peer")
+    except CollectiveError as exc:
+        waited, message = time.monotonic() - t0, str(exc)
+    group.close()  # must not wait for the abandoned all-reduce's 60 s timeout
+    closed = time.monotonic() - t0
+    nxt = CollectiveGroup(Rendezvous(0, 1, "127.0.0.1", port, 60.0, 1, "gen1/"), torch.device("cpu"))
+    total, _ = nxt.reduce_gradients(params, 3.0, False)
+    nxt.close()
+    _write(Path(out), {"waited": waited, "closed": closed, "message": message, "total": total})
+
+
+def test_an_aborted_generation_releases_a_rank_stuck_in_gloo_at_once(tmp_path: Path) -> None:
+    coord = _coordinator(2)
+    ctx = mp.get_context("spawn")
+    out = tmp_path / "stuck.json"
+    procs = [ctx.Process(target=_stuck_rank, args=(r, coord.port, str(out)), daemon=True) for r in range(2)]
+    for p in procs:
+        p.start()
+    procs[0].join(60)
+    assert procs[0].exitcode == 0
+    r = json.loads(out.read_text())
+    assert 0.5 < r["waited"] < 10 and r["closed"] < 10, r  # not the 60 s group timeout
+    assert "collective generation 0 broke" in r["message"]
+    assert r["total"] == 3.0  # the next generation works in the same process
+    procs[1].kill()
