@@ -20,7 +20,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 import zmq
-from hermes.client.collective import CollectiveGroup, Rendezvous
+from hermes.client.collective import (
+    CollectiveError,
+    CollectiveGroup,
+    Rendezvous,
+    settle_abandoned,
+)
 from hermes.client.heartbeat import Heartbeat
 from hermes.client.memory_probe import available_memory_bytes, memory_profile
 from hermes.client.prefetch import (
@@ -134,6 +139,9 @@ class Agent:
         self._last_report = 0.0
         self._last_progress = 0.0
         self._carry: tuple[np.ndarray, np.ndarray] | None = None
+        # Topology collective: the current generation's group and the all-reduce bytes of earlier ones.
+        self.group: CollectiveGroup | None = None
+        self._reduced_before = 0
 
     def request_stop(self, reason: str) -> None:
         self.stop_reason = reason
@@ -158,7 +166,7 @@ class Agent:
         self.max_message_bytes = int(reg.get("max_message_bytes", 0)) or 2**62
         self.heartbeat = Heartbeat(self.quick_control, self.worker_id, self.token,
                                    interval=float(reg.get("heartbeat_interval_seconds", 5.0)),
-                                   on_lost=self._registration_lost)
+                                   on_lost=self._registration_lost, on_reply=self._heartbeat_reply)
         self.heartbeat.start()
         return reg
 
@@ -167,6 +175,14 @@ class Agent:
         if self.options.cores:
             hints["cores"] = self.options.cores
         return hints
+
+    def _heartbeat_reply(self, body: dict) -> None:
+        """Heartbeat thread: the server says our collective generation broke (we may be stuck in
+        gloo's recv from a dead peer until the group timeout): give up on it now."""
+        broken = body.get("collective_broken")
+        group = self.group
+        if isinstance(broken, int) and group is not None and group.rv.generation == broken:
+            group.abort(f"the server reports that collective generation {broken} broke")
 
     def _registration_lost(self, reason: str) -> None:
         log.warning("%s; will register again", reason)
@@ -230,6 +246,8 @@ class Agent:
             except Exception as exc:  # the server may be gone already
                 log.info("could not say goodbye to the server: %s", exc)
             self._ctx.term()
+            # A generation abandoned on the server's word may still hold a failing collective.
+            settle_abandoned(self.config.collective_timeout_seconds + 5.0)
             self._progress(force=True)
             if opts.progress and sys.stderr.isatty():
                 sys.stderr.write("\n")
@@ -266,7 +284,7 @@ class Agent:
             self._report(memory_profile=memory_profile(self.trainer.model, self.spec.input_shape,
                                                        self.spec.num_classes, self.device))
         if self.rendezvous:
-            # A broken group cannot be re-formed by registering again: CollectiveError ends the agent.
+            # A broken group re-forms through the regroup call, not by registering again.
             self._collective_loop(Rendezvous.from_reply(self.rendezvous), self.device)
         else:
             self._loop()
@@ -324,52 +342,107 @@ class Agent:
         The server sizes the work and hears each cycle's compute time; rank 0
         sends it a copy of the model every ``eval_interval_seconds`` (and at
         the end) for evaluation. Stopping is agreed in the all-reduce itself.
+        When the group breaks (a peer died or timed out) the agent asks the
+        server for the next generation and goes on with the survivors, unless
+        regrouping is off: then the CollectiveError ends the agent.
         """
-        group = self.group = CollectiveGroup(rv, device)
+        self._power = 1.0
+        while True:
+            group: CollectiveGroup | None = None
+            try:
+                group = self.group = CollectiveGroup(rv, device)
+                self._collective_generation(group, rv)
+                return
+            except CollectiveError as exc:
+                if not self.config.collective_regroup:
+                    raise
+                failure = exc
+            finally:
+                if group is not None:
+                    self._reduced_before += group.reduced_bytes
+                    self.group = None
+                    group.close()
+            rv = self._regroup(rv, failure)
+            if rv is None:
+                return
+
+    def _regroup(self, rv: Rendezvous, failure: CollectiveError) -> Rendezvous | None:
+        """The next generation's rendezvous from the server; None when the run is over meanwhile."""
+        log.warning("collective generation %d broke (%s); asking the server for the next one", rv.generation, failure)
         try:
-            group.broadcast_model(self.trainer.model)
-            copied, last_copy = self.trainer.flat(), time.monotonic()
-            power = 1.0
-            while True:
-                self.trainer.stop_requested = self.trainer.stop_requested or self.stop_requested.is_set()
-                item = self.prefetcher.next()
-                if isinstance(item, StopSignal):
-                    if item.error is not None and not isinstance(item.error, StopRequested):
-                        raise item.error
-                    self.stop_reason = item.reason
-                    # Tell the others in the all-reduce they are waiting in: nobody hangs.
-                    group.reduce_gradients([p for p in self.trainer.model.parameters()], 0.0, True)
-                    break
-                x, y = self._cycle_samples(item)
-                steps = max(1, (item.cycle_samples or len(y)) // (item.batch_size * item.accumulation))
-                self.trainer.set_lr(item.lr)
-                self.trainer.slowdown = self._slowdown_now()
-                result, waited, stop = self.trainer.train_cycle_collective(
-                    x, y, item.batch_size, item.accumulation, steps, group.reduce_gradients,
-                    weight=self.config.aggregation if self.config.aggregation in ("mean", "power") else "samples",
-                    power=power)
-                if result.compute_seconds > 0 and result.samples:
-                    power = result.samples / result.compute_seconds  # DP-SGD Eq. 2, for EDP-SGD's weights
-                st = self.stats
-                st.cycles += 1
-                st.samples += result.samples
-                st.compute_seconds += result.compute_seconds
-                st.wait_seconds += waited
-                st.last_loss = result.loss
-                cycle = {"dss": result.samples, "mbs": item.batch_size, "accumulation": item.accumulation,
-                         "compute_seconds": result.compute_seconds, "decision": "always", "pushed": False,
-                         "val_loss": None, "z": None, "alpha": None}
-                if rv.rank == 0 and (stop or time.monotonic() - last_copy >= self.config.eval_interval_seconds):
-                    copied, last_copy = self._send_copy(copied), time.monotonic()
-                if self._report(cycle=cycle):
-                    self.trainer.stop_requested = True  # said in the next all-reduce
-                self._progress()
-                if stop:
-                    self.stop_reason = self.stop_reason or "the collective group agreed to stop"
-                    break
-        finally:
-            self.collective_bytes = group.reduced_bytes
-            group.close()
+            # The server may wait for a slow survivor up to the group timeout past its window.
+            body = self.control.regroup(self.worker_id, self.token, rv.generation,
+                                        wait_seconds=self.config.collective_regroup_seconds + rv.timeout_seconds)
+        except RemoteError as exc:
+            if exc.code == "http_410":
+                self.stop_reason = f"the server's run is over ({exc.message})"
+                return None
+            raise CollectiveError(f"generation {rv.generation} broke ({failure}) and the server refused a "
+                                  f"regroup: {exc.message}") from None
+        except ServerUnreachable as exc:
+            raise CollectiveError(f"generation {rv.generation} broke ({failure}) and the server cannot be "
+                                  f"asked for the next one: {exc}") from None
+        nxt = Rendezvous.from_reply(body)
+        log.warning("joining collective generation %d as rank %d of %d", nxt.generation, nxt.rank, nxt.world_size)
+        return nxt
+
+    def _collective_generation(self, group: CollectiveGroup, rv: Rendezvous) -> None:
+        """Train with one generation of the group until the ranks agree to stop (or it breaks)."""
+        # Survivors may differ by a step (an all-reduce that completed on some
+        # ranks only): rank 0's weights and fresh optimizer state on every rank
+        # make the replicas identical again.
+        self.trainer.optimizer.state.clear()
+        group.broadcast_model(self.trainer.model)
+        # The server folds rank 0's copies as deltas: the base is the model it holds now,
+        # which an earlier rank 0 of an earlier generation may have sent.
+        copied = self._server_model() if rv.rank == 0 else self.trainer.flat()
+        last_copy = time.monotonic()
+        while True:
+            self.trainer.stop_requested = self.trainer.stop_requested or self.stop_requested.is_set()
+            item = self.prefetcher.next()
+            if isinstance(item, StopSignal):
+                if item.error is not None and not isinstance(item.error, StopRequested):
+                    raise item.error
+                self.stop_reason = item.reason
+                # Tell the others in the all-reduce they are waiting in: nobody hangs.
+                group.reduce_gradients([p for p in self.trainer.model.parameters()], 0.0, True)
+                return
+            x, y = self._cycle_samples(item)
+            steps = max(1, (item.cycle_samples or len(y)) // (item.batch_size * item.accumulation))
+            self.trainer.set_lr(item.lr)
+            self.trainer.slowdown = self._slowdown_now()
+            result, waited, stop = self.trainer.train_cycle_collective(
+                x, y, item.batch_size, item.accumulation, steps, group.reduce_gradients,
+                weight=self.config.aggregation if self.config.aggregation in ("mean", "power") else "samples",
+                power=self._power)
+            if result.compute_seconds > 0 and result.samples:
+                self._power = result.samples / result.compute_seconds  # DP-SGD Eq. 2, for EDP-SGD's weights
+            st = self.stats
+            st.cycles += 1
+            st.samples += result.samples
+            st.compute_seconds += result.compute_seconds
+            st.wait_seconds += waited
+            st.last_loss = result.loss
+            cycle = {"dss": result.samples, "mbs": item.batch_size, "accumulation": item.accumulation,
+                     "compute_seconds": result.compute_seconds, "decision": "always", "pushed": False,
+                     "val_loss": None, "z": None, "alpha": None}
+            if rv.rank == 0 and (stop or time.monotonic() - last_copy >= self.config.eval_interval_seconds):
+                copied, last_copy = self._send_copy(copied), time.monotonic()
+            if self._report(cycle=cycle):
+                self.trainer.stop_requested = True  # said in the next all-reduce
+            self._progress()
+            if stop:
+                self.stop_reason = self.stop_reason or "the collective group agreed to stop"
+                return
+
+    def _server_model(self) -> torch.Tensor:
+        """The server's current model, without loading it (the group's replica is the one to train)."""
+        reply = self.data.request(MsgType.PULL_MODEL, {"if_newer": False, "dtype": "float32"},
+                                  model_version=self.version)
+        if reply.payload is None:
+            return self.trainer.flat()
+        self.version = reply.header.model_version
+        return reply.payload.flat().clone()
 
     def _send_copy(self, base: torch.Tensor) -> torch.Tensor:
         """Rank 0: the change since the last copy, folded by the server with weight 1 (it then holds our model)."""
@@ -508,9 +581,8 @@ class Agent:
             body["cycle"] = cycle
         if memory_profile is not None:
             body["memory_profile"] = [list(p) for p in memory_profile]
-        group = getattr(self, "group", None)
-        if group is not None:
-            body["collective_bytes"] = group.reduced_bytes
+        if self.rendezvous:
+            body["collective_bytes"] = self._reduced_before + (self.group.reduced_bytes if self.group else 0)
         try:
             reply = self.data.request(MsgType.REPORT_STATS, body, timeout=5.0 if final else None)
             return bool(reply.header.body.get("stop"))

@@ -18,15 +18,20 @@ by the world size. ``mean`` weighs every rank 1 (plain averaging, DP-SGD) and
 The same buffer carries a stop flag: a worker that must stop says so in its
 last all-reduce and every rank stops after the same step, so nobody is left
 waiting in a collective that will never complete. A rank that dies makes the
-others' all-reduce fail within the group timeout (a clear error, no hang).
+others' all-reduce fail within the group timeout (a clear error, no hang);
+the agent then destroys the group and, unless regrouping is off, asks the
+server for the next generation (``Rendezvous.generation``), whose ranks
+rendezvous under their own store prefix and start from rank 0's replica.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Sequence
 
 import torch
 import torch.distributed as dist
@@ -46,43 +51,100 @@ class Rendezvous:
     master_addr: str
     master_port: int
     timeout_seconds: float
+    generation: int = 0
+    # Keys of this generation's rendezvous live under it, so a broken group's leftovers are never read.
+    store_prefix: str = ""
 
     @classmethod
-    def from_reply(cls, body: dict) -> "Rendezvous":
+    def from_reply(cls, body: dict) -> Rendezvous:
+        field_name = "?"
         try:
-            return cls(int(body["rank"]), int(body["world_size"]), str(body["master_addr"]),
-                       int(body["master_port"]), float(body["timeout_seconds"]))
+            values = []
+            for field_name, kind in (("rank", int), ("world_size", int), ("master_addr", str),
+                                     ("master_port", int), ("timeout_seconds", float)):
+                values.append(kind(body[field_name]))
+            field_name = "generation"
+            generation = int(body.get("generation", 0))
+            field_name = "store_prefix"
+            prefix = str(body.get("store_prefix", ""))
         except (KeyError, TypeError, ValueError) as exc:
-            raise CollectiveError(f"server sent an unusable rendezvous {body!r}: {exc}") from None
+            raise CollectiveError(f"server sent an unusable rendezvous (field {field_name!r}): {body!r}: "
+                                  f"{exc}") from None
+        rv = cls(*values, generation=generation, store_prefix=prefix)
+        if not 0 <= rv.rank < rv.world_size:
+            raise CollectiveError(f"server sent an unusable rendezvous (field 'rank'): {rv.rank} not in "
+                                  f"0..{rv.world_size - 1}")
+        return rv
 
 
 def backend_for(device: torch.device) -> str:
     return "nccl" if device.type == "cuda" else "gloo"
 
 
+# Gloo groups left behind with a collective still pending (see CollectiveGroup.close), each
+# with that collective's completion event: destroying such a group would wait for the
+# collective's timeout, and one destroyed at interpreter exit while it fails aborts the process.
+_abandoned: list[tuple[object, threading.Event]] = []
+
+
+def settle_abandoned(max_seconds: float) -> None:
+    """Before the process exits: let abandoned collectives end (by error or by the group
+    timeout, at most ``max_seconds`` from now), then let their groups go."""
+    deadline = time.monotonic() + max_seconds
+    while _abandoned:
+        pg, done = _abandoned.pop()
+        if not done.wait(max(0.0, deadline - time.monotonic())):
+            log.warning("an abandoned collective is still pending at exit")
+            _abandoned.append((pg, done))  # never destroyed: the process ends around it
+            return
+        del pg
+
+
 class CollectiveGroup:
-    """One process group for the run, formed on the server's store (MASTER_ADDR:MASTER_PORT)."""
+    """One generation of the process group, formed on the server's store (MASTER_ADDR:MASTER_PORT).
+
+    With gloo the group is this object's own ProcessGroupGloo, not torch's
+    default group: gloo cannot abort a collective, and destroying a group
+    waits until a pending one times out, so a group the server says is
+    broken (``abort``) is simply left behind and the next generation built
+    beside it. nccl uses the default group (destroyed as usual).
+    """
 
     def __init__(self, rv: Rendezvous, device: torch.device) -> None:
         self.rv = rv
         self.device = device
+        self.backend = backend_for(device)
+        self._lock = threading.Lock()
+        self._aborted: str | None = None
+        self._waiting: threading.Event | None = None
+        self._pending = False  # a collective was abandoned while still running
+        self._pending_done: threading.Event | None = None
         timeout = timedelta(seconds=rv.timeout_seconds)
         try:
-            store = dist.TCPStore(rv.master_addr, rv.master_port, rv.world_size, is_master=False, timeout=timeout)
-            dist.init_process_group(backend_for(device), store=store, rank=rv.rank, world_size=rv.world_size,
-                                    timeout=timeout)
+            store: dist.Store = dist.TCPStore(rv.master_addr, rv.master_port, rv.world_size, is_master=False,
+                                              timeout=timeout)
+            if rv.store_prefix:
+                store = dist.PrefixStore(rv.store_prefix, store)
+            if self.backend == "gloo":
+                self.pg = dist.ProcessGroupGloo(store, rv.rank, rv.world_size, timeout)
+            else:
+                dist.init_process_group(self.backend, store=store, rank=rv.rank, world_size=rv.world_size,
+                                        timeout=timeout)
+                self.pg = dist.group.WORLD
         except (RuntimeError, ValueError) as exc:
             raise CollectiveError(f"could not join the process group at {rv.master_addr}:{rv.master_port} "
                                   f"as rank {rv.rank}/{rv.world_size}: {exc}") from None
         self.reduced_bytes = 0
         self.allreduces = 0
-        log.info("joined the process group: rank %d of %d (%s) at %s:%d", rv.rank, rv.world_size,
-                 backend_for(device), rv.master_addr, rv.master_port)
+        log.info("joined the process group: rank %d of %d (%s, generation %d) at %s:%d", rv.rank,
+                 rv.world_size, self.backend, rv.generation, rv.master_addr, rv.master_port)
 
     def broadcast_model(self, model: nn.Module) -> None:
         """Replicas start from rank 0's weights."""
         flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).to(self.device)
-        self._run(dist.broadcast, flat, src=0)
+        opts = dist.BroadcastOptions()
+        opts.rootRank = 0
+        self._run("broadcast", lambda: self.pg.broadcast([flat], opts))
         offset = 0
         with torch.no_grad():
             for p in model.parameters():
@@ -99,7 +161,9 @@ class CollectiveGroup:
                  for p in params]
         flat = torch.cat([g.float() * weight for g in grads]
                          + [torch.tensor([float(weight), 1.0 if stop else 0.0], device=self.device)])
-        self._run(dist.all_reduce, flat, op=dist.ReduceOp.SUM)
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = dist.ReduceOp.SUM
+        self._run("all_reduce", lambda: self.pg.allreduce([flat], opts))
         total, stops = float(flat[-2]), float(flat[-1])
         if total > 0:
             flat[:-2] /= total
@@ -116,13 +180,60 @@ class CollectiveGroup:
         self.reduced_bytes += int(2 * (w - 1) / w * flat.numel() * flat.element_size())
         return total, stops > 0
 
-    def _run(self, collective, *args, **kwargs) -> None:
+    def abort(self, reason: str) -> None:
+        """From another thread: the server says this generation broke; stop waiting in (or for) a collective."""
+        with self._lock:
+            self._aborted = reason
+            if self._waiting is not None:
+                self._waiting.set()
+
+    def _run(self, name: str, start: Callable[[], dist.Work]) -> None:
+        done = threading.Event()
+        with self._lock:
+            if self._aborted is not None:
+                raise CollectiveError(f"{name} not started: {self._aborted}")
+            self._waiting = done
+        error: str | None = None
         try:
-            collective(*args, **kwargs)
+            work = start()
+            work.get_future().add_done_callback(lambda _f: done.set())
+            # No timeout here: the group timeout ends a collective with a dead peer, abort() one
+            # the server already knows is broken (gloo may not notice a peer died until the timeout).
+            done.wait()
+            with self._lock:
+                # The future may complete a moment before the work says so: only an abort abandons it.
+                self._pending = self._aborted is not None and not work.is_completed()
+            if self._pending:
+                self._pending_done = done
+            else:
+                work.wait()  # raises the backend's error, if it failed
         except (RuntimeError, dist.DistBackendError) as exc:
-            raise CollectiveError(f"{collective.__name__} failed (a peer died or timed out after "
-                                  f"{self.rv.timeout_seconds:g}s): {exc}") from None
+            error = str(exc)
+        finally:
+            with self._lock:
+                self._waiting = None
+        if self._pending:
+            raise CollectiveError(f"{name} abandoned (a peer died or timed out): {self._aborted}")
+        if error is not None:
+            raise CollectiveError(f"{name} failed (a peer died or timed out after "
+                                  f"{self.rv.timeout_seconds:g}s): {error}")
 
     def close(self) -> None:
+        if self.backend == "gloo":
+            if self._pending and self._pending_done is not None:
+                # Shutting it down would wait for the pending collective's timeout.
+                _abandoned.append((self.pg, self._pending_done))
+            else:
+                try:
+                    # Gracefully, as destroy_process_group does: a peer may still be reading our last messages.
+                    self.pg.shutdown()
+                except (RuntimeError, dist.DistBackendError) as exc:
+                    log.info("shutting down the process group: %s", exc)
+            self.pg = None
+            return
         if dist.is_initialized():
-            dist.destroy_process_group()
+            try:
+                dist.destroy_process_group()
+            except (RuntimeError, dist.DistBackendError) as exc:
+                # A broken group may fail to tear down cleanly; the next one is built from scratch.
+                log.info("destroying the process group: %s", exc)

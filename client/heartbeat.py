@@ -28,11 +28,14 @@ FORGOTTEN = frozenset({"http_401", "http_404", "http_410"})
 
 class Heartbeat:
     def __init__(self, control: ControlClient, worker_id: str, token: str, *, interval: float,
-                 on_lost: Callable[[str], None], unreachable_after: float = 30.0) -> None:
+                 on_lost: Callable[[str], None], unreachable_after: float = 30.0,
+                 on_reply: Callable[[dict], None] | None = None) -> None:
         self.control = control
         self.worker_id, self.token = worker_id, token
         self.interval = interval
         self.on_lost = on_lost
+        # Sees each reply (topology collective: the server says when the group is re-forming).
+        self.on_reply = on_reply
         self.unreachable_after = max(unreachable_after, 3 * interval)
         self.sent = 0
         self._stop = threading.Event()
@@ -50,8 +53,10 @@ class Heartbeat:
         last_ok = time.monotonic()
         while not self._stop.wait(self.interval):
             try:
-                self.control.heartbeat(self.worker_id, self.token)
+                reply = self.control.heartbeat(self.worker_id, self.token)
                 self.sent += 1
+                if self.on_reply is not None and isinstance(reply, dict):
+                    self.on_reply(reply)
                 last_ok = time.monotonic()
             except RemoteError as exc:
                 if exc.code in FORGOTTEN:

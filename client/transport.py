@@ -92,7 +92,8 @@ class ControlClient:
         # Backoff waits on this, so a stop request ends the retries at once.
         self.stop = stop or threading.Event()
 
-    def _call(self, method: str, path: str, body: dict | None = None, headers: dict | None = None) -> Any:
+    def _call(self, method: str, path: str, body: dict | None = None, headers: dict | None = None,
+              timeout: float | None = None) -> Any:
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(
             self.base_url + path, data=data, method=method,
@@ -101,7 +102,7 @@ class ControlClient:
         delay, last = self.backoff, None
         for attempt in range(self.retries + 1):
             try:
-                with urllib.request.urlopen(req, timeout=self.timeout, context=self.ssl_context) as resp:
+                with urllib.request.urlopen(req, timeout=timeout or self.timeout, context=self.ssl_context) as resp:
                     return json.loads(resp.read() or b"null")
             except urllib.error.HTTPError as exc:
                 detail = exc.read().decode(errors="replace")[:500]
@@ -136,6 +137,11 @@ class ControlClient:
 
     def leave(self, worker_id: str, token: str) -> None:
         self._call("POST", f"/v1/workers/{worker_id}/leave", {}, headers={"X-Hermes-Token": token})
+
+    def regroup(self, worker_id: str, token: str, generation: int, wait_seconds: float) -> dict[str, Any]:
+        """Report that collective ``generation`` failed; the reply (after up to ``wait_seconds``) is the next one."""
+        return self._call("POST", f"/v1/workers/{worker_id}/regroup", {"generation": generation},
+                          headers={"X-Hermes-Token": token}, timeout=wait_seconds + self.timeout)
 
     def status(self) -> dict[str, Any]:
         # The join token also opens a server's protected read endpoints (protect_reads).

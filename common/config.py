@@ -135,6 +135,18 @@ class RunConfig(BaseModel):
     # and how long a collective may wait on a peer before failing.
     world_size: int | None = Field(default=None, ge=1)
     collective_timeout_seconds: float = Field(default=60.0, gt=0.0)
+    # Collective: when a rank dies the survivors re-form the group (a new
+    # generation, ranks 0..n-1) instead of exiting; false keeps the fail-fast
+    # behaviour (every rank exits with code 5).
+    collective_regroup: bool = True
+    # How long the server waits, after the first survivor reports the failure,
+    # for the others: longer than the slowest rank's step plus the time its
+    # all-reduce takes to fail, or a slow survivor is left out.
+    collective_regroup_seconds: float = Field(default=5.0, gt=0.0)
+    # Fewer survivors than this end the run with an error. 1 by default: the
+    # weighted all-reduce is exact for any group size and the replicas hold
+    # the model, so a lone survivor still makes progress rather than losing it.
+    collective_min_world_size: int = Field(default=1, ge=1)
 
     model: str = "cnn"
     model_kwargs: dict[str, Any] = Field(default_factory=dict)
@@ -304,6 +316,9 @@ class RunConfig(BaseModel):
             )
         if self.aggregation == "loss":
             raise ValueError("aggregation 'loss' blends models on the server; topology 'collective' has no server model")
+        if self.collective_min_world_size > self.world_size:
+            raise ValueError(f"collective_min_world_size {self.collective_min_world_size} exceeds world_size "
+                             f"{self.world_size}: the group would be too small from the start")
 
     def _coherent_allocation(self) -> None:
         barrier = self.sync in BARRIER_SYNCS

@@ -36,6 +36,7 @@ from hermes.server.auth import (
     token_matches,
 )
 from hermes.server.checkpoint import Checkpointer
+from hermes.server.coordinator import GroupRunning, RegroupRefused
 from hermes.server.dataplane import DataPlane
 from hermes.server.engine import Engine
 from hermes.server.events import EventLog
@@ -60,6 +61,28 @@ class RegisterRequest(BaseModel):
     protocol_version: int = PROTOCOL_VERSION
 
 
+class CollectiveRendezvous(BaseModel):
+    """Where and as whom a worker joins the collective group (torchrun's RANK, WORLD_SIZE, MASTER_*)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    rank: int = Field(ge=0)
+    world_size: int = Field(ge=1)
+    master_addr: str
+    master_port: int = Field(ge=1, le=65535)
+    timeout_seconds: float = Field(gt=0.0)
+    # Regrouping: the group's generation and the store prefix its rendezvous keys live under.
+    generation: int = Field(default=0, ge=0)
+    store_prefix: str = ""
+
+
+class RegroupRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # The generation whose collective failed on this worker.
+    generation: int = Field(ge=0)
+
+
 class RegisterResponse(BaseModel):
     worker_id: str
     token: str
@@ -73,8 +96,8 @@ class RegisterResponse(BaseModel):
     # Where shard records come from: {"source": "zmq"} or the Kafka topics and
     # this worker's validation ranges ({"source": "kafka", "bootstrap", ...}).
     data_source: dict[str, Any] = Field(default_factory=lambda: {"source": "zmq"})
-    # Topology "collective": rank, world_size, master_addr, master_port, timeout_seconds.
-    collective: dict[str, Any] | None = None
+    # Topology "collective": rank, world_size, master_addr, master_port, timeout_seconds, generation, store_prefix.
+    collective: CollectiveRendezvous | None = None
     # Signed data-plane messages carry server-clock timestamps: the agent's offset.
     server_time_ms: int
     heartbeat_interval_seconds: float
@@ -252,6 +275,9 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         except RegistryFull as exc:
             engine.metrics.limit_hits.labels(limit="max_workers").inc()
             raise refuse(engine, 503, "full", str(exc), client) from None
+        except GroupRunning as exc:
+            # 409, not 503: waiting will not open a place in a running collective group.
+            raise refuse(engine, 409, "group_running", str(exc), client) from None
         engine.metrics.registrations.labels(outcome="ok").inc()
         return RegisterResponse(
             worker_id=rec.id,
@@ -284,7 +310,13 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
             raise HTTPException(410, f"worker {worker_id} is {rec.state}; register again")
         rec.last_seen = time.time()
         engine.metrics.heartbeats.inc()
-        return {"state": rec.state, "model_version": engine.state.version, "stop": engine.stopping}
+        reply = {"state": rec.state, "model_version": engine.state.version, "stop": engine.stopping}
+        broken = engine.broken_generation_for(rec)
+        if broken is not None:
+            # Topology collective: the group is re-forming without this worker's report yet;
+            # it may be stuck in a collective that will only time out.
+            reply["collective_broken"] = broken
+        return reply
 
     @app.post("/v1/workers/{worker_id}/leave")
     async def leave(worker_id: str, request: Request, x_hermes_token: str = Header(default="")) -> dict[str, Any]:
@@ -292,6 +324,23 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         rec = worker_of(engine, worker_id, x_hermes_token)
         await engine.leave(worker_id, "agent said goodbye")
         return {"worker_id": worker_id, "state": rec.state}
+
+    @app.post("/v1/workers/{worker_id}/regroup", response_model=CollectiveRendezvous)
+    async def regroup(worker_id: str, body: RegroupRequest, request: Request,
+                      x_hermes_token: str = Header(default="")) -> CollectiveRendezvous:
+        """Topology collective: a survivor of a broken group waits (up to collective_regroup_seconds)
+        for the next generation and gets its rank in it."""
+        engine = engine_of(request)
+        worker_of(engine, worker_id, x_hermes_token)
+        if engine.stopping:
+            # 410 like registration: the run is over, the agent stops cleanly.
+            raise HTTPException(410, f"the run is over: {engine.stop_reason}")
+        try:
+            rv = await engine.regroup(worker_id, body.generation)
+        except RegroupRefused as exc:  # GroupTooSmall included: the run ends, this agent with an error
+            log.warning("regroup of %s refused: %s", worker_id, exc)
+            raise HTTPException(409, str(exc)) from None
+        return CollectiveRendezvous(**rv)
 
     @app.get("/v1/workers")
     def workers(engine: Engine = Depends(readable)) -> list[dict[str, Any]]:

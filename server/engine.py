@@ -48,7 +48,7 @@ from hermes.common.wire import (
 )
 from hermes.server.auth import ReplayGuard
 from hermes.server.checkpoint import write_tensors
-from hermes.server.coordinator import Coordinator
+from hermes.server.coordinator import Coordinator, GroupTooSmall, RegroupRefused
 from hermes.server.evaluator import Evaluation, Evaluator, TargetReached
 from hermes.server.events import EventLog
 from hermes.server.kafka_publish import KafkaOptions, publish_stores
@@ -331,12 +331,77 @@ class Engine:
         assert self.config.world_size is not None  # config validation
         self.coordinator = Coordinator(bind_host=bind_host, port=port, advertise_host=advertise_host,
                                        world_size=self.config.world_size,
-                                       timeout_seconds=self.config.collective_timeout_seconds)
+                                       timeout_seconds=self.config.collective_timeout_seconds,
+                                       regroup_seconds=self.config.collective_regroup_seconds,
+                                       min_world_size=self.config.collective_min_world_size)
+        # Set when the generation being formed is ready: the survivors' regroup calls wait on it.
+        self._regrouped: dict[int, asyncio.Event] = {}
         self.events.emit("collective_group", world_size=self.config.world_size, master_addr=advertise_host,
                          master_port=self.coordinator.port)
 
     def collective_for(self, rec: WorkerRecord) -> dict[str, Any] | None:
         return None if self.coordinator is None else self.coordinator.rendezvous(rec.name)
+
+    def broken_generation_for(self, rec: WorkerRecord) -> int | None:
+        return None if self.coordinator is None else self.coordinator.broken_generation(rec.name)
+
+    async def regroup(self, worker_id: str, failed_generation: int) -> dict[str, Any]:
+        """A survivor of a broken collective generation: wait for the next one and return its rendezvous.
+
+        Raises RegroupRefused (this worker cannot join) or GroupTooSmall (the
+        run is ended: too few survivors).
+        """
+        coord = self.coordinator
+        rec = self.registry.get(worker_id)
+        if coord is None or rec is None:
+            raise RegroupRefused("this run has no collective group")
+        if not self.config.collective_regroup:
+            raise RegroupRefused("regrouping is disabled (collective_regroup=false)")
+        if self.stopping:
+            raise RegroupRefused(f"the run is stopping: {self.stop_reason}")
+        target = coord.arrive(rec.name, failed_generation, time.monotonic())
+        self.events.emit("regroup_arrival", worker=worker_id, name=rec.name, failed_generation=failed_generation)
+        formed = self._regrouped.setdefault(target, asyncio.Event())
+        while not formed.is_set():
+            if await self._maybe_form_generation():
+                break
+            try:
+                await asyncio.wait_for(formed.wait(), timeout=max(0.01, coord.seconds_left(time.monotonic())))
+            except TimeoutError:
+                pass
+        if coord.failed is not None:
+            raise GroupTooSmall(coord.failed)
+        return coord.rendezvous(rec.name)
+
+    async def _maybe_form_generation(self) -> bool:
+        """Form the next generation if its window is due; True when it did."""
+        coord = self.coordinator
+        if coord is None or coord.pending is None:
+            return False
+        alive = frozenset(r.name for r in self.registry.all() if r.state == "active")
+        if not coord.due(time.monotonic(), alive):
+            return False
+        formed = self._regrouped.setdefault(coord.pending.target, asyncio.Event())
+        try:
+            result = coord.form()
+        except GroupTooSmall as exc:
+            self.events.emit("collective_failed", reason=str(exc))
+            self.request_stop(str(exc))
+            return True
+        finally:
+            formed.set()
+        gen = result.generation
+        self.events.emit("collective_group", world_size=gen.world_size, generation=gen.number,
+                         members=list(gen.members), dropped=list(result.dropped),
+                         master_addr=coord.advertise_host, master_port=coord.port)
+        by_name = {r.name: r for r in self.registry.all()}
+        for name in result.dropped:
+            rec = by_name.get(name)
+            if rec is not None and rec.state == "active":
+                # The allocator forgets it, so the survivors' sizes are re-split over n ranks.
+                await self.leave(rec.id, f"dropped from the collective group at generation {gen.number}",
+                                 state="lost")
+        return True
 
     def register(self, name: str, **info: Any) -> tuple[WorkerRecord, bool]:
         if self.coordinator is not None:
@@ -390,6 +455,10 @@ class Engine:
         if rec is None or rec.state != "active":
             return
         rec.state = state
+        if self.coordinator is not None:
+            self.coordinator.mark_dead(rec.name)
+            # An open regroup window need not wait for a member known gone.
+            await self._maybe_form_generation()
         requeued = self._requeue_outstanding(worker_id)
         self.strategy.on_leave(worker_id)
         # Its cycle times no longer describe the cluster the median is taken over.

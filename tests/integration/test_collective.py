@@ -146,4 +146,4 @@ def test_coordinator_hands_out_ranks_in_order_and_refuses_beyond_the_world():
         coord.assign("c")
     rv = coord.rendezvous("b")
     assert rv == {"rank": 1, "world_size": 2, "master_addr": "127.0.0.1", "master_port": coord.port,
-                  "timeout_seconds": 20.0}
+                  "timeout_seconds": 20.0, "generation": 0, "store_prefix": "gen0/"}

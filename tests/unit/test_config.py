@@ -53,6 +53,13 @@ def test_incoherent_combinations_are_refused_with_a_reason(overrides, field):
         build_config("hermes", **overrides)
 
 
+def test_collective_min_world_size_cannot_exceed_the_world():
+    with pytest.raises(ConfigError, match="collective_min_world_size 3 exceeds world_size 2"):
+        build_config("task-allocation", topology="collective", world_size=2, collective_min_world_size=3)
+    cfg = build_config("task-allocation", topology="collective", world_size=3)
+    assert (cfg.collective_regroup, cfg.collective_regroup_seconds, cfg.collective_min_world_size) == (True, 5.0, 1)
+
+
 @pytest.mark.parametrize("name", sorted(PRESETS))
 def test_every_preset_builds_and_applies_its_choices(name):
     cfg = build_config(name)
@@ -116,6 +123,9 @@ def test_model_dump_round_trips():
         ({"model": "gpt5"}, "model"),
         ({"dataset": "imagenet"}, "dataset"),
         ({"max_staleness": -1}, "max_staleness"),
+        ({"collective_regroup_seconds": 0}, "collective_regroup_seconds"),
+        ({"collective_min_world_size": 0}, "collective_min_world_size"),
+        ({"collective_regroup": "sometimes"}, "collective_regroup"),
         ({"batch_size": "many"}, "batch_size"),
         ({"learning_rate": 0.1}, "learning_rate"),  # unknown field: extra="forbid"
     ],
