@@ -27,7 +27,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import httpx
 import pytest
@@ -42,6 +42,17 @@ SHUTDOWN_TIMEOUT_S = 20.0
 REPLY_TIMEOUT_S = 5.0
 JOIN_TOKEN = "test-join-token-" + "0123456789abcdef" * 2
 ADMIN_TOKEN = "test-admin-token-" + "fedcba9876543210" * 2
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.1) -> Any:
+    """Poll ``predicate`` until it returns something truthy (returned); AssertionError naming ``what`` on timeout."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 # ---------------------------------------------------------------------------

@@ -14,7 +14,7 @@ import pytest
 import torch
 from hermes.common.wire import ErrorCode, MsgType
 
-from tests.conftest import _server_env, running_server
+from tests.conftest import _server_env, running_server, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -22,16 +22,6 @@ pytestmark = pytest.mark.integration
 def _events(server, name: str) -> list[dict]:
     lines = (server.out_dir / "events.jsonl").read_text().splitlines()
     return [e for e in map(json.loads, lines) if e["event"] == name]
-
-
-def _wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def test_silent_worker_is_lost_barrier_released_shards_requeued_and_it_rejoins(server_factory):
@@ -178,9 +168,9 @@ def test_agent_sigterm_at_a_barrier_abandons_the_wait_reports_and_leaves(server_
         agent = subprocess.Popen([sys.executable, "-m", "hermes.client.cli", "--server", srv.url, "--name",
                                   "terminated", "--no-progress"], stdout=fh, stderr=subprocess.STDOUT, env=env)
     try:
-        wid = _wait_for(lambda: next((w["id"] for w in srv.workers().values() if w["name"] == "terminated"), None),
+        wid = wait_for(lambda: next((w["id"] for w in srv.workers().values() if w["name"] == "terminated"), None),
                         60, "the agent to register")
-        _wait_for(lambda: srv.workers()[wid]["pushes"] >= 1, 90, "the agent's first push (held at the barrier)")
+        wait_for(lambda: srv.workers()[wid]["pushes"] >= 1, 90, "the agent's first push (held at the barrier)")
         t0 = time.monotonic()
         agent.send_signal(signal.SIGTERM)
         assert agent.wait(timeout=20) == 0, log.read_text()[-3000:]

@@ -13,9 +13,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -27,21 +25,11 @@ from hermes.server.evaluator import Evaluator
 from hermes.server.shardstore import load_splits
 from hermes.server.state import ModelState
 
-from tests.conftest import JOIN_TOKEN, _server_env, free_ports, running_server
+from tests.conftest import JOIN_TOKEN, _server_env, free_ports, running_server, wait_for
 
 pytestmark = pytest.mark.integration
 
 TARGET = 0.3
-
-
-def _wait_for(fn: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = fn()
-        if got:
-            return got
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def _agent(url: str, name: str, log: Path) -> subprocess.Popen:
@@ -61,7 +49,7 @@ def test_server_stops_at_target_and_keeps_the_best_model(tmp_path: Path) -> None
         idle = srv.register("idle")
         agents = [_agent(srv.url, f"agent-{i}", tmp_path / f"agent-{i}.log") for i in range(2)]
         try:
-            status = _wait_for(lambda: (s := srv.get_json("/v1/status"))["outcome"] == "target_reached" and s,
+            status = wait_for(lambda: (s := srv.get_json("/v1/status"))["outcome"] == "target_reached" and s,
                                90, "the server to reach its target")
             codes = [a.wait(timeout=30) for a in agents]
         finally:
@@ -154,7 +142,7 @@ def _start_finished(ckpt: Path, out: Path, *flags: str) -> tuple[subprocess.Pope
         except httpx.TransportError:
             return False
 
-    _wait_for(healthy, 60, "the resumed server")
+    wait_for(healthy, 60, "the resumed server")
     return proc, url
 
 
@@ -165,9 +153,9 @@ def test_a_finished_run_stays_finished_across_a_restart(tmp_path: Path) -> None:
                         check_exit=False) as first:
         agents = [_agent(first.url, f"agent-{i}", tmp_path / f"agent-{i}.log") for i in range(2)]
         try:
-            reached = _wait_for(lambda: first.get_json("/v1/status")["target_reached_at"], 90, "the target")
+            reached = wait_for(lambda: first.get_json("/v1/status")["target_reached_at"], 90, "the target")
             # Written when the target was reached, not only at shutdown.
-            meta = _wait_for(lambda: (m := json.loads((ckpt / "checkpoint.json").read_text()))["target_reached"]
+            meta = wait_for(lambda: (m := json.loads((ckpt / "checkpoint.json").read_text()))["target_reached"]
                              and m, 30, "a checkpoint that knows the target was reached")
             best = first.get_json("/v1/status")
         finally:
