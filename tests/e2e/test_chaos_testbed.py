@@ -66,8 +66,10 @@ def _check_server_resumed(out: Path, s: dict) -> dict:
     resumed = chaos["resumed_from"]
     # Every update acknowledged before the SIGKILL is back (the testbed polled its version
     # before killing, so the server can only have been further along).
-    assert chaos["version_before"] > 0 and chaos["version_after"] >= chaos["version_before"]
-    assert resumed["version"] == chaos["version_after"]
+    assert chaos["version_before"] > 0 and resumed["version"] >= chaos["version_before"]
+    # version_after is read from the resumed server's first status: an agent that had
+    # registered again may have pushed already (a CI run saw resumed 34, status 35).
+    assert chaos["version_after"] >= resumed["version"]
     assert resumed["version"] == resumed["checkpoint_version"] + resumed["replayed_updates"]
     # ... and training went on from there, not from scratch.
     assert s["model_updates"] > chaos["version_after"]
