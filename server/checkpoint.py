@@ -298,13 +298,16 @@ class Checkpointer:
     async def _periodic(self) -> None:
         while True:
             await asyncio.sleep(self.interval)
-            try:
-                await self.save("periodic")
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # a full disk must not take the server down
-                log.error("periodic checkpoint failed: %s", exc)
-                self.engine.events.emit("checkpoint_failed", error=str(exc)[:500])
+            await self.save_or_report("periodic")
+
+    async def save_or_report(self, reason: str) -> int | None:
+        """``save``, with a failure logged and emitted instead of raised (None then)."""
+        try:
+            return await self.save(reason)
+        except Exception as exc:  # a full disk must not take the server down
+            log.error("%s checkpoint failed: %s", reason, exc)
+            self.engine.events.emit("checkpoint_failed", reason=reason, error=str(exc)[:500])
+            return None
 
     # -- hooks --
     def record_fold(self, version: int, op: str, payloads: Sequence[Payload], weights: Sequence[float]) -> None:

@@ -298,16 +298,9 @@ class Engine:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # no loop (engine driven by hand in tests): the shutdown checkpoint will do
             return
-        task = loop.create_task(self._checkpoint_quietly(reason))
+        task = loop.create_task(self.checkpoints.save_or_report(reason))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
-
-    async def _checkpoint_quietly(self, reason: str) -> None:
-        try:
-            await self.checkpoints.save(reason)
-        except Exception as exc:  # a full disk must not take the server down
-            log.error("checkpoint (%s) failed: %s", reason, exc)
-            self.events.emit("checkpoint_failed", error=str(exc)[:500])
 
     def _on_loop(self, fn: Callable[..., object], *args: Any) -> None:
         """Run ``fn`` on the engine's event loop: held replies are futures of that loop."""
