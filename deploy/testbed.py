@@ -228,6 +228,10 @@ class Testbed:
         self._spawn(name, cmd, {"cores": wp.cores, "speed": wp.speed, "slowdown": wp.slowdown * a.pace,
                                 "threads": wp.threads, "profile": wp, "schedules": schedules})
 
+    def server_json(self, path: str, method: str = "GET", timeout: float = 5.0) -> Any:
+        """The server's answer at ``path``, asked with the admin token (reads may be protected)."""
+        return http_json(self.url + path, method=method, timeout=timeout, token=self.admin_token)
+
     def agents(self) -> list[Proc]:
         return [p for p in self.procs if p is not self.server]
 
@@ -235,7 +239,7 @@ class Testbed:
 
     def _status_version(self) -> int | None:
         try:
-            return http_json(self.url + "/v1/status", timeout=2.0, token=self.admin_token).get("model_version")
+            return self.server_json("/v1/status", timeout=2.0).get("model_version")
         except (urllib.error.URLError, OSError, ValueError):
             return None
 
@@ -252,7 +256,7 @@ class Testbed:
                 self.emit("chaos", **entry)
                 t0 = time.monotonic()
                 self.start_server(resume=True)
-                status = http_json(self.url + "/v1/status", token=self.admin_token)
+                status = self.server_json("/v1/status")
                 entry |= {"restart_seconds": round(time.monotonic() - t0, 3),
                           "resumed_from": status.get("resumed_from"), "version_after": status.get("model_version")}
                 log.info("chaos: server killed at %.1fs (version %s) and resumed at version %s",
@@ -276,7 +280,7 @@ class Testbed:
     def stop_all(self, grace: float = 15.0) -> None:
         """Ask the run to stop, let agents leave, then terminate what is left."""
         with contextlib.suppress(urllib.error.URLError, OSError, ValueError):
-            http_json(self.url + "/v1/stop?reason=testbed", method="POST", token=self.admin_token)
+            self.server_json("/v1/stop?reason=testbed", method="POST")
         _wait_all([p.popen for p in self.agents()], grace)
         for p in self.agents():
             terminate_group(p.popen)
@@ -340,7 +344,7 @@ class Testbed:
             elapsed = time.time() - t0
             self.run_chaos(elapsed, status.get("model_version"))
             try:
-                status = http_json(self.url + "/v1/status", token=self.admin_token)
+                status = self.server_json("/v1/status")
             except (urllib.error.URLError, OSError, ValueError) as exc:
                 if self.server is not None and self.server.popen.poll() is not None:
                     outcome = f"server died (exit {self.server.popen.returncode})"
@@ -367,7 +371,7 @@ class Testbed:
                 # The server stops the agents when it reaches the target: they may
                 # have exited between the last status poll and this check.
                 with contextlib.suppress(urllib.error.URLError, OSError, ValueError):
-                    reached_at = self._target_reached(http_json(self.url + "/v1/status", token=self.admin_token), t0)
+                    reached_at = self._target_reached(self.server_json("/v1/status"), t0)
                 if reached_at is not None:
                     outcome = "target reached"
                 break
@@ -375,7 +379,7 @@ class Testbed:
         wall = time.time() - t0
         self.emit("testbed_stopping", outcome=outcome, wall_seconds=round(wall, 3))
         try:
-            live = http_json(self.url + "/v1/summary", token=self.admin_token)
+            live = self.server_json("/v1/summary")
         except (urllib.error.URLError, OSError, ValueError):
             live = {}
         self.stop_all()
