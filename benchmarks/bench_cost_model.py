@@ -34,11 +34,12 @@ from typing import Any
 
 import numpy as np
 import torch
+from machine import cpu_model, loadavg
+
 from hermes.client.trainer import LocalTrainer
 from hermes.common.datasets import load_dataset
 from hermes.common.models import build_model, count_parameters
 from hermes.common.sizing import CostModel, constant_k_model, fit_cost_model
-from machine import cpu_model, loadavg
 
 
 def machine_line() -> str:

@@ -95,6 +95,7 @@ def standalone_throughput(model_name: str, dataset: str, batch: int, slowdown: f
     """Samples per second of one worker's profile training alone (same trainer the agent runs)."""
     import numpy as np
     import torch
+
     from hermes.client.trainer import LocalTrainer, resolve_precision
     from hermes.common.datasets import load_dataset
     from hermes.common.models import build_model

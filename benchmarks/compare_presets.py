@@ -48,8 +48,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hermes.deploy.bench.aggregate import event_figures
 from machine import machine_info, print_table
+
+from hermes.deploy.bench.aggregate import event_figures
 
 # --------------------------------------------------------------------------- machine
 

@@ -35,12 +35,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from machine import loadavg, machine_info, print_table  # noqa: E402
+
 from hermes.client.heartbeat import Heartbeat  # noqa: E402
 from hermes.client.transport import ControlClient, DataClient  # noqa: E402
 from hermes.common.signing import ServerClock  # noqa: E402
 from hermes.common.wire import MsgType  # noqa: E402
 from hermes.deploy.testbed import free_port  # noqa: E402
-from machine import loadavg, machine_info, print_table  # noqa: E402
 
 JOIN_TOKEN = secrets.token_urlsafe(32)
 

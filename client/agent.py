@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 import zmq
+
 from hermes.client.collective import (
     CollectiveError,
     CollectiveGroup,

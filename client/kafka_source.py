@@ -31,8 +31,8 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from hermes.common.kafka_layout import (
     KafkaUnavailable,

@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
+
 from hermes.client.transport import DataClient
 from hermes.common.kafka_layout import shards_in, validate_ranges
 from hermes.common.shards import RecordError, ShardRecord, decode_record

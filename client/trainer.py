@@ -18,8 +18,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import torch.nn.functional as F
-from hermes.common.tensors import flatten, load_flat
 from torch import nn
+
+from hermes.common.tensors import flatten, load_flat
 
 log = logging.getLogger(__name__)
 

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 import zmq
+
 from hermes.common.signing import ServerClock, new_session
 from hermes.common.wire import (
     DEFAULT_MAX_MESSAGE_BYTES,

@@ -8,7 +8,7 @@ answers the share of a worker's model in a convex blend with the global one.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 
 def mean_weights(count: int) -> list[float]:

@@ -12,7 +12,6 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from hermes.common.sync import SYNC_STRATEGIES
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -21,6 +20,8 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+
+from hermes.common.sync import SYNC_STRATEGIES
 
 # Strategies whose steps aggregate one update from every worker together.
 BARRIER_SYNCS = ("bsp", "ebsp")
@@ -264,7 +265,7 @@ class RunConfig(BaseModel):
         return v
 
     @model_validator(mode="after")
-    def _coherent(self) -> "RunConfig":
+    def _coherent(self) -> RunConfig:
         if self.max_staleness is not None and self.sync != "asp":
             raise ValueError(f"max_staleness applies to sync 'asp' only, not {self.sync!r}")
         if self.aggregation == "loss" and self.sync not in ("hermes", "asp"):

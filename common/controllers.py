@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -81,7 +82,7 @@ def round_preserving_sum(values: Sequence[float], total: int, lower: Bound = 0, 
         v = [1.0] * n
 
     def fill(c: float) -> list[float]:
-        return [min(max(c * x, l), h) for x, l, h in zip(v, lo, hi)]
+        return [min(max(c * x, low), h) for x, low, h in zip(v, lo, hi)]
 
     if sum(fill(1e300)) < total:
         # Zero-valued workers are stuck at their lower bound however large c
@@ -107,7 +108,7 @@ def round_preserving_sum(values: Sequence[float], total: int, lower: Bound = 0, 
             b = m
     x = fill(b)
     out = [int(math.floor(xi + 1e-9)) for xi in x]
-    out = [min(max(o, int(l)), int(h) if h != math.inf else o) for o, l, h in zip(out, lo, hi)]
+    out = [min(max(o, int(low)), int(h) if h != math.inf else o) for o, low, h in zip(out, lo, hi)]
     short = total - sum(out)
     frac = [xi - o for xi, o in zip(x, out)]
     # Largest remainder: hand out (or take back) single units, most deserving first.

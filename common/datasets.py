@@ -19,8 +19,9 @@ import os
 import pickle
 import random
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, BinaryIO, Callable
+from typing import Any, BinaryIO
 
 import numpy as np
 

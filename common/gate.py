@@ -51,8 +51,9 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 # Floors for the spread (rule 3): an absolute one for losses near zero and a
 # relative one so that float noise around a large mean is not read as signal.

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Sequence
 
 TOPIC_PREFIX = "hermes"
 _TOPIC_SAFE = re.compile(r"[^A-Za-z0-9_-]+")
@@ -109,7 +109,7 @@ def validate_ranges(ranges: object, partitions: int) -> list[tuple[int, int, int
         by_part.setdefault(p, []).append((s, e))
     for p, spans in by_part.items():
         spans.sort()
-        for (s0, e0), (s1, _) in zip(spans, spans[1:]):
+        for (_s0, e0), (s1, _) in zip(spans, spans[1:]):
             if s1 < e0:
                 raise ValueError(f"ranges of partition {p} overlap at offset {s1}")
     return out

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch import nn

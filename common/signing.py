@@ -22,7 +22,8 @@ import hashlib
 import hmac
 import secrets
 import time
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 MAC_HEX_CHARS = 64
 # Session ids are random per data-plane connection; bounded so a header

@@ -17,8 +17,8 @@ from __future__ import annotations
 import logging
 import math
 from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 

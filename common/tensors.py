@@ -43,7 +43,7 @@ class ModelSpec:
         }
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "ModelSpec":
+    def from_dict(cls, d: dict[str, Any]) -> ModelSpec:
         return cls(
             name=d["name"],
             input_shape=tuple(d["input_shape"]),

@@ -20,12 +20,14 @@ from __future__ import annotations
 import enum
 import math
 import warnings
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import crc32c
 import msgpack
 import torch
+
 from hermes.common.signing import MAC_HEX_CHARS, mac_hex, macs_equal
 
 # 2: per-message HMAC (mac, session, ts) replaced the bearer token of version 1.
@@ -159,7 +161,7 @@ class Header:
         )
 
     @classmethod
-    def unpack(cls, raw: bytes | memoryview) -> "Header":
+    def unpack(cls, raw: bytes | memoryview) -> Header:
         if len(raw) > MAX_HEADER_BYTES:
             raise ProtocolError(ErrorCode.TOO_LARGE, f"header of {len(raw)} bytes exceeds {MAX_HEADER_BYTES}")
         try:

@@ -103,7 +103,7 @@ class TansuBroker:
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def start(self) -> "TansuBroker":
+    def start(self) -> TansuBroker:
         if self.running:
             return self
         url = f"tcp://{self.bootstrap}"
@@ -151,7 +151,7 @@ class TansuBroker:
                 os.killpg(self.proc.pid, signal.SIGKILL)
         self.stop(grace=0.1)
 
-    def restart(self) -> "TansuBroker":
+    def restart(self) -> TansuBroker:
         """Stop and start on the same port. Tansu keeps data in memory: every topic is gone."""
         self.stop()
         deadline = time.monotonic() + 10
@@ -175,7 +175,7 @@ class TansuBroker:
             pass
         return 0
 
-    def __enter__(self) -> "TansuBroker":
+    def __enter__(self) -> TansuBroker:
         return self.start()
 
     def __exit__(self, *exc) -> None:

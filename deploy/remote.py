@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 import paramiko
+
 from hermes.deploy.inventory import Host
 
 log = logging.getLogger(__name__)

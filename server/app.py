@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import Depends, FastAPI, Header, HTTPException, Request, Response
+from pydantic import BaseModel, ConfigDict, Field
+
 from hermes.common.kafka_layout import KafkaUnavailable
 from hermes.common.signing import now_ms
 from hermes.common.wire import PROTOCOL_VERSION, ProtocolError
@@ -45,7 +47,6 @@ from hermes.server.kafka_publish import KafkaOptions
 from hermes.server.metrics import CONTENT_TYPE, ServerMetrics
 from hermes.server.registry import RegistryFull
 from hermes.server.settings import ServerSettings
-from pydantic import BaseModel, ConfigDict, Field
 
 log = logging.getLogger(__name__)
 

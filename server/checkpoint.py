@@ -37,12 +37,14 @@ import os
 import struct
 import time
 import warnings
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO, Sequence
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import crc32c
 import torch
+
 from hermes.common.allocation import AllocatorStateError
 from hermes.common.wire import Payload, ProtocolError, dtype_from_name, dtype_name
 from hermes.server.aio import cancel_and_wait
@@ -248,7 +250,7 @@ def check_directory(directory: str | Path, *, resume: bool) -> dict[str, Any] | 
 
 
 class Checkpointer:
-    def __init__(self, engine: "Engine", directory: str | Path, *, interval: float, durable_acks: bool) -> None:
+    def __init__(self, engine: Engine, directory: str | Path, *, interval: float, durable_acks: bool) -> None:
         self.engine = engine
         self.dir = Path(directory)
         self.interval = interval

@@ -125,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger("kafka").setLevel(logging.CRITICAL)
     try:
         import uvicorn
+
         from hermes.server.app import create_app
         from hermes.server.checkpoint import CheckpointError, check_directory
         from hermes.server.settings import ServerSettings

@@ -32,6 +32,7 @@ from datetime import timedelta
 from typing import Any
 
 import torch.distributed as dist
+
 from hermes.server.registry import RegistryFull
 
 log = logging.getLogger(__name__)

@@ -13,6 +13,7 @@ import logging
 import msgpack
 import zmq
 import zmq.asyncio
+
 from hermes.common.wire import MAX_HEADER_BYTES, ErrorCode, ProtocolError, error_frames
 from hermes.server.aio import cancel_and_wait
 from hermes.server.engine import Engine

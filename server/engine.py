@@ -15,12 +15,13 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import torch
+
 from hermes.common.aggregation import (
     aggregation_weights,
     batch_scaled_lr,

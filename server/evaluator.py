@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
+
 from hermes.common.datasets import ArrayDataset
 from hermes.common.tensors import ModelSpec, build_from_spec, load_flat
 from hermes.server.state import ModelState

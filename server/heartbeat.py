@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 
 
 class HeartbeatMonitor:
-    def __init__(self, engine: "Engine", timeout: float) -> None:
+    def __init__(self, engine: Engine, timeout: float) -> None:
         self.engine = engine
         self.timeout = timeout
         self.lost = 0

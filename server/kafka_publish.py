@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from hermes.common.kafka_layout import (
     KafkaUnavailable,

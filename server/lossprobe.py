@@ -14,6 +14,7 @@ import time
 import numpy as np
 import torch
 import torch.nn.functional as F
+
 from hermes.common.datasets import ArrayDataset
 from hermes.common.tensors import ModelSpec, build_from_spec, load_flat
 from hermes.common.wire import Payload

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from hermes.common.config import RunConfig, build_config, load_config_file
-from hermes.common.wire import DEFAULT_MAX_MESSAGE_BYTES
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from hermes.common.config import RunConfig, build_config, load_config_file
+from hermes.common.wire import DEFAULT_MAX_MESSAGE_BYTES
 
 
 class ServerSettings(BaseSettings):
@@ -71,7 +72,7 @@ class ServerSettings(BaseSettings):
         return v.strip()
 
     @model_validator(mode="after")
-    def _relations(self) -> "ServerSettings":
+    def _relations(self) -> ServerSettings:
         if self.heartbeat_timeout_seconds and self.heartbeat_timeout_seconds < 2 * self.heartbeat_interval_seconds:
             raise ValueError(f"heartbeat_timeout_seconds ({self.heartbeat_timeout_seconds}) must be at least twice "
                              f"heartbeat_interval_seconds ({self.heartbeat_interval_seconds}) or 0")

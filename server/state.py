@@ -8,9 +8,10 @@ readers so no pull ever sees a torn model and no update is lost.
 from __future__ import annotations
 
 import threading
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
+
 from hermes.common.tensors import ModelSpec
 from hermes.common.wire import (
     ErrorCode,

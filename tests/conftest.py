@@ -25,14 +25,16 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 import httpx
 import pytest
 import torch
 import zmq
+
 from hermes.common.signing import new_session, now_ms
 from hermes.common.wire import Header, Message, MsgType, ProtocolError, decode, encode
 
@@ -119,7 +121,7 @@ def raw_exchange():
 class WorkerHandle:
     """A registered worker and a thin way to talk to the data plane as it."""
 
-    server: "LiveServer"
+    server: LiveServer
     id: str
     token: str
     name: str
@@ -144,9 +146,9 @@ class WorkerHandle:
     def key(self) -> bytes:
         return self.token.encode()
 
-    _sibling: "WorkerHandle | None" = field(default=None, repr=False)
+    _sibling: WorkerHandle | None = field(default=None, repr=False)
 
-    def other_session(self) -> "WorkerHandle":
+    def other_session(self) -> WorkerHandle:
         """The same worker on a second session (its seq counter does not interleave with this one's)."""
         if self._sibling is None:
             self._sibling = dataclasses.replace(self, session=new_session(), _seq=itertools.count(1))

@@ -101,11 +101,11 @@ class Allocator(Protocol):
     def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
 
 
-def local_steps(config: "RunConfig") -> int:
+def local_steps(config: RunConfig) -> int:
     return max(1, config.cycle_samples // config.batch_size)
 
 
-def make_allocator(config: "RunConfig", *, dss_max: int, epoch_samples: int) -> Allocator:
+def make_allocator(config: RunConfig, *, dss_max: int, epoch_samples: int) -> Allocator:
     """The run's allocation policy, configured from the run config."""
     from hermes.common.allocation import (
         adaptive,

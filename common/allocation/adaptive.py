@@ -43,7 +43,7 @@ class AdaptiveAllocator:
         self._epoch_due = False
 
     @classmethod
-    def from_config(cls, config: "RunConfig", *, epoch_samples: int) -> "AdaptiveAllocator":
+    def from_config(cls, config: RunConfig, *, epoch_samples: int) -> AdaptiveAllocator:
         return cls(mbs=config.batch_size, w0=local_steps(config), epsilon=config.adaptive_epsilon,
                    patience=config.adaptive_patience, warmup=config.rebalance_warmup_cycles,
                    epoch_samples=epoch_samples)

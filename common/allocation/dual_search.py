@@ -21,7 +21,7 @@ class DualSearchAllocator:
         self._last_seconds: dict[str, float] = {}
 
     @classmethod
-    def from_config(cls, config: "RunConfig", *, dss_max: int) -> "DualSearchAllocator":
+    def from_config(cls, config: RunConfig, *, dss_max: int) -> DualSearchAllocator:
         search = SearchConfig(
             mbs_min=config.mbs_min, mbs_max=config.mbs_max, tolerance=config.search_tolerance,
             fit=config.cost_fit, min_observations=config.rebalance_min_observations,

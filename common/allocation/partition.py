@@ -41,7 +41,7 @@ class PartitionAllocator:
         self.partitions: list[dict[str, int]] = []  # per finished epoch: worker -> samples per round
 
     @classmethod
-    def from_config(cls, config: "RunConfig", *, epoch_samples: int) -> "PartitionAllocator":
+    def from_config(cls, config: RunConfig, *, epoch_samples: int) -> PartitionAllocator:
         return cls(steps=local_steps(config), base=config.batch_size, b_min=config.b_min, b_max=config.b_max,
                    window=config.partition_window, epoch_samples=epoch_samples)
 

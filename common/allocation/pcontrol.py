@@ -57,7 +57,7 @@ class PControlAllocator:
         self._epoch_due = False
 
     @classmethod
-    def from_config(cls, config: "RunConfig", *, epoch_samples: int) -> "PControlAllocator":
+    def from_config(cls, config: RunConfig, *, epoch_samples: int) -> PControlAllocator:
         return cls(
             steps=local_steps(config), base=config.batch_size, b_min=config.b_min, b_max=config.b_max,
             deadband=config.pcontrol_deadband, alpha=config.pcontrol_alpha,

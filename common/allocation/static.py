@@ -30,7 +30,7 @@ class StaticAllocator:
         self.capacity: dict[str, float | None] = {}
 
     @classmethod
-    def from_config(cls, config: "RunConfig") -> "StaticAllocator":
+    def from_config(cls, config: RunConfig) -> StaticAllocator:
         return cls(steps=local_steps(config), base=config.batch_size, b_min=config.b_min, b_max=config.b_max)
 
     def _declared(self) -> dict[str, float]:

@@ -49,10 +49,12 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import zmq
+
 from hermes.deploy.bench.machine import loadavg, machine_info, print_table
 
 GOAL = 2.0
@@ -120,6 +122,7 @@ def flat_spec(n: int):
 def bench_apply(repeats: int, sizes: tuple[str, ...] = tuple(SIZES)) -> list[dict[str, Any]]:
     import numpy as np
     import torch
+
     from hermes.common.wire import Header, MsgType, decode, encode
     from hermes.server.state import ModelState, validate_update
 
@@ -332,6 +335,7 @@ def bench_dataplane(
     repeats: int, log_dir: str, eval_samples: int, threads: int | None, sizes: tuple[str, ...] = tuple(MLP_HIDDEN),
 ) -> tuple[list[dict[str, Any]], list[dict]]:
     import torch
+
     from hermes.client.transport import ControlClient, DataClient
     from hermes.common.wire import Header, MsgType, encode
 
@@ -465,6 +469,7 @@ def bench_pieces(repeats: int) -> list[dict[str, Any]]:
     import asyncio
 
     import torch
+
     from hermes.common.wire import (
         Header,
         MsgType,

@@ -44,10 +44,12 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
+
 from hermes.client.kafka_source import KafkaShardReader
 from hermes.client.transport import DataClient
 from hermes.common.kafka_layout import TopicLayout
@@ -254,7 +256,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
         times: dict[str, list[float]] = {name: [] for name, _ in paths}
         sizes: dict[str, tuple[int, int]] = {}
-        for name, fn in paths:  # warm-up: connections, caches
+        for _name, fn in paths:  # warm-up: connections, caches
             fn()
         for rep in range(args.repeats):
             for name, fn in (paths if rep % 2 == 0 else paths[::-1]):

@@ -39,6 +39,7 @@ def bench_codec(repeats: int, numel: int = 1_000_000) -> list[dict[str, Any]]:
     import msgpack
     import numpy as np
     import torch
+
     from hermes.common.wire import Header, MsgType, decode, encode, verify_mac
 
     rows = []
@@ -94,6 +95,7 @@ def bench_evaluator(repeats: int, dataset: str = "digits", model_name: str = "cn
                     max_samples: int = 2000) -> dict[str, Any]:
     import torch
     import torch.nn.functional as F
+
     from hermes.common.datasets import load_dataset
     from hermes.common.models import build_model
     from hermes.common.tensors import flatten, spec_of
@@ -132,7 +134,7 @@ def bench_evaluator(repeats: int, dataset: str = "digits", model_name: str = "cn
 
 
 def _payload(flat):
-    from hermes.common.wire import Header, MsgType, decode, encode, verify_mac
+    from hermes.common.wire import Header, MsgType, decode, encode
 
     return decode(encode(Header(type=MsgType.PUSH_UPDATE, shapes=((flat.numel(),),)), flat)).payload
 

@@ -8,13 +8,16 @@ drawing anything.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import matplotlib
 
 matplotlib.use("Agg")  # before pyplot: a bench runs on headless machines
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
 from hermes.deploy.bench.aggregate import (  # noqa: E402
     cycle_seconds,
     groups,
@@ -22,7 +25,6 @@ from hermes.deploy.bench.aggregate import (  # noqa: E402
     ok_runs,
     worker_cycle_stats,
 )
-from matplotlib.figure import Figure  # noqa: E402
 
 log = logging.getLogger(__name__)
 

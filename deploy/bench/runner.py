@@ -18,9 +18,10 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from hermes.deploy.bench.aggregate import event_figures
 from hermes.deploy.bench.machine import loadavg, machine_info, versions

@@ -15,7 +15,6 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from hermes.deploy.profiles import PROFILE_CORES
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -24,6 +23,8 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+
+from hermes.deploy.profiles import PROFILE_CORES
 
 log = logging.getLogger(__name__)
 

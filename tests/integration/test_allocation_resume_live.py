@@ -18,8 +18,8 @@ import json
 import time
 
 import pytest
-from hermes.common.wire import MsgType
 
+from hermes.common.wire import MsgType
 from tests.conftest import running_server
 
 pytestmark = pytest.mark.integration

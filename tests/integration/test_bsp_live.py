@@ -7,6 +7,7 @@ import time
 
 import pytest
 import torch
+
 from hermes.common.wire import ErrorCode, MsgType
 
 pytestmark = pytest.mark.integration

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+
 from hermes.server.coordinator import Coordinator, GroupFull
 
 pytestmark = pytest.mark.integration

@@ -20,13 +20,13 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+
 from hermes.server.coordinator import (
     Coordinator,
     GroupRunning,
     GroupTooSmall,
     RegroupRefused,
 )
-
 from tests.integration.test_collective import RANKS, _data, _model
 
 pytestmark = pytest.mark.integration

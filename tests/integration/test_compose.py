@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from hermes.deploy import compose_gen
 from hermes.deploy.profiles import PROFILE_CORES, heterogeneity_level
 

@@ -35,7 +35,6 @@ paramiko = pytest.importorskip("paramiko", reason="paramiko is not installed (pi
 
 from hermes.deploy import rollout, ssh_cli
 from hermes.deploy.inventory import load_inventory
-
 from tests.conftest import JOIN_TOKEN, free_ports
 
 pytestmark = pytest.mark.integration

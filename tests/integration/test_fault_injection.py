@@ -14,11 +14,13 @@ import json
 import math
 import random
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import msgpack
 import pytest
 import torch
+
 from hermes.common.shards import decode_record
 from hermes.common.wire import MAX_HEADER_BYTES, ErrorCode, MsgType, encode
 
@@ -434,7 +436,7 @@ def test_garbage_flood_then_valid_pull(live_server, worker):
     sock.setsockopt(zmq.LINGER, 0)
     try:
         sock.connect(live_server.data_address)
-        for i in range(n):
+        for _ in range(n):
             sock.send_multipart([b"\xc1" + rng.randbytes(rng.randrange(0, 300))])
         replies = 0
         deadline = time.monotonic() + 20

@@ -12,8 +12,8 @@ import time
 
 import pytest
 import torch
-from hermes.common.wire import ErrorCode, MsgType
 
+from hermes.common.wire import ErrorCode, MsgType
 from tests.conftest import _server_env, running_server, wait_for
 
 pytestmark = pytest.mark.integration

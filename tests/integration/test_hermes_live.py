@@ -9,6 +9,7 @@ import threading
 
 import pytest
 import torch
+
 from hermes.common.wire import MsgType
 
 pytestmark = pytest.mark.integration

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+
 from hermes.server.app import create_app
 from hermes.server.settings import ServerSettings
 

@@ -15,6 +15,7 @@ import httpx
 import msgpack
 import pytest
 import torch
+
 from hermes.client.transport import (
     ControlClient,
     DataClient,
@@ -23,7 +24,6 @@ from hermes.client.transport import (
     tls_context,
 )
 from hermes.common.wire import ErrorCode, MsgType, checksum_of
-
 from tests.conftest import ADMIN_TOKEN, JOIN_TOKEN, running_server
 
 pytestmark = pytest.mark.integration
@@ -272,7 +272,7 @@ def _cert(tmp: Path, name: str, *, ca=None, client: bool = False):
 
     key = ec.generate_private_key(ec.SECP256R1())
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     issuer_key, issuer = (key, subject) if ca is None else (ca[1], ca[2])
     b = (x509.CertificateBuilder().subject_name(subject).issuer_name(issuer).public_key(key.public_key())
          .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from hermes.client.transport import DataClient
 from hermes.common.wire import MsgType
 

@@ -18,13 +18,13 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
+
 from hermes.common.config import RunConfig
 from hermes.common.tensors import ModelSpec
 from hermes.server.checkpoint import read_tensor_metadata, read_tensors
 from hermes.server.evaluator import Evaluator
 from hermes.server.shardstore import load_splits
 from hermes.server.state import ModelState
-
 from tests.conftest import JOIN_TOKEN, _server_env, free_ports, running_server, wait_for
 
 pytestmark = pytest.mark.integration

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from hermes.common.aggregation import aggregation_weights, mean_weights, sample_weights
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 
 import pytest
+
 from hermes.common.allocation import (
     ALLOCATIONS,
     CycleObservation,

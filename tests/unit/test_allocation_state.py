@@ -16,6 +16,7 @@ import json
 import math
 
 import pytest
+
 from hermes.common.allocation import (
     AllocatorStateError,
     CycleObservation,

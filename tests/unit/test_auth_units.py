@@ -8,6 +8,9 @@ from dataclasses import replace
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from hermes.common.shards import ShardQueue
 from hermes.common.signing import new_session, now_ms
 from hermes.common.wire import (
@@ -28,8 +31,6 @@ from hermes.server.auth import (
     token_matches,
 )
 from hermes.server.checkpoint import Journal, read_journal, read_tensors, write_tensors
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 KEY = b"k" * 43
 

@@ -6,6 +6,7 @@ import statistics
 
 import pytest
 from bench_fixture import TIMES, make_results
+
 from hermes.deploy.bench.aggregate import (
     cycle_seconds,
     groups,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import statistics
 
 from bench_fixture import TIMES, make_results
+
 from hermes.deploy.bench.report import render_report
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from bench_fixture import summary
+
 from hermes.deploy.bench.runner import execute, plan
 from hermes.deploy.bench.suites import (
     SuiteError,

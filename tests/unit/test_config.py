@@ -6,6 +6,8 @@ import json
 import re
 
 import pytest
+from pydantic import ValidationError
+
 from hermes.common.config import (
     DEFAULT_PRESET,
     PRESETS,
@@ -14,8 +16,6 @@ from hermes.common.config import (
     build_config,
     load_config_file,
 )
-from pydantic import ValidationError
-
 
 # ---------------------------------------------------------------------------
 # presets and overrides

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from hermes.common.aggregation import batch_scaled_lr, power_weights
 from hermes.common.controllers import (
     AdaptiveAccumulation,
@@ -20,8 +23,6 @@ from hermes.common.controllers import (
     task_allocation_targets,
     windowed_powers,
 )
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 HL8_BSP_CORES = [6, 6, 4, 32]  # OmniLearn Table I, HL8, BSP
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from hermes.common.datasets import (
     DATASET_NAMES,
     ArrayDataset,

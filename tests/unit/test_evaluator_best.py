@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+
 from hermes.common.datasets import ArrayDataset
 from hermes.common.models import build_model
 from hermes.common.tensors import spec_of

@@ -13,6 +13,9 @@ import math
 
 import msgpack
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from hermes.common.wire import (
     FLOAT_WIRE_DTYPES,
     PROTOCOL_VERSION,
@@ -25,8 +28,6 @@ from hermes.common.wire import (
     encode,
     numel_of,
 )
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 FUZZ = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 SMALL_LIMIT = 1 << 16

@@ -6,6 +6,7 @@ import math
 import random
 
 import pytest
+
 from hermes.common.gate import (
     GateConfig,
     GateDecision,
@@ -173,7 +174,7 @@ def test_relaxed_alpha_lets_a_smaller_improvement_through():
 
 def test_relaxation_is_unbounded_so_any_finite_z_fires():
     g = ZScoreGate()
-    for cycle in range(200):
+    for _ in range(200):
         d = g.observe(1.0)  # z = 0 forever
         if d.push:
             break

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from hermes.common.kafka_layout import (
     TopicLayout,
     coalesce,

@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+
 from hermes.common.aggregation import loss_blend_weight
 from hermes.common.tensors import ModelSpec
 from hermes.common.wire import Payload

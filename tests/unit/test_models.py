@@ -8,6 +8,7 @@ import time
 import numpy as np
 import pytest
 import torch
+
 from hermes.common.datasets import load_dataset
 from hermes.common.models import MODEL_NAMES, build_model, count_parameters
 

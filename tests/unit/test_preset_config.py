@@ -7,6 +7,7 @@ import math
 import re
 
 import pytest
+
 from hermes.common.aggregation import batch_scaled_lr, power_weights
 from hermes.common.allocation import make_allocator
 from hermes.common.config import (
@@ -17,7 +18,6 @@ from hermes.common.config import (
     build_config,
     preset_policies,
 )
-
 
 # ---------------------------------------------------------------------------
 # presets

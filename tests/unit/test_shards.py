@@ -7,6 +7,7 @@ import struct
 import msgpack
 import numpy as np
 import pytest
+
 from hermes.common.shards import (
     RECORD_MAGIC,
     Assignment,

@@ -7,6 +7,7 @@ import threading
 
 import pytest
 import torch
+
 from hermes.common.tensors import ModelSpec
 from hermes.common.wire import (
     ErrorCode,

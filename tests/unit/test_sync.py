@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from hermes.common.sync import (
     SYNC_STRATEGIES,
     AsyncStrategy,

@@ -12,6 +12,7 @@ import copy
 import numpy as np
 import pytest
 import torch
+
 from hermes.client.trainer import LocalTrainer
 from hermes.common.models import build_model
 

@@ -7,6 +7,7 @@ import math
 import msgpack
 import pytest
 import torch
+
 from hermes.common.wire import (
     DEFAULT_MAX_MESSAGE_BYTES,
     MAX_HEADER_BYTES,
