@@ -18,15 +18,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import time
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 from fastapi import Depends, FastAPI, Header, HTTPException, Request, Response
-from pydantic import BaseModel, ConfigDict, Field
 
 from hermes.common.kafka_layout import KafkaUnavailable
+from hermes.common.messages import CollectiveRendezvous, RegisterRequest, RegisterResponse, RegroupRequest
 from hermes.common.signing import now_ms
 from hermes.common.wire import PROTOCOL_VERSION, ProtocolError
 from hermes.server.auth import (
@@ -49,60 +48,6 @@ from hermes.server.registry import RegistryFull
 from hermes.server.settings import ServerSettings
 
 log = logging.getLogger(__name__)
-
-
-class RegisterRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:@-]+$")
-    threads: int = Field(default=1, ge=1, le=1024)
-    device: str = Field(default="cpu", max_length=32)
-    slowdown: float = Field(default=1.0, ge=1.0, le=1000.0)
-    hints: dict[str, Any] = Field(default_factory=dict)
-    protocol_version: int = PROTOCOL_VERSION
-
-
-class CollectiveRendezvous(BaseModel):
-    """Where and as whom a worker joins the collective group (torchrun's RANK, WORLD_SIZE, MASTER_*)."""
-
-    model_config = ConfigDict(frozen=True)
-
-    rank: int = Field(ge=0)
-    world_size: int = Field(ge=1)
-    master_addr: str
-    master_port: int = Field(ge=1, le=65535)
-    timeout_seconds: float = Field(gt=0.0)
-    # Regrouping: the group's generation and the store prefix its rendezvous keys live under.
-    generation: int = Field(default=0, ge=0)
-    store_prefix: str = ""
-
-
-class RegroupRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    # The generation whose collective failed on this worker.
-    generation: int = Field(ge=0)
-
-
-class RegisterResponse(BaseModel):
-    worker_id: str
-    token: str
-    rejoined: bool
-    protocol_version: int
-    data_plane: str
-    model_spec: dict[str, Any]
-    run_config: dict[str, Any]
-    # Fixed local validation split for this worker's update gate (shard ids, split "validation").
-    validation_shards: list[int]
-    # Where shard records come from: {"source": "zmq"} or the Kafka topics and
-    # this worker's validation ranges ({"source": "kafka", "bootstrap", ...}).
-    data_source: dict[str, Any] = Field(default_factory=lambda: {"source": "zmq"})
-    # Topology "collective": rank, world_size, master_addr, master_port, timeout_seconds, generation, store_prefix.
-    collective: CollectiveRendezvous | None = None
-    # Signed data-plane messages carry server-clock timestamps: the agent's offset.
-    server_time_ms: int
-    heartbeat_interval_seconds: float
-    max_message_bytes: int
 
 
 class Credentials:
@@ -307,7 +252,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         if rec.state != "active":
             # 410: the agent registers again (same name, same id) and catches up.
             raise HTTPException(410, f"worker {worker_id} is {rec.state}; register again")
-        rec.last_seen = time.time()
+        rec.last_seen = engine.clock.time()
         engine.metrics.heartbeats.inc()
         reply = {"state": rec.state, "model_version": engine.state.version, "stop": engine.stopping}
         broken = engine.broken_generation_for(rec)

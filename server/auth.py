@@ -16,11 +16,11 @@ import hmac
 import logging
 import secrets
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from hermes.common.signing import MAX_SESSION_CHARS, now_ms
+from hermes.common.clock import SYSTEM_CLOCK, Clock
+from hermes.common.signing import MAX_SESSION_CHARS
 from hermes.common.wire import ErrorCode, Header, ProtocolError
 
 log = logging.getLogger(__name__)
@@ -66,7 +66,8 @@ class RateLimiter:
     from many addresses cannot grow it without bound.
     """
 
-    def __init__(self, rate: float, burst: int, *, max_clients: int = 10_000) -> None:
+    def __init__(self, rate: float, burst: int, *, max_clients: int = 10_000, clock: Clock = SYSTEM_CLOCK) -> None:
+        self.clock = clock
         self.rate, self.burst, self.max_clients = rate, burst, max_clients
         self._buckets: dict[str, tuple[float, float]] = {}
         self._lock = threading.Lock()
@@ -75,7 +76,7 @@ class RateLimiter:
         """0.0 when allowed, else the seconds until the next attempt would be."""
         if self.rate <= 0:
             return 0.0
-        now = time.monotonic()
+        now = self.clock.monotonic()
         with self._lock:
             tokens, at = self._buckets.get(client, (float(self.burst), now))
             tokens = min(float(self.burst), tokens + (now - at) * self.rate)
@@ -112,7 +113,8 @@ class ReplayGuard:
     reopen a replay.
     """
 
-    def __init__(self, window_seconds: float, *, max_sessions: int = 64) -> None:
+    def __init__(self, window_seconds: float, *, max_sessions: int = 64, clock: Clock = SYSTEM_CLOCK) -> None:
+        self.clock = clock
         self.window_ms = int(window_seconds * 1000)
         self.max_sessions = max_sessions
         self._sessions: dict[str, dict[str, _Session]] = {}
@@ -123,13 +125,13 @@ class ReplayGuard:
 
         Call only after the MAC verified: unauthenticated input must not move the counters.
         """
-        now = now_ms()
+        now = int(self.clock.time() * 1000)  # the agents' offset is taken against this clock (now_ms)
         if abs(header.ts - now) > self.window_ms:
             raise ProtocolError(ErrorCode.REPLAY, f"message timestamp {header.ts} is more than "
                                 f"{self.window_ms} ms from the server clock ({now}); replayed or clock skew")
         if not header.session or len(header.session) > MAX_SESSION_CHARS:
             raise ProtocolError(ErrorCode.REPLAY, f"session id must be 1..{MAX_SESSION_CHARS} characters")
-        mono = time.monotonic()
+        mono = self.clock.monotonic()
         with self._lock:
             sessions = self._sessions.setdefault(header.worker, {})
             s = sessions.get(header.session)

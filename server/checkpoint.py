@@ -38,17 +38,15 @@ import struct
 import time
 import warnings
 from collections.abc import Sequence
-from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 import crc32c
 import torch
 
-from hermes.common.allocation import AllocatorStateError
 from hermes.common.wire import Payload, ProtocolError, dtype_from_name, dtype_name
 from hermes.server.aio import cancel_and_wait
-from hermes.server.evaluator import Evaluation, TargetReached
+from hermes.server.state import ModelState
 
 if TYPE_CHECKING:
     from hermes.server.engine import Engine
@@ -88,7 +86,7 @@ def _write_atomic(path: Path, write) -> None:
 
 
 def _bytes_of(t: torch.Tensor) -> memoryview:
-    return memoryview(t.detach().contiguous().reshape(-1).view(torch.uint8).numpy()).cast("B")
+    return t.detach().contiguous().reshape(-1).view(torch.uint8).numpy().data.cast("B")
 
 
 def write_tensors(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
@@ -278,7 +276,7 @@ class Checkpointer:
             # A checkpoint from the start, so --resume works even after a crash
             # before the first periodic one (the journal holds the rest).
             version, flat = self.engine.state.snapshot(torch.float32)
-            self._write(version, flat, self._metadata(version))
+            self._write(version, flat, self._metadata(version, self.engine.state_dict()))
             self.last_version = version
         self._start_journal(self.engine.state.version)
 
@@ -307,8 +305,7 @@ class Checkpointer:
         try:
             return await self.save(reason)
         except Exception as exc:  # a full disk must not take the server down
-            log.error("%s checkpoint failed: %s", reason, exc)
-            self.engine.events.emit("checkpoint_failed", reason=reason, error=str(exc)[:500])
+            self.engine.telemetry.emit("checkpoint_failed", reason=reason, error=str(exc)[:500])
             return None
 
     # -- hooks --
@@ -322,9 +319,9 @@ class Checkpointer:
         """Write a checkpoint of the current state; returns its version."""
         engine = self.engine
         t0 = time.perf_counter()
-        async with engine._step:  # no fold in between: model, version and queue agree
+        async with engine.step_lock:  # no fold in between: model, version and queue agree
             version, flat = engine.state.snapshot(torch.float32)
-            meta = self._metadata(version)
+            meta = self._metadata(version, engine.state_dict())
             best = engine.evaluator.best_model()
             old_journal = self.journal
             # Folds after this point belong to the new checkpoint's journal.
@@ -336,31 +333,18 @@ class Checkpointer:
                 old_journal.close()
         self.last_version, self.last_seconds = version, time.perf_counter() - t0
         self.written += 1
-        engine.metrics.checkpoints.inc()
-        engine.events.emit("checkpoint", version=version, reason=reason, seconds=round(self.last_seconds, 6))
-        log.info("checkpoint at version %d (%s) in %.3fs", version, reason, self.last_seconds)
+        engine.telemetry.emit("checkpoint", version=version, reason=reason, seconds=round(self.last_seconds, 6))
         return version
 
-    def _metadata(self, version: int) -> dict[str, Any]:
-        e = self.engine
+    def _metadata(self, version: int, parts: dict[str, Any]) -> dict[str, Any]:
+        """checkpoint.json: the file layout around the engine's ``state_dict()``."""
         return {
             "format": FORMAT,
             "version": version,
             "created": time.time(),
             "model_file": self._model_path(version).name,
             "journal_file": self._journal_path(version).name,
-            "config": e.config.model_dump(),
-            "model": {"name": e.spec.name, "numel": e.spec.numel},
-            "queue": e.queue.state(),
-            "outstanding": {w: [list(a) for a in lst] for w, lst in e._outstanding.items()},
-            "allocator": e.allocator.state_dict(),
-            "workers": e.registry.identities(),
-            "evaluations": [asdict(ev) for ev in e.evaluator.history],
-            # The best model's weights sit beside the model in the tensor file ("best").
-            "best_evaluation": None if e.evaluator.best is None else asdict(e.evaluator.best),
-            "target_reached": None if e.target_reached is None else asdict(e.target_reached),
-            "message_counts": dict(e.message_counts),
-            "elapsed_seconds": time.time() - e.started_at,
+            **parts,
         }
 
     def _write(self, version: int, flat: torch.Tensor, meta: dict[str, Any], best: torch.Tensor | None = None) -> None:
@@ -379,37 +363,24 @@ class Checkpointer:
                 old.unlink(missing_ok=True)
 
     # -- resuming --
-    def _restore_allocator(self, state: dict[str, Any] | None, workers: list[dict[str, Any]]) -> None:
-        e = self.engine
-        if state is None:  # checkpoints of older servers saved no state for most policies
-            return
-        try:
-            e.allocator.load_state_dict(state)
-        except AllocatorStateError as exc:
-            # The run config may change on resume (another policy, other bounds):
-            # the saved workloads then mean nothing here, and allocation starts afresh.
-            log.warning("allocator state not restored, allocation starts afresh: %s", exc)
-            e.events.emit("allocator_state_discarded", error=str(exc)[:500])
-            return
-        # Every known id, not only those active at the checkpoint: one restored by an
-        # earlier resume may be a member still, and forgetting a stranger is a no-op.
-        e.expect_rejoin(str(w["id"]) for w in workers)
-
-    def _restore_target(self, reached: dict[str, Any] | None) -> None:
-        """A run that had reached its target before the restart is over: it stops again at once.
-
-        Unless the resumed run asks for more (a higher target, or none at all:
-        the operator resumed it to train on).
-        """
-        e = self.engine
-        target = e.config.target_accuracy
-        if reached is None or target is None or reached["accuracy"] < target:
-            if reached is not None:
-                log.info("the run had reached accuracy %.4f before the restart; the resumed run's target is %s, "
-                         "so it trains on", reached["accuracy"], target)
-            return
-        e.target_reached = TargetReached(**reached)
-        e.request_stop(f"target accuracy {target} was reached at version {reached['version']} before the restart")
+    def _replay(self, state: ModelState) -> int:
+        """Fold the journals' updates after the checkpoint's version, in order; returns how many."""
+        replayed = 0
+        journals = sorted(self.dir.glob("journal-*.log"), key=lambda p: int(p.stem.split("-", 1)[1]))
+        for path in journals:
+            for head, deltas in read_journal(path):
+                if head["version"] <= state.version:
+                    continue
+                if head["version"] != state.version + 1:
+                    raise CheckpointError(f"{path.name}: update {head['version']} follows {state.version}; "
+                                          "the journal has a gap")
+                payloads = [Payload(dtype=d.dtype, chunks=(d,), shapes=((d.numel(),),)) for d in deltas]
+                if head["op"] == "blend":
+                    state.blend(payloads[0], head["weights"][0])
+                else:
+                    state.apply(list(zip(payloads, head["weights"])))
+                replayed += 1
+        return replayed
 
     def _restore(self, meta: dict[str, Any]) -> None:
         e = self.engine
@@ -422,36 +393,9 @@ class Checkpointer:
         tensors = read_tensors(self.dir / meta["model_file"])
         version = int(meta["version"])
         e.state.load(tensors["model"], version, baseline=tensors["baseline"])
-        replayed = 0
-        journals = sorted(self.dir.glob("journal-*.log"), key=lambda p: int(p.stem.split("-", 1)[1]))
-        for path in journals:
-            for head, deltas in read_journal(path):
-                if head["version"] <= e.state.version:
-                    continue
-                if head["version"] != e.state.version + 1:
-                    raise CheckpointError(f"{path.name}: update {head['version']} follows {e.state.version}; "
-                                          "the journal has a gap")
-                payloads = [Payload(dtype=d.dtype, chunks=(d,), shapes=((d.numel(),),)) for d in deltas]
-                if head["op"] == "blend":
-                    e.state.blend(payloads[0], head["weights"][0])
-                else:
-                    e.state.apply(list(zip(payloads, head["weights"])))
-                replayed += 1
-        e.queue.restore(meta["queue"])
-        for shards in meta.get("outstanding", {}).values():
-            e.queue.requeue([s for a in shards for s in a])
-        self._restore_allocator(meta.get("allocator"), meta["workers"])
-        e.registry.restore(meta["workers"])
-        e.evaluator.history.extend(Evaluation(**ev) for ev in meta["evaluations"])
-        if e.evaluator.history:
-            e.evaluator.latest = e.evaluator.history[-1]
-        if meta.get("best_evaluation") is not None and "best" in tensors:
-            e.evaluator.restore_best(Evaluation(**meta["best_evaluation"]), tensors["best"])
-        self._restore_target(meta.get("target_reached"))
-        e.message_counts.update(meta.get("message_counts", {}))
-        e.started_at = time.time() - float(meta.get("elapsed_seconds", 0.0))
-        e.metrics.model_version.set(e.state.version)
+        replayed = self._replay(e.state)
+        e.load_state_dict(meta, best_flat=tensors.get("best"))
         e.resumed_from = {"checkpoint_version": version, "replayed_updates": replayed, "version": e.state.version}
-        e.events.emit("resumed", directory=str(self.dir), **e.resumed_from)
+        e.telemetry.emit("resumed", directory=str(self.dir), **e.resumed_from)
         log.info("resumed from %s: checkpoint version %d + %d journaled updates = version %d",
                  self.dir, version, replayed, e.state.version)

@@ -10,14 +10,15 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from hermes.common.clock import SYSTEM_CLOCK, Clock
 from hermes.common.datasets import ArrayDataset
 from hermes.common.tensors import ModelSpec, build_from_spec, load_flat
 from hermes.server.state import ModelState
@@ -64,7 +65,9 @@ class Evaluator:
         seed: int = 0,
         on_result: Callable[[Evaluation], None] | None = None,
         batch_size: int = 512,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
+        self.clock = clock
         self.state = state
         self.interval = interval
         self.batch_size = batch_size
@@ -122,6 +125,21 @@ class Evaluator:
             if self.best is None or ev.accuracy > self.best.accuracy:
                 self.best, self._best_flat = ev, flat
 
+    def state_dict(self) -> dict[str, Any]:
+        """History and best evaluation for a checkpoint (the best weights are a tensor: ``best_model``)."""
+        return {
+            "evaluations": [asdict(ev) for ev in self.history],
+            # The best model's weights sit beside the model in the tensor file ("best").
+            "best_evaluation": None if self.best is None else asdict(self.best),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any], best_flat: torch.Tensor | None) -> None:
+        self.history.extend(Evaluation(**ev) for ev in state.get("evaluations", []))
+        if self.history:
+            self.latest = self.history[-1]
+        if state.get("best_evaluation") is not None and best_flat is not None:
+            self.restore_best(Evaluation(**state["best_evaluation"]), best_flat)
+
     @torch.inference_mode()
     def evaluate_now(self) -> Evaluation:
         with self._lock:
@@ -143,7 +161,7 @@ class Evaluator:
                 accuracy=correct / n,
                 samples=len(self.y),
                 seconds=time.perf_counter() - t0,
-                at=time.time(),
+                at=self.clock.time(),
             )
             self.latest = result
             self.history.append(result)

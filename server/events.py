@@ -5,15 +5,17 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import time
 from pathlib import Path
 from typing import Any
+
+from hermes.common.clock import SYSTEM_CLOCK, Clock
 
 log = logging.getLogger(__name__)
 
 
 class EventLog:
-    def __init__(self, path: str | Path | None) -> None:
+    def __init__(self, path: str | Path | None, *, clock: Clock = SYSTEM_CLOCK) -> None:
+        self.clock = clock
         self._lock = threading.Lock()
         self._fh = None
         if path is not None:
@@ -24,7 +26,7 @@ class EventLog:
     def emit(self, event: str, **fields: Any) -> None:
         if self._fh is None:
             return
-        line = json.dumps({"ts": round(time.time(), 6), "event": event, **fields}, default=str)
+        line = json.dumps({"ts": round(self.clock.time(), 6), "event": event, **fields}, default=str)
         with self._lock:
             try:
                 self._fh.write(line + "\n")

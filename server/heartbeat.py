@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from typing import TYPE_CHECKING
 
 from hermes.server.aio import cancel_and_wait
@@ -53,7 +52,7 @@ class HeartbeatMonitor:
 
     async def sweep(self, now: float | None = None) -> list[str]:
         """Mark every active worker silent past the timeout lost; returns their ids."""
-        now = time.time() if now is None else now
+        now = self.engine.clock.time() if now is None else now
         silent = [r for r in self.engine.registry.all()
                   if r.state == "active" and now - r.last_seen > self.timeout]
         for rec in silent:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import hmac
 import threading
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from hermes.common.clock import SYSTEM_CLOCK, Clock
 from hermes.common.wire import ErrorCode, ProtocolError
 from hermes.server.auth import new_secret
 
@@ -176,7 +176,8 @@ class WorkerRecord:
 
 
 class Registry:
-    def __init__(self, max_workers: int) -> None:
+    def __init__(self, max_workers: int, *, clock: Clock = SYSTEM_CLOCK) -> None:
+        self.clock = clock
         self.max_workers = max_workers
         self._by_id: dict[str, WorkerRecord] = {}
         self._by_name: dict[str, str] = {}
@@ -188,7 +189,7 @@ class Registry:
         Returns (record, rejoined). The old token stops working at once.
         """
         with self._lock:
-            now = time.time()
+            now = self.clock.time()
             wid = self._by_name.get(name)
             if wid is not None:
                 rec = self._by_id[wid]

@@ -1,0 +1,339 @@
+"""Typed message bodies: the one definition of what server and agent say to each other.
+
+Data plane: the msgpack ``body`` of each request type and of the replies
+that carry fields (WORK, SHARD). Control plane: the register request and
+response and the collective rendezvous. Requests are checked once, at the
+receiving boundary, with ``parse_body``; a refusal is a
+``ProtocolError(BAD_REQUEST)`` whose one-line message names the field.
+
+Numbers are strict: a bool is not a count, a string is not a number, and a
+non-finite float is refused everywhere (a NaN folded into the model or a
+measurement poisons every later decision). Request bodies ignore fields they
+do not know, as the hand validators did, so agents of a newer minor version
+still talk to this server; the bodies the server builds forbid them.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal, TypeVar
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainValidator,
+    StrictBool,
+    StrictInt,
+    ValidationError,
+    model_validator,
+)
+
+from hermes.common.wire import PROTOCOL_VERSION, ErrorCode, ProtocolError
+
+log = logging.getLogger(__name__)
+
+# The most shard records one FETCH_SHARD may ask for (one reply; the agent sends up to this many).
+MAX_SHARDS_PER_FETCH = 256
+
+
+
+def _number(v: Any) -> Any:
+    # A bool is an int to Python and a numeric string is a float to pydantic's lax mode: neither is a measurement.
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ValueError("must be a number")
+    return v
+
+
+def _positive_number(v: Any) -> int | float:
+    """An int stays an int (a batch size), a float a float; both finite and > 0."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+        raise ValueError("must be a finite number > 0")
+    return v
+
+
+Count = Annotated[StrictInt, Field(ge=0)]
+Positive = Annotated[StrictInt, Field(ge=1)]
+Finite = Annotated[float, BeforeValidator(_number), Field(allow_inf_nan=False)]
+Seconds = Annotated[float, BeforeValidator(_number), Field(ge=0, allow_inf_nan=False)]
+PositiveNumber = Annotated[int | float, PlainValidator(_positive_number)]
+
+
+def _short_text(v: Any) -> str | None:
+    """A label the server only displays: kept to 16 characters; anything but a string is ignored."""
+    return v[:16] if isinstance(v, str) else None
+
+
+Label = Annotated[str | None, BeforeValidator(_short_text)]
+
+_REQUEST = ConfigDict(frozen=True, extra="ignore")
+_BUILT = ConfigDict(frozen=True, extra="forbid")
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def describe(exc: ValidationError) -> str:
+    """One line naming the first bad field, what it must be and what came."""
+    errors = exc.errors(include_url=False)
+    first = errors[0]
+    loc = ".".join(str(p) for p in first["loc"])
+    got = repr(first.get("input"))
+    if len(got) > 60:
+        got = got[:57] + "..."
+    text = f"body field {loc!r}: {first['msg']}" if loc else f"body: {first['msg']}"
+    if loc and first["type"] != "missing":  # a missing field's "input" is the whole body
+        text += f", got {got}"
+    if len(errors) > 1:
+        text += f" (and {len(errors) - 1} more)"
+    return text
+
+
+def parse_body(model: type[M], body: Mapping[str, Any]) -> M:
+    """The boundary check: a body, or ProtocolError(BAD_REQUEST) naming the bad field."""
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        raise ProtocolError(ErrorCode.BAD_REQUEST, describe(exc)) from None
+
+
+# ---- data plane: requests ---------------------------------------------------------------
+
+
+class CycleReport(BaseModel):
+    """One local training cycle, attached to a push or a stats report."""
+
+    model_config = _REQUEST
+
+    dss: Positive
+    mbs: Positive
+    compute_seconds: Seconds = 0.0
+    # Older agents do not send it: they never accumulate.
+    accumulation: Positive = 1
+    val_loss: Finite | None = None
+    z: Finite | None = None
+    alpha: Finite | None = None
+    pushed: StrictBool = True
+    # The gate's reason ("always" without a gate).
+    decision: Annotated[str, Field(max_length=32, strict=True)] = "always"
+
+    def fields(self) -> dict[str, Any]:
+        """The report as the registry and the event log keep it."""
+        return self.model_dump()
+
+
+class PushUpdate(BaseModel):
+    """PUSH_UPDATE: a model delta (payload) trained from ``header.model_version``."""
+
+    model_config = _REQUEST
+
+    # >= 1: with aggregation "samples" a group whose counts sum to 0 has no
+    # weights, which left BSP peers held forever.
+    samples: Positive
+    loss: Finite | None = None
+    steps: Count | None = None
+    compute_seconds: Seconds | None = None
+    # Collective rank 0: the change since its last copy of the model, for the server to evaluate.
+    copy_: StrictBool = Field(default=False, alias="copy")
+    cycle: CycleReport | None = None
+
+
+class PullModel(BaseModel):
+    """PULL_MODEL: the current model, or ``unchanged`` when ``if_newer`` and the agent has it."""
+
+    model_config = _REQUEST
+
+    if_newer: bool = False
+    # Checked by the server against what it serves (BAD_DTYPE, not BAD_REQUEST).
+    dtype: Any = "float32"
+
+
+class RequestWork(BaseModel):
+    """REQUEST_WORK: the next assignment (no fields)."""
+
+    model_config = _REQUEST
+
+
+class FetchShard(BaseModel):
+    """FETCH_SHARD: one shard record (``shard``) or several back to back (``shards``)."""
+
+    model_config = _REQUEST
+
+    shard: Count | None = None
+    shards: Annotated[list[Count], Field(min_length=1, max_length=MAX_SHARDS_PER_FETCH, strict=True)] | None = None
+    split: Literal["train", "validation"] = "train"
+
+    @model_validator(mode="after")
+    def _one_of(self) -> FetchShard:
+        if self.shard is None and self.shards is None:
+            raise ValueError("body field 'shard' (an int >= 0) or 'shards' (a list of ints) is required")
+        return self
+
+    def ids(self) -> list[int]:
+        return list(self.shards) if self.shards is not None else [self.shard or 0]
+
+
+ShardSource = Literal["kafka", "zmq"]
+
+
+class ReportStats(BaseModel):
+    """REPORT_STATS: the agent's running totals, and optionally a cycle and a memory profile."""
+
+    model_config = _REQUEST
+
+    samples: Count
+    bytes_sent: Count
+    bytes_received: Count
+    compute_seconds: Seconds = 0.0
+    wait_seconds: Seconds = 0.0
+    prefetch_wait_seconds: Seconds = 0.0
+    # Topology collective: the all-reduce traffic the agent sent.
+    collective_bytes: Count | None = None
+    # The shard-fetch part (optional: older agents do not send it).
+    prefetch_wait_steady_seconds: Seconds | None = None
+    shard_bytes: Annotated[dict[ShardSource, Count], Field(strict=True)] | None = None
+    shard_records: Annotated[dict[ShardSource, Count], Field(strict=True)] | None = None
+    corrupt_records: Count | None = None
+    shard_refetches: Count | None = None
+    kafka_fallbacks: Count | None = None
+    kafka_reconnects: Count | None = None
+    kafka_discarded_bytes: Count | None = None
+    kafka_data_missing: Count | None = None
+    data_source: Label = None
+    # Absent means "" (the worker reports none); anything but a string is ignored.
+    precision: Label = ""
+    final: bool = False
+    # OmniLearn Eq. 9's measurements: [batch, bytes] pairs.
+    memory_profile: Annotated[
+        list[Annotated[list[PositiveNumber], Field(min_length=2, max_length=2, strict=True)]],
+        Field(min_length=2, max_length=16, strict=True),
+    ] | None = None
+    cycle: CycleReport | None = None
+
+    def counters(self) -> dict[str, Any]:
+        """The running totals, as the worker record keeps them."""
+        return {
+            "samples": self.samples, "bytes_sent": self.bytes_sent, "bytes_received": self.bytes_received,
+            "compute_seconds": self.compute_seconds, "wait_seconds": self.wait_seconds,
+            "prefetch_wait_seconds": self.prefetch_wait_seconds,
+        }
+
+    def shard_counters(self) -> dict[str, int]:
+        """The shard-fetch counters this report carries (only those sent)."""
+        names = ("corrupt_records", "shard_refetches", "kafka_fallbacks", "kafka_reconnects",
+                 "kafka_discarded_bytes", "kafka_data_missing")
+        return {k: v for k in names if (v := getattr(self, k)) is not None}
+
+
+# ---- data plane: replies the server builds ----------------------------------------------
+
+
+class KafkaRanges(BaseModel):
+    """Where a reader finds shard records: ``{"source": "zmq"}`` or the Kafka topic and ranges."""
+
+    model_config = _BUILT
+
+    source: Literal["kafka", "zmq"] = "zmq"
+    bootstrap: str | None = None
+    topic: str | None = None
+    partitions: int | None = None
+    ranges: Any = None
+    max_record_bytes: int | None = None
+
+
+class WorkReply(BaseModel):
+    """WORK: the assignment for the agent's next cycle (plus where its shards are read from)."""
+
+    model_config = _BUILT
+
+    epoch: int
+    shards: list[int]
+    batch_size: int
+    cycle_samples: int
+    accumulation: int
+    lr: float
+    data: KafkaRanges = KafkaRanges()
+
+    def body(self) -> dict[str, Any]:
+        """The wire body: the data-source fields sit beside the assignment's, as agents read them."""
+        out = self.model_dump(exclude={"data"})
+        out.update(self.data.model_dump(exclude_none=True))
+        return out
+
+
+class ShardReply(BaseModel):
+    """SHARD: one record (``shard``) or several back to back, cut by ``lengths``."""
+
+    model_config = _BUILT
+
+    shard: int | None = None
+    shards: list[int] | None = None
+    lengths: list[int] | None = None
+
+    def body(self) -> dict[str, Any]:
+        return self.model_dump(exclude_none=True)
+
+
+# ---- control plane ----------------------------------------------------------------------
+
+
+class RegisterRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:@-]+$")
+    threads: int = Field(default=1, ge=1, le=1024)
+    device: str = Field(default="cpu", max_length=32)
+    slowdown: float = Field(default=1.0, ge=1.0, le=1000.0)
+    hints: dict[str, Any] = Field(default_factory=dict)
+    protocol_version: int = PROTOCOL_VERSION
+
+
+class CollectiveRendezvous(BaseModel):
+    """Where and as whom a worker joins the collective group (torchrun's RANK, WORLD_SIZE, MASTER_*)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    rank: int = Field(ge=0)
+    world_size: int = Field(ge=1)
+    master_addr: str
+    master_port: int = Field(ge=1, le=65535)
+    timeout_seconds: float = Field(gt=0.0)
+    # Regrouping: the group's generation and the store prefix its rendezvous keys live under.
+    generation: int = Field(default=0, ge=0)
+    store_prefix: str = ""
+
+    @model_validator(mode="after")
+    def _rank_in_group(self) -> CollectiveRendezvous:
+        if self.rank >= self.world_size:
+            raise ValueError(f"rank {self.rank} not in 0..{self.world_size - 1}")
+        return self
+
+
+class RegroupRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # The generation whose collective failed on this worker.
+    generation: int = Field(ge=0)
+
+
+class RegisterResponse(BaseModel):
+    worker_id: str
+    token: str
+    rejoined: bool
+    protocol_version: int
+    data_plane: str
+    model_spec: dict[str, Any]
+    run_config: dict[str, Any]
+    # Fixed local validation split for this worker's update gate (shard ids, split "validation").
+    validation_shards: list[int]
+    # Where shard records come from: {"source": "zmq"} or the Kafka topics and
+    # this worker's validation ranges ({"source": "kafka", "bootstrap", ...}).
+    data_source: dict[str, Any] = Field(default_factory=lambda: {"source": "zmq"})
+    # Topology "collective": rank, world_size, master_addr, master_port, timeout_seconds, generation, store_prefix.
+    collective: CollectiveRendezvous | None = None
+    # Signed data-plane messages carry server-clock timestamps: the agent's offset.
+    server_time_ms: int
+    heartbeat_interval_seconds: float
+    max_message_bytes: int

@@ -1,0 +1,469 @@
+"""The training engine: owns the model and the step, asks the policies, folds updates.
+
+The data plane hands it decoded-but-untrusted messages (``handlers``); it
+consults the sync strategy and the aggregation rule, folds, and wakes held
+replies. The other rooms: ``membership`` (who trains, with how much work),
+``collective`` (the all-reduce group's coordinator), ``kafka`` (shard
+records in a broker), ``reporting`` (status, summary, the run's end files),
+``telemetry`` (one ``emit`` per fact), ``policies`` (the one factory). It
+never touches a socket. Tensor work (checksums, finiteness, axpy,
+snapshots) runs in executor threads when it is big, so the event loop keeps
+serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hermes.common.allocation import AllocatorStateError
+from hermes.common.clock import SYSTEM_CLOCK, Clock
+from hermes.common.config import RunConfig
+from hermes.common.datasets import ArrayDataset
+from hermes.common.messages import WorkReply
+from hermes.common.models import build_model
+from hermes.common.shards import Assignment, ShardQueue, shards_for
+from hermes.common.sync import Decision, PushInfo
+from hermes.common.tensors import flatten, spec_of
+from hermes.common.wire import Payload, dtype_from_name
+from hermes.server.auth import ReplayGuard
+from hermes.server.engine.collective import Collective
+from hermes.server.engine.handlers import Handlers
+from hermes.server.engine.kafka import KafkaPublisher
+from hermes.server.engine.membership import Membership
+from hermes.server.engine.offload import offload, payload_bytes
+from hermes.server.engine.policies import Contribution, Policies, build_policies
+from hermes.server.engine.reporting import Reporting
+from hermes.server.engine.telemetry import Telemetry
+from hermes.server.evaluator import Evaluation, Evaluator, TargetReached
+from hermes.server.events import EventLog
+from hermes.server.metrics import ServerMetrics
+from hermes.server.registry import Registry, WorkerRecord
+from hermes.server.shardstore import ShardStore, load_splits
+from hermes.server.state import ModelState
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Held:
+    """A push whose reply waits for a barrier (and, buffered, whose update waits to be folded)."""
+
+    info: PushInfo
+    payload: Payload | None
+    reply: asyncio.Future
+    candidate_loss: float | None = None
+
+
+class Engine:
+    def __init__(
+        self,
+        config: RunConfig,
+        *,
+        metrics: ServerMetrics,
+        events: EventLog,
+        max_workers: int,
+        max_message_bytes: int,
+        out_dir: str | None = None,
+        replay_window_seconds: float = 300.0,
+        splits: tuple[ArrayDataset, ArrayDataset, ArrayDataset] | None = None,
+        state: ModelState | None = None,
+        policies: Policies | None = None,
+        checkpoints: Any = None,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        """Everything but the config can be injected (tests); by default the run config builds it."""
+        self.config = config
+        self.clock = clock
+        self.telemetry = Telemetry(metrics, events)
+        self.metrics = metrics
+        self.events = events
+        self.max_message_bytes = max_message_bytes
+        self.out_dir = Path(out_dir) if out_dir else None
+        self.train, self.validation, self.test = splits if splits is not None else load_splits(config)
+        self.state = state if state is not None else self._initial_state()
+        self.spec = self.state.spec
+        self.policies = policies if policies is not None else build_policies(
+            config, spec=self.spec, state=self.state, train_samples=len(self.train), validation=self.validation,
+            metrics=metrics)
+        self.registry = Registry(max_workers, clock=clock)
+        self.shards = ShardStore(self.train, config.shard_size)
+        self.validation_shards = ShardStore(self.validation, config.shard_size)
+        self.queue = ShardQueue(self.shards.num_shards, seed=config.seed)
+        self.evaluator = Evaluator(
+            self.spec, self.state, self.test, max_samples=config.eval_max_samples,
+            interval=config.eval_interval_seconds, seed=config.seed, on_result=self._on_evaluation, clock=clock,
+        )
+        self.started_at = clock.time()
+        self.stopping = False
+        self.stop_reason = ""
+        self.target_reached: TargetReached | None = None
+        self._background: set[asyncio.Task] = set()
+        # The loop that owns the held replies: evaluations run in the
+        # evaluator's thread and must hand a stop over to it (set in start()).
+        self._loop: asyncio.AbstractEventLoop | None = None
+        # SIGTERM: unlike a stop, the run goes on after a restart, so agents
+        # are told "unavailable" (retry) rather than "stop".
+        self.shutting_down = False
+        self.replay = ReplayGuard(replay_window_seconds, clock=clock)
+        # Set by the app when checkpoints are on (hermes.server.checkpoint): record_fold journals each fold.
+        self.checkpoints: Any = checkpoints
+        self.resumed_from: dict[str, int] | None = None
+        self.held: dict[str, Held] = {}
+        # Authenticated data-plane requests by type: the "API calls" of Hermes Table III.
+        self.message_counts: dict[str, int] = {}
+        # One model step at a time; a checkpoint holds it so model, version and queue agree.
+        self.step_lock = asyncio.Lock()
+        self.membership = Membership(self)
+        self.collective = Collective(self)
+        self.kafka = KafkaPublisher(self)
+        self.reporting = Reporting(self)
+        self.handlers = Handlers(self)
+        self.metrics.model_version.set(0)
+
+    def _initial_state(self) -> ModelState:
+        # Replicas start from identical weights: the server builds the seeded
+        # initial model and every agent pulls it before its first step.
+        c = self.config
+        torch.manual_seed(c.seed)
+        model = build_model(c.model, input_shape=self.train.input_shape, num_classes=self.train.num_classes,
+                            **c.model_kwargs)
+        spec = spec_of(model, c.model, self.train.input_shape, self.train.num_classes, **c.model_kwargs)
+        return ModelState(spec, flatten(model))
+
+    # The policies, by the names the rooms use.
+    @property
+    def strategy(self):
+        return self.policies.sync
+
+    @property
+    def allocator(self):
+        return self.policies.allocator
+
+    @property
+    def version(self) -> int:
+        return self.state.version
+
+    def elapsed(self) -> float:
+        """Seconds since the run started, as events and workload histories stamp them."""
+        return round(self.clock.time() - self.started_at, 3)
+
+    def throughput(self, worker_id: str) -> float | None:
+        rec = self.registry.get(worker_id)
+        return rec.throughput() if rec is not None else None
+
+    # ---- lifecycle -------------------------------------------------------
+
+    def start(self) -> None:
+        try:
+            self._loop = asyncio.get_running_loop()
+        except RuntimeError:  # started outside a loop (tests): stops run inline
+            self._loop = None
+        self.evaluator.start()
+        self.telemetry.emit(
+            "run_start", config=self.config.model_dump(), model_numel=self.spec.numel,
+            train_samples=len(self.train), test_samples=len(self.test), shards=self.shards.num_shards,
+        )
+
+    def request_stop(self, reason: str) -> None:
+        if self.stopping:
+            return
+        self.stopping = True
+        self.stop_reason = reason
+        self.telemetry.emit("stop_requested", reason=reason)
+        # Nobody waits on a barrier that will never come.
+        for held in self.held.values():
+            if not held.reply.done():
+                held.reply.set_result(None)
+        self.held.clear()
+
+    def begin_shutdown(self) -> None:
+        """The server process is going away (SIGTERM); the run is not over."""
+        if self.shutting_down:
+            return
+        self.shutting_down = True
+        self.telemetry.emit("server_shutdown")
+        for held in self.held.values():
+            if not held.reply.done():
+                held.reply.set_exception(self.handlers.going_away())
+        self.held.clear()
+
+    def shutdown(self) -> dict[str, Any]:
+        self.request_stop(self.stop_reason or "shutdown")
+        self.evaluator.stop()
+        return self.reporting.finish()
+
+    def _on_evaluation(self, ev: Evaluation) -> None:
+        self.telemetry.emit(
+            "evaluation", version=ev.version, accuracy=ev.accuracy, loss=ev.loss,
+            seconds=round(ev.seconds, 6), elapsed=round(ev.at - self.started_at, 3),
+        )
+        target = self.config.target_accuracy
+        # Not once the run is stopping: the shutdown evaluation must not turn an
+        # operator's stop into a reached target after the fact.
+        if target is None or ev.accuracy < target or self.target_reached is not None or self.stopping:
+            return
+        reached = TargetReached(ev.version, ev.accuracy, ev.at - self.started_at, ev.at)
+        self.target_reached = reached
+        self.telemetry.emit("target_reached", target_accuracy=target, **reached.public())
+        self._on_loop(self.request_stop, f"target accuracy {target} reached at version {ev.version}")
+        if self.checkpoints is not None:
+            # The outcome and the best model are durable at once: a server killed before its
+            # shutdown checkpoint resumes as a finished run, not as one that trains on.
+            self._on_loop(self._checkpoint_soon, "target reached")
+
+    def _checkpoint_soon(self, reason: str) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop (engine driven by hand in tests): the shutdown checkpoint will do
+            return
+        task = loop.create_task(self.checkpoints.save_or_report(reason))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def _on_loop(self, fn: Callable[..., object], *args: Any) -> None:
+        """Run ``fn`` on the engine's event loop: held replies are futures of that loop."""
+        loop = self._loop
+        try:
+            here = asyncio.get_running_loop()
+        except RuntimeError:
+            here = None
+        if loop is None or here is loop:
+            fn(*args)
+            return
+        try:
+            loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:  # the loop is closed: nothing is held any more
+            fn(*args)
+
+    # ---- the step: push, fold, pull, assign ---------------------------------
+
+    async def push(self, worker: WorkerRecord, base_version: int, samples: int,
+                   payload: Payload) -> tuple[str, dict[str, Any]]:
+        """A validated update: (reply status, reply fields). Waits while a barrier holds it."""
+        if self.stopping:
+            return "rejected", {"reason": "run is stopping"}
+        candidate_loss = None
+        if self.policies.aggregation.needs_candidate_loss:
+            candidate_loss = await self.policies.aggregation.candidate_loss(payload)
+        async with self.step_lock:
+            if self.stopping:
+                # The stop came while this push was being scored or waited for
+                # the lock: after a stop nothing is folded, and nothing may be
+                # held for a barrier that request_stop has already released.
+                return "rejected", {"reason": "run is stopping"}
+            info = PushInfo(worker.id, base_version, self.state.version, samples, worker.pushes,
+                            at=self.clock.monotonic())
+            verdict = self.strategy.on_push(info)
+            held: Held | None = None
+            if verdict.decision is Decision.REJECT:
+                worker.rejected += 1
+                self.telemetry.emit("update_rejected", worker=worker.id, base=base_version, reason=verdict.reason)
+                return "rejected", {"reason": verdict.reason}
+            if verdict.decision in (Decision.APPLY, Decision.APPLY_AND_WAIT):
+                await self.fold([Contribution(info, payload, candidate_loss)])
+            if verdict.decision in (Decision.BUFFER, Decision.APPLY_AND_WAIT):
+                held = Held(info, payload if verdict.decision is Decision.BUFFER else None,
+                            asyncio.get_running_loop().create_future(), candidate_loss)
+                self.held[worker.id] = held
+            await self.process_releases()
+        if held is not None:
+            await held.reply
+        status = "applied" if not self.stopping or held is None else "abandoned"
+        return status, {"staleness": info.staleness}
+
+    async def fold(self, group: list[Contribution]) -> None:
+        """One model step from a group of updates. Caller holds step_lock."""
+        t0 = time.perf_counter()
+        rule = self.policies.aggregation
+        weights, extra = await rule.weigh(group, self)
+        if rule.op == "blend":
+            version = await asyncio.to_thread(self.state.blend, group[0].payload, weights[0])
+        else:
+            version = await offload(
+                sum(payload_bytes(u.payload) for u in group),
+                self.state.apply, [(u.payload, w) for u, w in zip(group, weights)],
+            )
+        if self.checkpoints is not None:
+            # Journaled before any reply goes out: what is acknowledged survives a crash.
+            await asyncio.to_thread(self.checkpoints.record_fold, version, rule.op,
+                                    [u.payload for u in group], weights)
+        self.metrics.apply_seconds.observe(time.perf_counter() - t0)
+        for u in group:
+            rec = self.registry.get(u.info.worker_id)
+            if rec is not None:
+                rec.applied += 1
+        self.telemetry.emit(
+            "update_applied", version=version, workers=[u.info.worker_id for u in group],
+            staleness=[version - 1 - u.info.base_version for u in group], weights=[round(w, 6) for w in weights],
+            **extra,
+        )
+
+    async def process_releases(self) -> None:
+        """Fold and wake whatever the strategy releases. Caller holds step_lock."""
+        while (release := self.strategy.take_release()) is not None:
+            group = [
+                Contribution(h.info, h.payload, h.candidate_loss)
+                for w in release.aggregate
+                if (h := self.held.get(w)) is not None and h.payload is not None
+            ]
+            try:
+                if group:
+                    await self.fold(group)
+            finally:
+                # Even if folding failed, nobody may stay held for a step that is gone.
+                for w in release.wake:
+                    held = self.held.pop(w, None)
+                    if held is not None and not held.reply.done():
+                        held.reply.set_result(None)
+
+    async def model(self, dtype_name: str):
+        """(version, prepared payload) of the current model in ``dtype_name`` (already checked)."""
+        dtype = dtype_from_name(dtype_name)
+        nbytes = self.spec.numel * torch.empty(0, dtype=dtype).element_size()
+        return nbytes, await offload(nbytes, self.state.prepared, dtype)
+
+    def learning_rate(self, step_batch: int) -> float:
+        return self.policies.lr.rate(step_batch, lambda: sum(
+            self.allocator.workload(w).step_batch for w in self.registry.active_ids()))
+
+    def assign(self, worker: WorkerRecord) -> WorkReply:
+        """The next assignment of a worker: its workload, and whole shards for what its carry does not cover."""
+        wl = self.allocator.workload(worker.id)
+        # Whole shards, while a workload is any number of samples: the agent
+        # trains exactly ``cycle_samples`` and carries the rest into its next
+        # cycle. The server keeps the same account (the credit), so it hands
+        # out only what the carry does not cover and no sample is skipped.
+        need = wl.dss - worker.sample_credit
+        if need > 0:
+            assignment = self.queue.take(shards_for(need, self.config.shard_size))
+        else:
+            assignment = Assignment(epoch=self.queue.epoch, shards=())
+        given = sum(self.shards.samples(s) for s in assignment.shards)
+        # Never negative: short of data the agent trains what it has and carries nothing.
+        worker.sample_credit = max(0, worker.sample_credit + given - wl.dss)
+        self.membership.note_assignment(worker.id, assignment.shards)
+        work = WorkReply(epoch=assignment.epoch, shards=list(assignment.shards), batch_size=wl.mbs,
+                         cycle_samples=wl.dss, accumulation=wl.accumulation,
+                         lr=self.learning_rate(wl.step_batch), data=self.kafka.ranges("train", assignment.shards))
+        self.telemetry.emit("assignment", worker=worker.id, epoch=assignment.epoch, shards=list(assignment.shards),
+                            dss=wl.dss, mbs=wl.mbs, accumulation=wl.accumulation, lr=work.lr)
+        return work
+
+    # ---- checkpoints ----------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """The engine's parts, as a checkpoint keeps them (JSON; the model's tensors are written apart).
+
+        Taken under step_lock, so model, version and queue agree.
+        """
+        return {
+            "config": self.config.model_dump(),
+            "model": {"name": self.spec.name, "numel": self.spec.numel},
+            "queue": self.queue.state(),
+            **self.membership.state_dict(),
+            "allocator": self.allocator.state_dict(),
+            "workers": self.registry.identities(),
+            **self.evaluator.state_dict(),
+            "target_reached": None if self.target_reached is None else asdict(self.target_reached),
+            "message_counts": dict(self.message_counts),
+            "elapsed_seconds": self.clock.time() - self.started_at,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any], *, best_flat: torch.Tensor | None = None) -> None:
+        """Resume the parts from ``state_dict()`` (the model itself is loaded by the checkpointer)."""
+        self.queue.restore(state["queue"])
+        self.membership.load_state_dict(state)
+        self._load_allocator(state.get("allocator"), state["workers"])
+        self.registry.restore(state["workers"])
+        self.evaluator.load_state_dict(state, best_flat)
+        self._load_target(state.get("target_reached"))
+        self.message_counts.update(state.get("message_counts", {}))
+        self.started_at = self.clock.time() - float(state.get("elapsed_seconds", 0.0))
+        self.metrics.model_version.set(self.state.version)
+
+    def _load_allocator(self, state: dict[str, Any] | None, workers: list[dict[str, Any]]) -> None:
+        if state is None:  # checkpoints of older servers saved no state for most policies
+            return
+        try:
+            self.allocator.load_state_dict(state)
+        except AllocatorStateError as exc:
+            # The run config may change on resume (another policy, other bounds):
+            # the saved workloads then mean nothing here, and allocation starts afresh.
+            log.warning("allocator state not restored, allocation starts afresh: %s", exc)
+            self.telemetry.emit("allocator_state_discarded", error=str(exc)[:500])
+            return
+        # Every known id, not only those active at the checkpoint: one restored by an
+        # earlier resume may be a member still, and forgetting a stranger is a no-op.
+        self.membership.expect_rejoin(str(w["id"]) for w in workers)
+
+    def _load_target(self, reached: dict[str, Any] | None) -> None:
+        """A run that had reached its target before the restart is over: it stops again at once.
+
+        Unless the resumed run asks for more (a higher target, or none at all:
+        the operator resumed it to train on).
+        """
+        target = self.config.target_accuracy
+        if reached is None or target is None or reached["accuracy"] < target:
+            if reached is not None:
+                log.info("the run had reached accuracy %.4f before the restart; the resumed run's target is %s, "
+                         "so it trains on", reached["accuracy"], target)
+            return
+        self.target_reached = TargetReached(**reached)
+        self.request_stop(f"target accuracy {target} was reached at version {reached['version']} before the restart")
+
+    # ---- the public surface of the rooms ---------------------------------------
+
+    async def handle(self, frames: Sequence[Any]) -> list:
+        return await self.handlers.handle(frames)
+
+    def register(self, name: str, **info: Any) -> tuple[WorkerRecord, bool]:
+        return self.membership.register(name, **info)
+
+    async def leave(self, worker_id: str, reason: str, *, state: str = "left") -> None:
+        await self.membership.leave(worker_id, reason, state=state)
+
+    def expect_rejoin(self, worker_ids: Iterable[str]) -> None:
+        self.membership.expect_rejoin(worker_ids)
+
+    def forget_unreturned(self, timeout: float, now: float | None = None) -> list[str]:
+        return self.membership.forget_unreturned(timeout, now)
+
+    def validation_shards_for(self, worker: WorkerRecord) -> list[int]:
+        return self.membership.validation_shards_for(worker)
+
+    def start_coordinator(self, *, bind_host: str, port: int, advertise_host: str) -> None:
+        self.collective.start(bind_host=bind_host, port=port, advertise_host=advertise_host)
+
+    def collective_for(self, rec: WorkerRecord) -> dict[str, Any] | None:
+        return self.collective.rendezvous_for(rec)
+
+    def broken_generation_for(self, rec: WorkerRecord) -> int | None:
+        return self.collective.broken_generation_for(rec)
+
+    async def regroup(self, worker_id: str, failed_generation: int) -> dict[str, Any]:
+        return await self.collective.regroup(worker_id, failed_generation)
+
+    def publish_to_kafka(self, opts) -> None:
+        self.kafka.publish(opts)
+
+    def data_source_for(self, worker: WorkerRecord) -> dict[str, Any]:
+        """The register reply's ``data_source``: where this worker's validation shards are read from."""
+        return self.kafka.ranges("validation", self.validation_shards_for(worker)).model_dump(exclude_none=True)
+
+    @property
+    def outcome(self) -> str:
+        return self.reporting.outcome()
+
+    def status(self) -> dict[str, Any]:
+        return self.reporting.status()
+
+    def summary(self) -> dict[str, Any]:
+        return self.reporting.summary()

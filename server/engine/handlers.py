@@ -1,0 +1,190 @@
+"""The data plane's five requests: authenticate, parse the body once, hand it to the engine, reply.
+
+Bodies are checked at this boundary by ``hermes.common.messages.parse_body``;
+past it the engine sees typed values only.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from hermes.common.messages import (
+    FetchShard,
+    PullModel,
+    PushUpdate,
+    ReportStats,
+    RequestWork,
+    ShardReply,
+    parse_body,
+)
+from hermes.common.wire import (
+    ErrorCode,
+    Header,
+    Message,
+    MsgType,
+    ProtocolError,
+    decode,
+    encode,
+    verify_mac,
+)
+from hermes.server.engine.offload import offload, payload_bytes
+from hermes.server.registry import WorkerRecord
+from hermes.server.state import validate_update
+
+if TYPE_CHECKING:
+    from hermes.server.engine.core import Engine
+
+log = logging.getLogger(__name__)
+
+# The request being handled (each request runs in its own task): replies
+# echo its session, so a signed reply cannot answer another connection.
+_request: contextvars.ContextVar[Header] = contextvars.ContextVar("hermes_request")
+
+_MODEL_DTYPES = ("float32", "float16", "bfloat16")
+
+
+class Handlers:
+    def __init__(self, engine: Engine) -> None:
+        self.e = engine
+        self._by_type: dict[MsgType, Callable[[WorkerRecord, Message], Awaitable[list]]] = {
+            MsgType.PUSH_UPDATE: self.on_push,
+            MsgType.PULL_MODEL: self.on_pull,
+            MsgType.REQUEST_WORK: self.on_request_work,
+            MsgType.FETCH_SHARD: self.on_fetch_shard,
+            MsgType.REPORT_STATS: self.on_report,
+        }
+
+    @staticmethod
+    def going_away() -> ProtocolError:
+        return ProtocolError(ErrorCode.UNAVAILABLE, "server is shutting down; retry after it restarts")
+
+    async def handle(self, frames: Sequence[Any]) -> list:
+        """Reply frames for one request; raises ProtocolError for bad input."""
+        e = self.e
+        size = sum(len(f.buffer) if hasattr(f, "buffer") else len(f) for f in frames)
+        e.metrics.bytes_in.inc(size)
+        if e.shutting_down:
+            raise self.going_away()
+        msg = await offload(size, decode, frames, max_message_bytes=e.max_message_bytes)
+        h = msg.header
+        handler = self._by_type.get(h.type)
+        if handler is None:
+            raise ProtocolError(ErrorCode.BAD_REQUEST, f"{h.type.value} is a reply type, not a request")
+        worker = e.registry.lookup(h.worker)
+        # Signature first: nothing unauthenticated may move the replay counters.
+        if not await offload(size, verify_mac, frames[0], h, frames[1:], worker.key):
+            raise ProtocolError(ErrorCode.UNAUTHORIZED, f"bad signature from worker {h.worker!r}")
+        e.replay.check(h)
+        if worker.state != "active":
+            raise ProtocolError(ErrorCode.UNAUTHORIZED, f"worker {worker.id} is {worker.state}; register again")
+        worker.last_seen = e.clock.time()
+        _request.set(h)
+        worker.server_bytes_in += size
+        worker.messages += 1
+        e.message_counts[h.type.value] = e.message_counts.get(h.type.value, 0) + 1
+        e.metrics.messages.labels(type=h.type.value).inc()
+        reply = await handler(worker, msg)
+        out = sum(len(f) for f in reply)
+        worker.server_bytes_out += out
+        e.metrics.bytes_out.inc(out)
+        return reply
+
+    def reply(self, type_: MsgType, worker: WorkerRecord, seq: int, body: dict, payload=None) -> list:
+        body = {**body, "stop": self.e.stopping}
+        header = Header(type=type_, worker=worker.id, seq=seq, model_version=self.e.state.version, body=body,
+                        session=_request.get().session)
+        return encode(header, payload, key=worker.key)
+
+    async def on_push(self, worker: WorkerRecord, msg: Message) -> list:
+        e, h = self.e, msg.header
+        body = parse_body(PushUpdate, h.body)
+        if h.model_version < 0 or h.model_version > e.state.version:
+            raise ProtocolError(
+                ErrorCode.BAD_REQUEST, f"base model_version {h.model_version} not in [0, {e.state.version}]"
+            )
+        await offload(payload_bytes(msg.payload), validate_update, e.spec, msg.payload)
+        assert msg.payload is not None  # validate_update refuses a push without one
+        worker.pushes += 1
+        if body.cycle is not None:
+            e.membership.observe_cycle(worker, body.cycle)
+        status, fields = await e.push(worker, h.model_version, body.samples, msg.payload)
+        return self.reply(MsgType.PUSH_REPLY, worker, h.seq, {"status": status, **fields})
+
+    async def on_pull(self, worker: WorkerRecord, msg: Message) -> list:
+        e, h = self.e, msg.header
+        body = parse_body(PullModel, h.body)
+        worker.pulls += 1
+        if body.if_newer and h.model_version == e.state.version:
+            return self.reply(MsgType.MODEL, worker, h.seq, {"unchanged": True})
+        if body.dtype not in _MODEL_DTYPES:
+            raise ProtocolError(ErrorCode.BAD_DTYPE, f"models are served as float32/float16/bfloat16, not {body.dtype!r}")
+        nbytes, (version, flat) = await e.model(body.dtype)
+        header = Header(
+            type=MsgType.MODEL, worker=worker.id, seq=h.seq, model_version=version, session=h.session,
+            shapes=e.spec.shapes, body={"unchanged": False, "stop": e.stopping},
+        )
+        return await offload(nbytes, encode, header, flat, key=worker.key)
+
+    async def on_request_work(self, worker: WorkerRecord, msg: Message) -> list:
+        parse_body(RequestWork, msg.header.body)
+        work = self.e.assign(worker)
+        return self.reply(MsgType.WORK, worker, msg.header.seq, work.body())
+
+    async def on_fetch_shard(self, worker: WorkerRecord, msg: Message) -> list:
+        """One shard record (body ``shard``), or several in one reply (body ``shards``).
+
+        Several: the payload is the records back to back and ``lengths`` cuts
+        it; one request per assignment instead of one per shard (a fast
+        worker's 25-shard cycle made 25 requests).
+        """
+        e = self.e
+        body = parse_body(FetchShard, msg.header.body)
+        store = e.shards if body.split == "train" else e.validation_shards
+        ids = body.ids()
+        for shard in ids:
+            if not 0 <= shard < store.num_shards:
+                raise ProtocolError(ErrorCode.BAD_REQUEST,
+                                    f"{body.split} shard {shard} out of range [0, {store.num_shards})")
+        if body.shards is None:
+            return self.reply(MsgType.SHARD, worker, msg.header.seq, ShardReply(shard=ids[0]).body(),
+                              payload=store.record(ids[0]))
+        records = [store.record(i) for i in ids]
+        reply = ShardReply(shards=ids, lengths=[len(r) for r in records])
+        return self.reply(MsgType.SHARD, worker, msg.header.seq, reply.body(), payload=b"".join(records))
+
+    async def on_report(self, worker: WorkerRecord, msg: Message) -> list:
+        e = self.e
+        b = parse_body(ReportStats, msg.header.body)
+        for k, v in b.counters().items():
+            setattr(worker, k, v)
+        if b.collective_bytes is not None:  # topology collective: the all-reduce traffic the agent sent
+            worker.collective_bytes = b.collective_bytes
+        missing_before = worker.kafka_data_missing
+        if b.prefetch_wait_steady_seconds is not None:
+            worker.prefetch_wait_steady_seconds = b.prefetch_wait_steady_seconds
+        if b.shard_bytes is not None:
+            worker.shard_bytes = dict(b.shard_bytes)
+        if b.shard_records is not None:
+            worker.shard_records = dict(b.shard_records)
+        for k, n in b.shard_counters().items():
+            setattr(worker, k, n)
+        if b.data_source is not None:
+            worker.data_source = b.data_source
+        if worker.kafka_data_missing > missing_before:
+            e.kafka.republish(f"worker {worker.id} found shard records missing from Kafka")
+        if b.precision is not None:
+            worker.precision = b.precision
+        if b.memory_profile is not None:
+            e.membership.set_memory_profile(worker, [list(p) for p in b.memory_profile])
+        if b.cycle is not None:
+            e.membership.observe_cycle(worker, b.cycle)
+        e.metrics.worker_compute.labels(worker=worker.id).set(worker.compute_seconds)
+        e.metrics.worker_wait.labels(worker=worker.id).set(worker.wait_seconds)
+        e.metrics.worker_samples.labels(worker=worker.id).set(worker.samples)
+        e.metrics.worker_prefetch_wait.labels(worker=worker.id).set(worker.prefetch_wait_seconds)
+        for source, nbytes in worker.shard_bytes.items():
+            e.metrics.worker_shard_bytes.labels(worker=worker.id, source=source).set(nbytes)
+        return self.reply(MsgType.STATS_ACK, worker, msg.header.seq, {})

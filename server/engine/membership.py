@@ -1,0 +1,196 @@
+"""Who trains and with how much work: joins, leaves, rejoins after a resume, memory caps, resizes."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from hermes.common.allocation import CycleObservation, Resize, Workload
+from hermes.common.controllers import fit_memory_model, max_batch_for_memory
+from hermes.common.messages import CycleReport
+from hermes.common.shards import shards_for
+from hermes.server.registry import WorkerRecord
+
+if TYPE_CHECKING:
+    from hermes.server.engine.core import Engine
+
+log = logging.getLogger(__name__)
+
+
+class Membership:
+    def __init__(self, engine: Engine) -> None:
+        self.e = engine
+        # The last assignments handed to each worker (the one it trains and the
+        # one it prefetched): requeued if the worker is lost.
+        self.outstanding: dict[str, list[tuple[int, ...]]] = {}
+        # Workers a resumed checkpoint's allocator state still counts, until they register again.
+        self.awaiting_rejoin: set[str] = set()
+        self.awaiting_since = 0.0
+
+    def register(self, name: str, **info: Any) -> tuple[WorkerRecord, bool]:
+        e = self.e
+        if e.collective.coordinator is not None:
+            e.collective.coordinator.assign(name)  # GroupFull before anything is recorded
+        rec, rejoined = e.registry.register(name, **info)
+        self.awaiting_rejoin.discard(rec.id)
+        # A new secret: sessions signed with the old one are gone, and a previous
+        # incarnation's unfinished shards will not be finished by it.
+        e.replay.forget(rec.id)
+        self.requeue_outstanding(rec.id)
+        e.strategy.on_join(rec.id)
+        e.allocator.join(rec.id, rec.declared_capacity)
+        self.apply_memory_limits(rec)
+        elapsed = e.elapsed()
+        self.record_workload(rec, elapsed, e.allocator.workload(rec.id))
+        self.refresh_worker_gauge()
+        e.telemetry.emit("join", worker=rec.id, name=name, rejoined=rejoined, **info)
+        # Policies that split a fixed total (static, the global batch) move the others too.
+        self.apply_resizes(e.allocator.rebalance(), elapsed)
+        return rec, rejoined
+
+    def expect_rejoin(self, worker_ids: Iterable[str]) -> None:
+        """Workers whose allocation a resumed checkpoint restored: they hold it until they register again."""
+        self.awaiting_rejoin = set(worker_ids)
+        self.awaiting_since = self.e.clock.time()
+
+    def forget_unreturned(self, timeout: float, now: float | None = None) -> list[str]:
+        """Restored workers not registered again ``timeout`` seconds after the resume: the allocator forgets them.
+
+        Until then they count as members (an agent reconnecting to the
+        restarted server keeps its workload); a worker that never comes back
+        would otherwise hold the policies that wait for every member's
+        measurements, and its share of a global batch, for good.
+        """
+        e = self.e
+        now = e.clock.time() if now is None else now
+        if not self.awaiting_rejoin or now - self.awaiting_since <= timeout:
+            return []
+        gone, self.awaiting_rejoin = sorted(self.awaiting_rejoin), set()
+        for wid in gone:
+            e.allocator.forget(wid)
+        self.apply_resizes(e.allocator.rebalance(), round(now - e.started_at, 3))
+        e.telemetry.emit("restored_workers_forgotten", workers=gone, timeout=timeout)
+        return gone
+
+    async def leave(self, worker_id: str, reason: str, *, state: str = "left") -> None:
+        """The worker said goodbye (``left``) or went silent (``lost``)."""
+        e = self.e
+        rec = e.registry.get(worker_id)
+        if rec is None or rec.state != "active":
+            return
+        rec.state = state
+        await e.collective.member_gone(rec)
+        requeued = self.requeue_outstanding(worker_id)
+        e.strategy.on_leave(worker_id)
+        # Its cycle times no longer describe the cluster the median is taken over.
+        e.allocator.forget(worker_id)
+        self.apply_resizes(e.allocator.rebalance(), e.elapsed())
+        self.refresh_worker_gauge()
+        e.telemetry.emit("leave", worker=worker_id, reason=reason, state=state, requeued_shards=requeued)
+        async with e.step_lock:
+            await e.process_releases()
+
+    def note_assignment(self, worker_id: str, shards: tuple[int, ...]) -> None:
+        recent = self.outstanding.setdefault(worker_id, [])
+        recent.append(shards)
+        # Requesting assignment k means k-2 is trained (one trains, one is prefetched).
+        del recent[:-2]
+
+    def requeue_outstanding(self, worker_id: str) -> list[int]:
+        """A departed worker's unfinished shards go back to the front of the queue."""
+        shards = [s for a in self.outstanding.pop(worker_id, []) for s in a]
+        if shards:
+            self.e.queue.requeue(shards)
+        return shards
+
+    def observe_cycle(self, worker: WorkerRecord, report: CycleReport) -> None:
+        """Record one local training cycle; feed the allocator; resize stragglers."""
+        e = self.e
+        elapsed = e.elapsed()
+        cycle = report.fields()
+        worker.record_cycle(elapsed, cycle)
+        wid = worker.id
+        e.metrics.worker_cycles.labels(worker=wid).set(worker.cycles)
+        e.metrics.worker_wi.labels(worker=wid).set(worker.worker_independence)
+        e.telemetry.emit("cycle", worker=wid, elapsed=elapsed, **cycle)
+        e.allocator.observe(wid, CycleObservation(report.dss, report.mbs, report.compute_seconds,
+                                                  report.accumulation))
+        self.apply_resizes(e.allocator.rebalance(), elapsed)
+
+    def set_memory_profile(self, worker: WorkerRecord, profile: list[list[int | float]]) -> None:
+        """A worker's measured [batch, bytes] pairs: its batch cap follows, and so may the others' sizes."""
+        worker.hints["memory_profile"] = profile
+        self.apply_memory_limits(worker)
+        self.apply_resizes(self.e.allocator.rebalance(), self.e.elapsed())
+
+    def apply_memory_limits(self, rec: WorkerRecord) -> None:
+        """Caps from the memory a worker declared at registration."""
+        e = self.e
+        memory = rec.hints.get("memory_available_bytes")
+        if not isinstance(memory, int) or memory <= 0:
+            return
+        # A quarter of the device's free memory for the samples of one
+        # cycle (two buffers with prefetching): the DSS cap of Hermes Sec. IV-A.
+        per_sample = e.train.x[0].nbytes + e.train.y[0].nbytes
+        e.allocator.set_memory_limit(rec.id, max(e.config.shard_size, memory // (8 * per_sample)))
+        profile = rec.hints.get("memory_profile")
+        if not profile:
+            return
+        try:
+            # OmniLearn Eq. 9: training memory is m0 + m1*b, fitted on the worker's own measurements.
+            m0, m1 = fit_memory_model([(int(b), float(m)) for b, m in profile])
+            b_max = max_batch_for_memory(m0, m1, memory * e.config.memory_fraction)
+        except (TypeError, ValueError) as exc:
+            # The profile is logged here, not in the event: it is the worker's own input.
+            log.warning("worker %s: unusable memory profile %r: %s", rec.id, profile, exc)
+            e.telemetry.emit("memory_profile_rejected", worker=rec.id, error=str(exc)[:200])
+            return
+        e.allocator.set_batch_limit(rec.id, b_max)
+        e.telemetry.emit("memory_model", worker=rec.id, m0=round(m0), m1=round(m1, 3), b_max=b_max,
+                         budget=int(memory * e.config.memory_fraction))
+
+    def record_workload(self, rec: WorkerRecord, elapsed: float, wl: Workload) -> None:
+        rec.workload_history.append((elapsed, wl.dss, wl.mbs))
+        rec.accumulation = wl.accumulation
+        self.e.metrics.worker_dss.labels(worker=rec.id).set(wl.dss)
+        self.e.metrics.worker_mbs.labels(worker=rec.id).set(wl.mbs)
+
+    def apply_resizes(self, resizes: dict[str, Resize], elapsed: float) -> None:
+        e = self.e
+        if e.stopping:
+            return  # at shutdown everyone leaves: there is no work left to re-split
+        for resized_id, resize in resizes.items():
+            rec = e.registry.get(resized_id)
+            if rec is None or rec.state != "active":
+                continue
+            wl = resize.workload
+            if rec.workload_history and rec.workload_history[-1][1:] == (wl.dss, wl.mbs) \
+                    and rec.accumulation == wl.accumulation:
+                continue  # e.g. a joining worker, recorded at registration
+            self.record_workload(rec, elapsed, wl)
+            e.telemetry.emit("resize", worker=resized_id, kind=resize.kind, dss=wl.dss, mbs=wl.mbs,
+                             accumulation=wl.accumulation, **resize.detail)
+
+    def validation_shards_for(self, worker: WorkerRecord) -> list[int]:
+        """A fixed local validation split per worker (its gate's data), spread over the validation set."""
+        e = self.e
+        n = e.validation_shards.num_shards
+        k = min(n, shards_for(e.config.gate_validation_samples, e.config.shard_size))
+        start = (int(worker.id.lstrip("w") or 0) * k) % n
+        return [(start + i) % n for i in range(k)]
+
+    def refresh_worker_gauge(self) -> None:
+        workers = self.e.registry.all()
+        for state in ("active", "left", "lost"):
+            self.e.metrics.workers.labels(state=state).set(sum(1 for w in workers if w.state == state))
+
+    # ---- checkpoints ----------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"outstanding": {w: [list(a) for a in lst] for w, lst in self.outstanding.items()}}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Shards outstanding at the checkpoint go back to the queue: their workers start afresh."""
+        for shards in state.get("outstanding", {}).values():
+            self.e.queue.requeue([s for a in shards for s in a])

@@ -1,0 +1,198 @@
+"""The policies the engine asks, built once from the run config.
+
+``build_policies`` is the one place that reads the config's policy names; the
+engine only asks the bundle what a policy needs (``needs_candidate_loss``)
+and what it answers (``weigh``, ``rate``). The sync strategy and the
+allocator are the pure policies of ``hermes.common``; the aggregation rule
+and the learning rate are thin adapters here because they need the
+server's model state (the loss probe) or the cluster's batches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from hermes.common.aggregation import aggregation_weights, batch_scaled_lr, loss_blend_weight, power_weights
+from hermes.common.allocation import Allocator, make_allocator
+from hermes.common.config import RunConfig
+from hermes.common.datasets import ArrayDataset
+from hermes.common.sync import PushInfo, SyncStrategy, make_strategy
+from hermes.common.tensors import ModelSpec
+from hermes.common.wire import Payload
+from hermes.server.lossprobe import LossProbe
+from hermes.server.metrics import ServerMetrics
+from hermes.server.state import ModelState
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Contribution:
+    """One update of a fold, as an aggregation rule sees it."""
+
+    info: PushInfo
+    payload: Payload
+    # Loss of w0 + G on the validation subset (rules with needs_candidate_loss only).
+    candidate_loss: float | None = None
+
+
+class FoldContext(Protocol):
+    """What a rule may ask of the engine while weighing a group."""
+
+    @property
+    def version(self) -> int: ...
+
+    def throughput(self, worker_id: str) -> float | None: ...
+
+
+class Aggregation(Protocol):
+    # The rule scores each update's candidate model before it is folded (Hermes Alg. 2).
+    needs_candidate_loss: bool
+    # How the model state folds the weights: "apply" (w += sum_k lambda_k G_k) or
+    # "blend" (w <- (1 - a) w + a (w0 + G), one update); also the journal's op.
+    op: str
+
+    async def candidate_loss(self, payload: Payload) -> float | None: ...
+
+    async def weigh(self, group: Sequence[Contribution], ctx: FoldContext) -> tuple[list[float], dict[str, Any]]:
+        """The group's weights and the facts worth logging beside them."""
+        ...
+
+
+class _ApplyRule:
+    needs_candidate_loss = False
+    op = "apply"
+
+    async def candidate_loss(self, payload: Payload) -> float | None:
+        return None
+
+
+class SampleWeights(_ApplyRule):
+    """``mean`` (1/K) or ``samples`` (lambda_k = b_k / sum b, OmniLearn Eq. 4b)."""
+
+    def __init__(self, rule: str) -> None:
+        self.rule = rule
+
+    async def weigh(self, group: Sequence[Contribution], ctx: FoldContext) -> tuple[list[float], dict[str, Any]]:
+        return aggregation_weights(self.rule, [c.info.samples for c in group]), {}
+
+
+class PowerWeights(_ApplyRule):
+    """EDP-SGD Sec. 4.2: each update weighs its worker's normalised compute power."""
+
+    def __init__(self, power_of: Callable[[str], float | None]) -> None:
+        self.power_of = power_of
+
+    def power(self, worker_id: str, ctx: FoldContext) -> float:
+        power = self.power_of(worker_id)
+        if power is None:
+            power = ctx.throughput(worker_id)
+        return power or 1.0  # before any measurement every worker counts alike (DP-SGD Alg. 1 line 5)
+
+    async def weigh(self, group: Sequence[Contribution], ctx: FoldContext) -> tuple[list[float], dict[str, Any]]:
+        return power_weights([self.power(c.info.worker_id, ctx) for c in group]), {}
+
+
+class LossBlend:
+    """Hermes Alg. 2: blend one worker's model in by the inverse losses of both models."""
+
+    needs_candidate_loss = True
+    op = "blend"
+
+    def __init__(self, probe: LossProbe, metrics: ServerMetrics) -> None:
+        self.probe = probe
+        self.metrics = metrics
+
+    async def candidate_loss(self, payload: Payload) -> float | None:
+        # Scored outside the step lock: it depends only on w0 and G, so
+        # concurrent pushes are scored in parallel and serialised only for the blend.
+        return await asyncio.to_thread(self.probe.candidate_loss, payload)
+
+    async def weigh(self, group: Sequence[Contribution], ctx: FoldContext) -> tuple[list[float], dict[str, Any]]:
+        (update,) = group  # config validation keeps ``loss`` to one-at-a-time strategies
+        assert update.candidate_loss is not None
+        extra: dict[str, Any] = {}
+        if ctx.version == 0:
+            weight = 1.0  # Hermes Alg. 2 initial step: sigma <- G
+        else:
+            _, global_loss = await asyncio.to_thread(self.probe.global_loss)
+            weight = loss_blend_weight(global_loss, update.candidate_loss)
+            extra = {"global_loss": round(global_loss, 6)}
+        extra["candidate_loss"] = round(update.candidate_loss, 6)
+        self.metrics.blend_weight.observe(weight)
+        return [weight], extra
+
+
+class LearningRate(Protocol):
+    def rate(self, step_batch: int, cluster_batch: Callable[[], int]) -> float:
+        """The lr for a worker stepping on ``step_batch`` samples; ``cluster_batch()`` sums the active workers'."""
+        ...
+
+
+@dataclass(frozen=True)
+class FixedRate:
+    lr: float
+
+    def rate(self, step_batch: int, cluster_batch: Callable[[], int]) -> float:
+        return self.lr
+
+
+@dataclass(frozen=True)
+class BatchScaledRate:
+    """OmniLearn Eq. 5b: eta_k = eta * b_k / sum_i b_i over the active workers."""
+
+    lr: float
+
+    def rate(self, step_batch: int, cluster_batch: Callable[[], int]) -> float:
+        return batch_scaled_lr(self.lr, step_batch, max(cluster_batch(), step_batch))
+
+
+@dataclass(frozen=True)
+class Policies:
+    sync: SyncStrategy
+    allocator: Allocator
+    aggregation: Aggregation
+    lr: LearningRate
+
+
+def _strategy_params(config: RunConfig) -> dict[str, Any]:
+    if config.sync == "asp":
+        return {"max_staleness": config.max_staleness}
+    if config.sync == "ssp":
+        return {"staleness": config.ssp_staleness}
+    if config.sync == "ebsp":
+        return {"lookahead": config.ebsp_lookahead, "history": config.ebsp_history}
+    return {}
+
+
+def build_policies(
+    config: RunConfig,
+    *,
+    spec: ModelSpec,
+    state: ModelState,
+    train_samples: int,
+    validation: ArrayDataset,
+    metrics: ServerMetrics,
+) -> Policies:
+    """The one place a policy is chosen by name (to become registry look-ups)."""
+    # Collective: the ranks all-reduce among themselves; the server only
+    # folds the copies rank 0 sends for evaluation, one at a time (asp).
+    sync = (make_strategy("asp") if config.topology == "collective"
+            else make_strategy(config.sync, **_strategy_params(config)))
+    allocator = make_allocator(config, dss_max=train_samples, epoch_samples=train_samples)
+    aggregation: Aggregation
+    if config.aggregation == "loss":
+        probe = LossProbe(spec, state, validation, samples=config.loss_eval_samples, seed=config.seed,
+                          metrics=metrics)
+        aggregation = LossBlend(probe, metrics)
+    elif config.aggregation == "power":
+        # Allocators that measure compute power (partition) answer it; the others leave it to throughput.
+        aggregation = PowerWeights(getattr(allocator, "power", lambda _w: None))
+    else:
+        aggregation = SampleWeights(config.aggregation)
+    lr: LearningRate = BatchScaledRate(config.lr) if config.lr_scaling == "batch-scaled" else FixedRate(config.lr)
+    return Policies(sync=sync, allocator=allocator, aggregation=aggregation, lr=lr)

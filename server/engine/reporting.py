@@ -1,0 +1,135 @@
+"""What the run tells people: status, summary, and the files written at its end."""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any
+
+from hermes.server.checkpoint import write_tensors
+
+if TYPE_CHECKING:
+    from hermes.server.engine.core import Engine
+
+log = logging.getLogger(__name__)
+
+BEST_MODEL_FILE = "model-best.safetensors"
+
+
+class Reporting:
+    def __init__(self, engine: Engine) -> None:
+        self.e = engine
+
+    def outcome(self) -> str:
+        """running, stopped (operator, SIGTERM's shutdown) or target_reached (the server stopped itself)."""
+        if self.e.target_reached is not None:
+            return "target_reached"
+        return "stopped" if self.e.stopping else "running"
+
+    def status(self) -> dict[str, Any]:
+        e = self.e
+        ev = e.evaluator.latest
+        best = e.evaluator.best
+        return {
+            "preset": e.config.preset,
+            "sync": e.config.sync,
+            "model_version": e.state.version,
+            "elapsed_seconds": e.elapsed(),
+            "epoch_progress": round(e.queue.progress, 4),
+            "evaluation": None if ev is None else {
+                "version": ev.version, "accuracy": ev.accuracy, "loss": ev.loss, "at": ev.at,
+            },
+            "workers_active": len(e.registry.active_ids()),
+            "heterogeneity": e.registry.heterogeneity(),
+            "workloads": {
+                r.id: {"name": r.name, "dss": r.workload_history[-1][1], "mbs": r.workload_history[-1][2],
+                       "accumulation": r.accumulation}
+                for r in e.registry.all() if r.state == "active" and r.workload_history
+            },
+            "workers_total": len(e.registry.all()),
+            "stopping": e.stopping,
+            "stop_reason": e.stop_reason,
+            "outcome": self.outcome(),
+            "target_accuracy": e.config.target_accuracy,
+            "target_reached_at": None if e.target_reached is None else e.target_reached.public(),
+            "best_accuracy": None if best is None else best.accuracy,
+            "best_version": None if best is None else best.version,
+            "resumed_from": e.resumed_from,
+            "last_checkpoint_version": None if e.checkpoints is None else e.checkpoints.last_version,
+        }
+
+    def summary(self) -> dict[str, Any]:
+        e = self.e
+        ev = e.evaluator.latest
+        return {
+            **self.status(),
+            # Over every worker of the run: at shutdown the active ones have left.
+            "heterogeneity": e.registry.heterogeneity(active_only=False),
+            "config": e.config.model_dump(),
+            "model": e.spec.to_dict() | {"entries": len(e.spec.entries)},
+            "model_updates": e.state.version,
+            "messages_total": sum(e.message_counts.values()),
+            "messages_by_type": dict(e.message_counts),
+            "bytes_received_total": sum(w.server_bytes_in for w in e.registry.all()),
+            "bytes_sent_total": sum(w.server_bytes_out for w in e.registry.all()),
+            "final_accuracy": None if ev is None else ev.accuracy,
+            "final_loss": None if ev is None else ev.loss,
+            "evaluations": [
+                {"version": x.version, "accuracy": x.accuracy, "loss": x.loss,
+                 "elapsed": round(x.at - e.started_at, 3), "seconds": round(x.seconds, 6)}
+                for x in e.evaluator.history
+            ],
+            "workers": [w.public() for w in e.registry.all()],
+            "data_plane": e.kafka.info(),
+        }
+
+    def finish(self) -> dict[str, Any]:
+        """The run's end: a last evaluation, the summary and the best model written to OUT."""
+        e = self.e
+        # The current model, whatever it scores: the best one is reported beside it, not instead.
+        final = e.evaluator.evaluate_now()
+        summary = self.summary()
+        e.telemetry.emit("run_end", version=e.state.version, accuracy=final.accuracy, loss=final.loss,
+                         best_version=summary["best_version"], best_accuracy=summary["best_accuracy"])
+        if e.out_dir is not None:
+            e.out_dir.mkdir(parents=True, exist_ok=True)
+            summary["best_model_file"] = self.write_best_model()
+            tmp = e.out_dir / "server_summary.json.tmp"
+            tmp.write_text(json.dumps(summary, indent=2))
+            tmp.replace(e.out_dir / "server_summary.json")
+        e.events.close()
+        return summary
+
+    def write_best_model(self) -> str | None:
+        """OUT/model-best.safetensors: the best evaluated model, in the checkpoints' tensor layout.
+
+        Returns the file name, or None before any evaluation.
+        """
+        e = self.e
+        assert e.out_dir is not None
+        best = e.evaluator.best_model()
+        if best is None:
+            return None
+        ev, flat = best
+        path = e.out_dir / BEST_MODEL_FILE
+        try:
+            write_tensors(path, {"model": flat}, {
+                "version": str(ev.version), "accuracy": repr(ev.accuracy), "loss": repr(ev.loss),
+                "evaluated_samples": str(ev.samples),
+                # Enough to rebuild the network: build_from_spec(ModelSpec.from_dict(...)) + load_flat.
+                "spec": json.dumps(e.spec.to_dict(), separators=(",", ":")),
+            })
+        except OSError as exc:  # a full disk must not cost the summary
+            log.error("writing the best model to %s failed: %s", path, exc)
+            return None
+        log.info("best model (version %d, accuracy %.4f) written to %s", ev.version, ev.accuracy, path)
+        return path.name
+
+    def evaluations_state_dict(self) -> dict[str, Any]:
+        ev = self.e.evaluator
+        return {
+            "evaluations": [asdict(x) for x in ev.history],
+            # The best model's weights sit beside the model in the tensor file ("best").
+            "best_evaluation": None if ev.best is None else asdict(ev.best),
+        }

@@ -1,0 +1,101 @@
+"""One ``emit`` per fact: the event log, the Prometheus metrics and the log line.
+
+A fact used to be reported three times by hand (an event, a metric, a log
+call), and the three drifted. Here each fact's metric update and log line
+are declared once, next to each other; the engine only says what happened.
+Gauges that mirror state (worker counts, per-worker totals) stay where the
+state changes: they are not facts.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from hermes.server.events import EventLog
+from hermes.server.metrics import ServerMetrics
+
+log = logging.getLogger("hermes.server.engine")
+
+Fields = Mapping[str, Any]
+
+
+def _applied(m: ServerMetrics, f: Fields) -> None:
+    m.model_version.set(f["version"])
+    for staleness in f["staleness"]:
+        # Staleness against the model the update was folded into.
+        m.staleness.observe(staleness)
+        m.updates.labels(outcome="applied").inc()
+
+
+def _evaluation(m: ServerMetrics, f: Fields) -> None:
+    m.test_accuracy.set(f["accuracy"])
+    m.test_loss.set(f["loss"])
+    m.evaluated_version.set(f["version"])
+    m.eval_seconds.observe(f["seconds"])
+
+
+def _cycle(m: ServerMetrics, f: Fields) -> None:
+    wid = f["worker"]
+    m.worker_cycle_seconds.labels(worker=wid).set(f["compute_seconds"])
+    if f["decision"] != "always":
+        m.gate_decisions.labels(worker=wid, decision="push" if f["pushed"] else "skip").inc()
+        if f["z"] is not None:
+            m.gate_zscore.labels(worker=wid).set(f["z"])
+
+
+_METRICS: dict[str, Callable[[ServerMetrics, Fields], None]] = {
+    "update_applied": _applied,
+    "update_rejected": lambda m, f: m.updates.labels(outcome="rejected").inc(),
+    "evaluation": _evaluation,
+    "cycle": _cycle,
+    "resize": lambda m, f: m.stragglers.labels(worker=f["worker"], kind=f["kind"]).inc(),
+    "checkpoint": lambda m, f: m.checkpoints.inc(),
+}
+
+_RESIZE_KEYS = ("worker", "kind", "dss", "mbs", "accumulation")
+
+# fact -> (level, message, arguments from the fields); %-style, formatted only if logged.
+_LINES: dict[str, tuple[int, str, Callable[[Fields], tuple[Any, ...]]]] = {
+    "stop_requested": (logging.INFO, "stop requested: %s", lambda f: (f["reason"],)),
+    "server_shutdown": (logging.INFO, "server shutting down; agents will reconnect to a restarted server",
+                        lambda f: ()),
+    "target_reached": (logging.INFO, "target accuracy %s reached: %.4f at model version %d, %.1fs after the start; "
+                       "stopping the run",
+                       lambda f: (f["target_accuracy"], f["accuracy"], f["version"], f["seconds"])),
+    "join": (logging.INFO, "worker %s (%s) %s",
+             lambda f: (f["worker"], f["name"], "rejoined" if f["rejoined"] else "joined")),
+    "leave": (logging.INFO, "worker %s %s: %s", lambda f: (f["worker"], f["state"], f["reason"])),
+    "resize": (logging.INFO, "worker %s resized (%s): dss=%d mbs=%d accumulation=%d %s",
+               lambda f: (f["worker"], f["kind"], f["dss"], f["mbs"], f["accumulation"],
+                          {k: v for k, v in f.items() if k not in _RESIZE_KEYS})),
+    "restored_workers_forgotten": (
+        logging.INFO, "%d worker(s) of the resumed checkpoint did not register again within %.1fs; "
+        "the allocator forgot them: %s", lambda f: (len(f["workers"]), f["timeout"], ", ".join(f["workers"]))),
+    "shards_republished": (logging.INFO, "shard records republished to %s (%s)",
+                           lambda f: (f["bootstrap"], f["reason"])),
+    "shards_republish_failed": (logging.WARNING, "republishing shard records to %s failed: %s",
+                                lambda f: (f["bootstrap"], f["error"])),
+    "checkpoint": (logging.INFO, "checkpoint at version %d (%s) in %.3fs",
+                   lambda f: (f["version"], f["reason"], f["seconds"])),
+    "checkpoint_failed": (logging.ERROR, "%s checkpoint failed: %s", lambda f: (f["reason"], f["error"])),
+}
+
+
+class Telemetry:
+    def __init__(self, metrics: ServerMetrics, events: EventLog) -> None:
+        self.metrics = metrics
+        self.events = events
+
+    def emit(self, fact: str, **fields: Any) -> None:
+        """Report one fact: its event, its metrics and its log line, whichever it has."""
+        self.events.emit(fact, **fields)
+        update = _METRICS.get(fact)
+        if update is not None:
+            update(self.metrics, fields)
+        line = _LINES.get(fact)
+        if line is not None:
+            level, message, args = line
+            if log.isEnabledFor(level):
+                log.log(level, message, *args(fields))
