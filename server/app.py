@@ -231,9 +231,9 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
             data_plane=request.app.state.data_plane_address,
             model_spec=engine.spec.to_dict(),
             run_config=engine.config.model_dump(),
-            validation_shards=engine.validation_shards_for(rec),
+            validation_shards=engine.membership.validation_shards_for(rec),
             data_source=engine.data_source_for(rec),
-            collective=engine.collective_for(rec),
+            collective=engine.collective.rendezvous_for(rec),
             server_time_ms=now_ms(),
             heartbeat_interval_seconds=settings.heartbeat_interval_seconds,
             max_message_bytes=engine.max_message_bytes,
@@ -255,7 +255,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         rec.last_seen = engine.clock.time()
         engine.metrics.heartbeats.inc()
         reply = {"state": rec.state, "model_version": engine.state.version, "stop": engine.stopping}
-        broken = engine.broken_generation_for(rec)
+        broken = engine.collective.broken_generation_for(rec)
         if broken is not None:
             # Topology collective: the group is re-forming without this worker's report yet;
             # it may be stuck in a collective that will only time out.

@@ -259,7 +259,6 @@ class Checkpointer:
         self.written = 0
         self._task: asyncio.Task | None = None
 
-    # -- layout --
     def _model_path(self, version: int) -> Path:
         return self.dir / f"model-{version}.safetensors"
 
@@ -308,7 +307,6 @@ class Checkpointer:
             self.engine.telemetry.emit("checkpoint_failed", reason=reason, error=str(exc)[:500])
             return None
 
-    # -- hooks --
     def record_fold(self, version: int, op: str, payloads: Sequence[Payload], weights: Sequence[float]) -> None:
         """Called by the engine after each fold and before any reply: durable first, then acknowledged."""
         if self.journal is not None:

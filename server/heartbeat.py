@@ -64,5 +64,5 @@ class HeartbeatMonitor:
             await self.engine.leave(rec.id, f"no heartbeat for {quiet:.1f}s", state="lost")
         # The same timeout for workers a resumed server restored: one that has
         # not registered again by then is gone as far as the allocator is concerned.
-        self.engine.forget_unreturned(self.timeout, now)
+        self.engine.membership.forget_unreturned(self.timeout, now)
         return [r.id for r in silent]

@@ -16,14 +16,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from hermes.common.allocation import AllocatorStateError
 from hermes.common.clock import SYSTEM_CLOCK, Clock
 from hermes.common.config import RunConfig
 from hermes.common.datasets import ArrayDataset
@@ -99,13 +98,12 @@ class Engine:
         self.queue = ShardQueue(self.shards.num_shards, seed=config.seed)
         self.evaluator = Evaluator(
             self.spec, self.state, self.test, max_samples=config.eval_max_samples,
-            interval=config.eval_interval_seconds, seed=config.seed, on_result=self._on_evaluation, clock=clock,
+            interval=config.eval_interval_seconds, seed=config.seed, on_result=self._evaluated, clock=clock,
         )
         self.started_at = clock.time()
         self.stopping = False
         self.stop_reason = ""
         self.target_reached: TargetReached | None = None
-        self._background: set[asyncio.Task] = set()
         # The loop that owns the held replies: evaluations run in the
         # evaluator's thread and must hand a stop over to it (set in start()).
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -200,35 +198,10 @@ class Engine:
         self.evaluator.stop()
         return self.reporting.finish()
 
-    def _on_evaluation(self, ev: Evaluation) -> None:
-        self.telemetry.emit(
-            "evaluation", version=ev.version, accuracy=ev.accuracy, loss=ev.loss,
-            seconds=round(ev.seconds, 6), elapsed=round(ev.at - self.started_at, 3),
-        )
-        target = self.config.target_accuracy
-        # Not once the run is stopping: the shutdown evaluation must not turn an
-        # operator's stop into a reached target after the fact.
-        if target is None or ev.accuracy < target or self.target_reached is not None or self.stopping:
-            return
-        reached = TargetReached(ev.version, ev.accuracy, ev.at - self.started_at, ev.at)
-        self.target_reached = reached
-        self.telemetry.emit("target_reached", target_accuracy=target, **reached.public())
-        self._on_loop(self.request_stop, f"target accuracy {target} reached at version {ev.version}")
-        if self.checkpoints is not None:
-            # The outcome and the best model are durable at once: a server killed before its
-            # shutdown checkpoint resumes as a finished run, not as one that trains on.
-            self._on_loop(self._checkpoint_soon, "target reached")
+    def _evaluated(self, ev: Evaluation) -> None:
+        self.reporting.on_evaluation(ev)
 
-    def _checkpoint_soon(self, reason: str) -> None:
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:  # no loop (engine driven by hand in tests): the shutdown checkpoint will do
-            return
-        task = loop.create_task(self.checkpoints.save_or_report(reason))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-
-    def _on_loop(self, fn: Callable[..., object], *args: Any) -> None:
+    def on_loop(self, fn: Callable[..., object], *args: Any) -> None:
         """Run ``fn`` on the engine's event loop: held replies are futures of that loop."""
         loop = self._loop
         try:
@@ -381,43 +354,12 @@ class Engine:
         """Resume the parts from ``state_dict()`` (the model itself is loaded by the checkpointer)."""
         self.queue.restore(state["queue"])
         self.membership.load_state_dict(state)
-        self._load_allocator(state.get("allocator"), state["workers"])
         self.registry.restore(state["workers"])
         self.evaluator.load_state_dict(state, best_flat)
-        self._load_target(state.get("target_reached"))
+        self.reporting.load_target(state.get("target_reached"))
         self.message_counts.update(state.get("message_counts", {}))
         self.started_at = self.clock.time() - float(state.get("elapsed_seconds", 0.0))
         self.metrics.model_version.set(self.state.version)
-
-    def _load_allocator(self, state: dict[str, Any] | None, workers: list[dict[str, Any]]) -> None:
-        if state is None:  # checkpoints of older servers saved no state for most policies
-            return
-        try:
-            self.allocator.load_state_dict(state)
-        except AllocatorStateError as exc:
-            # The run config may change on resume (another policy, other bounds):
-            # the saved workloads then mean nothing here, and allocation starts afresh.
-            log.warning("allocator state not restored, allocation starts afresh: %s", exc)
-            self.telemetry.emit("allocator_state_discarded", error=str(exc)[:500])
-            return
-        # Every known id, not only those active at the checkpoint: one restored by an
-        # earlier resume may be a member still, and forgetting a stranger is a no-op.
-        self.membership.expect_rejoin(str(w["id"]) for w in workers)
-
-    def _load_target(self, reached: dict[str, Any] | None) -> None:
-        """A run that had reached its target before the restart is over: it stops again at once.
-
-        Unless the resumed run asks for more (a higher target, or none at all:
-        the operator resumed it to train on).
-        """
-        target = self.config.target_accuracy
-        if reached is None or target is None or reached["accuracy"] < target:
-            if reached is not None:
-                log.info("the run had reached accuracy %.4f before the restart; the resumed run's target is %s, "
-                         "so it trains on", reached["accuracy"], target)
-            return
-        self.target_reached = TargetReached(**reached)
-        self.request_stop(f"target accuracy {target} was reached at version {reached['version']} before the restart")
 
     # ---- the public surface of the rooms ---------------------------------------
 
@@ -430,23 +372,8 @@ class Engine:
     async def leave(self, worker_id: str, reason: str, *, state: str = "left") -> None:
         await self.membership.leave(worker_id, reason, state=state)
 
-    def expect_rejoin(self, worker_ids: Iterable[str]) -> None:
-        self.membership.expect_rejoin(worker_ids)
-
-    def forget_unreturned(self, timeout: float, now: float | None = None) -> list[str]:
-        return self.membership.forget_unreturned(timeout, now)
-
-    def validation_shards_for(self, worker: WorkerRecord) -> list[int]:
-        return self.membership.validation_shards_for(worker)
-
     def start_coordinator(self, *, bind_host: str, port: int, advertise_host: str) -> None:
         self.collective.start(bind_host=bind_host, port=port, advertise_host=advertise_host)
-
-    def collective_for(self, rec: WorkerRecord) -> dict[str, Any] | None:
-        return self.collective.rendezvous_for(rec)
-
-    def broken_generation_for(self, rec: WorkerRecord) -> int | None:
-        return self.collective.broken_generation_for(rec)
 
     async def regroup(self, worker_id: str, failed_generation: int) -> dict[str, Any]:
         return await self.collective.regroup(worker_id, failed_generation)
@@ -456,7 +383,7 @@ class Engine:
 
     def data_source_for(self, worker: WorkerRecord) -> dict[str, Any]:
         """The register reply's ``data_source``: where this worker's validation shards are read from."""
-        return self.kafka.ranges("validation", self.validation_shards_for(worker)).model_dump(exclude_none=True)
+        return self.kafka.ranges("validation", self.membership.validation_shards_for(worker)).model_dump(exclude_none=True)
 
     @property
     def outcome(self) -> str:

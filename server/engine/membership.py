@@ -6,7 +6,7 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from hermes.common.allocation import CycleObservation, Resize, Workload
+from hermes.common.allocation import AllocatorStateError, CycleObservation, Resize, Workload
 from hermes.common.controllers import fit_memory_model, max_batch_for_memory
 from hermes.common.messages import CycleReport
 from hermes.common.shards import shards_for
@@ -191,6 +191,23 @@ class Membership:
         return {"outstanding": {w: [list(a) for a in lst] for w, lst in self.outstanding.items()}}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Shards outstanding at the checkpoint go back to the queue: their workers start afresh."""
+        """Shards outstanding at the checkpoint go back to the queue; the allocator keeps its workloads."""
         for shards in state.get("outstanding", {}).values():
             self.e.queue.requeue([s for a in shards for s in a])
+        self._load_allocator(state.get("allocator"), state["workers"])
+
+    def _load_allocator(self, state: Mapping[str, Any] | None, workers: list[dict[str, Any]]) -> None:
+        e = self.e
+        if state is None:  # checkpoints of older servers saved no state for most policies
+            return
+        try:
+            e.allocator.load_state_dict(state)
+        except AllocatorStateError as exc:
+            # The run config may change on resume (another policy, other bounds):
+            # the saved workloads then mean nothing here, and allocation starts afresh.
+            log.warning("allocator state not restored, allocation starts afresh: %s", exc)
+            e.telemetry.emit("allocator_state_discarded", error=str(exc)[:500])
+            return
+        # Every known id, not only those active at the checkpoint: one restored by an
+        # earlier resume may be a member still, and forgetting a stranger is a no-op.
+        self.expect_rejoin(str(w["id"]) for w in workers)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
-from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from hermes.server.checkpoint import write_tensors
+from hermes.server.evaluator import Evaluation, TargetReached
 
 if TYPE_CHECKING:
     from hermes.server.engine.core import Engine
@@ -20,6 +21,53 @@ BEST_MODEL_FILE = "model-best.safetensors"
 class Reporting:
     def __init__(self, engine: Engine) -> None:
         self.e = engine
+        self._background: set[asyncio.Task] = set()
+
+    def on_evaluation(self, ev: Evaluation) -> None:
+        e = self.e
+        e.telemetry.emit(
+            "evaluation", version=ev.version, accuracy=ev.accuracy, loss=ev.loss,
+            seconds=round(ev.seconds, 6), elapsed=round(ev.at - e.started_at, 3),
+        )
+        target = e.config.target_accuracy
+        # Not once the run is stopping: the shutdown evaluation must not turn an
+        # operator's stop into a reached target after the fact.
+        if target is None or ev.accuracy < target or e.target_reached is not None or e.stopping:
+            return
+        reached = TargetReached(ev.version, ev.accuracy, ev.at - e.started_at, ev.at)
+        e.target_reached = reached
+        e.telemetry.emit("target_reached", target_accuracy=target, **reached.public())
+        e.on_loop(e.request_stop, f"target accuracy {target} reached at version {ev.version}")
+        if e.checkpoints is not None:
+            # The outcome and the best model are durable at once: a server killed before its
+            # shutdown checkpoint resumes as a finished run, not as one that trains on.
+            e.on_loop(self._checkpoint_soon, "target reached")
+
+    def _checkpoint_soon(self, reason: str) -> None:
+        e = self.e
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop (engine driven by hand in tests): the shutdown checkpoint will do
+            return
+        task = loop.create_task(e.checkpoints.save_or_report(reason))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def load_target(self, reached: dict[str, Any] | None) -> None:
+        """A run that had reached its target before the restart is over: it stops again at once.
+
+        Unless the resumed run asks for more (a higher target, or none at all:
+        the operator resumed it to train on).
+        """
+        e = self.e
+        target = e.config.target_accuracy
+        if reached is None or target is None or reached["accuracy"] < target:
+            if reached is not None:
+                log.info("the run had reached accuracy %.4f before the restart; the resumed run's target is %s, "
+                         "so it trains on", reached["accuracy"], target)
+            return
+        e.target_reached = TargetReached(**reached)
+        e.request_stop(f"target accuracy {target} was reached at version {reached['version']} before the restart")
 
     def outcome(self) -> str:
         """running, stopped (operator, SIGTERM's shutdown) or target_reached (the server stopped itself)."""
@@ -125,11 +173,3 @@ class Reporting:
             return None
         log.info("best model (version %d, accuracy %.4f) written to %s", ev.version, ev.accuracy, path)
         return path.name
-
-    def evaluations_state_dict(self) -> dict[str, Any]:
-        ev = self.e.evaluator
-        return {
-            "evaluations": [asdict(x) for x in ev.history],
-            # The best model's weights sit beside the model in the tensor file ("best").
-            "best_evaluation": None if ev.best is None else asdict(ev.best),
-        }
