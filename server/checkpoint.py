@@ -339,7 +339,7 @@ class Checkpointer:
         return {
             "format": FORMAT,
             "version": version,
-            "created": time.time(),
+            "created": self.engine.clock.time(),
             "model_file": self._model_path(version).name,
             "journal_file": self._journal_path(version).name,
             **parts,
