@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -18,6 +19,7 @@ import torch
 from hermes.client.transport import DataClient
 from hermes.common.wire import MsgType
 from hermes.deploy.procs import free_port, free_ports, port_is_free, start, wait_healthy
+from tests.conftest import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -136,15 +138,22 @@ def test_agent_stops_promptly_on_sigterm_while_waiting_for_the_server() -> None:
         [sys.executable, "-m", "hermes.client.cli", "--server", f"http://127.0.0.1:{port}",
          "--connect-retries", "50", "--name", "patient"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    assert proc.stderr is not None
+    reader = threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True)
+    reader.start()
     try:
-        time.sleep(4.0)  # past imports, into the retries
+        # Past imports, into the retries: the agent has said it could not reach the server.
+        wait_for(lambda: any("not reachable" in line for line in lines), 60, "the agent's first registration retry")
         assert proc.poll() is None
         t0 = time.monotonic()
         proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=20)
+        proc.wait(timeout=20)
         assert time.monotonic() - t0 < 5  # not the whole backoff, not a SIGKILL fallback
     finally:
         if proc.poll() is None:
             proc.kill()
+    reader.join(timeout=10)
+    err = "".join(lines)
     assert proc.returncode == 0, err
     assert "stopped while waiting for the server" in err
