@@ -185,8 +185,9 @@ class CollectiveGroup:
         flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).to(self.device)
         opts = dist.BroadcastOptions()
         opts.rootRank = 0
-        pg = self._group()
-        self._run("broadcast", lambda: pg.broadcast([flat], opts))
+        # The lambda reads the group when called: a failure's traceback must not keep an
+        # abandoned gloo group alive past settle_abandoned (destroyed at exit, it aborts the process).
+        self._run("broadcast", lambda: self._group().broadcast([flat], opts))
         offset = 0
         with torch.no_grad():
             for p in model.parameters():
@@ -205,8 +206,7 @@ class CollectiveGroup:
                          + [torch.tensor([float(weight), 1.0 if stop else 0.0], device=self.device)])
         opts = dist.AllreduceOptions()
         opts.reduceOp = dist.ReduceOp(dist.ReduceOp.SUM)
-        pg = self._group()
-        self._run("all_reduce", lambda: pg.allreduce([flat], opts))
+        self._run("all_reduce", lambda: self._group().allreduce([flat], opts))
         total, stops = float(flat[-2]), float(flat[-1])
         if total > 0:
             flat[:-2] /= total
