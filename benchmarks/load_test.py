@@ -21,7 +21,6 @@ import json
 import os
 import re
 import secrets
-import subprocess
 import sys
 import tempfile
 import threading
@@ -41,7 +40,7 @@ from hermes.client.heartbeat import Heartbeat  # noqa: E402
 from hermes.client.transport import ControlClient, DataClient  # noqa: E402
 from hermes.common.signing import ServerClock  # noqa: E402
 from hermes.common.wire import MsgType  # noqa: E402
-from hermes.deploy.testbed import free_port  # noqa: E402
+from hermes.deploy.procs import StartupError, free_ports, start, wait_healthy  # noqa: E402
 
 JOIN_TOKEN = secrets.token_urlsafe(32)
 
@@ -105,7 +104,7 @@ def simulated_agent(url: str, name: str, stop: threading.Event, think: float, co
 
 
 def run(agents: int, seconds: float, think: float, log_dir: Path, hidden: list[int]) -> dict[str, Any]:
-    port, data_port = free_port(), free_port()
+    port, data_port = free_ports(2)
     ckpt = log_dir / "checkpoints"
     cmd = [sys.executable, "-m", "hermes.server.cli", "--host", "127.0.0.1", "--port", str(port),
            "--data-host", "127.0.0.1", "--data-port", str(data_port), "--log-level", "warning",
@@ -116,21 +115,13 @@ def run(agents: int, seconds: float, think: float, log_dir: Path, hidden: list[i
     env = {k: v for k, v in os.environ.items() if not k.startswith("HERMES_")} | {
         "HERMES_JOIN_TOKEN": JOIN_TOKEN, "OMP_NUM_THREADS": "1"}
     log_path = log_dir / "server.log"
-    with open(log_path, "wb") as log:
-        server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    server = start(cmd, log_path=log_path, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            if server.poll() is not None:
-                raise SystemExit(f"server exited with {server.returncode}:\n{log_path.read_text()[-3000:]}")
-            try:
-                with urllib.request.urlopen(url + "/healthz", timeout=1):
-                    break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise SystemExit("server did not come up") from None
-                time.sleep(0.2)
+        try:
+            wait_healthy(server, url, timeout=120, log_path=log_path, interval=0.2)
+        except StartupError as exc:
+            raise SystemExit(str(exc)) from None
         base_rss = _status(server.pid)["VmRSS"]
         stop = threading.Event()
         counts = [AgentCounts() for _ in range(agents)]

@@ -16,6 +16,11 @@ def _env(name: str, default: str | None = None) -> str | None:
     return os.environ.get(f"HERMES_{name}", default)
 
 
+def _env_or(name: str, default: str) -> str:
+    """The environment twin of a flag that always has a value."""
+    return os.environ.get(f"HERMES_{name}", default)
+
+
 def parse_schedule(text: str) -> tuple[tuple[float, float], ...]:
     steps = []
     for part in filter(None, (p.strip() for p in text.split(","))):
@@ -46,22 +51,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--server", default=_env("SERVER"), help="control-plane URL, e.g. http://10.0.0.5:8000 [HERMES_SERVER]")
     p.add_argument("--name", default=_env("NAME", socket.gethostname()), help="stable worker name [HERMES_NAME]")
-    p.add_argument("--threads", type=int, default=int(_env("THREADS", "1")), help="torch intra-op threads [HERMES_THREADS]")
-    p.add_argument("--slowdown", type=float, default=float(_env("SLOWDOWN", "1.0")),
+    p.add_argument("--threads", type=int, default=int(_env_or("THREADS", "1")), help="torch intra-op threads [HERMES_THREADS]")
+    p.add_argument("--slowdown", type=float, default=float(_env_or("SLOWDOWN", "1.0")),
                    help="emulate a device this many times slower (>= 1) [HERMES_SLOWDOWN]")
     p.add_argument("--slowdown-schedule", default=_env("SLOWDOWN_SCHEDULE", ""),
                    help="speed changes mid-run as SECONDS:SLOWDOWN pairs, e.g. '30:8,60:1' [HERMES_SLOWDOWN_SCHEDULE]")
     p.add_argument("--device", default=_env("DEVICE", "auto"), help="auto, cpu, cuda, cuda:N [HERMES_DEVICE]")
-    p.add_argument("--request-timeout", type=float, default=float(_env("REQUEST_TIMEOUT", "30")),
+    p.add_argument("--request-timeout", type=float, default=float(_env_or("REQUEST_TIMEOUT", "30")),
                    help="seconds to wait for a data-plane reply [HERMES_REQUEST_TIMEOUT]")
-    p.add_argument("--connect-retries", type=int, default=int(_env("CONNECT_RETRIES", "8")),
+    p.add_argument("--connect-retries", type=int, default=int(_env_or("CONNECT_RETRIES", "8")),
                    help="registration retries (exponential backoff) before giving up [HERMES_CONNECT_RETRIES]")
     p.add_argument("--kafka-bootstrap", default=_env("KAFKA_BOOTSTRAP"),
                    help="Kafka address to read shard records from instead of the one the server names "
                         "[HERMES_KAFKA_BOOTSTRAP]")
     p.add_argument("--schedule-origin", type=float, default=None,
                    help="unix time the --slowdown-schedule seconds count from (default: the agent's start)")
-    p.add_argument("--cores", type=float, default=float(_env("CORES", "0")) or None,
+    p.add_argument("--cores", type=float, default=float(_env_or("CORES", "0")) or None,
                    help="compute capacity this device declares, in cores or FLOPs (any unit consistent across "
                         "the cluster); the static allocation policy splits batches by it [HERMES_CORES]")
     p.add_argument("--join-token-file", default=_env("JOIN_TOKEN_FILE"), metavar="FILE",

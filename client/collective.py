@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any, Protocol, cast
 
 import torch
 import torch.distributed as dist
@@ -58,23 +59,51 @@ class Rendezvous:
     @classmethod
     def from_reply(cls, body: dict) -> Rendezvous:
         field_name = "?"
+
+        def get(name: str, default: Any = None) -> Any:
+            nonlocal field_name
+            field_name = name
+            return body[name] if default is None else body.get(name, default)
+
         try:
-            values = []
-            for field_name, kind in (("rank", int), ("world_size", int), ("master_addr", str),
-                                     ("master_port", int), ("timeout_seconds", float)):
-                values.append(kind(body[field_name]))
-            field_name = "generation"
-            generation = int(body.get("generation", 0))
-            field_name = "store_prefix"
-            prefix = str(body.get("store_prefix", ""))
+            rv = cls(rank=int(get("rank")), world_size=int(get("world_size")),
+                     master_addr=str(get("master_addr")), master_port=int(get("master_port")),
+                     timeout_seconds=float(get("timeout_seconds")),
+                     generation=int(get("generation", 0)),
+                     store_prefix=str(get("store_prefix", "")))
         except (KeyError, TypeError, ValueError) as exc:
             raise CollectiveError(f"server sent an unusable rendezvous (field {field_name!r}): {body!r}: "
                                   f"{exc}") from None
-        rv = cls(*values, generation=generation, store_prefix=prefix)
         if not 0 <= rv.rank < rv.world_size:
             raise CollectiveError(f"server sent an unusable rendezvous (field 'rank'): {rv.rank} not in "
                                   f"0..{rv.world_size - 1}")
         return rv
+
+
+class GradientAllReduce:
+    """The trainer's gradient hook for topology collective: each step's gradients become the
+    weighted mean over all ranks before the optimizer step (see the module docstring).
+
+    ``weighting``: "samples" (union-of-batches gradient), "mean" (1 per rank
+    with samples) or "power" (``power``, the rank's compute power, EDP-SGD).
+    ``stop`` is this rank's wish to stop, said in every all-reduce it joins.
+    """
+
+    def __init__(self, group: CollectiveGroup, weighting: str = "samples", power: float = 1.0) -> None:
+        if weighting not in ("samples", "mean", "power"):
+            raise ValueError(f"unknown gradient weighting {weighting!r}: samples, mean or power")
+        self.group = group
+        self.weighting = weighting
+        self.power = power
+        self.stop = False
+
+    def __call__(self, params: Sequence[nn.Parameter], samples: int) -> bool:
+        if samples == 0:
+            weight = 0.0  # a rank with no samples this step still joins the all-reduce
+        else:
+            weight = {"samples": float(samples), "mean": 1.0, "power": self.power}[self.weighting]
+        _, stop = self.group.reduce_gradients(params, weight, self.stop)
+        return stop
 
 
 def backend_for(device: torch.device) -> str:
@@ -100,6 +129,16 @@ def settle_abandoned(max_seconds: float) -> None:
         del pg
 
 
+class _Collectives(Protocol):
+    """What we use of a process group (gloo's own group, or torch's default one for nccl)."""
+
+    def broadcast(self, tensors: list[torch.Tensor], opts: dist.BroadcastOptions) -> dist.Work: ...
+
+    def allreduce(self, tensors: list[torch.Tensor], opts: dist.AllreduceOptions) -> dist.Work: ...
+
+    def shutdown(self) -> None: ...
+
+
 class CollectiveGroup:
     """One generation of the process group, formed on the server's store (MASTER_ADDR:MASTER_PORT).
 
@@ -119,6 +158,7 @@ class CollectiveGroup:
         self._waiting: threading.Event | None = None
         self._pending = False  # a collective was abandoned while still running
         self._pending_done: threading.Event | None = None
+        self.pg: _Collectives | None = None
         timeout = timedelta(seconds=rv.timeout_seconds)
         try:
             store: dist.Store = dist.TCPStore(rv.master_addr, rv.master_port, rv.world_size, is_master=False,
@@ -126,11 +166,12 @@ class CollectiveGroup:
             if rv.store_prefix:
                 store = dist.PrefixStore(rv.store_prefix, store)
             if self.backend == "gloo":
-                self.pg = dist.ProcessGroupGloo(store, rv.rank, rv.world_size, timeout)
+                # torch's stubs leave out the backend's collectives, which it has at run time.
+                self.pg = cast(_Collectives, dist.ProcessGroupGloo(store, rv.rank, rv.world_size, timeout))
             else:
                 dist.init_process_group(self.backend, store=store, rank=rv.rank, world_size=rv.world_size,
                                         timeout=timeout)
-                self.pg = dist.group.WORLD
+                self.pg = cast(_Collectives, dist.group.WORLD)
         except (RuntimeError, ValueError) as exc:
             raise CollectiveError(f"could not join the process group at {rv.master_addr}:{rv.master_port} "
                                   f"as rank {rv.rank}/{rv.world_size}: {exc}") from None
@@ -144,7 +185,9 @@ class CollectiveGroup:
         flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).to(self.device)
         opts = dist.BroadcastOptions()
         opts.rootRank = 0
-        self._run("broadcast", lambda: self.pg.broadcast([flat], opts))
+        # The lambda reads the group when called: a failure's traceback must not keep an
+        # abandoned gloo group alive past settle_abandoned (destroyed at exit, it aborts the process).
+        self._run("broadcast", lambda: self._group().broadcast([flat], opts))
         offset = 0
         with torch.no_grad():
             for p in model.parameters():
@@ -162,8 +205,8 @@ class CollectiveGroup:
         flat = torch.cat([g.float() * weight for g in grads]
                          + [torch.tensor([float(weight), 1.0 if stop else 0.0], device=self.device)])
         opts = dist.AllreduceOptions()
-        opts.reduceOp = dist.ReduceOp.SUM
-        self._run("all_reduce", lambda: self.pg.allreduce([flat], opts))
+        opts.reduceOp = dist.ReduceOp(dist.ReduceOp.SUM)
+        self._run("all_reduce", lambda: self._group().allreduce([flat], opts))
         total, stops = float(flat[-2]), float(flat[-1])
         if total > 0:
             flat[:-2] /= total
@@ -179,6 +222,11 @@ class CollectiveGroup:
         w = self.rv.world_size
         self.reduced_bytes += int(2 * (w - 1) / w * flat.numel() * flat.element_size())
         return total, stops > 0
+
+    def _group(self) -> _Collectives:
+        if self.pg is None:
+            raise CollectiveError(f"generation {self.rv.generation}'s group is closed")
+        return self.pg
 
     def abort(self, reason: str) -> None:
         """From another thread: the server says this generation broke; stop waiting in (or for) a collective."""
@@ -223,7 +271,7 @@ class CollectiveGroup:
             if self._pending and self._pending_done is not None:
                 # Shutting it down would wait for the pending collective's timeout.
                 _abandoned.append((self.pg, self._pending_done))
-            else:
+            elif self.pg is not None:
                 try:
                     # Gracefully, as destroy_process_group does: a peer may still be reading our last messages.
                     self.pg.shutdown()

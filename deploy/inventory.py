@@ -212,6 +212,12 @@ def _parse_host(raw: dict[str, Any], label: str, base_dir: Path) -> Host:
             raise bad(name, f"expected a non-empty string, got {v!r}")
         return v.strip()
 
+    def required_string(name: str) -> str:
+        v = string(name)
+        if v is None:
+            raise bad(name, "is required")
+        return v
+
     def boolean(name: str) -> bool | None:
         v = raw.get(name)
         if v is not None and not isinstance(v, bool):
@@ -225,11 +231,11 @@ def _parse_host(raw: dict[str, Any], label: str, base_dir: Path) -> Host:
         return tuple(v)
 
     fields: dict[str, Any] = {}
-    name = string("name", required=True)
+    name = required_string("name")
     if not _NAME_RE.match(name):
         raise bad("name", f"{name!r}: use letters, digits, '.', '_' and '-' (at most 63)")
     fields["name"] = name
-    fields["host"] = string("host", required=True)
+    fields["host"] = required_string("host")
     if any(c.isspace() for c in fields["host"]):
         raise bad("host", f"{fields['host']!r} contains whitespace")
 
@@ -257,9 +263,9 @@ def _parse_host(raw: dict[str, Any], label: str, base_dir: Path) -> Host:
         raise bad("use_agent", "false, and no key_file: nothing to authenticate with")
 
     for key in ("system_site_packages",):
-        v = boolean(key)
-        if v is not None:
-            fields[key] = v
+        flag = boolean(key)
+        if flag is not None:
+            fields[key] = flag
     threads = raw.get("threads")
     if threads is not None:
         if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:

@@ -433,7 +433,7 @@ def start(host: Host, s: RemoteSession, opts: StartOptions) -> tuple[str, dict[s
         f"tail -n 15 {LOG_FILE} >&2",
         "exit 23",
     ), timeout=60)
-    details = {"argv": argv, "log": shown(remote_path(wd, LOG_FILE)), "env": [k for k, _ in env]}
+    details: dict[str, Any] = {"argv": argv, "log": shown(remote_path(wd, LOG_FILE)), "env": [k for k, _ in env]}
     _require_ok(res, "start", details)
     pid = int(res.fields()["pid"])
     details["pid"] = pid

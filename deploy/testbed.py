@@ -33,7 +33,6 @@ import os
 import re
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -41,9 +40,9 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from hermes.deploy.procs import terminate_group
+from hermes.deploy.procs import StartupError, free_ports, start, terminate_group, wait_healthy
 from hermes.deploy.profiles import (
     PROFILE_CORES,
     heterogeneity_level,
@@ -52,26 +51,14 @@ from hermes.deploy.profiles import (
     worker_profiles,
 )
 
+if TYPE_CHECKING:
+    from hermes.deploy.broker import TansuBroker
+
 log = logging.getLogger(__name__)
 
 
 class TestbedError(Exception):
     """The testbed could not start or run the cluster."""
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def port_is_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind(("127.0.0.1", port))
-            return True
-        except OSError:
-            return False
 
 
 def http_json(url: str, method: str = "GET", timeout: float = 5.0, token: str | None = None) -> Any:
@@ -134,12 +121,11 @@ class Testbed:
         self.logs = self.out / "logs"
         self.procs: list[Proc] = []
         self.server: Proc | None = None
-        self.port = free_port()
-        self.data_port = free_port()
+        self.port, self.data_port = free_ports(2)
         self.url = f"http://127.0.0.1:{self.port}"
         self.events_path = self.out / "events.jsonl"
         # --kafka auto: a Tansu broker of our own; --kafka HOST:PORT: an existing one.
-        self.broker = None
+        self.broker: TansuBroker | None = None
         self.kafka_bootstrap: str | None = None if args.kafka in (None, "", "off") else args.kafka
         # Fresh secrets per run, handed over in the environment (never on a command line).
         self.join_token = secrets.token_urlsafe(32)
@@ -152,12 +138,11 @@ class Testbed:
 
     def _spawn(self, name: str, cmd: list[str], info: dict[str, Any], env_extra: dict[str, str] | None = None) -> Proc:
         log_path = self.logs / f"{name}.log"
-        fh = open(log_path, "ab")  # noqa: SIM115 - the child owns it; closed after spawn (append: restarts)
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "HERMES_JOIN_TOKEN": self.join_token, **(env_extra or {})}
-        # A session of its own: one killpg reaches the process and any children.
-        popen = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                 start_new_session=True, env=env, preexec_fn=_die_with_parent)
-        fh.close()
+        # Appended: a restarted process keeps its earlier log. SIGTERM if the testbed dies, even by
+        # SIGKILL: the children run in their own sessions (so a Ctrl-C reaches only the testbed,
+        # which shuts them down in order) and would otherwise be orphaned.
+        popen = start(cmd, log_path=log_path, env=env, append=True, parent_death_signal=signal.SIGTERM)
         proc = Proc(name, popen, log_path, info)
         self.procs.append(proc)
         return proc
@@ -191,18 +176,11 @@ class Testbed:
         if self.server is not None:
             self.procs.remove(self.server)
         self.server = self._spawn("server", cmd, {}, {"HERMES_ADMIN_TOKEN": self.admin_token})
-        deadline = time.monotonic() + a.startup_timeout
-        while time.monotonic() < deadline:
-            if self.server.popen.poll() is not None:
-                raise TestbedError(f"server exited with code {self.server.popen.returncode} during start-up; "
-                                   f"see {self.server.log_path}:\n{_tail(self.server.log_path)}")
-            try:
-                if http_json(self.url + "/healthz", timeout=1.0).get("status") == "ok":
-                    return
-            except (urllib.error.URLError, OSError, ValueError):
-                pass
-            time.sleep(0.2)
-        raise TestbedError(f"server did not become healthy within {a.startup_timeout}s; see {self.server.log_path}")
+        try:
+            wait_healthy(self.server.popen, self.url, timeout=a.startup_timeout, log_path=self.server.log_path,
+                         interval=0.2)
+        except StartupError as exc:
+            raise TestbedError(str(exc)) from None
 
     def start_agents(self) -> None:
         a = self.args
@@ -293,10 +271,11 @@ class Testbed:
         from hermes.deploy.broker import BrokerError, TansuBroker
 
         try:
-            self.broker = TansuBroker(log_path=self.logs / "kafka.log").start()
+            broker = TansuBroker(log_path=self.logs / "kafka.log").start()
         except BrokerError as exc:
             raise TestbedError(f"--kafka auto: {exc}") from None
-        self.kafka_bootstrap = self.broker.bootstrap
+        self.broker = broker
+        self.kafka_bootstrap = broker.bootstrap
 
     def stop_broker(self) -> None:
         if self.broker is not None:
@@ -320,13 +299,13 @@ class Testbed:
         a = self.args
         self.out.mkdir(parents=True, exist_ok=True)
         self.logs.mkdir(exist_ok=True)
-        for stale in ("events.jsonl", "summary.json", "server_summary.json", "admin.token"):
-            (self.out / stale).unlink(missing_ok=True)
-        for stale in self.logs.glob("*.log"):
-            stale.unlink()
+        for name in ("events.jsonl", "summary.json", "server_summary.json", "admin.token"):
+            (self.out / name).unlink(missing_ok=True)
+        for stale_log in self.logs.glob("*.log"):
+            stale_log.unlink()
         if self.checkpoint_dir.is_dir():
-            for stale in self.checkpoint_dir.iterdir():
-                stale.unlink()
+            for stale_checkpoint in self.checkpoint_dir.iterdir():
+                stale_checkpoint.unlink()
         if a.kafka == "auto":
             self.start_broker()
         self.emit("testbed_start", preset=a.preset, profile=a.profile, clients=a.clients,
@@ -554,27 +533,6 @@ def _progress_line(elapsed: float, status: dict[str, Any], agents: list[Proc]) -
     return (f"[testbed {elapsed:6.1f}s] version={status.get('model_version', 0):>5} "
             f"acc={_fmt(ev.get('accuracy'))} loss={_fmt(ev.get('loss'))} "
             f"epochs={status.get('epoch_progress', 0):.2f} agents={alive}/{len(agents)}")
-
-
-def _die_with_parent() -> None:
-    """In the child: get SIGTERM if the testbed dies, even by SIGKILL (Linux).
-
-    The children run in their own sessions (so a Ctrl-C reaches only the
-    testbed, which shuts them down in order); without this, a killed testbed
-    would leave them orphaned.
-    """
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        pr_set_pdeathsig = 1
-        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
-
-
-def _tail(path: Path, lines: int = 20) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return ""
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:

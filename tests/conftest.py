@@ -21,7 +21,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -37,6 +36,7 @@ import zmq
 
 from hermes.common.signing import new_session, now_ms
 from hermes.common.wire import Header, Message, MsgType, ProtocolError, decode, encode
+from hermes.deploy import procs
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 STARTUP_TIMEOUT_S = 60.0
@@ -61,31 +61,9 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: 
 # ports
 
 
-def free_ports(count: int) -> list[int]:
-    """``count`` distinct loopback ports that were free a moment ago."""
-    socks = []
-    try:
-        for _ in range(count):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
-    """True when nothing listens on ``port`` (TIME_WAIT leftovers do not count)."""
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        s.bind((host, port))
-        return True
-    except OSError:
-        return False
-    finally:
-        s.close()
+# The launchers' helpers: one definition of a free port and of a port given back.
+free_ports = procs.free_ports
+port_is_free = procs.port_is_free
 
 
 # ---------------------------------------------------------------------------
@@ -317,26 +295,25 @@ def running_server(
     for s in sets:
         cmd += ["--set", s]
     cmd += list(extra_args)
-    log_fh = open(log_path, "wb")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen(cmd, stdout=log_fh, stderr=subprocess.STDOUT, cwd=str(out_dir), env=_server_env(env))
+    proc = procs.start(cmd, log_path=log_path, env=_server_env(env), cwd=out_dir)
     http = httpx.Client(timeout=10.0, **(http_kwargs or {}))
     server = LiveServer(
         proc=proc, url=f"{scheme}://127.0.0.1:{port}", port=port, data_port=data_port,
         out_dir=out_dir, log_path=log_path, http=http,
     )
+
+    def healthy() -> bool:
+        try:
+            return http.get(server.url + "/healthz", timeout=1.0).status_code == 200
+        except httpx.TransportError:
+            return False
+
     try:
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"server exited with {proc.returncode} during startup:\n{server.log_text()[-4000:]}")
-            try:
-                if http.get(server.url + "/healthz", timeout=1.0).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"server not healthy within {STARTUP_TIMEOUT_S}s:\n{server.log_text()[-4000:]}")
-            time.sleep(0.1)
+        try:
+            procs.wait_ready(proc, healthy, timeout=STARTUP_TIMEOUT_S, what="server", log_path=log_path,
+                             state="healthy")
+        except procs.StartupError as exc:
+            pytest.fail(str(exc))
         probe = server.register_raw("fixture-probe")
         server.data_address = probe["data_plane"]
         assert server.data_address == f"tcp://127.0.0.1:{data_port}", server.data_address
@@ -348,15 +325,14 @@ def running_server(
         http.close()
         try:
             if check_exit:
-                _check_clean_exit(server, out_dir, log_fh)
+                _check_clean_exit(server, out_dir)
         finally:
             if proc.poll() is None:  # a test that said it would kill it did not
                 proc.kill()
                 proc.wait(timeout=10)
-            log_fh.close()
 
 
-def _check_clean_exit(server: LiveServer, out_dir: Path, log_fh) -> None:
+def _check_clean_exit(server: LiveServer, out_dir: Path) -> None:
     """SIGTERM, then: exited by itself, cleanly, summary written, no traceback, ports free."""
     proc = server.proc
     killed = False
@@ -368,7 +344,6 @@ def _check_clean_exit(server: LiveServer, out_dir: Path, log_fh) -> None:
             killed = True
             proc.kill()
             proc.wait(timeout=10)
-    log_fh.flush()
     assert proc.returncode is not None, "server process still running after SIGKILL"
     assert not killed, f"server ignored SIGTERM for {SHUTDOWN_TIMEOUT_S}s and was killed"
     # uvicorn re-raises the captured SIGTERM after its graceful shutdown, so

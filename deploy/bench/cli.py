@@ -16,6 +16,8 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -66,9 +68,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_suite_arguments(run)
     rep = sub.add_parser("report", help="re-render report.md and the plots from DIR/results.json")
     rep.add_argument("dir")
-    from hermes.deploy.bench.micro import add_arguments
-
-    add_arguments(sub.add_parser("micro", help="microbenchmarks: our hot paths against bare baselines"))
+    # The microbenchmarks reach into the server's and the agent's internals, which deploy may not
+    # import: they live in the checkout's benchmarks/ and run there, with their own flags.
+    micro = sub.add_parser("micro", add_help=False,
+                           help="microbenchmarks: our hot paths against bare baselines (from a repo checkout; "
+                                "hermes-bench micro --help for its flags)")
+    micro.add_argument("micro_args", nargs=argparse.REMAINDER)
     sub.add_parser("list", help="the built-in suites")
     return p
 
@@ -143,20 +148,23 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_micro(args: argparse.Namespace) -> int:
-    from hermes.deploy.bench.micro import ratio_rows, run_micro
+def benchmarks_dir() -> Path | None:
+    """The checkout's ``benchmarks/`` (HERMES_BENCHMARKS_DIR, or beside this package's source folder)."""
+    env = os.environ.get("HERMES_BENCHMARKS_DIR")
+    candidates = [Path(env)] if env else []
+    # deploy/bench/cli.py in a checkout (or an editable install): the repo root is two folders up.
+    candidates.append(Path(__file__).resolve().parents[2] / "benchmarks")
+    return next((c for c in candidates if (c / "micro.py").is_file()), None)
 
-    out = Path(args.out)
-    res = run_micro(out, quick=args.quick, kafka=args.kafka, skip_kafka=args.skip_kafka, threads=args.threads,
-                    progress=_say)
-    from hermes.deploy.bench.machine import print_table
 
-    print_table("ours vs bare (ratio = our time / bare time)", ["comparison", "ours", "bare", "ratio"],
-                ratio_rows(res))
-    if "skipped" in (res.get("kafka") or {}):
-        print(f"\nshard fetch via Kafka: skipped: {res['kafka']['skipped']}")
-    _say(f"wrote {out / 'micro.json'} and {out / 'micro.md'} in {res['seconds']} s")
-    return 0
+def cmd_micro(micro_args: list[str]) -> int:
+    where = benchmarks_dir()
+    if where is None:
+        print("hermes-bench micro: needs a repository checkout (benchmarks/micro.py is not installed): run it from "
+              "a clone installed with pip install -e, or set HERMES_BENCHMARKS_DIR to the clone's benchmarks folder",
+              file=sys.stderr)
+        return 2
+    return subprocess.call([sys.executable, str(where / "micro.py"), *micro_args])
 
 
 def cmd_list() -> int:
@@ -173,12 +181,13 @@ def cmd_list() -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["micro"]:
+        return cmd_micro(argv[1:])  # its flags are the script's own
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.command == "report":
         return cmd_report(args)
-    if args.command == "micro":
-        return cmd_micro(args)
     if args.command == "list":
         return cmd_list()
     return cmd_suite(args)

@@ -36,6 +36,7 @@ def machine_info() -> dict[str, Any]:
     import torch
     import zmq
 
+    usable: int | None
     try:
         usable = len(os.sched_getaffinity(0))
     except AttributeError:

@@ -7,6 +7,7 @@ drawing anything.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -212,6 +213,10 @@ def communication(results: dict[str, Any]) -> Figure | None:
     return fig
 
 
+def _workload_of(profile: str, results: dict[str, Any]) -> Figure | None:
+    return workload_trajectories(results, profile)
+
+
 def _drawers(results: dict[str, Any]) -> dict[str, Callable[[dict[str, Any]], Figure | None]]:
     d: dict[str, Callable[[dict[str, Any]], Figure | None]] = {
         "accuracy_vs_time.png": accuracy_vs_time,
@@ -220,7 +225,7 @@ def _drawers(results: dict[str, Any]) -> dict[str, Callable[[dict[str, Any]], Fi
         "communication.png": communication,
     }
     for profile in results["suite"]["profiles"]:
-        d[f"workload_{profile}.png"] = lambda r, p=profile: workload_trajectories(r, p)
+        d[f"workload_{profile}.png"] = functools.partial(_workload_of, profile)
     return d
 
 

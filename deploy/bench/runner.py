@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hermes.common.clock import SYSTEM_CLOCK, Clock
 from hermes.deploy.bench.aggregate import event_figures
 from hermes.deploy.bench.machine import loadavg, machine_info, versions
 from hermes.deploy.bench.suites import Suite, Variant
@@ -106,7 +107,7 @@ def launch_testbed(args: list[str], run_dir: Path, timeout: float) -> tuple[int 
 
 
 def execute(suite: Suite, out: Path, *, launcher: Launcher = launch_testbed,
-            progress: Callable[[str], None] = lambda line: None) -> dict[str, Any]:
+            progress: Callable[[str], None] = lambda line: None, clock: Clock = SYSTEM_CLOCK) -> dict[str, Any]:
     """Run whatever is not finished yet; return (and write) ``results.json``."""
     out = out.resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -114,7 +115,7 @@ def execute(suite: Suite, out: Path, *, launcher: Launcher = launch_testbed,
     todo = [s for s in specs if not is_finished(s, suite, out)]
     todo_keys = {s.key for s in todo}
     done_before = len(specs) - len(todo)
-    started = time.time()
+    started = clock.time()
     progress(f"suite {suite.name}: {len(specs)} runs ({len(suite.variants)} variants x {len(suite.profiles)} "
              f"profiles x {suite.repeats} repeats); {done_before} already finished in {out}, {len(todo)} to run")
     records: dict[str, dict[str, Any]] = {}
@@ -130,8 +131,8 @@ def execute(suite: Suite, out: Path, *, launcher: Launcher = launch_testbed,
         records[spec.key] = run_one(spec, suite, out, launcher)
         durations.append(time.time() - t0)
         progress("    " + describe(records[spec.key]))
-        write_results(out, suite, [records[s.key] for s in specs if s.key in records], started)
-    results = write_results(out, suite, [records[s.key] for s in specs], started)
+        write_results(out, suite, [records[s.key] for s in specs if s.key in records], started, clock)
+    results = write_results(out, suite, [records[s.key] for s in specs], started, clock)
     failed = sum(1 for r in results["runs"] if r["status"] != "ok")
     progress(f"suite {suite.name}: {len(todo)} runs in {_hms(time.time() - started)}"
              f"{f'; {failed} failed' if failed else ''}")
@@ -172,14 +173,23 @@ def collect(spec: RunSpec, suite: Suite, out: Path) -> dict[str, Any]:
     }
 
 
-def write_results(out: Path, suite: Suite, runs: list[dict[str, Any]], started: float) -> dict[str, Any]:
+def write_results(out: Path, suite: Suite, runs: list[dict[str, Any]], started: float,
+                  clock: Clock = SYSTEM_CLOCK) -> dict[str, Any]:
+    """Write ``results.json``. Its ``written_at`` (the report's stamp) is when these results first
+    took this form: a resumed invocation with nothing new to run keeps the earlier stamp, so the
+    report of the same results renders the same whenever it is rendered."""
+    suite_json = suite.model_dump(mode="json")
+    now = clock.time()
+    previous = _read_json(out / "results.json")
+    unchanged = (previous is not None and previous.get("suite") == suite_json
+                 and previous.get("runs") == json.loads(json.dumps(runs)))
     results = {
         "format": RESULTS_FORMAT,
-        "suite": suite.model_dump(mode="json"),
+        "suite": suite_json,
         "machine": machine_info(),
         "versions": versions(),
-        "written_at": time.time(),
-        "invocation_seconds": round(time.time() - started, 3),
+        "written_at": previous.get("written_at", now) if previous is not None and unchanged else now,
+        "invocation_seconds": round(now - started, 3),
         "runs": runs,
     }
     tmp = out / "results.json.tmp"

@@ -38,7 +38,7 @@ def _model():
 
 
 def _rank_main(rank: int, port: int, out: str, lr: float) -> None:
-    from hermes.client.collective import CollectiveGroup, Rendezvous
+    from hermes.client.collective import CollectiveGroup, GradientAllReduce, Rendezvous
     from hermes.client.trainer import LocalTrainer
 
     torch.set_num_threads(1)
@@ -55,9 +55,9 @@ def _rank_main(rank: int, port: int, out: str, lr: float) -> None:
         group.broadcast_model(model)
         trainer = LocalTrainer(model, lr=lr, momentum=0.0, weight_decay=0.0, device=torch.device("cpu"),
                                precision="fp32")
-        result, _, stop = trainer.train_cycle_collective(x[start:start + n], y[start:start + n], mbs, acc, 1,
-                                                         group.reduce_gradients)
-        assert result.steps == 1 and not stop
+        result = trainer.train_cycle(x[start:start + n], y[start:start + n], mbs, acc, steps=1,
+                                     grad_hook=GradientAllReduce(group))
+        assert result.steps == 1 and not result.stopped
         torch.save({"flat": trainer.flat(), "bytes": group.reduced_bytes}, out)
     finally:
         group.close()

@@ -118,7 +118,7 @@ def _write(path: Path, body: dict) -> None:
 
 def _rank_main(rank: int, port: int, out: str, lr: float) -> None:
     """Generation 0: one step as rank ``rank`` of 3; rank 2 then dies. The survivors regroup and step again."""
-    from hermes.client.collective import CollectiveError, CollectiveGroup, Rendezvous
+    from hermes.client.collective import CollectiveError, CollectiveGroup, GradientAllReduce, Rendezvous
     from hermes.client.trainer import LocalTrainer
 
     torch.set_num_threads(1)
@@ -133,12 +133,14 @@ def _rank_main(rank: int, port: int, out: str, lr: float) -> None:
     start = sum(n for n, _, _ in RANKS[:rank])
     n, mbs, acc = RANKS[rank]
     group.broadcast_model(model)
-    trainer.train_cycle_collective(x[start:start + n], y[start:start + n], mbs, acc, 1, group.reduce_gradients)
+    trainer.train_cycle(x[start:start + n], y[start:start + n], mbs, acc, steps=1,
+                        grad_hook=GradientAllReduce(group))
     torch.save({"flat": trainer.flat()}, d / f"{name}-gen0.pt")
     if rank == 2:
         os.kill(os.getpid(), signal.SIGKILL)  # mid-run, no goodbye
     try:
-        trainer.train_cycle_collective(x[start:start + n], y[start:start + n], mbs, acc, 1, group.reduce_gradients)
+        trainer.train_cycle(x[start:start + n], y[start:start + n], mbs, acc, steps=1,
+                        grad_hook=GradientAllReduce(group))
         raise AssertionError("the all-reduce with a dead peer succeeded")
     except CollectiveError as exc:
         failure = str(exc)
@@ -158,9 +160,9 @@ def _rank_main(rank: int, port: int, out: str, lr: float) -> None:
         # The survivors' new ranks train on the first len(survivors) slices of the union batch.
         start = sum(n for n, _, _ in RANKS[:rv.rank])
         n, mbs, acc = RANKS[rv.rank]
-        result, _, stop = trainer.train_cycle_collective(x[start:start + n], y[start:start + n], mbs, acc, 1,
-                                                         group.reduce_gradients)
-        assert result.steps == 1 and not stop
+        result = trainer.train_cycle(x[start:start + n], y[start:start + n], mbs, acc, steps=1,
+                                     grad_hook=GradientAllReduce(group))
+        assert result.steps == 1 and not result.stopped
         torch.save({"before": before, "after": trainer.flat(), "rank": rv.rank, "world": rv.world_size,
                     "generation": rv.generation, "failure": failure}, d / f"{name}-gen1.pt")
     finally:

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -18,14 +18,10 @@ import torch
 
 from hermes.client.transport import DataClient
 from hermes.common.wire import MsgType
+from hermes.deploy.procs import free_port, free_ports, port_is_free, start, wait_healthy
+from tests.conftest import wait_for
 
 pytestmark = pytest.mark.integration
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
@@ -43,32 +39,17 @@ def _post(url: str, body: dict) -> dict:
         return json.loads(r.read())
 
 
-def _wait_healthy(url: str, proc: subprocess.Popen, log: Path, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, f"server exited early:\n{log.read_text()[-3000:]}"
-        try:
-            if _get(url + "/healthz", timeout=1)[0] == 200:
-                return
-        except OSError:
-            time.sleep(0.2)
-    raise AssertionError(f"server not healthy in {timeout}s:\n{log.read_text()[-3000:]}")
-
-
 def test_uvicorn_factory_with_env_settings(tmp_path: Path) -> None:
-    port, data_port = _free_port(), _free_port()
+    port, data_port = free_ports(2)
     log = tmp_path / "server.log"
     env = {**os.environ, "HERMES_PRESET": "bsp", "HERMES_DATA_PORT": str(data_port),
            "HERMES_ADVERTISE_HOST": "127.0.0.1", "HERMES_OUT_DIR": str(tmp_path / "out"),
            "HERMES_RUN": json.dumps({"lr": 0.07, "model": "mlp"}), "HERMES_JOIN_TOKEN": JOIN}
-    with open(log, "wb") as fh:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "--factory", "hermes.server.app:create_app",
-             "--host", "127.0.0.1", "--port", str(port)],
-            stdout=fh, stderr=subprocess.STDOUT, env=env)
+    proc = start([sys.executable, "-m", "uvicorn", "--factory", "hermes.server.app:create_app",
+                   "--host", "127.0.0.1", "--port", str(port)], log_path=log, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_healthy(url, proc, log)
+        wait_healthy(proc, url, timeout=60.0, log_path=log)
         reg_a = _post(url + "/v1/workers/register", {"name": "a"})
         reg_b = _post(url + "/v1/workers/register", {"name": "b"})
         assert reg_a["data_plane"] == f"tcp://127.0.0.1:{data_port}"
@@ -101,33 +82,31 @@ def test_uvicorn_factory_with_env_settings(tmp_path: Path) -> None:
     assert "Application shutdown complete" in log.read_text()
     summary = json.loads((tmp_path / "out" / "server_summary.json").read_text())
     assert summary["workers_total"] == 2 and summary["final_accuracy"] is not None
-    with socket.socket() as s:  # the data plane released its port
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind(("127.0.0.1", data_port))
+    assert port_is_free(data_port), "the data plane did not release its port"
 
 
 def test_server_refuses_to_start_without_a_join_token(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("HERMES_")}
-    proc = subprocess.run([sys.executable, "-m", "hermes.server.cli", "--port", str(_free_port())],
+    proc = subprocess.run([sys.executable, "-m", "hermes.server.cli", "--port", str(free_port())],
                           capture_output=True, text=True, timeout=60, env=env)
     assert proc.returncode == 2, proc.stderr
     assert "HERMES_JOIN_TOKEN" in proc.stderr and "--insecure" in proc.stderr
     # The uvicorn factory refuses too: the app cannot be built.
     proc = subprocess.run([sys.executable, "-m", "uvicorn", "--factory", "hermes.server.app:create_app",
-                           "--port", str(_free_port())], capture_output=True, text=True, timeout=60, env=env)
+                           "--port", str(free_port())], capture_output=True, text=True, timeout=60, env=env)
     assert proc.returncode != 0 and "no join token" in proc.stderr
     # A short token is refused with the field named.
-    proc = subprocess.run([sys.executable, "-m", "hermes.server.cli", "--port", str(_free_port())],
+    proc = subprocess.run([sys.executable, "-m", "hermes.server.cli", "--port", str(free_port())],
                           capture_output=True, text=True, timeout=60, env={**env, "HERMES_JOIN_TOKEN": "abc"})
     assert proc.returncode == 2 and "join_token must be at least 16" in proc.stderr
     # Protected reads with no token to check them against cannot work.
-    proc = subprocess.run([sys.executable, "-m", "hermes.server.cli", "--port", str(_free_port()), "--insecure",
+    proc = subprocess.run([sys.executable, "-m", "hermes.server.cli", "--port", str(free_port()), "--insecure",
                            "--protect-reads"], capture_output=True, text=True, timeout=60, env=env)
     assert proc.returncode == 2 and "protect_reads needs a join token or an admin token" in proc.stderr
 
 
 def test_agent_exits_nonzero_when_server_unreachable() -> None:
-    port = _free_port()  # nothing listens here
+    port = free_port()  # nothing listens here
     t0 = time.monotonic()
     proc = subprocess.run(
         [sys.executable, "-m", "hermes.client.cli", "--server", f"http://127.0.0.1:{port}",
@@ -154,20 +133,27 @@ def test_server_refuses_bad_config_naming_the_field() -> None:
 
 
 def test_agent_stops_promptly_on_sigterm_while_waiting_for_the_server() -> None:
-    port = _free_port()  # nothing listens: the agent sits in its registration backoff
+    port = free_port()  # nothing listens: the agent sits in its registration backoff
     proc = subprocess.Popen(
         [sys.executable, "-m", "hermes.client.cli", "--server", f"http://127.0.0.1:{port}",
          "--connect-retries", "50", "--name", "patient"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    assert proc.stderr is not None
+    reader = threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True)
+    reader.start()
     try:
-        time.sleep(4.0)  # past imports, into the retries
+        # Past imports, into the retries: the agent has said it could not reach the server.
+        wait_for(lambda: any("not reachable" in line for line in lines), 60, "the agent's first registration retry")
         assert proc.poll() is None
         t0 = time.monotonic()
         proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=20)
+        proc.wait(timeout=20)
         assert time.monotonic() - t0 < 5  # not the whole backoff, not a SIGKILL fallback
     finally:
         if proc.poll() is None:
             proc.kill()
+    reader.join(timeout=10)
+    err = "".join(lines)
     assert proc.returncode == 0, err
     assert "stopped while waiting for the server" in err

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from hermes.deploy.bench.machine import machine_info
-from hermes.deploy.bench.micro import (
+from benchmarks.micro import (
     bench_codec,
     bench_evaluator,
     ratio_rows,
     render_micro,
 )
+from hermes.deploy.bench.machine import machine_info
 
 
 def test_codec_and_evaluator_are_measured_against_bare_baselines():

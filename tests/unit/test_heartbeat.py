@@ -1,0 +1,63 @@
+"""The agent's heartbeat decides when the server has lost it: on its word (401/404/410) or after a silence."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hermes.client.heartbeat import Heartbeat
+from hermes.client.transport import RemoteError, ServerUnreachable
+from hermes.common.clock import ManualClock
+
+
+class FakeControl:
+    timeout = 1.0
+
+    def __init__(self) -> None:
+        self.answer: Any = {"status": "ok"}
+
+    def heartbeat(self, worker_id: str, token: str) -> dict[str, Any]:
+        if isinstance(self.answer, Exception):
+            raise self.answer
+        return self.answer
+
+
+def _beat(clock: ManualClock) -> tuple[Heartbeat, FakeControl, list[str], list[dict]]:
+    control, lost, replies = FakeControl(), [], []
+    hb = Heartbeat(control, "w1", "tok", interval=5.0, on_lost=lost.append, on_reply=replies.append,
+                   unreachable_after=30.0, clock=clock)
+    return hb, control, lost, replies
+
+
+def test_silence_counts_from_the_last_answer_on_the_injected_clock() -> None:
+    clock = ManualClock()
+    hb, control, lost, replies = _beat(clock)
+    assert hb.beat() and hb.sent == 1 and replies == [{"status": "ok"}]
+    control.answer = ServerUnreachable("down")
+    clock.advance(29.0)
+    assert hb.beat() and lost == []  # not yet 30 s of silence
+    clock.advance(2.0)
+    assert not hb.beat()
+    assert lost == ["server unreachable for 31s"]
+
+
+def test_an_answer_resets_the_silence() -> None:
+    clock = ManualClock()
+    hb, control, lost, _ = _beat(clock)
+    control.answer = ServerUnreachable("down")
+    clock.advance(25.0)
+    assert hb.beat()
+    control.answer = {"status": "ok"}
+    assert hb.beat()
+    control.answer = ServerUnreachable("down")
+    clock.advance(25.0)
+    assert hb.beat() and lost == []
+
+
+def test_the_server_forgetting_us_is_lost_at_once_other_refusals_are_not() -> None:
+    clock = ManualClock()
+    hb, control, lost, _ = _beat(clock)
+    control.answer = RemoteError("http_429", "slow down")
+    assert hb.beat() and lost == []
+    control.answer = RemoteError("http_404", "unknown worker")
+    assert not hb.beat()
+    assert len(lost) == 1 and "no longer knows worker w1" in lost[0]
