@@ -21,9 +21,10 @@ from pydantic import (
     model_validator,
 )
 
-from hermes.common.sync import SYNC_STRATEGIES
+from hermes.common.policies import base as policies
+from hermes.common.policies.base import UnknownPolicy
 
-# Strategies whose steps aggregate one update from every worker together.
+# Strategies whose steps aggregate one update from every worker together (declared by each: provides 'barrier').
 BARRIER_SYNCS = ("bsp", "ebsp")
 
 AGGREGATIONS = ("mean", "samples", "loss", "power")
@@ -178,6 +179,8 @@ class RunConfig(BaseModel):
     gate_alpha: float = Field(default=-1.3, allow_inf_nan=False)
     gate_beta: float = Field(default=0.1, ge=0.0)
     gate_lambda: int = Field(default=5, ge=1)
+    # How alpha relaxes while silent: "step" (ours), "paper" (Hermes Alg. 1 literally), "multiplicative".
+    gate_relaxation: Literal["step", "paper", "multiplicative"] = "step"
     gate_validation_samples: int = Field(default=256, gt=0)
     # Loss-weighted aggregation (Hermes Alg. 2): candidate models are scored on this many validation samples.
     loss_eval_samples: int = Field(default=512, gt=0)
@@ -233,9 +236,10 @@ class RunConfig(BaseModel):
     @field_validator("sync")
     @classmethod
     def _known_sync(cls, v: str) -> str:
-        if v not in SYNC_STRATEGIES:
-            raise ValueError(f"unknown sync strategy {v!r}; known: {sorted(SYNC_STRATEGIES)}")
-        return v
+        try:
+            return policies.canonical("sync", v)
+        except UnknownPolicy:
+            raise ValueError(f"unknown sync strategy {v!r}; known: {sorted(policies.names('sync'))}") from None
 
     @field_validator("target_accuracy")
     @classmethod
@@ -266,94 +270,30 @@ class RunConfig(BaseModel):
 
     @model_validator(mode="after")
     def _coherent(self) -> RunConfig:
-        if self.max_staleness is not None and self.sync != "asp":
-            raise ValueError(f"max_staleness applies to sync 'asp' only, not {self.sync!r}")
-        if self.aggregation == "loss" and self.sync not in ("hermes", "asp"):
-            raise ValueError(
-                f"aggregation 'loss' folds one update at a time against the global model (Hermes Alg. 2); "
-                f"it needs sync 'hermes' or 'asp', not {self.sync!r}"
-            )
-        if self.gate == "zscore" and self.sync in ("bsp", "ssp", "ebsp"):
-            raise ValueError(
-                f"gate 'zscore' lets workers skip pushes, so a {self.sync!r} barrier would wait forever; "
-                f"use an asynchronous sync strategy"
-            )
-        if self.allocation == "dual-search":
-            for name in ("mbs_min", "mbs_max", "batch_size"):
-                v = getattr(self, name)
-                if v & (v - 1):
-                    raise ValueError(f"{name}={v}: dual-search mini-batch sizes are powers of two")
-            if not self.mbs_min <= self.batch_size <= self.mbs_max:
-                raise ValueError(f"batch_size={self.batch_size} outside [mbs_min, mbs_max]=[{self.mbs_min}, {self.mbs_max}]")
-        self._coherent_allocation()
-        self._coherent_topology()
+        # Parameters of a policy the run did not choose (max_staleness, global_batch) would be silently ignored.
+        for kind in policies.KINDS:
+            chosen = policies.selected_name(self, kind)
+            for name in policies.names(kind):
+                # Declared on the class itself: a subclass (hermes of asp) does not inherit the parameter.
+                for field in vars(policies.get(kind, name)).get("exclusive_params", ()):
+                    if name != chosen and getattr(self, field) is not None:
+                        raise ValueError(f"{field} applies to {kind} {name!r} only, not {chosen!r}")
+        # Each policy declares what it needs (policies.base); this checks every declaration.
+        policies.check_compatible(self)
         if self.dataset in ("mnist", "cifar10") and not self.dataset_root:
             raise ValueError(f"dataset {self.dataset!r} is read from local files: set dataset_root")
         return self
 
+    @property
+    def barrier_sync(self) -> bool:
+        """The sync policy aggregates one step's updates together (BSP, EBSP)."""
+        return "barrier" in policies.get("sync", self.sync).provides
 
     @property
     def fixed_global_batch(self) -> bool:
         if self.global_batch is not None:
             return self.global_batch == "fixed"
-        return self.sync in BARRIER_SYNCS
-
-    def _coherent_topology(self) -> None:
-        if self.topology == "ps":
-            if self.world_size is not None:
-                raise ValueError("world_size applies to topology 'collective' only")
-            return
-        if self.world_size is None:
-            raise ValueError("topology 'collective' needs world_size: every rank joins the group before the first step")
-        if self.sync != "bsp":
-            raise ValueError(
-                f"topology 'collective' all-reduces every step, a barrier by construction: it needs sync 'bsp', "
-                f"not {self.sync!r}"
-            )
-        if self.allocation == "dual-search":
-            raise ValueError(
-                "topology 'collective' needs the same number of optimizer steps on every rank per cycle; "
-                "dual-search sizes DSS and MBS independently, so ranks would disagree on the step count"
-            )
-        if self.aggregation == "loss":
-            raise ValueError("aggregation 'loss' blends models on the server; topology 'collective' has no server model")
-        if self.collective_min_world_size > self.world_size:
-            raise ValueError(f"collective_min_world_size {self.collective_min_world_size} exceeds world_size "
-                             f"{self.world_size}: the group would be too small from the start")
-
-    def _coherent_allocation(self) -> None:
-        barrier = self.sync in BARRIER_SYNCS
-        if self.allocation in ("adaptive", "partition") and self.sync != "bsp":
-            raise ValueError(
-                f"allocation {self.allocation!r} splits one synchronous round's work among the workers, so every "
-                f"worker must push exactly once per round: it needs sync 'bsp', not {self.sync!r}"
-            )
-        if self.global_batch == "fixed" and not barrier:
-            raise ValueError(
-                f"global_batch 'fixed' (OmniLearn Eq. 8) constrains the batches of one synchronous step; "
-                f"{self.sync!r} pushes asynchronously, so there is no global batch to fix"
-            )
-        if self.global_batch is not None and self.allocation != "pcontrol":
-            raise ValueError(f"global_batch applies to allocation 'pcontrol' only, not {self.allocation!r}")
-        if self.lr_scaling == "batch-scaled" and barrier:
-            raise ValueError(
-                f"lr_scaling 'batch-scaled' (OmniLearn Eq. 5b) is for asynchronous pushes; under {self.sync!r} "
-                f"aggregation 'samples' already weighs each update by its batch (Eq. 4b), and scaling the learning "
-                f"rate too would count the batch twice"
-            )
-        if self.aggregation == "power" and not barrier:
-            raise ValueError(
-                f"aggregation 'power' weighs the updates of one synchronous step against each other (EDP-SGD); "
-                f"{self.sync!r} folds one update at a time, so every weight would be 1"
-            )
-        if self.allocation in ("static", "pcontrol", "partition"):
-            if not self.b_min <= self.batch_size <= self.b_max:
-                raise ValueError(f"batch_size={self.batch_size} outside [b_min, b_max]=[{self.b_min}, {self.b_max}]")
-            if self.cycle_samples < self.batch_size:
-                raise ValueError(
-                    f"cycle_samples={self.cycle_samples} < batch_size={self.batch_size}: allocation "
-                    f"{self.allocation!r} scales the batch of each of cycle_samples // batch_size steps"
-                )
+        return self.barrier_sync
 
 
 def build_config(preset: str | None = None, **overrides: Any) -> RunConfig:

@@ -3,10 +3,24 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from hermes.common.allocation import Resize, Workload
-from hermes.common.allocation._state import resize_from_state, resize_state, str_ints
+from hermes.common.policies.allocation import Resize, Workload
+from hermes.common.policies.allocation._state import resize_from_state, resize_state, str_ints
+
+if TYPE_CHECKING:
+    from hermes.common.config import RunConfig
+
+
+def check_step_batch(config: RunConfig, policy: str) -> None:
+    """The per-step batch policies scale the batch of each of cycle_samples // batch_size steps within [b_min, b_max]."""
+    if not config.b_min <= config.batch_size <= config.b_max:
+        raise ValueError(f"batch_size={config.batch_size} outside [b_min, b_max]=[{config.b_min}, {config.b_max}]")
+    if config.cycle_samples < config.batch_size:
+        raise ValueError(
+            f"cycle_samples={config.cycle_samples} < batch_size={config.batch_size}: allocation "
+            f"{policy!r} scales the batch of each of cycle_samples // batch_size steps"
+        )
 
 
 class EpochClock:
