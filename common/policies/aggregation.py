@@ -26,13 +26,15 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 __all__ = ["aggregation_weights", "batch_scaled_lr", "loss_blend_weight", "mean_weights", "power_weights",
-           "sample_weights", "AggregationParams"]
+           "sample_weights", "LossParams"]
 
 
-class AggregationParams(BaseModel):
+class LossParams(BaseModel):
+    """The run config's ``loss`` section (aggregation 'loss')."""
+
     model_config = ConfigDict(frozen=True, extra="forbid")
-    loss_eval_samples: int = Field(
-        default=512, gt=0, description="loss: validation samples each candidate model is scored on (Hermes Alg. 2).")
+    eval_samples: int = Field(
+        default=512, gt=0, description="Validation samples each candidate model is scored on (Hermes Alg. 2).")
 
 
 def mean_weights(count: int) -> list[float]:

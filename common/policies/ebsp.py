@@ -172,4 +172,4 @@ class ElasticBarrierStrategy(SyncStrategy):
 
     @classmethod
     def from_config(cls, config: RunConfig, **context: Any) -> SyncStrategy:
-        return cls(lookahead=config.ebsp_lookahead, history=config.ebsp_history)
+        return cls(lookahead=config.ebsp.lookahead, history=config.ebsp.history)

@@ -91,18 +91,18 @@ RELAXATIONS = ("step", "paper", "multiplicative")
 
 
 class GateParams(BaseModel):
-    """The run config's ``gate`` section; defaults are Hermes Table I (w = 10, alpha = -1.3, beta = 0.1, lambda = 5)."""
+    """The run config's ``zscore`` section; defaults are Hermes Table I (w = 10, alpha = -1.3, beta = 0.1, lambda = 5)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
-    window: int = Field(default=10, ge=2, description="zscore: w, validation losses in the gate's window (Hermes Table I).")
+    window: int = Field(default=10, ge=2, description="w, validation losses in the gate's window (Hermes Table I).")
     alpha: float = Field(default=-1.3, allow_inf_nan=False,
-                         description="zscore: push when the loss's z-score is <= alpha (Hermes Eq. 4, Table I).")
-    beta: float = Field(default=0.1, ge=0.0, description="zscore: relaxation step of alpha (Hermes Alg. 1 line 12).")
-    lam: int = Field(default=5, ge=1, description="zscore: lambda, silent cycles before alpha relaxes (Hermes Alg. 1 line 11).")
+                         description="push when the loss's z-score is <= alpha (Hermes Eq. 4, Table I).")
+    beta: float = Field(default=0.1, ge=0.0, description="relaxation step of alpha (Hermes Alg. 1 line 12).")
+    lam: int = Field(default=5, ge=1, description="lambda, silent cycles before alpha relaxes (Hermes Alg. 1 line 11).")
     relaxation: Literal["step", "paper", "multiplicative"] = Field(
-        default="step", description="zscore: how alpha relaxes while silent: 'step' (ours, +beta every lambda cycles), "
+        default="step", description="how alpha relaxes while silent: 'step' (ours, +beta every lambda cycles), "
                                     "'paper' (+beta every cycle once N_iter >= lambda), 'multiplicative' (*(1-beta)).")
-    validation_samples: int = Field(default=256, gt=0, description="zscore: validation samples the agent scores each cycle on.")
+    validation_samples: int = Field(default=256, gt=0, description="validation samples the agent scores each cycle on.")
 
 
 _DEFAULTS = GateParams()
@@ -265,9 +265,9 @@ class ZScoreGate:
 
 
 def gate_config(config: RunConfig) -> GateConfig:
-    """The gate's hyper-parameters from the run config's ``gate`` section."""
-    return GateConfig(window=config.gate_window, alpha=config.gate_alpha, beta=config.gate_beta,
-                      lam=config.gate_lambda, relaxation=config.gate_relaxation)
+    """The gate's hyper-parameters from the run config's ``zscore`` section."""
+    z = config.zscore
+    return GateConfig(window=z.window, alpha=z.alpha, beta=z.beta, lam=z.lam, relaxation=z.relaxation)
 
 
 @register("gate", "always")

@@ -35,21 +35,21 @@ log = logging.getLogger(__name__)
 class AsyncParams(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     max_staleness: int | None = Field(
-        default=None, ge=0, json_schema_extra={"only_for": "asp"},
-        description="ASP only: refuse updates computed from a model more than this many versions old (None: never).")
+        default=None, ge=0,
+        description="Refuse updates computed from a model more than this many versions old (None: never).")
 
 
 class SspParams(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     staleness: int = Field(
         default=3, ge=0,
-        description="SSP: pushes a worker may run ahead of the slowest active worker (Hermes Table III runs s = 125).")
+        description="Pushes a worker may run ahead of the slowest active worker (Hermes Table III runs s = 125).")
 
 
 class EbspParams(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
-    lookahead: int = Field(default=3, ge=1, description="EBSP: lookahead R, pushes of the fastest worker a barrier may fall within.")
-    history: int = Field(default=10, ge=2, description="EBSP: push intervals kept per worker to predict its next pushes.")
+    lookahead: int = Field(default=3, ge=1, description="Lookahead R: pushes of the fastest worker a barrier may fall within.")
+    history: int = Field(default=10, ge=2, description="Push intervals kept per worker to predict its next pushes.")
 
 
 _ASP, _SSP, _EBSP = AsyncParams(), SspParams(), EbspParams()
@@ -134,9 +134,9 @@ class AsyncStrategy(SyncStrategy):
 
     @classmethod
     def from_config(cls, config: RunConfig, **context: Any) -> SyncStrategy:
-        return cls(max_staleness=config.max_staleness)
+        return cls(max_staleness=config.asp.max_staleness)
 
-    exclusive_params: ClassVar[tuple[str, ...]] = ("max_staleness",)
+    exclusive_params: ClassVar[tuple[str, ...]] = ("asp.max_staleness",)
 
 
 @register("sync", "hermes")
@@ -256,7 +256,7 @@ class StaleSynchronousStrategy(SyncStrategy):
 
     @classmethod
     def from_config(cls, config: RunConfig, **context: Any) -> SyncStrategy:
-        return cls(staleness=config.ssp_staleness)
+        return cls(staleness=config.ssp.staleness)
 
 
 def _strategies() -> dict[str, Callable[..., SyncStrategy]]:

@@ -15,6 +15,8 @@ from collections import deque
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from hermes.common.policies.allocation import CycleObservation, Resize, Workload, local_steps
 from hermes.common.policies.allocation._common import EpochClock, StepBatches, check_step_batch
 from hermes.common.policies.allocation._state import (
@@ -30,6 +32,13 @@ if TYPE_CHECKING:
     from hermes.common.config import RunConfig
 
 POLICY = "partition"
+
+
+class PartitionParams(BaseModel):
+    """The run config's ``partition`` section (allocation 'partition', DP-SGD / EDP-SGD)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    window: int = Field(default=1, ge=1, description="Epochs of compute-power history per estimate (DP-SGD Sec. 4.1).")
 
 
 def compute_power(samples: float, seconds: float) -> float:
@@ -62,8 +71,9 @@ class PartitionAllocator(Policy):
 
     @classmethod
     def from_config(cls, config: RunConfig, *, epoch_samples: int, **context: Any) -> PartitionAllocator:
-        return cls(steps=local_steps(config), base=config.batch_size, b_min=config.b_min, b_max=config.b_max,
-                   window=config.partition_window, epoch_samples=epoch_samples)
+        b = config.batch_bounds
+        return cls(steps=local_steps(config), base=config.batch_size, b_min=b.b_min, b_max=b.b_max,
+                   window=config.partition.window, epoch_samples=epoch_samples)
 
     def join(self, worker_id: str, capacity: float | None = None) -> None:
         if worker_id in self._epoch_work:

@@ -49,7 +49,8 @@ class StaticAllocator(Policy):
 
     @classmethod
     def from_config(cls, config: RunConfig, **context: Any) -> StaticAllocator:
-        return cls(steps=local_steps(config), base=config.batch_size, b_min=config.b_min, b_max=config.b_max)
+        b = config.batch_bounds
+        return cls(steps=local_steps(config), base=config.batch_size, b_min=b.b_min, b_max=b.b_max)
 
     def _declared(self) -> dict[str, float]:
         known = sorted(c for c in self.capacity.values() if c)

@@ -14,6 +14,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from hermes.common.policies.allocation import CycleObservation, Resize, Workload, local_steps
 from hermes.common.policies.allocation._common import EpochClock, StepBatches
 from hermes.common.policies.allocation._state import (
@@ -29,6 +31,15 @@ if TYPE_CHECKING:
     from hermes.common.config import RunConfig
 
 POLICY = "adaptive"
+
+
+class AdaptiveParams(BaseModel):
+    """The run config's ``adaptive`` section (allocation 'adaptive', Chao et al. Alg. 1)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    epsilon: float = Field(default=0.05, gt=0.0,
+                           description="Stop re-allocating once every share moved less than this (relative) ...")
+    patience: int = Field(default=2, ge=1, description="... this many epochs in a row (Chao et al.: stable after 4-5 epochs).")
 
 
 def task_allocation_targets(current: Sequence[float], compute_times: Sequence[float]) -> list[float]:
@@ -117,8 +128,9 @@ class AdaptiveAllocator(Policy):
 
     @classmethod
     def from_config(cls, config: RunConfig, *, epoch_samples: int, **context: Any) -> AdaptiveAllocator:
-        return cls(mbs=config.batch_size, w0=local_steps(config), epsilon=config.adaptive_epsilon,
-                   patience=config.adaptive_patience, warmup=config.rebalance_warmup_cycles,
+        a = config.adaptive
+        return cls(mbs=config.batch_size, w0=local_steps(config), epsilon=a.epsilon,
+                   patience=a.patience, warmup=config.rebalance.warmup_cycles,
                    epoch_samples=epoch_samples)
 
     @property
