@@ -27,7 +27,7 @@ from pydantic import (
     model_validator,
 )
 
-from hermes.common.config_keys import ALIASES, UnknownKey, normalise
+from hermes.common.config_keys import ALIASES, normalise
 from hermes.common.policies import base as policies
 from hermes.common.policies.aggregation import LossParams
 from hermes.common.policies.allocation._common import BatchBounds, RebalanceParams
