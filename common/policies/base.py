@@ -44,7 +44,8 @@ CHECK_ORDER = ("aggregation", "gate", "allocation", "lr_scaling", "sync", "topol
 # the others (and no import cycle runs through the registry).
 _BUILTIN_MODULES: dict[str, tuple[str, ...]] = {
     "topology": ("hermes.common.policies.topology",),
-    "sync": ("hermes.common.policies.sync",),
+    # ebsp.py imports sync.py, so importing sync.py alone (as the config does, for its params) misses ebsp.
+    "sync": ("hermes.common.policies.sync", "hermes.common.policies.ebsp"),
     "gate": ("hermes.common.policies.gate",),
     "aggregation": ("hermes.common.policies.aggregation",),
     "lr_scaling": ("hermes.common.policies.lr_scaling",),
