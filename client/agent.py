@@ -221,8 +221,8 @@ class Agent:
             log.info("shard records from Kafka at %s (the data plane is the fallback)",
                      opts.kafka_bootstrap or source.get("bootstrap"))
         self.gate = (
-            ZScoreGate(GateConfig(window=self.config.gate_window, alpha=self.config.gate_alpha,
-                                  beta=self.config.gate_beta, lam=self.config.gate_lambda))
+            ZScoreGate(GateConfig(window=self.config.zscore.window, alpha=self.config.zscore.alpha,
+                                  beta=self.config.zscore.beta, lam=self.config.zscore.lam))
             if self.config.gate == "zscore" else None
         )
         # Loss-weighted aggregation (Hermes Alg. 2) takes G = w_local - w0,
@@ -248,7 +248,7 @@ class Agent:
                 log.info("could not say goodbye to the server: %s", exc)
             self._ctx.term()
             # A generation abandoned on the server's word may still hold a failing collective.
-            settle_abandoned(self.config.collective_timeout_seconds + 5.0)
+            settle_abandoned(self.config.collective.timeout_seconds + 5.0)
             self._progress(force=True)
             if opts.progress and sys.stderr.isatty():
                 sys.stderr.write("\n")
@@ -355,7 +355,7 @@ class Agent:
                 self._collective_generation(group, rv)
                 return
             except CollectiveError as exc:
-                if not self.config.collective_regroup:
+                if not self.config.collective.regroup:
                     raise
                 failure = exc
             finally:
@@ -373,7 +373,7 @@ class Agent:
         try:
             # The server may wait for a slow survivor up to the group timeout past its window.
             body = self.control.regroup(self.worker_id, self.token, rv.generation,
-                                        wait_seconds=self.config.collective_regroup_seconds + rv.timeout_seconds)
+                                        wait_seconds=self.config.collective.regroup_seconds + rv.timeout_seconds)
         except RemoteError as exc:
             if exc.code == "http_410":
                 self.stop_reason = f"the server's run is over ({exc.message})"

@@ -144,7 +144,7 @@ class Engine:
         self._awaiting_rejoin: set[str] = set()
         self._awaiting_since = 0.0
         self.probe = (
-            LossProbe(self.spec, self.state, self.validation, samples=config.loss_eval_samples,
+            LossProbe(self.spec, self.state, self.validation, samples=config.loss.eval_samples,
                       seed=config.seed, metrics=metrics)
             if config.aggregation == "loss" else None
         )
@@ -183,11 +183,11 @@ class Engine:
 
     def _strategy_params(self) -> dict[str, Any]:
         if self.config.sync == "asp":
-            return {"max_staleness": self.config.max_staleness}
+            return {"max_staleness": self.config.asp.max_staleness}
         if self.config.sync == "ssp":
-            return {"staleness": self.config.ssp_staleness}
+            return {"staleness": self.config.ssp.staleness}
         if self.config.sync == "ebsp":
-            return {"lookahead": self.config.ebsp_lookahead, "history": self.config.ebsp_history}
+            return {"lookahead": self.config.ebsp.lookahead, "history": self.config.ebsp.history}
         return {}
 
     # ---- lifecycle -------------------------------------------------------
@@ -322,15 +322,15 @@ class Engine:
 
     def start_coordinator(self, *, bind_host: str, port: int, advertise_host: str) -> None:
         """Host the collective group's rendezvous store (topology 'collective')."""
-        assert self.config.world_size is not None  # config validation
+        assert self.config.collective.world_size is not None  # config validation
         self.coordinator = Coordinator(bind_host=bind_host, port=port, advertise_host=advertise_host,
-                                       world_size=self.config.world_size,
-                                       timeout_seconds=self.config.collective_timeout_seconds,
-                                       regroup_seconds=self.config.collective_regroup_seconds,
-                                       min_world_size=self.config.collective_min_world_size)
+                                       world_size=self.config.collective.world_size,
+                                       timeout_seconds=self.config.collective.timeout_seconds,
+                                       regroup_seconds=self.config.collective.regroup_seconds,
+                                       min_world_size=self.config.collective.min_world_size)
         # Set when the generation being formed is ready: the survivors' regroup calls wait on it.
         self._regrouped: dict[int, asyncio.Event] = {}
-        self.events.emit("collective_group", world_size=self.config.world_size, master_addr=advertise_host,
+        self.events.emit("collective_group", world_size=self.config.collective.world_size, master_addr=advertise_host,
                          master_port=self.coordinator.port)
 
     def collective_for(self, rec: WorkerRecord) -> dict[str, Any] | None:
@@ -349,7 +349,7 @@ class Engine:
         rec = self.registry.get(worker_id)
         if coord is None or rec is None:
             raise RegroupRefused("this run has no collective group")
-        if not self.config.collective_regroup:
+        if not self.config.collective.regroup:
             raise RegroupRefused("regrouping is disabled (collective_regroup=false)")
         if self.stopping:
             raise RegroupRefused(f"the run is stopping: {self.stop_reason}")
@@ -509,14 +509,14 @@ class Engine:
         try:
             # OmniLearn Eq. 9: training memory is m0 + m1*b, fitted on the worker's own measurements.
             m0, m1 = fit_memory_model([(int(b), float(m)) for b, m in profile])
-            b_max = max_batch_for_memory(m0, m1, memory * self.config.memory_fraction)
+            b_max = max_batch_for_memory(m0, m1, memory * self.config.batch_bounds.memory_fraction)
         except (TypeError, ValueError) as exc:
             log.warning("worker %s: unusable memory profile %r: %s", rec.id, profile, exc)
             self.events.emit("memory_profile_rejected", worker=rec.id, error=str(exc)[:200])
             return
         self.allocator.set_batch_limit(rec.id, b_max)
         self.events.emit("memory_model", worker=rec.id, m0=round(m0), m1=round(m1, 3), b_max=b_max,
-                         budget=int(memory * self.config.memory_fraction))
+                         budget=int(memory * self.config.batch_bounds.memory_fraction))
 
     def _record_workload(self, rec: WorkerRecord, elapsed: float, wl: Workload) -> None:
         rec.workload_history.append((elapsed, wl.dss, wl.mbs))
@@ -622,7 +622,7 @@ class Engine:
     def validation_shards_for(self, worker: WorkerRecord) -> list[int]:
         """A fixed local validation split per worker (its gate's data), spread over the validation set."""
         n = self.validation_shards.num_shards
-        k = min(n, shards_for(self.config.gate_validation_samples, self.config.shard_size))
+        k = min(n, shards_for(self.config.zscore.validation_samples, self.config.shard_size))
         start = (int(worker.id.lstrip("w") or 0) * k) % n
         return [(start + i) % n for i in range(k)]
 
