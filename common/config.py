@@ -69,10 +69,11 @@ def _section(model: type[BaseModel], owner: str) -> Any:
 class RunConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    preset: str = Field(default=DEFAULT_PRESET, description="The preset the run started from (see Presets).")
+    preset: str = Field(default=DEFAULT_PRESET, description="The preset the run starts from: its policy choices and parameters, then the "
+                                    "overrides (see Presets).")
 
     # ---- policy names (one per kind; their parameters are the sections below)
-    sync: str = Field(default="asp", description="Sync policy: bsp, asp, ssp, ebsp or hermes (gated async).")
+    sync: str = Field(default="asp", description="Sync policy: hermes (gated async), asp, bsp, ssp, ebsp.")
     aggregation: Literal["mean", "samples", "loss", "power"] = Field(
         default="mean", description="How a step's updates count: mean, samples (OmniLearn Eq. 4b), loss (Hermes "
                                     "Alg. 2) or power (EDP-SGD).")
@@ -103,10 +104,12 @@ class RunConfig(BaseModel):
     dual_search: DualSearchParams = _section(DualSearchParams, "allocation 'dual-search'")
 
     # ---- model and data
-    model: str = Field(default="cnn", description="Model from the zoo (hermes.common.models).")
+    model: str = Field(default="cnn", description="cnn (MNIST-style, ~110K params on 28x28), alexnet (~1M, 32x32 "
+                       "colour), resnet18 (CIFAR), mlp (model_kwargs hidden).")
     model_kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of the model's factory.")
-    dataset: str = Field(default="digits", description="Data set (hermes.common.datasets).")
-    dataset_root: str | None = Field(default=None, description="Directory of a file-based data set (mnist, cifar10).")
+    dataset: str = Field(default="digits", description="digits (scikit-learn, embedded), mnist1d (generated), synthetic "
+                         "(any size: num_samples), mnist (IDX files), cifar10 (python batches).")
+    dataset_root: str | None = Field(default=None, description="Folder with MNIST IDX files or CIFAR-10 batches (required for those).")
     num_samples: int | None = Field(default=None, gt=0, description="Samples of a synthetic data set.")
     test_fraction: float = Field(default=0.2, gt=0.0, lt=1.0, description="Share of the data held out as the test set.")
     # Held out of the training set: the agents' gate and the server's loss
@@ -117,23 +120,25 @@ class RunConfig(BaseModel):
 
     # ---- optimizer and work
     lr: float = Field(default=0.05, gt=0.0, description="Learning rate of the agents' SGD.")
-    momentum: float = Field(default=0.9, ge=0.0, lt=1.0, description="SGD momentum.")
+    momentum: float = Field(default=0.9, ge=0.0, lt=1.0, description="SGD momentum (the asynchronous presets run without: 0).")
     weight_decay: float = Field(default=0.0, ge=0.0, description="SGD weight decay.")
-    batch_size: int = Field(default=32, gt=0, description="Initial mini-batch (per optimizer step) of every worker.")
+    batch_size: int = Field(default=32, gt=0, description="Mini-batch size (MBS); the batch-sizing policies scale each "
+                            "worker's batch b_k from it and keep cycle_samples // batch_size steps per cycle.")
     cycle_samples: int = Field(
         default=128, gt=0, description="Samples an agent trains on between two pushes (Hermes' dataset size, DSS).")
     shard_size: int = Field(default=64, gt=0, description="Samples per data shard (the unit of DSS and of Kafka records).")
     precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
-        default="auto", description="Training precision on the agents ('auto': bf16/fp16 where the device has it).")
+        default="auto", description="'auto' = fp16 autocast on CUDA, bf16 on CPU (fp16 autocast on CPU "
+                                    "is 5-36x slower there); fp32, bf16, fp16.")
     wire_dtype: Literal["float32", "float16", "bfloat16"] = Field(
-        default="float32", description="dtype of tensors on the wire.")
+        default="float32", description="dtype of pushed updates (the server accumulates in fp32).")
 
     # ---- evaluation and stop
     eval_interval_seconds: float = Field(default=1.0, gt=0.0, description="Seconds between server evaluations.")
     # The same stop as POST /v1/stop.
     target_accuracy: float | None = Field(
         default=None, description="Stop once an evaluation reaches this test accuracy in (0, 1]; unset trains until stopped.")
-    eval_max_samples: int = Field(default=2000, gt=0, description="Test samples per evaluation.")
+    eval_max_samples: int = Field(default=2000, gt=0, description="Held-out test samples per evaluation.")
     stats_interval_seconds: float = Field(default=2.0, gt=0.0, description="Seconds between status log lines.")
 
     @model_validator(mode="before")

@@ -94,15 +94,15 @@ class GateParams(BaseModel):
     """The run config's ``zscore`` section; defaults are Hermes Table I (w = 10, alpha = -1.3, beta = 0.1, lambda = 5)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
-    window: int = Field(default=10, ge=2, description="w, validation losses in the gate's window (Hermes Table I).")
+    window: int = Field(default=10, ge=2, description="W, validation losses in the gate's window (Hermes Table I).")
     alpha: float = Field(default=-1.3, allow_inf_nan=False,
-                         description="push when the loss's z-score is <= alpha (Hermes Eq. 4, Table I).")
-    beta: float = Field(default=0.1, ge=0.0, description="relaxation step of alpha (Hermes Alg. 1 line 12).")
-    lam: int = Field(default=5, ge=1, description="lambda, silent cycles before alpha relaxes (Hermes Alg. 1 line 11).")
+                         description="Push when the loss's z-score is <= alpha (Hermes Eq. 4, Table I).")
+    beta: float = Field(default=0.1, ge=0.0, description="Relaxation step of alpha (Hermes Alg. 1 line 12).")
+    lam: int = Field(default=5, ge=1, description="Lambda, silent cycles before alpha relaxes (Hermes Alg. 1 line 11).")
     relaxation: Literal["step", "paper", "multiplicative"] = Field(
-        default="step", description="how alpha relaxes while silent: 'step' (ours, +beta every lambda cycles), "
+        default="step", description="How alpha relaxes while silent: 'step' (ours, +beta every lambda cycles), "
                                     "'paper' (+beta every cycle once N_iter >= lambda), 'multiplicative' (*(1-beta)).")
-    validation_samples: int = Field(default=256, gt=0, description="validation samples the agent scores each cycle on.")
+    validation_samples: int = Field(default=256, gt=0, description="Validation samples the agent scores each cycle on.")
 
 
 _DEFAULTS = GateParams()
