@@ -53,6 +53,16 @@ class PControlParams(BaseModel):
                                                    "(0 = the paper's rule).")
     drop_cap_updates: int = Field(
         default=10, ge=0, description="Control steps after which a throughput-drop cap is lifted (0 = never, the paper's rule).")
+    # The papers' rules, each one switch away (README "Deviations from the papers").
+    deadband_order: Literal["after-bounds", "before-bounds"] = Field(
+        default="after-bounds", description="Dead-band tested on the bounded batch (ours, ACSOS) or, 'before-bounds', "
+                                            "on the unbounded Eq. 6 value, then clamped (OmniLearn Alg. 1).")
+    deadband_reference: Literal["new", "old"] = Field(
+        default="new", description="Dead-band relative to the new batch (OmniLearn Eq. 7) or, 'old', to the old one "
+                                   "(ACSOS step 4).")
+    global_rule: Literal["proportional", "uniform"] = Field(
+        default="proportional", description="Fixed global batch by rescaling proportionally, b_k = B*X_k/sum(X) "
+                                            "(ours), or 'uniform': OmniLearn Eq. 8 literally, b_k' - dB/K.")
     global_batch: Literal["fixed", "free"] | None = Field(
         default=None, description="Global batch rule (OmniLearn Eq. 8): 'fixed' keeps sum(b) = K*b, 'free' does not; "
                                   "unset: fixed under a barrier, free for asynchronous pushes.")
@@ -86,11 +96,14 @@ class PControlAllocator(Policy):
     def __init__(self, *, steps: int, base: int, b_min: int, b_max: int, deadband: float, alpha: float,
                  global_batch: bool, interval: str, min_observations: int, warmup: int, epoch_samples: int,
                  drop_margin: float = 0.0, drop_cap_updates: int | None = None,
-                 carry_smoothing: bool = False) -> None:
+                 carry_smoothing: bool = False, deadband_order: str = "after-bounds", deadband_reference: str = "new",
+                 global_rule: str = "proportional") -> None:
         self.b = StepBatches(steps=steps, base=base, b_min=b_min, b_max=b_max)
         self.ctl = ProportionalController({}, b_min=b_min, b_max=b_max, deadband=deadband, alpha=alpha,
                                           global_batch=0 if global_batch else None, drop_margin=drop_margin,
-                                          drop_cap_updates=drop_cap_updates, carry_smoothing=carry_smoothing)
+                                          drop_cap_updates=drop_cap_updates, carry_smoothing=carry_smoothing,
+                                          deadband_order=deadband_order, deadband_reference=deadband_reference,
+                                          global_rule=global_rule)
         self.fixed_global = global_batch
         self.interval = interval
         self.min_observations = min_observations
@@ -112,7 +125,8 @@ class PControlAllocator(Policy):
             # No throughput-drop cap: a margin no fall can exceed.
             drop_margin=pc.drop_margin if pc.throughput_cap else 1.0,
             drop_cap_updates=pc.drop_cap_updates or None,
-            carry_smoothing=pc.carry_smoothing,
+            carry_smoothing=pc.carry_smoothing, deadband_order=pc.deadband_order,
+            deadband_reference=pc.deadband_reference, global_rule=pc.global_rule,
         )
 
     def _resize_global(self) -> None:

@@ -16,6 +16,31 @@ from typing import Any
 
 from hermes.common.policies.allocation.rounding import round_preserving_sum
 
+DEADBAND_ORDERS = ("after-bounds", "before-bounds")
+DEADBAND_REFERENCES = ("new", "old")
+
+
+def deadband_passes(old: int, new: int, proposal: float, *, deadband: float, order: str = "after-bounds",
+                    reference: str = "new") -> bool:
+    """Whether a worker's batch change from ``old`` counts (is outside the dead-band).
+
+    ``new`` is the bounded integer batch the step would set, ``proposal`` the
+    unbounded Eq. 6 value b*. The papers disagree on what is compared:
+
+    - order ``after-bounds`` (ours; ACSOS steps 3-4: bound, then check) tests
+      ``new``; ``before-bounds`` (OmniLearn Alg. 1 lines 18-24: check b*, then
+      clamp) tests ``proposal``;
+    - reference ``new``: |b' - b| / b' >= deadband (OmniLearn Eq. 7);
+      ``old``: |b' - b| / b >= deadband (ACSOS step 4, "max_k Δ(b_k)/b_k").
+      ACSOS writes ">" but also "must be at least change by 5%": we take >=.
+
+    A step that would not change the batch never counts.
+    """
+    if new == old:
+        return False
+    target = new if order == "after-bounds" else proposal
+    return abs(target - old) / (target if reference == "new" else old) >= deadband
+
 
 @dataclass
 class _WorkerState:
@@ -86,6 +111,8 @@ class ProportionalController:
     drop_margin: float = 0.0
     drop_cap_updates: int | None = None
     carry_smoothing: bool = False
+    deadband_order: str = "after-bounds"
+    deadband_reference: str = "new"
     workers: dict[str, _WorkerState] = field(init=False)
     adjustments: int = field(init=False, default=0)
 
@@ -98,6 +125,10 @@ class ProportionalController:
             raise ValueError(f"need 1 <= b_min <= b_max, got ({self.b_min}, {self.b_max})")
         if self.global_rule not in ("proportional", "uniform"):
             raise ValueError(f"global_rule must be 'proportional' or 'uniform', got {self.global_rule!r}")
+        if self.deadband_order not in DEADBAND_ORDERS:
+            raise ValueError(f"deadband_order must be one of {DEADBAND_ORDERS}, got {self.deadband_order!r}")
+        if self.deadband_reference not in DEADBAND_REFERENCES:
+            raise ValueError(f"deadband_reference must be one of {DEADBAND_REFERENCES}, got {self.deadband_reference!r}")
         self.workers = {}
         for w, b in self.batches.items():
             self.add_worker(w, b)
@@ -191,8 +222,9 @@ class ProportionalController:
             new = {w: int(min(max(math.floor(proposal[w] + 0.5), self.b_min), st[w].b_max)) for w in ws}
         else:
             new = dict(zip(ws, self._global(ws, [proposal[w] for w in ws], self.global_batch, lo, hi)))
-        # Dead-band, OmniLearn Eq. 7: change only if |b' - b| / b' >= deadband.
-        moving = [w for w in ws if new[w] != old[w] and abs(new[w] - old[w]) / new[w] >= self.deadband]
+        # Dead-band, OmniLearn Eq. 7 (what is compared with what: deadband_passes).
+        moving = [w for w in ws if deadband_passes(old[w], new[w], proposal[w], deadband=self.deadband,
+                                                   order=self.deadband_order, reference=self.deadband_reference)]
         if self.global_batch is None:
             # Per worker (OmniLearn Eq. 7): small moves are dropped one by one.
             new = {w: (new[w] if w in moving else old[w]) for w in ws}

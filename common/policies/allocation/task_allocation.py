@@ -10,11 +10,12 @@ its w_i micro-batches; re-allocation stops once the shares are stable
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from hermes.common.policies.allocation import CycleObservation, Resize, Workload, local_steps
 from hermes.common.policies.allocation._common import EpochClock, StepBatches
@@ -40,6 +41,30 @@ class AdaptiveParams(BaseModel):
     epsilon: float = Field(default=0.05, gt=0.0,
                            description="Stop re-allocating once every share moved less than this (relative) ...")
     patience: int = Field(default=2, ge=1, description="... this many epochs in a row (Chao et al.: stable after 4-5 epochs).")
+    ratios: dict[str, float] | None = Field(
+        default=None, description="Worker name -> share of each round's micro-batches set by the operator (Chao Sec. "
+                                  "III-A); unset: equal shares. A worker not named gets the median share.")
+    reallocate: bool = Field(
+        default=True, description="Re-estimate the shares each epoch (Chao Alg. 1, Eq. 10); false keeps the "
+                                  "operator's ratios for the whole run (Chao's static allocation).")
+
+    @field_validator("ratios")
+    @classmethod
+    def _positive(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        if v is not None and (not v or any(not (r > 0 and math.isfinite(r)) for r in v.values())):
+            raise ValueError(f"ratios must map worker names to positive finite numbers, got {v!r}")
+        return v
+
+
+def ratio_weights(workers: Sequence[str], ratios: Mapping[str, float]) -> list[float]:
+    """Each worker's operator-set ratio (Chao Sec. III-A), the median of the given ratios for a worker not named.
+
+    The counts are then w_i = C * r_i / sum(r) (``round_preserving_sum``), C = K * w0,
+    so sum(w) = C and the total batch minibatch * C stays the run's.
+    """
+    given = sorted(ratios.values())
+    fill = given[len(given) // 2]
+    return [float(ratios.get(w, fill)) for w in workers]
 
 
 def task_allocation_targets(current: Sequence[float], compute_times: Sequence[float]) -> list[float]:
@@ -114,11 +139,13 @@ class AdaptiveAllocator(Policy):
     }
 
 
-    def __init__(self, *, mbs: int, w0: int, epsilon: float, patience: int, warmup: int, epoch_samples: int) -> None:
+    def __init__(self, *, mbs: int, w0: int, epsilon: float, patience: int, warmup: int, epoch_samples: int,
+                 ratios: Mapping[str, float] | None = None, reallocate: bool = True) -> None:
         # One optimizer step per cycle: the cycle is w_i micro-batches of ``mbs``.
         self.b = StepBatches(steps=1, base=mbs, b_min=mbs, b_max=mbs)
         self.w0 = w0
         self.epsilon, self.patience, self.warmup = epsilon, patience, warmup
+        self.ratios, self.reallocate = (dict(ratios) if ratios else None), reallocate
         self.clock = EpochClock(epoch_samples)
         self.max_w: dict[str, int] = {}
         self._times: dict[str, list[float]] = {}
@@ -131,7 +158,7 @@ class AdaptiveAllocator(Policy):
         a = config.adaptive
         return cls(mbs=config.batch_size, w0=local_steps(config), epsilon=a.epsilon,
                    patience=a.patience, warmup=config.rebalance.warmup_cycles,
-                   epoch_samples=epoch_samples)
+                   epoch_samples=epoch_samples, ratios=a.ratios, reallocate=a.reallocate)
 
     @property
     def stopped(self) -> bool:
@@ -145,11 +172,17 @@ class AdaptiveAllocator(Policy):
             return
         total = len(ws) * self.w0
         upper = [self.max_w.get(w, total) for w in ws]
-        counts = round_preserving_sum([self.b.accumulation[w] for w in ws], min(total, sum(upper)), 1, upper)
+        # The operator's ratios, when set, are the basis of every split (Chao Sec. III-A);
+        # otherwise the current shares are kept.
+        weights = (ratio_weights(ws, self.ratios) if self.ratios
+                   else [float(self.b.accumulation[w]) for w in ws])
+        counts = round_preserving_sum(weights, min(total, sum(upper)), 1, upper)
         for w, wi in zip(ws, counts):
             self.b.set(w, self.b.base, "membership", accumulation=wi)
             self._times[w] = []
-        self._alg = AdaptiveAccumulation(counts, epsilon=self.epsilon, patience=self.patience)
+        # Static allocation: an algorithm that has stopped before it started never re-allocates.
+        self._alg = AdaptiveAccumulation(counts, epsilon=self.epsilon, patience=self.patience,
+                                         stopped=not self.reallocate)
 
     def join(self, worker_id: str, capacity: float | None = None) -> None:
         if worker_id in self._seen:
