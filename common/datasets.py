@@ -251,8 +251,7 @@ def make_synthetic(
     # Balanced labels, so the stratified split below is exact up to rounding.
     y = rng.permutation(np.arange(num_samples) % num_classes).astype(np.int64)
     cluster = rng.integers(0, clusters_per_class, size=num_samples)
-    x = centres[y, cluster] + rng.standard_normal((num_samples, dim))
-    x = x.astype(np.float32).reshape(num_samples, *input_shape)
+    x = (centres[y, cluster] + rng.standard_normal((num_samples, dim))).astype(np.float32).reshape(num_samples, *input_shape)
     train_idx, test_idx = _stratified_split(y, test_fraction, seed)
     return _make_pair(
         "synthetic", x[train_idx], y[train_idx], x[test_idx], y[test_idx], num_classes

@@ -256,7 +256,7 @@ class ZScoreGate:
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
                 raise ValueError(f"window must hold only finite losses, got {v!r}")
             values.append(float(v))
-        if not _is_int(silent) or silent < 0:
+        if not isinstance(silent, int) or isinstance(silent, bool) or silent < 0:
             raise ValueError(f"silent_cycles must be an integer >= 0, got {silent!r}")
         gate = cls(config)
         gate._window.extend(values)  # deque(maxlen) keeps the newest

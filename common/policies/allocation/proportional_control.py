@@ -197,7 +197,8 @@ class ProportionalController:
         if not ws or any(self.workers[w].ewma is None for w in ws):
             return {w: self.workers[w].batch for w in ws}
         st = {w: self.workers[w] for w in ws}
-        t = {w: st[w].ewma for w in ws}
+        # Checked above: every worker has a smoothed time.
+        t: dict[str, float] = {w: float(st[w].ewma or 0.0) for w in ws}
         x = {w: st[w].batch / t[w] for w in ws}  # throughput X_k, OmniLearn Eq. 6a
         # ACSOS throughput-drop rule: b_max <- b0 when X fell after b0 -> b.
         # A fall within ``drop_margin`` is measurement noise: one noisy cycle
@@ -207,8 +208,9 @@ class ProportionalController:
                 st[w].drop_cap_age += 1
                 if self.drop_cap_updates is not None and st[w].drop_cap_age > self.drop_cap_updates:
                     st[w].drop_cap = None
-            if st[w].before_increase is not None:
-                b0, x0 = st[w].before_increase
+            before = st[w].before_increase
+            if before is not None:
+                b0, x0 = before
                 if x[w] < x0 * (1.0 - self.drop_margin):
                     st[w].drop_cap, st[w].drop_cap_age = max(self.b_min, min(st[w].b_max, b0)), 0
                 st[w].before_increase = None
@@ -241,7 +243,7 @@ class ProportionalController:
             if self.carry_smoothing:
                 # The prior at the new batch is the old estimate scaled by the
                 # proportional model (t ∝ b); the new batch's cycles then blend in.
-                st[w].ewma = st[w].ewma * new[w] / old[w]
+                st[w].ewma = t[w] * new[w] / old[w]
             else:
                 st[w].ewma = None  # ACSOS: smoothing restarts at the new batch
         if changed:

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-Bound = int | Sequence[int] | None
+Bound = int | Sequence[float] | None  # one bound for all, or one per worker (math.inf: none)
 
 
 class InfeasibleAllocation(ValueError):
@@ -21,8 +21,8 @@ def _bounds(n: int, bound: Bound, default: float) -> list[float]:
     if bound is None:
         return [default] * n
     if isinstance(bound, (int, np.integer)):
-        return [int(bound)] * n
-    out = list(bound)
+        return [float(int(bound))] * n
+    out: list[float] = list(bound)
     if len(out) != n:
         raise ValueError(f"bounds have {len(out)} entries for {n} workers")
     return out
