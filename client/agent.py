@@ -144,7 +144,7 @@ class Agent:
                 log.info("could not say goodbye to the server: %s", exc)
             self._ctx.term()
             # A generation abandoned on the server's word may still hold a failing collective.
-            settle_abandoned(job.config.collective_timeout_seconds + 5.0)
+            settle_abandoned(job.config.collective.timeout_seconds + 5.0)
             self.progress(session, force=True)
             if opts.progress and sys.stderr.isatty():
                 sys.stderr.write("\n")

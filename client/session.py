@@ -92,8 +92,8 @@ class Job:
             slowdown=slowdown, seed=zlib.crc32(worker_id.encode()),
         )
         gate = (
-            ZScoreGate(GateConfig(window=config.gate_window, alpha=config.gate_alpha,
-                                  beta=config.gate_beta, lam=config.gate_lambda))
+            ZScoreGate(GateConfig(window=config.zscore.window, alpha=config.zscore.alpha,
+                                  beta=config.zscore.beta, lam=config.zscore.lam))
             if config.gate == "zscore" else None
         )
         return cls(spec=spec, config=config, precision=precision, wire_dtype=dtype_from_name(config.wire_dtype),

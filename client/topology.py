@@ -144,7 +144,7 @@ class AllReduce:
                 run_cycles(self.agent, self.job, self.session, self)
                 return
             except CollectiveError as exc:
-                if not self.job.config.collective_regroup:
+                if not self.job.config.collective.regroup:
                     raise
                 failure = exc
             finally:
@@ -179,7 +179,7 @@ class AllReduce:
         try:
             # The server may wait for a slow survivor up to the group timeout past its window.
             body = agent.control.regroup(session.worker_id, session.token, rv.generation,
-                                         wait_seconds=self.job.config.collective_regroup_seconds + rv.timeout_seconds)
+                                         wait_seconds=self.job.config.collective.regroup_seconds + rv.timeout_seconds)
         except RemoteError as exc:
             if exc.code == "http_410":
                 agent.stop_reason = f"the server's run is over ({exc.message})"

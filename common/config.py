@@ -1,7 +1,12 @@
 """Run configuration: one validated, frozen model shared by server and agents.
 
-A run is a preset (a named bundle of policy choices) plus overrides. Config is
-validated when built; errors name the offending field.
+A run is a preset (a named bundle of policy choices, ``presets.py``) plus
+overrides. The config is a flat core (model, data, optimizer, evaluation),
+the policy names (``sync``, ``gate`` ...), and one section per policy that
+has parameters, whose model and defaults the policy's own module owns
+(``config.zscore.alpha``, ``config.pcontrol.deadband``). Keys may be given
+nested, dotted or by their old flat names (``config_keys.ALIASES``). The
+config is validated when built; errors name the offending field.
 """
 
 from __future__ import annotations
@@ -9,8 +14,9 @@ from __future__ import annotations
 import json
 import math
 import tomllib
+import warnings
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -21,83 +27,28 @@ from pydantic import (
     model_validator,
 )
 
-from hermes.common.sync import SYNC_STRATEGIES
+from hermes.common.config_keys import ALIASES, normalise
+from hermes.common.policies import base as policies
+from hermes.common.policies.aggregation import LossParams
+from hermes.common.policies.allocation._common import BatchBounds, RebalanceParams
+from hermes.common.policies.allocation.dynamic_partitioning import PartitionParams
+from hermes.common.policies.allocation.hermes_sizing import DualSearchParams
+from hermes.common.policies.allocation.pcontrol import PControlParams
+from hermes.common.policies.allocation.task_allocation import AdaptiveParams
+from hermes.common.policies.base import UnknownPolicy
+from hermes.common.policies.gate import GateParams
+from hermes.common.policies.sync import AsyncParams, EbspParams, SspParams
+from hermes.common.policies.topology import CollectiveParams
+from hermes.common.presets import DEFAULT_PRESET, PRESET_SOURCES, PRESETS
 
-# Strategies whose steps aggregate one update from every worker together.
+__all__ = ["BARRIER_SYNCS", "AGGREGATIONS", "PRESETS", "PRESET_SOURCES", "DEFAULT_PRESET", "POLICY_FIELDS",
+           "ConfigError", "RunConfig", "build_config", "load_config_file", "preset_policies", "SECTIONS"]
+
+# Strategies whose steps aggregate one update from every worker together (declared by each: provides 'barrier').
 BARRIER_SYNCS = ("bsp", "ebsp")
 
 AGGREGATIONS = ("mean", "samples", "loss", "power")
 
-# Preset -> policy choices. Later issues add omnilearn-*, etc.
-PRESETS: dict[str, dict[str, Any]] = {
-    # Hermes (paper 004, Sec. IV): gated async pushes, loss-weighted
-    # aggregation, IQR straggler detection + dual binary search. Table I: CNN
-    # trained with plain SGD, w=10, alpha=-1.3, beta=0.1, lambda=5.
-    "hermes": {
-        "sync": "hermes", "aggregation": "loss", "gate": "zscore", "allocation": "dual-search",
-        "momentum": 0.0, "lr": 0.1,
-    },
-    # Local momentum on top of asynchronous, stale updates diverged on the
-    # testbed (digits, HL4: accuracy back to chance within 10 s); plain SGD
-    # converges, so ASP runs without it.
-    "asp": {"sync": "asp", "aggregation": "mean", "momentum": 0.0},
-    "bsp": {"sync": "bsp", "aggregation": "samples"},
-    # Bounded staleness: a worker runs at most ssp_staleness pushes ahead of
-    # the slowest (Hermes Table III runs SSP with s = 125 on 12 workers).
-    "ssp": {"sync": "ssp", "aggregation": "mean", "momentum": 0.0},
-    # Elastic BSP (Zipline-style): the barrier falls where predicted waiting
-    # is least within ebsp_lookahead pushes of the fastest worker.
-    "ebsp": {"sync": "ebsp", "aggregation": "samples"},
-    # OmniLearn (paper 000) BSP: proportional control of each worker's batch
-    # once per epoch (Eq. 6-7), global batch kept at K*b (Eq. 8), gradients
-    # weighted by lambda_k = b_k / sum(b) (Eq. 4b); bounds and dead-band of
-    # Fig. 11. OmniLearn bounds batches by fixed bounds and memory (Eq. 9)
-    # only: the throughput-drop cap is ACSOS's, so it is off here.
-    "omnilearn-bsp": {
-        "sync": "bsp", "aggregation": "samples", "allocation": "pcontrol", "control_interval": "epoch",
-        "b_min": 4, "b_max": 96, "pcontrol_deadband": 0.1, "pcontrol_throughput_cap": False,
-    },
-    # OmniLearn ASP (Alg. 2): the same controller without a global batch,
-    # learning rate scaled by b_k / B instead of gradient weighting (Eq. 5b).
-    # lr 0.2 so that a worker at the initial b = B/K steps at 0.05.
-    "omnilearn-asp": {
-        "sync": "asp", "aggregation": "mean", "allocation": "pcontrol", "control_interval": "epoch",
-        "lr_scaling": "batch-scaled", "lr": 0.2, "momentum": 0.0, "b_min": 4, "b_max": 96,
-        "pcontrol_deadband": 0.1, "pcontrol_throughput_cap": False,
-    },
-    # ACSOS dynamic batching (paper 001): the same proportional law adjusted
-    # at any iteration with EWMA-smoothed times, global batch fixed (Eq. 4-5).
-    "dynamic-batching": {
-        "sync": "bsp", "aggregation": "samples", "allocation": "pcontrol", "control_interval": "round",
-        "b_min": 4, "b_max": 96, "pcontrol_deadband": 0.1,
-    },
-    # OmniLearn's variable batching (Sec. III-A): batches from declared
-    # cores, never re-measured.
-    "variable-batching": {"sync": "bsp", "aggregation": "samples", "allocation": "static", "b_min": 4, "b_max": 96},
-    # Chao et al. (paper 002): w_i micro-batches accumulated per step (Eq. 10),
-    # aggregation weighted by each worker's share of the step's samples.
-    "task-allocation": {"sync": "bsp", "aggregation": "samples", "allocation": "adaptive", "lr": 0.1},
-    # DP-SGD / EDP-SGD (paper 003): per-epoch partitions by compute power
-    # (Alg. 1); EDP-SGD also weighs gradients by normalised compute power (Sec. 4.2).
-    "dp-sgd": {"sync": "bsp", "aggregation": "mean", "allocation": "partition"},
-    "edp-sgd": {"sync": "bsp", "aggregation": "power", "allocation": "partition"},
-}
-DEFAULT_PRESET = "hermes"
-
-PRESET_SOURCES: dict[str, str] = {
-    "hermes": "Hermes (When Less is More): gated pushes, loss-weighted blend, dual binary search",
-    "asp": "asynchronous parallel baseline",
-    "bsp": "bulk-synchronous baseline, uniform batches",
-    "ssp": "stale-synchronous parallel baseline (bounded staleness)",
-    "ebsp": "elastic BSP baseline (Zipline-style predicted barrier)",
-    "omnilearn-bsp": "OmniLearn BSP: proportional-control dynamic batching per epoch, fixed global batch",
-    "omnilearn-asp": "OmniLearn ASP: proportional-control dynamic batching, batch-scaled learning rate",
-    "dynamic-batching": "ACSOS dynamic batching: proportional control at every round, fixed global batch",
-    "variable-batching": "OmniLearn/ACSOS static variable batching from declared cores",
-    "task-allocation": "Chao et al.: self-adaptive gradient-accumulation counts per worker",
-    "dp-sgd": "DP-SGD: per-epoch data partitions by measured compute power",
-    "edp-sgd": "EDP-SGD: DP-SGD plus gradients weighted by compute power",
-}
 POLICY_FIELDS = ("sync", "allocation", "aggregation", "gate", "lr_scaling")
 
 
@@ -111,131 +62,115 @@ class ConfigError(ValueError):
     """A run configuration that cannot be built; the message names the field."""
 
 
+def _section(model: type[BaseModel], owner: str) -> Any:
+    return Field(default_factory=model, description=owner)
+
+
 class RunConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    preset: str = DEFAULT_PRESET
-    sync: str = "asp"
-    aggregation: Literal["mean", "samples", "loss", "power"] = "mean"
-    # "batch-scaled": eta_k = eta * b_k / sum(b) for asynchronous pushes (OmniLearn Eq. 5b).
-    lr_scaling: Literal["none", "batch-scaled"] = "none"
-    # ASP only: refuse updates computed from a model more than this many versions old.
-    max_staleness: int | None = Field(default=None, ge=0)
-    # SSP: pushes a worker may run ahead of the slowest active worker.
-    ssp_staleness: int = Field(default=3, ge=0)
-    # EBSP: lookahead R (pushes of the fastest worker) and push-interval history per worker.
-    ebsp_lookahead: int = Field(default=3, ge=1)
-    ebsp_history: int = Field(default=10, ge=2)
+    preset: str = Field(default=DEFAULT_PRESET, description="The preset the run starts from: its policy choices and parameters, then the "
+                                    "overrides (see Presets).")
 
-    # "ps": the server holds the model and folds pushed updates. "collective":
-    # workers all-reduce weighted gradients among themselves (torch.distributed,
-    # gloo on CPU, nccl on CUDA); the server only coordinates (ranks, the
-    # rendezvous store, work sizes), evaluates copies rank 0 sends and reports.
-    topology: Literal["ps", "collective"] = "ps"
-    # Collective: the group's size (every rank must join before the first step)
-    # and how long a collective may wait on a peer before failing.
-    world_size: int | None = Field(default=None, ge=1)
-    collective_timeout_seconds: float = Field(default=60.0, gt=0.0)
-    # Collective: when a rank dies the survivors re-form the group (a new
-    # generation, ranks 0..n-1) instead of exiting; false keeps the fail-fast
-    # behaviour (every rank exits with code 5).
-    collective_regroup: bool = True
-    # How long the server waits, after the first survivor reports the failure,
-    # for the others: longer than the slowest rank's step plus the time its
-    # all-reduce takes to fail, or a slow survivor is left out.
-    collective_regroup_seconds: float = Field(default=5.0, gt=0.0)
-    # Fewer survivors than this end the run with an error. 1 by default: the
-    # weighted all-reduce is exact for any group size and the replicas hold
-    # the model, so a lone survivor still makes progress rather than losing it.
-    collective_min_world_size: int = Field(default=1, ge=1)
+    # ---- policy names (one per kind; their parameters are the sections below)
+    sync: str = Field(default="asp", description="Sync policy: hermes (gated async), asp, bsp, ssp, ebsp.")
+    aggregation: Literal["mean", "samples", "loss", "power"] = Field(
+        default="mean", description="How a step's updates count: mean, samples (OmniLearn Eq. 4b), loss (Hermes "
+                                    "Alg. 2) or power (EDP-SGD).")
+    lr_scaling: Literal["none", "batch-scaled"] = Field(
+        default="none", description="'batch-scaled': eta_k = eta * b_k / sum(b) for asynchronous pushes (OmniLearn Eq. 5b).")
+    topology: Literal["ps", "collective"] = Field(
+        default="ps", description="'ps': the server folds pushed updates; 'collective': workers all-reduce "
+                                  "(torch.distributed), the server only coordinates, evaluates and reports.")
+    gate: Literal["always", "zscore"] = Field(
+        default="always", description="Update gate: 'always' pushes every cycle; 'zscore' is HermesGUP (Hermes Alg. 1).")
+    allocation: Literal["uniform", "dual-search", "static", "pcontrol", "adaptive", "partition"] = Field(
+        default="uniform", description="Who gets how much work: uniform, static (OmniLearn Eq. 4a), pcontrol "
+                                       "(OmniLearn Eq. 6-8, ACSOS), adaptive (Chao Eq. 10), partition (DP-SGD), "
+                                       "dual-search (Hermes Sec. IV-A).")
 
-    model: str = "cnn"
-    model_kwargs: dict[str, Any] = Field(default_factory=dict)
-    dataset: str = "digits"
-    dataset_root: str | None = None
-    num_samples: int | None = Field(default=None, gt=0)
-    test_fraction: float = Field(default=0.2, gt=0.0, lt=1.0)
-    seed: int = 0
+    # ---- policy sections: each model and its defaults live in the owning policy's module
+    asp: AsyncParams = _section(AsyncParams, "sync 'asp'")
+    ssp: SspParams = _section(SspParams, "sync 'ssp'")
+    ebsp: EbspParams = _section(EbspParams, "sync 'ebsp'")
+    collective: CollectiveParams = _section(CollectiveParams, "topology 'collective'")
+    zscore: GateParams = _section(GateParams, "gate 'zscore'")
+    loss: LossParams = _section(LossParams, "aggregation 'loss'")
+    batch_bounds: BatchBounds = _section(BatchBounds, "allocations 'static', 'pcontrol', 'partition'")
+    rebalance: RebalanceParams = _section(RebalanceParams, "allocations 'pcontrol', 'adaptive', 'dual-search'")
+    pcontrol: PControlParams = _section(PControlParams, "allocation 'pcontrol'")
+    adaptive: AdaptiveParams = _section(AdaptiveParams, "allocation 'adaptive'")
+    partition: PartitionParams = _section(PartitionParams, "allocation 'partition'")
+    dual_search: DualSearchParams = _section(DualSearchParams, "allocation 'dual-search'")
 
-    lr: float = Field(default=0.05, gt=0.0)
-    momentum: float = Field(default=0.9, ge=0.0, lt=1.0)
-    weight_decay: float = Field(default=0.0, ge=0.0)
-    batch_size: int = Field(default=32, gt=0)
-    # Samples an agent trains on between two pushes (Hermes' dataset size, DSS).
-    cycle_samples: int = Field(default=128, gt=0)
-    shard_size: int = Field(default=64, gt=0)
-
-    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
-    wire_dtype: Literal["float32", "float16", "bfloat16"] = "float32"
-
+    # ---- model and data
+    model: str = Field(default="cnn", description="cnn (MNIST-style, ~110K params on 28x28), alexnet (~1M, 32x32 "
+                       "colour), resnet18 (CIFAR), mlp (model_kwargs hidden).")
+    model_kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of the model's factory.")
+    dataset: str = Field(default="digits", description="digits (scikit-learn, embedded), mnist1d (generated), synthetic "
+                         "(any size: num_samples), mnist (IDX files), cifar10 (python batches).")
+    dataset_root: str | None = Field(default=None, description="Folder with MNIST IDX files or CIFAR-10 batches (required for those).")
+    num_samples: int | None = Field(default=None, gt=0, description="Samples of a synthetic data set.")
+    test_fraction: float = Field(default=0.2, gt=0.0, lt=1.0, description="Share of the data held out as the test set.")
     # Held out of the training set: the agents' gate and the server's loss
     # weighting decide on it, never on the test set.
-    validation_fraction: float = Field(default=0.1, gt=0.0, lt=1.0)
+    validation_fraction: float = Field(
+        default=0.1, gt=0.0, lt=1.0, description="Share of the training data held out for the gate and loss weighting.")
+    seed: int = Field(default=0, description="Seed of the model's initial weights and the data split.")
 
-    # Update gate (Hermes Alg. 1); defaults from Hermes Table I.
-    gate: Literal["always", "zscore"] = "always"
-    gate_window: int = Field(default=10, ge=2)
-    gate_alpha: float = Field(default=-1.3, allow_inf_nan=False)
-    gate_beta: float = Field(default=0.1, ge=0.0)
-    gate_lambda: int = Field(default=5, ge=1)
-    gate_validation_samples: int = Field(default=256, gt=0)
-    # Loss-weighted aggregation (Hermes Alg. 2): candidate models are scored on this many validation samples.
-    loss_eval_samples: int = Field(default=512, gt=0)
+    # ---- optimizer and work
+    lr: float = Field(default=0.05, gt=0.0, description="Learning rate of the agents' SGD.")
+    momentum: float = Field(default=0.9, ge=0.0, lt=1.0, description="SGD momentum (the asynchronous presets run without: 0).")
+    weight_decay: float = Field(default=0.0, ge=0.0, description="SGD weight decay.")
+    batch_size: int = Field(default=32, gt=0, description="Mini-batch size (MBS); the batch-sizing policies scale each "
+                            "worker's batch b_k from it and keep cycle_samples // batch_size steps per cycle.")
+    cycle_samples: int = Field(
+        default=128, gt=0, description="Samples an agent trains on between two pushes (Hermes' dataset size, DSS).")
+    shard_size: int = Field(default=64, gt=0, description="Samples per data shard (the unit of DSS and of Kafka records).")
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
+        default="auto", description="'auto' = fp16 autocast on CUDA, bf16 on CPU (fp16 autocast on CPU "
+                                    "is 5-36x slower there); fp32, bf16, fp16.")
+    wire_dtype: Literal["float32", "float16", "bfloat16"] = Field(
+        default="float32", description="dtype of pushed updates (the server accumulates in fp32).")
 
-    # Work sizing: uniform, or Hermes' IQR straggler detection + dual binary search (Sec. IV-A).
-    allocation: Literal["uniform", "dual-search", "static", "pcontrol", "adaptive", "partition"] = "uniform"
-    # Per-step batch bounds of static/pcontrol/partition (OmniLearn Fig. 11: 4..96).
-    b_min: int = Field(default=4, gt=0)
-    b_max: int = Field(default=96, gt=0)
-    # pcontrol: dead-band (OmniLearn Eq. 7), EWMA weight of the newest cycle,
-    # when to step ("epoch": after each data epoch; "round": whenever every
-    # worker has new measurements), and the global batch rule (Eq. 8): None
-    # = fixed under a barrier, free for asynchronous pushes.
-    pcontrol_deadband: float = Field(default=0.1, ge=0.0, lt=1.0)
-    pcontrol_alpha: float = Field(default=0.3, gt=0.0, le=1.0)
-    control_interval: Literal["epoch", "round"] = "epoch"
-    # ACSOS throughput-drop rule (b_max <- b0 when throughput fell after b0 -> b):
-    # a fall within this margin is noise (cycle times on a shared CPU jitter by
-    # 10-30%; ACSOS Fig. 5's memory cliff is far steeper), and a cap is lifted
-    # after this many control steps (0 = never, the paper's rule).
-    # Keep the smoothed time across a batch change, rescaled by the batch ratio
-    # (see controllers.ProportionalController); False restarts it (ACSOS).
-    pcontrol_carry_smoothing: bool = True
-    pcontrol_throughput_cap: bool = True
-    pcontrol_drop_margin: float = Field(default=0.25, ge=0.0, lt=1.0)
-    pcontrol_drop_cap_updates: int = Field(default=10, ge=0)
-    global_batch: Literal["fixed", "free"] | None = None
-    # adaptive (Chao et al. Alg. 1): stop re-allocating once every share moved
-    # less than epsilon (relative) this many epochs in a row.
-    adaptive_epsilon: float = Field(default=0.05, gt=0.0)
-    adaptive_patience: int = Field(default=2, ge=1)
-    # partition (DP-SGD Sec. 4.1): epochs of compute-power history per estimate.
-    partition_window: int = Field(default=1, ge=1)
-    # Share of a worker's free memory its per-step batch may plan for (OmniLearn Eq. 9 b_max).
-    memory_fraction: float = Field(default=0.5, gt=0.0, le=1.0)
-    mbs_min: int = Field(default=8, gt=0)
-    mbs_max: int = Field(default=256, gt=0)
-    search_tolerance: float = Field(default=0.1, gt=0.0, lt=1.0)
-    cost_fit: Literal["linear", "constant"] = "linear"
-    rebalance_min_observations: int = Field(default=2, ge=1)
-    # Beyond Hermes' IQR rule: also resize workers further than this share
-    # from the median cycle time (0 = the paper's rule); see common/sizing.py.
-    balance_band: float = Field(default=0.2, ge=0.0)
-    rebalance_warmup_cycles: int = Field(default=1, ge=0)
+    # ---- evaluation and stop
+    eval_interval_seconds: float = Field(default=1.0, gt=0.0, description="Seconds between server evaluations.")
+    # The same stop as POST /v1/stop.
+    target_accuracy: float | None = Field(
+        default=None, description="Stop once an evaluation reaches this test accuracy in (0, 1]; unset trains until stopped.")
+    eval_max_samples: int = Field(default=2000, gt=0, description="Held-out test samples per evaluation.")
+    stats_interval_seconds: float = Field(default=2.0, gt=0.0, description="Seconds between status log lines.")
 
-    eval_interval_seconds: float = Field(default=1.0, gt=0.0)
-    # The server stops the run itself once an evaluation reaches this test
-    # accuracy (the same stop as POST /v1/stop); None trains until stopped.
-    target_accuracy: float | None = None
-    eval_max_samples: int = Field(default=2000, gt=0)
-    stats_interval_seconds: float = Field(default=2.0, gt=0.0)
+    @model_validator(mode="before")
+    @classmethod
+    def _nested(cls, data: Any) -> Any:
+        # Flat aliases and dotted keys -> sections; unknown keys refused with the closest known one.
+        return normalise(data, SECTIONS) if isinstance(data, dict) else data
+
+    if not TYPE_CHECKING:
+        # Invisible to mypy, so that old names fail type checks where they are still written.
+        def __getattr__(self, name: str) -> Any:
+            """``getattr(cfg, "zscore.alpha")``, and the old flat names (deprecated) while callers migrate."""
+            path = ALIASES.get(name)
+            if path is not None:
+                warnings.warn(f"RunConfig.{name} is now .{path} (tools/migrate_config_access.py rewrites it)",
+                              DeprecationWarning, stacklevel=2)
+            elif "." in name:
+                path = name
+            else:
+                return super().__getattr__(name)
+            obj: Any = self
+            for part in path.split("."):
+                obj = getattr(obj, part)
+            return obj
 
     @field_validator("sync")
     @classmethod
     def _known_sync(cls, v: str) -> str:
-        if v not in SYNC_STRATEGIES:
-            raise ValueError(f"unknown sync strategy {v!r}; known: {sorted(SYNC_STRATEGIES)}")
-        return v
+        try:
+            return policies.canonical("sync", v)
+        except UnknownPolicy:
+            raise ValueError(f"unknown sync strategy {v!r}; known: {sorted(policies.names('sync'))}") from None
 
     @field_validator("target_accuracy")
     @classmethod
@@ -266,94 +201,45 @@ class RunConfig(BaseModel):
 
     @model_validator(mode="after")
     def _coherent(self) -> RunConfig:
-        if self.max_staleness is not None and self.sync != "asp":
-            raise ValueError(f"max_staleness applies to sync 'asp' only, not {self.sync!r}")
-        if self.aggregation == "loss" and self.sync not in ("hermes", "asp"):
-            raise ValueError(
-                f"aggregation 'loss' folds one update at a time against the global model (Hermes Alg. 2); "
-                f"it needs sync 'hermes' or 'asp', not {self.sync!r}"
-            )
-        if self.gate == "zscore" and self.sync in ("bsp", "ssp", "ebsp"):
-            raise ValueError(
-                f"gate 'zscore' lets workers skip pushes, so a {self.sync!r} barrier would wait forever; "
-                f"use an asynchronous sync strategy"
-            )
-        if self.allocation == "dual-search":
-            for name in ("mbs_min", "mbs_max", "batch_size"):
-                v = getattr(self, name)
-                if v & (v - 1):
-                    raise ValueError(f"{name}={v}: dual-search mini-batch sizes are powers of two")
-            if not self.mbs_min <= self.batch_size <= self.mbs_max:
-                raise ValueError(f"batch_size={self.batch_size} outside [mbs_min, mbs_max]=[{self.mbs_min}, {self.mbs_max}]")
-        self._coherent_allocation()
-        self._coherent_topology()
+        # Parameters of a policy the run did not choose (max_staleness, global_batch) would be silently ignored.
+        for kind in policies.KINDS:
+            chosen = policies.selected_name(self, kind)
+            for name in policies.names(kind):
+                # Declared on the class itself: a subclass (hermes of asp) does not inherit the parameter.
+                for field in vars(policies.get(kind, name)).get("exclusive_params", ()):
+                    if name != chosen and self.get(field) is not None:
+                        raise ValueError(f"{field} applies to {kind} {name!r} only, not {chosen!r}")
+        # Each policy declares what it needs (policies.base); this checks every declaration.
+        policies.check_compatible(self)
         if self.dataset in ("mnist", "cifar10") and not self.dataset_root:
             raise ValueError(f"dataset {self.dataset!r} is read from local files: set dataset_root")
         return self
 
+    @property
+    def barrier_sync(self) -> bool:
+        """The sync policy aggregates one step's updates together (BSP, EBSP)."""
+        return "barrier" in policies.get("sync", self.sync).provides
 
     @property
     def fixed_global_batch(self) -> bool:
-        if self.global_batch is not None:
-            return self.global_batch == "fixed"
-        return self.sync in BARRIER_SYNCS
+        """OmniLearn Eq. 8 holds: set by pcontrol.global_batch, else fixed exactly under a barrier."""
+        if self.pcontrol.global_batch is not None:
+            return self.pcontrol.global_batch == "fixed"
+        return self.barrier_sync
 
-    def _coherent_topology(self) -> None:
-        if self.topology == "ps":
-            if self.world_size is not None:
-                raise ValueError("world_size applies to topology 'collective' only")
-            return
-        if self.world_size is None:
-            raise ValueError("topology 'collective' needs world_size: every rank joins the group before the first step")
-        if self.sync != "bsp":
-            raise ValueError(
-                f"topology 'collective' all-reduces every step, a barrier by construction: it needs sync 'bsp', "
-                f"not {self.sync!r}"
-            )
-        if self.allocation == "dual-search":
-            raise ValueError(
-                "topology 'collective' needs the same number of optimizer steps on every rank per cycle; "
-                "dual-search sizes DSS and MBS independently, so ranks would disagree on the step count"
-            )
-        if self.aggregation == "loss":
-            raise ValueError("aggregation 'loss' blends models on the server; topology 'collective' has no server model")
-        if self.collective_min_world_size > self.world_size:
-            raise ValueError(f"collective_min_world_size {self.collective_min_world_size} exceeds world_size "
-                             f"{self.world_size}: the group would be too small from the start")
+    def get(self, key: str) -> Any:
+        """The value at a dotted key (``"zscore.alpha"``) or a top-level one."""
+        obj: Any = self
+        for part in key.split("."):
+            obj = getattr(obj, part)
+        return obj
 
-    def _coherent_allocation(self) -> None:
-        barrier = self.sync in BARRIER_SYNCS
-        if self.allocation in ("adaptive", "partition") and self.sync != "bsp":
-            raise ValueError(
-                f"allocation {self.allocation!r} splits one synchronous round's work among the workers, so every "
-                f"worker must push exactly once per round: it needs sync 'bsp', not {self.sync!r}"
-            )
-        if self.global_batch == "fixed" and not barrier:
-            raise ValueError(
-                f"global_batch 'fixed' (OmniLearn Eq. 8) constrains the batches of one synchronous step; "
-                f"{self.sync!r} pushes asynchronously, so there is no global batch to fix"
-            )
-        if self.global_batch is not None and self.allocation != "pcontrol":
-            raise ValueError(f"global_batch applies to allocation 'pcontrol' only, not {self.allocation!r}")
-        if self.lr_scaling == "batch-scaled" and barrier:
-            raise ValueError(
-                f"lr_scaling 'batch-scaled' (OmniLearn Eq. 5b) is for asynchronous pushes; under {self.sync!r} "
-                f"aggregation 'samples' already weighs each update by its batch (Eq. 4b), and scaling the learning "
-                f"rate too would count the batch twice"
-            )
-        if self.aggregation == "power" and not barrier:
-            raise ValueError(
-                f"aggregation 'power' weighs the updates of one synchronous step against each other (EDP-SGD); "
-                f"{self.sync!r} folds one update at a time, so every weight would be 1"
-            )
-        if self.allocation in ("static", "pcontrol", "partition"):
-            if not self.b_min <= self.batch_size <= self.b_max:
-                raise ValueError(f"batch_size={self.batch_size} outside [b_min, b_max]=[{self.b_min}, {self.b_max}]")
-            if self.cycle_samples < self.batch_size:
-                raise ValueError(
-                    f"cycle_samples={self.cycle_samples} < batch_size={self.batch_size}: allocation "
-                    f"{self.allocation!r} scales the batch of each of cycle_samples // batch_size steps"
-                )
+
+# Top-level field -> its section model, or None for a plain field.
+SECTIONS: dict[str, type[BaseModel] | None] = {
+    name: (f.annotation if isinstance(f.annotation, type) and issubclass(f.annotation, BaseModel) else None)
+    for name, f in RunConfig.model_fields.items()
+}
 
 
 def build_config(preset: str | None = None, **overrides: Any) -> RunConfig:
@@ -361,12 +247,21 @@ def build_config(preset: str | None = None, **overrides: Any) -> RunConfig:
     name = preset or overrides.pop("preset", None) or DEFAULT_PRESET
     if name not in PRESETS:
         raise ConfigError(f"preset: unknown preset {name!r}; known: {sorted(PRESETS)}")
-    values = {**PRESETS[name], **{k: v for k, v in overrides.items() if v is not None}, "preset": name}
+    problems: list[str] = []
+    spelled: dict[str, str] = {}
+    # Normalised here (not only in RunConfig) so that an override's section merges with the preset's
+    # leaf by leaf, every unknown key is reported with the others, and messages use the caller's spelling.
+    values = normalise({**PRESETS[name], **{k: v for k, v in overrides.items() if v is not None}, "preset": name},
+                       SECTIONS, problems=problems, spelled=spelled)
     try:
-        return RunConfig(**values)
+        cfg = RunConfig(**values)
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'config'}: {e['msg']}" for e in exc.errors())
-        raise ConfigError(problems) from None
+        for e in exc.errors():
+            dotted = ".".join(str(p) for p in e["loc"])
+            problems.append(f"{spelled.get(dotted, dotted) or 'config'}: {e['msg']}")
+    if problems:
+        raise ConfigError("; ".join(problems))
+    return cfg
 
 
 def load_config_file(path: str | Path) -> dict[str, Any]:

@@ -12,16 +12,12 @@ has already put under ``root``. Nothing here touches the network.
 
 from __future__ import annotations
 
-import gzip
 import logging
 import math
-import os
-import pickle
 import random
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, BinaryIO
+from typing import Any
 
 import numpy as np
 
@@ -251,8 +247,7 @@ def make_synthetic(
     # Balanced labels, so the stratified split below is exact up to rounding.
     y = rng.permutation(np.arange(num_samples) % num_classes).astype(np.int64)
     cluster = rng.integers(0, clusters_per_class, size=num_samples)
-    x = centres[y, cluster] + rng.standard_normal((num_samples, dim))
-    x = x.astype(np.float32).reshape(num_samples, *input_shape)
+    x = (centres[y, cluster] + rng.standard_normal((num_samples, dim))).astype(np.float32).reshape(num_samples, *input_shape)
     train_idx, test_idx = _stratified_split(y, test_fraction, seed)
     return _make_pair(
         "synthetic", x[train_idx], y[train_idx], x[test_idx], y[test_idx], num_classes
@@ -266,212 +261,27 @@ def _load_synthetic(
     return make_synthetic(total, seed=seed, test_fraction=test_fraction)
 
 
-# ---------------------------------------------------------------- mnist (IDX)
-
-_IDX_UBYTE = 0x08
-_MNIST_FILES = {
-    "train_images": "train-images-idx3-ubyte",
-    "train_labels": "train-labels-idx1-ubyte",
-    "test_images": "t10k-images-idx3-ubyte",
-    "test_labels": "t10k-labels-idx1-ubyte",
-}
+# ---------------------------------------------------------------- file-based sets (dataset_files.py)
 
 
 def read_idx(path: str, *, ndim: int) -> np.ndarray:
-    """Read an unsigned-byte IDX file (optionally gzipped) with ``ndim`` dims.
+    """An IDX file's array (MNIST's format), checked; see ``dataset_files.read_idx``."""
+    from hermes.common import dataset_files
 
-    The header is two zero bytes, a type code (0x08 = uint8), the number of
-    dimensions, then each dimension as a big-endian uint32.
-    """
-    opener: Callable[..., BinaryIO] = (
-        gzip.open if path.endswith(".gz") else open  # type: ignore[assignment]
-    )
-    try:
-        with opener(path, "rb") as fh:
-            raw = fh.read()
-    except FileNotFoundError as exc:
-        raise DatasetUnavailable(f"IDX file {path} does not exist") from exc
-    except (OSError, EOFError, zlib.error) as exc:  # bad or truncated gzip streams
-        raise DatasetCorrupt(f"cannot read IDX file {path}: {exc}") from exc
-    if len(raw) < 4:
-        raise DatasetCorrupt(f"IDX file {path} is too short for a header ({len(raw)} bytes)")
-    zero, dtype_code, dims = int.from_bytes(raw[:2], "big"), raw[2], raw[3]
-    if zero != 0 or dtype_code != _IDX_UBYTE or dims != ndim:
-        raise DatasetCorrupt(
-            f"IDX file {path} has magic number 0x{int.from_bytes(raw[:4], 'big'):08x}; "
-            f"expected 0x{_IDX_UBYTE << 8 | ndim:08x} (unsigned bytes, {ndim} dims)"
-        )
-    header_len = 4 + 4 * ndim
-    if len(raw) < header_len:
-        raise DatasetCorrupt(f"IDX file {path} is truncated inside its header")
-    shape = tuple(int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim))
-    expected = header_len + math.prod(shape)
-    if len(raw) != expected:
-        raise DatasetCorrupt(
-            f"IDX file {path} declares shape {shape} ({expected} bytes with header) "
-            f"but holds {len(raw)} bytes"
-        )
-    return np.frombuffer(raw, dtype=np.uint8, offset=header_len).reshape(shape)
+    return dataset_files.read_idx(path, ndim=ndim)
 
 
-def _find_mnist_file(root: str, stem: str) -> str | None:
-    # torchvision keeps its downloads in root/MNIST/raw; accept that layout too.
-    for folder in (root, os.path.join(root, "MNIST", "raw")):
-        for candidate in (stem, stem + ".gz"):
-            path = os.path.join(folder, candidate)
-            if os.path.isfile(path):
-                return path
-    return None
+def _load_mnist(**kwargs: Any) -> tuple[ArrayDataset, ArrayDataset]:
+    # Imported on use: dataset_files imports this module's helpers.
+    from hermes.common import dataset_files
+
+    return dataset_files.load_mnist(**kwargs)
 
 
-def _mnist_split(root: str, images_stem: str, labels_stem: str) -> tuple[np.ndarray, np.ndarray]:
-    paths = [_find_mnist_file(root, s) for s in (images_stem, labels_stem)]
-    if None in paths:
-        missing = [s for s, p in zip((images_stem, labels_stem), paths) if p is None]
-        raise DatasetUnavailable(_mnist_expectation(root, missing))
-    images_path, labels_path = paths
-    assert images_path is not None and labels_path is not None
-    images = read_idx(images_path, ndim=3)
-    labels = read_idx(labels_path, ndim=1)
-    if images.shape[1:] != (28, 28):
-        raise DatasetCorrupt(f"{images_path} holds {images.shape[1:]} images, expected 28x28")
-    if len(images) != len(labels):
-        raise DatasetCorrupt(
-            f"{images_path} has {len(images)} images but {labels_path} has {len(labels)} labels"
-        )
-    if len(labels) and labels.max() > 9:
-        raise DatasetCorrupt(f"{labels_path} holds labels above 9")
-    return images, labels
+def _load_cifar10(**kwargs: Any) -> tuple[ArrayDataset, ArrayDataset]:
+    from hermes.common import dataset_files
 
-
-def _mnist_expectation(root: str | None, missing: list[str]) -> str:
-    names = ", ".join(f"{s}[.gz]" for s in missing)
-    if root is None:
-        where = "in a folder given as root"
-    else:
-        where = f"in {root} (or {os.path.join(root, 'MNIST', 'raw')})"
-    return f"data set 'mnist' needs the IDX files {names} {where}"
-
-
-def _load_mnist(
-    *, root: str | None, seed: int, test_fraction: float, num_samples: int | None
-) -> tuple[ArrayDataset, ArrayDataset]:
-    if root is None:
-        raise DatasetUnavailable(_mnist_expectation(None, list(_MNIST_FILES.values())))
-    files = _MNIST_FILES
-    x_train, y_train = _mnist_split(root, files["train_images"], files["train_labels"])
-    x_test, y_test = _mnist_split(root, files["test_images"], files["test_labels"])
-    x_train, y_train = _cap(x_train, y_train, num_samples, seed)
-    return _make_pair(
-        "mnist",
-        _to_unit(x_train)[:, None],
-        y_train,
-        _to_unit(x_test)[:, None],
-        y_test,
-        10,
-    )
-
-
-# ---------------------------------------------------------------- cifar10
-
-
-def _numpy_reconstruct() -> Any:
-    # Resolve _reconstruct without importing numpy.core, which numpy 2 deprecates.
-    try:
-        from numpy._core.multiarray import _reconstruct
-    except ImportError:  # numpy < 2
-        from numpy.core.multiarray import _reconstruct  # type: ignore[no-redef]
-    return _reconstruct
-
-
-_CIFAR_GLOBALS: dict[tuple[str, str], Any] = {
-    ("numpy.core.multiarray", "_reconstruct"): _numpy_reconstruct(),
-    ("numpy._core.multiarray", "_reconstruct"): _numpy_reconstruct(),
-    ("numpy", "ndarray"): np.ndarray,
-    ("numpy", "dtype"): np.dtype,
-}
-
-
-class _CifarUnpickler(pickle.Unpickler):
-    """Unpickles the CIFAR-10 batches and nothing else: a pickle can name any
-    callable, so every global except the three numpy ones an array needs is
-    refused before it is imported."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        try:
-            return _CIFAR_GLOBALS[(module, name)]
-        except KeyError:
-            raise pickle.UnpicklingError(f"refused global {module}.{name}") from None
-
-
-_CIFAR_TRAIN = tuple(f"data_batch_{i}" for i in range(1, 6))
-_CIFAR_TEST = "test_batch"
-_CIFAR_SUBDIR = "cifar-10-batches-py"
-
-
-def _read_cifar_batch(path: str) -> tuple[np.ndarray, np.ndarray]:
-    try:
-        with open(path, "rb") as fh:
-            batch = _CifarUnpickler(fh, encoding="bytes").load()
-    except (
-        pickle.UnpicklingError, EOFError, ValueError, TypeError,
-        AttributeError, IndexError, KeyError, OverflowError,
-    ) as exc:  # what a garbled pickle stream raises
-        raise DatasetCorrupt(f"CIFAR-10 batch {path} is not a valid batch: {exc}") from exc
-    if not isinstance(batch, dict):
-        raise DatasetCorrupt(f"CIFAR-10 batch {path} holds a {type(batch).__name__}, not a dict")
-    # The official batches were pickled by Python 2, so keys come back as bytes.
-    data = batch.get(b"data", batch.get("data"))
-    labels = batch.get(b"labels", batch.get("labels"))
-    if not (
-        isinstance(data, np.ndarray)
-        and data.dtype == np.uint8
-        and data.ndim == 2
-        and data.shape[1] == 3072
-    ):
-        raise DatasetCorrupt(f"CIFAR-10 batch {path}: 'data' must be a uint8 array (N, 3072)")
-    labels_arr = np.asarray(labels if labels is not None else [], dtype=np.int64)
-    if labels_arr.shape != (data.shape[0],):
-        raise DatasetCorrupt(
-            f"CIFAR-10 batch {path}: {data.shape[0]} images but labels of shape {labels_arr.shape}"
-        )
-    if len(labels_arr) and (labels_arr.min() < 0 or labels_arr.max() > 9):
-        raise DatasetCorrupt(f"CIFAR-10 batch {path}: labels outside 0..9")
-    # Rows are 1024 red, then 1024 green, then 1024 blue bytes, each 32x32 row-major.
-    return data.reshape(-1, 3, 32, 32), labels_arr
-
-
-def _cifar_folder(root: str | None) -> str:
-    expected = ", ".join(_CIFAR_TRAIN + (_CIFAR_TEST,))
-    if root is not None:
-        for folder in (root, os.path.join(root, _CIFAR_SUBDIR)):
-            if all(os.path.isfile(os.path.join(folder, f)) for f in _CIFAR_TRAIN + (_CIFAR_TEST,)):
-                return folder
-        where = f"in {root} or {os.path.join(root, _CIFAR_SUBDIR)}"
-    else:
-        where = "in a folder given as root (or its cifar-10-batches-py subfolder)"
-    raise DatasetUnavailable(
-        f"data set 'cifar10' needs the python-version batches {expected} {where}"
-    )
-
-
-def _load_cifar10(
-    *, root: str | None, seed: int, test_fraction: float, num_samples: int | None
-) -> tuple[ArrayDataset, ArrayDataset]:
-    folder = _cifar_folder(root)
-    parts = [_read_cifar_batch(os.path.join(folder, f)) for f in _CIFAR_TRAIN]
-    x_train = np.concatenate([p[0] for p in parts])
-    y_train = np.concatenate([p[1] for p in parts])
-    x_test, y_test = _read_cifar_batch(os.path.join(folder, _CIFAR_TEST))
-    x_train, y_train = _cap(x_train, y_train, num_samples, seed)
-    return _make_pair(
-        "cifar10",
-        _to_unit(x_train),
-        y_train,
-        _to_unit(x_test),
-        y_test,
-        10,
-    )
+    return dataset_files.load_cifar10(**kwargs)
 
 
 _LOADERS: dict[str, Callable[..., tuple[ArrayDataset, ArrayDataset]]] = {

@@ -169,9 +169,10 @@ class _AlexNet(nn.Module):
     def __init__(self, shape: tuple[int, ...], num_classes: int) -> None:
         super().__init__()
         channels, height, width = shape
-        sides = [(height, width)]
+        sides: list[tuple[int, int]] = [(height, width)]
         for _ in range(2):
-            sides.append(tuple(_pooled(s) for s in sides[-1]))
+            h, w = sides[-1]
+            sides.append((_pooled(h), _pooled(w)))
 
         def pool(i: int) -> nn.Module:
             return nn.MaxPool2d(tuple(_pool_kernel(s) for s in sides[i]), ceil_mode=True)

@@ -25,13 +25,13 @@ class Collective:
     def start(self, *, bind_host: str, port: int, advertise_host: str) -> None:
         """Host the collective group's rendezvous store (topology 'collective')."""
         config = self.e.config
-        assert config.world_size is not None  # config validation
+        assert config.collective.world_size is not None  # config validation
         self.coordinator = Coordinator(bind_host=bind_host, port=port, advertise_host=advertise_host,
-                                       world_size=config.world_size,
-                                       timeout_seconds=config.collective_timeout_seconds,
-                                       regroup_seconds=config.collective_regroup_seconds,
-                                       min_world_size=config.collective_min_world_size)
-        self.e.telemetry.emit("collective_group", world_size=config.world_size, master_addr=advertise_host,
+                                       world_size=config.collective.world_size,
+                                       timeout_seconds=config.collective.timeout_seconds,
+                                       regroup_seconds=config.collective.regroup_seconds,
+                                       min_world_size=config.collective.min_world_size)
+        self.e.telemetry.emit("collective_group", world_size=config.collective.world_size, master_addr=advertise_host,
                               master_port=self.coordinator.port)
 
     def rendezvous_for(self, rec: WorkerRecord) -> dict[str, Any] | None:
@@ -57,7 +57,7 @@ class Collective:
         rec = e.registry.get(worker_id)
         if coord is None or rec is None:
             raise RegroupRefused("this run has no collective group")
-        if not e.config.collective_regroup:
+        if not e.config.collective.regroup:
             raise RegroupRefused("regrouping is disabled (collective_regroup=false)")
         if e.stopping:
             raise RegroupRefused(f"the run is stopping: {e.stop_reason}")

@@ -140,7 +140,7 @@ class Membership:
         try:
             # OmniLearn Eq. 9: training memory is m0 + m1*b, fitted on the worker's own measurements.
             m0, m1 = fit_memory_model([(int(b), float(m)) for b, m in profile])
-            b_max = max_batch_for_memory(m0, m1, memory * e.config.memory_fraction)
+            b_max = max_batch_for_memory(m0, m1, memory * e.config.batch_bounds.memory_fraction)
         except (TypeError, ValueError) as exc:
             # The profile is logged here, not in the event: it is the worker's own input.
             log.warning("worker %s: unusable memory profile %r: %s", rec.id, profile, exc)
@@ -148,7 +148,7 @@ class Membership:
             return
         e.allocator.set_batch_limit(rec.id, b_max)
         e.telemetry.emit("memory_model", worker=rec.id, m0=round(m0), m1=round(m1, 3), b_max=b_max,
-                         budget=int(memory * e.config.memory_fraction))
+                         budget=int(memory * e.config.batch_bounds.memory_fraction))
 
     def record_workload(self, rec: WorkerRecord, elapsed: float, wl: Workload) -> None:
         rec.workload_history.append((elapsed, wl.dss, wl.mbs))
@@ -176,7 +176,7 @@ class Membership:
         """A fixed local validation split per worker (its gate's data), spread over the validation set."""
         e = self.e
         n = e.validation_shards.num_shards
-        k = min(n, shards_for(e.config.gate_validation_samples, e.config.shard_size))
+        k = min(n, shards_for(e.config.zscore.validation_samples, e.config.shard_size))
         start = (int(worker.id.lstrip("w") or 0) * k) % n
         return [(start + i) % n for i in range(k)]
 

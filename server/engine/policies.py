@@ -161,11 +161,11 @@ class Policies:
 
 def _strategy_params(config: RunConfig) -> dict[str, Any]:
     if config.sync == "asp":
-        return {"max_staleness": config.max_staleness}
+        return {"max_staleness": config.asp.max_staleness}
     if config.sync == "ssp":
-        return {"staleness": config.ssp_staleness}
+        return {"staleness": config.ssp.staleness}
     if config.sync == "ebsp":
-        return {"lookahead": config.ebsp_lookahead, "history": config.ebsp_history}
+        return {"lookahead": config.ebsp.lookahead, "history": config.ebsp.history}
     return {}
 
 
@@ -186,7 +186,7 @@ def build_policies(
     allocator = make_allocator(config, dss_max=train_samples, epoch_samples=train_samples)
     aggregation: Aggregation
     if config.aggregation == "loss":
-        probe = LossProbe(spec, state, validation, samples=config.loss_eval_samples, seed=config.seed,
+        probe = LossProbe(spec, state, validation, samples=config.loss.eval_samples, seed=config.seed,
                           metrics=metrics)
         aggregation = LossBlend(probe, metrics)
     elif config.aggregation == "power":

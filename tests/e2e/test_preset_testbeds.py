@@ -51,7 +51,7 @@ def test_preset_reaches_target_at_hl8(preset: str, tmp_path: Path) -> None:
         # has necessarily settled (test_batches_follow_dynamic_heterogeneity
         # follows one to equilibrium); here: it acted, within its constraints.
         assert _events(out, "resize"), "the controller never moved a batch at HL8"
-        assert all(cfg["b_min"] <= b <= cfg["b_max"] for b in batches.values())
+        assert all(cfg["batch_bounds"]["b_min"] <= b <= cfg["batch_bounds"]["b_max"] for b in batches.values())
         if cfg["allocation"] == "pcontrol" and cfg["sync"] == "bsp":
             assert sum(batches.values()) == 4 * cfg["batch_size"]  # OmniLearn Eq. 8: global batch K*b kept
     if preset == "edp-sgd":

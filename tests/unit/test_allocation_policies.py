@@ -136,7 +136,7 @@ def test_pcontrol_bsp_equalises_hl8_in_a_few_steps_with_exact_global_batch(overh
         c.run_round()
         # OmniLearn Eq. 8: sum(b_k) = K*b exactly, after every step.
         assert sum(c.batches().values()) == k_b
-        assert all(cfg.b_min <= b <= cfg.b_max for b in c.batches().values())
+        assert all(cfg.batch_bounds.b_min <= b <= cfg.batch_bounds.b_max for b in c.batches().values())
     # OmniLearn Fig. 8: steady state after about 2-4 adjustments (then the dead-band holds it).
     assert 1 <= len(c.step_rounds()) <= 4, c.step_rounds()
     assert c.imbalance() <= 1.25, c.times()
@@ -235,9 +235,9 @@ def test_pcontrol_ignores_warmup_cycles(warmup):
         for w in sorted(HL8):
             wl = alloc.workload(w)
             assert c.report(w, wl, seconds=50.0 if w == "w4" else 0.5) == {}
-    c.run(cfg.rebalance_min_observations)
+    c.run(cfg.rebalance.min_observations)
     # The first step comes after warmup + min_observations rounds, from the real times only.
-    assert c.step_rounds() == [warmup + cfg.rebalance_min_observations]
+    assert c.step_rounds() == [warmup + cfg.rebalance.min_observations]
     assert c.batches() == {"w1": 16, "w2": 16, "w3": 11, "w4": 85}
 
 
@@ -379,7 +379,7 @@ def test_pcontrol_unchanged_throughput_never_lowers_b_max():
     c.run(5)
     c.speed["w3"] /= 2
     c.run(11)
-    assert all(alloc.ctl.b_max_of(w) == cfg.b_max for w in HL8), {w: alloc.ctl.b_max_of(w) for w in HL8}
+    assert all(alloc.ctl.b_max_of(w) == cfg.batch_bounds.b_max for w in HL8), {w: alloc.ctl.b_max_of(w) for w in HL8}
     assert c.imbalance() <= 1.25, c.times()
 
 
@@ -709,7 +709,7 @@ def test_dual_search_resizes_carry_kind_and_predicted_target_seconds():
         assert r.detail["target_seconds"] == pytest.approx(median, rel=1e-5)
         assert r.detail["predicted_seconds"] == pytest.approx(c.seconds(w, r.workload), rel=1e-4)
         assert r.detail["within_tolerance"] is True
-        assert abs(r.detail["predicted_seconds"] - median) <= cfg.search_tolerance * median
+        assert abs(r.detail["predicted_seconds"] - median) <= cfg.dual_search.tolerance * median
     # w3: 125 samples/s * 0.683 s = 85 -> 80 samples (0.64 s); w4: 683 -> 672 (0.672 s).
     assert got["w3"].workload.dss == 80 and got["w4"].workload.dss == 672
     assert all(r.workload.dss % 16 == 0 for r in got.values())

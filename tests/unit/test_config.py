@@ -27,13 +27,13 @@ def test_default_preset_is_hermes():
     assert (cfg.preset, cfg.sync, cfg.aggregation, cfg.gate, cfg.allocation) == (
         "hermes", "hermes", "loss", "zscore", "dual-search")
     # Hermes Table I: w=10, alpha=-1.3, beta=0.1, lambda=5; CNN with plain SGD at eta=0.1.
-    assert (cfg.gate_window, cfg.gate_alpha, cfg.gate_beta, cfg.gate_lambda) == (10, -1.3, 0.1, 5)
+    assert (cfg.zscore.window, cfg.zscore.alpha, cfg.zscore.beta, cfg.zscore.lam) == (10, -1.3, 0.1, 5)
     assert (cfg.model, cfg.dataset, cfg.lr, cfg.momentum, cfg.batch_size) == ("cnn", "digits", 0.1, 0.0, 32)
 
 
 def test_asp_preset():
     cfg = build_config("asp")
-    assert (cfg.preset, cfg.sync, cfg.aggregation, cfg.max_staleness, cfg.gate) == ("asp", "asp", "mean", None, "always")
+    assert (cfg.preset, cfg.sync, cfg.aggregation, cfg.asp.max_staleness, cfg.gate) == ("asp", "asp", "mean", None, "always")
     assert (cfg.lr, cfg.momentum, cfg.allocation) == (0.05, 0.0, "uniform")
 
 
@@ -57,7 +57,7 @@ def test_collective_min_world_size_cannot_exceed_the_world():
     with pytest.raises(ConfigError, match="collective_min_world_size 3 exceeds world_size 2"):
         build_config("task-allocation", topology="collective", world_size=2, collective_min_world_size=3)
     cfg = build_config("task-allocation", topology="collective", world_size=3)
-    assert (cfg.collective_regroup, cfg.collective_regroup_seconds, cfg.collective_min_world_size) == (True, 5.0, 1)
+    assert (cfg.collective.regroup, cfg.collective.regroup_seconds, cfg.collective.min_world_size) == (True, 5.0, 1)
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
@@ -84,8 +84,8 @@ def test_none_overrides_are_ignored():
 
 
 def test_asp_max_staleness():
-    assert build_config("asp", max_staleness=3).max_staleness == 3
-    assert build_config("asp", max_staleness=0).max_staleness == 0
+    assert build_config("asp", max_staleness=3).asp.max_staleness == 3
+    assert build_config("asp", max_staleness=0).asp.max_staleness == 0
 
 
 def test_config_is_frozen():
@@ -190,7 +190,7 @@ def test_json_file(tmp_path):
     p = tmp_path / "run.json"
     p.write_text(json.dumps({"lr": 0.5, "aggregation": "samples", "max_staleness": 4}))
     cfg = build_config("asp", **load_config_file(str(p)))
-    assert (cfg.lr, cfg.aggregation, cfg.max_staleness) == (0.5, "samples", 4)
+    assert (cfg.lr, cfg.aggregation, cfg.asp.max_staleness) == (0.5, "samples", 4)
 
 
 @pytest.mark.parametrize(

@@ -12,16 +12,12 @@ from hermes.common.controllers import (
     AdaptiveAccumulation,
     InfeasibleAllocation,
     ProportionalController,
-    adaptive_accumulation,
     compute_power,
     fit_memory_model,
     max_batch_for_memory,
-    partition,
-    partition_sizes,
     round_preserving_sum,
     static_batches,
     task_allocation_targets,
-    windowed_powers,
 )
 
 HL8_BSP_CORES = [6, 6, 4, 32]  # OmniLearn Table I, HL8, BSP
@@ -256,16 +252,6 @@ def test_eq10_matches_appendix_eq22_and_linear_system(w, t):
     assert max(new_times) == pytest.approx(min(new_times))
 
 
-def test_adaptive_accumulation_hand_worked():
-    # Two workers, 10 micro-batches each; the first took 2 s, the second 1 s (twice as fast).
-    # Eq. 10: v = (5, 10), w' = (5/15 * 20, 10/15 * 20) = (6.67, 13.33) -> (7, 13).
-    assert adaptive_accumulation([2.0, 1.0], 20, current=[10, 10]) == [7, 13]
-    # Seconds per micro-batch (0.2, 0.1, 0.4): speeds 5 : 10 : 2.5 of 14 -> (4, 8, 2).
-    assert adaptive_accumulation([0.2, 0.1, 0.4], 14) == [4, 8, 2]
-    # Every worker keeps at least one micro-batch.
-    assert adaptive_accumulation([1.0, 100.0], 10) == [9, 1]
-
-
 def test_adaptive_accumulation_stops_when_ratio_is_stable():
     per_step = [0.2, 0.1, 0.4]  # seconds per micro-batch, fixed hardware
     alg = AdaptiveAccumulation(current=[5, 5, 5], epsilon=0.05, patience=2)
@@ -284,30 +270,8 @@ def test_adaptive_accumulation_stops_when_ratio_is_stable():
 # DP-SGD Algorithm 1, EDP-SGD weights, OmniLearn Eq. 5b
 
 
-def test_compute_power_and_window():
+def test_compute_power():
     assert compute_power(1000, 4.0) == 250.0  # DP-SGD Eq. 2
-    hist = [[100.0, 50.0], [200.0, 50.0], [300.0, 100.0]]
-    assert windowed_powers(hist) == [300.0, 100.0]
-    assert windowed_powers(hist, window=2) == [250.0, 75.0]
-
-
-def test_partition_sizes_proportional_and_covering():
-    assert partition_sizes([1, 1, 2], 1000) == [250, 250, 500]  # |D_m| = CP_m / sum(CP) * |D|
-    # Shards of 64 over 1000 samples: 16 shards (the last has 40); powers 1:3 -> 4 and 12 shards.
-    assert partition_sizes([1, 3], 1000, 64) == [256, 744]
-    assert sum(partition_sizes([0.3, 0.2, 5.0], 999, 10)) == 999
-
-
-@pytest.mark.parametrize("epoch", [0, 1, 5])
-def test_partition_is_disjoint_covering_and_seeded(epoch):
-    powers = [1.0, 2.0, 5.0]
-    parts = partition(1000, powers, epoch, seed=7, shard_size=32)
-    flat = [i for p in parts for i in p]
-    assert sorted(flat) == list(range(1000))  # disjoint and covering
-    expected = partition_sizes([1.0] * 3 if epoch == 0 else powers, 1000, 32)
-    assert [len(p) for p in parts] == expected  # epoch 0 is even (Alg. 1 line 5)
-    assert parts == partition(1000, powers, epoch, seed=7, shard_size=32)
-    assert parts != partition(1000, powers, epoch + 1, seed=7, shard_size=32)
 
 
 def test_power_weights_and_batch_scaled_lr():

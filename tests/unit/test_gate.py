@@ -266,3 +266,27 @@ def test_from_state_keeps_newest_when_window_shrank():
 def test_from_state_rejects_bad_state(state: dict, field: str):
     with pytest.raises(ValueError, match=field):
         ZScoreGate.from_state(GateConfig(), state)
+
+
+@pytest.mark.parametrize("mode,expected", [
+    # Hermes Table I: alpha = -1.3, beta = 0.1, lambda = 5; silent cycles 0..7 before the decision.
+    ("step", [-1.3, -1.3, -1.3, -1.3, -1.3, -1.2, -1.2, -1.2]),  # ours: +beta every lambda silent cycles
+    ("paper", [-1.3, -1.3, -1.3, -1.3, -1.3, -1.2, -1.1, -1.0]),  # Alg. 1 l. 11-12: +beta per iteration once N_iter >= lambda
+    ("multiplicative", [-1.3, -1.3, -1.3, -1.3, -1.3, -1.17, -1.053, -0.9477]),  # alpha * (1 - beta) per such iteration
+])
+def test_alpha_relaxation_modes_table_i(mode, expected):
+    from hermes.common.policies.gate import GateConfig as GC
+    from hermes.common.policies.gate import relaxed_alpha as ra
+
+    cfg = GC(window=10, alpha=-1.3, beta=0.1, lam=5, relaxation=mode)
+    assert [ra(cfg, s) for s in range(8)] == pytest.approx(expected)
+
+
+def test_gate_policy_from_registry_uses_the_config_switch():
+    from hermes.common.config import build_config
+    from hermes.common.policies.base import get, make
+
+    cfg = build_config("hermes", gate_relaxation="paper")
+    gate = make("gate", cfg)
+    assert gate.config.relaxation == "paper" and gate.config.alpha == -1.3
+    assert get("gate", "zscore").needs_validation_loss and make("gate", build_config("bsp")) is None

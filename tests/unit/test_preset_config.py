@@ -62,11 +62,11 @@ def test_paper_preset_parameters():
     # OmniLearn Fig. 11: batch bounds (4, 96), dead-band 10%; control once per epoch (Sec. III-B1).
     for name in ("omnilearn-bsp", "omnilearn-asp"):
         cfg = build_config(name)
-        assert (cfg.b_min, cfg.b_max, cfg.pcontrol_deadband, cfg.control_interval) == (4, 96, 0.1, "epoch")
+        assert (cfg.batch_bounds.b_min, cfg.batch_bounds.b_max, cfg.pcontrol.deadband, cfg.pcontrol.interval) == (4, 96, 0.1, "epoch")
     # ACSOS: adjusted at any iteration.
-    assert build_config("dynamic-batching").control_interval == "round"
+    assert build_config("dynamic-batching").pcontrol.interval == "round"
     # DP-SGD Sec. 4.1 default: the previous epoch's compute power.
-    assert build_config("dp-sgd").partition_window == 1
+    assert build_config("dp-sgd").partition.window == 1
 
 
 @pytest.mark.parametrize("name,fixed", [

@@ -3,10 +3,48 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from hermes.common.allocation import Resize, Workload
-from hermes.common.allocation._state import resize_from_state, resize_state, str_ints
+from pydantic import BaseModel, ConfigDict, Field
+
+from hermes.common.policies.allocation import Resize, Workload
+from hermes.common.policies.allocation._state import resize_from_state, resize_state, str_ints
+
+if TYPE_CHECKING:
+    from hermes.common.config import RunConfig
+
+
+class BatchBounds(BaseModel):
+    """The run config's ``batch_bounds`` section, shared by static, pcontrol, partition and the memory model."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    b_min: int = Field(default=4, gt=0, description="Smallest per-step batch (OmniLearn Fig. 11: 4).")
+    b_max: int = Field(default=96, gt=0, description="Largest per-step batch (OmniLearn Fig. 11: 96).")
+    memory_fraction: float = Field(
+        default=0.5, gt=0.0, le=1.0, description="Share of a worker's free memory its per-step batch may plan for "
+                                                 "(OmniLearn Eq. 9 b_max).")
+
+
+class RebalanceParams(BaseModel):
+    """The run config's ``rebalance`` section: when the measuring allocators (pcontrol, adaptive, dual-search) may act."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    min_observations: int = Field(
+        default=2, ge=1, description="Cycles a worker reports at its current workload before it may be resized.")
+    # A worker's first cycles carry one-off costs (allocator warm-up, the first pull).
+    warmup_cycles: int = Field(default=1, ge=0, description="A worker's first cycles, kept out of every measurement.")
+
+
+def check_step_batch(config: RunConfig, policy: str) -> None:
+    """The per-step batch policies scale the batch of each of cycle_samples // batch_size steps within [b_min, b_max]."""
+    b = config.batch_bounds
+    if not b.b_min <= config.batch_size <= b.b_max:
+        raise ValueError(f"batch_size={config.batch_size} outside [b_min, b_max]=[{b.b_min}, {b.b_max}]")
+    if config.cycle_samples < config.batch_size:
+        raise ValueError(
+            f"cycle_samples={config.cycle_samples} < batch_size={config.batch_size}: allocation "
+            f"{policy!r} scales the batch of each of cycle_samples // batch_size steps"
+        )
 
 
 class EpochClock:

@@ -15,7 +15,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from hermes.common.allocation import AllocatorStateError, Resize, Workload
+from hermes.common.policies.allocation import AllocatorStateError, Resize, Workload
 
 STATE_FORMAT = 1
 

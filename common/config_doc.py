@@ -1,0 +1,85 @@
+"""The README's configuration reference, generated from the run config's field descriptions.
+
+    python -m hermes.common.config_doc            # print the table
+    python -m hermes.common.config_doc --write README.md
+
+The README holds the output between ``<!-- config-table:start -->`` and
+``<!-- config-table:end -->``; a unit test keeps the two equal, so a field
+without a description, or a changed default, shows up as a failing test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
+
+from hermes.common.config import SECTIONS, RunConfig
+from hermes.common.config_keys import ALIASES
+
+START, END = "<!-- config-table:start -->", "<!-- config-table:end -->"
+
+
+def _default(info: FieldInfo) -> str:
+    value: Any = info.get_default(call_default_factory=True)
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return f"`{str(value).lower()}`"
+    if isinstance(value, str | dict | list):
+        return f"`{value}`" if value != {} else "`{}`"
+    return str(value)
+
+
+def _cell(text: str | None, key: str) -> str:
+    if not text:
+        raise ValueError(f"run-config field {key!r} has no description")
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def table() -> str:
+    """The markdown table: core fields and policy names, then one block of rows per section."""
+    old = {new: flat for flat, new in ALIASES.items()}
+    rows = ["| key | default | meaning | old flat name |", "| --- | --- | --- | --- |"]
+    for name, info in RunConfig.model_fields.items():
+        if SECTIONS[name] is None:
+            rows.append(f"| `{name}` | {_default(info)} | {_cell(info.description, name)} | |")
+    for name, info in RunConfig.model_fields.items():
+        section: type[BaseModel] | None = SECTIONS[name]
+        if section is None:
+            continue
+        rows.append(f"| **`{name}`** | | **section of {_cell(info.description, name)}** | |")
+        for field, sub in section.model_fields.items():
+            key = f"{name}.{field}"
+            flat = f"`{old[key]}`" if key in old else ""
+            rows.append(f"| `{key}` | {_default(sub)} | {_cell(sub.description, key)} | {flat} |")
+    return "\n".join(rows) + "\n"
+
+
+def replaced(readme: str, generated: str) -> str:
+    """``readme`` with the text between the markers replaced by ``generated``."""
+    head, start, rest = readme.partition(START)
+    _, end, tail = rest.partition(END)
+    if not start or not end:
+        raise ValueError(f"README has no {START} ... {END} block")
+    return f"{head}{START}\n{generated}{END}{tail}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="Print (or write into a README) the run-config reference table.")
+    ap.add_argument("--write", metavar="README", help="replace the table between the markers in this file")
+    a = ap.parse_args(argv)
+    if a.write:
+        p = Path(a.write)
+        p.write_text(replaced(p.read_text(), table()))
+    else:
+        sys.stdout.write(table())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,122 @@
+"""``dual-search``: Hermes Sec. IV-A, IQR straggler detection + dual binary search (hermes.common.sizing)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from hermes.common.policies.allocation import CycleObservation, Resize, Workload
+from hermes.common.policies.allocation._state import malformed_as_state_error, stamp, unstamp
+from hermes.common.policies.allocation.straggler import SearchConfig, StragglerSizer
+from hermes.common.policies.base import Policy, register
+
+if TYPE_CHECKING:
+    from hermes.common.config import RunConfig
+
+POLICY = "dual-search"
+
+
+class DualSearchParams(BaseModel):
+    """The run config's ``dual_search`` section (allocation 'dual-search', Hermes Sec. IV-A)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    mbs_min: int = Field(default=8, gt=0, description="Smallest mini-batch size the search may pick (a power of two).")
+    mbs_max: int = Field(default=256, gt=0, description="Largest mini-batch size the search may pick (a power of two).")
+    tolerance: float = Field(default=0.1, gt=0.0, lt=1.0,
+                             description="A predicted cycle time within this share of the target is on target.")
+    cost_fit: Literal["linear", "constant"] = Field(
+        default="linear", description="Cost model: 'linear' fits K = a + b*MBS; 'constant' is the paper's constant K.")
+    # With 4 workers the IQR fences can sit at ~1.6x the median, so a 1.4-1.7x
+    # straggler went unflagged (benchmarks/compare_presets.py).
+    balance_band: float = Field(
+        default=0.2, ge=0.0, description="Also resize workers further than this share from the median cycle time "
+                                         "(0 = the paper's IQR rule only).")
+
+
+@register("allocation", "dual-search")
+class DualSearchAllocator(Policy):
+    requires: ClassVar[dict[str, str]] = {
+        "independent_steps": "sizes DSS and MBS independently, so ranks would disagree on the step count: "
+                             "topology 'collective' needs the same number of optimizer steps on every rank per cycle",
+    }
+
+    @classmethod
+    def check_params(cls, config: RunConfig) -> None:
+        d = config.dual_search
+        for name, v in (("dual_search.mbs_min", d.mbs_min), ("dual_search.mbs_max", d.mbs_max),
+                        ("batch_size", config.batch_size)):
+            if v & (v - 1):
+                raise ValueError(f"{name}={v}: dual-search mini-batch sizes are powers of two")
+        if not d.mbs_min <= config.batch_size <= d.mbs_max:
+            raise ValueError(f"batch_size={config.batch_size} outside [mbs_min, mbs_max]=[{d.mbs_min}, {d.mbs_max}]")
+
+
+    def __init__(self, sizer: StragglerSizer) -> None:
+        self.sizer = sizer
+        self._last_seconds: dict[str, float] = {}
+
+    @classmethod
+    def from_config(cls, config: RunConfig, *, dss_max: int, **context: Any) -> DualSearchAllocator:
+        d, reb = config.dual_search, config.rebalance
+        search = SearchConfig(
+            mbs_min=d.mbs_min, mbs_max=d.mbs_max, tolerance=d.tolerance, fit=d.cost_fit,
+            min_observations=reb.min_observations, balance_band=d.balance_band, warmup_cycles=reb.warmup_cycles,
+        )
+        return cls(StragglerSizer(search, base_dss=config.cycle_samples, base_mbs=config.batch_size,
+                                  dss_step=config.shard_size, dss_max=dss_max))
+
+    def join(self, worker_id: str, capacity: float | None = None) -> None:
+        # Hermes measures; it does not trust declared capacity. A worker
+        # registering again keeps its workload and history: only forget drops them.
+        pass
+
+    def forget(self, worker_id: str) -> None:
+        self.sizer.forget(worker_id)
+        self._last_seconds.pop(worker_id, None)
+
+    def observe(self, worker_id: str, cycle: CycleObservation) -> None:
+        self.sizer.observe(worker_id, cycle.dss, cycle.mbs, cycle.seconds)
+        self._last_seconds[worker_id] = cycle.seconds
+
+    def workload(self, worker_id: str) -> Workload:
+        return Workload(*self.sizer.workload(worker_id))
+
+    def set_memory_limit(self, worker_id: str, max_dss: int) -> None:
+        self.sizer.set_memory_limit(worker_id, max_dss)
+
+    def set_batch_limit(self, worker_id: str, max_batch: int) -> None:
+        # The search walks a power-of-two MBS grid bounded by mbs_max for all
+        # workers; per-worker activation-memory caps are not part of Hermes.
+        pass
+
+    def state_dict(self) -> dict[str, Any]:
+        """For a server checkpoint (``server.checkpoint``): the sizer's histories and workloads."""
+        return stamp(POLICY, self.sizer.params(), sizer=self.sizer.state_dict(),
+                     last_seconds=dict(self._last_seconds))
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if isinstance(state, Mapping) and "policy" not in state and "history" in state:
+            # Checkpoints from before states were stamped hold the bare sizer
+            # state (dual-search was the only policy that saved one).
+            with malformed_as_state_error(POLICY):
+                self.sizer.load_state_dict(state)
+            self._last_seconds = {}
+            return
+        body = unstamp(POLICY, state, self.sizer.params())
+        with malformed_as_state_error(POLICY):
+            last = {str(w): float(t) for w, t in body["last_seconds"].items()}
+            self.sizer.load_state_dict(body["sizer"])
+        self._last_seconds = last
+
+    def rebalance(self) -> dict[str, Resize]:
+        out = {}
+        for w, res in self.sizer.rebalance().items():
+            kind = "slow" if res.target_seconds < self._last_seconds.get(w, res.target_seconds) else "fast"
+            out[w] = Resize(Workload(res.dss, res.mbs), kind, {
+                "predicted_seconds": round(res.predicted_seconds, 6),
+                "target_seconds": round(res.target_seconds, 6),
+                "within_tolerance": res.within_tolerance,
+            })
+        return out

@@ -1,0 +1,57 @@
+"""``uniform``: every worker trains the run's default workload, whatever its speed."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from hermes.common.policies.allocation import CycleObservation, Resize, Workload
+from hermes.common.policies.allocation._state import stamp, unstamp
+from hermes.common.policies.base import Policy, register
+
+if TYPE_CHECKING:
+    from hermes.common.config import RunConfig
+
+POLICY = "uniform"
+
+
+@register("allocation", "uniform")
+class UniformAllocator(Policy):
+    """Everyone gets the run's defaults, whatever its speed."""
+
+    @classmethod
+    def from_config(cls, config: RunConfig, **context: Any) -> UniformAllocator:
+        return cls(Workload(config.cycle_samples, config.batch_size))
+
+
+    def __init__(self, workload: Workload) -> None:
+        self._workload = workload
+
+    def join(self, worker_id: str, capacity: float | None = None) -> None:
+        pass
+
+    def forget(self, worker_id: str) -> None:
+        pass
+
+    def observe(self, worker_id: str, cycle: CycleObservation) -> None:
+        pass
+
+    def workload(self, worker_id: str) -> Workload:
+        return self._workload
+
+    def set_memory_limit(self, worker_id: str, max_dss: int) -> None:
+        pass
+
+    def set_batch_limit(self, worker_id: str, max_batch: int) -> None:
+        pass
+
+    def rebalance(self) -> dict[str, Resize]:
+        return {}
+
+    # Nothing to keep (the workload is the run config's), but the stamp still
+    # tells a resumed run whose allocation changed that it cannot load this.
+    def state_dict(self) -> dict[str, Any]:
+        return stamp(POLICY, {})
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        unstamp(POLICY, state, {})

@@ -1,0 +1,192 @@
+"""One registry for every policy kind, and the generic compatibility check.
+
+A run picks one policy of each kind (``KINDS``). Each policy is a class
+registered under its kind and name with ``@register(kind, name, *aliases)``
+and declares, as class attributes, what it offers and what it needs:
+
+- ``provides``: capabilities this policy gives the run (``"barrier"``: the
+  updates of one step are aggregated together; ``"lockstep"``: every worker
+  pushes exactly once per round; ``"free_running"``: no worker ever waits
+  for another, so skipped pushes are harmless and updates fold one at a
+  time; ``"asynchronous"``: pushes are folded as they come, with no global
+  step; ``"server_model"``: the server holds the model; ``"independent_steps"``:
+  workers need not agree on optimizer steps per cycle).
+- ``requires``: capability -> why it is needed (a sentence completed with
+  ``{sync}``, the run's sync policy, and ``{providers}``, the policies that
+  provide the capability). ``check_compatible`` refuses a run in which some
+  chosen policy requires what no chosen policy provides, with that sentence.
+- ``needs_*`` flags that tell the engine and the agent what to build for the
+  policy (a candidate-model loss, a validation loss on the agent, compute
+  powers from the allocator), so nobody recognises a policy by its name.
+
+Nothing outside this registry compares a policy name with a string: code
+asks ``get(kind, name)`` for the class and reads its declarations.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+
+if TYPE_CHECKING:
+    from hermes.common.config import RunConfig
+
+log = logging.getLogger(__name__)
+
+KINDS = ("topology", "sync", "gate", "aggregation", "lr_scaling", "allocation")
+# The order in which declarations are checked: the first refusal is the one reported.
+CHECK_ORDER = ("aggregation", "gate", "allocation", "lr_scaling", "sync", "topology")
+
+# The modules whose import registers the built-in policies of each kind;
+# imported on first lookup so that importing one policy module never pulls in
+# the others (and no import cycle runs through the registry).
+_BUILTIN_MODULES: dict[str, tuple[str, ...]] = {
+    "topology": ("hermes.common.policies.topology",),
+    # ebsp.py imports sync.py, so importing sync.py alone (as the config does, for its params) misses ebsp.
+    "sync": ("hermes.common.policies.sync", "hermes.common.policies.ebsp"),
+    "gate": ("hermes.common.policies.gate",),
+    "aggregation": ("hermes.common.policies.aggregation",),
+    "lr_scaling": ("hermes.common.policies.lr_scaling",),
+    "allocation": tuple(f"hermes.common.policies.allocation.{m}" for m in (
+        "uniform", "static", "pcontrol", "task_allocation", "dynamic_partitioning", "hermes_sizing")),
+}
+
+
+class Policy:
+    """What every registered policy declares; subclasses override the class attributes."""
+
+    kind: ClassVar[str] = ""
+    name: ClassVar[str] = ""
+    aliases: ClassVar[tuple[str, ...]] = ()
+    # Capabilities offered to the run, and capability -> reason it is needed.
+    provides: ClassVar[frozenset[str]] = frozenset()
+    requires: ClassVar[Mapping[str, str]] = {}
+    # The engine scores each candidate model on validation data (Hermes Alg. 2).
+    needs_candidate_loss: ClassVar[bool] = False
+    # The agent measures a validation loss after every cycle (Hermes Alg. 1).
+    needs_validation_loss: ClassVar[bool] = False
+    # Aggregation weights come from the allocator's per-worker compute power (EDP-SGD).
+    needs_compute_power: ClassVar[bool] = False
+
+    @classmethod
+    def check_params(cls, config: RunConfig) -> None:
+        """Refuse (ValueError naming the field) parameters this policy cannot run with; called only when chosen."""
+
+
+P = TypeVar("P", bound=type[Policy])
+
+_REGISTRY: dict[str, dict[str, type[Policy]]] = {k: {} for k in KINDS}
+_ALIASES: dict[str, dict[str, str]] = {k: {} for k in KINDS}
+_loaded: set[str] = set()
+
+
+class UnknownPolicy(ValueError):
+    """A policy name that no policy of its kind registered."""
+
+
+def register(kind: str, name: str, *aliases: str) -> Callable[[P], P]:
+    """Class decorator: register ``cls`` as policy ``name`` (and ``aliases``) of ``kind``."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown policy kind {kind!r}; known: {', '.join(KINDS)}")
+
+    def deco(cls: P) -> P:
+        for n in (name, *aliases):
+            if n in _REGISTRY[kind] or n in _ALIASES[kind]:
+                raise ValueError(f"{kind} policy {n!r} registered twice")
+        cls.kind, cls.name, cls.aliases = kind, name, tuple(aliases)
+        _REGISTRY[kind][name] = cls
+        for a in aliases:
+            _ALIASES[kind][a] = name
+        return cls
+
+    return deco
+
+
+def _load(kind: str) -> None:
+    if kind in _loaded:
+        return
+    if kind not in KINDS:
+        raise ValueError(f"unknown policy kind {kind!r}; known: {', '.join(KINDS)}")
+    _loaded.add(kind)
+    for module in _BUILTIN_MODULES[kind]:
+        importlib.import_module(module)
+
+
+def names(kind: str, *, aliases: bool = False) -> tuple[str, ...]:
+    """Registered names of ``kind`` in registration order (with the aliases after them when asked)."""
+    _load(kind)
+    out = tuple(_REGISTRY[kind])
+    return out + tuple(_ALIASES[kind]) if aliases else out
+
+
+def canonical(kind: str, name: str) -> str:
+    """The registered name for ``name`` or one of its aliases; UnknownPolicy otherwise."""
+    _load(kind)
+    if name in _REGISTRY[kind]:
+        return name
+    if name in _ALIASES[kind]:
+        return _ALIASES[kind][name]
+    raise UnknownPolicy(f"unknown {kind} {name!r}; known: {', '.join(names(kind, aliases=True))}")
+
+
+def get(kind: str, name: str) -> type[Policy]:
+    """The class registered as ``name`` (or an alias) of ``kind``."""
+    return _REGISTRY[kind][canonical(kind, name)]
+
+
+def chosen(config: RunConfig) -> dict[str, type[Policy]]:
+    """The run's policy class of every kind."""
+    return {kind: get(kind, selected_name(config, kind)) for kind in KINDS}
+
+
+def selected_name(config: RunConfig, kind: str) -> str:
+    """The name of the policy ``config`` selects for ``kind`` (sections hold it in ``policy``)."""
+    section = getattr(config, kind)
+    return str(section if isinstance(section, str) else section.policy)
+
+
+def make(kind: str, config: RunConfig, name: str | None = None, **context: Any) -> Any:
+    """Build the run's policy of ``kind`` (or policy ``name``) from ``config``.
+
+    Every registered class has ``from_config(config, **context)``; ``context``
+    carries what only the engine knows (``dss_max``, ``epoch_samples`` for
+    allocators).
+    """
+    cls: Any = get(kind, name or selected_name(config, kind))
+    return cls.from_config(config, **context)
+
+
+def _quoted(items: Iterable[str]) -> str:
+    return " or ".join(repr(i) for i in items)
+
+
+def providers(capability: str, kind: str | None = None) -> tuple[str, ...]:
+    """Names of the policies (of ``kind``, or of any kind) that provide ``capability``."""
+    kinds = KINDS if kind is None else (kind,)
+    out: list[str] = []
+    for k in kinds:
+        _load(k)
+        out += [n for n, c in _REGISTRY[k].items() if capability in c.provides]
+    return tuple(out)
+
+
+def check_compatible(config: RunConfig) -> None:
+    """Refuse a run in which a chosen policy requires what none provides; then each policy's own parameter checks.
+
+    The message is the requiring policy's own reason, e.g. "allocation
+    'adaptive' splits one synchronous round's work ...: it needs sync 'bsp',
+    not 'asp'".
+    """
+    policies = chosen(config)
+    offered: set[str] = set().union(*(c.provides for c in policies.values()))
+    sync = selected_name(config, "sync")
+    for kind in CHECK_ORDER:
+        cls = policies[kind]
+        for capability, reason in cls.requires.items():
+            if capability not in offered:
+                text = reason.format(sync=repr(sync), providers=_quoted(providers(capability, "sync")))
+                raise ValueError(f"{kind} {cls.name!r} {text}")
+    for cls in policies.values():
+        cls.check_params(config)

@@ -1,0 +1,295 @@
+"""HermesGUP: push an update only when the validation loss improved significantly.
+
+Hermes Sec. IV-B, Alg. 1 and Eq. 4. The paper's text and the authors' code
+disagree on details, so this module states OUR rule, exactly:
+
+1. Window. The gate keeps the last ``w`` finite losses it observed (a queue,
+   Hermes Fig. 8). The current loss ``x`` is scored against the window of the
+   PREVIOUS losses only, never against a window that already contains ``x``:
+
+       z = (x - mu) / sigma                                  (Hermes Eq. 4)
+
+   with ``mu`` the mean and ``sigma`` the population standard deviation
+   (ddof=0) of the previous ``<= w`` losses.
+
+   Why exclude ``x``: if ``x`` is one of the ``n`` values its own mean and
+   std come from, then ``|z| <= sqrt(n - 1)`` (proof at ``inclusive_z_bound``).
+   With ``n <= 2`` that is ``|z| <= 1`` and a threshold of ``alpha = -1.3``
+   can never fire. The authors' code scores ``x`` inside its own window, which
+   is why their gate stays silent until the queue holds three losses.
+
+2. Warm-up. At least two previous losses are needed for a spread; with fewer
+   the decision is ``push=False``, ``reason="warmup"``, ``z=None``.
+
+3. Degenerate spread. ``sigma_eff = max(sigma, 1e-12, 1e-6 * |mu|)``, so a
+   flat window never yields NaN or inf: ``x == mu`` gives ``z = 0.0`` and
+   ``x`` slightly below gives a large negative but finite ``z``.
+
+4. Non-finite loss (NaN, +-inf): ``push=False``, ``reason="non_finite"``;
+   the loss is NOT added to the window (it would poison mu and sigma for
+   ``w`` cycles) and the cycle counts as silent.
+
+5. Threshold relaxation (Hermes Alg. 1 lines 11-12, "decay alpha by beta"
+   once ``N_iter >= lambda``). With ``silent`` the number of cycles since the
+   last push, counted before this decision, OUR default (``relaxation="step"``)
+
+       alpha_eff = alpha + beta * floor(silent / lambda)
+
+   so with Table I defaults silent 0-4 -> -1.3, 5-9 -> -1.2, 10-14 -> -1.1,
+   and so on without bound: any finite ``z`` eventually fires (liveness).
+   The paper's literal rule (``relaxation="paper"``) decays alpha by beta
+   after EVERY iteration that ends with N_iter >= lambda, so before a decision
+   ``max(0, silent - lambda + 1)`` decays have happened:
+   silent 4 -> -1.3, 5 -> -1.2, 6 -> -1.1, 7 -> -1.0. ``relaxation="multiplicative"``
+   shrinks alpha towards 0 by the factor (1 - beta) per such iteration
+   (alpha_eff = alpha * (1 - beta) ** max(0, silent - lambda + 1)), our reading
+   of "decay" as the authors' multiplicative decay; it never crosses 0, so a
+   loss that got worse never fires. Every mode resets with ``silent`` on a
+   push (the paper does not say whether alpha resets; a threshold relaxed for
+   ever would let every later update through).
+
+6. Decision: push iff ``z <= alpha_eff`` (``reason="zscore"``), otherwise
+   ``reason="above_threshold"``. A push resets ``silent`` to 0, which brings
+   ``alpha_eff`` back to ``alpha``.
+
+7. The window is kept across pushes (not cleared). Every finite loss is
+   appended after its decision, pushed or not; the oldest is dropped beyond
+   ``w``. Warm-up losses are appended too: that is how the gate warms up.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from hermes.common.policies.base import Policy, register
+
+if TYPE_CHECKING:
+    from hermes.common.config import RunConfig
+
+log = logging.getLogger(__name__)
+
+# Floors for the spread (rule 3): an absolute one for losses near zero and a
+# relative one so that float noise around a large mean is not read as signal.
+_SIGMA_ABS_FLOOR = 1e-12
+_SIGMA_REL_FLOOR = 1e-6
+
+REASONS = ("warmup", "zscore", "above_threshold", "non_finite")
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+RELAXATIONS = ("step", "paper", "multiplicative")
+
+
+class GateParams(BaseModel):
+    """The run config's ``zscore`` section; defaults are Hermes Table I (w = 10, alpha = -1.3, beta = 0.1, lambda = 5)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    window: int = Field(default=10, ge=2, description="W, validation losses in the gate's window (Hermes Table I).")
+    alpha: float = Field(default=-1.3, allow_inf_nan=False,
+                         description="Push when the loss's z-score is <= alpha (Hermes Eq. 4, Table I).")
+    beta: float = Field(default=0.1, ge=0.0, description="Relaxation step of alpha (Hermes Alg. 1 line 12).")
+    lam: int = Field(default=5, ge=1, description="Lambda, silent cycles before alpha relaxes (Hermes Alg. 1 line 11).")
+    relaxation: Literal["step", "paper", "multiplicative"] = Field(
+        default="step", description="How alpha relaxes while silent: 'step' (ours, +beta every lambda cycles), "
+                                    "'paper' (+beta every cycle once N_iter >= lambda), 'multiplicative' (*(1-beta)).")
+    validation_samples: int = Field(default=256, gt=0, description="Validation samples the agent scores each cycle on.")
+
+
+_DEFAULTS = GateParams()
+
+
+@dataclass(frozen=True)
+class GateConfig:
+    """Hyper-parameters of HermesGUP; defaults are the config's (``GateParams``, Hermes Table I)."""
+
+    window: int = _DEFAULTS.window  # w
+    alpha: float = _DEFAULTS.alpha  # z threshold (Hermes Sec. IV-B2, "e.g. -1.3")
+    beta: float = _DEFAULTS.beta  # relaxation step of alpha
+    lam: int = _DEFAULTS.lam  # lambda: silent cycles per relaxation step
+    relaxation: str = _DEFAULTS.relaxation  # rule 5
+
+    def __post_init__(self) -> None:
+        if not _is_int(self.window) or self.window < 2:
+            # A spread needs two previous losses (rule 2); a smaller window never leaves warm-up.
+            raise ValueError(f"window must be an integer >= 2, got {self.window!r}")
+        if not _is_int(self.lam) or self.lam < 1:
+            raise ValueError(f"lam must be an integer >= 1, got {self.lam!r}")
+        if isinstance(self.alpha, bool) or not isinstance(self.alpha, (int, float)) or not math.isfinite(self.alpha):
+            raise ValueError(f"alpha must be a finite number, got {self.alpha!r}")
+        if (
+            isinstance(self.beta, bool)
+            or not isinstance(self.beta, (int, float))
+            or not math.isfinite(self.beta)
+            or self.beta < 0
+        ):
+            # A negative beta would tighten the threshold while silent and could starve the worker.
+            raise ValueError(f"beta must be a finite number >= 0, got {self.beta!r}")
+        if self.relaxation not in RELAXATIONS:
+            raise ValueError(f"relaxation must be one of {RELAXATIONS}, got {self.relaxation!r}")
+
+
+@dataclass(frozen=True)
+class GateDecision:
+    push: bool
+    z: float | None  # None when not computable (warm-up, non-finite loss)
+    alpha: float  # the threshold in force for this decision
+    silent_cycles: int  # cycles since the last push, before this decision
+    reason: str  # one of REASONS
+
+
+def relaxed_alpha(config: GateConfig, silent_cycles: int) -> float:
+    """The threshold in force after ``silent_cycles`` silent cycles (Hermes Alg. 1 lines 11-12; rule 5).
+
+    step: alpha + beta * floor(silent / lambda); paper: alpha + beta * d;
+    multiplicative: alpha * (1 - beta) ** d; with d = max(0, silent - lambda + 1)
+    the decays Alg. 1 applied after the iterations that ended with N_iter >= lambda.
+    """
+    if not _is_int(silent_cycles) or silent_cycles < 0:
+        raise ValueError(f"silent_cycles must be an integer >= 0, got {silent_cycles!r}")
+    if config.relaxation == "step":
+        return config.alpha + config.beta * (silent_cycles // config.lam)
+    decays = max(0, silent_cycles - config.lam + 1)
+    if config.relaxation == "paper":
+        return config.alpha + config.beta * decays
+    return config.alpha * (1.0 - config.beta) ** decays
+
+
+def window_zscore(x: float, previous: tuple[float, ...] | list[float]) -> float:
+    """z of x against the previous losses only (Hermes Eq. 4, rule 1 and 3 above)."""
+    n = len(previous)
+    if n < 2:
+        raise ValueError(f"previous must hold at least 2 losses, got {n}")
+    mu = math.fsum(previous) / n
+    sigma = math.sqrt(math.fsum((v - mu) ** 2 for v in previous) / n)  # ddof=0
+    sigma_eff = max(sigma, _SIGMA_ABS_FLOOR, _SIGMA_REL_FLOOR * abs(mu))
+    return (x - mu) / sigma_eff
+
+
+def inclusive_z_bound(n: int) -> float:
+    """Largest |z| a value can reach when it is one of the n values scored (the authors' bug).
+
+    Let d_i = x_i - mu over the n values, so sum(d_i) = 0 and n*sigma^2 = sum(d_i^2).
+    For the scored value x: d_x = -sum_{i != x} d_i, and Cauchy-Schwarz gives
+    d_x^2 <= (n - 1) * sum_{i != x} d_i^2 = (n - 1) * (n*sigma^2 - d_x^2),
+    hence d_x^2 * n <= (n - 1) * n * sigma^2, i.e. |z| <= sqrt(n - 1).
+    For n = 2 that is 1 < 1.3: an inclusive window of two can never fire at alpha = -1.3.
+    """
+    if not _is_int(n) or n < 1:
+        raise ValueError(f"n must be an integer >= 1, got {n!r}")
+    return math.sqrt(n - 1)
+
+
+class ZScoreGate:
+    """Per-worker HermesGUP state: the loss window and the silent-cycle count (Hermes Alg. 1)."""
+
+    def __init__(self, config: GateConfig = GateConfig()) -> None:
+        self._config = config
+        self._window: deque[float] = deque(maxlen=config.window)
+        self._silent = 0
+
+    @property
+    def config(self) -> GateConfig:
+        return self._config
+
+    @property
+    def window_losses(self) -> tuple[float, ...]:
+        return tuple(self._window)
+
+    @property
+    def silent_cycles(self) -> int:
+        return self._silent
+
+    @property
+    def alpha(self) -> float:
+        """The threshold the next decision will use."""
+        return relaxed_alpha(self._config, self._silent)
+
+    def observe(self, loss: float) -> GateDecision:
+        """Score one validation loss and decide whether to push (Hermes Alg. 1 lines 4-12)."""
+        silent = self._silent
+        alpha_eff = relaxed_alpha(self._config, silent)
+        x = float(loss)
+        if not math.isfinite(x):
+            self._silent = silent + 1
+            return GateDecision(push=False, z=None, alpha=alpha_eff, silent_cycles=silent, reason="non_finite")
+        if len(self._window) < 2:
+            self._window.append(x)
+            self._silent = silent + 1
+            return GateDecision(push=False, z=None, alpha=alpha_eff, silent_cycles=silent, reason="warmup")
+        z = window_zscore(x, tuple(self._window))
+        push = z <= alpha_eff
+        self._window.append(x)
+        self._silent = 0 if push else silent + 1
+        return GateDecision(
+            push=push,
+            z=z,
+            alpha=alpha_eff,
+            silent_cycles=silent,
+            reason="zscore" if push else "above_threshold",
+        )
+
+    def state(self) -> dict[str, Any]:
+        """Plain data (lists, ints, floats) so a checkpoint can store it without pickle."""
+        return {"window": list(self._window), "silent_cycles": self._silent}
+
+    @classmethod
+    def from_state(cls, config: GateConfig, state: Mapping[str, Any]) -> ZScoreGate:
+        """Restore a gate; if config.window shrank since the checkpoint, keep the newest losses."""
+        if not isinstance(state, Mapping):
+            raise ValueError(f"state must be a mapping, got {type(state).__name__}")
+        window = state.get("window")
+        silent = state.get("silent_cycles")
+        if not isinstance(window, (list, tuple)):
+            raise ValueError(f"window must be a list of finite losses, got {window!r}")
+        values: list[float] = []
+        for v in window:
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise ValueError(f"window must hold only finite losses, got {v!r}")
+            values.append(float(v))
+        if not isinstance(silent, int) or isinstance(silent, bool) or silent < 0:
+            raise ValueError(f"silent_cycles must be an integer >= 0, got {silent!r}")
+        gate = cls(config)
+        gate._window.extend(values)  # deque(maxlen) keeps the newest
+        gate._silent = silent
+        return gate
+
+
+def gate_config(config: RunConfig) -> GateConfig:
+    """The gate's hyper-parameters from the run config's ``zscore`` section."""
+    z = config.zscore
+    return GateConfig(window=z.window, alpha=z.alpha, beta=z.beta, lam=z.lam, relaxation=z.relaxation)
+
+
+@register("gate", "always")
+class AlwaysPush(Policy):
+    """No gate: every cycle ends with a push (every system but Hermes)."""
+
+    @classmethod
+    def from_config(cls, config: RunConfig, **context: Any) -> None:
+        # The agent pushes after every cycle when the run has no gate object.
+        return None
+
+
+@register("gate", "zscore", "hermes-gup")
+class ZScorePolicy(Policy):
+    """HermesGUP (Hermes Alg. 1): the agent pushes only significant improvements, so a barrier could wait forever."""
+
+    requires: ClassVar[dict[str, str]] = {
+        "free_running": "lets workers skip pushes, so a {sync} barrier would wait forever; "
+                        "use an asynchronous sync strategy ({providers})",
+    }
+    needs_validation_loss: ClassVar[bool] = True
+
+    @classmethod
+    def from_config(cls, config: RunConfig, **context: Any) -> ZScoreGate:
+        return ZScoreGate(gate_config(config))

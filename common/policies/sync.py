@@ -1,0 +1,282 @@
+"""Sync strategies: when does a pushed update reach the global model?
+
+A strategy never touches a socket or a tensor. The engine tells it about
+joins, leaves and pushes; it answers with a Decision per push and, when a
+barrier or a staleness bound lets held workers go, a Release. That shape fits
+the gated async (``hermes``), bounded-staleness (``ssp``) and elastic-barrier
+(``ebsp``) strategies other issues add:
+
+- APPLY: fold the update in now and reply now (ASP, Hermes).
+- APPLY_AND_WAIT: fold it in now, hold the reply until released (SSP).
+- BUFFER: keep the update, hold the reply; a Release names which buffered
+  updates are aggregated together and whose replies go out (BSP, EBSP).
+- REJECT: drop the update (too stale), reply now.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from hermes.common.policies.base import Policy, register
+
+if TYPE_CHECKING:
+    from hermes.common.config import RunConfig
+
+log = logging.getLogger(__name__)
+
+
+class AsyncParams(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    max_staleness: int | None = Field(
+        default=None, ge=0,
+        description="Refuse updates computed from a model more than this many versions old (None: never).")
+
+
+class SspParams(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    staleness: int = Field(
+        default=3, ge=0,
+        description="Pushes a worker may run ahead of the slowest active worker (Hermes Table III runs s = 125).")
+
+
+class EbspParams(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    lookahead: int = Field(default=3, ge=1, description="Lookahead R: pushes of the fastest worker a barrier may fall within.")
+    history: int = Field(default=10, ge=2, description="Push intervals kept per worker to predict its next pushes.")
+
+
+_ASP, _SSP, _EBSP = AsyncParams(), SspParams(), EbspParams()
+
+
+class Decision(str, enum.Enum):
+    APPLY = "apply"
+    APPLY_AND_WAIT = "apply_and_wait"
+    BUFFER = "buffer"
+    REJECT = "reject"
+
+
+@dataclass(frozen=True)
+class PushInfo:
+    worker_id: str
+    base_version: int
+    current_version: int
+    samples: int
+    # The worker's clock: how many pushes it has made, this one included.
+    iteration: int
+    # When the push arrived (the engine's time.monotonic()); 0.0 when the
+    # caller does not say. Only time-aware strategies (``ebsp``) read it.
+    at: float = 0.0
+
+    @property
+    def staleness(self) -> int:
+        return self.current_version - self.base_version
+
+
+@dataclass(frozen=True)
+class Verdict:
+    decision: Decision
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Release:
+    """Buffered updates to aggregate as one step, and held replies to send."""
+
+    aggregate: tuple[str, ...]
+    wake: tuple[str, ...]
+
+
+class SyncStrategy(Policy, ABC):
+    """Base of the sync policies; ``provides`` says what the run may rely on (see policies.base)."""
+
+    @classmethod
+    def from_config(cls, config: RunConfig, **context: Any) -> SyncStrategy:
+        return cls()
+
+    def __init__(self) -> None:
+        self.active: set[str] = set()
+
+    def on_join(self, worker_id: str) -> None:
+        self.active.add(worker_id)
+
+    def on_leave(self, worker_id: str) -> None:
+        self.active.discard(worker_id)
+
+    @abstractmethod
+    def on_push(self, push: PushInfo) -> Verdict: ...
+
+    def take_release(self) -> Release | None:
+        """A release that is due now, if any. Called after every event."""
+        return None
+
+
+@register("sync", "asp")
+class AsyncStrategy(SyncStrategy):
+    """ASP: every update is applied on arrival; optionally bounded staleness."""
+
+    provides: ClassVar[frozenset[str]] = frozenset({"free_running", "asynchronous"})
+
+    def __init__(self, max_staleness: int | None = _ASP.max_staleness) -> None:
+        super().__init__()
+        self.max_staleness = max_staleness
+
+    def on_push(self, push: PushInfo) -> Verdict:
+        if self.max_staleness is not None and push.staleness > self.max_staleness:
+            return Verdict(Decision.REJECT, f"staleness {push.staleness} > max_staleness {self.max_staleness}")
+        return Verdict(Decision.APPLY)
+
+    @classmethod
+    def from_config(cls, config: RunConfig, **context: Any) -> SyncStrategy:
+        return cls(max_staleness=config.asp.max_staleness)
+
+    exclusive_params: ClassVar[tuple[str, ...]] = ("asp.max_staleness",)
+
+
+@register("sync", "hermes")
+class GatedAsyncStrategy(AsyncStrategy):
+    """Hermes: asynchronous, every push applied. The gating happens at the
+    agent (HermesGUP, Hermes Alg. 1): a push only arrives when the worker's
+    validation loss improved significantly, so the server never drops one."""
+
+    def __init__(self) -> None:
+        super().__init__(max_staleness=None)
+
+    @classmethod
+    def from_config(cls, config: RunConfig, **context: Any) -> SyncStrategy:
+        return cls()
+
+
+@register("sync", "bsp")
+class BarrierStrategy(SyncStrategy):
+    """BSP: one update per active worker per round, aggregated at the barrier.
+
+    A worker that leaves mid-round no longer holds the barrier; its buffered
+    update, if any, still counts (it was computed from the round's model).
+    """
+
+    provides: ClassVar[frozenset[str]] = frozenset({"barrier", "lockstep"})
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.arrived: list[str] = []
+
+    def on_push(self, push: PushInfo) -> Verdict:
+        if push.worker_id in self.arrived:
+            # The agent protocol is one outstanding push per worker; a second
+            # one in the same round means a confused or malicious peer.
+            return Verdict(Decision.REJECT, "already pushed in this round")
+        self.arrived.append(push.worker_id)
+        return Verdict(Decision.BUFFER)
+
+    def take_release(self) -> Release | None:
+        if not self.arrived or not self.active.issubset(self.arrived):
+            return None
+        group = tuple(self.arrived)
+        self.arrived = []
+        return Release(aggregate=group, wake=group)
+
+
+@register("sync", "ssp")
+class StaleSynchronousStrategy(SyncStrategy):
+    """SSP(s): a worker may run at most ``s`` pushes ahead of the slowest.
+
+    Each active worker has a clock (pushes made). A push is folded in at once;
+    its reply goes out now if the pusher's clock after the push is
+    ``<= min_clock + s`` (Decision.APPLY), else it is held (APPLY_AND_WAIT)
+    until the slowest active worker catches up, when ``take_release`` wakes
+    it with ``Release(aggregate=(), wake=...)``. ``s = 0`` is lock-step.
+
+    The strategy keeps its own clocks rather than trusting
+    ``PushInfo.iteration``: a worker that joins (or rejoins) starts at the
+    current minimum clock of the others, so it neither stalls everyone nor
+    races ahead of the bound. A worker that leaves no longer holds anyone
+    back; if it was held, it is woken too (its reply must not hang).
+    A push from a worker that never joined is applied and not counted.
+    """
+
+    provides: ClassVar[frozenset[str]] = frozenset({"asynchronous"})
+
+    def __init__(self, staleness: int = _SSP.staleness) -> None:
+        super().__init__()
+        if isinstance(staleness, bool) or not isinstance(staleness, int) or staleness < 0:
+            raise ValueError(f"ssp staleness must be an integer >= 0, got {staleness!r}")
+        self.staleness = staleness
+        self.clock: dict[str, int] = {}
+        # Held workers in the order they were held (release order is stable).
+        self.waiting: list[str] = []
+
+    def min_clock(self) -> int | None:
+        clocks = [self.clock[w] for w in self.active if w in self.clock]
+        return min(clocks) if clocks else None
+
+    def on_join(self, worker_id: str) -> None:
+        others = [self.clock[w] for w in self.active if w != worker_id and w in self.clock]
+        super().on_join(worker_id)
+        self.clock[worker_id] = min(others) if others else 0
+
+    def on_leave(self, worker_id: str) -> None:
+        super().on_leave(worker_id)
+        self.clock.pop(worker_id, None)
+
+    def on_push(self, push: PushInfo) -> Verdict:
+        w = push.worker_id
+        if w not in self.active:
+            return Verdict(Decision.APPLY)
+        self.clock[w] = self.clock.get(w, 0) + 1
+        floor = self.min_clock()
+        assert floor is not None  # w itself is active
+        if self.clock[w] <= floor + self.staleness:
+            return Verdict(Decision.APPLY)
+        if w not in self.waiting:
+            self.waiting.append(w)
+        return Verdict(
+            Decision.APPLY_AND_WAIT,
+            f"clock {self.clock[w]} > slowest {floor} + staleness {self.staleness}",
+        )
+
+    def take_release(self) -> Release | None:
+        if not self.waiting:
+            return None
+        floor = self.min_clock()
+        go = tuple(
+            w for w in self.waiting
+            if w not in self.active or floor is None or self.clock[w] <= floor + self.staleness
+        )
+        if not go:
+            return None
+        self.waiting = [w for w in self.waiting if w not in go]
+        return Release(aggregate=(), wake=go)
+
+    @classmethod
+    def from_config(cls, config: RunConfig, **context: Any) -> SyncStrategy:
+        return cls(staleness=config.ssp.staleness)
+
+
+def _strategies() -> dict[str, Callable[..., SyncStrategy]]:
+    from hermes.common.policies.ebsp import ElasticBarrierStrategy
+
+    return {"asp": AsyncStrategy, "bsp": BarrierStrategy, "ebsp": ElasticBarrierStrategy,
+            "hermes": GatedAsyncStrategy, "ssp": StaleSynchronousStrategy}
+
+
+def __getattr__(name: str) -> Any:
+    # SYNC_STRATEGIES (name -> factory, for callers of the old module) is made on
+    # first use: ebsp.py imports this module, so it cannot be imported at load time.
+    if name == "SYNC_STRATEGIES":
+        return _strategies()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def make_strategy(name: str, **params: Any) -> SyncStrategy:
+    try:
+        factory = _strategies()[name]
+    except KeyError:
+        raise ValueError(f"unknown sync strategy {name!r}; known: {sorted(_strategies())}") from None
+    return factory(**params)
