@@ -37,6 +37,7 @@ from hermes.client.transport import (
     TrafficCounter,
     tls_context,
 )
+from hermes.common.policies import base as registry
 from hermes.common.wire import ErrorCode
 
 __all__ = ["Agent", "AgentOptions", "AgentStats"]
@@ -219,8 +220,8 @@ class Agent:
         session.prefetcher.start()
 
     def _train(self, job: Job, session: Session, device: torch.device) -> None:
-        if job.config.allocation in ("static", "pcontrol", "partition"):
-            # Those policies cap each worker's batch by its memory (OmniLearn Eq. 9).
+        if registry.get("allocation", job.config.allocation).needs_memory_profile:
+            # The allocator caps each worker's batch by its memory (OmniLearn Eq. 9).
             self.report(job, session, memory_profile=memory_profile(job.trainer.model, job.spec.input_shape,
                                                                     job.spec.num_classes, device))
         if session.rendezvous:

@@ -32,7 +32,8 @@ from hermes.client.prefetch import Prefetcher, ShardStats, Work
 from hermes.client.trainer import LocalTrainer, resolve_precision
 from hermes.client.transport import ControlClient, DataClient, TrafficCounter
 from hermes.common.config import RunConfig
-from hermes.common.gate import GateConfig, ZScoreGate
+from hermes.common.gate import ZScoreGate
+from hermes.common.policies import base as registry
 from hermes.common.signing import ServerClock
 from hermes.common.tensors import ModelSpec, build_from_spec
 from hermes.common.wire import MsgType, dtype_from_name
@@ -91,13 +92,9 @@ class Job:
             weight_decay=config.weight_decay, device=device, precision=precision,
             slowdown=slowdown, seed=zlib.crc32(worker_id.encode()),
         )
-        gate = (
-            ZScoreGate(GateConfig(window=config.zscore.window, alpha=config.zscore.alpha,
-                                  beta=config.zscore.beta, lam=config.zscore.lam))
-            if config.gate == "zscore" else None
-        )
+        gate: ZScoreGate | None = registry.make("gate", config)
         return cls(spec=spec, config=config, precision=precision, wire_dtype=dtype_from_name(config.wire_dtype),
-                   trainer=trainer, gate=gate, from_baseline=config.aggregation == "loss",
+                   trainer=trainer, gate=gate, from_baseline=registry.get("aggregation", config.aggregation).needs_candidate_loss,
                    validation_shards=list(reg["validation_shards"]),
                    data_source=reg.get("data_source") or {"source": "zmq"})
 

@@ -31,6 +31,7 @@ from hermes.client.prefetch import StopSignal, Work
 from hermes.client.session import finite_or_none
 from hermes.client.trainer import CycleResult, GradHook
 from hermes.client.transport import RemoteError, ServerUnreachable, StopRequested
+from hermes.common.policies import base as registry
 from hermes.common.wire import MsgType
 
 if TYPE_CHECKING:
@@ -126,7 +127,8 @@ class AllReduce:
         self.first = Rendezvous.from_reply(rendezvous)
         self.rank = self.first.rank
         config = job.config
-        self.weighting = config.aggregation if config.aggregation in ("mean", "power") else "samples"
+        rule = registry.get("aggregation", config.aggregation)
+        self.weighting = getattr(rule, "gradient_weighting", "samples")
         # One hook for the session's generations: the rank's compute power (EDP-SGD's
         # weight) and its wish to stop outlive a broken group.
         self.hook: GradientAllReduce | None = None

@@ -235,7 +235,7 @@ def _as_bytes_view(t: torch.Tensor) -> memoryview:
         t = t.cpu()
     t = t.contiguous().reshape(-1)
     # numpy has no bf16/fp16-safe path for every dtype: reinterpret as bytes.
-    return memoryview(t.view(torch.uint8).numpy()).cast("B")
+    return t.view(torch.uint8).numpy().data.cast("B")
 
 
 def split_frames(flat: torch.Tensor, max_frame_bytes: int = MAX_FRAME_BYTES) -> list[memoryview]:

@@ -26,6 +26,7 @@ from fastapi import Depends, FastAPI, Header, HTTPException, Request, Response
 
 from hermes.common.kafka_layout import KafkaUnavailable
 from hermes.common.messages import CollectiveRendezvous, RegisterRequest, RegisterResponse, RegroupRequest
+from hermes.common.policies import base as registry
 from hermes.common.signing import now_ms
 from hermes.common.wire import PROTOCOL_VERSION, ProtocolError
 from hermes.server.auth import (
@@ -130,7 +131,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
                           else f"publishing shards to Kafka at {settings.kafka_bootstrap} failed: {exc!r}")
                 events.close()
                 raise
-        if config.topology == "collective":
+        if registry.get("topology", config.topology).needs_coordinator:
             engine.start_coordinator(bind_host=settings.data_host, port=settings.collective_port,
                                      advertise_host=settings.advertise_host)
         plane = DataPlane(engine, settings.data_host, settings.data_port)

@@ -92,6 +92,10 @@ def loss_blend_weight(global_loss: float, candidate_loss: float, *, floor: float
 class DeltaRule(Policy):
     """An aggregation policy: the weights of one step's updates."""
 
+    # Topology 'collective': each rank's weight in the all-reduced gradient
+    # (client/collective.py GradientAllReduce): its samples, 1, or its compute power.
+    gradient_weighting: ClassVar[str] = "samples"
+
     @classmethod
     def from_config(cls, config: RunConfig, **context: Any) -> type[DeltaRule]:
         return cls
@@ -104,6 +108,8 @@ class DeltaRule(Policy):
 @register("aggregation", "mean")
 class Mean(DeltaRule):
     """Plain averaging (DP-SGD, ASP, SSP)."""
+
+    gradient_weighting: ClassVar[str] = "mean"
 
     @classmethod
     def weights(cls, samples: Sequence[int], powers: Sequence[float] | None) -> list[float]:
@@ -128,6 +134,7 @@ class Power(DeltaRule):
                    "{sync} folds one update at a time, so every weight would be 1",
     }
     needs_compute_power: ClassVar[bool] = True
+    gradient_weighting: ClassVar[str] = "power"
 
     @classmethod
     def weights(cls, samples: Sequence[int], powers: Sequence[float] | None) -> list[float]:

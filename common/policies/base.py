@@ -69,6 +69,8 @@ class Policy:
     needs_validation_loss: ClassVar[bool] = False
     # Aggregation weights come from the allocator's per-worker compute power (EDP-SGD).
     needs_compute_power: ClassVar[bool] = False
+    # The allocator caps each worker's batch by its measured memory (OmniLearn Eq. 9): agents send a memory profile.
+    needs_memory_profile: ClassVar[bool] = False
 
     @classmethod
     def check_params(cls, config: RunConfig) -> None:

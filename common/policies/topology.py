@@ -37,6 +37,12 @@ class CollectiveParams(BaseModel):
 
 
 class Topology(Policy):
+    # The sync policy the server's own folding runs under, when the topology overrides the run's
+    # (collective: the ranks all-reduce among themselves; the server folds rank 0's copies one at a time).
+    server_sync: ClassVar[str | None] = None
+    # The server hosts the group's rendezvous store and regroups its survivors (server/coordinator.py).
+    needs_coordinator: ClassVar[bool] = False
+
     @classmethod
     def from_config(cls, config: RunConfig, **context: Any) -> type[Topology]:
         return cls
@@ -57,6 +63,9 @@ class ParameterServer(Topology):
 @register("topology", "collective")
 class Collective(Topology):
     """Workers all-reduce weighted gradients every step (torch.distributed); the server only coordinates."""
+
+    server_sync: ClassVar[str | None] = "asp"
+    needs_coordinator: ClassVar[bool] = True
 
     requires: ClassVar[dict[str, str]] = {
         "lockstep": "all-reduces every step, a barrier by construction: it needs sync {providers}, not {sync}",

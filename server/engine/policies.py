@@ -1,6 +1,6 @@
 """The policies the engine asks, built once from the run config.
 
-``build_policies`` is the one place that reads the config's policy names; the
+``build_policies`` builds them through the registry (``common/policies``); the
 engine only asks the bundle what a policy needs (``needs_candidate_loss``)
 and what it answers (``weigh``, ``rate``). The sync strategy and the
 allocator are the pure policies of ``hermes.common``; the aggregation rule
@@ -16,11 +16,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from hermes.common.aggregation import aggregation_weights, batch_scaled_lr, loss_blend_weight, power_weights
+from hermes.common.aggregation import loss_blend_weight, power_weights
 from hermes.common.allocation import Allocator, make_allocator
 from hermes.common.config import RunConfig
 from hermes.common.datasets import ArrayDataset
-from hermes.common.sync import PushInfo, SyncStrategy, make_strategy
+from hermes.common.policies import base as registry
+from hermes.common.policies.aggregation import DeltaRule
+from hermes.common.policies.lr_scaling import LrScaling
+from hermes.common.sync import PushInfo, SyncStrategy
 from hermes.common.tensors import ModelSpec
 from hermes.common.wire import Payload
 from hermes.server.lossprobe import LossProbe
@@ -72,13 +75,13 @@ class _ApplyRule:
 
 
 class SampleWeights(_ApplyRule):
-    """``mean`` (1/K) or ``samples`` (lambda_k = b_k / sum b, OmniLearn Eq. 4b)."""
+    """A delta rule of the registry: ``mean`` (1/K), ``samples`` (lambda_k = b_k / sum b, OmniLearn Eq. 4b)."""
 
-    def __init__(self, rule: str) -> None:
+    def __init__(self, rule: type[DeltaRule]) -> None:
         self.rule = rule
 
     async def weigh(self, group: Sequence[Contribution], ctx: FoldContext) -> tuple[list[float], dict[str, Any]]:
-        return aggregation_weights(self.rule, [c.info.samples for c in group]), {}
+        return self.rule.weights([c.info.samples for c in group], None), {}
 
 
 class PowerWeights(_ApplyRule):
@@ -134,21 +137,14 @@ class LearningRate(Protocol):
 
 
 @dataclass(frozen=True)
-class FixedRate:
-    lr: float
-
-    def rate(self, step_batch: int, cluster_batch: Callable[[], int]) -> float:
-        return self.lr
-
-
-@dataclass(frozen=True)
-class BatchScaledRate:
-    """OmniLearn Eq. 5b: eta_k = eta * b_k / sum_i b_i over the active workers."""
+class ScaledRate:
+    """The run's lr through its lr-scaling policy (``none``, or OmniLearn Eq. 5b's ``batch-scaled``)."""
 
     lr: float
+    scaling: LrScaling
 
     def rate(self, step_batch: int, cluster_batch: Callable[[], int]) -> float:
-        return batch_scaled_lr(self.lr, step_batch, max(cluster_batch(), step_batch))
+        return self.scaling.lr(self.lr, step_batch, cluster_batch())
 
 
 @dataclass(frozen=True)
@@ -157,16 +153,6 @@ class Policies:
     allocator: Allocator
     aggregation: Aggregation
     lr: LearningRate
-
-
-def _strategy_params(config: RunConfig) -> dict[str, Any]:
-    if config.sync == "asp":
-        return {"max_staleness": config.asp.max_staleness}
-    if config.sync == "ssp":
-        return {"staleness": config.ssp.staleness}
-    if config.sync == "ebsp":
-        return {"lookahead": config.ebsp.lookahead, "history": config.ebsp.history}
-    return {}
 
 
 def build_policies(
@@ -178,21 +164,21 @@ def build_policies(
     validation: ArrayDataset,
     metrics: ServerMetrics,
 ) -> Policies:
-    """The one place a policy is chosen by name (to become registry look-ups)."""
-    # Collective: the ranks all-reduce among themselves; the server only
-    # folds the copies rank 0 sends for evaluation, one at a time (asp).
-    sync = (make_strategy("asp") if config.topology == "collective"
-            else make_strategy(config.sync, **_strategy_params(config)))
+    """The run's policies, from the registry; what each needs is read from its declarations."""
+    topology = registry.get("topology", config.topology)
+    sync = registry.make("sync", config, name=getattr(topology, "server_sync", None))
     allocator = make_allocator(config, dss_max=train_samples, epoch_samples=train_samples)
+    rule = registry.get("aggregation", config.aggregation)
     aggregation: Aggregation
-    if config.aggregation == "loss":
+    if rule.needs_candidate_loss:
         probe = LossProbe(spec, state, validation, samples=config.loss.eval_samples, seed=config.seed,
                           metrics=metrics)
         aggregation = LossBlend(probe, metrics)
-    elif config.aggregation == "power":
+    elif rule.needs_compute_power:
         # Allocators that measure compute power (partition) answer it; the others leave it to throughput.
         aggregation = PowerWeights(getattr(allocator, "power", lambda _w: None))
     else:
-        aggregation = SampleWeights(config.aggregation)
-    lr: LearningRate = BatchScaledRate(config.lr) if config.lr_scaling == "batch-scaled" else FixedRate(config.lr)
-    return Policies(sync=sync, allocator=allocator, aggregation=aggregation, lr=lr)
+        assert issubclass(rule, DeltaRule)
+        aggregation = SampleWeights(rule)
+    return Policies(sync=sync, allocator=allocator, aggregation=aggregation,
+                    lr=ScaledRate(config.lr, registry.make("lr_scaling", config)))

@@ -51,6 +51,7 @@ def compute_power(samples: float, seconds: float) -> float:
 
 @register("allocation", "partition", "dynamic-partitioning")
 class PartitionAllocator(Policy):
+    needs_memory_profile: ClassVar[bool] = True
     requires: ClassVar[dict[str, str]] = {
         "lockstep": "splits one synchronous round's work among the workers, so every worker must push exactly "
                     "once per round: it needs sync {providers}, not {sync}",

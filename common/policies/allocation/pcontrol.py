@@ -70,6 +70,7 @@ class PControlParams(BaseModel):
 
 @register("allocation", "pcontrol", "proportional-control")
 class PControlAllocator(Policy):
+    needs_memory_profile: ClassVar[bool] = True
     exclusive_params: ClassVar[tuple[str, ...]] = ("pcontrol.global_batch",)
 
     @classmethod

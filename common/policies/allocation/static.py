@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from hermes.common.policies.allocation import CycleObservation, Resize, Workload, local_steps
 from hermes.common.policies.allocation._common import StepBatches, check_step_batch
@@ -30,6 +30,7 @@ def static_batches(capacities: Sequence[float], global_batch: int, *, lower: Bou
 
 @register("allocation", "static")
 class StaticAllocator(Policy):
+    needs_memory_profile: ClassVar[bool] = True
     @classmethod
     def check_params(cls, config: RunConfig) -> None:
         check_step_batch(config, cls.name)
