@@ -201,7 +201,7 @@ def test_transient_corruption_is_cured_by_a_refetch(kafka_broker, stores, monkey
     train, validation = stores
     layout = publish_stores(train, validation, dataset="digits",
                             opts=KafkaOptions(kafka_broker.bootstrap, retries=1))["train"].layout
-    import hermes.client.kafka_source as ks
+    import hermes.client.kafka_lane as ks
 
     real, flipped = ks.decode_record, []
 
