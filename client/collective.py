@@ -30,13 +30,15 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Protocol, cast
+from typing import Any, Protocol, TypeAlias, cast
 
 import torch
 import torch.distributed as dist
+from pydantic import ValidationError
 from torch import nn
+
+from hermes.common.messages import CollectiveRendezvous, describe
 
 log = logging.getLogger(__name__)
 
@@ -45,39 +47,16 @@ class CollectiveError(RuntimeError):
     """A peer failed or the group could not form: the run cannot go on with this group."""
 
 
-@dataclass(frozen=True)
-class Rendezvous:
-    rank: int
-    world_size: int
-    master_addr: str
-    master_port: int
-    timeout_seconds: float
-    generation: int = 0
-    # Keys of this generation's rendezvous live under it, so a broken group's leftovers are never read.
-    store_prefix: str = ""
+# The one schema of a rendezvous, shared with the server (common/messages.py).
+Rendezvous: TypeAlias = CollectiveRendezvous
 
-    @classmethod
-    def from_reply(cls, body: dict) -> Rendezvous:
-        field_name = "?"
 
-        def get(name: str, default: Any = None) -> Any:
-            nonlocal field_name
-            field_name = name
-            return body[name] if default is None else body.get(name, default)
-
-        try:
-            rv = cls(rank=int(get("rank")), world_size=int(get("world_size")),
-                     master_addr=str(get("master_addr")), master_port=int(get("master_port")),
-                     timeout_seconds=float(get("timeout_seconds")),
-                     generation=int(get("generation", 0)),
-                     store_prefix=str(get("store_prefix", "")))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise CollectiveError(f"server sent an unusable rendezvous (field {field_name!r}): {body!r}: "
-                                  f"{exc}") from None
-        if not 0 <= rv.rank < rv.world_size:
-            raise CollectiveError(f"server sent an unusable rendezvous (field 'rank'): {rv.rank} not in "
-                                  f"0..{rv.world_size - 1}")
-        return rv
+def rendezvous_from_reply(body: Any) -> Rendezvous:
+    """The rendezvous a register or regroup reply carries; CollectiveError naming the bad field otherwise."""
+    try:
+        return CollectiveRendezvous.model_validate(body)
+    except ValidationError as exc:
+        raise CollectiveError(f"server sent an unusable rendezvous: {describe(exc)}") from None
 
 
 class GradientAllReduce:

@@ -25,7 +25,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from hermes.client.collective import CollectiveError, CollectiveGroup, GradientAllReduce, Rendezvous
+from hermes.client.collective import (
+    CollectiveError,
+    CollectiveGroup,
+    GradientAllReduce,
+    Rendezvous,
+    rendezvous_from_reply,
+)
 from hermes.client.loop import cycle_record, run_cycles
 from hermes.client.prefetch import StopSignal, Work
 from hermes.client.session import finite_or_none
@@ -124,7 +130,7 @@ class AllReduce:
 
     def __init__(self, agent: Agent, job: Job, session: Session, rendezvous: dict) -> None:
         self.agent, self.job, self.session = agent, job, session
-        self.first = Rendezvous.from_reply(rendezvous)
+        self.first = rendezvous_from_reply(rendezvous)
         self.rank = self.first.rank
         config = job.config
         rule = registry.get("aggregation", config.aggregation)
@@ -191,7 +197,7 @@ class AllReduce:
         except ServerUnreachable as exc:
             raise CollectiveError(f"generation {rv.generation} broke ({failure}) and the server cannot be "
                                   f"asked for the next one: {exc}") from None
-        nxt = Rendezvous.from_reply(body)
+        nxt = rendezvous_from_reply(body)
         log.warning("joining collective generation %d as rank %d of %d", nxt.generation, nxt.rank, nxt.world_size)
         return nxt
 

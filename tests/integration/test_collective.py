@@ -50,7 +50,7 @@ def _rank_main(rank: int, port: int, out: str, lr: float) -> None:
         with torch.no_grad():
             for p in model.parameters():
                 p.add_(1.0)
-    group = CollectiveGroup(Rendezvous(rank, len(RANKS), "127.0.0.1", port, 20.0), torch.device("cpu"))
+    group = CollectiveGroup(Rendezvous(rank=rank, world_size=len(RANKS), master_addr="127.0.0.1", master_port=port, timeout_seconds=20.0), torch.device("cpu"))
     try:
         group.broadcast_model(model)
         trainer = LocalTrainer(model, lr=lr, momentum=0.0, weight_decay=0.0, device=torch.device("cpu"),
@@ -104,7 +104,7 @@ def test_weighted_allreduce_equals_the_single_process_gradient_of_the_union(tmp_
 def _lonely_rank(port: int, out: str) -> None:
     from hermes.client.collective import CollectiveError, CollectiveGroup, Rendezvous
 
-    group = CollectiveGroup(Rendezvous(0, 2, "127.0.0.1", port, 3.0), torch.device("cpu"))
+    group = CollectiveGroup(Rendezvous(rank=0, world_size=2, master_addr="127.0.0.1", master_port=port, timeout_seconds=3.0), torch.device("cpu"))
     t0 = time.monotonic()
     try:
         group.reduce_gradients(list(_model().parameters()), 1.0, False)
@@ -118,7 +118,7 @@ def _lonely_rank(port: int, out: str) -> None:
 def _dying_rank(port: int) -> None:
     from hermes.client.collective import CollectiveGroup, Rendezvous
 
-    CollectiveGroup(Rendezvous(1, 2, "127.0.0.1", port, 3.0), torch.device("cpu"))
+    CollectiveGroup(Rendezvous(rank=1, world_size=2, master_addr="127.0.0.1", master_port=port, timeout_seconds=3.0), torch.device("cpu"))
     raise SystemExit(17)  # dies before its first all-reduce, without a goodbye
 
 

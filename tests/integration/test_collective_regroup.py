@@ -118,7 +118,13 @@ def _write(path: Path, body: dict) -> None:
 
 def _rank_main(rank: int, port: int, out: str, lr: float) -> None:
     """Generation 0: one step as rank ``rank`` of 3; rank 2 then dies. The survivors regroup and step again."""
-    from hermes.client.collective import CollectiveError, CollectiveGroup, GradientAllReduce, Rendezvous
+    from hermes.client.collective import (
+        CollectiveError,
+        CollectiveGroup,
+        GradientAllReduce,
+        Rendezvous,
+        rendezvous_from_reply,
+    )
     from hermes.client.trainer import LocalTrainer
 
     torch.set_num_threads(1)
@@ -128,7 +134,7 @@ def _rank_main(rank: int, port: int, out: str, lr: float) -> None:
     model = _model()
     trainer = LocalTrainer(model, lr=lr, momentum=0.0, weight_decay=0.0, device=torch.device("cpu"),
                            precision="fp32")
-    rv = Rendezvous(rank, len(RANKS), "127.0.0.1", port, 5.0, generation=0, store_prefix="gen0/")
+    rv = Rendezvous(rank=rank, world_size=len(RANKS), master_addr="127.0.0.1", master_port=port, timeout_seconds=5.0, generation=0, store_prefix="gen0/")
     group = CollectiveGroup(rv, torch.device("cpu"))
     start = sum(n for n, _, _ in RANKS[:rank])
     n, mbs, acc = RANKS[rank]
@@ -146,7 +152,7 @@ def _rank_main(rank: int, port: int, out: str, lr: float) -> None:
         failure = str(exc)
     group.close()
     _write(d / f"{name}-report.json", {"generation": 0, "failure": failure})
-    rv = Rendezvous.from_reply(_wait_for(d / f"{name}-rv.json"))
+    rv = rendezvous_from_reply(_wait_for(d / f"{name}-rv.json"))
     if rank == 1:
         # A survivor one step apart from the others: the broadcast must erase the difference.
         with torch.no_grad():
@@ -239,7 +245,7 @@ def _stuck_rank(rank: int, port: int, out: str) -> None:
     from hermes.client.collective import CollectiveError, CollectiveGroup, Rendezvous
 
     torch.set_num_threads(1)
-    group = CollectiveGroup(Rendezvous(rank, 2, "127.0.0.1", port, 60.0, 0, "gen0/"), torch.device("cpu"))
+    group = CollectiveGroup(Rendezvous(rank=rank, world_size=2, master_addr="127.0.0.1", master_port=port, timeout_seconds=60.0, generation=0, store_prefix="gen0/"), torch.device("cpu"))
     if rank == 1:
         time.sleep(30)  # alive, heartbeating as far as anyone knows, never in the collective
         return
@@ -253,7 +259,7 @@ def _stuck_rank(rank: int, port: int, out: str) -> None:
         waited, message = time.monotonic() - t0, str(exc)
     group.close()  # must not wait for the abandoned all-reduce's 60 s timeout
     closed = time.monotonic() - t0
-    nxt = CollectiveGroup(Rendezvous(0, 1, "127.0.0.1", port, 60.0, 1, "gen1/"), torch.device("cpu"))
+    nxt = CollectiveGroup(Rendezvous(rank=0, world_size=1, master_addr="127.0.0.1", master_port=port, timeout_seconds=60.0, generation=1, store_prefix="gen1/"), torch.device("cpu"))
     total, _ = nxt.reduce_gradients(params, 3.0, False)
     nxt.close()
     _write(Path(out), {"waited": waited, "closed": closed, "message": message, "total": total})
