@@ -70,19 +70,6 @@ class PControlParams(BaseModel):
 
 @register("allocation", "pcontrol", "proportional-control")
 class PControlAllocator(Policy):
-    needs_memory_profile: ClassVar[bool] = True
-    exclusive_params: ClassVar[tuple[str, ...]] = ("pcontrol.global_batch",)
-
-    @classmethod
-    def check_params(cls, config: RunConfig) -> None:
-        if config.pcontrol.global_batch == "fixed" and not config.barrier_sync:
-            raise ValueError(
-                f"pcontrol.global_batch 'fixed' (OmniLearn Eq. 8) constrains the batches of one synchronous step; "
-                f"{config.sync!r} pushes asynchronously, so there is no global batch to fix"
-            )
-        check_step_batch(config, cls.name)
-
-
     """When to step: ``interval="epoch"`` after each data epoch (OmniLearn's
     granularity), ``"round"`` at any round (ACSOS: any iteration); either
     way only once every worker has ``min_observations`` cycles at its current
@@ -93,6 +80,19 @@ class PControlAllocator(Policy):
     ``global_batch=True`` keeps sum(b) = K*b (Eq. 8) over the K active
     workers; a join adds b, a leave is re-normalised at the next step.
     """
+
+    needs_memory_profile: ClassVar[bool] = True
+
+    exclusive_params: ClassVar[tuple[str, ...]] = ("pcontrol.global_batch",)
+
+    @classmethod
+    def check_params(cls, config: RunConfig) -> None:
+        if config.pcontrol.global_batch == "fixed" and not config.barrier_sync:
+            raise ValueError(
+                f"pcontrol.global_batch 'fixed' (OmniLearn Eq. 8) constrains the batches of one synchronous step; "
+                f"{config.sync!r} pushes asynchronously, so there is no global batch to fix"
+            )
+        check_step_batch(config, cls.name)
 
     def __init__(self, *, steps: int, base: int, b_min: int, b_max: int, deadband: float, alpha: float,
                  global_batch: bool, interval: str, min_observations: int, warmup: int, epoch_samples: int,

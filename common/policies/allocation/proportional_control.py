@@ -61,6 +61,9 @@ class _WorkerState:
 class ProportionalController:
     """Dynamic batching: equalise per-iteration compute time across workers.
 
+    Bare defaults are the papers' rules where they differ from ours (no drop
+    margin, smoothing restarts); a run's values come from ``PControlParams``.
+
     Per update (OmniLearn: every epoch; ACSOS: any iteration), for each worker k
     with smoothed compute time t_k at batch b_k:
 

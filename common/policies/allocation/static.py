@@ -30,12 +30,6 @@ def static_batches(capacities: Sequence[float], global_batch: int, *, lower: Bou
 
 @register("allocation", "static")
 class StaticAllocator(Policy):
-    needs_memory_profile: ClassVar[bool] = True
-    @classmethod
-    def check_params(cls, config: RunConfig) -> None:
-        check_step_batch(config, cls.name)
-
-
     """b_k = c_k / sum(c) * K*b over the active workers, recomputed when membership changes.
 
     c_k is what the worker declared at registration (cores, or FLOPs: any
@@ -43,6 +37,12 @@ class StaticAllocator(Policy):
     those that did. Measurements never move a batch: that is the point of
     the static policy, and its weakness OmniLearn Fig. 7 shows.
     """
+
+    needs_memory_profile: ClassVar[bool] = True
+
+    @classmethod
+    def check_params(cls, config: RunConfig) -> None:
+        check_step_batch(config, cls.name)
 
     def __init__(self, *, steps: int, base: int, b_min: int, b_max: int) -> None:
         self.b = StepBatches(steps=steps, base=base, b_min=b_min, b_max=b_max)

@@ -84,6 +84,10 @@ FITS = ("linear", "constant")
 
 @dataclass(frozen=True)
 class SearchConfig:
+    """The sizer's settings. Bare defaults are the paper's rules (balance_band 0, no warm-up) for
+    direct use; a run's values come from the config's ``dual_search`` and ``rebalance`` sections
+    (``DualSearchParams``, ``RebalanceParams``), which ``hermes_sizing`` passes in full."""
+
     mbs_min: int = 8
     mbs_max: int = 256
     tolerance: float = 0.1
