@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from hermes.common.config import RunConfig, build_config, load_config_file
+from hermes.common.config import SECTIONS, RunConfig, build_config, load_config_file
 from hermes.common.wire import DEFAULT_MAX_MESSAGE_BYTES
 
 
@@ -82,9 +82,10 @@ class ServerSettings(BaseSettings):
 
     def run_config(self) -> RunConfig:
         overrides: dict[str, Any] = {}
+        # Sections as dotted keys, so a file's [zscore] table and HERMES_RUN's zscore merge leaf by leaf.
         if self.config:
-            overrides.update(load_config_file(self.config))
-        overrides.update(self.run)
+            overrides.update(_dotted(load_config_file(self.config)))
+        overrides.update(_dotted(self.run))
         if self.target_accuracy is not None:
             overrides["target_accuracy"] = self.target_accuracy
         # Pop unconditionally: a file's preset left in overrides would collide
@@ -92,3 +93,14 @@ class ServerSettings(BaseSettings):
         file_preset = overrides.pop("preset", None)
         preset = self.preset or file_preset
         return build_config(preset, **overrides)
+
+
+def _dotted(data: dict[str, Any]) -> dict[str, Any]:
+    """``{"zscore": {"alpha": a}}`` -> ``{"zscore.alpha": a}`` for the config's sections; other keys as given."""
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, dict) and SECTIONS.get(key) is not None:
+            out.update({f"{key}.{sub}": v for sub, v in value.items()})
+        else:
+            out[key] = value
+    return out

@@ -301,3 +301,14 @@ def test_hermes_server_refuses_a_bad_target_with_exit_2(capsys, monkeypatch):
     monkeypatch.delenv("HERMES_RUN", raising=False)
     assert main(["--insecure", "--target-accuracy", "1.5"]) == 2
     assert "target_accuracy" in capsys.readouterr().err
+
+
+def test_settings_merge_a_files_section_with_hermes_run_leaf_by_leaf(tmp_path):
+    from hermes.server.settings import ServerSettings
+
+    p = tmp_path / "run.json"
+    p.write_text(json.dumps({"zscore": {"alpha": -1.0, "beta": 0.2}, "model_kwargs": {"width": 8}}))
+    cfg = ServerSettings(config=str(p), run={"zscore": {"beta": 0.3}}, preset="hermes").run_config()
+    # The file's alpha survives HERMES_RUN's zscore table; its beta is overridden.
+    assert (cfg.zscore.alpha, cfg.zscore.beta) == (-1.0, 0.3)
+    assert cfg.model_kwargs == {"width": 8}
