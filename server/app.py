@@ -39,6 +39,7 @@ from hermes.server.auth import (
 )
 from hermes.server.checkpoint import Checkpointer
 from hermes.server.coordinator import GroupRunning, RegroupRefused
+from hermes.server.dashboard import History, build_router
 from hermes.server.dataplane import DataPlane
 from hermes.server.engine import Engine
 from hermes.server.events import EventLog
@@ -47,6 +48,7 @@ from hermes.server.kafka_publish import KafkaOptions
 from hermes.server.metrics import CONTENT_TYPE, ServerMetrics
 from hermes.server.registry import RegistryFull
 from hermes.server.settings import ServerSettings
+from hermes.server.tensorboard import TensorBoardSink
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +110,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
             out_dir=settings.out_dir,
             replay_window_seconds=settings.replay_window_seconds,
         )
+        app.state.history, tensorboard = _watch(engine, settings)
         checkpoints = None
         if settings.checkpoint_dir:
             checkpoints = Checkpointer(engine, settings.checkpoint_dir, interval=settings.checkpoint_interval_seconds,
@@ -158,8 +161,11 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
                 await checkpoints.save_or_report("shutdown")
                 checkpoints.close()
             engine.shutdown()
+            if tensorboard is not None:  # after the shutdown's last evaluation
+                tensorboard.close()
 
-    app = FastAPI(title="Hermes parameter server", version="0.1.0", lifespan=lifespan)
+    # /docs is served by the dashboard router from local files; FastAPI's own pages load them from a CDN.
+    app = FastAPI(title="Hermes parameter server", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None)
 
     def engine_of(request: Request) -> Engine:
         return request.app.state.engine
@@ -175,6 +181,8 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
             raise HTTPException(401, "this server protects its read endpoints: send the join or the admin token "
                                      "(Authorization: Bearer ...)", headers={"WWW-Authenticate": "Bearer"})
         return engine
+
+    app.include_router(build_router(readable))
 
     @app.get("/healthz")
     def healthz(request: Request) -> dict[str, Any]:
@@ -317,3 +325,23 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         return engine.status()
 
     return app
+
+
+def _watch(engine: Engine, settings: ServerSettings) -> tuple[History, TensorBoardSink | None]:
+    """The readers of the run's facts besides the log and the metrics: /v1/history and TensorBoard."""
+    def name_of(worker_id: str) -> str:
+        rec = engine.registry.get(worker_id)
+        return rec.name if rec is not None else worker_id
+
+    history = History(name_of)
+    engine.telemetry.subscribe(history)
+    sink = None
+    if settings.tensorboard_dir:
+        def totals() -> tuple[int, int, int]:
+            workers = engine.registry.all()
+            return (sum(engine.message_counts.values()), sum(w.server_bytes_in for w in workers),
+                    sum(w.server_bytes_out for w in workers))
+
+        sink = TensorBoardSink(settings.tensorboard_dir, name_of=name_of, totals=totals)
+        engine.telemetry.subscribe(sink)
+    return history, sink

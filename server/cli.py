@@ -88,6 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
     ft.add_argument("--no-durable-acks", dest="durable_acks", action="store_false", default=None,
                     help="acknowledge updates without journaling them first (a crash then loses every update "
                          "since the last checkpoint)")
+    p.add_argument("--tensorboard", dest="tensorboard_dir", metavar="DIR", default=None,
+                   help="write TensorBoard scalars (accuracy, loss, per-worker cycle time, MBS, DSS, gate decisions, "
+                        "messages) to DIR [HERMES_TENSORBOARD_DIR]; the live page is /ui either way")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return p
 
@@ -110,6 +113,16 @@ def ssl_options(args: argparse.Namespace) -> dict[str, Any]:
     if args.ssl_ca_certfile:
         out |= {"ssl_ca_certs": args.ssl_ca_certfile, "ssl_cert_reqs": ssl.CERT_REQUIRED}
     return out
+
+
+def _writable(directory: str) -> None:
+    """A --tensorboard DIR that cannot be written is a configuration error before uvicorn starts."""
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"--tensorboard {directory!r}: cannot create it ({exc.strerror})") from None
+    if not os.access(directory, os.W_OK):
+        raise ConfigError(f"--tensorboard {directory!r}: not writable by this user")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -155,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         "checkpoint_dir": args.resume or args.checkpoint_dir,
         "checkpoint_interval_seconds": args.checkpoint_interval_seconds,
         "durable_acks": args.durable_acks,
+        "tensorboard_dir": args.tensorboard_dir,
     }
     if args.insecure:
         fields["insecure"] = True
@@ -172,6 +186,8 @@ def main(argv: list[str] | None = None) -> int:
         fields["run"] = _parse_set(args.set)
         settings = ServerSettings(**{k: v for k, v in fields.items() if v is not None})
         tls = ssl_options(args)
+        if settings.tensorboard_dir:
+            _writable(settings.tensorboard_dir)
         if settings.checkpoint_dir:
             # Refuse a wrong --resume before uvicorn starts, with exit status 2.
             check_directory(settings.checkpoint_dir, resume=settings.resume)

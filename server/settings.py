@@ -59,6 +59,8 @@ class ServerSettings(BaseSettings):
     checkpoint_interval_seconds: float = Field(default=60.0, gt=0, description="seconds between periodic checkpoints")
     resume: bool = Field(default=False, description="continue from the last checkpoint in checkpoint_dir")
     durable_acks: bool = Field(default=True, description="journal every applied update (fsync) before acknowledging it")
+    # Seeing the run: TensorBoard event files (hermes.server.tensorboard); the /ui page is always on.
+    tensorboard_dir: str | None = Field(default=None, description="write TensorBoard scalars here (HERMES_TENSORBOARD_DIR)")
 
     @field_validator("kafka_bootstrap")
     @classmethod

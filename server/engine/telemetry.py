@@ -83,10 +83,20 @@ _LINES: dict[str, tuple[int, str, Callable[[Fields], tuple[Any, ...]]]] = {
 }
 
 
+Listener = Callable[[str, Fields], None]
+
+
 class Telemetry:
     def __init__(self, metrics: ServerMetrics, events: EventLog) -> None:
         self.metrics = metrics
         self.events = events
+        # Readers of the same facts outside the engine (the dashboard's history, TensorBoard):
+        # they subscribe rather than being called by name, so the engine knows none of them.
+        self.listeners: list[Listener] = []
+
+    def subscribe(self, listener: Listener) -> None:
+        """Call ``listener(fact, fields)`` after every emit; it must be quick and must not raise."""
+        self.listeners.append(listener)
 
     def emit(self, fact: str, **fields: Any) -> None:
         """Report one fact: its event, its metrics and its log line, whichever it has."""
@@ -99,3 +109,5 @@ class Telemetry:
             level, message, args = line
             if log.isEnabledFor(level):
                 log.log(level, message, *args(fields))
+        for listener in self.listeners:
+            listener(fact, fields)

@@ -214,3 +214,17 @@ def test_testbed_script(installed: Installed) -> None:
     r = installed.run(exe, "--help")
     assert r.returncode == 0, f"hermes-testbed --help exited {r.returncode}:\n{r.stdout}\n{r.stderr}"
     assert "usage:" in r.stdout, r.stdout
+
+
+def test_wheel_ships_the_live_page(installed: Installed) -> None:
+    """/ui is served from package data: a wheel without it would answer 500 on an installed server."""
+    with zipfile.ZipFile(installed.wheel) as zf:
+        names = set(zf.namelist())
+    for asset in ("dashboard.html", "dashboard.js", "dashboard.css"):
+        assert f"hermes/server/static/{asset}" in names, f"{asset} missing from the wheel"
+    got = installed.python_json(
+        # Where hermes.server.dashboard looks (STATIC_DIR), without importing FastAPI.
+        "import json, pathlib, hermes.server\nstatic = pathlib.Path(hermes.server.__file__).parent / 'static'\n"
+        "print(json.dumps({'dir': str(static), 'page': (static / 'dashboard.html').is_file()}))"
+    )
+    assert isinstance(got, dict) and got["page"] and _inside(got["dir"], installed.site_packages), got
