@@ -93,6 +93,7 @@ class Engine:
             config, spec=self.spec, state=self.state, train_samples=len(self.train), validation=self.validation,
             metrics=metrics)
         self.registry = Registry(max_workers, clock=clock)
+        metrics.watch_workers(self.registry.all)
         self.shards = ShardStore(self.train, config.shard_size)
         self.validation_shards = ShardStore(self.validation, config.shard_size)
         self.queue = ShardQueue(self.shards.num_shards, seed=config.seed)

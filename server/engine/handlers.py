@@ -181,10 +181,4 @@ class Handlers:
             e.membership.set_memory_profile(worker, [list(p) for p in b.memory_profile])
         if b.cycle is not None:
             e.membership.observe_cycle(worker, b.cycle)
-        e.metrics.worker_compute.labels(worker=worker.id).set(worker.compute_seconds)
-        e.metrics.worker_wait.labels(worker=worker.id).set(worker.wait_seconds)
-        e.metrics.worker_samples.labels(worker=worker.id).set(worker.samples)
-        e.metrics.worker_prefetch_wait.labels(worker=worker.id).set(worker.prefetch_wait_seconds)
-        for source, nbytes in worker.shard_bytes.items():
-            e.metrics.worker_shard_bytes.labels(worker=worker.id, source=source).set(nbytes)
         return self.reply(MsgType.STATS_ACK, worker, msg.header.seq, {})

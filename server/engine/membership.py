@@ -111,8 +111,6 @@ class Membership:
         cycle = report.fields()
         worker.record_cycle(elapsed, cycle)
         wid = worker.id
-        e.metrics.worker_cycles.labels(worker=wid).set(worker.cycles)
-        e.metrics.worker_wi.labels(worker=wid).set(worker.worker_independence)
         e.telemetry.emit("cycle", worker=wid, elapsed=elapsed, **cycle)
         e.allocator.observe(wid, CycleObservation(report.dss, report.mbs, report.compute_seconds,
                                                   report.accumulation))
@@ -153,8 +151,6 @@ class Membership:
     def record_workload(self, rec: WorkerRecord, elapsed: float, wl: Workload) -> None:
         rec.workload_history.append((elapsed, wl.dss, wl.mbs))
         rec.accumulation = wl.accumulation
-        self.e.metrics.worker_dss.labels(worker=rec.id).set(wl.dss)
-        self.e.metrics.worker_mbs.labels(worker=rec.id).set(wl.mbs)
 
     def apply_resizes(self, resizes: dict[str, Resize], elapsed: float) -> None:
         e = self.e
@@ -169,7 +165,7 @@ class Membership:
                     and rec.accumulation == wl.accumulation:
                 continue  # e.g. a joining worker, recorded at registration
             self.record_workload(rec, elapsed, wl)
-            e.telemetry.emit("resize", worker=resized_id, kind=resize.kind, dss=wl.dss, mbs=wl.mbs,
+            e.telemetry.emit("resize", worker=resized_id, name=rec.name, kind=resize.kind, dss=wl.dss, mbs=wl.mbs,
                              accumulation=wl.accumulation, **resize.detail)
 
     def validation_shards_for(self, worker: WorkerRecord) -> list[int]:

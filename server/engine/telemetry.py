@@ -3,8 +3,8 @@
 A fact used to be reported three times by hand (an event, a metric, a log
 call), and the three drifted. Here each fact's metric update and log line
 are declared once, next to each other; the engine only says what happened.
-Gauges that mirror state (worker counts, per-worker totals) stay where the
-state changes: they are not facts.
+Series that mirror state (worker counts; per-worker totals, read from the
+registry at scrape time by ``metrics.WorkerSeries``) are not facts.
 """
 
 from __future__ import annotations
@@ -36,25 +36,15 @@ def _evaluation(m: ServerMetrics, f: Fields) -> None:
     m.eval_seconds.observe(f["seconds"])
 
 
-def _cycle(m: ServerMetrics, f: Fields) -> None:
-    wid = f["worker"]
-    m.worker_cycle_seconds.labels(worker=wid).set(f["compute_seconds"])
-    if f["decision"] != "always":
-        m.gate_decisions.labels(worker=wid, decision="push" if f["pushed"] else "skip").inc()
-        if f["z"] is not None:
-            m.gate_zscore.labels(worker=wid).set(f["z"])
-
-
 _METRICS: dict[str, Callable[[ServerMetrics, Fields], None]] = {
     "update_applied": _applied,
     "update_rejected": lambda m, f: m.updates.labels(outcome="rejected").inc(),
     "evaluation": _evaluation,
-    "cycle": _cycle,
-    "resize": lambda m, f: m.stragglers.labels(worker=f["worker"], kind=f["kind"]).inc(),
+    "resize": lambda m, f: m.stragglers.labels(worker=f["name"], worker_id=f["worker"], kind=f["kind"]).inc(),
     "checkpoint": lambda m, f: m.checkpoints.inc(),
 }
 
-_RESIZE_KEYS = ("worker", "kind", "dss", "mbs", "accumulation")
+_RESIZE_KEYS = ("worker", "name", "kind", "dss", "mbs", "accumulation")
 
 # fact -> (level, message, arguments from the fields); %-style, formatted only if logged.
 _LINES: dict[str, tuple[int, str, Callable[[Fields], tuple[Any, ...]]]] = {

@@ -352,7 +352,12 @@ def test_report_stats_valid(live_server):
     rec = live_server.workers()[w.id]
     assert (rec["samples"], rec["compute_seconds"], rec["wait_seconds"]) == (640, 1.25, 0.5)
     assert (rec["bytes_sent"], rec["bytes_received"], rec["precision"]) == (1000, 2000, "fp32")
-    assert live_server.counter("hermes_worker_samples", worker=w.id) == 640.0
+    assert live_server.counter("hermes_worker_samples_total", worker="stats-reporter", worker_id=w.id) == 640.0
+    # A running total is a counter (rate() works on it), labelled with the worker's name beside its id.
+    text = live_server.metrics_text()
+    for total in ("hermes_worker_samples", "hermes_worker_compute_seconds", "hermes_worker_messages"):
+        assert f"# TYPE {total}_total counter" in text, total
+    assert live_server.counter("hermes_worker_compute_seconds_total", worker="stats-reporter", worker_id=w.id) == 1.25
 
 
 # ---------------------------------------------------------------------------

@@ -108,10 +108,11 @@ def test_cycle_reports_feed_metrics_and_resize_the_fast_outlier(hermes_server):
     assert info["cycles"] == 3 and info["gate_skips"] == 3 and info["gate_pushes"] == 0
     assert info["dss"] == work["cycle_samples"]
     assert info["workload_history"][0][1:] == [base, 32]
-    assert hermes_server.counter("hermes_gate_decisions_total", worker=fast.id, decision="skip") == 3
-    assert hermes_server.counter("hermes_worker_cycles", worker=fast.id) == 3
-    assert hermes_server.counter("hermes_straggler_resizes_total", worker=fast.id, kind="fast") == 1
-    assert hermes_server.counter("hermes_worker_dataset_size", worker=fast.id) == work["cycle_samples"]
+    who = {"worker": info["name"], "worker_id": fast.id}  # per-worker series: the name people read, the id
+    assert hermes_server.counter("hermes_gate_decisions_total", **who, decision="skip") == 3
+    assert hermes_server.counter("hermes_worker_cycles_total", **who) == 3
+    assert hermes_server.counter("hermes_straggler_resizes_total", **who, kind="fast") == 1
+    assert hermes_server.counter("hermes_worker_dataset_size", **who) == work["cycle_samples"]
     events = [json.loads(line) for line in (hermes_server.out_dir / "events.jsonl").read_text().splitlines()]
     assert any(e["event"] == "resize" and e["worker"] == fast.id for e in events)
 
