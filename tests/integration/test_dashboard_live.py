@@ -288,3 +288,13 @@ def test_tensorboard_files_hold_the_runs_scalars(run: Run) -> None:
         assert [s.value for s in cycle_seconds][-len(tail):] == pytest.approx([c[3] for c in tail], rel=1e-5)
         assert acc.Scalars(f"gate_pushes/{w['name']}")[-1].value == w["gate_pushes"]
         assert acc.Scalars(f"gate_skips/{w['name']}")[-1].value == w["gate_skips"]
+
+
+def test_unwritable_tensorboard_dir_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    r = subprocess.run([sys.executable, "-m", "hermes.server.cli", "--insecure", "--port", "0",
+                        "--tensorboard", str(blocker / "tb")], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip().splitlines() == [
+        f"hermes-server: configuration error: --tensorboard {str(blocker / 'tb')!r}: cannot create it (Not a directory)"]
