@@ -64,8 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     sec.add_argument("--insecure", action="store_true",
                      help="accept agents without a join token (trusted networks only)")
     sec.add_argument("--protect-reads", action="store_true",
-                     help="the read endpoints (status, workers, config, summary, metrics) need the join or "
-                          "the admin token as a bearer token; /healthz stays open [HERMES_PROTECT_READS]")
+                     help="the read endpoints (status, workers, config, summary, history, metrics) need the join or "
+                          "the admin token as a bearer token; /healthz stays open, and so does the /ui page, "
+                          "which takes the token from /ui#token=... or asks for it [HERMES_PROTECT_READS]")
     sec.add_argument("--ssl-certfile", metavar="PEM", help="TLS certificate of the control plane")
     sec.add_argument("--ssl-keyfile", metavar="PEM", help="private key of --ssl-certfile")
     sec.add_argument("--ssl-ca-certfile", metavar="PEM",

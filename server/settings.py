@@ -48,7 +48,8 @@ class ServerSettings(BaseSettings):
     admin_token_file: str | None = Field(default=None, description="file whose first line is the admin token")
     insecure: bool = Field(default=False, description="run without a join token (trusted networks only)")
     protect_reads: bool = Field(default=False, description="the read endpoints (/v1/status, /v1/workers, "
-                                "/v1/config, /v1/summary, /metrics) need the join or the admin token")
+                                "/v1/config, /v1/summary, /v1/history, /metrics) need the join or the admin token; "
+                                "the /ui page itself loads and asks for it")
     register_rate: float = Field(default=2.0, ge=0, description="registrations per second per client address (0 = no limit)")
     register_burst: int = Field(default=32, ge=1, description="registrations a client address may make at once")
     replay_window_seconds: float = Field(default=300.0, gt=0, description="how far a signed message's timestamp may be from the server clock")
