@@ -211,7 +211,7 @@ function keep(list, more) {
 async function poll() {
   try {
     const [status, workers, history] = await Promise.all([
-      getJSON("/v1/status"), getJSON("/v1/workers"), getJSON("/v1/history?since=" + seq),
+      getJSON("v1/status"), getJSON("v1/workers"), getJSON("v1/history?since=" + seq),
     ]);
     // A restarted server numbers its points from 0 again: start over rather than miss them.
     if (history.seq < seq) {
