@@ -342,6 +342,11 @@ def _watch(engine: Engine, settings: ServerSettings) -> tuple[History, TensorBoa
             return (sum(engine.message_counts.values()), sum(w.server_bytes_in for w in workers),
                     sum(w.server_bytes_out for w in workers))
 
-        sink = TensorBoardSink(settings.tensorboard_dir, name_of=name_of, totals=totals)
+        try:
+            sink = TensorBoardSink(settings.tensorboard_dir, name_of=name_of, totals=totals)
+        except OSError as exc:  # hermes-server checks first; the uvicorn factory path meets it here
+            log.error("cannot start: tensorboard_dir %s: %s", settings.tensorboard_dir, exc)
+            engine.events.close()
+            raise
         engine.telemetry.subscribe(sink)
     return history, sink
