@@ -64,7 +64,9 @@ class Credentials:
         self.admin = read_secret(settings.admin_token, settings.admin_token_file, "admin_token")
         self.protect_reads = settings.protect_reads
         self.admin_file: Path | None = None
-        if self.admin is None and not self.insecure and settings.out_dir:
+        # Generated under --insecure too: a missing join token must not leave
+        # the run's stop switch open to anyone who can reach the port.
+        if self.admin is None and settings.out_dir:
             # The operator's credential for /v1/stop, readable by the server's user only.
             self.admin = new_secret()
             self.admin_file = Path(settings.out_dir) / "admin.token"
@@ -106,6 +108,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
             max_message_bytes=settings.max_message_bytes,
             out_dir=settings.out_dir,
             replay_window_seconds=settings.replay_window_seconds,
+            screening=settings.screening,
         )
         checkpoints = None
         if settings.checkpoint_dir:
@@ -305,7 +308,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     @app.post("/v1/stop")
     def stop(request: Request, reason: str = "operator request", authorization: str = Header(default="")) -> dict[str, Any]:
         engine = engine_of(request)
-        if not (creds.insecure and creds.admin is None) and not token_matches(bearer(authorization), creds.admin):
+        if not token_matches(bearer(authorization), creds.admin):
             client = request.client.host if request.client else "unknown"
             log.warning("stop request from %s refused: missing or wrong admin token", client)
             raise HTTPException(401 if creds.admin else 403,
