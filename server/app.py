@@ -16,6 +16,7 @@ join token fails to build, and uvicorn to start, unless ``insecure``.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 from contextlib import asynccontextmanager
@@ -23,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import Depends, FastAPI, Header, HTTPException, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
 
 from hermes.common.kafka_layout import KafkaUnavailable
 from hermes.common.messages import CollectiveRendezvous, RegisterRequest, RegisterResponse, RegroupRequest
@@ -46,6 +49,10 @@ from hermes.server.kafka_publish import KafkaOptions
 from hermes.server.metrics import CONTENT_TYPE, ServerMetrics
 from hermes.server.registry import RegistryFull
 from hermes.server.settings import ServerSettings
+
+# Registration hints are a handful of numbers (memory, a profile of a few
+# points); a 50 MB registration used to be kept and logged whole.
+_MAX_HINTS_BYTES = 16 * 1024
 
 log = logging.getLogger(__name__)
 
@@ -163,6 +170,15 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
 
     app = FastAPI(title="Hermes parameter server", version="0.1.0", lifespan=lifespan)
 
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        # FastAPI's default handler echoes each error's input: a non-finite
+        # float ({"slowdown": 1e309}) made that echo a 500, and a large body
+        # came back whole. Where and why is enough for the client.
+        errors = [{"loc": list(e.get("loc", ())), "msg": str(e.get("msg", ""))[:200], "type": e.get("type", "")}
+                  for e in exc.errors()[:20]]
+        return JSONResponse(status_code=422, content={"detail": errors})
+
     def engine_of(request: Request) -> Engine:
         return request.app.state.engine
 
@@ -215,6 +231,8 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
             raise HTTPException(410, f"the run is over: {engine.stop_reason}")
         if engine.stopping:
             raise HTTPException(503, "the server is shutting down")
+        if len(json.dumps(body.hints, default=str)) > _MAX_HINTS_BYTES:
+            raise HTTPException(422, f"hints exceed {_MAX_HINTS_BYTES} bytes as JSON")
         try:
             rec, rejoined = engine.register(
                 body.name, threads=body.threads, device=body.device, slowdown=body.slowdown, hints=dict(body.hints)

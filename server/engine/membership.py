@@ -44,7 +44,9 @@ class Membership:
         elapsed = e.elapsed()
         self.record_workload(rec, elapsed, e.allocator.workload(rec.id))
         self.refresh_worker_gauge()
-        e.telemetry.emit("join", worker=rec.id, name=name, rejoined=rejoined, **info)
+        # Hints by key only: nothing a client sends is written verbatim to the event log.
+        facts = {k: v for k, v in info.items() if k != "hints"}
+        e.telemetry.emit("join", worker=rec.id, name=name, rejoined=rejoined, hints=sorted(rec.hints)[:32], **facts)
         # Policies that split a fixed total (static, the global batch) move the others too.
         self.apply_resizes(e.allocator.rebalance(), elapsed)
         return rec, rejoined

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from hermes.common.wire import MsgType
-from tests.conftest import ADMIN_TOKEN, wait_for
+from tests.conftest import ADMIN_TOKEN, JOIN_TOKEN, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -151,3 +151,17 @@ def test_stop_needs_the_admin_token_even_when_insecure(server_factory):
     token = (srv.out_dir / "admin.token").read_text().strip()
     r = httpx.post(srv.url + "/v1/stop", headers={"Authorization": f"Bearer {token}"}, timeout=10)
     assert r.status_code == 200 and r.json()["stopping"] is True
+
+
+def test_non_finite_and_oversized_registrations_are_422(live_server):
+    headers = {"Authorization": "Bearer " + JOIN_TOKEN, "Content-Type": "application/json"}
+    r = live_server.http.post(live_server.url + "/v1/workers/register", headers=headers,
+                              content=b'{"name": "x", "slowdown": 1e309}')
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"][-1] == "slowdown", r.text
+    r = live_server.http.post(live_server.url + "/v1/workers/register", headers=headers,
+                              json={"name": "big", "hints": {"blob": "x" * 100_000}})
+    assert r.status_code == 422 and "hints exceed" in r.text, r.text[:300]
+    live_server.register_raw("hinted", hints={"memory_available_bytes": 1 << 30, "secret_note": "y" * 100})
+    joins = _events(live_server, "join")
+    assert "y" * 100 not in json.dumps(joins) and "big" not in {e["name"] for e in joins}
+    assert "Traceback" not in live_server.log_text()
