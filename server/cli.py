@@ -69,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     sec.add_argument("--screening", choices=["on", "off"], default=None,
                      help="screen every update before it is folded (default on) [HERMES_SCREENING]")
     sec.add_argument("--screening-norm-factor", type=float, default=None, metavar="K",
-                     help="refuse an update whose norm exceeds K x the median of recent accepted ones (default 8)")
+                     help="refuse an update whose norm exceeds K x the median of recent accepted ones (default 32)")
     sec.add_argument("--quarantine-after", type=int, default=None, metavar="N",
                      help="refuse every later push of a worker refused N times in a row (default 5; 0 = never)")
     sec.add_argument("--ssl-certfile", metavar="PEM", help="TLS certificate of the control plane")

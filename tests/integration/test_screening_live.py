@@ -80,7 +80,7 @@ def test_poisoned_pushes_are_refused_and_the_attacker_quarantined(server_factory
     assert "× median" in refused(spike, 302)
     # A stream of slightly scaled updates: folded while within the bound, refused past it.
     outcomes = [_round(honest, attacker, _honest(attacker, 20 + i, scale=1.6 ** i), 400 + i)["status"]
-                for i in range(1, 12)]
+                for i in range(1, 16)]
     assert outcomes[0] == "applied" and "rejected" in outcomes[4:], outcomes
     screening = srv.get_json("/v1/status")["screening"]
     assert attacker.id in screening["quarantined"], screening
