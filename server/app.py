@@ -16,6 +16,7 @@ join token fails to build, and uvicorn to start, unless ``insecure``.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 from contextlib import asynccontextmanager
@@ -23,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import Depends, FastAPI, Header, HTTPException, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
 
 from hermes.common.kafka_layout import KafkaUnavailable
 from hermes.common.messages import CollectiveRendezvous, RegisterRequest, RegisterResponse, RegroupRequest
@@ -48,6 +51,10 @@ from hermes.server.metrics import CONTENT_TYPE, ServerMetrics
 from hermes.server.registry import RegistryFull
 from hermes.server.settings import ServerSettings
 
+# Registration hints are a handful of numbers (memory, a profile of a few
+# points); a 50 MB registration used to be kept and logged whole.
+_MAX_HINTS_BYTES = 16 * 1024
+
 log = logging.getLogger(__name__)
 
 
@@ -65,7 +72,9 @@ class Credentials:
         self.admin = read_secret(settings.admin_token, settings.admin_token_file, "admin_token")
         self.protect_reads = settings.protect_reads
         self.admin_file: Path | None = None
-        if self.admin is None and not self.insecure and settings.out_dir:
+        # Generated under --insecure too: a missing join token must not leave
+        # the run's stop switch open to anyone who can reach the port.
+        if self.admin is None and settings.out_dir:
             # The operator's credential for /v1/stop, readable by the server's user only.
             self.admin = new_secret()
             self.admin_file = Path(settings.out_dir) / "admin.token"
@@ -107,6 +116,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
             max_message_bytes=settings.max_message_bytes,
             out_dir=settings.out_dir,
             replay_window_seconds=settings.replay_window_seconds,
+            screening=settings.screening,
         )
         checkpoints = None
         if settings.checkpoint_dir:
@@ -161,6 +171,15 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
 
     app = FastAPI(title="Hermes parameter server", version="0.1.0", lifespan=lifespan)
 
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        # FastAPI's default handler echoes each error's input: a non-finite
+        # float ({"slowdown": 1e309}) made that echo a 500, and a large body
+        # came back whole. Where and why is enough for the client.
+        errors = [{"loc": list(e.get("loc", ())), "msg": str(e.get("msg", ""))[:200], "type": e.get("type", "")}
+                  for e in exc.errors()[:20]]
+        return JSONResponse(status_code=422, content={"detail": errors})
+
     def engine_of(request: Request) -> Engine:
         return request.app.state.engine
 
@@ -213,6 +232,8 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
             raise HTTPException(410, f"the run is over: {engine.stop_reason}")
         if engine.stopping:
             raise HTTPException(503, "the server is shutting down")
+        if len(json.dumps(body.hints, default=str)) > _MAX_HINTS_BYTES:
+            raise HTTPException(422, f"hints exceed {_MAX_HINTS_BYTES} bytes as JSON")
         try:
             rec, rejoined = engine.register(
                 body.name, threads=body.threads, device=body.device, slowdown=body.slowdown, hints=dict(body.hints)
@@ -306,7 +327,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     @app.post("/v1/stop")
     def stop(request: Request, reason: str = "operator request", authorization: str = Header(default="")) -> dict[str, Any]:
         engine = engine_of(request)
-        if not (creds.insecure and creds.admin is None) and not token_matches(bearer(authorization), creds.admin):
+        if not token_matches(bearer(authorization), creds.admin):
             client = request.client.host if request.client else "unknown"
             log.warning("stop request from %s refused: missing or wrong admin token", client)
             raise HTTPException(401 if creds.admin else 403,

@@ -39,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--advertise-host", default="127.0.0.1", help="host agents use to reach the data plane")
     p.add_argument("--collective-port", type=int, default=None,
                    help="topology collective: port of the rendezvous store, MASTER_PORT (default: a free one)")
-    p.add_argument("--preset", choices=sorted(PRESETS), help="named policy bundle (default asp)")
+    p.add_argument("--preset", choices=sorted(PRESETS), help="named policy bundle (default hermes)")
     p.add_argument("--config", help="JSON or TOML file of run-config overrides")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="run-config override, repeatable")
     p.add_argument("--target-accuracy", type=float, default=None, metavar="ACC",
@@ -66,6 +66,12 @@ def build_parser() -> argparse.ArgumentParser:
     sec.add_argument("--protect-reads", action="store_true",
                      help="the read endpoints (status, workers, config, summary, metrics) need the join or "
                           "the admin token as a bearer token; /healthz stays open [HERMES_PROTECT_READS]")
+    sec.add_argument("--screening", choices=["on", "off"], default=None,
+                     help="screen every update before it is folded (default on) [HERMES_SCREENING]")
+    sec.add_argument("--screening-norm-factor", type=float, default=None, metavar="K",
+                     help="refuse an update whose norm exceeds K x the median of recent accepted ones (default 32)")
+    sec.add_argument("--quarantine-after", type=int, default=None, metavar="N",
+                     help="refuse every later push of a worker refused N times in a row (default 5; 0 = never)")
     sec.add_argument("--ssl-certfile", metavar="PEM", help="TLS certificate of the control plane")
     sec.add_argument("--ssl-keyfile", metavar="PEM", help="private key of --ssl-certfile")
     sec.add_argument("--ssl-ca-certfile", metavar="PEM",
@@ -168,6 +174,11 @@ def main(argv: list[str] | None = None) -> int:
         fields["resume"] = True
     if args.max_message_bytes:
         fields["max_message_bytes"] = args.max_message_bytes
+    screening = {k: v for k, v in (("enabled", None if args.screening is None else args.screening == "on"),
+                                   ("norm_factor", args.screening_norm_factor),
+                                   ("quarantine_after", args.quarantine_after)) if v is not None}
+    if screening:
+        fields["screening"] = screening
     try:
         fields["run"] = _parse_set(args.set)
         settings = ServerSettings(**{k: v for k, v in fields.items() if v is not None})

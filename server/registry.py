@@ -38,6 +38,8 @@ class WorkerRecord:
     pushes: int = 0
     applied: int = 0
     rejected: int = 0
+    # Refused by update screening too often in a row: its pushes are refused unread.
+    quarantined: bool = False
     pulls: int = 0
     messages: int = 0
     # As the agent reports them (cumulative since it joined).
@@ -151,6 +153,7 @@ class WorkerRecord:
             "pushes": self.pushes,
             "applied": self.applied,
             "rejected": self.rejected,
+            "quarantined": self.quarantined,
             "pulls": self.pulls,
             "messages": self.messages,
             "bytes_sent": self.bytes_sent,

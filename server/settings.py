@@ -14,6 +14,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from hermes.common.config import SECTIONS, RunConfig, build_config, load_config_file
 from hermes.common.wire import DEFAULT_MAX_MESSAGE_BYTES
+from hermes.server.engine.screening import ScreeningSettings
 
 
 class ServerSettings(BaseSettings):
@@ -59,6 +60,8 @@ class ServerSettings(BaseSettings):
     checkpoint_interval_seconds: float = Field(default=60.0, gt=0, description="seconds between periodic checkpoints")
     resume: bool = Field(default=False, description="continue from the last checkpoint in checkpoint_dir")
     durable_acks: bool = Field(default=True, description="journal every applied update (fsync) before acknowledging it")
+    # Update screening (hermes.server.engine.screening); HERMES_SCREENING as JSON.
+    screening: ScreeningSettings = Field(default_factory=ScreeningSettings)
 
     @field_validator("kafka_bootstrap")
     @classmethod

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -58,6 +59,8 @@ class Aggregation(Protocol):
     # How the model state folds the weights: "apply" (w += sum_k lambda_k G_k) or
     # "blend" (w <- (1 - a) w + a (w0 + G), one update); also the journal's op.
     op: str
+    # The global model's probe loss, where the rule has a probe (screening bounds first candidates by it).
+    reference_loss: Callable[[], float] | None
 
     async def candidate_loss(self, payload: Payload) -> float | None: ...
 
@@ -69,6 +72,7 @@ class Aggregation(Protocol):
 class _ApplyRule:
     needs_candidate_loss = False
     op = "apply"
+    reference_loss: Callable[[], float] | None = None
 
     async def candidate_loss(self, payload: Payload) -> float | None:
         return None
@@ -109,6 +113,7 @@ class LossBlend:
     def __init__(self, probe: LossProbe, metrics: ServerMetrics) -> None:
         self.probe = probe
         self.metrics = metrics
+        self.reference_loss: Callable[[], float] | None = lambda: probe.global_loss()[1]
 
     async def candidate_loss(self, payload: Payload) -> float | None:
         # Scored outside the step lock: it depends only on w0 and G, so
@@ -123,7 +128,10 @@ class LossBlend:
             weight = 1.0  # Hermes Alg. 2 initial step: sigma <- G
         else:
             _, global_loss = await asyncio.to_thread(self.probe.global_loss)
-            weight = loss_blend_weight(global_loss, update.candidate_loss)
+            # Screening refuses non-finite candidates; a global model whose loss
+            # overflows is worse than any finite candidate, so it takes the step whole.
+            weight = (loss_blend_weight(global_loss, update.candidate_loss) if math.isfinite(global_loss)
+                      else 1.0)
             extra = {"global_loss": round(global_loss, 6)}
         extra["candidate_loss"] = round(update.candidate_loss, 6)
         self.metrics.blend_weight.observe(weight)
