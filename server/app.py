@@ -47,6 +47,7 @@ from hermes.server.engine import Engine
 from hermes.server.events import EventLog
 from hermes.server.heartbeat import HeartbeatMonitor
 from hermes.server.kafka_publish import KafkaOptions
+from hermes.server.limits import BodyLimits, errors
 from hermes.server.metrics import CONTENT_TYPE, ServerMetrics
 from hermes.server.registry import RegistryFull
 from hermes.server.settings import ServerSettings
@@ -170,6 +171,8 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
             engine.shutdown()
 
     app = FastAPI(title="Hermes parameter server", version="0.1.0", lifespan=lifespan)
+    # Outermost: an oversized or stalled body is refused before FastAPI reads or parses it.
+    app.add_middleware(BodyLimits, read_timeout=settings.http_read_timeout_seconds)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -200,7 +203,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         engine = engine_of(request)
         return {"status": "ok", "model_version": engine.state.version, "stopping": engine.stopping}
 
-    @app.get("/metrics")
+    @app.get("/metrics", responses=errors(401))
     def metrics(engine: Engine = Depends(readable)) -> Response:
         return Response(engine.metrics.render(), media_type=CONTENT_TYPE)
 
@@ -210,7 +213,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         log.warning("registration from %s refused (%s): %s", client, outcome, message)
         return HTTPException(status, message, headers=headers)
 
-    @app.post("/v1/workers/register", response_model=RegisterResponse)
+    @app.post("/v1/workers/register", response_model=RegisterResponse, responses=errors(401, 408, 409, 410, 413, 422, 426, 429, 503))
     def register(body: RegisterRequest, request: Request, authorization: str = Header(default="")) -> RegisterResponse:
         engine = engine_of(request)
         client = request.client.host if request.client else "unknown"
@@ -267,7 +270,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         except ProtocolError as exc:
             raise HTTPException(404 if exc.code.value == "unknown_worker" else 401, exc.message) from None
 
-    @app.post("/v1/workers/{worker_id}/heartbeat")
+    @app.post("/v1/workers/{worker_id}/heartbeat", responses=errors(401, 404, 408, 410, 413, 422))
     def heartbeat(worker_id: str, request: Request, x_hermes_token: str = Header(default="")) -> dict[str, Any]:
         engine = engine_of(request)
         rec = worker_of(engine, worker_id, x_hermes_token)
@@ -284,14 +287,14 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
             reply["collective_broken"] = broken
         return reply
 
-    @app.post("/v1/workers/{worker_id}/leave")
+    @app.post("/v1/workers/{worker_id}/leave", responses=errors(401, 404, 408, 413, 422))
     async def leave(worker_id: str, request: Request, x_hermes_token: str = Header(default="")) -> dict[str, Any]:
         engine = engine_of(request)
         rec = worker_of(engine, worker_id, x_hermes_token)
         await engine.leave(worker_id, "agent said goodbye")
         return {"worker_id": worker_id, "state": rec.state}
 
-    @app.post("/v1/workers/{worker_id}/regroup", response_model=CollectiveRendezvous)
+    @app.post("/v1/workers/{worker_id}/regroup", response_model=CollectiveRendezvous, responses=errors(401, 404, 408, 409, 410, 413, 422))
     async def regroup(worker_id: str, body: RegroupRequest, request: Request,
                       x_hermes_token: str = Header(default="")) -> CollectiveRendezvous:
         """Topology collective: a survivor of a broken group waits (up to collective_regroup_seconds)
@@ -308,23 +311,23 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
             raise HTTPException(409, str(exc)) from None
         return CollectiveRendezvous(**rv)
 
-    @app.get("/v1/workers")
+    @app.get("/v1/workers", responses=errors(401))
     def workers(engine: Engine = Depends(readable)) -> list[dict[str, Any]]:
         return [w.public() for w in engine.registry.all()]
 
-    @app.get("/v1/status")
+    @app.get("/v1/status", responses=errors(401))
     def status(engine: Engine = Depends(readable)) -> dict[str, Any]:
         return engine.status()
 
-    @app.get("/v1/config")
+    @app.get("/v1/config", responses=errors(401))
     def run_config(engine: Engine = Depends(readable)) -> dict[str, Any]:
         return engine.config.model_dump()
 
-    @app.get("/v1/summary")
+    @app.get("/v1/summary", responses=errors(401))
     def summary(engine: Engine = Depends(readable)) -> dict[str, Any]:
         return engine.summary()
 
-    @app.post("/v1/stop")
+    @app.post("/v1/stop", responses=errors(401, 403, 408, 413, 422))
     def stop(request: Request, reason: str = "operator request", authorization: str = Header(default="")) -> dict[str, Any]:
         engine = engine_of(request)
         if not token_matches(bearer(authorization), creds.admin):

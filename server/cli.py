@@ -80,6 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
     sec.add_argument("--register-rate", type=float, default=None,
                      help="registrations per second per client address (default 2; 0 = no limit)")
     sec.add_argument("--register-burst", type=int, default=None, help="registration burst per address (default 32)")
+    sec.add_argument("--http-read-timeout", type=float, default=None, dest="http_read_timeout_seconds",
+                     help="seconds to wait for each chunk of a request body before answering 408 (default 10)")
     sec.add_argument("--replay-window", type=float, default=None, dest="replay_window_seconds",
                      help="seconds a signed data-plane message stays valid (default 300)")
     ft = p.add_argument_group("fault tolerance")
@@ -156,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         "register_rate": args.register_rate,
         "register_burst": args.register_burst,
         "replay_window_seconds": args.replay_window_seconds,
+        "http_read_timeout_seconds": args.http_read_timeout_seconds,
         "heartbeat_interval_seconds": args.heartbeat_interval_seconds,
         "heartbeat_timeout_seconds": args.heartbeat_timeout_seconds,
         "checkpoint_dir": args.resume or args.checkpoint_dir,
