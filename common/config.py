@@ -41,13 +41,8 @@ from hermes.common.policies.sync import AsyncParams, EbspParams, SspParams
 from hermes.common.policies.topology import CollectiveParams
 from hermes.common.presets import DEFAULT_PRESET, PRESET_SOURCES, PRESETS
 
-__all__ = ["BARRIER_SYNCS", "AGGREGATIONS", "PRESETS", "PRESET_SOURCES", "DEFAULT_PRESET", "POLICY_FIELDS",
+__all__ = ["PRESETS", "PRESET_SOURCES", "DEFAULT_PRESET", "POLICY_FIELDS",
            "ConfigError", "RunConfig", "build_config", "load_config_file", "preset_policies", "SECTIONS"]
-
-# Strategies whose steps aggregate one update from every worker together (declared by each: provides 'barrier').
-BARRIER_SYNCS = ("bsp", "ebsp")
-
-AGGREGATIONS = ("mean", "samples", "loss", "power")
 
 POLICY_FIELDS = ("sync", "allocation", "aggregation", "gate", "lr_scaling")
 

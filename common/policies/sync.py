@@ -20,7 +20,7 @@ import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -260,15 +260,15 @@ class StaleSynchronousStrategy(SyncStrategy):
 
 
 def _strategies() -> dict[str, Callable[..., SyncStrategy]]:
-    from hermes.common.policies.ebsp import ElasticBarrierStrategy
+    """Name -> class of every registered sync policy (the registry is the one table)."""
+    from hermes.common.policies.base import get, names
 
-    return {"asp": AsyncStrategy, "bsp": BarrierStrategy, "ebsp": ElasticBarrierStrategy,
-            "hermes": GatedAsyncStrategy, "ssp": StaleSynchronousStrategy}
+    return {n: cast("Callable[..., SyncStrategy]", get("sync", n)) for n in names("sync")}
 
 
 def __getattr__(name: str) -> Any:
     # SYNC_STRATEGIES (name -> factory, for callers of the old module) is made on
-    # first use: ebsp.py imports this module, so it cannot be imported at load time.
+    # first use: the registry imports this module, so it cannot be built at load time.
     if name == "SYNC_STRATEGIES":
         return _strategies()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
