@@ -128,8 +128,9 @@ class RunConfig(BaseModel):
         default=128, gt=0, description="Samples an agent trains on between two pushes (Hermes' dataset size, DSS).")
     shard_size: int = Field(default=64, gt=0, description="Samples per data shard (the unit of DSS and of Kafka records).")
     precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
-        default="auto", description="'auto' = fp16 autocast on CUDA, bf16 on CPU (fp16 autocast on CPU "
-                                    "is 5-36x slower there); fp32, bf16, fp16.")
+        default="auto", description="'auto' = each agent times a few training steps of the model in every "
+                                    "precision its device supports (fp32; bf16; fp16 with loss scaling on CUDA) and "
+                                    "trains in fp32 unless another is > 5% faster; fp32, bf16, fp16 force one.")
     wire_dtype: Literal["float32", "float16", "bfloat16"] = Field(
         default="float32", description="dtype of pushed updates (the server accumulates in fp32).")
 
