@@ -101,7 +101,7 @@ class Job:
         )
         gate: ZScoreGate | None = registry.make("gate", config)
         return cls(spec=spec, config=config, precision=precision, wire_dtype=dtype_from_name(config.wire_dtype),
-                   trainer=trainer, gate=gate, from_baseline=registry.get("aggregation", config.aggregation).needs_candidate_loss,
+                   trainer=trainer, gate=gate, from_baseline=registry.get("aggregation", config.aggregation).update_from_baseline,
                    validation_shards=list(reg["validation_shards"]),
                    data_source=reg.get("data_source") or {"source": "zmq"}, precision_choice=choice)
 

@@ -62,6 +62,11 @@ PRESETS: dict[str, dict[str, Any]] = {
     # DP-SGD / EDP-SGD (paper 003): per-epoch partitions by compute power
     # (Alg. 1); EDP-SGD also weighs gradients by normalised compute power (Sec. 4.2).
     "dp-sgd": {"sync": "bsp", "aggregation": "mean", "allocation": "partition"},
+    # FedAsync (Xie, Koyejo, Gupta 2019, Alg. 1): every update mixed into the
+    # global model on arrival with alpha_t = alpha * s(t - tau), polynomial
+    # s with a = 0.5 and alpha = 0.6 (the paper's Sec. 6 settings); plain
+    # local SGD as in the paper's workers.
+    "fedasync": {"sync": "asp", "aggregation": "fedasync", "momentum": 0.0, "lr": 0.1},
     "edp-sgd": {"sync": "bsp", "aggregation": "power", "allocation": "partition"},
 }
 
@@ -78,4 +83,5 @@ PRESET_SOURCES: dict[str, str] = {
     "task-allocation": "Chao et al.: self-adaptive gradient-accumulation counts per worker",
     "dp-sgd": "DP-SGD: per-epoch data partitions by measured compute power",
     "edp-sgd": "EDP-SGD: DP-SGD plus gradients weighted by compute power",
+    "fedasync": "FedAsync (Xie et al. 2019): staleness-weighted mixing of each update on arrival",
 }

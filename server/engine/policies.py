@@ -130,6 +130,28 @@ class LossBlend:
         return [weight], extra
 
 
+class StalenessMix:
+    """FedAsync (Xie et al. 2019, Alg. 1): x <- (1 - alpha_t) x + alpha_t x_new, alpha_t = alpha * s(t - tau).
+
+    The policy (``common/policies/federated.py``) answers alpha_t from the
+    update's staleness; the blend step is the one Hermes' loss rule uses.
+    """
+
+    needs_candidate_loss = False
+    op = "blend"
+
+    def __init__(self, rule: Any) -> None:
+        self.rule = rule
+
+    async def candidate_loss(self, payload: Payload) -> float | None:
+        return None
+
+    async def weigh(self, group: Sequence[Contribution], ctx: FoldContext) -> tuple[list[float], dict[str, Any]]:
+        (update,) = group  # the policy requires a one-at-a-time strategy
+        weight = self.rule.mixing_weight(update.info.staleness)
+        return [weight], {"alpha_t": round(weight, 6)}
+
+
 class LearningRate(Protocol):
     def rate(self, step_batch: int, cluster_batch: Callable[[], int]) -> float:
         """The lr for a worker stepping on ``step_batch`` samples; ``cluster_batch()`` sums the active workers'."""
@@ -174,6 +196,8 @@ def build_policies(
         probe = LossProbe(spec, state, validation, samples=config.loss.eval_samples, seed=config.seed,
                           metrics=metrics)
         aggregation = LossBlend(probe, metrics)
+    elif rule.update_from_baseline:
+        aggregation = StalenessMix(registry.make("aggregation", config))
     elif rule.needs_compute_power:
         # Allocators that measure compute power (partition) answer it; the others leave it to throughput.
         aggregation = PowerWeights(getattr(allocator, "power", lambda _w: None))
