@@ -36,7 +36,7 @@ from hermes.common.policies.allocation.hermes_sizing import DualSearchParams
 from hermes.common.policies.allocation.pcontrol import PControlParams
 from hermes.common.policies.allocation.task_allocation import AdaptiveParams
 from hermes.common.policies.base import UnknownPolicy
-from hermes.common.policies.federated import FedAsyncParams
+from hermes.common.policies.federated import FedAsyncParams, FedBuffParams
 from hermes.common.policies.gate import GateParams
 from hermes.common.policies.sync import AsyncParams, EbspParams, SspParams
 from hermes.common.policies.topology import CollectiveParams
@@ -74,11 +74,12 @@ class RunConfig(BaseModel):
                                     "overrides (see Presets).")
 
     # ---- policy names (one per kind; their parameters are the sections below)
-    sync: str = Field(default="asp", description="Sync policy: hermes (gated async), asp, bsp, ssp, ebsp.")
-    aggregation: Literal["mean", "samples", "loss", "power", "fedasync"] = Field(
+    sync: str = Field(default="asp", description="Sync policy: hermes (gated async), asp, bsp, ssp, ebsp, "
+                                                     "fedbuff (buffered async).")
+    aggregation: Literal["mean", "samples", "loss", "power", "fedasync", "fedbuff"] = Field(
         default="mean", description="How a step's updates count: mean, samples (OmniLearn Eq. 4b), loss (Hermes "
-                                    "Alg. 2), power (EDP-SGD) or fedasync (staleness-weighted mixing, Xie et al. "
-                                    "2019).")
+                                    "Alg. 2), power (EDP-SGD), fedasync (staleness-weighted mixing, Xie et al. "
+                                    "2019) or fedbuff (buffered mean with a server lr, Nguyen et al. 2022).")
     lr_scaling: Literal["none", "batch-scaled"] = Field(
         default="none", description="'batch-scaled': eta_k = eta * b_k / sum(b) for asynchronous pushes (OmniLearn Eq. 5b).")
     topology: Literal["ps", "collective"] = Field(
@@ -99,6 +100,7 @@ class RunConfig(BaseModel):
     zscore: GateParams = _section(GateParams, "gate 'zscore'")
     loss: LossParams = _section(LossParams, "aggregation 'loss'")
     fedasync: FedAsyncParams = _section(FedAsyncParams, "aggregation 'fedasync'")
+    fedbuff: FedBuffParams = _section(FedBuffParams, "sync and aggregation 'fedbuff'")
     batch_bounds: BatchBounds = _section(BatchBounds, "allocations 'static', 'pcontrol', 'partition'")
     rebalance: RebalanceParams = _section(RebalanceParams, "allocations 'pcontrol', 'adaptive', 'dual-search'")
     pcontrol: PControlParams = _section(PControlParams, "allocation 'pcontrol'")

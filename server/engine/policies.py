@@ -152,6 +152,17 @@ class StalenessMix:
         return [weight], {"alpha_t": round(weight, 6)}
 
 
+class StalenessWeights(_ApplyRule):
+    """FedBuff (Nguyen et al. 2022, Alg. 1): one step from the buffer, eta_g * s(tau_k) / K per delta."""
+
+    def __init__(self, rule: Any) -> None:
+        self.rule = rule
+
+    async def weigh(self, group: Sequence[Contribution], ctx: FoldContext) -> tuple[list[float], dict[str, Any]]:
+        # The model moves only at a release, so the staleness at push time is the staleness now.
+        return self.rule.weights([c.info.staleness for c in group]), {}
+
+
 class LearningRate(Protocol):
     def rate(self, step_batch: int, cluster_batch: Callable[[], int]) -> float:
         """The lr for a worker stepping on ``step_batch`` samples; ``cluster_batch()`` sums the active workers'."""
@@ -198,6 +209,8 @@ def build_policies(
         aggregation = LossBlend(probe, metrics)
     elif rule.update_from_baseline:
         aggregation = StalenessMix(registry.make("aggregation", config))
+    elif rule.weighs_by_staleness:
+        aggregation = StalenessWeights(registry.make("aggregation", config))
     elif rule.needs_compute_power:
         # Allocators that measure compute power (partition) answer it; the others leave it to throughput.
         aggregation = PowerWeights(getattr(allocator, "power", lambda _w: None))

@@ -53,3 +53,40 @@ def test_preset_and_compatibility():
         build_config(preset="fedasync", sync="bsp")
     with pytest.raises(ConfigError, match="alpha"):
         build_config(preset="fedasync", **{"fedasync.alpha": 1.5})
+
+
+# ---- FedBuff (Nguyen et al., AISTATS 2022) ----------------------------------------
+
+def test_fedbuff_weights_by_hand():
+    from hermes.common.policies.federated import fedbuff_weights
+
+    # K = 4, eta_g = 1: s(tau) = 1/sqrt(1 + tau) -> 1, 1/sqrt(2), 1/2 (tau 3), 1/3 (tau 8); each over K.
+    assert fedbuff_weights([0, 1, 3, 8], 1.0) == pytest.approx([0.25, 0.25 / math.sqrt(2), 0.125, 0.25 / 3])
+    assert fedbuff_weights([0, 3], 2.0, "none") == pytest.approx([1.0, 1.0])  # eta_g / K each, unscaled
+    with pytest.raises(ValueError):
+        fedbuff_weights([], 1.0)
+
+
+def test_fedbuff_buffer_releases_every_k_pushes_without_holding_anyone():
+    from hermes.common.policies.federated import FedBuffer
+    from hermes.common.policies.sync import Decision, PushInfo
+
+    s = FedBuffer(buffer_size=3)
+    for w in ("a", "b"):
+        s.on_join(w)
+    decisions = []
+    for i, w in enumerate(("a", "a", "b", "a")):  # one worker may have several updates in the buffer
+        decisions.append(s.on_push(PushInfo(w, 0, 0, 32, i + 1)).decision)
+        release = s.take_release()
+        if i == 2:
+            assert release is not None and release.aggregate == () and release.wake == ()
+        else:
+            assert release is None
+    assert decisions == [Decision.BUFFER_AND_REPLY] * 4
+
+
+def test_fedbuff_preset_and_compatibility():
+    cfg = build_config(preset="fedbuff")
+    assert (cfg.sync, cfg.aggregation, cfg.fedbuff.buffer_size, cfg.fedbuff.server_lr) == ("fedbuff", "fedbuff", 2, 1.0)
+    with pytest.raises(ConfigError, match="fedbuff"):
+        build_config(preset="fedbuff", sync="asp")
