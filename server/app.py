@@ -16,7 +16,6 @@ join token fails to build, and uvicorn to start, unless ``insecure``.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 from contextlib import asynccontextmanager
@@ -51,10 +50,6 @@ from hermes.server.limits import BodyLimits, errors
 from hermes.server.metrics import CONTENT_TYPE, ServerMetrics
 from hermes.server.registry import RegistryFull
 from hermes.server.settings import ServerSettings
-
-# Registration hints are a handful of numbers (memory, a profile of a few
-# points); a 50 MB registration used to be kept and logged whole.
-_MAX_HINTS_BYTES = 16 * 1024
 
 log = logging.getLogger(__name__)
 
@@ -235,11 +230,9 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
             raise HTTPException(410, f"the run is over: {engine.stop_reason}")
         if engine.stopping:
             raise HTTPException(503, "the server is shutting down")
-        if len(json.dumps(body.hints, default=str)) > _MAX_HINTS_BYTES:
-            raise HTTPException(422, f"hints exceed {_MAX_HINTS_BYTES} bytes as JSON")
         try:
             rec, rejoined = engine.register(
-                body.name, threads=body.threads, device=body.device, slowdown=body.slowdown, hints=dict(body.hints)
+                body.name, threads=body.threads, device=body.device, slowdown=body.slowdown, hints=body.hints.known()
             )
         except RegistryFull as exc:
             engine.metrics.limit_hits.labels(limit="max_workers").inc()

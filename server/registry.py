@@ -50,6 +50,7 @@ class WorkerRecord:
     bytes_sent: int = 0
     bytes_received: int = 0
     precision: str = ""
+    precision_timings_ms: dict[str, float] = field(default_factory=dict)
     # Shard fetching, as the agent reports it: where records came from
     # ("kafka", "zmq", "kafka+zmq"), bytes and records by source, trouble.
     prefetch_wait_steady_seconds: float = 0.0
@@ -134,6 +135,7 @@ class WorkerRecord:
             "slowdown": self.slowdown,
             "speed": round(1.0 / self.slowdown, 6),
             "precision": self.precision,
+            "precision_timings_ms": self.precision_timings_ms,
             "samples": self.samples,
             "compute_seconds": round(self.compute_seconds, 6),
             "wait_seconds": round(self.wait_seconds, 6),

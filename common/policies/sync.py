@@ -10,6 +10,9 @@ the gated async (``hermes``), bounded-staleness (``ssp``) and elastic-barrier
 - APPLY_AND_WAIT: fold it in now, hold the reply until released (SSP).
 - BUFFER: keep the update, hold the reply; a Release names which buffered
   updates are aggregated together and whose replies go out (BSP, EBSP).
+- BUFFER_AND_REPLY: keep the update, reply now; the next Release folds
+  every update kept this way (with those it names) as one step (FedBuff's
+  buffer: nobody waits for it, and one worker may have several updates in it).
 - REJECT: drop the update (too stale), reply now.
 """
 
@@ -59,6 +62,7 @@ class Decision(str, enum.Enum):
     APPLY = "apply"
     APPLY_AND_WAIT = "apply_and_wait"
     BUFFER = "buffer"
+    BUFFER_AND_REPLY = "buffer_and_reply"
     REJECT = "reject"
 
 

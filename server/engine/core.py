@@ -117,6 +117,7 @@ class Engine:
         self.checkpoints: Any = checkpoints
         self.resumed_from: dict[str, int] | None = None
         self.held: dict[str, Held] = {}
+        self.buffered: list[Contribution] = []  # BUFFER_AND_REPLY: acknowledged, folded by the next release
         # Authenticated data-plane requests by type: the "API calls" of Hermes Table III.
         self.message_counts: dict[str, int] = {}
         # One model step at a time; a checkpoint holds it so model, version and queue agree.
@@ -247,6 +248,8 @@ class Engine:
                 worker.rejected += 1
                 self.telemetry.emit("update_rejected", worker=worker.id, base=base_version, reason=verdict.reason)
                 return "rejected", {"reason": verdict.reason}
+            if verdict.decision is Decision.BUFFER_AND_REPLY and refusal is None:
+                self.buffered.append(Contribution(info, payload, candidate_loss))
             if verdict.decision in (Decision.APPLY, Decision.APPLY_AND_WAIT) and refusal is None:
                 await self.fold([Contribution(info, payload, candidate_loss)])
             if verdict.decision in (Decision.BUFFER, Decision.APPLY_AND_WAIT):
@@ -302,6 +305,7 @@ class Engine:
                 for w in release.aggregate
                 if (h := self.held.get(w)) is not None and h.payload is not None
             ]
+            group, self.buffered = group + self.buffered, []  # FedBuff's buffer: empty for other strategies
             try:
                 if group:
                     await self.fold(group)

@@ -138,6 +138,40 @@ class LossBlend:
         return [weight], extra
 
 
+class StalenessMix:
+    """FedAsync (Xie et al. 2019, Alg. 1): x <- (1 - alpha_t) x + alpha_t x_new, alpha_t = alpha * s(t - tau).
+
+    The policy (``common/policies/federated.py``) answers alpha_t from the
+    update's staleness; the blend step is the one Hermes' loss rule uses.
+    """
+
+    needs_candidate_loss = False
+    op = "blend"
+    reference_loss: Callable[[], float] | None = None
+
+    def __init__(self, rule: Any) -> None:
+        self.rule = rule
+
+    async def candidate_loss(self, payload: Payload) -> float | None:
+        return None
+
+    async def weigh(self, group: Sequence[Contribution], ctx: FoldContext) -> tuple[list[float], dict[str, Any]]:
+        (update,) = group  # the policy requires a one-at-a-time strategy
+        weight = self.rule.mixing_weight(update.info.staleness)
+        return [weight], {"alpha_t": round(weight, 6)}
+
+
+class StalenessWeights(_ApplyRule):
+    """FedBuff (Nguyen et al. 2022, Alg. 1): one step from the buffer, eta_g * s(tau_k) / K per delta."""
+
+    def __init__(self, rule: Any) -> None:
+        self.rule = rule
+
+    async def weigh(self, group: Sequence[Contribution], ctx: FoldContext) -> tuple[list[float], dict[str, Any]]:
+        # The model moves only at a release, so the staleness at push time is the staleness now.
+        return self.rule.weights([c.info.staleness for c in group]), {}
+
+
 class LearningRate(Protocol):
     def rate(self, step_batch: int, cluster_batch: Callable[[], int]) -> float:
         """The lr for a worker stepping on ``step_batch`` samples; ``cluster_batch()`` sums the active workers'."""
@@ -182,6 +216,10 @@ def build_policies(
         probe = LossProbe(spec, state, validation, samples=config.loss.eval_samples, seed=config.seed,
                           metrics=metrics)
         aggregation = LossBlend(probe, metrics)
+    elif rule.update_from_baseline:
+        aggregation = StalenessMix(registry.make("aggregation", config))
+    elif rule.weighs_by_staleness:
+        aggregation = StalenessWeights(registry.make("aggregation", config))
     elif rule.needs_compute_power:
         # Allocators that measure compute power (partition) answer it; the others leave it to throughput.
         aggregation = PowerWeights(getattr(allocator, "power", lambda _w: None))
