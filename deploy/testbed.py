@@ -604,6 +604,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="kernel: per-agent network namespaces and veth pairs shaped by tbf, delay in a host-side "
                         "relay (root and iproute2); process: a pacing, delaying relay per agent; auto (default): "
                         "kernel where possible")
+    p.add_argument("--peer", choices=("ddp",), default=None,
+                   help="run a peer instead of our server and agents on the same task, profile and links: "
+                        "ddp = torch DDP (gloo) under torchrun, one rank per agent")
+    p.add_argument("--ddp-lr", type=float, default=None,
+                   help="--peer ddp learning rate (default: the preset lr scaled linearly with the world size)")
     p.add_argument("--startup-timeout", type=float, default=90.0)
     p.add_argument("--checkpoint-interval", type=float, default=30.0,
                    help="seconds between server checkpoints (in OUT/checkpoints; default 30)")
@@ -673,6 +678,10 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as exc:
             print(f"hermes-testbed: --speed-schedule: {exc}", file=sys.stderr)
             return 2
+    if args.peer == "ddp":
+        from hermes.deploy.ddp import run_ddp
+
+        return run_ddp(args)
     bed = Testbed(args)
 
     def on_signal(signum, _frame):
