@@ -79,6 +79,11 @@ def _link_hook(state: dict[str, Any], bucket: dist.GradBucket) -> torch.futures.
     return fut.then(done)
 
 
+# torch checks a hook's annotations as objects; ``from __future__ import annotations`` made them strings.
+_link_hook.__annotations__["bucket"] = dist.GradBucket
+_link_hook.__annotations__["return"] = torch.futures.Future[torch.Tensor]
+
+
 def _evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
     model.eval()
     with torch.no_grad():
