@@ -743,6 +743,10 @@ def format_summary(s: dict[str, Any], out: Path) -> str:
             f"{w.get('prefetch_wait_seconds', 0.0):>12.3f}s {w.get('prefetch_wait_steady_seconds', 0.0):>7.3f}s "
             f"{w.get('corrupt_records', 0):>7} {w.get('kafka_fallbacks', 0):>6}"
         )
+    links = s.get("links") or {}
+    if links.get("mode", "none") != "none":
+        per_agent = ", ".join(f"{n} {a['name']}" for n, a in links["agents"].items())
+        lines.append(f"   links ({links['mode']} mode): {per_agent}")
     lines.append(f"   summary: {out / 'summary.json'}   events: {out / 'events.jsonl'}   logs: {out / 'logs'}")
     return "\n".join(lines)
 
