@@ -74,11 +74,14 @@ def run_ddp(args: argparse.Namespace) -> int:
     finally:
         terminate_group(proc, grace=10.0)
     summary_path = out / "summary.json"
-    if code != 0 or not summary_path.is_file():
+    if code != 0 and summary_path.is_file():
+        # Rank 0 writes the summary after every rank finished training: a failure after it is teardown.
+        log.warning("ddp peer exited with %s after writing its summary (see %s)", code, out / "logs" / "ddp.log")
+    elif code != 0 or not summary_path.is_file():
         print(f"hermes-testbed: ddp peer failed (exit {code}); see {out / 'logs' / 'ddp.log'}", file=sys.stderr)
         return 1
     summary = json.loads(summary_path.read_text())
-    summary.update({"profile": args.profile, "pace": args.pace, "topology": "ddp",
+    summary.update({"profile": args.profile, "pace": args.pace, "topology": "ddp", "torchrun_exit_code": code,
                     "wall_seconds_with_startup": round(time.time() - t0, 3),
                     "links": {"mode": "modelled" if link_arg else "none",
                               "agents": {f"rank-{i}": lk.describe() for i, lk in enumerate(links)}}})

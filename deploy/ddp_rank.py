@@ -182,6 +182,9 @@ def main(argv: list[str] | None = None) -> None:
     if rank == 0:
         _write_summary(Path(a.out), cfg, a, lr, world, count_parameters(model), timeline, reached_at, wall,
                        steps, workers)
+    # Every rank past the summary before any tears gloo down: a rank whose peers had already
+    # gone aborted in its destructor (measured: "terminate called without an active exception").
+    dist.barrier()
     dist.destroy_process_group()
 
 
