@@ -122,7 +122,8 @@ def main(argv: list[str] | None = None) -> None:
         specs = [tuple(float(v) for v in s.split("/")) for s in a.links.split(",")]
         # The ring runs at its slowest member's link, whatever rank this is.
         state["link"] = (min(s[0] for s in specs), min(s[1] for s in specs), max(s[2] for s in specs))
-        ddp.register_comm_hook(state, _link_hook)
+    # Always hooked, a lan link costing nothing: the hook also counts the all-reduces and their bytes.
+    ddp.register_comm_hook(state, _link_hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
     slowdown = float(a.slowdowns.split(",")[rank])
     x_all, y_all = torch.as_tensor(train.x), torch.as_tensor(train.y).long()

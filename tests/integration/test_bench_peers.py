@@ -43,5 +43,13 @@ def test_ddp_and_ideal_peers_on_an_lte_link(tmp_path):
     assert ideal["links"]["mode"] in ("kernel", "process")
     assert {a["name"] for a in ideal["links"]["agents"].values()} == {"lte"}
 
+    # On lan too the all-reduces are counted (the hook that models links also counts).
+    lan = subprocess.run([sys.executable, "-m", "hermes.deploy.testbed", "--peer", "ddp", "--clients", "2",
+                          "--profile", "hl8", "--max-seconds", "3", "--out", str(tmp_path / "lan")],
+                         capture_output=True, text=True, timeout=200)
+    assert lan.returncode == 0, lan.stderr[-3000:]
+    s = json.loads((tmp_path / "lan" / "summary.json").read_text())
+    assert s["links"]["mode"] == "none" and s["messages_total"] >= s["model_updates"] * 2 > 0
+
     report = (out / "report.md").read_text()
     assert "## HL8@LTE" in report and "Links emulated" in report and "`ideal`" in report
