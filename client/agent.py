@@ -23,6 +23,7 @@ import torch
 import zmq
 
 from hermes.client.collective import settle_abandoned
+from hermes.client.cores import UsableCores, usable_cores
 from hermes.client.memory_probe import available_memory_bytes, memory_profile
 from hermes.client.prefetch import ShardFetcher, ShardStats
 from hermes.client.session import AgentStats, Job, Session
@@ -49,7 +50,9 @@ log = logging.getLogger(__name__)
 class AgentOptions:
     server: str
     name: str
-    threads: int = 1
+    # Torch intra-op threads; None: the cores this process may use (client/cores.py).
+    # The library default stays 1: in-process agents (tests) share one process.
+    threads: int | None = 1
     slowdown: float = 1.0
     device: str = "auto"
     request_timeout: float = 30.0
@@ -101,6 +104,9 @@ class Agent:
         # One attempt each: heartbeats and the goodbye must not hang in backoff.
         self.quick_control = ControlClient(options.server, retries=0, timeout=5.0, ssl_context=tls)
         self.rejoins = 0
+        # Set by run(): the cores this process may use, and the torch threads it trains with.
+        self.cores = UsableCores(count=1, affinity=1, quota=None)
+        self.threads = options.threads or 1
         self.traffic = TrafficCounter()
         self.shard_stats = ShardStats()
         self.stats = AgentStats(started=time.perf_counter())
@@ -121,13 +127,19 @@ class Agent:
 
     def run(self) -> AgentStats:
         opts = self.options
-        torch.set_num_threads(opts.threads)
+        self.cores = usable_cores()
+        self.threads = opts.threads or self.cores.count
+        torch.set_num_threads(self.threads)
+        log.info("%d torch threads (%s; usable cores %d: affinity %d, cgroup quota %s)", self.threads,
+                 "forced" if opts.threads else "the usable cores", self.cores.count, self.cores.affinity,
+                 "none" if self.cores.quota is None else f"{self.cores.quota:g}")
         device = resolve_device(opts.device)
         session = self._register(device)
         job = Job.from_registration(session.reg, session.worker_id, device, opts.slowdown)
         log.info("registered as %s (%s); preset=%s model=%s (%d params) precision=%s device=%s data plane %s",
                  session.worker_id, opts.name, job.config.preset, job.spec.name, job.spec.numel,
-                 job.precision, device, session.address)
+                 job.precision_choice.describe() if job.precision_choice else job.precision, device,
+                 session.address)
         if job.data_source.get("source") == "kafka":
             log.info("shard records from Kafka at %s (the data plane is the fallback)",
                      opts.kafka_bootstrap or job.data_source.get("bootstrap"))
@@ -153,11 +165,12 @@ class Agent:
 
     def _register(self, device: torch.device, previous: Session | None = None) -> Session:
         """A new registration (with backoff while a restarting server comes back)."""
-        hints: dict[str, Any] = {"torch": torch.__version__, "memory_available_bytes": available_memory_bytes(device)}
+        hints: dict[str, Any] = {"torch": torch.__version__, "memory_available_bytes": available_memory_bytes(device),
+                                 **self.cores.hints()}
         if self.options.cores:
             hints["cores"] = self.options.cores
         try:
-            reg = self.control.register(name=self.options.name, threads=self.options.threads, device=device.type,
+            reg = self.control.register(name=self.options.name, threads=self.threads, device=device.type,
                                         slowdown=self.options.slowdown, hints=hints)
         except RemoteError as exc:
             if exc.code == "http_410":
@@ -248,7 +261,9 @@ class Agent:
     def report(self, job: Job, session: Session, *, final: bool = False, cycle: dict | None = None,
                memory_profile: list[tuple[int, int]] | None = None) -> bool:
         """Send the stats (and a cycle); True when the server's reply says the run is stopping."""
-        return session.report(self.stats, job.precision, final=final, cycle=cycle, memory_profile=memory_profile)
+        timings = job.precision_choice.report() if job.precision_choice is not None else None
+        return session.report(self.stats, job.precision, final=final, cycle=cycle, memory_profile=memory_profile,
+                              precision_timings=timings)
 
     def report_if_due(self, job: Job, session: Session) -> None:
         if time.monotonic() - session.last_report >= job.config.stats_interval_seconds:

@@ -51,7 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--server", default=_env("SERVER"), help="control-plane URL, e.g. http://10.0.0.5:8000 [HERMES_SERVER]")
     p.add_argument("--name", default=_env("NAME", socket.gethostname()), help="stable worker name [HERMES_NAME]")
-    p.add_argument("--threads", type=int, default=int(_env_or("THREADS", "1")), help="torch intra-op threads [HERMES_THREADS]")
+    p.add_argument("--threads", type=int, default=int(_env_or("THREADS", "0")) or None,
+                   help="torch intra-op threads (default: the cores this process may use, from its CPU affinity "
+                        "and cgroup quota) [HERMES_THREADS]")
     p.add_argument("--slowdown", type=float, default=float(_env_or("SLOWDOWN", "1.0")),
                    help="emulate a device this many times slower (>= 1) [HERMES_SLOWDOWN]")
     p.add_argument("--slowdown-schedule", default=_env("SLOWDOWN_SCHEDULE", ""),
@@ -93,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.server:
         print("hermes-client: --server URL (or HERMES_SERVER) is required", file=sys.stderr)
         return EXIT_CONFIG
-    if args.slowdown < 1.0 or args.threads < 1 or (args.cores is not None and args.cores <= 0):
+    if args.slowdown < 1.0 or (args.threads is not None and args.threads < 1) or (args.cores is not None and args.cores <= 0):
         print("hermes-client: --slowdown must be >= 1, --threads >= 1 and --cores > 0", file=sys.stderr)
         return EXIT_CONFIG
 

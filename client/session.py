@@ -28,6 +28,7 @@ import zmq
 
 from hermes.client.collective import CollectiveGroup
 from hermes.client.heartbeat import Heartbeat
+from hermes.client.precision import PrecisionChoice, pick_precision
 from hermes.client.prefetch import Prefetcher, ShardStats, Work
 from hermes.client.trainer import LocalTrainer, resolve_precision
 from hermes.client.transport import ControlClient, DataClient, TrafficCounter
@@ -80,23 +81,29 @@ class Job:
     from_baseline: bool
     validation_shards: list[int]
     data_source: dict[str, Any]
+    # How precision was chosen, with the step timings when measured (precision auto).
+    precision_choice: PrecisionChoice | None = None
 
     @classmethod
     def from_registration(cls, reg: dict[str, Any], worker_id: str, device: torch.device,
                           slowdown: float) -> Job:
         spec = ModelSpec.from_dict(reg["model_spec"])
         config = RunConfig(**reg["run_config"])
-        precision = resolve_precision(config.precision, device)
+        model = build_from_spec(spec)
+        # Timed on copies of the model before training starts: the model itself is untouched.
+        choice = pick_precision(config.precision, model, spec.input_shape, spec.num_classes, config.batch_size,
+                                device)
+        precision = resolve_precision(choice.precision, device)
         trainer = LocalTrainer(
-            build_from_spec(spec), lr=config.lr, momentum=config.momentum,
+            model, lr=config.lr, momentum=config.momentum,
             weight_decay=config.weight_decay, device=device, precision=precision,
             slowdown=slowdown, seed=zlib.crc32(worker_id.encode()),
         )
         gate: ZScoreGate | None = registry.make("gate", config)
         return cls(spec=spec, config=config, precision=precision, wire_dtype=dtype_from_name(config.wire_dtype),
-                   trainer=trainer, gate=gate, from_baseline=registry.get("aggregation", config.aggregation).needs_candidate_loss,
+                   trainer=trainer, gate=gate, from_baseline=registry.get("aggregation", config.aggregation).update_from_baseline,
                    validation_shards=list(reg["validation_shards"]),
-                   data_source=reg.get("data_source") or {"source": "zmq"})
+                   data_source=reg.get("data_source") or {"source": "zmq"}, precision_choice=choice)
 
 
 class Session:
@@ -183,7 +190,8 @@ class Session:
         self.version, self.base = reply.header.model_version, flat
 
     def report(self, stats: AgentStats, precision: str, *, final: bool = False, cycle: dict | None = None,
-               memory_profile: list[tuple[int, int]] | None = None) -> bool:
+               memory_profile: list[tuple[int, int]] | None = None,
+               precision_timings: dict[str, float] | None = None) -> bool:
         """Send the stats (and a cycle); True when the server's reply says the run is stopping."""
         self.last_report = time.monotonic()
         body: dict[str, Any] = {
@@ -198,6 +206,10 @@ class Session:
             "precision": precision,
             "final": final,
         }
+        if precision_timings:
+            # Milliseconds per step by precision (precision auto). Servers that do not
+            # know the field ignore it (REPORT_STATS bodies ignore extra keys).
+            body["precision_timings_ms"] = precision_timings
         if cycle is not None:
             body["cycle"] = cycle
         if memory_profile is not None:

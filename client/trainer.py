@@ -1,11 +1,10 @@
 """Local training on the agent: mixed precision, fp32 master weights, emulated slowdown.
 
-Precision ``auto`` picks fp16 autocast (with loss scaling) on CUDA and bf16
-autocast on CPU: measured on our CPUs, fp16 autocast falls back to slow
-reference convolutions (5-36x slower than fp32) while bf16 ran 1.0-1.7x
-faster than fp32 on the larger models. For the tiny digits CNN at MBS 32,
-bf16 measured 11-19% slower than fp32 on a 2-core EPYC
-(benchmarks/bench_cost_model.py); ``precision = "fp32"`` is the switch.
+Precision ``auto`` is resolved by measurement (client/precision.py): fp16
+autocast on CPU falls back to slow reference convolutions (5-36x slower
+than fp32), and bf16 ran anywhere from 2.9x slower to 1.7x faster than fp32
+depending on CPU and model (benchmarks/precision.py), so no fixed rule per
+device type is right.
 """
 
 from __future__ import annotations
@@ -40,8 +39,10 @@ def resolve_device(name: str) -> torch.device:
 
 
 def resolve_precision(requested: str, device: torch.device) -> str:
+    """A forced precision as given; ``auto`` here is the untimed guess (the agent measures instead,
+    client/precision.py): fp16 with loss scaling on CUDA, fp32 elsewhere."""
     if requested == "auto":
-        return "fp16" if device.type == "cuda" else "bf16"
+        return "fp16" if device.type == "cuda" else "fp32"
     if requested == "fp16" and device.type == "cpu":
         log.warning("fp16 autocast on CPU is 5-36x slower than fp32 here; consider bf16")
     return requested

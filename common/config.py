@@ -36,18 +36,14 @@ from hermes.common.policies.allocation.hermes_sizing import DualSearchParams
 from hermes.common.policies.allocation.pcontrol import PControlParams
 from hermes.common.policies.allocation.task_allocation import AdaptiveParams
 from hermes.common.policies.base import UnknownPolicy
+from hermes.common.policies.federated import FedAsyncParams, FedBuffParams
 from hermes.common.policies.gate import GateParams
 from hermes.common.policies.sync import AsyncParams, EbspParams, SspParams
 from hermes.common.policies.topology import CollectiveParams
 from hermes.common.presets import DEFAULT_PRESET, PRESET_SOURCES, PRESETS
 
-__all__ = ["BARRIER_SYNCS", "AGGREGATIONS", "PRESETS", "PRESET_SOURCES", "DEFAULT_PRESET", "POLICY_FIELDS",
+__all__ = ["PRESETS", "PRESET_SOURCES", "DEFAULT_PRESET", "POLICY_FIELDS",
            "ConfigError", "RunConfig", "build_config", "load_config_file", "preset_policies", "SECTIONS"]
-
-# Strategies whose steps aggregate one update from every worker together (declared by each: provides 'barrier').
-BARRIER_SYNCS = ("bsp", "ebsp")
-
-AGGREGATIONS = ("mean", "samples", "loss", "power")
 
 POLICY_FIELDS = ("sync", "allocation", "aggregation", "gate", "lr_scaling")
 
@@ -73,10 +69,12 @@ class RunConfig(BaseModel):
                                     "overrides (see Presets).")
 
     # ---- policy names (one per kind; their parameters are the sections below)
-    sync: str = Field(default="asp", description="Sync policy: hermes (gated async), asp, bsp, ssp, ebsp.")
-    aggregation: Literal["mean", "samples", "loss", "power"] = Field(
+    sync: str = Field(default="asp", description="Sync policy: hermes (gated async), asp, bsp, ssp, ebsp, "
+                                                     "fedbuff (buffered async).")
+    aggregation: Literal["mean", "samples", "loss", "power", "fedasync", "fedbuff"] = Field(
         default="mean", description="How a step's updates count: mean, samples (OmniLearn Eq. 4b), loss (Hermes "
-                                    "Alg. 2) or power (EDP-SGD).")
+                                    "Alg. 2), power (EDP-SGD), fedasync (staleness-weighted mixing, Xie et al. "
+                                    "2019) or fedbuff (buffered mean with a server lr, Nguyen et al. 2022).")
     lr_scaling: Literal["none", "batch-scaled"] = Field(
         default="none", description="'batch-scaled': eta_k = eta * b_k / sum(b) for asynchronous pushes (OmniLearn Eq. 5b).")
     topology: Literal["ps", "collective"] = Field(
@@ -96,6 +94,8 @@ class RunConfig(BaseModel):
     collective: CollectiveParams = _section(CollectiveParams, "topology 'collective'")
     zscore: GateParams = _section(GateParams, "gate 'zscore'")
     loss: LossParams = _section(LossParams, "aggregation 'loss'")
+    fedasync: FedAsyncParams = _section(FedAsyncParams, "aggregation 'fedasync'")
+    fedbuff: FedBuffParams = _section(FedBuffParams, "sync and aggregation 'fedbuff'")
     batch_bounds: BatchBounds = _section(BatchBounds, "allocations 'static', 'pcontrol', 'partition'")
     rebalance: RebalanceParams = _section(RebalanceParams, "allocations 'pcontrol', 'adaptive', 'dual-search'")
     pcontrol: PControlParams = _section(PControlParams, "allocation 'pcontrol'")
@@ -128,8 +128,9 @@ class RunConfig(BaseModel):
         default=128, gt=0, description="Samples an agent trains on between two pushes (Hermes' dataset size, DSS).")
     shard_size: int = Field(default=64, gt=0, description="Samples per data shard (the unit of DSS and of Kafka records).")
     precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
-        default="auto", description="'auto' = fp16 autocast on CUDA, bf16 on CPU (fp16 autocast on CPU "
-                                    "is 5-36x slower there); fp32, bf16, fp16.")
+        default="auto", description="'auto' = each agent times a few training steps of the model in every "
+                                    "precision its device supports (fp32; bf16; fp16 with loss scaling on CUDA) and "
+                                    "trains in fp32 unless another is > 5% faster; fp32, bf16, fp16 force one.")
     wire_dtype: Literal["float32", "float16", "bfloat16"] = Field(
         default="float32", description="dtype of pushed updates (the server accumulates in fp32).")
 

@@ -204,6 +204,10 @@ class ReportStats(BaseModel):
     data_source: Label = None
     # Absent means "" (the worker reports none); anything but a string is ignored.
     precision: Label = ""
+    # How the agent chose it (precision=auto): milliseconds per step of each precision it timed.
+    precision_timings_ms: Annotated[
+        dict[Literal["fp32", "bf16", "fp16"], Annotated[float, Field(ge=0, allow_inf_nan=False)]], Field(max_length=3)
+    ] | None = None
     final: bool = False
     # OmniLearn Eq. 9's measurements: [batch, bytes] pairs.
     memory_profile: Annotated[
@@ -279,6 +283,29 @@ class ShardReply(BaseModel):
 # ---- control plane ----------------------------------------------------------------------
 
 
+class Hints(BaseModel):
+    """What an agent says about its device at registration: typed and bounded.
+
+    Unknown keys are dropped rather than refused, so a newer agent still
+    registers with an older server; nothing else a client sends is kept.
+    """
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    torch: str | None = Field(default=None, max_length=64)
+    memory_available_bytes: int | None = Field(default=None, ge=0)
+    # Declared capacity for the static allocation (OmniLearn Eq. 4a's c_k): FLOPs, else cores.
+    flops: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    cores: float | None = Field(default=None, gt=0, le=65_536, allow_inf_nan=False)
+    # What the agent may use here (affinity and cgroup quota), reported, not allocated by.
+    usable_cores: int | None = Field(default=None, ge=1, le=65_536)
+    affinity_cores: int | None = Field(default=None, ge=1, le=65_536)
+    cpu_quota: float | None = Field(default=None, gt=0, le=65_536, allow_inf_nan=False)
+
+    def known(self) -> dict[str, Any]:
+        return self.model_dump(exclude_none=True)
+
+
 class RegisterRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -286,7 +313,7 @@ class RegisterRequest(BaseModel):
     threads: int = Field(default=1, ge=1, le=1024)
     device: str = Field(default="cpu", max_length=32)
     slowdown: float = Field(default=1.0, ge=1.0, le=1000.0)
-    hints: dict[str, Any] = Field(default_factory=dict)
+    hints: Hints = Field(default_factory=Hints)
     protocol_version: int = PROTOCOL_VERSION
 
 

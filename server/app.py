@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import Depends, FastAPI, Header, HTTPException, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
 
 from hermes.common.kafka_layout import KafkaUnavailable
 from hermes.common.messages import CollectiveRendezvous, RegisterRequest, RegisterResponse, RegroupRequest
@@ -45,6 +47,7 @@ from hermes.server.engine import Engine
 from hermes.server.events import EventLog
 from hermes.server.heartbeat import HeartbeatMonitor
 from hermes.server.kafka_publish import KafkaOptions
+from hermes.server.limits import BodyLimits, errors
 from hermes.server.metrics import CONTENT_TYPE, ServerMetrics
 from hermes.server.registry import RegistryFull
 from hermes.server.settings import ServerSettings
@@ -67,7 +70,9 @@ class Credentials:
         self.admin = read_secret(settings.admin_token, settings.admin_token_file, "admin_token")
         self.protect_reads = settings.protect_reads
         self.admin_file: Path | None = None
-        if self.admin is None and not self.insecure and settings.out_dir:
+        # Generated under --insecure too: a missing join token must not leave
+        # the run's stop switch open to anyone who can reach the port.
+        if self.admin is None and settings.out_dir:
             # The operator's credential for /v1/stop, readable by the server's user only.
             self.admin = new_secret()
             self.admin_file = Path(settings.out_dir) / "admin.token"
@@ -109,6 +114,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
             max_message_bytes=settings.max_message_bytes,
             out_dir=settings.out_dir,
             replay_window_seconds=settings.replay_window_seconds,
+            screening=settings.screening,
         )
         app.state.history, tensorboard = _watch(engine, settings)
         checkpoints = None
@@ -166,6 +172,17 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
 
     # /docs is served by the dashboard router from local files; FastAPI's own pages load them from a CDN.
     app = FastAPI(title="Hermes parameter server", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None)
+    # Outermost: an oversized or stalled body is refused before FastAPI reads or parses it.
+    app.add_middleware(BodyLimits, read_timeout=settings.http_read_timeout_seconds)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        # FastAPI's default handler echoes each error's input: a non-finite
+        # float ({"slowdown": 1e309}) made that echo a 500, and a large body
+        # came back whole. Where and why is enough for the client.
+        errors = [{"loc": list(e.get("loc", ())), "msg": str(e.get("msg", ""))[:200], "type": e.get("type", "")}
+                  for e in exc.errors()[:20]]
+        return JSONResponse(status_code=422, content={"detail": errors})
 
     def engine_of(request: Request) -> Engine:
         return request.app.state.engine
@@ -189,7 +206,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         engine = engine_of(request)
         return {"status": "ok", "model_version": engine.state.version, "stopping": engine.stopping}
 
-    @app.get("/metrics")
+    @app.get("/metrics", responses=errors(401))
     def metrics(engine: Engine = Depends(readable)) -> Response:
         return Response(engine.metrics.render(), media_type=CONTENT_TYPE)
 
@@ -199,7 +216,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         log.warning("registration from %s refused (%s): %s", client, outcome, message)
         return HTTPException(status, message, headers=headers)
 
-    @app.post("/v1/workers/register", response_model=RegisterResponse)
+    @app.post("/v1/workers/register", response_model=RegisterResponse, responses=errors(401, 408, 409, 410, 413, 422, 426, 429, 503))
     def register(body: RegisterRequest, request: Request, authorization: str = Header(default="")) -> RegisterResponse:
         engine = engine_of(request)
         client = request.client.host if request.client else "unknown"
@@ -223,7 +240,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
             raise HTTPException(503, "the server is shutting down")
         try:
             rec, rejoined = engine.register(
-                body.name, threads=body.threads, device=body.device, slowdown=body.slowdown, hints=dict(body.hints)
+                body.name, threads=body.threads, device=body.device, slowdown=body.slowdown, hints=body.hints.known()
             )
         except RegistryFull as exc:
             engine.metrics.limit_hits.labels(limit="max_workers").inc()
@@ -254,7 +271,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         except ProtocolError as exc:
             raise HTTPException(404 if exc.code.value == "unknown_worker" else 401, exc.message) from None
 
-    @app.post("/v1/workers/{worker_id}/heartbeat")
+    @app.post("/v1/workers/{worker_id}/heartbeat", responses=errors(401, 404, 408, 410, 413, 422))
     def heartbeat(worker_id: str, request: Request, x_hermes_token: str = Header(default="")) -> dict[str, Any]:
         engine = engine_of(request)
         rec = worker_of(engine, worker_id, x_hermes_token)
@@ -271,14 +288,14 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
             reply["collective_broken"] = broken
         return reply
 
-    @app.post("/v1/workers/{worker_id}/leave")
+    @app.post("/v1/workers/{worker_id}/leave", responses=errors(401, 404, 408, 413, 422))
     async def leave(worker_id: str, request: Request, x_hermes_token: str = Header(default="")) -> dict[str, Any]:
         engine = engine_of(request)
         rec = worker_of(engine, worker_id, x_hermes_token)
         await engine.leave(worker_id, "agent said goodbye")
         return {"worker_id": worker_id, "state": rec.state}
 
-    @app.post("/v1/workers/{worker_id}/regroup", response_model=CollectiveRendezvous)
+    @app.post("/v1/workers/{worker_id}/regroup", response_model=CollectiveRendezvous, responses=errors(401, 404, 408, 409, 410, 413, 422))
     async def regroup(worker_id: str, body: RegroupRequest, request: Request,
                       x_hermes_token: str = Header(default="")) -> CollectiveRendezvous:
         """Topology collective: a survivor of a broken group waits (up to collective_regroup_seconds)
@@ -295,26 +312,26 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
             raise HTTPException(409, str(exc)) from None
         return CollectiveRendezvous(**rv)
 
-    @app.get("/v1/workers")
+    @app.get("/v1/workers", responses=errors(401))
     def workers(engine: Engine = Depends(readable)) -> list[dict[str, Any]]:
         return [w.public() for w in engine.registry.all()]
 
-    @app.get("/v1/status")
+    @app.get("/v1/status", responses=errors(401))
     def status(engine: Engine = Depends(readable)) -> dict[str, Any]:
         return engine.status()
 
-    @app.get("/v1/config")
+    @app.get("/v1/config", responses=errors(401))
     def run_config(engine: Engine = Depends(readable)) -> dict[str, Any]:
         return engine.config.model_dump()
 
-    @app.get("/v1/summary")
+    @app.get("/v1/summary", responses=errors(401))
     def summary(engine: Engine = Depends(readable)) -> dict[str, Any]:
         return engine.summary()
 
-    @app.post("/v1/stop")
+    @app.post("/v1/stop", responses=errors(401, 403, 408, 413, 422))
     def stop(request: Request, reason: str = "operator request", authorization: str = Header(default="")) -> dict[str, Any]:
         engine = engine_of(request)
-        if not (creds.insecure and creds.admin is None) and not token_matches(bearer(authorization), creds.admin):
+        if not token_matches(bearer(authorization), creds.admin):
             client = request.client.host if request.client else "unknown"
             log.warning("stop request from %s refused: missing or wrong admin token", client)
             raise HTTPException(401 if creds.admin else 403,

@@ -39,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--advertise-host", default="127.0.0.1", help="host agents use to reach the data plane")
     p.add_argument("--collective-port", type=int, default=None,
                    help="topology collective: port of the rendezvous store, MASTER_PORT (default: a free one)")
-    p.add_argument("--preset", choices=sorted(PRESETS), help="named policy bundle (default asp)")
+    p.add_argument("--preset", choices=sorted(PRESETS), help="named policy bundle (default hermes)")
     p.add_argument("--config", help="JSON or TOML file of run-config overrides")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="run-config override, repeatable")
     p.add_argument("--target-accuracy", type=float, default=None, metavar="ACC",
@@ -67,6 +67,12 @@ def build_parser() -> argparse.ArgumentParser:
                      help="the read endpoints (status, workers, config, summary, history, metrics) need the join or "
                           "the admin token as a bearer token; /healthz stays open, and so does the /ui page, "
                           "which takes the token from /ui#token=... or asks for it [HERMES_PROTECT_READS]")
+    sec.add_argument("--screening", choices=["on", "off"], default=None,
+                     help="screen every update before it is folded (default on) [HERMES_SCREENING]")
+    sec.add_argument("--screening-norm-factor", type=float, default=None, metavar="K",
+                     help="refuse an update whose norm exceeds K x the median of recent accepted ones (default 32)")
+    sec.add_argument("--quarantine-after", type=int, default=None, metavar="N",
+                     help="refuse every later push of a worker refused N times in a row (default 5; 0 = never)")
     sec.add_argument("--ssl-certfile", metavar="PEM", help="TLS certificate of the control plane")
     sec.add_argument("--ssl-keyfile", metavar="PEM", help="private key of --ssl-certfile")
     sec.add_argument("--ssl-ca-certfile", metavar="PEM",
@@ -75,6 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
     sec.add_argument("--register-rate", type=float, default=None,
                      help="registrations per second per client address (default 2; 0 = no limit)")
     sec.add_argument("--register-burst", type=int, default=None, help="registration burst per address (default 32)")
+    sec.add_argument("--http-read-timeout", type=float, default=None, dest="http_read_timeout_seconds",
+                     help="seconds to wait for each chunk of a request body before answering 408 (default 10)")
     sec.add_argument("--replay-window", type=float, default=None, dest="replay_window_seconds",
                      help="seconds a signed data-plane message stays valid (default 300)")
     ft = p.add_argument_group("fault tolerance")
@@ -164,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         "register_rate": args.register_rate,
         "register_burst": args.register_burst,
         "replay_window_seconds": args.replay_window_seconds,
+        "http_read_timeout_seconds": args.http_read_timeout_seconds,
         "heartbeat_interval_seconds": args.heartbeat_interval_seconds,
         "heartbeat_timeout_seconds": args.heartbeat_timeout_seconds,
         "checkpoint_dir": args.resume or args.checkpoint_dir,
@@ -183,6 +192,11 @@ def main(argv: list[str] | None = None) -> int:
         fields["resume"] = True
     if args.max_message_bytes:
         fields["max_message_bytes"] = args.max_message_bytes
+    screening = {k: v for k, v in (("enabled", None if args.screening is None else args.screening == "on"),
+                                   ("norm_factor", args.screening_norm_factor),
+                                   ("quarantine_after", args.quarantine_after)) if v is not None}
+    if screening:
+        fields["screening"] = screening
     try:
         fields["run"] = _parse_set(args.set)
         settings = ServerSettings(**{k: v for k, v in fields.items() if v is not None})

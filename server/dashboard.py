@@ -28,6 +28,7 @@ from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import FileResponse, HTMLResponse
 
 from hermes.server.engine.telemetry import Fields
+from hermes.server.limits import errors
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +138,7 @@ def build_router(readable: Callable[..., Any], openapi_url: str = "/openapi.json
             return FileResponse(swagger / name, media_type=SWAGGER_FILES[name])
         raise HTTPException(404, f"no asset {name!r}")
 
-    @router.get("/v1/history")
+    @router.get("/v1/history", responses=errors(401, 422))
     def history(since: int = Query(default=0, ge=0, description="only points after this sequence number"),
                 _: Any = Depends(readable), hist: History = Depends(_history)) -> dict[str, Any]:
         """Evaluations (accuracy, loss) and training cycles (per worker) since ``since``, oldest first."""

@@ -8,30 +8,53 @@ line; the loop itself only stops when told to.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 
 import msgpack
 import zmq
 import zmq.asyncio
 
-from hermes.common.wire import MAX_HEADER_BYTES, ErrorCode, ProtocolError, error_frames
+from hermes.common.wire import MAX_HEADER_BYTES, ErrorCode, Header, ProtocolError, error_frames
 from hermes.server.aio import cancel_and_wait
+from hermes.server.auth import RateLimiter
 from hermes.server.engine import Engine
 
 log = logging.getLogger(__name__)
 
 
 class DataPlane:
-    def __init__(self, engine: Engine, host: str, port: int, *, max_in_flight: int = 1024) -> None:
+    """The ROUTER loop: admits a request cheaply, then hands it to the engine in a task of its own.
+
+    Admission, before any task or tensor work: the header must decode and
+    name a registered worker (garbage and strangers are counted, answered
+    only while the error-reply budget lasts, and otherwise dropped); a peer
+    may have ``max_per_peer`` requests in flight and all peers together
+    ``max_inflight_bytes`` of message bytes (refused ``unavailable``, retried
+    by agents). The loop yields after every message, so a flood on the data
+    port cannot starve the control plane that shares the event loop.
+    """
+
+    def __init__(self, engine: Engine, host: str, port: int, *, max_in_flight: int = 1024,
+                 max_per_peer: int = 16, max_inflight_bytes: int | None = None,
+                 error_replies_per_second: float = 500.0, error_reply_burst: int = 1000) -> None:
         self.engine = engine
         self.host = host
         self.requested_port = port
         self.port: int | None = None
         self.max_in_flight = max_in_flight
+        self.max_per_peer = max_per_peer
+        # Four largest messages at once by default: what a handful of honest pushes of the
+        # biggest model need, and a bound on what many peers together can make the server hold.
+        self.max_inflight_bytes = max_inflight_bytes or 4 * engine.max_message_bytes
+        # One bucket for all peers: a flood from many connections shares it.
+        self._error_budget = RateLimiter(error_replies_per_second, error_reply_burst, clock=engine.clock)
         self._ctx: zmq.asyncio.Context | None = None
         self._sock: zmq.asyncio.Socket | None = None
         self._task: asyncio.Task | None = None
         self._inflight: set[asyncio.Task] = set()
+        self._per_peer: dict[bytes, int] = {}
+        self.inflight_bytes = 0
 
     async def start(self) -> int:
         self._ctx = zmq.asyncio.Context()
@@ -73,15 +96,54 @@ class DataPlane:
                 log.warning("data plane receive failed: %s", exc)
                 continue
             identity = frames[0].bytes
-            if len(self._inflight) >= self.max_in_flight:
-                self.engine.metrics.errors.labels(code=ErrorCode.UNAVAILABLE.value).inc()
-                await self._send(
-                    identity, error_frames(ErrorCode.UNAVAILABLE, "server busy, retry later", seq=_seq_of(frames[1:]))
-                )
-                continue
-            task = asyncio.create_task(self._handle(identity, frames[1:]))
-            self._inflight.add(task)
-            task.add_done_callback(self._inflight.discard)
+            size = sum(len(f.buffer) for f in frames[1:])
+            refusal = self._admit(identity, frames[1:], size)
+            if refusal is None:
+                self._per_peer[identity] = self._per_peer.get(identity, 0) + 1
+                self.inflight_bytes += size
+                task = asyncio.create_task(self._handle(identity, frames[1:]))
+                self._inflight.add(task)
+                task.add_done_callback(functools.partial(self._done, identity=identity, size=size))
+            else:
+                code, message = refusal
+                self.engine.metrics.errors.labels(code=code.value).inc()
+                if self._error_budget.allow("error replies") == 0.0:
+                    await self._send(identity, error_frames(code, message, seq=_seq_of(frames[1:])))
+                else:
+                    self.engine.metrics.limit_hits.labels(limit="error_replies").inc()
+            # A ready recv completes without yielding: give the control plane its turn.
+            await asyncio.sleep(0)
+
+    def _admit(self, identity: bytes, frames: list, size: int) -> tuple[ErrorCode, str] | None:
+        """None to handle the request, or the (code, message) it is refused with: cheap checks only."""
+        if not frames:
+            return ErrorCode.MALFORMED, "empty message"
+        try:
+            header = Header.unpack(frames[0].buffer)
+        except ProtocolError as exc:
+            return exc.code, exc.message
+        if self.engine.registry.get(header.worker) is None:
+            return ErrorCode.UNKNOWN_WORKER, f"unknown worker id {header.worker!r}"
+        if len(self._inflight) >= self.max_in_flight:
+            return ErrorCode.UNAVAILABLE, "server busy, retry later"
+        if self._per_peer.get(identity, 0) >= self.max_per_peer:
+            self.engine.metrics.limit_hits.labels(limit="peer_in_flight").inc()
+            return ErrorCode.UNAVAILABLE, f"more than {self.max_per_peer} requests in flight from this connection"
+        if self.inflight_bytes + size > self.max_inflight_bytes and self.inflight_bytes > 0:
+            self.engine.metrics.limit_hits.labels(limit="inflight_bytes").inc()
+            log.warning("in-flight memory budget hit: %d + %d bytes > %d; asking the peer to retry",
+                        self.inflight_bytes, size, self.max_inflight_bytes)
+            return ErrorCode.UNAVAILABLE, "server memory budget for in-flight messages reached, retry later"
+        return None
+
+    def _done(self, task: asyncio.Task, *, identity: bytes, size: int) -> None:
+        self._inflight.discard(task)
+        self.inflight_bytes -= size
+        left = self._per_peer.get(identity, 1) - 1
+        if left:
+            self._per_peer[identity] = left
+        else:
+            self._per_peer.pop(identity, None)
 
     async def _handle(self, identity: bytes, frames: list) -> None:
         try:

@@ -73,6 +73,13 @@ class ServerMetrics:
                                      "Read requests refused for a missing or wrong token (protect_reads)",
                                      ["endpoint"], registry=r)
         self.heartbeats = Counter("hermes_heartbeats_total", "Control-plane heartbeats received", registry=r)
+        self.screened_out = Counter("hermes_screening_refusals_total",
+                                    "Pushes refused by update screening, by reason (norm, bootstrap_norm, loss, "
+                                    "quarantined)", ["reason"], registry=r)
+        self.quarantined = Gauge("hermes_quarantined_workers", "Workers quarantined by update screening",
+                                 registry=r)
+        self.model_restores = Counter("hermes_model_restores_total",
+                                      "Folds that left the model non-finite and were rolled back", registry=r)
         self.checkpoints = Counter("hermes_checkpoints_total", "Checkpoints written", registry=r)
 
     def watch_workers(self, workers: Callable[[], Iterable[Any]]) -> None:

@@ -38,6 +38,8 @@ class WorkerRecord:
     pushes: int = 0
     applied: int = 0
     rejected: int = 0
+    # Refused by update screening too often in a row: its pushes are refused unread.
+    quarantined: bool = False
     pulls: int = 0
     messages: int = 0
     # As the agent reports them (cumulative since it joined).
@@ -48,6 +50,7 @@ class WorkerRecord:
     bytes_sent: int = 0
     bytes_received: int = 0
     precision: str = ""
+    precision_timings_ms: dict[str, float] = field(default_factory=dict)
     # Shard fetching, as the agent reports it: where records came from
     # ("kafka", "zmq", "kafka+zmq"), bytes and records by source, trouble.
     prefetch_wait_steady_seconds: float = 0.0
@@ -132,6 +135,7 @@ class WorkerRecord:
             "slowdown": self.slowdown,
             "speed": round(1.0 / self.slowdown, 6),
             "precision": self.precision,
+            "precision_timings_ms": self.precision_timings_ms,
             "samples": self.samples,
             "compute_seconds": round(self.compute_seconds, 6),
             "wait_seconds": round(self.wait_seconds, 6),
@@ -151,6 +155,7 @@ class WorkerRecord:
             "pushes": self.pushes,
             "applied": self.applied,
             "rejected": self.rejected,
+            "quarantined": self.quarantined,
             "pulls": self.pulls,
             "messages": self.messages,
             "bytes_sent": self.bytes_sent,

@@ -14,6 +14,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from hermes.common.config import SECTIONS, RunConfig, build_config, load_config_file
 from hermes.common.wire import DEFAULT_MAX_MESSAGE_BYTES
+from hermes.server.engine.screening import ScreeningSettings
 
 
 class ServerSettings(BaseSettings):
@@ -53,6 +54,7 @@ class ServerSettings(BaseSettings):
     register_rate: float = Field(default=2.0, ge=0, description="registrations per second per client address (0 = no limit)")
     register_burst: int = Field(default=32, ge=1, description="registrations a client address may make at once")
     replay_window_seconds: float = Field(default=300.0, gt=0, description="how far a signed message's timestamp may be from the server clock")
+    http_read_timeout_seconds: float = Field(default=10.0, gt=0, description="longest wait for each chunk of an HTTP request body before a 408")
     # Fault tolerance: heartbeats (hermes.server.heartbeat), checkpoints (hermes.server.checkpoint).
     heartbeat_interval_seconds: float = Field(default=5.0, gt=0, description="how often agents send a heartbeat")
     heartbeat_timeout_seconds: float = Field(default=30.0, ge=0, description="silence after which a worker is lost (0 = never)")
@@ -62,6 +64,8 @@ class ServerSettings(BaseSettings):
     durable_acks: bool = Field(default=True, description="journal every applied update (fsync) before acknowledging it")
     # Seeing the run: TensorBoard event files (hermes.server.tensorboard); the /ui page is always on.
     tensorboard_dir: str | None = Field(default=None, description="write TensorBoard scalars here (HERMES_TENSORBOARD_DIR)")
+    # Update screening (hermes.server.engine.screening); HERMES_SCREENING as JSON.
+    screening: ScreeningSettings = Field(default_factory=ScreeningSettings)
 
     @field_validator("kafka_bootstrap")
     @classmethod

@@ -72,6 +72,11 @@ class ModelState:
         self._version = version
         self._lock = threading.Lock()
         self._snapshots: dict[str, tuple[int, PreparedPayload]] = {}
+        # The last fp32 snapshot (pulls and evaluations take one often): what a
+        # fold that turns the model non-finite is rolled back to; w0 before any.
+        self._good: tuple[int, torch.Tensor] | None = None
+        # (bad version, version restored) of each rollback, for the engine to report.
+        self.rollbacks: list[tuple[int, int]] = []
 
     @property
     def version(self) -> int:
@@ -97,6 +102,7 @@ class ModelState:
                         self._flat[off : off + block.numel()].add_(block.to(torch.float32), alpha=weight)
                         off += block.numel()
             self._version += 1
+            self._keep_finite()
             return self._version
 
     def candidate(self, payload: Payload) -> torch.Tensor:
@@ -125,7 +131,20 @@ class ModelState:
                     target.add_(block.to(torch.float32), alpha=weight)
                     off += n
             self._version += 1
+            self._keep_finite()
             return self._version
+
+    def _keep_finite(self) -> None:
+        """Roll a non-finite fold back to the last good model (caller holds the lock).
+
+        Checked under the lock, so no pull or snapshot ever sees the bad model.
+        The version still advances: agents pull the restored model as a new one.
+        """
+        if bool(torch.isfinite(self._flat.sum())) or bool(torch.isfinite(self._flat).all()):
+            return
+        good_version, good = self._good if self._good is not None else (0, self._baseline)
+        self._flat.copy_(good)
+        self.rollbacks.append((self._version, good_version))
 
     def snapshot(self, dtype: torch.dtype = torch.float32) -> tuple[int, torch.Tensor]:
         """An immutable copy of the current model, cached per version and dtype.
@@ -147,6 +166,8 @@ class ModelState:
         # Checksummed outside the lock: the copy is private and immutable.
         snap = (version, prepare(copy))
         with self._lock:
+            if dtype == torch.float32:
+                self._good = (version, copy)
             if version == self._version:
                 self._snapshots[key] = snap
         return snap
@@ -162,3 +183,4 @@ class ModelState:
                 self._baseline.copy_(baseline)
             self._version = version
             self._snapshots.clear()
+            self._good = None

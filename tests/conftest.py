@@ -292,6 +292,13 @@ def running_server(
     # which is what the wire-level tests construct.
     if "--preset" not in extra_args:
         cmd += ["--preset", "asp"]
+    # Update screening off unless a test asks for it: wire-level tests push
+    # synthetic deltas (all ones, a model-sized step as a first push) to check
+    # the protocol's arithmetic, which the default bounds rightly refuse as
+    # poisoned. Screening has its own live tests (test_screening_live.py), and
+    # the testbed runs keep it on.
+    if "--screening" not in extra_args:
+        cmd += ["--screening", "off"]
     for s in sets:
         cmd += ["--set", s]
     cmd += list(extra_args)

@@ -153,6 +153,7 @@ class LossWeighted(DeltaRule):
         "server_model": "blends models on the server; topology 'collective' has no server model",
     }
     needs_candidate_loss: ClassVar[bool] = True
+    update_from_baseline: ClassVar[bool] = True
 
     @classmethod
     def weights(cls, samples: Sequence[int], powers: Sequence[float] | None) -> list[float]:

@@ -45,9 +45,9 @@ CHECK_ORDER = ("aggregation", "gate", "allocation", "lr_scaling", "sync", "topol
 _BUILTIN_MODULES: dict[str, tuple[str, ...]] = {
     "topology": ("hermes.common.policies.topology",),
     # ebsp.py imports sync.py, so importing sync.py alone (as the config does, for its params) misses ebsp.
-    "sync": ("hermes.common.policies.sync", "hermes.common.policies.ebsp"),
+    "sync": ("hermes.common.policies.sync", "hermes.common.policies.ebsp", "hermes.common.policies.federated"),
     "gate": ("hermes.common.policies.gate",),
-    "aggregation": ("hermes.common.policies.aggregation",),
+    "aggregation": ("hermes.common.policies.aggregation", "hermes.common.policies.federated"),
     "lr_scaling": ("hermes.common.policies.lr_scaling",),
     "allocation": tuple(f"hermes.common.policies.allocation.{m}" for m in (
         "uniform", "static", "pcontrol", "task_allocation", "dynamic_partitioning", "hermes_sizing")),
@@ -65,6 +65,11 @@ class Policy:
     requires: ClassVar[Mapping[str, str]] = {}
     # The engine scores each candidate model on validation data (Hermes Alg. 2).
     needs_candidate_loss: ClassVar[bool] = False
+    # The agent sends its model's change since the first model (w - w0), not since its last
+    # pull: the server blends worker models into the global one (Hermes Alg. 2, FedAsync).
+    update_from_baseline: ClassVar[bool] = False
+    # Aggregation weights come from each update's staleness (FedBuff's s(tau)).
+    weighs_by_staleness: ClassVar[bool] = False
     # The agent measures a validation loss after every cycle (Hermes Alg. 1).
     needs_validation_loss: ClassVar[bool] = False
     # Aggregation weights come from the allocator's per-worker compute power (EDP-SGD).

@@ -10,6 +10,9 @@ the gated async (``hermes``), bounded-staleness (``ssp``) and elastic-barrier
 - APPLY_AND_WAIT: fold it in now, hold the reply until released (SSP).
 - BUFFER: keep the update, hold the reply; a Release names which buffered
   updates are aggregated together and whose replies go out (BSP, EBSP).
+- BUFFER_AND_REPLY: keep the update, reply now; the next Release folds
+  every update kept this way (with those it names) as one step (FedBuff's
+  buffer: nobody waits for it, and one worker may have several updates in it).
 - REJECT: drop the update (too stale), reply now.
 """
 
@@ -20,7 +23,7 @@ import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -59,6 +62,7 @@ class Decision(str, enum.Enum):
     APPLY = "apply"
     APPLY_AND_WAIT = "apply_and_wait"
     BUFFER = "buffer"
+    BUFFER_AND_REPLY = "buffer_and_reply"
     REJECT = "reject"
 
 
@@ -260,15 +264,15 @@ class StaleSynchronousStrategy(SyncStrategy):
 
 
 def _strategies() -> dict[str, Callable[..., SyncStrategy]]:
-    from hermes.common.policies.ebsp import ElasticBarrierStrategy
+    """Name -> class of every registered sync policy (the registry is the one table)."""
+    from hermes.common.policies.base import get, names
 
-    return {"asp": AsyncStrategy, "bsp": BarrierStrategy, "ebsp": ElasticBarrierStrategy,
-            "hermes": GatedAsyncStrategy, "ssp": StaleSynchronousStrategy}
+    return {n: cast("Callable[..., SyncStrategy]", get("sync", n)) for n in names("sync")}
 
 
 def __getattr__(name: str) -> Any:
     # SYNC_STRATEGIES (name -> factory, for callers of the old module) is made on
-    # first use: ebsp.py imports this module, so it cannot be imported at load time.
+    # first use: the registry imports this module, so it cannot be built at load time.
     if name == "SYNC_STRATEGIES":
         return _strategies()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -36,6 +36,11 @@ def spread(xs: list[float | None]) -> Spread | None:
     return Spread(statistics.median(vals), min(vals), max(vals), len(vals))
 
 
+def suite_cells(suite: dict[str, Any]) -> list[str]:
+    """The suite's columns of runs: each profile, and ``PROFILE@LINK`` for every link but lan."""
+    return [p if link == "lan" else f"{p}@{link}" for p in suite["profiles"] for link in suite.get("links", ["lan"])]
+
+
 def event_figures(path: Path) -> dict[str, Any]:
     """Timings from a run's event log that its summary does not carry.
 
@@ -86,7 +91,9 @@ def run_metrics(record: dict[str, Any]) -> dict[str, Any]:
     return {
         "reached": reached,
         "seconds_to_target": s.get("seconds_to_target") if reached else None,
-        "train_seconds_to_target": ev.get("train_seconds_to_target") if reached else None,
+        # The DDP peer has no event log: it measures the same span itself (from its ranks' join).
+        "train_seconds_to_target": ev.get("train_seconds_to_target", s.get("train_seconds_to_target"))
+        if reached else None,
         "wall_seconds": s.get("wall_seconds"),
         # Local training cycles over all workers: the "iterations" of Hermes Table III.
         "iterations": sum(w.get("cycles", 0) or 0 for w in workers),
@@ -133,7 +140,7 @@ def groups(results: dict[str, Any]) -> dict[tuple[str, str], Group]:
     """(profile, variant label) -> its repeats, in the suite's order."""
     suite = results["suite"]
     out: dict[tuple[str, str], Group] = {}
-    for profile in suite["profiles"]:
+    for profile in suite_cells(suite):
         for v in suite["variants"]:
             out[(profile, v["label"])] = Group(profile, v["label"], v["preset"])
     for r in results.get("runs", []):

@@ -44,6 +44,7 @@ def add_suite_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="output directory (results.json, report.md, PNGs, runs/)")
     p.add_argument("--repeats", type=int, help="runs per variant and profile, seeds SEED..SEED+N-1")
     p.add_argument("--profiles", help="comma-separated heterogeneity profiles, e.g. hl1,hl8")
+    p.add_argument("--links", help="comma-separated emulated links of the agents, e.g. lan,lte (hermes-testbed --link)")
     p.add_argument("--variants", help="comma-separated variant labels to keep from the suite")
     p.add_argument("--clients", type=int, help="agents per run")
     p.add_argument("--dataset", help="data set of every run")
@@ -84,6 +85,7 @@ def suite_from_args(args: argparse.Namespace) -> Suite:
         repeats=args.repeats, clients=args.clients, dataset=args.dataset, model=args.model,
         target_accuracy=args.target_accuracy, max_seconds=args.max_seconds, seed=args.seed,
         profiles=[x.strip() for x in args.profiles.split(",") if x.strip()] if args.profiles else None,
+        links=[x.strip() for x in args.links.split(",") if x.strip()] if args.links else None,
     )
     if args.variants:
         suite = suite.only_variants([x.strip() for x in args.variants.split(",") if x.strip()])

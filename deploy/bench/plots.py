@@ -24,6 +24,7 @@ from hermes.deploy.bench.aggregate import (  # noqa: E402
     groups,
     natural_key,
     ok_runs,
+    suite_cells,
     worker_cycle_stats,
 )
 
@@ -50,7 +51,7 @@ def accuracy_vs_time(results: dict[str, Any]) -> Figure | None:
     runs = ok_runs(results)
     if not runs:
         return None
-    profiles = results["suite"]["profiles"]
+    profiles = suite_cells(results["suite"])
     colors = _colors(results)
     fig, axes = plt.subplots(1, len(profiles), figsize=(5.5 * len(profiles), 4.2), squeeze=False, sharey=True)
     target = results["suite"].get("target_accuracy")
@@ -84,7 +85,7 @@ def time_to_target(results: dict[str, Any]) -> Figure | None:
     if results["suite"].get("target_accuracy") is None or not ok_runs(results):
         return None
     gs = groups(results)
-    profiles, labels = results["suite"]["profiles"], _labels(results)
+    profiles, labels = suite_cells(results["suite"]), _labels(results)
     colors = _colors(results)
     fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(labels) * len(profiles)), 4.2))
     width = 0.8 / len(labels)
@@ -116,7 +117,7 @@ def compute_boxplots(results: dict[str, Any]) -> Figure | None:
     runs = ok_runs(results)
     if not any(cycle_seconds(w) for r in runs for w in r["summary"].get("workers") or []):
         return None
-    profiles, labels = results["suite"]["profiles"], _labels(results)
+    profiles, labels = suite_cells(results["suite"]), _labels(results)
     fig, axes = plt.subplots(len(profiles), len(labels), figsize=(3.4 * len(labels), 3.2 * len(profiles)),
                              squeeze=False, sharey="row")
     colors = _colors(results)
@@ -183,7 +184,7 @@ def communication(results: dict[str, Any]) -> Figure | None:
     if not ok_runs(results):
         return None
     gs = groups(results)
-    profiles, labels = results["suite"]["profiles"], _labels(results)
+    profiles, labels = suite_cells(results["suite"]), _labels(results)
     colors = _colors(results)
     fig, axes = plt.subplots(1, 2, figsize=(max(10.0, 2.2 * len(labels) * len(profiles)), 4.2))
     width = 0.8 / len(labels)
@@ -224,7 +225,7 @@ def _drawers(results: dict[str, Any]) -> dict[str, Callable[[dict[str, Any]], Fi
         "compute_time_boxplots.png": compute_boxplots,
         "communication.png": communication,
     }
-    for profile in results["suite"]["profiles"]:
+    for profile in suite_cells(results["suite"]):
         d[f"workload_{profile}.png"] = functools.partial(_workload_of, profile)
     return d
 
@@ -240,7 +241,7 @@ def plot_names(results: dict[str, Any]) -> list[str]:
     if any(cycle_seconds(w) for r in runs for w in r["summary"].get("workers") or []):
         names.append("compute_time_boxplots.png")
     names.append("communication.png")
-    names += [f"workload_{p}.png" for p in results["suite"]["profiles"] if any(r["profile"] == p for r in runs)]
+    names += [f"workload_{p}.png" for p in suite_cells(results["suite"]) if any(r["profile"] == p for r in runs)]
     return names
 
 

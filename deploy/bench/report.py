@@ -17,6 +17,7 @@ from hermes.deploy.bench.aggregate import (
     Spread,
     groups,
     speedups,
+    suite_cells,
     worker_cycle_stats,
 )
 from hermes.deploy.bench.plots import plot_names
@@ -108,8 +109,13 @@ def render_report(results: dict[str, Any]) -> str:
             "(the papers' API calls), *push+pull* = the model exchange alone; *WI* = worker independence, local "
             "cycles / model pulls (Hermes Eq. 7), mean over workers."]
 
-    for profile in suite["profiles"]:
+    for profile in suite_cells(suite):
         out += ["", f"## {profile.upper()}", ""]
+        # How the links were emulated, per variant (kernel, process, modelled for DDP, none) and per agent.
+        modes = sorted({f"{r['variant']}: {((r.get('summary') or {}).get('links') or {}).get('mode', 'none')}"
+                        for r in results.get("runs", []) if r.get("profile") == profile and r.get("summary")})
+        if any(not m.endswith(": none") for m in modes):
+            out += [f"Links emulated ({'; '.join(modes)}).", ""]
         statements = []
         rows = []
         for v in suite["variants"]:

@@ -28,6 +28,7 @@ from hermes.deploy.bench.aggregate import event_figures
 from hermes.deploy.bench.machine import loadavg, machine_info, versions
 from hermes.deploy.bench.suites import Suite, Variant
 from hermes.deploy.procs import terminate_group
+from hermes.deploy.profiles import worker_profiles
 
 log = logging.getLogger(__name__)
 
@@ -40,13 +41,19 @@ class RunSpec:
     profile: str
     repeat: int
     seed: int
+    link: str = "lan"
+
+    @property
+    def cell(self) -> str:
+        """The report's column: the profile, with its link unless lan."""
+        return self.profile if self.link == "lan" else f"{self.profile}@{self.link}"
 
     @property
     def key(self) -> str:
-        return f"{self.profile}/{self.variant.label}/r{self.repeat}"
+        return f"{self.cell}/{self.variant.label}/r{self.repeat}"
 
     def run_dir(self, out: Path) -> Path:
-        return out / "runs" / self.profile / self.variant.label / f"r{self.repeat}"
+        return out / "runs" / self.cell.replace(":", "_").replace("/", "_") / self.variant.label / f"r{self.repeat}"
 
     def identity(self, suite: Suite) -> dict[str, Any]:
         """Everything that changes what the run measures: a finished run is reused only if this matches."""
@@ -55,14 +62,29 @@ class RunSpec:
             "overrides": {**suite.overrides, **self.variant.overrides},
             "profile": self.profile, "clients": suite.clients, "dataset": suite.dataset, "model": suite.model,
             "seed": self.seed, "target_accuracy": suite.target_accuracy, "max_seconds": suite.max_seconds,
+            # Only where they differ from the default: runs finished before these existed stay finished.
+            **({"link": self.link} if self.link != "lan" else {}),
+            **({"runner": self.variant.runner} if self.variant.runner != "testbed" else {}),
+            **({"homogeneous": True} if self.variant.homogeneous else {}),
         }
 
     def testbed_args(self, suite: Suite, run_dir: Path) -> list[str]:
-        args = ["--clients", str(suite.clients), "--profile", self.profile, "--preset", self.variant.preset,
+        profile = self.profile
+        if self.variant.homogeneous:
+            # The same sum of speeds spread evenly: every agent at the mean speed (hl1 slowed by the pace).
+            speeds = [wp.speed for wp in worker_profiles(self.profile, suite.clients)]
+            profile, pace = "hl1", suite.clients / sum(speeds)
+        args = ["--clients", str(suite.clients), "--profile", profile, "--preset", self.variant.preset,
                 "--dataset", suite.dataset, "--model", suite.model, "--seed", str(self.seed),
                 "--max-seconds", f"{suite.max_seconds:g}", "--out", str(run_dir), "--quiet"]
         if suite.target_accuracy is not None:
             args += ["--target-accuracy", f"{suite.target_accuracy:g}"]
+        if self.variant.homogeneous:
+            args += ["--pace", f"{pace:.6g}"]
+        if self.variant.runner == "ddp":
+            args += ["--peer", "ddp"]
+        if self.link != "lan":
+            args += ["--link", self.link]
         for k, v in {**suite.overrides, **self.variant.overrides}.items():
             args += ["--set", f"{k}={json.dumps(v) if not isinstance(v, str) else v}"]
         return args
@@ -71,8 +93,8 @@ class RunSpec:
 def plan(suite: Suite) -> list[RunSpec]:
     """Repeat-major, then profile, then variant: load from other processes on a
     shared machine then falls on every variant alike instead of on whichever ran last."""
-    return [RunSpec(v, p, i, suite.seed + i)
-            for i in range(suite.repeats) for p in suite.profiles for v in suite.variants]
+    return [RunSpec(v, p, i, suite.seed + i, link)
+            for i in range(suite.repeats) for p in suite.profiles for link in suite.links for v in suite.variants]
 
 
 def is_finished(spec: RunSpec, suite: Suite, out: Path) -> bool:
@@ -164,7 +186,8 @@ def collect(spec: RunSpec, suite: Suite, out: Path) -> dict[str, Any]:
     status = "ok" if summary is not None and not meta.get("error") else "failed"
     return {
         "key": spec.key, "variant": spec.variant.label, "preset": spec.variant.preset,
-        "overrides": spec.identity(suite)["overrides"], "profile": spec.profile, "repeat": spec.repeat,
+        "overrides": spec.identity(suite)["overrides"], "profile": spec.cell, "link": spec.link,
+        "runner": spec.variant.runner, "homogeneous": spec.variant.homogeneous, "repeat": spec.repeat,
         "seed": spec.seed, "run_dir": str(d.relative_to(out)), "status": status,
         "error": meta.get("error") if status != "ok" else None,
         "testbed_exit": meta.get("exit_code"), "elapsed_seconds": meta.get("elapsed_seconds"),

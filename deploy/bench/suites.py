@@ -13,7 +13,7 @@ import json
 import logging
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -24,6 +24,7 @@ from pydantic import (
     model_validator,
 )
 
+from hermes.deploy.links import parse_link
 from hermes.deploy.profiles import PROFILE_CORES
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,11 @@ class Variant(BaseModel):
     label: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
     preset: str = Field(min_length=1)
     overrides: dict[str, Any] = Field(default_factory=dict)
+    # testbed: our server and agents running ``preset``; ddp: the torch DDP peer (``hermes-testbed --peer
+    # ddp``), which takes its optimizer and batch from ``preset``'s run config.
+    runner: Literal["testbed", "ddp"] = "testbed"
+    # The ideal reference: a homogeneous cluster (hl1) of the profile's total compute (same sum of speeds).
+    homogeneous: bool = False
 
 
 class Suite(BaseModel):
@@ -48,6 +54,8 @@ class Suite(BaseModel):
     description: str = ""
     variants: tuple[Variant, ...] = Field(min_length=1)
     profiles: tuple[str, ...] = Field(default=("hl8",), min_length=1)
+    # Every agent's emulated link (hermes-testbed --link): lan, wifi, lte, constrained or custom:UP/DOWN/RTT.
+    links: tuple[str, ...] = Field(default=("lan",), min_length=1)
     clients: int = Field(default=4, ge=1)
     dataset: str = "digits"
     model: str = "cnn"
@@ -84,6 +92,15 @@ class Suite(BaseModel):
             raise ValueError(f"unknown profile(s) {bad}; known: {sorted(PROFILE_CORES)}")
         if len(set(v)) != len(v):
             raise ValueError("a profile is listed twice")
+        return v
+
+    @field_validator("links")
+    @classmethod
+    def _known_links(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for name in v:
+            parse_link(name)  # LinkError is a ValueError: reported as the field's problem
+        if len(set(v)) != len(v):
+            raise ValueError("a link is listed twice")
         return v
 
     @model_validator(mode="after")
@@ -182,6 +199,10 @@ def _variants(*items: tuple[str, str] | tuple[str, str, dict[str, Any]]) -> list
     return [{"label": it[0], "preset": it[1], "overrides": it[2] if len(it) > 2 else {}} for it in items]
 
 
+# The peers: torch DDP with bsp's optimizer and batch, and bsp on the homogeneous cluster of equal compute.
+PEERS = [{"label": "ddp", "preset": "bsp", "runner": "ddp"}, {"label": "ideal", "preset": "bsp", "homogeneous": True}]
+
+
 BUILTIN: dict[str, dict[str, Any]] = {
     "quick": {
         "description": "Hermes, ASP and BSP on a 4-agent HL8 cluster (digits, CNN), two seeds each: "
@@ -190,12 +211,16 @@ BUILTIN: dict[str, dict[str, Any]] = {
         "profiles": ["hl8"], "repeats": 2, "target_accuracy": 0.85, "max_seconds": 20.0,
     },
     "paper-hermes": {
-        "description": "Hermes Table III shape at reduced scale: BSP, ASP, SSP, EBSP and Hermes on the same "
-                       "4-agent HL8 cluster (the paper: 12 workers); iterations, time to target, WI, messages, "
-                       "accuracy and speed-up over BSP.",
+        "description": "Hermes Table III shape: the paper's CNN size (about 110K parameters) on mnist1d with 20k "
+                       "samples, a 4-agent HL8 cluster on lan and on lte links (the paper: 12 workers); BSP, ASP, "
+                       "SSP, EBSP, Hermes and OmniLearn-BSP beside torch DDP and the ideal homogeneous cluster; "
+                       "iterations, time to target, WI, messages, accuracy and speed-up over BSP.",
         "variants": _variants(("bsp", "bsp"), ("asp", "asp"), ("ssp", "ssp"), ("ebsp", "ebsp"),
-                              ("hermes", "hermes")),
-        "profiles": ["hl8"], "repeats": 3, "target_accuracy": 0.85, "max_seconds": 60.0,
+                              ("hermes", "hermes"), ("omnilearn-bsp", "omnilearn-bsp")) + PEERS,
+        "profiles": ["hl8"], "links": ["lan", "lte"], "repeats": 3, "dataset": "mnist1d",
+        # hidden 320: 108,650 parameters on mnist1d's 40-sample signals (Hermes Table I: ~110K).
+        "overrides": {"num_samples": 20000, "model_kwargs": {"hidden": 320}},
+        "target_accuracy": 0.9, "max_seconds": 180.0,
     },
     "paper-omnilearn": {
         "description": "OmniLearn Figs. 7, 8 and 11: uniform, variable (static, Eq. 4a) and dynamic "

@@ -28,7 +28,7 @@ from hermes.common.config import RunConfig
 from hermes.common.datasets import ArrayDataset
 from hermes.common.messages import WorkReply
 from hermes.common.models import build_model
-from hermes.common.shards import Assignment, ShardQueue, shards_for
+from hermes.common.shards import ShardQueue
 from hermes.common.sync import Decision, PushInfo
 from hermes.common.tensors import flatten, spec_of
 from hermes.common.wire import Payload, dtype_from_name
@@ -40,6 +40,7 @@ from hermes.server.engine.membership import Membership
 from hermes.server.engine.offload import offload, payload_bytes
 from hermes.server.engine.policies import Contribution, Policies, build_policies
 from hermes.server.engine.reporting import Reporting
+from hermes.server.engine.screening import Screening, ScreeningSettings
 from hermes.server.engine.telemetry import Telemetry
 from hermes.server.evaluator import Evaluation, Evaluator, TargetReached
 from hermes.server.events import EventLog
@@ -77,6 +78,7 @@ class Engine:
         policies: Policies | None = None,
         checkpoints: Any = None,
         clock: Clock = SYSTEM_CLOCK,
+        screening: ScreeningSettings | None = None,
     ) -> None:
         """Everything but the config can be injected (tests); by default the run config builds it."""
         self.config = config
@@ -116,6 +118,7 @@ class Engine:
         self.checkpoints: Any = checkpoints
         self.resumed_from: dict[str, int] | None = None
         self.held: dict[str, Held] = {}
+        self.buffered: list[Contribution] = []  # BUFFER_AND_REPLY: acknowledged, folded by the next release
         # Authenticated data-plane requests by type: the "API calls" of Hermes Table III.
         self.message_counts: dict[str, int] = {}
         # One model step at a time; a checkpoint holds it so model, version and queue agree.
@@ -125,6 +128,8 @@ class Engine:
         self.kafka = KafkaPublisher(self)
         self.reporting = Reporting(self)
         self.handlers = Handlers(self)
+        self.screening = Screening(screening or ScreeningSettings(), self.state, self.telemetry,
+                                   self.policies.aggregation.reference_loss)
         self.metrics.model_version.set(0)
 
     def _initial_state(self) -> ModelState:
@@ -227,6 +232,9 @@ class Engine:
         candidate_loss = None
         if self.policies.aggregation.needs_candidate_loss:
             candidate_loss = await self.policies.aggregation.candidate_loss(payload)
+        # Screened before the lock: a refusal is a push with nothing to fold,
+        # so the strategy still counts it (a barrier is not held by it).
+        refusal = await self.screening.screen(worker, payload, candidate_loss)
         async with self.step_lock:
             if self.stopping:
                 # The stop came while this push was being scored or waited for
@@ -241,15 +249,21 @@ class Engine:
                 worker.rejected += 1
                 self.telemetry.emit("update_rejected", worker=worker.id, base=base_version, reason=verdict.reason)
                 return "rejected", {"reason": verdict.reason}
-            if verdict.decision in (Decision.APPLY, Decision.APPLY_AND_WAIT):
+            if verdict.decision is Decision.BUFFER_AND_REPLY and refusal is None:
+                self.buffered.append(Contribution(info, payload, candidate_loss))
+            if verdict.decision in (Decision.APPLY, Decision.APPLY_AND_WAIT) and refusal is None:
                 await self.fold([Contribution(info, payload, candidate_loss)])
             if verdict.decision in (Decision.BUFFER, Decision.APPLY_AND_WAIT):
-                held = Held(info, payload if verdict.decision is Decision.BUFFER else None,
-                            asyncio.get_running_loop().create_future(), candidate_loss)
+                keep = verdict.decision is Decision.BUFFER and refusal is None
+                held = Held(info, payload if keep else None, asyncio.get_running_loop().create_future(),
+                            candidate_loss)
                 self.held[worker.id] = held
             await self.process_releases()
         if held is not None:
             await held.reply
+        if refusal is not None:
+            worker.rejected += 1
+            return "rejected", {"reason": refusal, "staleness": info.staleness}
         status = "applied" if not self.stopping or held is None else "abandoned"
         return status, {"staleness": info.staleness}
 
@@ -265,6 +279,10 @@ class Engine:
                 sum(payload_bytes(u.payload) for u in group),
                 self.state.apply, [(u.payload, w) for u, w in zip(group, weights)],
             )
+        while self.state.rollbacks:
+            bad, restored = self.state.rollbacks.pop(0)
+            self.telemetry.emit("model_restored", bad_version=bad, restored=restored, version=version,
+                                workers=[u.info.worker_id for u in group])
         if self.checkpoints is not None:
             # Journaled before any reply goes out: what is acknowledged survives a crash.
             await asyncio.to_thread(self.checkpoints.record_fold, version, rule.op,
@@ -288,6 +306,7 @@ class Engine:
                 for w in release.aggregate
                 if (h := self.held.get(w)) is not None and h.payload is not None
             ]
+            group, self.buffered = group + self.buffered, []  # FedBuff's buffer: empty for other strategies
             try:
                 if group:
                     await self.fold(group)
@@ -304,32 +323,8 @@ class Engine:
         nbytes = self.spec.numel * torch.empty(0, dtype=dtype).element_size()
         return nbytes, await offload(nbytes, self.state.prepared, dtype)
 
-    def learning_rate(self, step_batch: int) -> float:
-        return self.policies.lr.rate(step_batch, lambda: sum(
-            self.allocator.workload(w).step_batch for w in self.registry.active_ids()))
-
     def assign(self, worker: WorkerRecord) -> WorkReply:
-        """The next assignment of a worker: its workload, and whole shards for what its carry does not cover."""
-        wl = self.allocator.workload(worker.id)
-        # Whole shards, while a workload is any number of samples: the agent
-        # trains exactly ``cycle_samples`` and carries the rest into its next
-        # cycle. The server keeps the same account (the credit), so it hands
-        # out only what the carry does not cover and no sample is skipped.
-        need = wl.dss - worker.sample_credit
-        if need > 0:
-            assignment = self.queue.take(shards_for(need, self.config.shard_size))
-        else:
-            assignment = Assignment(epoch=self.queue.epoch, shards=())
-        given = sum(self.shards.samples(s) for s in assignment.shards)
-        # Never negative: short of data the agent trains what it has and carries nothing.
-        worker.sample_credit = max(0, worker.sample_credit + given - wl.dss)
-        self.membership.note_assignment(worker.id, assignment.shards)
-        work = WorkReply(epoch=assignment.epoch, shards=list(assignment.shards), batch_size=wl.mbs,
-                         cycle_samples=wl.dss, accumulation=wl.accumulation,
-                         lr=self.learning_rate(wl.step_batch), data=self.kafka.ranges("train", assignment.shards))
-        self.telemetry.emit("assignment", worker=worker.id, epoch=assignment.epoch, shards=list(assignment.shards),
-                            dss=wl.dss, mbs=wl.mbs, accumulation=wl.accumulation, lr=work.lr)
-        return work
+        return self.membership.assign(worker)
 
     # ---- checkpoints ----------------------------------------------------------
 

@@ -177,6 +177,8 @@ class Handlers:
             e.kafka.republish(f"worker {worker.id} found shard records missing from Kafka")
         if b.precision is not None:
             worker.precision = b.precision
+        if b.precision_timings_ms is not None:
+            worker.precision_timings_ms = {k: round(v, 3) for k, v in b.precision_timings_ms.items()}
         if b.memory_profile is not None:
             e.membership.set_memory_profile(worker, [list(p) for p in b.memory_profile])
         if b.cycle is not None:

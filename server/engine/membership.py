@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 from hermes.common.allocation import AllocatorStateError, CycleObservation, Resize, Workload
 from hermes.common.controllers import fit_memory_model, max_batch_for_memory
-from hermes.common.messages import CycleReport
-from hermes.common.shards import shards_for
+from hermes.common.messages import CycleReport, WorkReply
+from hermes.common.shards import Assignment, shards_for
 from hermes.server.registry import WorkerRecord
 
 if TYPE_CHECKING:
@@ -44,7 +44,9 @@ class Membership:
         elapsed = e.elapsed()
         self.record_workload(rec, elapsed, e.allocator.workload(rec.id))
         self.refresh_worker_gauge()
-        e.telemetry.emit("join", worker=rec.id, name=name, rejoined=rejoined, **info)
+        # Hints by key only: nothing a client sends is written verbatim to the event log.
+        facts = {k: v for k, v in info.items() if k != "hints"}
+        e.telemetry.emit("join", worker=rec.id, name=name, rejoined=rejoined, hints=sorted(rec.hints)[:32], **facts)
         # Policies that split a fixed total (static, the global batch) move the others too.
         self.apply_resizes(e.allocator.rebalance(), elapsed)
         return rec, rejoined
@@ -90,6 +92,35 @@ class Membership:
         e.telemetry.emit("leave", worker=worker_id, reason=reason, state=state, requeued_shards=requeued)
         async with e.step_lock:
             await e.process_releases()
+
+    def learning_rate(self, step_batch: int) -> float:
+        e = self.e
+        return e.policies.lr.rate(step_batch, lambda: sum(
+            e.allocator.workload(w).step_batch for w in e.registry.active_ids()))
+
+    def assign(self, worker: WorkerRecord) -> WorkReply:
+        """The next assignment of a worker: its workload, and whole shards for what its carry does not cover."""
+        e = self.e
+        wl = e.allocator.workload(worker.id)
+        # Whole shards, while a workload is any number of samples: the agent
+        # trains exactly ``cycle_samples`` and carries the rest into its next
+        # cycle. The server keeps the same account (the credit), so it hands
+        # out only what the carry does not cover and no sample is skipped.
+        need = wl.dss - worker.sample_credit
+        if need > 0:
+            assignment = e.queue.take(shards_for(need, e.config.shard_size))
+        else:
+            assignment = Assignment(epoch=e.queue.epoch, shards=())
+        given = sum(e.shards.samples(s) for s in assignment.shards)
+        # Never negative: short of data the agent trains what it has and carries nothing.
+        worker.sample_credit = max(0, worker.sample_credit + given - wl.dss)
+        self.note_assignment(worker.id, assignment.shards)
+        work = WorkReply(epoch=assignment.epoch, shards=list(assignment.shards), batch_size=wl.mbs,
+                         cycle_samples=wl.dss, accumulation=wl.accumulation,
+                         lr=self.learning_rate(wl.step_batch), data=e.kafka.ranges("train", assignment.shards))
+        e.telemetry.emit("assignment", worker=worker.id, epoch=assignment.epoch, shards=list(assignment.shards),
+                         dss=wl.dss, mbs=wl.mbs, accumulation=wl.accumulation, lr=work.lr)
+        return work
 
     def note_assignment(self, worker_id: str, shards: tuple[int, ...]) -> None:
         recent = self.outstanding.setdefault(worker_id, [])

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -58,6 +59,8 @@ class Aggregation(Protocol):
     # How the model state folds the weights: "apply" (w += sum_k lambda_k G_k) or
     # "blend" (w <- (1 - a) w + a (w0 + G), one update); also the journal's op.
     op: str
+    # The global model's probe loss, where the rule has a probe (screening bounds first candidates by it).
+    reference_loss: Callable[[], float] | None
 
     async def candidate_loss(self, payload: Payload) -> float | None: ...
 
@@ -69,6 +72,7 @@ class Aggregation(Protocol):
 class _ApplyRule:
     needs_candidate_loss = False
     op = "apply"
+    reference_loss: Callable[[], float] | None = None
 
     async def candidate_loss(self, payload: Payload) -> float | None:
         return None
@@ -109,6 +113,7 @@ class LossBlend:
     def __init__(self, probe: LossProbe, metrics: ServerMetrics) -> None:
         self.probe = probe
         self.metrics = metrics
+        self.reference_loss: Callable[[], float] | None = lambda: probe.global_loss()[1]
 
     async def candidate_loss(self, payload: Payload) -> float | None:
         # Scored outside the step lock: it depends only on w0 and G, so
@@ -123,11 +128,48 @@ class LossBlend:
             weight = 1.0  # Hermes Alg. 2 initial step: sigma <- G
         else:
             _, global_loss = await asyncio.to_thread(self.probe.global_loss)
-            weight = loss_blend_weight(global_loss, update.candidate_loss)
+            # Screening refuses non-finite candidates; a global model whose loss
+            # overflows is worse than any finite candidate, so it takes the step whole.
+            weight = (loss_blend_weight(global_loss, update.candidate_loss) if math.isfinite(global_loss)
+                      else 1.0)
             extra = {"global_loss": round(global_loss, 6)}
         extra["candidate_loss"] = round(update.candidate_loss, 6)
         self.metrics.blend_weight.observe(weight)
         return [weight], extra
+
+
+class StalenessMix:
+    """FedAsync (Xie et al. 2019, Alg. 1): x <- (1 - alpha_t) x + alpha_t x_new, alpha_t = alpha * s(t - tau).
+
+    The policy (``common/policies/federated.py``) answers alpha_t from the
+    update's staleness; the blend step is the one Hermes' loss rule uses.
+    """
+
+    needs_candidate_loss = False
+    op = "blend"
+    reference_loss: Callable[[], float] | None = None
+
+    def __init__(self, rule: Any) -> None:
+        self.rule = rule
+
+    async def candidate_loss(self, payload: Payload) -> float | None:
+        return None
+
+    async def weigh(self, group: Sequence[Contribution], ctx: FoldContext) -> tuple[list[float], dict[str, Any]]:
+        (update,) = group  # the policy requires a one-at-a-time strategy
+        weight = self.rule.mixing_weight(update.info.staleness)
+        return [weight], {"alpha_t": round(weight, 6)}
+
+
+class StalenessWeights(_ApplyRule):
+    """FedBuff (Nguyen et al. 2022, Alg. 1): one step from the buffer, eta_g * s(tau_k) / K per delta."""
+
+    def __init__(self, rule: Any) -> None:
+        self.rule = rule
+
+    async def weigh(self, group: Sequence[Contribution], ctx: FoldContext) -> tuple[list[float], dict[str, Any]]:
+        # The model moves only at a release, so the staleness at push time is the staleness now.
+        return self.rule.weights([c.info.staleness for c in group]), {}
 
 
 class LearningRate(Protocol):
@@ -174,6 +216,10 @@ def build_policies(
         probe = LossProbe(spec, state, validation, samples=config.loss.eval_samples, seed=config.seed,
                           metrics=metrics)
         aggregation = LossBlend(probe, metrics)
+    elif rule.update_from_baseline:
+        aggregation = StalenessMix(registry.make("aggregation", config))
+    elif rule.weighs_by_staleness:
+        aggregation = StalenessWeights(registry.make("aggregation", config))
     elif rule.needs_compute_power:
         # Allocators that measure compute power (partition) answer it; the others leave it to throughput.
         aggregation = PowerWeights(getattr(allocator, "power", lambda _w: None))

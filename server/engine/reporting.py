@@ -105,6 +105,7 @@ class Reporting:
             "best_version": None if best is None else best.version,
             "resumed_from": e.resumed_from,
             "last_checkpoint_version": None if e.checkpoints is None else e.checkpoints.last_version,
+            "screening": e.screening.public(),
         }
 
     def summary(self) -> dict[str, Any]:

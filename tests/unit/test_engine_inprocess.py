@@ -20,6 +20,7 @@ from hermes.common.config import build_config
 from hermes.common.datasets import ArrayDataset
 from hermes.common.wire import ErrorCode, Header, MsgType, ProtocolError, decode, encode
 from hermes.server.engine import Engine
+from hermes.server.engine.screening import ScreeningSettings
 from hermes.server.events import EventLog
 from hermes.server.metrics import ServerMetrics
 
@@ -36,8 +37,11 @@ def _engine(clock: ManualClock, **overrides) -> Engine:
     config = build_config(overrides.pop("preset", "asp"), model="mlp", shard_size=SHARD, eval_max_samples=32,
                           **overrides)
     splits = (_split("toy", 128, 0), _split("toy-validation", 64, 1), _split("toy-test", 32, 2))
+    # Screening off: these pushes are synthetic constant deltas that check the
+    # fold's arithmetic; the screening's own tests use realistic ones.
     return Engine(config, metrics=ServerMetrics(), events=EventLog(None, clock=clock), max_workers=8,
-                  max_message_bytes=1 << 24, splits=splits, clock=clock)
+                  max_message_bytes=1 << 24, splits=splits, clock=clock,
+                  screening=ScreeningSettings(enabled=False))
 
 
 class _Agent:

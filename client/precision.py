@@ -1,0 +1,158 @@
+"""Precision ``auto``: time a few training steps of the run's model in each precision, train in the fastest.
+
+Assuming a precision per device type was wrong by up to 2.9x: bf16 autocast
+on CPU ran the built-in models 1.6-2.9x slower than fp32 on a 2-core EPYC
+(mnist1d; 11-19% slower for the digits CNN), while on other CPUs it ran
+1.0-1.7x faster on the larger models. So the agent measures, once, when the
+run's model is known: ``measure`` trains a deep copy of the model (its own
+optimizer, synthetic inputs of the model's shape, the run's batch size) for
+a warm-up step and a few timed steps per candidate, and ``choose`` picks.
+
+``choose`` keeps fp32 unless another precision is clearly faster (its
+median step at least ``margin`` = 5% quicker): lower precision costs
+accuracy headroom, so a gain within timing noise is not worth it. A
+candidate whose loss is not finite is numerically unsafe and never chosen.
+Candidates: fp32 everywhere; bf16 on CPU and on CUDA devices that support
+it; fp16 with loss scaling (GradScaler) on CUDA only (fp16 autocast on CPU
+falls back to reference kernels, 5-36x slower).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import statistics
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import nn
+
+from hermes.client.trainer import LocalTrainer
+
+log = logging.getLogger(__name__)
+
+__all__ = ["PrecisionChoice", "candidates", "choose", "measure", "pick_precision"]
+
+# A precision must beat fp32 by this fraction of fp32's step time to be chosen.
+MARGIN = 0.05
+# A precision this many times slower than fp32 on the probe step is not timed at full batch.
+PROBE_LOSES = 2.0
+
+
+@dataclass(frozen=True)
+class PrecisionChoice:
+    precision: str
+    # Median seconds per training step of each precision timed (inf: not finite, or failed).
+    timings: dict[str, float] = field(default_factory=dict)
+    # "measured", "forced", or why measuring was not possible.
+    how: str = "measured"
+
+    def describe(self) -> str:
+        steps = ", ".join(f"{p} {t * 1e3:.2f} ms" if math.isfinite(t) else f"{p} unsafe"
+                          for p, t in self.timings.items())
+        return f"{self.precision} ({self.how}{': ' + steps if steps else ''})"
+
+    def report(self) -> dict[str, float]:
+        """Milliseconds per step by precision, as the agent's stats carry them (finite ones only)."""
+        return {p: round(t * 1e3, 3) for p, t in self.timings.items() if math.isfinite(t)}
+
+
+def candidates(device: torch.device) -> list[str]:
+    """The precisions worth timing on ``device``, fp32 first."""
+    if device.type == "cuda":
+        out = ["fp32", "fp16"]
+        if torch.cuda.is_bf16_supported():
+            out.append("bf16")
+        return out
+    if device.type == "cpu":
+        return ["fp32", "bf16"]
+    return ["fp32"]
+
+
+def choose(timings: Mapping[str, float], *, margin: float = MARGIN) -> str:
+    """The precision to train in, from median step seconds by precision (a pure function).
+
+    fp32 unless the fastest other precision with a finite time takes at most
+    ``(1 - margin)`` of fp32's time. Without a finite fp32 time, the fastest finite one.
+    """
+    if not 0.0 <= margin < 1.0:
+        raise ValueError(f"margin must be in [0, 1), got {margin}")
+    finite = {p: t for p, t in timings.items() if math.isfinite(t) and t > 0}
+    if not finite:
+        return "fp32"
+    fastest = min(finite, key=lambda p: finite[p])
+    base = finite.get("fp32")
+    if base is None:
+        return fastest
+    return fastest if finite[fastest] <= (1.0 - margin) * base else "fp32"
+
+
+def measure(model: nn.Module, input_shape: Sequence[int], num_classes: int, batch_size: int,
+            device: torch.device, precisions: Sequence[str], *, steps: int = 3,
+            budget_seconds: float = 0.8) -> dict[str, float]:
+    """Median seconds per training step of a copy of ``model`` in each precision.
+
+    The model itself is never trained: each precision trains its own deep
+    copy with its own optimizer. One warm-up step (kernel selection,
+    allocator) is not timed; then up to ``steps`` timed steps, fewer once
+    the precision has used its share of ``budget_seconds`` (so the whole
+    takes about ``budget_seconds``, or one or two steps per precision where
+    a step alone is longer). A step whose loss is not finite makes the
+    precision's time inf (unsafe).
+    """
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((batch_size, *input_shape)).astype(np.float32)
+    y = rng.integers(0, num_classes, size=batch_size).astype(np.int64)
+    share = budget_seconds / max(1, len(precisions))
+    out: dict[str, float] = {}
+    probes: dict[str, float] = {}
+    for precision in precisions:
+        trainer = LocalTrainer(copy.deepcopy(model), lr=0.01, momentum=0.0, weight_decay=0.0, device=device,
+                               precision=precision)
+        # A two-sample probe step first: a precision already twice as slow as the first
+        # one there is not run at full batch (bf16 resnet18 on a 2-core EPYC: 64 s a
+        # step against fp32's 2.3 s); its time is the first's scaled by the probes' ratio.
+        probe = trainer.train_cycle(x[:2], y[:2], 2, steps=1)
+        probes[precision] = probe.compute_seconds if math.isfinite(probe.loss) else math.inf
+        first = precisions[0]
+        if precision != first and probes[precision] > PROBE_LOSES * probes[first]:
+            out[precision] = out[first] * probes[precision] / max(probes[first], 1e-9)
+            continue
+        times: list[float] = []
+        start = time.perf_counter()
+        for i in range(steps + 1):
+            result = trainer.train_cycle(x, y, batch_size, steps=1)
+            if not math.isfinite(result.loss):
+                times = [math.inf]
+                break
+            # The warm-up step stands for the precision when it alone spent the share: an
+            # upper bound, and a precision that slow loses anyway (bf16 alexnet on a
+            # 2-core EPYC: one step 3.9 s against fp32's 0.29 s).
+            if i > 0 or time.perf_counter() - start > share:
+                times.append(result.compute_seconds)
+            if time.perf_counter() - start > share:
+                break
+        out[precision] = statistics.median(times)
+        del trainer
+    return out
+
+
+def pick_precision(requested: str, model: nn.Module, input_shape: Sequence[int], num_classes: int,
+                   batch_size: int, device: torch.device) -> PrecisionChoice:
+    """``requested`` when forced; for ``auto``, the measured choice (fp32 if the model cannot be timed)."""
+    if requested != "auto":
+        return PrecisionChoice(requested, how="forced")
+    try:
+        timings = measure(model, input_shape, num_classes, batch_size, device, candidates(device))
+    except (RuntimeError, ValueError, TypeError) as exc:
+        # A task whose inputs are not float tensors of input_shape (token ids, say) cannot be
+        # timed on synthetic data: train in fp32, the safe precision.
+        log.warning("precision auto: could not time the model (%s); training in fp32", exc)
+        return PrecisionChoice("fp32", how="not timed")
+    choice = PrecisionChoice(choose(timings), timings)
+    log.info("precision auto chose %s", choice.describe())
+    return choice

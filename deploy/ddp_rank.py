@@ -1,0 +1,225 @@
+"""One rank of the torch DDP peer (gloo), started by torchrun through ``hermes-testbed --peer ddp``.
+
+The same task as the testbed's agents: the data set, split and model built
+by :mod:`hermes.common` from the ``bsp`` preset's run config (with the run's
+``--set`` overrides), the same emulated heterogeneity (each rank sleeps
+after each step ``(slowdown - 1)`` times the step's own compute time, as
+the agent's trainer does) and the same link (see ``link_delay``).
+
+Hyperparameters: the bsp preset's optimizer (SGD, its momentum and weight
+decay), batch ``batch_size`` per rank, and the learning rate scaled linearly
+with the global batch (Goyal et al. 2017, "Accurate, Large Minibatch SGD")
+from the preset's own operating point: our bsp averages N workers' steps of
+``lr`` on ``batch_size`` each, which is one step of ``lr`` on a global batch
+of ``N * batch_size``; so ``lr = preset lr * global batch / (N * batch_size)``
+(= the preset lr at the same batch), unless ``--lr`` is given. Scaling
+from one worker's batch instead (``lr * N``) diverged: digits, HL8, 4 ranks,
+momentum 0.9, lr 0.2 stuck at 0.20 accuracy for 60 s, where lr 0.05 reached
+0.85 in 1.5 s.
+
+Time to target starts once every rank has joined, loaded its data and built
+its model (a barrier), as the testbed's ``train s`` starts at the agents'
+join; rank 0 evaluates every ``--eval-every`` steps on the test split, and
+the evaluation time is left out of the training clock (the server evaluates
+in its own process). Rank 0 writes ``OUT/summary.json`` in the testbed's
+schema (the fields ``hermes-bench`` aggregates).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from hermes.common.config import build_config
+from hermes.common.datasets import load_dataset
+from hermes.common.models import build_model, count_parameters
+
+log = logging.getLogger(__name__)
+
+
+def link_delay(nbytes: int, world: int, up_bps: float | None, down_bps: float | None, rtt: float) -> float:
+    """Seconds a ring all-reduce of ``nbytes`` takes on the slowest rank's link.
+
+    Ring all-reduce: 2(N-1) steps, each one message of nbytes/N one way per
+    rank; the ring moves at its slowest link, and every step waits one
+    one-way delay (RTT/2).
+    """
+    if world < 2:
+        return 0.0
+    moved = 2 * (world - 1) / world * nbytes * 8
+    rates = [r for r in (up_bps, down_bps) if r]
+    return (world - 1) * rtt + (moved / min(rates) if rates else 0.0)
+
+
+def _link_hook(state: dict[str, Any], bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    t0 = time.perf_counter()
+    tensor = bucket.buffer().div_(state["world"])
+    fut = dist.all_reduce(tensor, async_op=True).get_future()
+    nbytes = tensor.numel() * tensor.element_size()
+
+    def done(f: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
+        # The link's time beyond what loopback took (gloo on one machine is not free).
+        extra = link_delay(nbytes, state["world"], *state["link"]) - (time.perf_counter() - t0)
+        if extra > 0:
+            time.sleep(extra)
+        state["allreduces"] += 1
+        state["bytes"] += int(2 * (state["world"] - 1) / state["world"] * nbytes)
+        return f.value()[0]
+
+    return fut.then(done)
+
+
+# torch checks a hook's annotations as objects; ``from __future__ import annotations`` made them strings.
+_link_hook.__annotations__["bucket"] = dist.GradBucket
+_link_hook.__annotations__["return"] = torch.futures.Future[torch.Tensor]
+
+
+def _evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
+    model.eval()
+    with torch.no_grad():
+        out = model(x)
+        loss = float(torch.nn.functional.cross_entropy(out, y))
+        acc = float((out.argmax(1) == y).float().mean())
+    model.train()
+    return acc, loss
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True)
+    p.add_argument("--overrides", default="{}", help="run-config overrides, JSON")
+    p.add_argument("--slowdowns", required=True, help="per-rank slowdown factors, comma-separated")
+    p.add_argument("--links", default="", help="per-rank UP_BPS/DOWN_BPS/RTT_S, comma-separated (empty: none)")
+    p.add_argument("--target-accuracy", type=float, default=None)
+    p.add_argument("--max-seconds", type=float, default=120.0)
+    p.add_argument("--lr", type=float, default=None)
+    p.add_argument("--eval-every", type=int, default=20)
+    a = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.set_num_threads(1)
+    cfg = build_config("bsp", **json.loads(a.overrides))
+    torch.manual_seed(cfg.seed)
+    train, test = load_dataset(cfg.dataset, seed=cfg.seed, test_fraction=cfg.test_fraction,
+                               num_samples=cfg.num_samples)
+    model = build_model(cfg.model, input_shape=train.input_shape, num_classes=train.num_classes, **cfg.model_kwargs)
+    global_batch = cfg.batch_size * world
+    lr = a.lr if a.lr is not None else cfg.lr * global_batch / (world * cfg.batch_size)
+    ddp = DistributedDataParallel(model)
+    state: dict[str, Any] = {"world": world, "allreduces": 0, "bytes": 0, "link": (None, None, 0.0)}
+    if a.links:
+        specs = [tuple(float(v) for v in s.split("/")) for s in a.links.split(",")]
+        # The ring runs at its slowest member's link, whatever rank this is.
+        state["link"] = (min(s[0] for s in specs), min(s[1] for s in specs), max(s[2] for s in specs))
+    # Always hooked, a lan link costing nothing: the hook also counts the all-reduces and their bytes.
+    ddp.register_comm_hook(state, _link_hook)
+    opt = torch.optim.SGD(ddp.parameters(), lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    slowdown = float(a.slowdowns.split(",")[rank])
+    x_all, y_all = torch.as_tensor(train.x), torch.as_tensor(train.y).long()
+    n_eval = min(len(test), cfg.eval_max_samples)
+    x_test, y_test = torch.as_tensor(test.x[:n_eval]), torch.as_tensor(test.y[:n_eval]).long()
+    rng = np.random.default_rng(cfg.seed + rank)
+    mine = np.arange(rank, len(train), world)  # this rank's share, as DistributedSampler deals it
+    dist.barrier()
+    t0 = time.time()
+    eval_seconds = compute = waited = 0.0
+    steps = 0
+    timeline: list[dict[str, Any]] = []
+    reached_at: float | None = None
+    stop = torch.zeros(1)
+    # Every rank the same number of steps per epoch: DDP all-reduces in lockstep.
+    per_epoch = len(train) // world // cfg.batch_size
+    while True:
+        order = mine[rng.permutation(len(mine))]
+        for step in range(per_epoch):
+            idx = order[step * cfg.batch_size:(step + 1) * cfg.batch_size]
+            s0, c0 = time.perf_counter(), time.thread_time()
+            opt.zero_grad(set_to_none=True)
+            torch.nn.functional.cross_entropy(ddp(x_all[idx]), y_all[idx]).backward()
+            work = min(time.perf_counter() - s0, time.thread_time() - c0)
+            opt.step()
+            compute += work * slowdown
+            waited += time.perf_counter() - s0 - work
+            if slowdown > 1:
+                time.sleep(work * (slowdown - 1))  # the agent's delay injection, on compute only
+            steps += 1
+            if steps % a.eval_every:
+                continue
+            train_s = time.time() - t0 - eval_seconds
+            if rank == 0:
+                e0 = time.time()
+                acc, loss = _evaluate(model, x_test, y_test)
+                eval_seconds += time.time() - e0
+                timeline.append({"elapsed": round(train_s, 3), "version": steps, "accuracy": acc, "loss": loss})
+                done = (a.target_accuracy is not None and acc >= a.target_accuracy) or train_s >= a.max_seconds
+                if a.target_accuracy is not None and acc >= a.target_accuracy and reached_at is None:
+                    reached_at = train_s
+                stop.fill_(1.0 if done else 0.0)
+            dist.broadcast(stop, 0)
+            if stop.item() > 0:
+                break
+        else:
+            continue
+        break
+    wall = time.time() - t0
+    workers = [None] * world
+    dist.all_gather_object(workers, {"name": f"rank-{rank}", "speed": 1 / slowdown, "slowdown": slowdown,
+                                     "cycles": steps, "samples": steps * cfg.batch_size,
+                                     "compute_seconds": round(compute, 3), "wait_seconds": round(waited, 3),
+                                     "utilization": compute / wall if wall else None, "pushes": 0, "pulls": 0,
+                                     "bytes_sent": state["bytes"], "bytes_received": state["bytes"],
+                                     "messages": state["allreduces"]})
+    if rank == 0:
+        _write_summary(Path(a.out), cfg, a, lr, world, count_parameters(model), timeline, reached_at, wall,
+                       steps, workers)
+    # Every rank past the summary before any tears gloo down: a rank whose peers had already
+    # gone aborted in its destructor (measured: "terminate called without an active exception").
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _write_summary(out: Path, cfg: Any, a: argparse.Namespace, lr: float, world: int, params: int,
+                   timeline: list[dict[str, Any]], reached_at: float | None, wall: float, steps: int,
+                   workers: list[Any]) -> None:
+    last = timeline[-1] if timeline else {}
+    summary = {
+        "preset": "ddp", "dataset": cfg.dataset, "model": cfg.model, "clients": world, "parameters": params,
+        "outcome": "target reached" if reached_at is not None else "time limit",
+        "wall_seconds": round(wall, 3), "target_accuracy": a.target_accuracy,
+        "final_accuracy": last.get("accuracy"), "final_loss": last.get("loss"),
+        "best_accuracy": max((e["accuracy"] for e in timeline), default=None),
+        "reached_target": reached_at is not None,
+        # From the barrier after every rank joined, evaluations left out: the testbed's "train s".
+        "seconds_to_target": None if reached_at is None else round(reached_at, 3),
+        "train_seconds_to_target": None if reached_at is None else round(reached_at, 3),
+        "model_updates": steps,
+        "messages_total": sum(w["messages"] for w in workers),
+        "messages_by_type": {"allreduce": sum(w["messages"] for w in workers)},
+        "bytes_sent_total": sum(w["bytes_sent"] for w in workers),
+        "bytes_received_total": sum(w["bytes_received"] for w in workers),
+        "accuracy_timeline": timeline, "workers": workers,
+        "ddp": {"backend": "gloo", "batch_per_rank": cfg.batch_size, "global_batch": cfg.batch_size * world,
+                "lr": lr, "lr_rule": "given" if a.lr is not None else "linear in the global batch, anchored at bsp's "
+                "(preset lr x global batch / (N x batch_size))",
+                "momentum": cfg.momentum, "eval_every_steps": a.eval_every, "link_emulation": bool(a.links)},
+    }
+    tmp = out / "summary.json.tmp"
+    tmp.write_text(json.dumps(summary, indent=2))
+    tmp.replace(out / "summary.json")
+    log.info("ddp: %s; %d steps; lr %g", summary["outcome"], steps, lr)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    main()
