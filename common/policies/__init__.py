@@ -1,0 +1,1 @@
+"""Every policy kind (sync, gate, aggregation, lr scaling, allocation, topology) in one registry (``base``)."""
