@@ -26,6 +26,9 @@ def batch_scaled_lr(lr: float, batch: int, global_batch: int) -> float:
 class LrScaling(Policy):
     """The learning rate a push of ``batch`` samples is applied with, given the run's total batch."""
 
+    # The rule reads the run's total batch: only then does the engine sum the active workers' batches.
+    needs_global_batch: ClassVar[bool] = False
+
     @classmethod
     def from_config(cls, config: RunConfig, **context: Any) -> LrScaling:
         return cls()
@@ -42,6 +45,8 @@ class Fixed(LrScaling):
 @register("lr_scaling", "batch-scaled")
 class BatchScaled(LrScaling):
     """eta_k = eta * b_k / B for asynchronous pushes (OmniLearn Eq. 5b)."""
+
+    needs_global_batch: ClassVar[bool] = True
 
     requires: ClassVar[dict[str, str]] = {
         "asynchronous": "(OmniLearn Eq. 5b) is for asynchronous pushes; under {sync} aggregation 'samples' already "

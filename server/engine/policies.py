@@ -186,7 +186,9 @@ class ScaledRate:
     scaling: LrScaling
 
     def rate(self, step_batch: int, cluster_batch: Callable[[], int]) -> float:
-        return self.scaling.lr(self.lr, step_batch, cluster_batch())
+        # Summed only for rules that read it: every work request asks for a rate.
+        total = cluster_batch() if self.scaling.needs_global_batch else step_batch
+        return self.scaling.lr(self.lr, step_batch, total)
 
 
 @dataclass(frozen=True)
