@@ -1,9 +1,9 @@
-"""The README's configuration reference, generated from the run config's field descriptions.
+"""The configuration reference (docs/configuration.md), generated from the run config's field descriptions.
 
-    python -m hermes.common.config_doc            # print the table
-    python -m hermes.common.config_doc --write README.md
+    python -m hermes.common.config_doc                                  # print the table
+    python -m hermes.common.config_doc --write docs/configuration.md    # update the doc in a checkout
 
-The README holds the output between ``<!-- config-table:start -->`` and
+The doc holds the output between ``<!-- config-table:start -->`` and
 ``<!-- config-table:end -->``; a unit test keeps the two equal, so a field
 without a description, or a changed default, shows up as a failing test.
 """
@@ -22,6 +22,8 @@ from hermes.common.config import SECTIONS, RunConfig
 from hermes.common.config_keys import ALIASES
 
 START, END = "<!-- config-table:start -->", "<!-- config-table:end -->"
+# Where the table lives, relative to the repository root.
+DOC = "docs/configuration.md"
 
 
 def _default(info: FieldInfo) -> str:
@@ -60,22 +62,27 @@ def table() -> str:
     return "\n".join(rows) + "\n"
 
 
-def replaced(readme: str, generated: str) -> str:
-    """``readme`` with the text between the markers replaced by ``generated``."""
-    head, start, rest = readme.partition(START)
+def replaced(doc: str, generated: str) -> str:
+    """``doc`` with the text between the markers replaced by ``generated``."""
+    head, start, rest = doc.partition(START)
     _, end, tail = rest.partition(END)
     if not start or not end:
-        raise ValueError(f"README has no {START} ... {END} block")
+        raise ValueError(f"no {START} ... {END} block in the file")
     return f"{head}{START}\n{generated}{END}{tail}"
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="Print (or write into a README) the run-config reference table.")
-    ap.add_argument("--write", metavar="README", help="replace the table between the markers in this file")
+    ap = argparse.ArgumentParser(description="Print (or write into the configuration doc) the run-config reference table.")
+    ap.add_argument("--write", metavar="FILE", nargs="?", const=DOC,
+                    help=f"replace the table between the markers in this file (default {DOC})")
     a = ap.parse_args(argv)
     if a.write:
         p = Path(a.write)
-        p.write_text(replaced(p.read_text(), table()))
+        try:
+            p.write_text(replaced(p.read_text(), table()))
+        except (OSError, ValueError) as exc:
+            print(f"config_doc: {p}: {exc}", file=sys.stderr)
+            return 2
     else:
         sys.stdout.write(table())
     return 0

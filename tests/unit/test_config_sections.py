@@ -1,4 +1,4 @@
-"""Nested config sections: inputs in every spelling, unknown keys, the generated README table, the migration tool."""
+"""Nested config sections: inputs in every spelling, unknown keys, the generated config table (docs/configuration.md), the migration tool."""
 
 from __future__ import annotations
 
@@ -10,16 +10,17 @@ from pathlib import Path
 import pytest
 
 from hermes.common.config import SECTIONS, ConfigError, RunConfig, build_config, load_config_file
-from hermes.common.config_doc import END, START, table
+from hermes.common.config_doc import DOC, END, START, table
 from hermes.common.config_keys import ALIASES
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_readme_config_table_is_the_generated_one():
-    text = (ROOT / "README.md").read_text()
+def test_docs_config_table_is_the_generated_one():
+    text = (ROOT / DOC).read_text()
+    assert START in text and END in text, f"{DOC} lost its {START} ... {END} markers"
     inside = text.split(START, 1)[1].split(END, 1)[0]
-    assert inside == "\n" + table(), "run `python -m hermes.common.config_doc --write README.md`"
+    assert inside == "\n" + table(), f"run `python -m hermes.common.config_doc --write {DOC}`"
 
 
 def test_every_field_has_a_description():
