@@ -1,4 +1,4 @@
-"""Each deviation from a paper is one switch away from the paper's exact rule (README "Deviations from the papers").
+"""Each deviation from a paper is one switch away from the paper's exact rule (docs/papers.md, "Deviations from the papers").
 
 Paper numbers where the papers give them: OmniLearn Fig. 11 bounds 4..96,
 ACSOS's dead-band 0.05, Chao et al.'s mini-batch 100 and total batch 1000.

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from hermes.common.config import RunConfig
 
-# The built-in allocation names in the order the README lists them (the registry is the source of truth).
+# The built-in allocation names in the order the docs list them (the registry is the source of truth).
 ALLOCATIONS = ("uniform", "dual-search", "static", "pcontrol", "adaptive", "partition")
 
 

@@ -53,7 +53,7 @@ class PControlParams(BaseModel):
                                                    "(0 = the paper's rule).")
     drop_cap_updates: int = Field(
         default=10, ge=0, description="Control steps after which a throughput-drop cap is lifted (0 = never, the paper's rule).")
-    # The papers' rules, each one switch away (README "Deviations from the papers").
+    # The papers' rules, each one switch away (docs/papers.md, "Deviations from the papers").
     deadband_order: Literal["after-bounds", "before-bounds"] = Field(
         default="after-bounds", description="Dead-band tested on the bounded batch (ours, ACSOS) or, 'before-bounds', "
                                             "on the unbounded Eq. 6 value, then clamped (OmniLearn Alg. 1).")
