@@ -11,6 +11,7 @@ import pytest
 
 from hermes.common.config import SECTIONS, ConfigError, RunConfig, build_config, load_config_file
 from hermes.common.config_doc import DOC, END, START, table
+from hermes.common.config_doc import main as config_doc_main
 from hermes.common.config_keys import ALIASES
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -21,6 +22,18 @@ def test_docs_config_table_is_the_generated_one():
     assert START in text and END in text, f"{DOC} lost its {START} ... {END} markers"
     inside = text.split(START, 1)[1].split(END, 1)[0]
     assert inside == "\n" + table(), f"run `python -m hermes.common.config_doc --write {DOC}`"
+
+
+def test_config_doc_write_replaces_only_the_table(tmp_path, capsys):
+    doc = tmp_path / "configuration.md"
+    doc.write_text(f"head\n{START}\nstale\n{END}\ntail\n")
+    assert config_doc_main(["--write", str(doc)]) == 0
+    assert doc.read_text() == f"head\n{START}\n{table()}{END}\ntail\n"
+    bare = tmp_path / "bare.md"
+    bare.write_text("no markers here\n")
+    assert config_doc_main(["--write", str(bare)]) == 2
+    assert bare.read_text() == "no markers here\n"
+    assert "no <!-- config-table:start -->" in capsys.readouterr().err
 
 
 def test_every_field_has_a_description():
