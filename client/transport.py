@@ -49,10 +49,12 @@ class ServerUnreachable(Exception):
 class RemoteError(Exception):
     """The server answered with an error reply."""
 
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: str, message: str, retry_after: float | None = None) -> None:
         super().__init__(f"{code}: {message}")
         self.code = code
         self.message = message
+        # The server's Retry-After, where it sent one (e.g. a name held by a silent agent).
+        self.retry_after = retry_after
 
 
 class StopRequested(Exception):
@@ -77,6 +79,13 @@ def tls_context(ca_file: str | None = None, cert_file: str | None = None,
     if cert_file:
         ctx.load_cert_chain(cert_file, key_file)
     return ctx
+
+
+def _seconds(text: str | None) -> float | None:
+    try:
+        return float(text) if text else None
+    except ValueError:
+        return None
 
 
 class ControlClient:
@@ -113,7 +122,7 @@ class ControlClient:
                     if retry_after.isdigit():
                         delay = max(delay, min(60.0, float(retry_after)))
                 else:
-                    raise RemoteError(f"http_{exc.code}", detail) from None
+                    raise RemoteError(f"http_{exc.code}", detail, _seconds(exc.headers.get("Retry-After"))) from None
             except urllib.error.URLError as exc:
                 if isinstance(exc.reason, ssl.SSLError):
                     # A certificate problem does not go away by retrying.
