@@ -26,6 +26,7 @@ from typing import Any
 import torch
 import zmq
 
+from hermes.client.preflight import tls_context
 from hermes.common.signing import ServerClock, new_session
 from hermes.common.wire import (
     DEFAULT_MAX_MESSAGE_BYTES,
@@ -40,6 +41,9 @@ from hermes.common.wire import (
 )
 
 log = logging.getLogger(__name__)
+
+__all__ = ["ControlClient", "DataClient", "RemoteError", "RequestCancelled", "RunOver", "ServerUnreachable",
+           "StopRequested", "TrafficCounter", "tls_context"]
 
 
 class ServerUnreachable(Exception):
@@ -67,18 +71,6 @@ class RunOver(StopRequested):
 
 class RequestCancelled(Exception):
     """A data-plane wait was cut short by the agent (stopping, or its registration is gone)."""
-
-
-def tls_context(ca_file: str | None = None, cert_file: str | None = None,
-                key_file: str | None = None) -> ssl.SSLContext | None:
-    """Verification of the server against ``ca_file`` (system CAs without it) and an optional
-    client certificate for servers that require one. None when no TLS option is given."""
-    if not (ca_file or cert_file):
-        return None
-    ctx = ssl.create_default_context(cafile=ca_file)
-    if cert_file:
-        ctx.load_cert_chain(cert_file, key_file)
-    return ctx
 
 
 def _seconds(text: str | None) -> float | None:

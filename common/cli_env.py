@@ -169,7 +169,7 @@ class _DeprecatedAlias(argparse.Action):
 
     def __init__(self, option_strings: list[str], dest: str, *, target: argparse.Action, **kwargs: Any) -> None:
         super().__init__(option_strings, dest, nargs=target.nargs, const=target.const, default=argparse.SUPPRESS,
-                         type=target.type, choices=target.choices, metavar=target.metavar, help=argparse.SUPPRESS)
+                         type=None if isinstance(target.type, str) else target.type, choices=target.choices, metavar=target.metavar, help=argparse.SUPPRESS)
         self.target = target
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
