@@ -14,9 +14,12 @@
 - ``deprecated_alias``: an old spelling that still works, hidden from the
   help, warning once on stderr with the new one.
 
-The twin name is ``HERMES_`` + the long flag in upper case with ``-`` as
-``_``; ``env_names={"dest": "HERMES_OTHER"}`` keeps an older name, and
-``env_names={"dest": None}`` gives a flag no twin.
+The twin name is the tool's prefix + the long flag in upper case with ``-``
+as ``_``. The agent and the server use ``HERMES_``; the launchers have their
+own (``HERMES_TESTBED_``, ``HERMES_BENCH_``, ``HERMES_DEPLOY_``) because the
+processes they start inherit their environment: ``HERMES_TESTBED_THREADS``
+must not become every agent's ``--threads``. ``env_names={"dest": "NAME"}``
+keeps an older name, ``env_names={"dest": None}`` gives a flag no twin.
 
 Subparsers made by ``add_subparsers`` are ``HermesParser`` too and apply the
 same rules to their own options.
@@ -38,6 +41,8 @@ __all__ = ["HermesParser", "deprecated_alias", "env_name", "package_version"]
 ENV_PREFIX = "HERMES_"
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off", ""})
+# A switch's twin set to a false value: the flag's own default stands.
+_UNSET = object()
 
 
 def package_version(dist: str = "hermes-edge") -> str:
@@ -48,7 +53,8 @@ def package_version(dist: str = "hermes-edge") -> str:
         return "unknown"
 
 
-def env_name(action: argparse.Action, overrides: Mapping[str, str | None] | None = None) -> str | None:
+def env_name(action: argparse.Action, overrides: Mapping[str, str | None] | None = None,
+             prefix: str = ENV_PREFIX) -> str | None:
     """The environment twin of an option, or None when it has none."""
     if overrides and action.dest in overrides:
         return overrides[action.dest]
@@ -60,17 +66,19 @@ def env_name(action: argparse.Action, overrides: Mapping[str, str | None] | None
     longs = [o for o in action.option_strings if o.startswith("--")]
     if not longs:
         return None
-    return ENV_PREFIX + longs[0][2:].upper().replace("-", "_")
+    return prefix + longs[0][2:].upper().replace("-", "_")
 
 
 class HermesParser(argparse.ArgumentParser):
     """``argparse.ArgumentParser`` with environment twins, did-you-mean and one-line errors."""
 
     def __init__(self, *args: Any, version: bool = False, env_names: Mapping[str, str | None] | None = None,
-                 **kwargs: Any) -> None:
+                 env_prefix: str | None = None, **kwargs: Any) -> None:
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
         self.env_names: dict[str, str | None] = dict(env_names or {})
+        # None: a subparser takes its parent's (set when the parent parses).
+        self.env_prefix = env_prefix
         self._env_applied = False
         if version:
             self.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
@@ -80,7 +88,7 @@ class HermesParser(argparse.ArgumentParser):
     def _twins(self) -> list[tuple[argparse.Action, str]]:
         out = []
         for action in self._actions:
-            name = env_name(action, self.env_names)
+            name = env_name(action, self.env_names, self.env_prefix or ENV_PREFIX)
             if name:
                 out.append((action, name))
         return out
@@ -101,7 +109,24 @@ class HermesParser(argparse.ArgumentParser):
             text = os.environ.get(name)
             if text is None:
                 continue
-            action.default = self._env_value(action, name, text)
+            value = self._env_value(action, name, text)
+            if value is _UNSET:
+                continue
+            # Every action of the dest: argparse takes the first one's default
+            # (--system-site-packages / --no-system-site-packages share one).
+            for other in self._actions:
+                if other.dest == action.dest:
+                    other.default = value
+                    other.required = False  # the environment gave it
+
+    def _inherit(self) -> None:
+        """Subcommands use the tool's prefix and renames unless they were given their own."""
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub in action.choices.values():
+                    if isinstance(sub, HermesParser):
+                        sub.env_prefix = sub.env_prefix or self.env_prefix
+                        sub.env_names = {**self.env_names, **sub.env_names}
 
     def _env_value(self, action: argparse.Action, name: str, text: str) -> Any:
         flag = max(action.option_strings, key=len)
@@ -111,7 +136,7 @@ class HermesParser(argparse.ArgumentParser):
             if low in _TRUE:
                 return action.const
             if low in _FALSE:
-                return action.default
+                return _UNSET
             self._fail(f"{where}: expected 1/true/yes/on or 0/false/no/off")
         try:
             value = action.type(text) if callable(action.type) else text
@@ -126,6 +151,7 @@ class HermesParser(argparse.ArgumentParser):
 
     def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
                          namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
+        self._inherit()
         self._annotate_help()
         argv = list(sys.argv[1:] if args is None else args)
         # --help and --version work whatever the environment holds.
@@ -147,7 +173,7 @@ class HermesParser(argparse.ArgumentParser):
         hint = ""
         m = re.match(r"unrecognized arguments: (.*)", message)
         if m:
-            known = [o for a in self._actions for o in a.option_strings if a.help != argparse.SUPPRESS]
+            known = _visible_options(self)
             for token in m.group(1).split():
                 if token.startswith("-"):
                     hint = _did_you_mean(token.split("=", 1)[0], known)
@@ -157,6 +183,18 @@ class HermesParser(argparse.ArgumentParser):
         if m:
             hint = _did_you_mean(m.group(1), re.findall(r"'([^']*)'", m.group(2)))
         self._fail(f"{message}{hint}; see {self.prog} --help")
+
+
+def _visible_options(parser: argparse.ArgumentParser) -> list[str]:
+    """Every flag shown in the help, subcommands' included (their unknown flags are reported up here)."""
+    out = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                out += _visible_options(sub)
+        elif action.help != argparse.SUPPRESS:
+            out += action.option_strings
+    return out
 
 
 def _did_you_mean(word: str, candidates: Sequence[str]) -> str:
