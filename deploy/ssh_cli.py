@@ -154,9 +154,12 @@ def _client_args_error(args: list[str]) -> str | None:
 
 def format_table(command: str, results: list[rollout.HostResult]) -> str:
     width = max([4] + [len(r.host) for r in results])
-    lines = [f"{'HOST':<{width}}  {'RESULT':<6}  {'TIME':>6}  {command.upper()}"]
+    lines = [f"{'HOST':<{width}}  {'RESULT':<8}  {'TIME':>6}  {command.upper()}"]
     for r in results:
-        lines.append(f"{r.host:<{width}}  {'ok' if r.ok else 'FAILED':<6}  {r.seconds:>5.1f}s  {r.summary}")
+        # status: an agent whose run ended cleanly is FINISHED, neither running nor failed.
+        result = str(r.details.get("result", "ok")).upper() if r.ok and r.details.get("result") else (
+            "ok" if r.ok else "FAILED")
+        lines.append(f"{r.host:<{width}}  {result:<8}  {r.seconds:>5.1f}s  {r.summary}")
     failed = sum(not r.ok for r in results)
     lines.append(f"{len(results) - failed} ok, {failed} failed")
     return "\n".join(lines)

@@ -353,6 +353,19 @@ def test_roll_out_trains_on_the_device(sshd, server_factory, tmp_path, capsys, m
         assert rc == 1 and "not running: stopped" in row(out, "edge-1"), out
         rc, out, _ = deploy(capsys, "stop", "-i", inv, "--hosts", "edge-1")
         assert rc == 0 and "nothing to stop" in row(out, "edge-1"), out
+
+        # An agent whose run ends cleanly (--max-cycles) is FINISHED, not FAILED.
+        rc, out, _ = deploy(capsys, "start", "-i", inv, "--hosts", "edge-1", "--server", server.url,
+                            "--max-cycles", "2")
+        assert rc == 0, out
+        pid = int((wd / "edge-1" / "run" / "agent.pid").read_text())
+        exit_file = wd / "edge-1" / "run" / "agent.exit"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not (exit_file.is_file() and exit_file.read_text().strip()):
+            time.sleep(0.5)
+        assert exit_file.read_text().strip() == "0", (wd / "edge-1" / "logs" / "agent.log").read_text()[-3000:]
+        rc, out, _ = deploy(capsys, "status", "-i", inv, "--hosts", "edge-1")
+        assert rc == 0 and row(out, "edge-1").split()[1] == "FINISHED" and "exited 0" in row(out, "edge-1"), out
     finally:
         if _pid_alive(pid):
-            os.killpg(pid, signal.SIGKILL)
+            os.killpg(os.getpgid(pid), signal.SIGKILL)
