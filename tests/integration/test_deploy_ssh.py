@@ -295,6 +295,15 @@ def test_roll_out_trains_on_the_device(sshd, server_factory, tmp_path, capsys, m
     r = subprocess.run([str(venv_python), "-c", "import hermes.client.cli as m; print(m.__file__)"],
                        capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert r.returncode == 0 and str(wd / "edge-1" / "venv") in r.stdout, (r.stdout, r.stderr)
+    # deps = "present" with the system site-packages: torch must be there already. Where the
+    # interpreter running the tests is itself a venv, its base has no torch: the device venv
+    # sees the test venv's site-packages after its own (a .pth), as a system torch would be seen.
+    if subprocess.run([str(venv_python), "-c", "import torch"], capture_output=True, timeout=120).returncode:
+        import torch
+
+        site = subprocess.run([str(venv_python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                              capture_output=True, text=True, timeout=60).stdout.strip()
+        Path(site, "zz_test_system_torch.pth").write_text(str(Path(torch.__file__).parents[1]) + "\n")
 
     rc, out, _ = deploy(capsys, "start", "-i", inv, "--hosts", "edge-1", "--server", server.url, "--", "--slowdown", "1")
     assert rc == 0, out
