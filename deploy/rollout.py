@@ -180,6 +180,12 @@ alive() {
     fi
     return 0
 }
+# gone PID: no such process, or a zombie. ``alive`` turns false once an exiting process has
+# no memory left (its cmdline reads empty); this waits for the exit to complete.
+gone() {
+    kill -0 "$1" 2>/dev/null || return 0
+    [ "$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -c1)" = Z ]
+}
 # killtree PID: SIGKILL the agent and its process group (the shell waiting for it leads the group).
 killtree() {
     pg=$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f3)
@@ -531,6 +537,7 @@ def stop(host: Host, s: RemoteSession, *, grace: float = 20.0) -> tuple[str, dic
         'if alive "$pid"; then killtree "$pid"; sleep 0.5; echo signal=KILL; '
         "else echo signal=TERM; fi",
         'if alive "$pid"; then echo "pid $pid survived SIGKILL" >&2; exit 24; fi',
+        'j=0; while ! gone "$pid" && [ $j -lt 50 ]; do sleep 0.1; j=$((j+1)); done',
         f"rm -f {PID_FILE}",
         "echo state=stopped",
         "echo waited=$i",
