@@ -153,3 +153,24 @@ def test_tool_prefixes() -> None:
     deploy.parse_known_args(["check", "-i", "x"])  # subcommands take the prefix when the tool parses
     start = next(a for a in deploy._actions if isinstance(a, argparse._SubParsersAction)).choices["check"]
     assert "[HERMES_DEPLOY_INVENTORY]" in start.format_help()
+
+
+def test_testbed_passes_tensorboard_to_the_server(tmp_path, monkeypatch) -> None:
+    from hermes.deploy import testbed
+
+    args = testbed.build_parser().parse_args(["--out", str(tmp_path / "run"), "--tensorboard", "tb"])
+    bed = testbed.Testbed(args)
+    seen: list[list[str]] = []
+    monkeypatch.setattr(testbed, "wait_healthy", lambda *a, **k: None)
+    monkeypatch.setattr(bed, "_spawn", lambda name, cmd, info, env=None: seen.append(cmd) or
+                        testbed.Proc(name, None, tmp_path / "log", info))  # type: ignore[arg-type]
+    monkeypatch.chdir(tmp_path)
+    bed.start_server()
+    cmd = seen[0]
+    assert cmd[cmd.index("--tensorboard") + 1] == str(tmp_path / "tb")
+    args = testbed.build_parser().parse_args(["--out", str(tmp_path / "run2")])
+    bed = testbed.Testbed(args)
+    monkeypatch.setattr(bed, "_spawn", lambda name, cmd, info, env=None: seen.append(cmd) or
+                        testbed.Proc(name, None, tmp_path / "log", info))  # type: ignore[arg-type]
+    bed.start_server()
+    assert "--tensorboard" not in seen[1]
