@@ -11,7 +11,9 @@ gradient hook.
 
 from __future__ import annotations
 
+import json
 import logging
+import secrets
 import sys
 import threading
 import time
@@ -26,6 +28,7 @@ from hermes.client.collective import settle_abandoned
 from hermes.client.cores import UsableCores, usable_cores
 from hermes.client.memory_probe import available_memory_bytes, memory_profile
 from hermes.client.prefetch import ShardFetcher, ShardStats
+from hermes.client.preflight import data_plane_problem
 from hermes.client.session import AgentStats, Job, Session
 from hermes.client.topology import AllReduce, PushPull
 from hermes.client.trainer import resolve_device
@@ -35,13 +38,14 @@ from hermes.client.transport import (
     RequestCancelled,
     RunOver,
     ServerUnreachable,
+    StopRequested,
     TrafficCounter,
     tls_context,
 )
 from hermes.common.policies import base as registry
 from hermes.common.wire import ErrorCode
 
-__all__ = ["Agent", "AgentOptions", "AgentStats"]
+__all__ = ["Agent", "AgentOptions", "AgentStats", "DataPlaneUnreachable", "NameTaken"]
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +81,9 @@ class AgentOptions:
     ssl_keyfile: str | None = None
     # Registrations after the first (server restarted, or it marked us lost) before giving up.
     max_rejoins: int = 100
+    # Seconds to prove at the first registration that the advertised data plane answers
+    # (client/preflight.py); 0 skips the check.
+    data_plane_check_timeout: float = 3.0
 
     def slowdown_at(self, elapsed: float) -> float:
         factor = self.slowdown
@@ -86,15 +93,34 @@ class AgentOptions:
         return factor
 
 
+def _detail(message: str) -> str:
+    """The text of a FastAPI error body ({"detail": "..."}), or the body itself."""
+    try:
+        detail = json.loads(message).get("detail")
+    except (ValueError, AttributeError):
+        return message
+    return detail if isinstance(detail, str) else message
+
+
 # Data-plane errors after which registering again is the cure: the server
 # forgot this worker (marked lost, or restarted with new secrets) or is restarting.
 _REJOIN_CODES = frozenset({ErrorCode.UNAUTHORIZED.value, ErrorCode.UNKNOWN_WORKER.value,
                            ErrorCode.UNAVAILABLE.value, ErrorCode.REPLAY.value})
 
 
+class DataPlaneUnreachable(ServerUnreachable):
+    """Registered, but the data plane the server advertises cannot be reached from here."""
+
+
+class NameTaken(RemoteError):
+    """Another live agent is registered under this agent's name."""
+
+
 class Agent:
     def __init__(self, options: AgentOptions) -> None:
         self.options = options
+        # Tells this process's registrations from another agent's under the same name.
+        self.instance = secrets.token_hex(8)
         self.stop_requested = threading.Event()
         # Cuts data-plane waits short: set on stop and when the server forgot us.
         self.cancel = threading.Event()
@@ -135,6 +161,7 @@ class Agent:
                  "none" if self.cores.quota is None else f"{self.cores.quota:g}")
         device = resolve_device(opts.device)
         session = self._register(device)
+        self._check_data_plane(session)
         job = Job.from_registration(session.reg, session.worker_id, device, opts.slowdown)
         log.info("registered as %s (%s); preset=%s model=%s (%d params) precision=%s device=%s data plane %s",
                  session.worker_id, opts.name, job.config.preset, job.spec.name, job.spec.numel,
@@ -166,23 +193,55 @@ class Agent:
     def _register(self, device: torch.device, previous: Session | None = None) -> Session:
         """A new registration (with backoff while a restarting server comes back)."""
         hints: dict[str, Any] = {"torch": torch.__version__, "memory_available_bytes": available_memory_bytes(device),
-                                 **self.cores.hints()}
+                                 "instance": self.instance, **self.cores.hints()}
         if self.options.cores:
             hints["cores"] = self.options.cores
-        try:
-            reg = self.control.register(name=self.options.name, threads=self.threads, device=device.type,
-                                        slowdown=self.options.slowdown, hints=hints)
-        except RemoteError as exc:
-            if exc.code == "http_410":
-                self.stop_reason = "the server's run is over"
-                raise RunOver(f"the server's run is over ({exc.message})") from None
-            raise
+        waited_for_name = False
+        while True:
+            try:
+                reg = self.control.register(name=self.options.name, threads=self.threads, device=device.type,
+                                            slowdown=self.options.slowdown, hints=hints)
+                break
+            except RemoteError as exc:
+                if exc.code == "http_410":
+                    self.stop_reason = "the server's run is over"
+                    raise RunOver(f"the server's run is over ({exc.message})") from None
+                if exc.code == "http_409" and "in use by another live agent" in exc.message:
+                    if waited_for_name or exc.retry_after is None:
+                        raise NameTaken(exc.code, _detail(exc.message)) from None
+                    # The holder may be this agent's own earlier process, killed without a
+                    # goodbye: once it has been silent long enough the server hands the name over.
+                    waited_for_name = True
+                    log.warning("%s; waiting %.0fs in case it is a previous run of this agent that died",
+                                _detail(exc.message), exc.retry_after)
+                    if self.stop_requested.wait(exc.retry_after + 0.5):
+                        raise StopRequested("stopped while waiting for the worker name") from None
+                    continue
+                raise
         self.session = Session(reg, quick_control=self.quick_control, context=self._ctx, traffic=self.traffic,
                                shard_stats=self.shard_stats, cancel=self.cancel,
                                request_timeout=self.options.request_timeout,
                                kafka_bootstrap=self.options.kafka_bootstrap, on_lost=self._registration_lost,
                                previous=previous)
         return self.session
+
+    def _check_data_plane(self, session: Session) -> None:
+        """The first registration: prove the advertised data plane answers, else say --advertise-host."""
+        if self.options.data_plane_check_timeout <= 0:
+            return
+        problem = data_plane_problem(session.address, self.options.data_plane_check_timeout)
+        if problem is None:
+            return
+        session.close()
+        session.data.close()
+        try:
+            self.quick_control.leave(session.worker_id, session.token)
+        except (RemoteError, ServerUnreachable, StopRequested) as exc:
+            log.info("could not say goodbye to the server: %s", exc)
+        self._ctx.term()
+        raise DataPlaneUnreachable(f"{problem}; if this agent runs on another machine than the server, start the "
+                                   "server with --advertise-host set to an address of the server this machine "
+                                   "can reach (and check that a firewall lets the data port through)")
 
     def _registration_lost(self, reason: str) -> None:
         log.warning("%s; will register again", reason)

@@ -6,19 +6,21 @@ import argparse
 import logging
 import os
 import signal
-import socket
 import sys
+import threading
+from typing import Any
+
+from hermes.client.preflight import (
+    DataPortGiven,
+    NotReachable,
+    check_server_url,
+    default_name,
+    first_contact,
+    tls_context,
+)
+from hermes.common.cli_env import HermesParser
 
 EXIT_OK, EXIT_CONFIG, EXIT_UNREACHABLE, EXIT_REMOTE, EXIT_GROUP = 0, 2, 3, 4, 5
-
-
-def _env(name: str, default: str | None = None) -> str | None:
-    return os.environ.get(f"HERMES_{name}", default)
-
-
-def _env_or(name: str, default: str) -> str:
-    """The environment twin of a flag that always has a value."""
-    return os.environ.get(f"HERMES_{name}", default)
 
 
 def parse_schedule(text: str) -> tuple[tuple[float, float], ...]:
@@ -40,50 +42,73 @@ def _join_token(path: str | None) -> str | None:
         if not lines:
             raise OSError(f"{path} is empty")
         return lines[0]
-    return _env("JOIN_TOKEN") or None
+    return os.environ.get("HERMES_JOIN_TOKEN") or None
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="hermes-client",
+def build_parser() -> HermesParser:
+    p = HermesParser(
+        prog="hermes-client", version=True,
         description="Hermes edge agent: joins a parameter server and trains. "
         "Every flag has an environment variable twin (HERMES_SERVER, HERMES_NAME, ...).",
     )
-    p.add_argument("--server", default=_env("SERVER"), help="control-plane URL, e.g. http://10.0.0.5:8000 [HERMES_SERVER]")
-    p.add_argument("--name", default=_env("NAME", socket.gethostname()), help="stable worker name [HERMES_NAME]")
-    p.add_argument("--threads", type=int, default=int(_env_or("THREADS", "0")) or None,
-                   help="torch intra-op threads (default: the cores this process may use, from its CPU affinity "
-                        "and cgroup quota) [HERMES_THREADS]")
-    p.add_argument("--slowdown", type=float, default=float(_env_or("SLOWDOWN", "1.0")),
-                   help="emulate a device this many times slower (>= 1) [HERMES_SLOWDOWN]")
-    p.add_argument("--slowdown-schedule", default=_env("SLOWDOWN_SCHEDULE", ""),
-                   help="speed changes mid-run as SECONDS:SLOWDOWN pairs, e.g. '30:8,60:1' [HERMES_SLOWDOWN_SCHEDULE]")
-    p.add_argument("--device", default=_env("DEVICE", "auto"), help="auto, cpu, cuda, cuda:N [HERMES_DEVICE]")
-    p.add_argument("--request-timeout", type=float, default=float(_env_or("REQUEST_TIMEOUT", "30")),
-                   help="seconds to wait for a data-plane reply [HERMES_REQUEST_TIMEOUT]")
-    p.add_argument("--connect-retries", type=int, default=int(_env_or("CONNECT_RETRIES", "8")),
-                   help="registration retries (exponential backoff) before giving up [HERMES_CONNECT_RETRIES]")
-    p.add_argument("--kafka-bootstrap", default=_env("KAFKA_BOOTSTRAP"),
-                   help="Kafka address to read shard records from instead of the one the server names "
-                        "[HERMES_KAFKA_BOOTSTRAP]")
+    p.add_argument("--server", help="control-plane URL, e.g. http://10.0.0.5:8000 (the server's --port, not its data port)")
+    p.add_argument("--name", help="stable worker name (default: this host's name; host-2, host-3 ... for "
+                                  "further agents running on the same host)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch intra-op threads (default or 0: the cores this process may use, from its CPU "
+                        "affinity and cgroup quota)")
+    p.add_argument("--slowdown", type=float, default=1.0, help="emulate a device this many times slower (>= 1)")
+    p.add_argument("--slowdown-schedule", default="",
+                   help="speed changes mid-run as SECONDS:SLOWDOWN pairs, e.g. '30:8,60:1'")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
+    p.add_argument("--request-timeout", type=float, default=30.0, help="seconds to wait for a data-plane reply")
+    p.add_argument("--connect-retries", type=int, default=8,
+                   help="registration retries (exponential backoff, about 45 s for 8) before giving up")
+    p.add_argument("--data-plane-check-timeout", type=float, default=3.0, metavar="SECONDS",
+                   help="at the first registration, how long to try reaching the data plane the server "
+                        "advertises before exiting with a hint about --advertise-host (0: no check)")
+    p.add_argument("--kafka-bootstrap",
+                   help="Kafka address to read shard records from instead of the one the server names")
     p.add_argument("--schedule-origin", type=float, default=None,
                    help="unix time the --slowdown-schedule seconds count from (default: the agent's start)")
-    p.add_argument("--cores", type=float, default=float(_env_or("CORES", "0")) or None,
+    p.add_argument("--cores", type=float, default=None,
                    help="compute capacity this device declares, in cores or FLOPs (any unit consistent across "
-                        "the cluster); the static allocation policy splits batches by it [HERMES_CORES]")
-    p.add_argument("--join-token-file", default=_env("JOIN_TOKEN_FILE"), metavar="FILE",
+                        "the cluster); the static allocation policy splits batches by it")
+    p.add_argument("--join-token-file", metavar="FILE",
                    help="file whose first line is the server's join token; or set HERMES_JOIN_TOKEN "
                         "(never a flag: command lines are visible to every user)")
-    p.add_argument("--ssl-ca-certfile", default=_env("SSL_CA_CERTFILE"), metavar="PEM",
-                   help="CA bundle to verify an https:// server with (default: the system's) [HERMES_SSL_CA_CERTFILE]")
-    p.add_argument("--ssl-certfile", default=_env("SSL_CERTFILE"), metavar="PEM",
-                   help="client certificate, for servers that require one [HERMES_SSL_CERTFILE]")
-    p.add_argument("--ssl-keyfile", default=_env("SSL_KEYFILE"), metavar="PEM",
-                   help="private key of --ssl-certfile [HERMES_SSL_KEYFILE]")
+    p.add_argument("--ssl-ca-certfile", metavar="PEM",
+                   help="CA bundle to verify an https:// server with (default: the system's)")
+    p.add_argument("--ssl-certfile", metavar="PEM", help="client certificate, for servers that require one")
+    p.add_argument("--ssl-keyfile", metavar="PEM", help="private key of --ssl-certfile")
     p.add_argument("--max-cycles", type=int, default=None, help="stop after this many training cycles")
     p.add_argument("--no-progress", action="store_true", help="no status line")
-    p.add_argument("--log-level", default=_env("LOG_LEVEL", "info"), choices=["debug", "info", "warning", "error"])
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return p
+
+
+def _usage_problem(args: argparse.Namespace) -> str | None:
+    """Why these arguments cannot work (one line), or None."""
+    if not args.server:
+        return "--server URL (or HERMES_SERVER) is required"
+    problem = check_server_url(args.server)
+    if problem:
+        return problem
+    if args.slowdown < 1.0 or (args.threads is not None and args.threads < 1) or (args.cores is not None and args.cores <= 0):
+        return "--slowdown must be >= 1, --threads >= 1 and --cores > 0"
+    if args.data_plane_check_timeout < 0 or args.request_timeout <= 0 or args.connect_retries < 0:
+        return "--data-plane-check-timeout must be >= 0, --request-timeout > 0 and --connect-retries >= 0"
+    try:
+        parse_schedule(args.slowdown_schedule)
+    except ValueError as exc:
+        return f"--slowdown-schedule: {exc}"
+    if bool(args.ssl_certfile) != bool(args.ssl_keyfile):
+        return "--ssl-certfile and --ssl-keyfile go together"
+    for flag in ("ssl_ca_certfile", "ssl_certfile", "ssl_keyfile"):
+        path = getattr(args, flag)
+        if path and not os.path.isfile(path):
+            return f"--{flag.replace('_', '-')} {path!r}: no such file"
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -92,59 +117,92 @@ def main(argv: list[str] | None = None) -> int:
     if args.log_level != "debug":
         # kafka-python logs each failed connection attempt; the shard reader reports them once each.
         logging.getLogger("kafka").setLevel(logging.CRITICAL)
-    if not args.server:
-        print("hermes-client: --server URL (or HERMES_SERVER) is required", file=sys.stderr)
+    # 0 keeps its old meaning for both: decide from this device.
+    args.threads, args.cores = args.threads or None, args.cores or None
+    problem = _usage_problem(args)
+    if problem:
+        print(f"hermes-client: {problem}", file=sys.stderr)
         return EXIT_CONFIG
-    if args.slowdown < 1.0 or (args.threads is not None and args.threads < 1) or (args.cores is not None and args.cores <= 0):
-        print("hermes-client: --slowdown must be >= 1, --threads >= 1 and --cores > 0", file=sys.stderr)
-        return EXIT_CONFIG
-
-    try:
-        schedule = parse_schedule(args.slowdown_schedule)
-    except ValueError as exc:
-        print(f"hermes-client: --slowdown-schedule: {exc}", file=sys.stderr)
-        return EXIT_CONFIG
-
     try:
         join_token = _join_token(args.join_token_file)
     except OSError as exc:
         print(f"hermes-client: --join-token-file: {exc}", file=sys.stderr)
         return EXIT_CONFIG
-    if bool(args.ssl_certfile) != bool(args.ssl_keyfile):
-        print("hermes-client: --ssl-certfile and --ssl-keyfile go together", file=sys.stderr)
-        return EXIT_CONFIG
-    for flag in ("ssl_ca_certfile", "ssl_certfile", "ssl_keyfile"):
-        path = getattr(args, flag)
-        if path and not os.path.isfile(path):
-            print(f"hermes-client: --{flag.replace('_', '-')} {path!r}: no such file", file=sys.stderr)
-            return EXIT_CONFIG
 
-    from hermes.client.agent import Agent, AgentOptions
-    from hermes.client.collective import CollectiveError
-    from hermes.client.transport import RemoteError, ServerUnreachable, StopRequested
-
-    agent = Agent(AgentOptions(
-        server=args.server, name=args.name, threads=args.threads, slowdown=args.slowdown, device=args.device,
-        request_timeout=args.request_timeout, connect_retries=args.connect_retries,
-        progress=not args.no_progress, max_cycles=args.max_cycles, slowdown_schedule=schedule,
-        kafka_bootstrap=args.kafka_bootstrap or None, cores=args.cores, schedule_origin=args.schedule_origin,
-        join_token=join_token,
-        ssl_ca_certfile=args.ssl_ca_certfile, ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile,
-    ))
+    # SIGTERM/Ctrl-C end the wait for the server as they end the agent later.
+    stop = threading.Event()
+    agent = None
 
     def on_signal(signum, _frame):
-        agent.request_stop(f"signal {signal.Signals(signum).name}")
+        stop.set()
+        if agent is not None:
+            agent.request_stop(f"signal {signal.Signals(signum).name}")
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    code = _first_contact(args, stop)
+    if code is not None:
+        return code
+    name = args.name or default_name()
+
+    from hermes.client.agent import Agent, AgentOptions
+
+    agent = Agent(AgentOptions(
+        server=args.server, name=name, threads=args.threads, slowdown=args.slowdown, device=args.device,
+        request_timeout=args.request_timeout, connect_retries=args.connect_retries,
+        progress=not args.no_progress, max_cycles=args.max_cycles,
+        slowdown_schedule=parse_schedule(args.slowdown_schedule),
+        kafka_bootstrap=args.kafka_bootstrap or None, cores=args.cores, schedule_origin=args.schedule_origin,
+        join_token=join_token,
+        ssl_ca_certfile=args.ssl_ca_certfile, ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile,
+        data_plane_check_timeout=args.data_plane_check_timeout,
+    ))
+    if stop.is_set():
+        agent.request_stop("signal during start-up")
+    return _run(agent, name)
+
+
+def _first_contact(args: argparse.Namespace, stop: threading.Event) -> int | None:
+    """Before torch is imported: is a control plane there at all? An exit code when not."""
+    try:
+        tls = tls_context(args.ssl_ca_certfile, args.ssl_certfile, args.ssl_keyfile)
+        first_contact(args.server, retries=args.connect_retries, ssl_context=tls, stop=stop)
+    except DataPortGiven:
+        print(f"hermes-client: {args.server} answers in ZeroMQ: this looks like the server's data port; the "
+              "control port is the server's --port (HTTP, default 8000; the server's start-up line names both)",
+              file=sys.stderr)
+        return EXIT_CONFIG
+    except NotReachable as exc:
+        print(f"hermes-client: {exc} (is the server running, and is --server its control port?)", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    except (OSError, ValueError) as exc:  # unreadable certificate files
+        print(f"hermes-client: TLS set-up: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    if stop.is_set():
+        print(f"hermes-client: stopped while waiting for the server at {args.server}", file=sys.stderr)
+        return EXIT_OK
+    return None
+
+
+def _run(agent: Any, name: str) -> int:
+    from hermes.client.agent import DataPlaneUnreachable, NameTaken
+    from hermes.client.collective import CollectiveError
+    from hermes.client.transport import RemoteError, ServerUnreachable, StopRequested
+
     try:
         stats = agent.run()
     except StopRequested as exc:
         print(f"hermes-client: {exc}", file=sys.stderr)
         return EXIT_OK
+    except DataPlaneUnreachable as exc:
+        print(f"hermes-client: {exc}", file=sys.stderr)
+        return EXIT_UNREACHABLE
     except ServerUnreachable as exc:
         print(f"hermes-client: {exc}", file=sys.stderr)
         return EXIT_UNREACHABLE
+    except NameTaken as exc:
+        print(f"hermes-client: the server refused the name {name!r}: {exc.message}", file=sys.stderr)
+        return EXIT_REMOTE
     except RemoteError as exc:
         print(f"hermes-client: server refused: {exc}", file=sys.stderr)
         return EXIT_REMOTE

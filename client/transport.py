@@ -26,6 +26,7 @@ from typing import Any
 import torch
 import zmq
 
+from hermes.client.preflight import tls_context
 from hermes.common.signing import ServerClock, new_session
 from hermes.common.wire import (
     DEFAULT_MAX_MESSAGE_BYTES,
@@ -41,6 +42,9 @@ from hermes.common.wire import (
 
 log = logging.getLogger(__name__)
 
+__all__ = ["ControlClient", "DataClient", "RemoteError", "RequestCancelled", "RunOver", "ServerUnreachable",
+           "StopRequested", "TrafficCounter", "tls_context"]
+
 
 class ServerUnreachable(Exception):
     """The server did not answer within the retry budget."""
@@ -49,10 +53,12 @@ class ServerUnreachable(Exception):
 class RemoteError(Exception):
     """The server answered with an error reply."""
 
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: str, message: str, retry_after: float | None = None) -> None:
         super().__init__(f"{code}: {message}")
         self.code = code
         self.message = message
+        # The server's Retry-After, where it sent one (e.g. a name held by a silent agent).
+        self.retry_after = retry_after
 
 
 class StopRequested(Exception):
@@ -67,16 +73,11 @@ class RequestCancelled(Exception):
     """A data-plane wait was cut short by the agent (stopping, or its registration is gone)."""
 
 
-def tls_context(ca_file: str | None = None, cert_file: str | None = None,
-                key_file: str | None = None) -> ssl.SSLContext | None:
-    """Verification of the server against ``ca_file`` (system CAs without it) and an optional
-    client certificate for servers that require one. None when no TLS option is given."""
-    if not (ca_file or cert_file):
+def _seconds(text: str | None) -> float | None:
+    try:
+        return float(text) if text else None
+    except ValueError:
         return None
-    ctx = ssl.create_default_context(cafile=ca_file)
-    if cert_file:
-        ctx.load_cert_chain(cert_file, key_file)
-    return ctx
 
 
 class ControlClient:
@@ -113,7 +114,7 @@ class ControlClient:
                     if retry_after.isdigit():
                         delay = max(delay, min(60.0, float(retry_after)))
                 else:
-                    raise RemoteError(f"http_{exc.code}", detail) from None
+                    raise RemoteError(f"http_{exc.code}", detail, _seconds(exc.headers.get("Retry-After"))) from None
             except urllib.error.URLError as exc:
                 if isinstance(exc.reason, ssl.SSLError):
                     # A certificate problem does not go away by retrying.

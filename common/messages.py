@@ -301,6 +301,9 @@ class Hints(BaseModel):
     usable_cores: int | None = Field(default=None, ge=1, le=65_536)
     affinity_cores: int | None = Field(default=None, ge=1, le=65_536)
     cpu_quota: float | None = Field(default=None, gt=0, le=65_536, allow_inf_nan=False)
+    # Random per agent process: the same name from another live process is a second agent
+    # (refused), from the same one a re-registration (server/engine/membership.py).
+    instance: str | None = Field(default=None, min_length=8, max_length=64, pattern=r"^[0-9a-f]+$")
 
     def known(self) -> dict[str, Any]:
         return self.model_dump(exclude_none=True)

@@ -37,6 +37,9 @@ log = logging.getLogger(__name__)
 
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
 DEPS_MODES = ("full", "present")
+TORCH_BUILDS = ("cpu", "cuda", "pypi")
+# Where the CPU-only torch wheels live (Linux x86-64 and aarch64, macOS, Windows).
+TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 _ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -75,6 +78,11 @@ class Host:
     deps: str = "full"
     extras: tuple[str, ...] = ()
     pip_args: tuple[str, ...] = ()
+    # Which torch ``install`` puts in the venv before the wheel (deps "full" only):
+    # "cpu" the CPU-only build from the PyTorch index (PyPI's default on x86-64 is
+    # the 5+ GB CUDA build), "cuda"/"pypi" whatever the index pip uses serves, or a
+    # requirement such as "torch==2.5.1" installed as written.
+    torch: str = "cpu"
     client_args: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
     # Names of variables whose values are taken from the deploying machine's
@@ -286,6 +294,11 @@ def _parse_host(raw: dict[str, Any], label: str, base_dir: Path) -> Host:
             raise bad("extras", f"{e!r} is not an extra name")
     fields["extras"] = extras
     fields["pip_args"] = strings("pip_args")
+    torch = string("torch")
+    if torch is not None:
+        if any(c.isspace() for c in torch) or not (torch in TORCH_BUILDS or torch.startswith("torch")):
+            raise bad("torch", f"expected {', '.join(TORCH_BUILDS)} or a requirement like 'torch==2.5.1', got {torch!r}")
+        fields["torch"] = torch
     fields["client_args"] = strings("client_args")
     env = raw.get("env", {})
     if not isinstance(env, dict):

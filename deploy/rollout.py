@@ -31,13 +31,19 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from hermes.deploy.inventory import Host
+from hermes.deploy.inventory import TORCH_CPU_INDEX, Host
 from hermes.deploy.remote import CommandResult, RemoteError, RemoteSession
 
 log = logging.getLogger(__name__)
 
 PID_FILE = "run/agent.pid"
 LOG_FILE = "logs/agent.log"
+# The agent's exit status, written by the shell that waits for it: a clean finish
+# (its run ended, --max-cycles reached) tells itself apart from a crash.
+EXIT_FILE = "run/agent.exit"
+# hermes-client's exit codes (client/cli.py), as status reports them.
+AGENT_EXIT_MEANINGS = {1: "error", 2: "configuration or usage error", 3: "server unreachable",
+                       4: "refused by the server", 5: "collective group failed"}
 DEFAULT_FETCH_PATHS = ("logs", "runs")
 MIN_PYTHON = (3, 11)
 
@@ -174,6 +180,18 @@ alive() {
     fi
     return 0
 }
+# gone PID: no such process, or a zombie. ``alive`` turns false once an exiting process has
+# no memory left (its cmdline reads empty); this waits for the exit to complete.
+gone() {
+    kill -0 "$1" 2>/dev/null || return 0
+    [ "$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -c1)" = Z ]
+}
+# killtree PID: SIGKILL the agent and its process group (the shell waiting for it leads the group).
+killtree() {
+    pg=$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f3)
+    [ -n "$pg" ] && [ "$pg" != 0 ] && kill -KILL "-$pg" 2>/dev/null
+    kill -KILL "$1" 2>/dev/null
+}
 """
 
 
@@ -304,6 +322,24 @@ class InstallOptions:
     recreate_venv: bool = False
 
 
+_INDEX_OPTIONS = ("--index-url", "-i", "--no-index")
+
+
+def torch_command(host: Host, pip: list[str]) -> list[str] | None:
+    """The pip command that installs the host's torch before the wheel, or None (pip resolves it).
+
+    Installed first, the CPU build satisfies the wheel's ``torch>=`` and pip
+    never fetches the CUDA one. A host whose pip_args name their own index
+    (an offline wheelhouse, a mirror) gets ``torch`` from there.
+    """
+    if host.torch in ("cuda", "pypi"):
+        return None
+    spec = "torch" if host.torch == "cpu" else host.torch
+    own_index = any(a.split("=", 1)[0] in _INDEX_OPTIONS for a in host.pip_args)
+    index = ["--index-url", TORCH_CPU_INDEX] if host.torch == "cpu" and not own_index else []
+    return pip + index + [_q(spec)]
+
+
 def install(host: Host, s: RemoteSession, opts: InstallOptions) -> tuple[str, dict[str, Any]]:
     """Upload the wheel and install it into ``workdir/venv``."""
     deps = opts.deps or host.deps
@@ -331,7 +367,9 @@ def install(host: Host, s: RemoteSession, opts: InstallOptions) -> tuple[str, di
         # through --system-site-packages): install only our wheel, offline.
         steps = [" ".join(pip + ["--no-deps", "--no-index", "--force-reinstall", _q(remote_wheel)])]
     else:
-        steps = [" ".join(pip + [_q(remote_path(wd, "wheels", spec))]),
+        torch = torch_command(host, pip)
+        steps = [" ".join(torch)] if torch else []
+        steps += [" ".join(pip + [_q(remote_path(wd, "wheels", spec))]),
                  " ".join(pip + ["--no-deps", "--force-reinstall", _q(remote_wheel)])]
     res = s.run(_script(
         "set -e",
@@ -350,7 +388,8 @@ def install(host: Host, s: RemoteSession, opts: InstallOptions) -> tuple[str, di
         'echo version=$("$VENV/bin/python" -c "import importlib.metadata as m; print(m.version(\'hermes-edge\'))")',
         'echo torch=$("$VENV/bin/python" -c "import torch; print(torch.__version__)" 2>/dev/null || echo missing)',
     ), timeout=3600)  # the per-host deadline (--timeout) ends it sooner
-    details = {"wheel": opts.wheel.name, "bytes": size, "deps": deps, "system_site_packages": site, "venv": venv}
+    details = {"wheel": opts.wheel.name, "bytes": size, "deps": deps, "system_site_packages": site, "venv": venv,
+               "torch_build": host.torch if deps == "full" else "present"}
     _require_ok(res, "pip install", details)
     f = res.fields()
     details.update(version=f.get("version"), torch=f.get("torch"), venv_created=f.get("venv") == "created")
@@ -409,7 +448,7 @@ def start(host: Host, s: RemoteSession, opts: StartOptions) -> tuple[str, dict[s
         f'    if [ {"1" if opts.restart else "0"} = 1 ]; then',
         '      kill -TERM "$old"; i=0',
         '      while alive "$old" && [ $i -lt 200 ]; do sleep 0.1; i=$((i+1)); done',
-        '      alive "$old" && { kill -KILL "-$old" 2>/dev/null; kill -KILL "$old" 2>/dev/null; sleep 0.5; }',
+        '      alive "$old" && { killtree "$old"; sleep 0.5; }',
         "      echo restarted=$old",
         "    else",
         '      echo "already running (pid $old): use stop, or start --restart" >&2; exit 22',
@@ -418,16 +457,20 @@ def start(host: Host, s: RemoteSession, opts: StartOptions) -> tuple[str, dict[s
         f"  rm -f {PID_FILE}",
         "fi",
         f"[ -f {LOG_FILE} ] && mv -f {LOG_FILE} {LOG_FILE}.1",
+        f"rm -f {EXIT_FILE}",
         *exports,
-        # setsid: a session of its own (no SIGHUP when the SSH connection goes);
-        # the inner sh writes its pid and execs the agent, so the pid is the agent's.
-        f"nohup setsid sh -c 'echo $$ > {PID_FILE}; exec \"$@\"' hermes-agent {' '.join(_q(a) for a in argv)} "
-        f"> {LOG_FILE} 2>&1 < /dev/null &",
+        # setsid: a session of its own (no SIGHUP when the SSH connection goes). The
+        # inner sh starts the agent, writes the agent's pid, and waits to record its exit status.
+        f"nohup setsid sh -c '\"$@\" & echo $! > {PID_FILE}; wait $!; echo $? > {EXIT_FILE}' hermes-agent "
+        f"{' '.join(_q(a) for a in argv)} > {LOG_FILE} 2>&1 < /dev/null &",
         "i=0",
         f'while [ ! -s {PID_FILE} ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done',
         f"pid=$(cat {PID_FILE} 2>/dev/null)",
         f"sleep {opts.startup_check:g}",
         'if alive "$pid"; then echo pid=$pid; exit 0; fi',
+        # Finished already (e.g. --max-cycles 1 against a fast server): not a failed start.
+        f'i=0; while [ ! -s {EXIT_FILE} ] && [ $i -lt 20 ]; do sleep 0.1; i=$((i+1)); done',
+        f'if [ "$(cat {EXIT_FILE} 2>/dev/null)" = 0 ]; then echo pid=$pid; echo finished=1; exit 0; fi',
         f"rm -f {PID_FILE}",
         f"echo {_q(f'the agent exited at once; last lines of {shown(remote_path(wd, LOG_FILE))}:')} >&2",
         f"tail -n 15 {LOG_FILE} >&2",
@@ -437,6 +480,8 @@ def start(host: Host, s: RemoteSession, opts: StartOptions) -> tuple[str, dict[s
     _require_ok(res, "start", details)
     pid = int(res.fields()["pid"])
     details["pid"] = pid
+    if res.fields().get("finished"):
+        return f"started pid {pid} -> {argv[2]}, which already finished cleanly (log {details['log']})", details
     return f"started pid {pid} -> {argv[2]} (log {details['log']})", details
 
 
@@ -451,16 +496,28 @@ def status(host: Host, s: RemoteSession) -> tuple[str, dict[str, Any]]:
         "echo pid=$pid",
         f'echo since=$(( $(date +%s) - $(stat -c %Y {PID_FILE} 2>/dev/null || date +%s) ))',
         'if alive "$pid"; then echo state=running; else echo state=exited; fi',
+        f"[ -s {EXIT_FILE} ] && echo exit=$(cat {EXIT_FILE})",
         f"tail -n 1 {LOG_FILE} 2>/dev/null | sed 's/^/last=/'",
+        "exit 0",
     ), timeout=30)
     _require_ok(res, "status")
     f = res.fields()
     state = f.get("state", "unknown")
+    code = int(f["exit"]) if f.get("exit", "").isdigit() else None
+    if state == "exited" and code == 0:
+        state = "finished"
     details = {"state": state, "pid": int(f["pid"]) if f.get("pid", "").isdigit() else None,
-               "seconds": int(f["since"]) if f.get("since", "").isdigit() else None, "last_log_line": f.get("last")}
+               "seconds": int(f["since"]) if f.get("since", "").isdigit() else None, "last_log_line": f.get("last"),
+               "exit_code": code}
+    last = f" (last log line: {details['last_log_line']})" if details["last_log_line"] else ""
     if state == "running":
         return f"running, pid {details['pid']}, up {details['seconds']}s", details
-    last = f" (last log line: {details['last_log_line']})" if details["last_log_line"] else ""
+    if state == "finished":
+        details["result"] = "finished"
+        return f"finished: the agent exited 0{last}", details
+    if state == "exited" and code is not None:
+        meaning = (f"killed by signal {code - 128}" if code > 128 else AGENT_EXIT_MEANINGS.get(code, "error"))
+        raise CommandFailed(f"not running: exited with code {code} ({meaning}){last}", details)
     raise CommandFailed(f"not running: {state}{last}", details)
 
 
@@ -477,9 +534,10 @@ def stop(host: Host, s: RemoteSession, *, grace: float = 20.0) -> tuple[str, dic
         'kill -TERM "$pid"',
         "i=0",
         f'while alive "$pid" && [ $i -lt {ticks} ]; do sleep 0.1; i=$((i+1)); done',
-        'if alive "$pid"; then kill -KILL "-$pid" 2>/dev/null; kill -KILL "$pid" 2>/dev/null; sleep 0.5; echo signal=KILL; '
+        'if alive "$pid"; then killtree "$pid"; sleep 0.5; echo signal=KILL; '
         "else echo signal=TERM; fi",
         'if alive "$pid"; then echo "pid $pid survived SIGKILL" >&2; exit 24; fi',
+        'j=0; while ! gone "$pid" && [ $j -lt 50 ]; do sleep 0.1; j=$((j+1)); done',
         f"rm -f {PID_FILE}",
         "echo state=stopped",
         "echo waited=$i",

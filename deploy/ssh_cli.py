@@ -10,13 +10,13 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import shutil
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
+from hermes.common.cli_env import HermesParser
 from hermes.deploy import rollout
 from hermes.deploy.inventory import InventoryError, load_inventory
 
@@ -50,7 +50,7 @@ Host keys are checked against known_hosts; an unknown key is refused unless
 def _common() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(add_help=False)
     g = p.add_argument_group("common options")
-    g.add_argument("-i", "--inventory", default=os.environ.get("HERMES_DEPLOY_INVENTORY"),
+    g.add_argument("-i", "--inventory", default=None,
                    help="inventory file, TOML (or YAML with PyYAML) [HERMES_DEPLOY_INVENTORY]")
     g.add_argument("--hosts", default="", metavar="NAME[,NAME...]", help="only these hosts (default: all)")
     g.add_argument("--known-hosts", default=None, metavar="PATH",
@@ -70,8 +70,8 @@ def _common() -> argparse.ArgumentParser:
 
 def build_parser() -> argparse.ArgumentParser:
     common = _common()
-    p = argparse.ArgumentParser(
-        prog="hermes-deploy",
+    p = HermesParser(
+        prog="hermes-deploy", version=True, env_prefix="HERMES_DEPLOY_",
         description="Roll hermes-client agents out to edge devices over SSH (paramiko): check the devices, "
                     "install the wheel into a venv on each, start/stop the agent detached, and fetch logs "
                     "and artifacts. All hosts in parallel; one row per host.",
@@ -154,9 +154,12 @@ def _client_args_error(args: list[str]) -> str | None:
 
 def format_table(command: str, results: list[rollout.HostResult]) -> str:
     width = max([4] + [len(r.host) for r in results])
-    lines = [f"{'HOST':<{width}}  {'RESULT':<6}  {'TIME':>6}  {command.upper()}"]
+    lines = [f"{'HOST':<{width}}  {'RESULT':<8}  {'TIME':>6}  {command.upper()}"]
     for r in results:
-        lines.append(f"{r.host:<{width}}  {'ok' if r.ok else 'FAILED':<6}  {r.seconds:>5.1f}s  {r.summary}")
+        # status: an agent whose run ended cleanly is FINISHED, neither running nor failed.
+        result = str(r.details.get("result", "ok")).upper() if r.ok and r.details.get("result") else (
+            "ok" if r.ok else "FAILED")
+        lines.append(f"{r.host:<{width}}  {result:<8}  {r.seconds:>5.1f}s  {r.summary}")
     failed = sum(not r.ok for r in results)
     lines.append(f"{len(results) - failed} ok, {failed} failed")
     return "\n".join(lines)

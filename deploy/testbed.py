@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hermes.common.cli_env import HermesParser, deprecated_alias
 from hermes.deploy.links import LinkError, TestbedLinks, agent_links
 from hermes.deploy.netlab import NetlabError
 from hermes.deploy.procs import StartupError, free_ports, start, terminate_group, wait_healthy
@@ -175,6 +176,8 @@ class Testbed:
             cmd += ["--config", a.config]
         if self.kafka_bootstrap:
             cmd += ["--kafka", self.kafka_bootstrap]
+        if a.tensorboard:
+            cmd += ["--tensorboard", str(Path(a.tensorboard).resolve())]
         cmd += ["--resume" if resume else "--checkpoint-dir", str(self.checkpoint_dir),
                 "--checkpoint-interval", f"{a.checkpoint_interval:g}",
                 "--heartbeat-interval", f"{a.heartbeat_interval:g}", "--heartbeat-timeout", f"{a.heartbeat_timeout:g}"]
@@ -566,7 +569,9 @@ def _wait_all(popens: list[subprocess.Popen], timeout: float) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="hermes-testbed", description=__doc__.split("\n\n")[0])
+    # --list-presets is an action, not a setting: no HERMES_LIST_PRESETS.
+    p = HermesParser(prog="hermes-testbed", description=__doc__.split("\n\n")[0], version=True,
+                     env_prefix="HERMES_TESTBED_", env_names={"list_presets": None})
     p.add_argument("--clients", type=int, default=4, help="number of agent processes (default 4)")
     p.add_argument("--profile", default="hl4", choices=sorted(PROFILE_CORES),
                    help="heterogeneity level, OmniLearn Table I (default hl4)")
@@ -583,7 +588,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", help="JSON or TOML file of run-config overrides")
     p.add_argument("--speed-schedule", default="",
                    help="change the profile mid-run, e.g. '0:hl1,30:hl8,60:hl1' (OmniLearn's HL steps)")
-    p.add_argument("--max-threads", type=int, default=1, help="threads of the fastest agent (default 1)")
+    p.add_argument("--threads", dest="max_threads", type=int, default=1,
+                   help="torch threads of the fastest agent; the slower ones get proportionally fewer (default 1)")
     p.add_argument("--topology", choices=("ps", "collective"), default="ps",
                    help="ps: the server holds the model (default); collective: the agents all-reduce "
                         "gradients among themselves (torch.distributed gloo) and the server coordinates")
@@ -623,6 +629,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--progress-interval", type=float, default=2.0, help="seconds between progress lines")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.add_argument("--list-presets", action="store_true", help="print every preset with its policies and exit")
+    p.add_argument("--tensorboard", metavar="DIR", default=None,
+                   help="have the server write TensorBoard scalars (accuracy, loss, per-worker cycle time, batch "
+                        "and DSS, gate decisions) into DIR: tensorboard --logdir DIR")
+    deprecated_alias(p, "--max-threads", "--threads")
     return p
 
 

@@ -49,7 +49,7 @@ from hermes.server.heartbeat import HeartbeatMonitor
 from hermes.server.kafka_publish import KafkaOptions
 from hermes.server.limits import BodyLimits, errors
 from hermes.server.metrics import CONTENT_TYPE, ServerMetrics
-from hermes.server.registry import RegistryFull
+from hermes.server.registry import NameInUse, RegistryFull
 from hermes.server.settings import ServerSettings
 from hermes.server.tensorboard import TensorBoardSink
 
@@ -147,6 +147,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         port = await plane.start()
         engine.start()
         monitor = HeartbeatMonitor(engine, settings.heartbeat_timeout_seconds)
+        engine.membership.takeover_after = 3 * settings.heartbeat_interval_seconds
         monitor.start()
         if checkpoints is not None:
             checkpoints.start()
@@ -248,6 +249,10 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         except GroupRunning as exc:
             # 409, not 503: waiting will not open a place in a running collective group.
             raise refuse(engine, 409, "group_running", str(exc), client) from None
+        except NameInUse as exc:
+            # Retry-After: when the holder would count as gone if it is a crashed agent being restarted.
+            raise refuse(engine, 409, "name_in_use", str(exc), client,
+                         {"Retry-After": str(max(1, round(exc.retry_after)))}) from None
         engine.metrics.registrations.labels(outcome="ok").inc()
         return RegisterResponse(
             worker_id=rec.id,

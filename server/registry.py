@@ -18,6 +18,15 @@ class RegistryFull(Exception):
     """max_workers reached."""
 
 
+class NameInUse(Exception):
+    """Another live agent process is registered under this name (409; the agent explains and exits)."""
+
+    def __init__(self, name: str, silent: float, retry_after: float) -> None:
+        super().__init__(f"worker name {name!r} is in use by another live agent (heard from {silent:.1f}s ago); "
+                         "give each agent its own --name")
+        self.retry_after = retry_after
+
+
 # Counted by the server itself (data plane, per reported cycle): a checkpoint keeps them.
 SERVER_COUNTERS = ("pushes", "applied", "rejected", "pulls", "messages", "server_bytes_in", "server_bytes_out",
                    "cycles", "gate_pushes", "gate_skips")
@@ -188,16 +197,27 @@ class Registry:
         self._by_name: dict[str, str] = {}
         self._lock = threading.Lock()
 
-    def register(self, name: str, **info: Any) -> tuple[WorkerRecord, bool]:
+    def register(self, name: str, *, takeover_after: float = float("inf"), **info: Any) -> tuple[WorkerRecord, bool]:
         """A new record, or the same id with a fresh token when the name rejoins.
 
         Returns (record, rejoined). The old token stops working at once.
+
+        A name held by an active worker whose agent process (``hints["instance"]``)
+        differs is a second agent, not a rejoin: refused with NameInUse while
+        the holder was heard from within ``takeover_after`` seconds, taken over
+        after that (its process died without saying goodbye and was restarted).
         """
         with self._lock:
             now = self.clock.time()
             wid = self._by_name.get(name)
             if wid is not None:
                 rec = self._by_id[wid]
+                held_by = rec.hints.get("instance")
+                instance = (info.get("hints") or {}).get("instance")
+                silent = now - rec.last_seen
+                if rec.state == "active" and held_by and instance and held_by != instance \
+                        and silent < takeover_after:
+                    raise NameInUse(name, silent, takeover_after - silent)
                 rec.token = new_secret()
                 rec.state = "active"
                 rec.last_seen = now

@@ -8,7 +8,7 @@ the same data again is a no-op, and republishing after data loss puts every
 shard back at the offset agents were assigned.
 
     hermes-server shards publish --kafka 127.0.0.1:9092 --set dataset=digits
-    python -m hermes.server.shards_publish --kafka kafka:9092 --preset hermes --partitions 8
+    python -m hermes.server.shards_publish --kafka kafka:9092 --preset hermes --kafka-partitions 8
 """
 
 from __future__ import annotations
@@ -18,23 +18,26 @@ import json
 import logging
 import sys
 
+from hermes.common.cli_env import HermesParser, deprecated_alias
 from hermes.common.config import PRESETS, ConfigError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    import os
-
-    p = argparse.ArgumentParser(prog="hermes-server shards publish", description=__doc__.split("\n\n")[0])
-    p.add_argument("--kafka", default=os.environ.get("HERMES_KAFKA_BOOTSTRAP"), metavar="HOST:PORT",
-                   help="Kafka bootstrap address [HERMES_KAFKA_BOOTSTRAP]")
-    p.add_argument("--partitions", type=int, default=4, help="partitions per topic (default 4)")
-    p.add_argument("--retries", type=int, default=5, help="connection retries with exponential backoff (default 5)")
+    # The server's names and twins for the same settings (--kafka-partitions, HERMES_KAFKA_BOOTSTRAP ...).
+    p = HermesParser(prog="hermes-server shards publish", description=__doc__.split("\n\n")[0], version=True,
+                     env_names={"kafka": "HERMES_KAFKA_BOOTSTRAP"})
+    p.add_argument("--kafka", metavar="HOST:PORT", help="Kafka bootstrap address")
+    p.add_argument("--kafka-partitions", type=int, default=4, help="partitions per topic (default 4)")
+    p.add_argument("--kafka-retries", type=int, default=5,
+                   help="connection retries with exponential backoff (default 5)")
     p.add_argument("--preset", choices=sorted(PRESETS), help="run preset (only its data settings matter)")
     p.add_argument("--config", help="JSON or TOML file of run-config overrides")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="run-config override (dataset, num_samples, shard_size, seed, ...), repeatable")
     p.add_argument("--json", action="store_true", help="print the topic layout as JSON")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    deprecated_alias(p, "--partitions", "--kafka-partitions")
+    deprecated_alias(p, "--retries", "--kafka-retries")
     return p
 
 
@@ -47,8 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.kafka:
         print(f"{prog}: --kafka HOST:PORT (or HERMES_KAFKA_BOOTSTRAP) is required", file=sys.stderr)
         return 2
-    if args.partitions < 1:
-        print(f"{prog}: --partitions must be >= 1", file=sys.stderr)
+    if args.kafka_partitions < 1:
+        print(f"{prog}: --kafka-partitions must be >= 1", file=sys.stderr)
         return 2
     try:
         import kafka  # noqa: F401
@@ -69,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{prog}: configuration error: {exc}", file=sys.stderr)
         return 2
     train, validation, _ = load_splits(config)
-    opts = KafkaOptions(args.kafka, partitions=args.partitions, retries=args.retries)
+    opts = KafkaOptions(args.kafka, partitions=args.kafka_partitions, retries=args.kafka_retries)
     try:
         published = publish_stores(ShardStore(train, config.shard_size), ShardStore(validation, config.shard_size),
                                    dataset=config.dataset, opts=opts)

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hermes.common.cli_env import HermesParser
 from hermes.deploy.bench.suites import (
     BUILTIN,
     Suite,
@@ -58,9 +59,9 @@ def add_suite_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="hermes-bench", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog=__doc__.split("\n\n", 1)[1])
+    p = HermesParser(prog="hermes-bench", version=True, env_prefix="HERMES_BENCH_",
+                     description=__doc__.split("\n\n")[0],
+                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
     sub = p.add_subparsers(dest="command", required=True)
     for name in BUILTIN:
         add_suite_arguments(sub.add_parser(name, help=BUILTIN[name]["description"].split(":")[0]))

@@ -18,6 +18,8 @@ import matplotlib
 matplotlib.use("Agg")  # before pyplot: a bench runs on headless machines
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
+from matplotlib.transforms import blended_transform_factory  # noqa: E402
 
 from hermes.deploy.bench.aggregate import (  # noqa: E402
     cycle_seconds,
@@ -27,6 +29,7 @@ from hermes.deploy.bench.aggregate import (  # noqa: E402
     suite_cells,
     worker_cycle_stats,
 )
+from hermes.deploy.bench.curves import accuracy_vs_samples, has_loss, has_samples, loss_vs_time  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -91,24 +94,29 @@ def time_to_target(results: dict[str, Any]) -> Figure | None:
     width = 0.8 / len(labels)
     top = max((g.metrics["seconds_to_target"].max for g in gs.values() if g.metrics.get("seconds_to_target")),
               default=1.0)
+    # x in data units, y as a fraction of the axes: a label stays inside whatever the bars' scale.
+    marks = blended_transform_factory(ax.transData, ax.transAxes)
     for j, label in enumerate(labels):
         for i, profile in enumerate(profiles):
             g = gs[(profile, label)]
             x = i + (j - (len(labels) - 1) / 2) * width
             sp = g.metrics.get("seconds_to_target")
             if sp is None:
-                ax.text(x, top * 0.03, "missed" if g.ok else "no run", rotation=90, ha="center", va="bottom",
-                        fontsize=8, color=colors[label])
+                ax.text(x, 0.03, "missed" if g.ok else "no run", rotation=90, ha="center", va="bottom",
+                        fontsize=8, color=colors[label], transform=marks, clip_on=True)
                 continue
-            ax.bar(x, sp.median, width * 0.9, color=colors[label], label=label if i == 0 else None,
+            ax.bar(x, sp.median, width * 0.9, color=colors[label],
                    yerr=[[sp.median - sp.min], [sp.max - sp.median]], capsize=3)
-            ax.text(x, sp.max, f"{g.reached}/{g.runs}", ha="center", va="bottom", fontsize=7)
+            ax.text(x, sp.max, f"{g.reached}/{g.runs}", ha="center", va="bottom", fontsize=7, clip_on=True)
     ax.set_xticks(range(len(profiles)), [p.upper() for p in profiles])
+    ax.set_xlim(-0.5, len(profiles) - 0.5)
+    ax.set_ylim(0, top * 1.15)  # room for the n/N labels above the whiskers
     ax.set_xlabel("heterogeneity profile")
     ax.set_ylabel(f"seconds to {results['suite']['target_accuracy']:g} accuracy (s)")
     ax.set_title("Time to target: median, whiskers min-max;\nlabel = runs that reached the target", fontsize=10)
     ax.grid(axis="y", alpha=0.3)
-    ax.legend(fontsize=8)
+    # Every variant, whether or not it reached the target anywhere.
+    ax.legend(handles=[Patch(color=colors[lb], label=lb) for lb in labels], fontsize=8)
     fig.tight_layout()
     return fig
 
@@ -168,6 +176,13 @@ def workload_trajectories(results: dict[str, Any], profile: str) -> Figure | Non
             for col, idx in ((0, 1), (1, 2)):
                 axes[i][col].plot(t, [h[idx] for h in hist] + [hist[-1][idx]], drawstyle="steps-post",
                                   linewidth=1.4, label=f"{w['name']} (×{w['speed']:.2f})")
+        # From zero, with the top above the largest value: a flat line stays flat, and a step from
+        # 126 to 128 does not fill the panel (matplotlib autoscales to the data's own spread).
+        for col in (0, 1):
+            top = max((line.get_ydata().max() for line in axes[i][col].get_lines() if len(line.get_ydata())),
+                      default=1)
+            axes[i][col].set_ylim(0, max(1.0, float(top)) * 1.15)
+            axes[i][col].ticklabel_format(axis="y", useOffset=False, style="plain")
         axes[i][0].set_ylabel(f"{label}\ndataset size (DSS, samples)", fontsize=9)
         axes[i][1].set_ylabel("mini-batch size (MBS, samples)", fontsize=9)
         for col, what in ((0, "samples per cycle"), (1, "mini-batch size")):
@@ -224,6 +239,8 @@ def _drawers(results: dict[str, Any]) -> dict[str, Callable[[dict[str, Any]], Fi
         "time_to_target.png": time_to_target,
         "compute_time_boxplots.png": compute_boxplots,
         "communication.png": communication,
+        "loss_vs_time.png": loss_vs_time,
+        "accuracy_vs_samples.png": accuracy_vs_samples,
     }
     for profile in suite_cells(results["suite"]):
         d[f"workload_{profile}.png"] = functools.partial(_workload_of, profile)
@@ -241,6 +258,10 @@ def plot_names(results: dict[str, Any]) -> list[str]:
     if any(cycle_seconds(w) for r in runs for w in r["summary"].get("workers") or []):
         names.append("compute_time_boxplots.png")
     names.append("communication.png")
+    if has_loss(results):
+        names.append("loss_vs_time.png")
+    if has_samples(results):
+        names.append("accuracy_vs_samples.png")
     names += [f"workload_{p}.png" for p in suite_cells(results["suite"]) if any(r["profile"] == p for r in runs)]
     return names
 

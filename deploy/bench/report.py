@@ -27,6 +27,8 @@ PLOT_CAPTIONS = {
     "time_to_target.png": "Seconds to the target accuracy (median, min-max whiskers)",
     "compute_time_boxplots.png": "Per-worker compute seconds per local cycle, by variant and profile",
     "communication.png": "Messages and bytes per run",
+    "loss_vs_time.png": "Test loss against wall time, every repeat of every variant",
+    "accuracy_vs_samples.png": "Test accuracy against samples trained and epochs, every repeat of every variant",
 }
 
 

@@ -27,12 +27,16 @@ class Membership:
         # Workers a resumed checkpoint's allocator state still counts, until they register again.
         self.awaiting_rejoin: set[str] = set()
         self.awaiting_since = 0.0
+        # A worker name held by another agent process that was heard from this
+        # recently is refused (registry.NameInUse); the server sets it to a few
+        # heartbeat intervals, so a crashed agent's restart takes its name back soon.
+        self.takeover_after = 15.0
 
     def register(self, name: str, **info: Any) -> tuple[WorkerRecord, bool]:
         e = self.e
         if e.collective.coordinator is not None:
             e.collective.coordinator.assign(name)  # GroupFull before anything is recorded
-        rec, rejoined = e.registry.register(name, **info)
+        rec, rejoined = e.registry.register(name, takeover_after=self.takeover_after, **info)
         self.awaiting_rejoin.discard(rec.id)
         # A new secret: sessions signed with the old one are gone, and a previous
         # incarnation's unfinished shards will not be finished by it.

@@ -295,6 +295,15 @@ def test_roll_out_trains_on_the_device(sshd, server_factory, tmp_path, capsys, m
     r = subprocess.run([str(venv_python), "-c", "import hermes.client.cli as m; print(m.__file__)"],
                        capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert r.returncode == 0 and str(wd / "edge-1" / "venv") in r.stdout, (r.stdout, r.stderr)
+    # deps = "present" with the system site-packages: torch must be there already. Where the
+    # interpreter running the tests is itself a venv, its base has no torch: the device venv
+    # sees the test venv's site-packages after its own (a .pth), as a system torch would be seen.
+    if subprocess.run([str(venv_python), "-c", "import torch"], capture_output=True, timeout=120).returncode:
+        import torch
+
+        site = subprocess.run([str(venv_python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                              capture_output=True, text=True, timeout=60).stdout.strip()
+        Path(site, "zz_test_system_torch.pth").write_text(str(Path(torch.__file__).parents[1]) + "\n")
 
     rc, out, _ = deploy(capsys, "start", "-i", inv, "--hosts", "edge-1", "--server", server.url, "--", "--slowdown", "1")
     assert rc == 0, out
@@ -353,6 +362,19 @@ def test_roll_out_trains_on_the_device(sshd, server_factory, tmp_path, capsys, m
         assert rc == 1 and "not running: stopped" in row(out, "edge-1"), out
         rc, out, _ = deploy(capsys, "stop", "-i", inv, "--hosts", "edge-1")
         assert rc == 0 and "nothing to stop" in row(out, "edge-1"), out
+
+        # An agent whose run ends cleanly (--max-cycles) is FINISHED, not FAILED.
+        rc, out, _ = deploy(capsys, "start", "-i", inv, "--hosts", "edge-1", "--server", server.url,
+                            "--max-cycles", "2")
+        assert rc == 0, out
+        pid = int((wd / "edge-1" / "run" / "agent.pid").read_text())
+        exit_file = wd / "edge-1" / "run" / "agent.exit"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not (exit_file.is_file() and exit_file.read_text().strip()):
+            time.sleep(0.5)
+        assert exit_file.read_text().strip() == "0", (wd / "edge-1" / "logs" / "agent.log").read_text()[-3000:]
+        rc, out, _ = deploy(capsys, "status", "-i", inv, "--hosts", "edge-1")
+        assert rc == 0 and row(out, "edge-1").split()[1] == "FINISHED" and "exited 0" in row(out, "edge-1"), out
     finally:
         if _pid_alive(pid):
-            os.killpg(pid, signal.SIGKILL)
+            os.killpg(os.getpgid(pid), signal.SIGKILL)
