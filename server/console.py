@@ -134,7 +134,8 @@ class Progress:
         out = [" ".join(parts), f"{status['workers_active']}/{status['workers_total']} workers active"]
         samples = self._samples()
         if self._last is not None and now > self._last[0]:
-            out.append(f"{(samples - self._last[1]) / (now - self._last[0]):.0f} samples/s")
+            # A rejoined agent starts its count afresh: never a negative rate.
+            out.append(f"{max(0, samples - self._last[1]) / (now - self._last[0]):.0f} samples/s")
         self._last = (now, samples)
         out.append(f"epoch {status['epoch_progress']:.2f}")
         barrier = barrier_text(e)

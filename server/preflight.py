@@ -73,11 +73,11 @@ def env_twin(dest: str) -> str | None:
 def add_env_twins(parser: argparse.ArgumentParser) -> None:
     """Append ``[HERMES_X]`` to each flag's help, unless its help names it already."""
     for action in parser._actions:
-        if not action.option_strings or action.help in (None, argparse.SUPPRESS):
+        if not action.option_strings or action.help == argparse.SUPPRESS:
             continue
         twin = env_twin(action.dest)
-        if twin is not None and ENV_PREFIX not in str(action.help):
-            action.help = f"{action.help} [{twin}]"
+        if twin is not None and ENV_PREFIX not in str(action.help or ""):
+            action.help = f"{action.help} [{twin}]" if action.help else f"[{twin}]"
 
 
 def operator_fields(args: argparse.Namespace) -> dict[str, Any]:
