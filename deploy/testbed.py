@@ -175,6 +175,10 @@ class Testbed:
             cmd += ["--config", a.config]
         if self.kafka_bootstrap:
             cmd += ["--kafka", self.kafka_bootstrap]
+        if not resume:
+            # A testbed run replaces the previous one in its --out (run() cleared its own files);
+            # the server refuses another run's outputs without being told.
+            cmd.append("--overwrite")
         cmd += ["--resume" if resume else "--checkpoint-dir", str(self.checkpoint_dir),
                 "--checkpoint-interval", f"{a.checkpoint_interval:g}",
                 "--heartbeat-interval", f"{a.heartbeat_interval:g}", "--heartbeat-timeout", f"{a.heartbeat_timeout:g}"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -79,7 +80,12 @@ def test_uvicorn_factory_with_env_settings(tmp_path: Path) -> None:
         proc.send_signal(signal.SIGTERM)
         # Recent uvicorn re-raises SIGTERM after a graceful shutdown, so -15 is a clean exit too.
         assert proc.wait(timeout=30) in (0, -signal.SIGTERM), log.read_text()[-3000:]
-    assert "Application shutdown complete" in log.read_text()
+    text = log.read_text()
+    assert "Application shutdown complete" in text
+    # Logging is configured under the factory too: hermes' own lines are there, in hermes' format.
+    assert re.search(r"INFO hermes\.server\.app: hermes server ready: preset=bsp", text), text[-3000:]
+    assert "INFO hermes.server.engine.reporting: final model (version 0) written to" in text
+    assert "GET /v1/status" not in text  # status polls stay off the console
     summary = json.loads((tmp_path / "out" / "server_summary.json").read_text())
     assert summary["workers_total"] == 2 and summary["final_accuracy"] is not None
     assert port_is_free(data_port), "the data plane did not release its port"
