@@ -76,16 +76,21 @@ class Credentials:
         # Generated under --insecure too: a missing join token must not leave
         # the run's stop switch open to anyone who can reach the port.
         if self.admin is None and settings.out_dir:
-            # The operator's credential for /v1/stop, readable by the server's user only.
+            # The operator's credential for /v1/stop, written by save() once OUT has been checked.
             self.admin = new_secret()
             self.admin_file = Path(settings.out_dir) / "admin.token"
-            self.admin_file.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.admin_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "w") as fh:
-                fh.write(self.admin + "\n")
         if self.protect_reads and self.join is None and self.admin is None:
             raise AuthConfigError("protect_reads needs a join token or an admin token to check reads against; "
                                   "set HERMES_JOIN_TOKEN or HERMES_ADMIN_TOKEN")
+
+    def save(self) -> None:
+        """Write a generated admin token to OUT/admin.token, readable by the server's user only."""
+        if self.admin_file is None or self.admin is None:
+            return
+        self.admin_file.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.admin_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(self.admin + "\n")
 
     def may_read(self, authorization: str) -> bool:
         """Without protect_reads anyone may read; with it, a cluster member (join token) or the operator."""
@@ -100,13 +105,14 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     # Once per process: hermes-server did it already; under uvicorn --factory this is the first call.
     configure_logging(settings.log_level)
     config = settings.run_config()
+    creds = Credentials(settings)  # checks the tokens; writes nothing yet
     if settings.out_dir:
         # Before the admin token is written into it: another run's outputs are refused, or replaced.
         prepare_out_dir(settings.out_dir, resume=settings.resume, overwrite=settings.overwrite)
     else:
         log.warning("no out_dir: neither the final nor the best model of this run will be saved "
                     "(set --out or HERMES_OUT_DIR)")
-    creds = Credentials(settings)
+    creds.save()
     limiter = RateLimiter(settings.register_rate, settings.register_burst)
     if creds.insecure:
         log.warning("--insecure: no join token is checked; anyone who reaches this server can join")

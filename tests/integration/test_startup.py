@@ -94,7 +94,7 @@ def test_uvicorn_factory_with_env_settings(tmp_path: Path) -> None:
 def test_server_refuses_to_start_without_a_join_token(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("HERMES_")}
     proc = subprocess.run([sys.executable, "-m", "hermes.server.cli", "--port", str(free_port())],
-                          capture_output=True, text=True, timeout=60, env=env)
+                          capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr
     assert "HERMES_JOIN_TOKEN" in proc.stderr and "--insecure" in proc.stderr
     # The uvicorn factory refuses too: the app cannot be built.
@@ -103,12 +103,17 @@ def test_server_refuses_to_start_without_a_join_token(tmp_path: Path) -> None:
     assert proc.returncode != 0 and "no join token" in proc.stderr
     # A short token is refused with the field named.
     proc = subprocess.run([sys.executable, "-m", "hermes.server.cli", "--port", str(free_port())],
-                          capture_output=True, text=True, timeout=60, env={**env, "HERMES_JOIN_TOKEN": "abc"})
+                          capture_output=True, text=True, timeout=60, env={**env, "HERMES_JOIN_TOKEN": "abc"},
+                          cwd=tmp_path)
     assert proc.returncode == 2 and "join_token must be at least 16" in proc.stderr
-    # Protected reads with no token to check them against cannot work.
-    proc = subprocess.run([sys.executable, "-m", "hermes.server.cli", "--port", str(free_port()), "--insecure",
-                           "--protect-reads"], capture_output=True, text=True, timeout=60, env=env)
-    assert proc.returncode == 2 and "protect_reads needs a join token or an admin token" in proc.stderr
+    # Nothing was written by the refusals: hermes-server's default OUT is made only once the tokens are checked.
+    assert not (tmp_path / "runs").exists()
+    # Protected reads with no token to check them against cannot work. (hermes-server always has an OUT,
+    # where it writes a generated admin token; the uvicorn factory without HERMES_OUT_DIR has none.)
+    proc = subprocess.run([sys.executable, "-m", "uvicorn", "--factory", "hermes.server.app:create_app",
+                           "--port", str(free_port())], capture_output=True, text=True, timeout=60,
+                          env={**env, "HERMES_INSECURE": "1", "HERMES_PROTECT_READS": "1"}, cwd=tmp_path)
+    assert proc.returncode != 0 and "protect_reads needs a join token or an admin token" in proc.stderr
 
 
 def test_agent_exits_nonzero_when_server_unreachable() -> None:
