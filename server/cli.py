@@ -22,6 +22,7 @@ from hermes.server.preflight import (
     claim_ports,
     explain,
     operator_fields,
+    reachability_warning,
     version_text,
 )
 
@@ -256,6 +257,9 @@ def serve(settings: Any) -> int:
         return 2
     if default_out:
         print(f"hermes-server: no --out given: this run's outputs go to {settings.out_dir}", file=sys.stderr)
+    warning = reachability_warning(settings)
+    if warning is not None:
+        print(f"hermes-server: warning: {warning}", file=sys.stderr)
     try:
         return _run(settings, tls, control)
     finally:

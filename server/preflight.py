@@ -106,6 +106,19 @@ def explain(exc: ValidationError, given: dict[str, Any], parser: argparse.Argume
     return "; ".join(parts)
 
 
+def _loopback(host: str) -> bool:
+    return host in ("localhost", "::1") or host.startswith("127.")
+
+
+def reachability_warning(settings: Any) -> str | None:
+    """A data plane bound to loopback but advertised elsewhere: remote agents would register, then hang."""
+    if _loopback(settings.data_host) and not _loopback(settings.advertise_host):
+        return (f"the data plane binds {settings.data_host} (from --host) but agents are told to reach it at "
+                f"{settings.advertise_host}: agents on other machines cannot; pass --data-host 0.0.0.0 (or that "
+                "machine's address)")
+    return None
+
+
 def _bind(host: str, port: int) -> socket.socket:
     """A listening TCP socket on host:port, with SO_REUSEADDR as uvicorn and ZeroMQ set it."""
     infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)

@@ -95,3 +95,13 @@ def test_the_default_out_dir_is_timestamped_and_never_reused(tmp_path):
     assert first == tmp_path / "20261124T010203Z-bsp"
     first.mkdir()
     assert default_out_dir("bsp", root=tmp_path, now=now) == tmp_path / "20261124T010203Z-bsp-2"
+
+
+def test_a_loopback_data_plane_advertised_elsewhere_is_warned_about():
+    from hermes.server.preflight import reachability_warning
+
+    assert reachability_warning(ServerSettings(host="127.0.0.1")) is None  # advertised on loopback too
+    warning = reachability_warning(ServerSettings(host="127.0.0.1", advertise_host="10.0.0.5"))
+    assert warning is not None and "--data-host 0.0.0.0" in warning and "10.0.0.5" in warning
+    assert reachability_warning(ServerSettings(host="127.0.0.1", data_host="0.0.0.0",
+                                               advertise_host="10.0.0.5")) is None
