@@ -175,10 +175,6 @@ class Testbed:
             cmd += ["--config", a.config]
         if self.kafka_bootstrap:
             cmd += ["--kafka", self.kafka_bootstrap]
-        if not resume:
-            # A testbed run replaces the previous one in its --out (run() cleared its own files);
-            # the server refuses another run's outputs without being told.
-            cmd.append("--overwrite")
         cmd += ["--resume" if resume else "--checkpoint-dir", str(self.checkpoint_dir),
                 "--checkpoint-interval", f"{a.checkpoint_interval:g}",
                 "--heartbeat-interval", f"{a.heartbeat_interval:g}", "--heartbeat-timeout", f"{a.heartbeat_timeout:g}"]
@@ -311,7 +307,9 @@ class Testbed:
         a = self.args
         self.out.mkdir(parents=True, exist_ok=True)
         self.logs.mkdir(exist_ok=True)
-        for name in ("events.jsonl", "summary.json", "server_summary.json", "admin.token"):
+        # The previous run's outputs: the server refuses to start a new run among them.
+        for name in ("events.jsonl", "summary.json", "server_summary.json", "admin.token", "model-best.safetensors",
+                     "model-final.safetensors"):
             (self.out / name).unlink(missing_ok=True)
         for stale_log in self.logs.glob("*.log"):
             stale_log.unlink()

@@ -1,7 +1,7 @@
 """The run's output folder (OUT): never another run's, unless the operator says so.
 
 A server that starts in an OUT holding another run's outputs (its summary,
-a non-empty event log, its model files) refuses, unless it resumes that run
+its model files, an event log in which a server started a run) refuses, unless it resumes that run
 (``--resume``: the event log goes on, the files are rewritten at the end) or
 is told to replace them (``--overwrite``: those files are deleted first).
 Anything else in OUT (the testbed's logs, the operator's notes) is left alone.
@@ -26,13 +26,24 @@ class OutDirError(Exception):
     """An output folder that holds another run's outputs, or cannot be used."""
 
 
+# How the engine's first event is written (events.EventLog: json.dumps with the default separators).
+_RUN_START = b'"event": "run_start"'
+
+
+def _started_a_run(events: Path) -> bool:
+    """Whether a server started a run in this event log (the testbed writes its own lines there first)."""
+    with open(events, "rb") as fh:
+        head = fh.read(1 << 20)  # run_start is among the first lines of a run
+    return _RUN_START in head
+
+
 def run_outputs(out: Path) -> list[str]:
-    """The names of another run's outputs present in ``out`` (an empty event log is no run)."""
+    """The names of another run's outputs present in ``out`` (an event log without a run is none)."""
     found = []
     for name in RUN_OUTPUTS:
         path = out / name
         try:
-            if path.is_file() and (name != "events.jsonl" or path.stat().st_size > 0):
+            if path.is_file() and (name != "events.jsonl" or _started_a_run(path)):
                 found.append(name)
         except OSError:
             continue

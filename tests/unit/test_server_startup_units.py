@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -75,11 +76,12 @@ def test_an_out_dir_with_another_runs_outputs_is_refused_unless_resumed_or_overw
     out = tmp_path / "out"
     assert check_out_dir(out, resume=False, overwrite=False) == []  # not there yet: fine
     out.mkdir()
-    (out / "events.jsonl").write_text("")  # a server that never started: no run
+    (out / "events.jsonl").write_text('{"ts": 1.0, "event": "testbed_start"}\n')  # no server run in it
     (out / "server.log").write_text("x")  # somebody else's file: never counted, never deleted
     assert run_outputs(out) == []
     (out / "model-best.safetensors").write_bytes(b"best")
-    (out / "events.jsonl").write_text('{"event": "run_start"}\n')
+    with open(out / "events.jsonl", "a") as fh:  # the engine's first event, as EventLog writes it
+        fh.write(json.dumps({"ts": 2.0, "event": "run_start", "config": {}}) + "\n")
     with pytest.raises(OutDirError, match=r"holds another run's outputs \(model-best.safetensors, events.jsonl\)"):
         check_out_dir(out, resume=False, overwrite=False)
     assert check_out_dir(out, resume=True, overwrite=False) == ["model-best.safetensors", "events.jsonl"]
