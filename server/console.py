@@ -153,6 +153,8 @@ class Progress:
     async def _run(self) -> None:
         while True:
             await asyncio.sleep(self.interval)
+            if not log.isEnabledFor(logging.INFO):  # --log-level warning (the testbed): nothing to compute
+                continue
             try:
                 log.info("%s", self.line())
             except Exception:  # a report must never take the server down
