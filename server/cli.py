@@ -255,18 +255,16 @@ def serve(settings: Any) -> int:
     except PreflightError as exc:
         print(f"hermes-server: {exc}", file=sys.stderr)
         return 2
-    if default_out:
-        print(f"hermes-server: no --out given: this run's outputs go to {settings.out_dir}", file=sys.stderr)
     warning = reachability_warning(settings)
     if warning is not None:
         print(f"hermes-server: warning: {warning}", file=sys.stderr)
     try:
-        return _run(settings, tls, control)
+        return _run(settings, tls, control, default_out=default_out)
     finally:
         control.close()
 
 
-def _run(settings: Any, tls: dict[str, Any], control: Any) -> int:
+def _run(settings: Any, tls: dict[str, Any], control: Any, *, default_out: bool) -> int:
     try:
         import uvicorn
 
@@ -286,6 +284,8 @@ def _run(settings: Any, tls: dict[str, Any], control: Any) -> int:
     except (ConfigError, ValueError, CheckpointError, OutDirError, OSError) as exc:
         print(f"hermes-server: configuration error: {exc}", file=sys.stderr)
         return 2
+    if default_out:  # said once the run is sure to start there
+        print(f"hermes-server: no --out given: this run's outputs go to {settings.out_dir}", file=sys.stderr)
     if settings.kafka_bootstrap:
         # Fail before uvicorn starts, with the address in the message; the
         # lifespan then publishes (and would fail the same way).
