@@ -310,7 +310,9 @@ class Testbed:
         a = self.args
         self.out.mkdir(parents=True, exist_ok=True)
         self.logs.mkdir(exist_ok=True)
-        for name in ("events.jsonl", "summary.json", "server_summary.json", "admin.token"):
+        # The previous run's outputs: the server refuses to start a new run among them.
+        for name in ("events.jsonl", "summary.json", "server_summary.json", "admin.token", "model-best.safetensors",
+                     "model-final.safetensors"):
             (self.out / name).unlink(missing_ok=True)
         for stale_log in self.logs.glob("*.log"):
             stale_log.unlink()

@@ -22,6 +22,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import zmq
 from fastapi import Depends, FastAPI, Header, HTTPException, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -40,6 +41,7 @@ from hermes.server.auth import (
     token_matches,
 )
 from hermes.server.checkpoint import Checkpointer
+from hermes.server.console import Progress, configure_logging, quiet_access_log
 from hermes.server.coordinator import GroupRunning, RegroupRefused
 from hermes.server.dashboard import History, build_router
 from hermes.server.dataplane import DataPlane
@@ -49,8 +51,9 @@ from hermes.server.heartbeat import HeartbeatMonitor
 from hermes.server.kafka_publish import KafkaOptions
 from hermes.server.limits import BodyLimits, errors
 from hermes.server.metrics import CONTENT_TYPE, ServerMetrics
+from hermes.server.outdir import prepare_out_dir
 from hermes.server.registry import NameInUse, RegistryFull
-from hermes.server.settings import ServerSettings
+from hermes.server.settings import ServerSettings, server_version
 from hermes.server.tensorboard import TensorBoardSink
 
 log = logging.getLogger(__name__)
@@ -73,16 +76,21 @@ class Credentials:
         # Generated under --insecure too: a missing join token must not leave
         # the run's stop switch open to anyone who can reach the port.
         if self.admin is None and settings.out_dir:
-            # The operator's credential for /v1/stop, readable by the server's user only.
+            # The operator's credential for /v1/stop, written by save() once OUT has been checked.
             self.admin = new_secret()
             self.admin_file = Path(settings.out_dir) / "admin.token"
-            self.admin_file.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.admin_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "w") as fh:
-                fh.write(self.admin + "\n")
         if self.protect_reads and self.join is None and self.admin is None:
             raise AuthConfigError("protect_reads needs a join token or an admin token to check reads against; "
                                   "set HERMES_JOIN_TOKEN or HERMES_ADMIN_TOKEN")
+
+    def save(self) -> None:
+        """Write a generated admin token to OUT/admin.token, readable by the server's user only."""
+        if self.admin_file is None or self.admin is None:
+            return
+        self.admin_file.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.admin_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(self.admin + "\n")
 
     def may_read(self, authorization: str) -> bool:
         """Without protect_reads anyone may read; with it, a cluster member (join token) or the operator."""
@@ -94,8 +102,17 @@ class Credentials:
 
 def create_app(settings: ServerSettings | None = None) -> FastAPI:
     settings = settings or ServerSettings()
+    # Once per process: hermes-server did it already; under uvicorn --factory this is the first call.
+    configure_logging(settings.log_level)
     config = settings.run_config()
-    creds = Credentials(settings)
+    creds = Credentials(settings)  # checks the tokens; writes nothing yet
+    if settings.out_dir:
+        # Before the admin token is written into it: another run's outputs are refused, or replaced.
+        prepare_out_dir(settings.out_dir, resume=settings.resume, overwrite=settings.overwrite)
+    else:
+        log.warning("no out_dir: neither the final nor the best model of this run will be saved "
+                    "(set --out or HERMES_OUT_DIR)")
+    creds.save()
     limiter = RateLimiter(settings.register_rate, settings.register_burst)
     if creds.insecure:
         log.warning("--insecure: no join token is checked; anyone who reaches this server can join")
@@ -122,7 +139,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
             checkpoints = Checkpointer(engine, settings.checkpoint_dir, interval=settings.checkpoint_interval_seconds,
                                        durable_acks=settings.durable_acks)
             try:
-                checkpoints.open(resume=settings.resume)
+                checkpoints.open(resume=settings.resume, overwrite=settings.overwrite)
             except Exception as exc:
                 log.error("cannot start: %s", exc)
                 events.close()
@@ -144,13 +161,22 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
             engine.start_coordinator(bind_host=settings.data_host, port=settings.collective_port,
                                      advertise_host=settings.advertise_host)
         plane = DataPlane(engine, settings.data_host, settings.data_port)
-        port = await plane.start()
+        try:
+            port = await plane.start()
+        except zmq.ZMQError as exc:  # hermes-server checks the port first; the uvicorn factory meets it here
+            log.error("cannot start: data port %s on %s: %s; choose another with --data-port (HERMES_DATA_PORT, "
+                      "0 = a free one)", settings.data_port, settings.data_host, exc)
+            events.close()
+            raise
         engine.start()
         monitor = HeartbeatMonitor(engine, settings.heartbeat_timeout_seconds)
         engine.membership.takeover_after = 3 * settings.heartbeat_interval_seconds
         monitor.start()
         if checkpoints is not None:
             checkpoints.start()
+        quiet_access_log(not settings.access_log)
+        progress = Progress(engine, settings.progress_interval_seconds)
+        progress.start()
         app.state.engine = engine
         app.state.data_plane_address = f"tcp://{settings.advertise_host}:{port}"
         log.info("hermes server ready: preset=%s model=%s dataset=%s data plane %s",
@@ -159,6 +185,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
             yield
         finally:
             # The run goes on after a restart: agents hear "unavailable", not "stop".
+            await progress.stop()
             engine.begin_shutdown()
             await monitor.stop()
             await plane.stop()
@@ -172,7 +199,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
                 tensorboard.close()
 
     # /docs is served by the dashboard router from local files; FastAPI's own pages load them from a CDN.
-    app = FastAPI(title="Hermes parameter server", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app = FastAPI(title="Hermes parameter server", version=server_version(), lifespan=lifespan, docs_url=None, redoc_url=None)
     # Outermost: an oversized or stalled body is refused before FastAPI reads or parses it.
     app.add_middleware(BodyLimits, read_timeout=settings.http_read_timeout_seconds)
 

@@ -55,7 +55,10 @@ log = logging.getLogger(__name__)
 
 FORMAT = 1
 META = "checkpoint.json"
-_ST_DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16"}
+# Integer and bool entries: the model files (model_files.py) carry a module's integer buffers too.
+_ST_DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.float64: "F64",
+              torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
+              torch.bool: "BOOL"}
 _REC_HEAD = struct.Struct("<I")  # length of a journal record's JSON header
 
 
@@ -219,10 +222,11 @@ def read_journal(path: Path) -> list[tuple[dict[str, Any], list[torch.Tensor]]]:
 # the checkpointer
 
 
-def check_directory(directory: str | Path, *, resume: bool) -> dict[str, Any] | None:
+def check_directory(directory: str | Path, *, resume: bool, overwrite: bool = False) -> dict[str, Any] | None:
     """Create the directory (mode 0700) and return the checkpoint to resume, if resuming.
 
-    Refuses to resume from nothing and to overwrite another run's checkpoint.
+    Refuses to resume from nothing and to overwrite another run's checkpoint,
+    unless ``overwrite``: then that run's checkpoint files are deleted.
     """
     d = Path(directory)
     try:
@@ -242,8 +246,13 @@ def check_directory(directory: str | Path, *, resume: bool) -> dict[str, Any] | 
     if resume and meta is None:
         raise CheckpointError(f"--resume {d}: no checkpoint there ({META} missing)")
     if not resume and meta is not None:
-        raise CheckpointError(f"{d} holds a checkpoint of a run at version {meta['version']}: "
-                              f"resume it (--resume {d}) or choose another directory")
+        if not overwrite:
+            raise CheckpointError(f"{d} holds a checkpoint of a run at version {meta['version']}: "
+                                  f"resume it (--resume {d}), replace it (--overwrite) or choose another directory")
+        for old in [path, *d.glob("model-*.safetensors"), *d.glob("journal-*.log")]:
+            old.unlink(missing_ok=True)
+        log.warning("--overwrite: deleted the checkpoint of a run at version %s in %s", meta["version"], d)
+        meta = None
     return meta
 
 
@@ -266,9 +275,9 @@ class Checkpointer:
         return self.dir / f"journal-{version}.log"
 
     # -- lifecycle --
-    def open(self, *, resume: bool) -> None:
+    def open(self, *, resume: bool, overwrite: bool = False) -> None:
         """Prepare the directory: resume from it, or start a fresh run in it."""
-        meta = check_directory(self.dir, resume=resume)
+        meta = check_directory(self.dir, resume=resume, overwrite=overwrite)
         if meta is not None:
             self._restore(meta)
         else:

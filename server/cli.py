@@ -1,15 +1,30 @@
-"""``hermes-server``: start the parameter server under uvicorn."""
+"""``hermes-server``: start the parameter server under uvicorn.
+
+Before anything is written (OUT, the admin token, a checkpoint) the server
+checks what can go wrong at start-up and says so in one line, exit 2:
+settings from flags and ``HERMES_*`` alike (``console_checks``), the run
+config, the output folder and the ports (``preflight``).
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import sys
 from typing import Any
 
 from hermes.common.config import PRESETS, ConfigError
+from hermes.server.preflight import (
+    PreflightError,
+    UsageParser,
+    add_env_twins,
+    claim_ports,
+    explain,
+    operator_fields,
+    reachability_warning,
+    version_text,
+)
 
 
 def _parse_set(items: list[str]) -> dict[str, Any]:
@@ -27,26 +42,33 @@ def _parse_set(items: list[str]) -> dict[str, Any]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="hermes-server", description="Hermes parameter server (FastAPI + ZeroMQ).",
+    p = UsageParser(
+        prog="hermes-server", description="Hermes parameter server (FastAPI + ZeroMQ). Every flag has an "
+        "environment twin, HERMES_<NAME> (shown in brackets); a flag beats its twin.",
         epilog="Publish a data set's shard records to Kafka ahead of a run (or again after a broker "
                "that keeps data in memory restarted): hermes-server shards publish --help",
     )
-    p.add_argument("--host", default="0.0.0.0", help="control-plane bind address (default 0.0.0.0)")
-    p.add_argument("--port", type=int, default=8000, help="control-plane HTTP port (default 8000)")
-    p.add_argument("--data-host", default="0.0.0.0", help="data-plane bind address")
-    p.add_argument("--data-port", type=int, default=0, help="data-plane ZeroMQ port (0 = pick a free one)")
-    p.add_argument("--advertise-host", default="127.0.0.1", help="host agents use to reach the data plane")
+    p.add_argument("--version", action="version", version=version_text("hermes-server"))
+    p.add_argument("--host", help="control-plane bind address (default 0.0.0.0)")
+    p.add_argument("--port", type=int, help="control-plane HTTP port (default 8000)")
+    p.add_argument("--data-host", help="data-plane bind address (default: --host's)")
+    p.add_argument("--data-port", type=int, help="data-plane ZeroMQ port (default 0: pick a free one)")
+    p.add_argument("--advertise-host", help="host agents use to reach the data plane (default 127.0.0.1)")
     p.add_argument("--collective-port", type=int, default=None,
                    help="topology collective: port of the rendezvous store, MASTER_PORT (default: a free one)")
-    p.add_argument("--preset", choices=sorted(PRESETS), help="named policy bundle (default hermes)")
+    p.add_argument("--preset", help=f"named policy bundle (default hermes): {', '.join(sorted(PRESETS))}")
     p.add_argument("--config", help="JSON or TOML file of run-config overrides")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="run-config override, repeatable")
     p.add_argument("--target-accuracy", type=float, default=None, metavar="ACC",
                    help="stop the run once a test evaluation reaches this accuracy, 0 < ACC <= 1 "
                         "[HERMES_TARGET_ACCURACY]; the best model is kept as OUT/model-best.safetensors")
-    p.add_argument("--out", dest="out_dir", help="directory for events.jsonl, server_summary.json and model-best.safetensors")
-    p.add_argument("--max-workers", type=int, default=256)
+    p.add_argument("--out", dest="out_dir",
+                   help="directory for events.jsonl, server_summary.json, model-final.safetensors and "
+                        "model-best.safetensors (default: a new runs/<UTC time>-<preset>); one that holds another "
+                        "run's outputs is refused unless --resume or --overwrite")
+    p.add_argument("--overwrite", action="store_true", default=None,
+                   help="replace another run's outputs in --out (and its checkpoint in --checkpoint-dir)")
+    p.add_argument("--max-workers", type=int, help="most workers registered at once (default 256)")
     p.add_argument("--max-message-bytes", type=int, default=None)
     p.add_argument("--kafka", dest="kafka_bootstrap", metavar="HOST:PORT", default=None,
                    help="publish shard records to this Kafka broker and have agents read them from it "
@@ -100,12 +122,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tensorboard", dest="tensorboard_dir", metavar="DIR", default=None,
                    help="write TensorBoard scalars (accuracy, loss, per-worker cycle time, MBS, DSS, gate decisions, "
                         "messages) to DIR [HERMES_TENSORBOARD_DIR]; the live page is /ui either way")
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"], help="(default info)")
+    p.add_argument("--access-log", action="store_true", default=None,
+                   help="log every HTTP request; by default successful heartbeats and status polls are not logged")
+    p.add_argument("--progress-interval", type=float, dest="progress_interval_seconds", metavar="SECONDS",
+                   help="seconds between progress lines (version, metrics, workers, samples/s, what a barrier "
+                        "waits for); default 10, 0 = none")
+    add_env_twins(p)
     return p
 
 
-def ssl_options(args: argparse.Namespace) -> dict[str, Any]:
-    """uvicorn's TLS arguments; with a CA bundle, clients must present a certificate it signed."""
+def ssl_options(args: Any) -> dict[str, Any]:
+    """uvicorn's TLS arguments (from the settings); with a CA bundle, clients must present a certificate it signed."""
     import ssl
 
     if bool(args.ssl_certfile) != bool(args.ssl_keyfile):
@@ -140,16 +168,11 @@ def main(argv: list[str] | None = None) -> int:
         from hermes.server.shards_publish import main as publish_main
 
         return publish_main(argv[2:])
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if args.log_level != "debug":
-        # kafka-python logs every failed connection attempt; our retry loops report them once each.
-        logging.getLogger("kafka").setLevel(logging.CRITICAL)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     try:
-        import uvicorn
+        from pydantic import ValidationError
 
-        from hermes.server.app import create_app
-        from hermes.server.checkpoint import CheckpointError, check_directory
         from hermes.server.settings import ServerSettings
     except ImportError as exc:
         print(f"hermes-server needs the server extra: pip install 'hermes-edge[server]' ({exc})", file=sys.stderr)
@@ -197,19 +220,72 @@ def main(argv: list[str] | None = None) -> int:
                                    ("quarantine_after", args.quarantine_after)) if v is not None}
     if screening:
         fields["screening"] = screening
+    fields |= operator_fields(args)
+    given = {k: v for k, v in fields.items() if v is not None}
     try:
-        fields["run"] = _parse_set(args.set)
-        settings = ServerSettings(**{k: v for k, v in fields.items() if v is not None})
-        tls = ssl_options(args)
+        if args.set:  # only when given: an empty --set must not hide HERMES_RUN
+            given["run"] = _parse_set(args.set)
+        settings = ServerSettings(**given)
+    except ValidationError as exc:
+        print(f"hermes-server: configuration error: {explain(exc, given, parser)}", file=sys.stderr)
+        return 2
+    except ConfigError as exc:
+        print(f"hermes-server: configuration error: {exc}", file=sys.stderr)
+        return 2
+    return serve(settings)
+
+
+def serve(settings: Any) -> int:
+    """Check the run config, OUT and the ports (nothing written yet), then build the app and run uvicorn."""
+    from hermes.server.console import configure_logging
+    from hermes.server.outdir import OutDirError, check_out_dir, default_out_dir
+
+    configure_logging(settings.log_level)
+    try:
+        config = settings.run_config()  # a typo'd key is named here, with the key it was probably meant to be
+        default_out = settings.out_dir is None
+        if default_out:
+            settings = settings.model_copy(update={"out_dir": str(default_out_dir(config.preset))})
+        check_out_dir(settings.out_dir, resume=settings.resume, overwrite=settings.overwrite)
+        tls = ssl_options(settings)
+        control = claim_ports(settings)
+    except (ConfigError, ValueError, OutDirError) as exc:
+        print(f"hermes-server: configuration error: {exc}", file=sys.stderr)
+        return 2
+    except PreflightError as exc:
+        print(f"hermes-server: {exc}", file=sys.stderr)
+        return 2
+    warning = reachability_warning(settings)
+    if warning is not None:
+        print(f"hermes-server: warning: {warning}", file=sys.stderr)
+    try:
+        return _run(settings, tls, control, default_out=default_out)
+    finally:
+        control.close()
+
+
+def _run(settings: Any, tls: dict[str, Any], control: Any, *, default_out: bool) -> int:
+    try:
+        import uvicorn
+
+        from hermes.server.app import create_app
+        from hermes.server.checkpoint import CheckpointError, check_directory
+        from hermes.server.outdir import OutDirError
+    except ImportError as exc:
+        print(f"hermes-server needs the server extra: pip install 'hermes-edge[server]' ({exc})", file=sys.stderr)
+        return 2
+    try:
         if settings.tensorboard_dir:
             _writable(settings.tensorboard_dir)
         if settings.checkpoint_dir:
             # Refuse a wrong --resume before uvicorn starts, with exit status 2.
-            check_directory(settings.checkpoint_dir, resume=settings.resume)
+            check_directory(settings.checkpoint_dir, resume=settings.resume, overwrite=settings.overwrite)
         app = create_app(settings)
-    except (ConfigError, ValueError, CheckpointError) as exc:
+    except (ConfigError, ValueError, CheckpointError, OutDirError, OSError) as exc:
         print(f"hermes-server: configuration error: {exc}", file=sys.stderr)
         return 2
+    if default_out:  # said once the run is sure to start there
+        print(f"hermes-server: no --out given: this run's outputs go to {settings.out_dir}", file=sys.stderr)
     if settings.kafka_bootstrap:
         # Fail before uvicorn starts, with the address in the message; the
         # lifespan then publishes (and would fail the same way).
@@ -225,8 +301,13 @@ def main(argv: list[str] | None = None) -> int:
         except KafkaUnavailable as exc:
             print(f"hermes-server: {exc}", file=sys.stderr)
             return 3
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=10, **tls)
-    return 0
+    # On the socket claimed above: uvicorn binds nothing itself, so no port can be lost between the check
+    # and the start (uvicorn used to run the app's start-up, then fail to bind and shut it down again).
+    server = uvicorn.Server(uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
+                                           timeout_graceful_shutdown=10, **tls))
+    server.run(sockets=[control])
+    # As uvicorn.run: a start-up that failed (the app's lifespan refused) is exit 3.
+    return 0 if server.started else 3
 
 
 if __name__ == "__main__":

@@ -1,28 +1,53 @@
 """Server settings: CLI flags, ``HERMES_*`` environment variables or a config file.
 
+One mechanism for every flag: ``hermes-server`` passes the flags it was
+given, and pydantic-settings fills the rest from ``HERMES_<FIELD>`` (nested
+sections as ``HERMES_SCREENING__NORM_FACTOR``), then from the defaults here.
 ``uvicorn --factory hermes.server.app:create_app`` builds the app from the
-environment alone, so every setting has an env-var name (``HERMES_PRESET``,
-``HERMES_DATA_PORT``, ``HERMES_CONFIG`` ...).
+environment alone. No torch is imported here: ``hermes-server`` checks its
+settings, its ports and its output folder before it loads the engine.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import difflib
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from hermes.common.config import SECTIONS, RunConfig, build_config, load_config_file
-from hermes.common.wire import DEFAULT_MAX_MESSAGE_BYTES
-from hermes.server.engine.screening import ScreeningSettings
+from hermes.common.config import PRESETS, SECTIONS, RunConfig, build_config, load_config_file
+from hermes.server.screening_params import ScreeningSettings
+
+# = hermes.common.wire.DEFAULT_MAX_MESSAGE_BYTES, not imported from there: the wire imports torch
+# (tests/unit/test_server_cli.py checks the two agree).
+DEFAULT_MAX_MESSAGE_BYTES = 512 * 1024 * 1024
+
+ENV_PREFIX = "HERMES_"
+ENV_NESTED = "__"
+
+
+def server_version() -> str:
+    """The installed hermes-edge's version (``hermes-server --version``, the OpenAPI document)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("hermes-edge")
+    except PackageNotFoundError:  # a checkout on sys.path, not installed
+        return "0+unknown"
 
 
 class ServerSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="HERMES_", frozen=True, extra="ignore")
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, env_nested_delimiter=ENV_NESTED, frozen=True,
+                                      extra="ignore")
 
+    # The control plane (hermes-server binds it; under the uvicorn factory uvicorn's own flags do).
+    host: str = Field(default="0.0.0.0", description="control-plane bind address")
+    port: int = Field(default=8000, ge=0, le=65535, description="control-plane HTTP port")
     # Control-plane address agents are told about is the one they used; the
-    # data plane binds separately and advertises ``advertise_host``.
-    data_host: str = "0.0.0.0"
+    # data plane binds separately and advertises ``advertise_host``. Unset, it
+    # binds where the control plane does: --host 127.0.0.1 keeps both on loopback.
+    data_host: str = Field(default="0.0.0.0", description="data-plane bind address (default: host)")
     data_port: int = Field(default=0, ge=0, le=65535, description="0 picks a free port")
     advertise_host: str = Field(default="127.0.0.1", description="host agents use to reach the data plane")
     preset: str | None = None
@@ -31,7 +56,10 @@ class ServerSettings(BaseSettings):
     target_accuracy: float | None = Field(default=None, description="stop the run at this test accuracy")
     config: str | None = Field(default=None, description="JSON or TOML file of run-config overrides")
     run: dict[str, Any] = Field(default_factory=dict, description="run-config overrides (HERMES_RUN as JSON)")
-    out_dir: str | None = Field(default=None, description="where events.jsonl and summary.json go")
+    out_dir: str | None = Field(default=None, description="where events.jsonl, server_summary.json and the model "
+                                "files go (hermes-server: runs/<UTC time>-<preset> when unset)")
+    overwrite: bool = Field(default=False, description="start a new run in an out_dir (or checkpoint_dir) that "
+                            "holds another run's outputs, replacing them")
     max_message_bytes: int = Field(default=DEFAULT_MAX_MESSAGE_BYTES, gt=1024)
     max_workers: int = Field(default=256, gt=0)
     # topology "collective": port of the rendezvous store (MASTER_PORT) on data_host; 0 picks a free one.
@@ -64,8 +92,40 @@ class ServerSettings(BaseSettings):
     durable_acks: bool = Field(default=True, description="journal every applied update (fsync) before acknowledging it")
     # Seeing the run: TensorBoard event files (hermes.server.tensorboard); the /ui page is always on.
     tensorboard_dir: str | None = Field(default=None, description="write TensorBoard scalars here (HERMES_TENSORBOARD_DIR)")
-    # Update screening (hermes.server.engine.screening); HERMES_SCREENING as JSON.
+    # Update screening (hermes.server.engine.screening); HERMES_SCREENING as JSON or HERMES_SCREENING__NORM_FACTOR.
     screening: ScreeningSettings = Field(default_factory=ScreeningSettings)
+    # TLS of the control plane (hermes-server; the uvicorn factory takes uvicorn's --ssl-* flags).
+    ssl_certfile: str | None = Field(default=None, description="TLS certificate of the control plane")
+    ssl_keyfile: str | None = Field(default=None, description="private key of ssl_certfile")
+    ssl_ca_certfile: str | None = Field(default=None, description="CA bundle agents' client certificates must chain to")
+    # The console (hermes.server.console).
+    log_level: Literal["debug", "info", "warning", "error"] = Field(default="info", description="log level")
+    access_log: bool = Field(default=False, description="log every HTTP request; by default heartbeats and "
+                             "status polls that succeed are not logged")
+    progress_interval_seconds: float = Field(default=10.0, ge=0, description="seconds between progress lines "
+                                             "(version, metrics, workers, samples/s, barrier); 0 = none")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _data_host(cls, data: Any) -> Any:
+        """The data plane binds where the control plane does unless told otherwise."""
+        if isinstance(data, dict) and data.get("data_host") is None and data.get("host") is not None:
+            return {**data, "data_host": data["host"]}
+        return data
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _lower(cls, v: Any) -> Any:
+        return v.lower() if isinstance(v, str) else v
+
+    @field_validator("preset")
+    @classmethod
+    def _preset(cls, v: str | None) -> str | None:
+        if v is not None and v not in PRESETS:
+            close = difflib.get_close_matches(v, list(PRESETS), n=1, cutoff=0.5)
+            hint = f"did you mean {close[0]!r}?" if close else f"known: {', '.join(sorted(PRESETS))}"
+            raise ValueError(f"unknown preset {v!r}; {hint}")
+        return v
 
     @field_validator("kafka_bootstrap")
     @classmethod
@@ -85,6 +145,9 @@ class ServerSettings(BaseSettings):
                              f"heartbeat_interval_seconds ({self.heartbeat_interval_seconds}) or 0")
         if self.resume and not self.checkpoint_dir:
             raise ValueError("resume needs checkpoint_dir (the directory to resume from)")
+        if self.resume and self.overwrite:
+            raise ValueError("resume and overwrite exclude each other: resume continues the run, overwrite "
+                             "replaces it")
         return self
 
     def run_config(self) -> RunConfig:

@@ -7,15 +7,17 @@ import json
 import logging
 from typing import TYPE_CHECKING, Any
 
-from hermes.server.checkpoint import write_tensors
+import torch
+
 from hermes.server.evaluator import Evaluation, TargetReached
+from hermes.server.model_files import BEST_MODEL_FILE, FINAL_MODEL_FILE, write_model
 
 if TYPE_CHECKING:
     from hermes.server.engine.core import Engine
 
 log = logging.getLogger(__name__)
 
-BEST_MODEL_FILE = "model-best.safetensors"
+__all__ = ["BEST_MODEL_FILE", "FINAL_MODEL_FILE", "Reporting"]
 
 
 class Reporting:
@@ -134,7 +136,7 @@ class Reporting:
         }
 
     def finish(self) -> dict[str, Any]:
-        """The run's end: a last evaluation, the summary and the best model written to OUT."""
+        """The run's end: a last evaluation, the summary, the final and the best model written to OUT."""
         e = self.e
         # The current model, whatever it scores: the best one is reported beside it, not instead.
         final = e.evaluator.evaluate_now()
@@ -144,14 +146,23 @@ class Reporting:
         if e.out_dir is not None:
             e.out_dir.mkdir(parents=True, exist_ok=True)
             summary["best_model_file"] = self.write_best_model()
+            summary["final_model_file"] = self.write_final_model(final)
             tmp = e.out_dir / "server_summary.json.tmp"
             tmp.write_text(json.dumps(summary, indent=2))
             tmp.replace(e.out_dir / "server_summary.json")
         e.events.close()
         return summary
 
+    def _model_metadata(self, ev: Evaluation | None, version: int) -> dict[str, str]:
+        meta = {"version": str(version),
+                # Enough to rebuild the network: build_from_spec(ModelSpec.from_dict(...)).
+                "spec": json.dumps(self.e.spec.to_dict(), separators=(",", ":"))}
+        if ev is not None and ev.version == version:
+            meta |= {"accuracy": repr(ev.accuracy), "loss": repr(ev.loss), "evaluated_samples": str(ev.samples)}
+        return meta
+
     def write_best_model(self) -> str | None:
-        """OUT/model-best.safetensors: the best evaluated model, in the checkpoints' tensor layout.
+        """OUT/model-best.safetensors: the best evaluated model, as a standard state_dict (model_files).
 
         Returns the file name, or None before any evaluation.
         """
@@ -162,15 +173,19 @@ class Reporting:
             return None
         ev, flat = best
         path = e.out_dir / BEST_MODEL_FILE
-        try:
-            write_tensors(path, {"model": flat}, {
-                "version": str(ev.version), "accuracy": repr(ev.accuracy), "loss": repr(ev.loss),
-                "evaluated_samples": str(ev.samples),
-                # Enough to rebuild the network: build_from_spec(ModelSpec.from_dict(...)) + load_flat.
-                "spec": json.dumps(e.spec.to_dict(), separators=(",", ":")),
-            })
-        except OSError as exc:  # a full disk must not cost the summary
-            log.error("writing the best model to %s failed: %s", path, exc)
+        # The evaluator's replica: the run's module, integer buffers as built (they never change there).
+        if not write_model(path, e.evaluator.model.state_dict(), flat, self._model_metadata(ev, ev.version)):
             return None
         log.info("best model (version %d, accuracy %.4f) written to %s", ev.version, ev.accuracy, path)
+        return path.name
+
+    def write_final_model(self, final: Evaluation | None) -> str | None:
+        """OUT/model-final.safetensors: the global model as the run ends, whatever it scores."""
+        e = self.e
+        assert e.out_dir is not None
+        version, flat = e.state.snapshot(torch.float32)
+        path = e.out_dir / FINAL_MODEL_FILE
+        if not write_model(path, e.evaluator.model.state_dict(), flat, self._model_metadata(final, version)):
+            return None
+        log.info("final model (version %d) written to %s", version, path)
         return path.name

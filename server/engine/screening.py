@@ -37,10 +37,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 
 from hermes.common.wire import Payload
 from hermes.server.engine.offload import offload, payload_bytes
+from hermes.server.screening_params import ScreeningSettings  # torch-free, for the settings; re-exported
 
 if TYPE_CHECKING:
     from hermes.server.engine.telemetry import Telemetry
@@ -51,23 +51,6 @@ log = logging.getLogger(__name__)
 
 # Elements per norm block: bounds the fp32 temporary of a half-precision update.
 _BLOCK = 1 << 20
-
-
-class ScreeningSettings(BaseModel):
-    """The bounds of update screening (server settings ``screening_*``, CLI ``--screening-*``)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    enabled: bool = True
-    # Honest testbed runs at HL8 stayed under 3x the median for most presets, but
-    # omnilearn-asp (lr scaled by batches of 11..85) pushed an honest 15x (1.61 vs
-    # median 0.105, 2026-11-23): 32 leaves 2x margin over that; a 1000x update is still refused.
-    norm_factor: float = Field(default=32.0, gt=1.0)
-    window: int = Field(default=64, ge=1, le=100_000)
-    min_history: int = Field(default=4, ge=1)
-    bootstrap_factor: float = Field(default=4.0, gt=0.0)
-    loss_factor: float = Field(default=4.0, gt=1.0)
-    quarantine_after: int = Field(default=5, ge=0)
 
 
 def update_norm(payload: Payload) -> float:

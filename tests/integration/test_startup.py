@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -79,7 +80,12 @@ def test_uvicorn_factory_with_env_settings(tmp_path: Path) -> None:
         proc.send_signal(signal.SIGTERM)
         # Recent uvicorn re-raises SIGTERM after a graceful shutdown, so -15 is a clean exit too.
         assert proc.wait(timeout=30) in (0, -signal.SIGTERM), log.read_text()[-3000:]
-    assert "Application shutdown complete" in log.read_text()
+    text = log.read_text()
+    assert "Application shutdown complete" in text
+    # Logging is configured under the factory too: hermes' own lines are there, in hermes' format.
+    assert re.search(r"INFO hermes\.server\.app: hermes server ready: preset=bsp", text), text[-3000:]
+    assert "INFO hermes.server.engine.reporting: final model (version 0) written to" in text
+    assert "GET /v1/status" not in text  # status polls stay off the console
     summary = json.loads((tmp_path / "out" / "server_summary.json").read_text())
     assert summary["workers_total"] == 2 and summary["final_accuracy"] is not None
     assert port_is_free(data_port), "the data plane did not release its port"
@@ -88,7 +94,7 @@ def test_uvicorn_factory_with_env_settings(tmp_path: Path) -> None:
 def test_server_refuses_to_start_without_a_join_token(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("HERMES_")}
     proc = subprocess.run([sys.executable, "-m", "hermes.server.cli", "--port", str(free_port())],
-                          capture_output=True, text=True, timeout=60, env=env)
+                          capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr
     assert "HERMES_JOIN_TOKEN" in proc.stderr and "--insecure" in proc.stderr
     # The uvicorn factory refuses too: the app cannot be built.
@@ -97,12 +103,17 @@ def test_server_refuses_to_start_without_a_join_token(tmp_path: Path) -> None:
     assert proc.returncode != 0 and "no join token" in proc.stderr
     # A short token is refused with the field named.
     proc = subprocess.run([sys.executable, "-m", "hermes.server.cli", "--port", str(free_port())],
-                          capture_output=True, text=True, timeout=60, env={**env, "HERMES_JOIN_TOKEN": "abc"})
+                          capture_output=True, text=True, timeout=60, env={**env, "HERMES_JOIN_TOKEN": "abc"},
+                          cwd=tmp_path)
     assert proc.returncode == 2 and "join_token must be at least 16" in proc.stderr
-    # Protected reads with no token to check them against cannot work.
-    proc = subprocess.run([sys.executable, "-m", "hermes.server.cli", "--port", str(free_port()), "--insecure",
-                           "--protect-reads"], capture_output=True, text=True, timeout=60, env=env)
-    assert proc.returncode == 2 and "protect_reads needs a join token or an admin token" in proc.stderr
+    # Nothing was written by the refusals: hermes-server's default OUT is made only once the tokens are checked.
+    assert not (tmp_path / "runs").exists()
+    # Protected reads with no token to check them against cannot work. (hermes-server always has an OUT,
+    # where it writes a generated admin token; the uvicorn factory without HERMES_OUT_DIR has none.)
+    proc = subprocess.run([sys.executable, "-m", "uvicorn", "--factory", "hermes.server.app:create_app",
+                           "--port", str(free_port())], capture_output=True, text=True, timeout=60,
+                          env={**env, "HERMES_INSECURE": "1", "HERMES_PROTECT_READS": "1"}, cwd=tmp_path)
+    assert proc.returncode != 0 and "protect_reads needs a join token or an admin token" in proc.stderr
 
 
 def test_agent_exits_nonzero_when_server_unreachable() -> None:

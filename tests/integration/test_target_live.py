@@ -18,10 +18,11 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from hermes.common.config import RunConfig
-from hermes.common.tensors import ModelSpec
-from hermes.server.checkpoint import read_tensor_metadata, read_tensors
+from hermes.common.tensors import ModelSpec, build_from_spec, flatten
+from hermes.server.checkpoint import read_tensor_metadata
 from hermes.server.evaluator import Evaluator
 from hermes.server.shardstore import load_splits
 from hermes.server.state import ModelState
@@ -101,9 +102,14 @@ def test_server_stops_at_target_and_keeps_the_best_model(tmp_path: Path) -> None
     meta = read_tensor_metadata(path)
     assert int(meta["version"]) == summary["best_version"]
     assert float(meta["accuracy"]) == summary["best_accuracy"]
-    flat = read_tensors(path)["model"]
+    # A standard state_dict: the module's own keys, loaded with safetensors' reader in two lines.
     spec = ModelSpec.from_dict(json.loads(meta["spec"]))
+    model = build_from_spec(spec)
+    model.load_state_dict(load_file(path))
+    flat = flatten(model)
     assert flat.dtype == torch.float32 and flat.numel() == spec.numel == summary["model"]["numel"]
+    assert summary["final_model_file"] == "model-final.safetensors"
+    build_from_spec(spec).load_state_dict(load_file(out / "model-final.safetensors"))
     # Scored again on the evaluator's own held-out subset, by the evaluator's code.
     config = RunConfig(**summary["config"])
     _, _, test = load_splits(config)

@@ -1,0 +1,172 @@
+"""``hermes-server``'s start-up checks: one line for each mistake, before anything is written.
+
+- Usage errors (an unknown flag, ``--port abc``) are one line, not argparse's
+  usage block (``UsageParser``).
+- Every flag has one environment twin, ``HERMES_<SETTING>``, read by the
+  same pydantic-settings model (``add_env_twins`` names it in ``--help``);
+  a bad value is reported under the name the user wrote (``explain``):
+  ``HERMES_PORT='abc': ...`` or ``--heartbeat-timeout: ...``.
+- The control port is bound here and handed to uvicorn, the data and
+  collective ports are tried (``claim_ports``): a port in use is one line
+  naming the port and the flag that changes it, and nothing of the run
+  (OUT, admin token, checkpoint) has been written yet.
+
+Nothing here imports torch: these checks answer in about a second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import socket
+from importlib.metadata import PackageNotFoundError, version
+from typing import TYPE_CHECKING, Any, NoReturn
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
+
+ENV_PREFIX = "HERMES_"
+
+# Flags whose setting is not named like their dest.
+_TWINS = {
+    "set": "HERMES_RUN (JSON object)",
+    "resume": "HERMES_RESUME=1 with HERMES_CHECKPOINT_DIR",
+    "screening": "HERMES_SCREENING__ENABLED",
+    "screening_norm_factor": "HERMES_SCREENING__NORM_FACTOR",
+    "quarantine_after": "HERMES_SCREENING__QUARANTINE_AFTER",
+}
+# Settings set by a flag of another name (for messages that name what the user typed).
+_FLAG_OF_FIELD = {"run": "--set", "resume": "--resume", "checkpoint_dir": "--checkpoint-dir/--resume"}
+
+
+class PreflightError(Exception):
+    """A start-up mistake found before anything was written (a port in use)."""
+
+
+class UsageParser(argparse.ArgumentParser):
+    """argparse with a one-line error: the message and where to look, exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def version_text(prog: str) -> str:
+    try:
+        return f"{prog} {version('hermes-edge')}"
+    except PackageNotFoundError:  # a checkout on sys.path, not installed
+        return f"{prog} 0+unknown"
+
+
+def env_twin(dest: str) -> str | None:
+    """The environment variable a flag's setting is read from when the flag is absent."""
+    try:
+        from hermes.server.settings import ServerSettings
+    except ImportError:  # no server extra: main() says so
+        return None
+    if dest in _TWINS:
+        return _TWINS[dest]
+    if dest in ServerSettings.model_fields:
+        return ENV_PREFIX + dest.upper()
+    return None
+
+
+def add_env_twins(parser: argparse.ArgumentParser) -> None:
+    """Append ``[HERMES_X]`` to each flag's help, unless its help names it already."""
+    for action in parser._actions:
+        if not action.option_strings or action.help == argparse.SUPPRESS:
+            continue
+        twin = env_twin(action.dest)
+        if twin is not None and ENV_PREFIX not in str(action.help or ""):
+            action.help = f"{action.help} [{twin}]" if action.help else f"[{twin}]"
+
+
+def operator_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """Settings of the flags the console and the start-up own (the run's own flags are in cli.main)."""
+    names = ("host", "port", "overwrite", "access_log", "progress_interval_seconds", "log_level",
+             "ssl_certfile", "ssl_keyfile", "ssl_ca_certfile")
+    return {name: getattr(args, name, None) for name in names}
+
+
+def explain(exc: ValidationError, given: dict[str, Any], parser: argparse.ArgumentParser) -> str:
+    """A settings error in one line, naming the flag or the environment variable it came from."""
+    flags = {a.dest: a.option_strings[0] for a in parser._actions if a.option_strings}
+    parts = []
+    for err in exc.errors():
+        loc = [str(x) for x in err.get("loc", ())]
+        msg = str(err.get("msg", "")).removeprefix("Value error, ")
+        if not loc:  # a rule between settings
+            parts.append(msg)
+            continue
+        field = loc[0]
+        if field in given:
+            where = _FLAG_OF_FIELD.get(field) or flags.get(field) or field
+        else:
+            where = f"{ENV_PREFIX}{'__'.join(loc).upper()}={err.get('input')!r}"
+        parts.append(f"{where}: {msg}")
+    return "; ".join(parts)
+
+
+def _loopback(host: str) -> bool:
+    return host in ("localhost", "::1") or host.startswith("127.")
+
+
+def reachability_warning(settings: Any) -> str | None:
+    """A data plane bound to loopback but advertised elsewhere: remote agents would register, then hang."""
+    if _loopback(settings.data_host) and not _loopback(settings.advertise_host):
+        return (f"the data plane binds {settings.data_host} (from --host) but agents are told to reach it at "
+                f"{settings.advertise_host}: agents on other machines cannot; pass --data-host 0.0.0.0 (or that "
+                "machine's address)")
+    return None
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on host:port, with SO_REUSEADDR as uvicorn and ZeroMQ set it."""
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    family, _, _, _, address = infos[0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(2048)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def _why(exc: OSError) -> str:
+    if exc.errno == errno.EADDRINUSE:
+        return "is in use (another hermes-server, or an earlier one still running?)"
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return "cannot be bound: the address is not one of this machine's"
+    if exc.errno == errno.EACCES:
+        return "needs privileges (ports below 1024)"
+    return f"cannot be bound ({exc.strerror or exc})"
+
+
+def claim_ports(settings: Any) -> socket.socket:
+    """Bind the control port (returned, for uvicorn) and try the fixed data-plane ports."""
+    try:
+        control = _bind(settings.host, settings.port)
+    except socket.gaierror as exc:
+        raise PreflightError(f"--host {settings.host!r}: {exc.strerror}") from None
+    except OSError as exc:
+        raise PreflightError(f"control port {settings.port} on {settings.host} {_why(exc)}; choose another with "
+                             "--port (HERMES_PORT)") from None
+    others = (("data port", settings.data_port, "--data-port (HERMES_DATA_PORT; 0 picks a free one)"),
+              ("collective port", settings.collective_port, "--collective-port (HERMES_COLLECTIVE_PORT; "
+                                                            "0 picks a free one)"))
+    for what, port, flag in others:
+        if not port:
+            continue
+        try:
+            _bind(settings.data_host, port).close()
+        except socket.gaierror as exc:
+            control.close()
+            raise PreflightError(f"--data-host {settings.data_host!r}: {exc.strerror}") from None
+        except OSError as exc:
+            control.close()
+            raise PreflightError(f"{what} {port} on {settings.data_host} {_why(exc)}; choose another with "
+                                 f"{flag}") from None
+    return control
+

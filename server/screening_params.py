@@ -1,0 +1,27 @@
+"""The bounds of update screening, a section of the server settings.
+
+Apart from ``engine.screening`` (which needs torch) so that the server's
+settings, and with them every start-up check of ``hermes-server``, load
+without importing torch: a mistake is reported in a second, not after it.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class ScreeningSettings(BaseModel):
+    """The bounds of update screening (server settings ``screening_*``, CLI ``--screening-*``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    enabled: bool = True
+    # Honest testbed runs at HL8 stayed under 3x the median for most presets, but
+    # omnilearn-asp (lr scaled by batches of 11..85) pushed an honest 15x (1.61 vs
+    # median 0.105, 2026-11-23): 32 leaves 2x margin over that; a 1000x update is still refused.
+    norm_factor: float = Field(default=32.0, gt=1.0)
+    window: int = Field(default=64, ge=1, le=100_000)
+    min_history: int = Field(default=4, ge=1)
+    bootstrap_factor: float = Field(default=4.0, gt=0.0)
+    loss_factor: float = Field(default=4.0, gt=1.0)
+    quarantine_after: int = Field(default=5, ge=0)
