@@ -55,7 +55,7 @@ def _round(honest, attacker, delta: torch.Tensor, seed: int) -> dict:
 
 @pytest.mark.parametrize("preset", ["asp", "bsp", "hermes"])
 def test_poisoned_pushes_are_refused_and_the_attacker_quarantined(server_factory, preset):
-    srv = server_factory("--preset", preset, "--screening", "on")
+    srv = server_factory("--preset", preset)
     honest, attacker = srv.register(f"{preset}-honest"), srv.register(f"{preset}-attacker")
     # The first push of the run is not trusted: bounded by the model's own scale.
     first = _round(honest, attacker, _honest(attacker, 1, scale=1000.0), seed=100)
@@ -102,7 +102,7 @@ def test_poisoned_pushes_are_refused_and_the_attacker_quarantined(server_factory
 
 
 def test_honest_pushes_are_never_refused(server_factory):
-    srv = server_factory("--preset", "asp", "--screening", "on")
+    srv = server_factory("--preset", "asp")
     workers = [srv.register(f"h{i}") for i in range(3)]
     for i in range(30):
         w = workers[i % 3]
@@ -113,7 +113,7 @@ def test_honest_pushes_are_never_refused(server_factory):
 
 
 def test_hermes_nan_candidate_loss_is_refused_not_a_traceback(server_factory):
-    srv = server_factory("--preset", "hermes", "--screening", "on")
+    srv = server_factory("--preset", "hermes")
     w = srv.register("nan-loss")
     # Finite weights whose activations overflow: the probe's loss is NaN.
     body = _push(w, torch.full((w.numel,), 1e18))
@@ -125,8 +125,8 @@ def test_hermes_nan_candidate_loss_is_refused_not_a_traceback(server_factory):
 
 
 def test_non_finite_model_is_rolled_back(server_factory):
-    # Screening off: the guard behind it must hold on its own.
-    srv = server_factory("--preset", "asp")
+    srv = server_factory("--preset", "asp", screening_off_because="the non-finite guard behind screening must "
+                         "hold on its own")
     w = srv.register("overflow")
     good_version, good = w.pull()
     delta = torch.zeros(w.numel)
