@@ -106,7 +106,7 @@ class Attacker:
             self.push("idle", torch.zeros(self.w.numel))
             if self.w.run_config["sync"] != "bsp":  # under a barrier the reply came at the round's end
                 version = self.srv.healthz()["model_version"]
-                wait_for(lambda: self.srv.healthz()["model_version"] > version or self.stop.is_set(), 30,
+                wait_for(lambda v=version: self.srv.healthz()["model_version"] > v or self.stop.is_set(), 30,
                          "an honest push")
 
     def scaled(self, factor: float) -> torch.Tensor:
