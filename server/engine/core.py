@@ -132,7 +132,8 @@ class Engine:
         self.reporting = Reporting(self)
         self.handlers = Handlers(self)
         self.screening = Screening(screening or ScreeningSettings(), self.state, self.telemetry,
-                                   self.policies.aggregation.reference_loss)
+                                   self.policies.aggregation.reference_loss,
+                                   blend=self.policies.aggregation.op == "blend")
         self.metrics.model_version.set(0)
 
     def _initial_state(self) -> ModelState:

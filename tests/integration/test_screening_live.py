@@ -166,3 +166,24 @@ def test_non_finite_and_oversized_registrations_are_refused(live_server):
     joins = _events(live_server, "join")
     assert "y" * 100 not in json.dumps(joins) and "big" not in {e["name"] for e in joins}
     assert "Traceback" not in live_server.log_text()
+
+
+def test_fedasync_push_back_to_w0_is_refused(server_factory):
+    # FedAsync mixes x_new = w0 + G into the model with weight alpha and has no loss probe: a
+    # worker pushing G = 0 pulls the model back towards w0. Screened by the step the blend takes,
+    # ||w0 + G - w||, not by ||G|| (which is 0 there).
+    srv = server_factory("--preset", "fedasync")
+    w = srv.register("fedasync-honest")
+    _, w0 = w.pull()
+    step = torch.full((w.numel,), 0.1 / w.numel ** 0.5)  # norm 0.1, always the same direction
+    for _ in range(80):
+        version, current = w.pull()
+        msg = w.push((current - w0) + step, base_version=version, samples=64)
+        assert msg.header.body["status"] == "applied", msg.header.body
+    _, current = w.pull()
+    assert float((current - w0).norm()) > 32 * 0.1  # the model has moved away from w0
+    version, _ = w.pull()
+    body = w.push(torch.zeros(w.numel), base_version=version, samples=64).header.body
+    assert body["status"] == "rejected" and "× median" in body["reason"], body
+    _, after = w.pull()
+    assert torch.equal(after, current)
