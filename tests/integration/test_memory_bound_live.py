@@ -16,7 +16,8 @@ Measured on 2026-11-24 (2 shared cores, 64 peers × 4 frames of 4 MiB, limit
 
 Freed memory: frame buffers under glibc's dynamic mmap threshold (up to 32 MiB)
 go back to malloc's arenas, not the OS (+59 MiB kept after that burst with the
-default allocator, reused by the next burst); with
+default allocator, mostly reused by the next burst: a second burst peaked 67 MiB
+higher once, still under the bound); with
 ``MALLOC_MMAP_THRESHOLD_=131072`` every frame buffer is its own mapping and RSS
 returns to within a few MiB of the baseline (+6 MiB measured).
 """
@@ -118,13 +119,14 @@ def test_64_peers_of_maximum_size_frames_stay_under_the_memory_bound(server_fact
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/PID/status")
-def test_default_allocator_reuses_what_a_burst_left(server_factory):
-    # glibc's default keeps freed frame buffers in its arenas: a second burst reuses them, RSS does not grow.
+def test_default_allocator_stays_under_the_bound_burst_after_burst(server_factory):
+    # glibc's default keeps freed frame buffers in its arenas (RSS does not come back), and the
+    # next burst reuses most of them: three bursts in a row never take the peak past the bound.
     srv = server_factory("--max-message-bytes", str(LIMIT))
     worker = srv.register("mem-reuse")
     base = _mem(srv)["VmRSS"]
-    _burst(srv, worker.id)
-    first = _mem(srv)["VmHWM"] - base
-    assert first <= PEERS * socket_frame_cap(LIMIT) + 4 * LIMIT + SLACK
-    _burst(srv, worker.id)
-    assert _mem(srv)["VmHWM"] - base <= first + SLACK
+    bound = PEERS * socket_frame_cap(LIMIT) + 4 * LIMIT + SLACK
+    for _ in range(3):
+        _burst(srv, worker.id)
+        peak = _mem(srv)["VmHWM"] - base
+        assert peak <= bound, f"peak RSS +{peak / MiB:.0f} MiB over the bound {bound / MiB:.0f} MiB"
