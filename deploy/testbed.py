@@ -474,6 +474,9 @@ class Testbed:
             })
         target = a.target_accuracy
         final_acc = srv.get("final_accuracy")
+        # Server restarts (--chaos kill-server): SIGKILL to healthy again, as this launcher saw them.
+        downtime = round(sum(c.get("restart_seconds", 0.0) for c in self.chaos_log if c["action"] == "kill-server"), 3)
+        seconds_to_target = None if reached_at is None else round(reached_at - t0, 3)
         return {
             "preset": a.preset,
             "profile": a.profile,
@@ -500,7 +503,13 @@ class Testbed:
             "server_outcome": srv.get("outcome"),
             "target_reached_at": srv.get("target_reached_at"),
             "reached_target": bool(target is not None and final_acc is not None and reached_at is not None),
-            "seconds_to_target": None if reached_at is None else round(reached_at - t0, 3),
+            # Wall-clock seconds from the agents' launch, server downtime included ...
+            "seconds_to_target": seconds_to_target,
+            # ... and without it: the server's target_reached_at.seconds counts the same way
+            # (training seconds; the server's own downtime_seconds and wall_seconds beside them).
+            "downtime_seconds": downtime,
+            "seconds_to_target_excluding_downtime": None if seconds_to_target is None
+            else round(seconds_to_target - downtime, 3),
             "model_updates": srv.get("model_updates", 0),
             "messages_total": srv.get("messages_total", 0),
             "messages_by_type": srv.get("messages_by_type", {}),

@@ -161,9 +161,13 @@ class Journal:
         self.fsync = fsync
         self._fh = open(path, "ab")  # noqa: SIM115 - closed in close()
 
-    def append(self, version: int, op: str, payloads: Sequence[Payload], weights: Sequence[float]) -> None:
+    def append(self, version: int, op: str, payloads: Sequence[Payload], weights: Sequence[float],
+               *, elapsed: float | None = None, at: float | None = None) -> None:
         head = json.dumps({
             "version": version, "op": op, "weights": [float(w) for w in weights],
+            # The run's training seconds and wall-clock time of the fold: the last moment a
+            # resumed server knows its predecessor was alive (downtime starts there).
+            "elapsed": elapsed, "at": at,
             "deltas": [{"dtype": dtype_name(p.dtype), "numel": p.numel} for p in payloads],
         }).encode()
         crc = crc32c.crc32c(head)
@@ -264,6 +268,8 @@ class Checkpointer:
         self.durable_acks = durable_acks
         self.journal: Journal | None = None
         self.last_version: int | None = None
+        # (training seconds, wall-clock time) of the last moment the resumed run is known alive.
+        self.last_alive: tuple[float, float] = (0.0, 0.0)
         self.last_seconds = 0.0
         self.written = 0
         self._task: asyncio.Task | None = None
@@ -319,7 +325,9 @@ class Checkpointer:
     def record_fold(self, version: int, op: str, payloads: Sequence[Payload], weights: Sequence[float]) -> None:
         """Called by the engine after each fold and before any reply: durable first, then acknowledged."""
         if self.journal is not None:
-            self.journal.append(version, op, payloads, weights)
+            e = self.engine
+            now = e.clock.time()
+            self.journal.append(version, op, payloads, weights, elapsed=now - e.started_at, at=now)
 
     # -- saving --
     async def save(self, reason: str) -> int:
@@ -371,7 +379,10 @@ class Checkpointer:
 
     # -- resuming --
     def _replay(self, state: ModelState) -> int:
-        """Fold the journals' updates after the checkpoint's version, in order; returns how many."""
+        """Fold the journals' updates after the checkpoint's version, in order; returns how many.
+
+        Keeps the last replayed record's (elapsed, at) stamp in ``last_alive``.
+        """
         replayed = 0
         journals = sorted(self.dir.glob("journal-*.log"), key=lambda p: int(p.stem.split("-", 1)[1]))
         for path in journals:
@@ -387,6 +398,8 @@ class Checkpointer:
                 else:
                     state.apply(list(zip(payloads, head["weights"])))
                 replayed += 1
+                if head.get("elapsed") is not None and head.get("at") is not None:
+                    self.last_alive = (float(head["elapsed"]), float(head["at"]))
         return replayed
 
     def _restore(self, meta: dict[str, Any]) -> None:
@@ -400,9 +413,18 @@ class Checkpointer:
         tensors = read_tensors(self.dir / meta["model_file"])
         version = int(meta["version"])
         e.state.load(tensors["model"], version, baseline=tensors["baseline"])
+        self.last_alive = (float(meta.get("elapsed_seconds", 0.0)), float(meta.get("created", e.clock.time())))
         replayed = self._replay(e.state)
         e.load_state_dict(meta, best_flat=tensors.get("best"))
-        e.resumed_from = {"checkpoint_version": version, "replayed_updates": replayed, "version": e.state.version}
+        # The run's clock goes on from the last moment the old server was known alive (its
+        # last journaled fold, else the checkpoint); the gap since is downtime, counted apart.
+        elapsed, alive_at = self.last_alive
+        now = e.clock.time()
+        down = max(0.0, now - alive_at)
+        e.started_at = now - elapsed
+        e.downtime_seconds += down
+        e.resumed_from = {"checkpoint_version": version, "replayed_updates": replayed, "version": e.state.version,
+                          "downtime_seconds": round(down, 3)}
         e.telemetry.emit("resumed", directory=str(self.dir), **e.resumed_from)
         log.info("resumed from %s: checkpoint version %d + %d journaled updates = version %d",
                  self.dir, version, replayed, e.state.version)

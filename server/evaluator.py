@@ -42,15 +42,20 @@ class TargetReached:
 
     version: int
     accuracy: float
-    # Since the run started (Engine.started_at), on the server's clock.
+    # Training seconds since the run started (Engine.started_at), on the server's clock:
+    # the time the server was down between a kill and its --resume is not counted.
     seconds: float
     # Wall-clock time of that evaluation (time.time()), like the status's evaluation "at":
     # a launcher on the same machine measures time to target from its own origin with it.
     at: float
+    # Seconds the run's server was down before this evaluation (restarts), so
+    # seconds + downtime_seconds is the wall-clock time since the run started.
+    downtime_seconds: float = 0.0
 
     def public(self) -> dict[str, Any]:
         return {"version": self.version, "accuracy": self.accuracy, "seconds": round(self.seconds, 3),
-                "at": round(self.at, 6)}
+                "at": round(self.at, 6), "downtime_seconds": round(self.downtime_seconds, 3),
+                "wall_seconds": round(self.seconds + self.downtime_seconds, 3)}
 
 
 class Evaluator:

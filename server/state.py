@@ -7,6 +7,7 @@ readers so no pull ever sees a torn model and no update is lost.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Sequence
 
@@ -104,6 +105,21 @@ class ModelState:
             self._version += 1
             self._keep_finite()
             return self._version
+
+    def blend_step_norm(self, payload: Payload) -> float:
+        """||(w0 + G) - w||: how far the model a from-baseline update describes is from the current one.
+
+        What a blend moves the model by (times its weight); inf when it overflows float32.
+        """
+        total = 0.0
+        with self._lock:
+            for off, chunk in payload.offsets():
+                for block in _blocks(chunk):
+                    n = block.numel()
+                    step = block.to(torch.float32) + self._baseline[off : off + n] - self._flat[off : off + n]
+                    total += float(torch.linalg.vector_norm(step)) ** 2
+                    off += n
+        return math.sqrt(total) if math.isfinite(total) else math.inf
 
     def candidate(self, payload: Payload) -> torch.Tensor:
         """w0 + G: the worker model a from-baseline update describes (Hermes Alg. 2, w_temp)."""

@@ -273,11 +273,13 @@ def running_server(
     out_dir: Path, *extra_args: str, sets: Sequence[str] = ("eval_interval_seconds=0.5",),
     env: dict[str, str | None] | None = None, ports: tuple[int, int] | None = None,
     scheme: str = "http", http_kwargs: dict[str, Any] | None = None, check_exit: bool = True,
+    screening_off_because: str | None = None,
 ) -> Iterator[LiveServer]:
     """Start ``python -m hermes.server.cli`` on free loopback ports; stop and check it on exit.
 
     ``ports`` reuses given ones (a restart), ``scheme``/``http_kwargs`` talk TLS to it,
-    ``check_exit=False`` is for tests that kill it themselves.
+    ``check_exit=False`` is for tests that kill it themselves, ``screening_off_because``
+    turns update screening off (it is on by default) and must say why.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     port, data_port = ports or free_ports(2)
@@ -292,12 +294,12 @@ def running_server(
     # which is what the wire-level tests construct.
     if "--preset" not in extra_args:
         cmd += ["--preset", "asp"]
-    # Update screening off unless a test asks for it: wire-level tests push
-    # synthetic deltas (all ones, a model-sized step as a first push) to check
-    # the protocol's arithmetic, which the default bounds rightly refuse as
-    # poisoned. Screening has its own live tests (test_screening_live.py), and
-    # the testbed runs keep it on.
-    if "--screening" not in extra_args:
+    # Update screening is on, as for users: every test's honest pushes go
+    # through the default bounds (the false-refusal check in the small). A
+    # test whose synthetic deltas are not honest-sized (all ones, to check the
+    # fold's arithmetic) opts out and says why.
+    if screening_off_because is not None:
+        assert screening_off_because.strip(), "say why screening is off"
         cmd += ["--screening", "off"]
     for s in sets:
         cmd += ["--set", s]

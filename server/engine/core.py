@@ -103,7 +103,10 @@ class Engine:
             self.spec, self.state, self.test, max_samples=config.eval_max_samples,
             interval=config.eval_interval_seconds, seed=config.seed, on_result=self._evaluated, clock=clock,
         )
+        # The run's clock: started_at moves forward by the downtime on a resume, so
+        # clock.time() - started_at counts training seconds only (downtime_seconds apart).
         self.started_at = clock.time()
+        self.downtime_seconds = 0.0
         self.stopping = False
         self.stop_reason = ""
         self.target_reached: TargetReached | None = None
@@ -116,7 +119,7 @@ class Engine:
         self.replay = ReplayGuard(replay_window_seconds, clock=clock)
         # Set by the app when checkpoints are on (hermes.server.checkpoint): record_fold journals each fold.
         self.checkpoints: Any = checkpoints
-        self.resumed_from: dict[str, int] | None = None
+        self.resumed_from: dict[str, Any] | None = None
         self.held: dict[str, Held] = {}
         self.buffered: list[Contribution] = []  # BUFFER_AND_REPLY: acknowledged, folded by the next release
         # Authenticated data-plane requests by type: the "API calls" of Hermes Table III.
@@ -129,7 +132,8 @@ class Engine:
         self.reporting = Reporting(self)
         self.handlers = Handlers(self)
         self.screening = Screening(screening or ScreeningSettings(), self.state, self.telemetry,
-                                   self.policies.aggregation.reference_loss)
+                                   self.policies.aggregation.reference_loss,
+                                   blend=self.policies.aggregation.op == "blend")
         self.metrics.model_version.set(0)
 
     def _initial_state(self) -> ModelState:
@@ -344,6 +348,7 @@ class Engine:
             "target_reached": None if self.target_reached is None else asdict(self.target_reached),
             "message_counts": dict(self.message_counts),
             "elapsed_seconds": self.clock.time() - self.started_at,
+            "downtime_seconds": self.downtime_seconds,
         }
 
     def load_state_dict(self, state: Mapping[str, Any], *, best_flat: torch.Tensor | None = None) -> None:
@@ -355,6 +360,7 @@ class Engine:
         self.reporting.load_target(state.get("target_reached"))
         self.message_counts.update(state.get("message_counts", {}))
         self.started_at = self.clock.time() - float(state.get("elapsed_seconds", 0.0))
+        self.downtime_seconds = float(state.get("downtime_seconds", 0.0))
         self.metrics.model_version.set(self.state.version)
 
     # ---- the public surface of the rooms ---------------------------------------

@@ -36,7 +36,7 @@ class Reporting:
         # operator's stop into a reached target after the fact.
         if target is None or ev.accuracy < target or e.target_reached is not None or e.stopping:
             return
-        reached = TargetReached(ev.version, ev.accuracy, ev.at - e.started_at, ev.at)
+        reached = TargetReached(ev.version, ev.accuracy, ev.at - e.started_at, ev.at, e.downtime_seconds)
         e.target_reached = reached
         e.telemetry.emit("target_reached", target_accuracy=target, **reached.public())
         e.on_loop(e.request_stop, f"target accuracy {target} reached at version {ev.version}")
@@ -86,6 +86,8 @@ class Reporting:
             "sync": e.config.sync,
             "model_version": e.state.version,
             "elapsed_seconds": e.elapsed(),
+            # Server restarts: not counted in elapsed_seconds (training seconds).
+            "downtime_seconds": round(e.downtime_seconds, 3),
             "epoch_progress": round(e.queue.progress, 4),
             "evaluation": None if ev is None else {
                 "version": ev.version, "accuracy": ev.accuracy, "loss": ev.loss, "at": ev.at,

@@ -66,12 +66,16 @@ def update_norm(payload: Payload) -> float:
 
 class Screening:
     def __init__(self, settings: ScreeningSettings, state: ModelState, telemetry: Telemetry,
-                 reference_loss: Callable[[], float] | None = None) -> None:
+                 reference_loss: Callable[[], float] | None = None, *, blend: bool = False) -> None:
         self.settings = settings
         self.state = state
         self.telemetry = telemetry
         # The global model's probe loss, where the preset scores candidates (hermes).
         self.reference_loss = reference_loss
+        # Blend presets (hermes, fedasync) push G = model - w0, not a step: what the fold
+        # moves the model by is (w0 + G) - w, so that is the norm screened. ||G|| alone let a
+        # worker pushing G = 0 mix the model back towards w0 under fedasync (no loss probe).
+        self.blend = blend
         self.accepted: deque[float] = deque(maxlen=settings.window)
         self.refusals: dict[str, int] = {}
         self.in_a_row: dict[str, int] = {}
@@ -95,7 +99,10 @@ class Screening:
                                 f"worker {worker.id} is quarantined after {s.quarantine_after} refusals in a row")
         if candidate_loss is not None and not math.isfinite(candidate_loss):
             return self._refuse(worker, "loss", f"candidate loss {candidate_loss} is not finite")
-        norm = await offload(payload_bytes(payload), update_norm, payload)
+        if self.blend:
+            norm = await offload(payload_bytes(payload), self.state.blend_step_norm, payload)
+        else:
+            norm = await offload(payload_bytes(payload), update_norm, payload)
         if not math.isfinite(norm):
             return self._refuse(worker, "norm", "norm overflows float32")
         history = [n for n in self.accepted if n > 0.0]

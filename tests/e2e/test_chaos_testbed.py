@@ -21,6 +21,9 @@ from tests.conftest import run_testbed
 pytestmark = pytest.mark.integration
 
 HEARTBEAT_TIMEOUT = 2.0
+# Server and testbed clocks start a moment apart (the server's at its start, the testbed's at the
+# agents' launch) and see a restart's ends a moment apart (SIGKILL vs the last fold, healthy vs resumed).
+TIME_SKEW_S = 2.0
 FAST_HEARTBEATS = ("--heartbeat-interval", "0.3", "--heartbeat-timeout", str(HEARTBEAT_TIMEOUT))
 
 
@@ -86,7 +89,16 @@ def test_run_survives_a_server_restart(tmp_path):
     out = tmp_path / "kill-server"
     _, s = run_testbed(out, "--preset", "hermes", "--profile", "hl8", "--target-accuracy", "0.9", "--quiet",
                        "--chaos", "kill-server@v15", "--checkpoint-interval", "2", *FAST_HEARTBEATS)
-    _check_server_resumed(out, s)
+    chaos = _check_server_resumed(out, s)
+    # Time to target, with and without the restart: the server's training seconds exclude
+    # its downtime, the testbed's seconds_to_target (from the agents' launch) include it.
+    reached = s["target_reached_at"]
+    print(json.dumps({k: s[k] for k in ("seconds_to_target", "downtime_seconds",
+                                        "seconds_to_target_excluding_downtime")} | {"server": reached}))
+    assert s["downtime_seconds"] == chaos["restart_seconds"] > 0
+    assert reached["downtime_seconds"] == pytest.approx(s["downtime_seconds"], abs=TIME_SKEW_S)
+    assert reached["seconds"] == pytest.approx(s["seconds_to_target_excluding_downtime"], abs=TIME_SKEW_S)
+    assert reached["wall_seconds"] == pytest.approx(s["seconds_to_target"], abs=TIME_SKEW_S)
 
 
 @pytest.mark.slow

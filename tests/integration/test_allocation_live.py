@@ -79,7 +79,8 @@ def test_power_aggregation_weighs_updates_by_measured_compute_power(server_facto
     server = server_factory("--preset", "edp-sgd")
     a, b = server.register("pow-a"), server.register("pow-b")
     v0, m0 = a.pull()
-    da, db = torch.full((a.numel,), 1.0), torch.full((a.numel,), -1.0)
+    # Honest-sized (screening is on).
+    da, db = torch.full((a.numel,), 2.0 ** -8), torch.full((a.numel,), -(2.0 ** -8))
     replies: dict = {}
     ta = threading.Thread(target=_push, args=(a, da, v0, 128, 1.0, replies))  # 128 samples/s
     tb = threading.Thread(target=_push, args=(b, db, v0, 128, 0.25, replies))  # 512 samples/s

@@ -43,8 +43,9 @@ def _leave(server, worker):
 def test_barrier_waits_for_every_active_worker_and_weights_by_samples(bsp_server):
     a, b = bsp_server.register("bsp-a"), bsp_server.register("bsp-b")
     v0, m0 = a.pull()
-    da = torch.full((a.numel,), 1.0)
-    db = torch.full((a.numel,), -0.5)
+    # Honest-sized steps (screening is on), powers of two: the fold below is exact.
+    da = torch.full((a.numel,), 2.0 ** -8)
+    db = torch.full((a.numel,), -(2.0 ** -9))
 
     ta, ra = _push_async(a, da, base=v0, samples=32)
     ta.join(timeout=1.0)
@@ -74,7 +75,7 @@ def test_barrier_waits_for_every_active_worker_and_weights_by_samples(bsp_server
 def test_leave_releases_the_barrier_and_double_push_is_rejected(bsp_server):
     a, b = bsp_server.register("bsp-c"), bsp_server.register("bsp-d")
     v0, m0 = a.pull()
-    d = torch.full((a.numel,), 0.5)
+    d = torch.full((a.numel,), 2.0 ** -9)
     ta, ra = _push_async(a, d, base=v0, samples=10)
     time.sleep(0.3)
     assert ta.is_alive()

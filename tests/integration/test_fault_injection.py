@@ -89,6 +89,9 @@ def header_dict(handle, type_: MsgType = MsgType.PULL_MODEL, **overrides: Any) -
 
 
 _DELETE = object()
+# An honest-sized step (norm 0.58 for the cnn's 22k parameters, model norm 6.4: screening is
+# on) that is a power of two, so every fold the tests check is exact, in fp16 too.
+STEP = 2.0 ** -8
 
 
 def packed(d: Any) -> bytes:
@@ -394,7 +397,8 @@ def test_valid_multiframe_fp16_push(live_server):
     """A half-precision update split into many frames is accumulated into fp32 in place."""
     w = live_server.register("fp16-pusher")
     v0, m0 = w.pull()
-    delta = torch.linspace(-1, 1, w.numel).to(torch.float16)
+    # Honest-sized (screening is on: norm 0.6 for a model of norm 6.4), exact in fp16.
+    delta = torch.linspace(-(2 ** -8), 2 ** -8, w.numel).to(torch.float16)
     frames = [bytes(f) for f in encode(
         w.header(MsgType.PUSH_UPDATE, model_version=v0, shapes=w.shapes, body={"samples": 8}),
         delta, max_frame_bytes=4096, key=w.key,
@@ -413,13 +417,14 @@ def test_valid_multiframe_fp16_push(live_server):
 def test_stale_push_still_applies_under_plain_asp(live_server):
     w = live_server.register("stale-pusher")
     v0, m0 = w.pull()
-    first = w.push(torch.ones(w.numel), base_version=v0)
+    step = torch.full((w.numel,), STEP)
+    first = w.push(step, base_version=v0)
     assert first.header.body["status"] == "applied"
-    second = w.push(torch.ones(w.numel), base_version=v0)  # computed from the old model
+    second = w.push(step, base_version=v0)  # computed from the old model
     assert second.header.body["status"] == "applied"
     assert second.header.body["staleness"] == 1
     v2, m2 = w.pull()
-    assert v2 == v0 + 2 and torch.equal(m2, (m0 + 1) + 1)
+    assert v2 == v0 + 2 and torch.equal(m2, (m0 + STEP) + STEP)
 
 
 def test_pull_if_newer_and_bad_pull_dtype(live_server, worker):
@@ -509,11 +514,11 @@ def test_oversized_push_is_too_large(small_server):
     assert max(len(f) for f in split) < SMALL_LIMIT
     assert_rejected(small_server, w, split, ErrorCode.TOO_LARGE)
 
-    # The same update in fp16 fits, and is applied.
-    reply = w.push(torch.full((w.numel,), 0.25, dtype=torch.float16), base_version=v0)
+    # The same update in fp16 fits, and is applied (honest-sized: screening is on).
+    reply = w.push(torch.full((w.numel,), STEP, dtype=torch.float16), base_version=v0)
     assert reply.header.type is MsgType.PUSH_REPLY and reply.header.body["status"] == "applied"
     v1, m1 = w.pull()
-    assert v1 == v0 + 1 and torch.equal(m1, m0 + 0.25)
+    assert v1 == v0 + 1 and torch.equal(m1, m0 + STEP)
     assert small_server.workers()[w.id]["pushes"] == 1
 
 

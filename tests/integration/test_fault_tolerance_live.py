@@ -108,13 +108,23 @@ def test_sigkill_then_resume_keeps_every_acknowledged_update(tmp_path, durable):
         w = first.register("survivor")
         acked_version, acked_model = _push_distinct(w, 7)
         assert acked_version == 7
+        t_last = time.time()
+        run_start = t_last - first.get_json("/v1/status")["elapsed_seconds"]
         ports = (first.port, first.data_port)
         first.proc.kill()  # no shutdown hook runs: only what was durable survives
         first.proc.wait(timeout=10)
+        t_kill = time.time()
     meta = json.loads((ckpt / "checkpoint.json").read_text())
     assert meta["version"] == 0  # only the start-up checkpoint was written
     with running_server(tmp_path / "second", "--resume", str(ckpt), ports=ports) as second:
+        t_status = time.time()
         status = second.get_json("/v1/status")
+        # The run's clock: training seconds plus the downtime (from the last journaled fold,
+        # else the checkpoint, to the resume) add up to the wall-clock time since it started.
+        downtime = status["resumed_from"].pop("downtime_seconds")
+        assert status["downtime_seconds"] == downtime
+        assert downtime >= (t_kill - t_last if durable else t_kill - run_start) - 0.5, (downtime, t_kill - t_last)
+        assert status["elapsed_seconds"] + downtime == pytest.approx(t_status - run_start, abs=1.0)
         w2 = second.register("survivor")
         assert w2.id == w.id  # ids stay with names across the restart
         version, model = w2.pull()

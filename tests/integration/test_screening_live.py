@@ -55,7 +55,7 @@ def _round(honest, attacker, delta: torch.Tensor, seed: int) -> dict:
 
 @pytest.mark.parametrize("preset", ["asp", "bsp", "hermes"])
 def test_poisoned_pushes_are_refused_and_the_attacker_quarantined(server_factory, preset):
-    srv = server_factory("--preset", preset, "--screening", "on")
+    srv = server_factory("--preset", preset)
     honest, attacker = srv.register(f"{preset}-honest"), srv.register(f"{preset}-attacker")
     # The first push of the run is not trusted: bounded by the model's own scale.
     first = _round(honest, attacker, _honest(attacker, 1, scale=1000.0), seed=100)
@@ -102,7 +102,7 @@ def test_poisoned_pushes_are_refused_and_the_attacker_quarantined(server_factory
 
 
 def test_honest_pushes_are_never_refused(server_factory):
-    srv = server_factory("--preset", "asp", "--screening", "on")
+    srv = server_factory("--preset", "asp")
     workers = [srv.register(f"h{i}") for i in range(3)]
     for i in range(30):
         w = workers[i % 3]
@@ -113,7 +113,7 @@ def test_honest_pushes_are_never_refused(server_factory):
 
 
 def test_hermes_nan_candidate_loss_is_refused_not_a_traceback(server_factory):
-    srv = server_factory("--preset", "hermes", "--screening", "on")
+    srv = server_factory("--preset", "hermes")
     w = srv.register("nan-loss")
     # Finite weights whose activations overflow: the probe's loss is NaN.
     body = _push(w, torch.full((w.numel,), 1e18))
@@ -125,8 +125,8 @@ def test_hermes_nan_candidate_loss_is_refused_not_a_traceback(server_factory):
 
 
 def test_non_finite_model_is_rolled_back(server_factory):
-    # Screening off: the guard behind it must hold on its own.
-    srv = server_factory("--preset", "asp")
+    srv = server_factory("--preset", "asp", screening_off_because="the non-finite guard behind screening must "
+                         "hold on its own")
     w = srv.register("overflow")
     good_version, good = w.pull()
     delta = torch.zeros(w.numel)
@@ -166,3 +166,24 @@ def test_non_finite_and_oversized_registrations_are_refused(live_server):
     joins = _events(live_server, "join")
     assert "y" * 100 not in json.dumps(joins) and "big" not in {e["name"] for e in joins}
     assert "Traceback" not in live_server.log_text()
+
+
+def test_fedasync_push_back_to_w0_is_refused(server_factory):
+    # FedAsync mixes x_new = w0 + G into the model with weight alpha and has no loss probe: a
+    # worker pushing G = 0 pulls the model back towards w0. Screened by the step the blend takes,
+    # ||w0 + G - w||, not by ||G|| (which is 0 there).
+    srv = server_factory("--preset", "fedasync")
+    w = srv.register("fedasync-honest")
+    _, w0 = w.pull()
+    step = torch.full((w.numel,), 0.1 / w.numel ** 0.5)  # norm 0.1, always the same direction
+    for _ in range(80):
+        version, current = w.pull()
+        msg = w.push((current - w0) + step, base_version=version, samples=64)
+        assert msg.header.body["status"] == "applied", msg.header.body
+    _, current = w.pull()
+    assert float((current - w0).norm()) > 32 * 0.1  # the model has moved away from w0
+    version, _ = w.pull()
+    body = w.push(torch.zeros(w.numel), base_version=version, samples=64).header.body
+    assert body["status"] == "rejected" and "× median" in body["reason"], body
+    _, after = w.pull()
+    assert torch.equal(after, current)

@@ -150,7 +150,8 @@ def test_forged_signature_is_rejected_and_counted(live_server):
 def test_replayed_message_is_rejected_and_counted(live_server):
     w = live_server.register("replay-target")
     v0, m0 = w.pull()
-    push = w.frames(MsgType.PUSH_UPDATE, torch.full((w.numel,), 0.5), model_version=v0, shapes=w.shapes,
+    # Honest-sized (screening is on), a power of two: the fold is exact.
+    push = w.frames(MsgType.PUSH_UPDATE, torch.full((w.numel,), 2.0 ** -8), model_version=v0, shapes=w.shapes,
                     body={"samples": 8})
     reply = live_server.exchange(push)
     assert reply.header.body["status"] == "applied"
@@ -162,7 +163,7 @@ def test_replayed_message_is_rejected_and_counted(live_server):
     old = w.frames(MsgType.PULL_MODEL, ts=int(time.time() * 1000) - 3_600_000)
     assert "timestamp" in _rejected(live_server, old, ErrorCode.REPLAY)["message"]
     v1, m1 = w.pull()
-    assert v1 == v0 + 1 and torch.equal(m1, m0 + 0.5), "the replayed push was applied twice"
+    assert v1 == v0 + 1 and torch.equal(m1, m0 + 2.0 ** -8), "the replayed push was applied twice"
     assert live_server.workers()[w.id]["pushes"] == 1
 
 

@@ -1,0 +1,118 @@
+#!/usr/bin/env python
+"""False-refusal rate of the default update screening: every preset's testbed run, no attacker.
+
+    python benchmarks/false_refusals.py [--presets hermes,asp,...] [--profile hl8] [--clients 4]
+        [--dataset digits] [--max-seconds 40] [--out runs/false-refusals] [--set KEY=VALUE ...]
+
+For each preset (default: every preset ``hermes-testbed --list-presets``
+prints), one after the other, it runs
+
+    python -m hermes.deploy.testbed --preset P --profile hl8 --clients 4 --dataset digits
+        --max-seconds S --quiet --out OUT/P
+
+with the server's default screening (on), then reads ``OUT/P/server_summary.json``
+(``screening``: refusals by reason, quarantined workers, the median accepted
+norm) and the agents' push counts from ``OUT/P/summary.json``. Every run is
+honest, so every refusal is a false one; the expected count is 0 on every
+preset. It prints one table (preset, pushes, refusals by reason, rate,
+quarantined, median norm, final accuracy) and writes ``OUT/false_refusals.json``.
+Exit status 1 when any preset refused an honest push, 2 when a run failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from machine import machine_info, print_table
+
+
+def all_presets() -> list[str]:
+    out = subprocess.run([sys.executable, "-m", "hermes.deploy.testbed", "--list-presets"],
+                         capture_output=True, text=True, check=True).stdout
+    return [line.split()[0] for line in out.splitlines() if line and not line[0].isspace()]
+
+
+def run_one(args: argparse.Namespace, preset: str) -> dict[str, Any]:
+    out = args.out / preset
+    cmd = [sys.executable, "-m", "hermes.deploy.testbed", "--preset", preset, "--profile", args.profile,
+           "--clients", str(args.clients), "--dataset", args.dataset, "--max-seconds", f"{args.max_seconds:g}",
+           "--seed", str(args.seed), "--quiet", "--out", str(out)]
+    for kv in args.set:
+        cmd += ["--set", kv]
+    (out / "summary.json").unlink(missing_ok=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    with open(args.out / f"{preset}.log", "w") as log_file:
+        try:
+            rc = subprocess.run(cmd, stdout=log_file, stderr=subprocess.STDOUT,
+                                timeout=args.max_seconds + 180).returncode
+        except subprocess.TimeoutExpired:
+            rc = -1
+    row: dict[str, Any] = {"preset": preset, "rc": rc, "seconds": round(time.time() - t0, 1)}
+    try:
+        summary = json.loads((out / "summary.json").read_text())
+        server = json.loads((out / "server_summary.json").read_text())
+    except (OSError, ValueError) as exc:
+        return row | {"error": f"no summary: {exc}"}
+    screening = server.get("screening") or {}
+    refusals = screening.get("refusals") or {}
+    pushes = sum(w.get("pushes", 0) for w in summary.get("workers", []))
+    return row | {
+        "pushes": pushes,
+        "applied": sum(w.get("applied", 0) for w in summary.get("workers", [])),
+        "refusals": refusals,
+        "refused": sum(refusals.values()),
+        "rate": (sum(refusals.values()) / pushes) if pushes else None,
+        "quarantined": screening.get("quarantined", []),
+        "median_norm": screening.get("median_norm"),
+        "screening_enabled": screening.get("enabled"),
+        "model_updates": summary.get("model_updates"),
+        "final_accuracy": summary.get("final_accuracy"),
+    }
+
+
+def _cells(r: dict[str, Any]) -> list[Any]:
+    return [r["preset"], r.get("pushes", "-"), r.get("applied", "-"), r.get("refused", r.get("error", "-")),
+            ",".join(f"{k}={v}" for k, v in sorted((r.get("refusals") or {}).items())) or "-",
+            "-" if r.get("rate") is None else f"{r['rate']:.3f}", len(r.get("quarantined", [])),
+            "-" if r.get("median_norm") is None else f"{r['median_norm']:.3g}",
+            "-" if r.get("final_accuracy") is None else f"{r['final_accuracy']:.3f}"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    p.add_argument("--presets", default="", help="comma-separated (default: every preset)")
+    p.add_argument("--profile", default="hl8")
+    p.add_argument("--clients", type=int, default=4)
+    p.add_argument("--dataset", default="digits")
+    p.add_argument("--max-seconds", type=float, default=40.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, default=Path("runs/false-refusals"))
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    args = p.parse_args(argv)
+    presets = [x for x in args.presets.split(",") if x] or all_presets()
+    rows = []
+    for preset in presets:
+        row = run_one(args, preset)
+        rows.append(row)
+        print(f"{preset}: {row.get('refused', '?')} refused of {row.get('pushes', '?')} pushes "
+              f"({row['seconds']} s, rc {row['rc']})", flush=True)
+    (args.out / "false_refusals.json").write_text(json.dumps(
+        {"machine": machine_info(), "args": {k: str(v) for k, v in vars(args).items()}, "runs": rows}, indent=2))
+    print_table(
+        f"False refusals of the default screening, {args.profile}, {args.clients} agents, {args.dataset}",
+        ["preset", "pushes", "applied", "refused", "by reason", "rate", "quarantined", "median norm", "final acc"],
+        [[str(x) for x in _cells(r)] for r in rows])
+    if any("error" in r or r["rc"] != 0 for r in rows):
+        return 2
+    return 1 if any(r.get("refused") for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
