@@ -87,7 +87,7 @@ def fingerprint(model: nn.Module) -> str:
     return h.hexdigest()[:16]
 
 
-class ArrayPairDataset(torch.utils.data.Dataset):  # type: ignore[type-arg]
+class ArrayPairDataset(torch.utils.data.Dataset):
     """A pair of arrays (numpy or torch) seen as a Dataset of tensor pairs."""
 
     def __init__(self, inputs: Any, targets: Any) -> None:
@@ -107,7 +107,7 @@ def as_dataset(data: DataLike) -> torch.utils.data.Dataset[Any]:
     """A Dataset from either form a task may give."""
     if isinstance(data, tuple) and len(data) == 2 and not isinstance(data, torch.utils.data.Dataset):
         return ArrayPairDataset(*data)
-    return data  # type: ignore[return-value]
+    return data
 
 
 def task_names(tasks: Sequence[str]) -> str:

@@ -238,9 +238,17 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
             raise HTTPException(410, f"the run is over: {engine.stop_reason}")
         if engine.stopping:
             raise HTTPException(503, "the server is shutting down")
+        if engine.local_data != (body.local_samples is not None):
+            # Before any state: a shard-fed agent in a local-data run (or the reverse) would train on nothing.
+            raise refuse(engine, 409, "data_mismatch",
+                         "this run trains on device-local data (the task's local_data) but the agent declares no "
+                         "local samples" if engine.local_data else
+                         "the agent trains on device-local data but this run serves shards (its task has no "
+                         "local_data)", client)
         try:
             rec, rejoined = engine.register(
-                body.name, threads=body.threads, device=body.device, slowdown=body.slowdown, hints=body.hints.known()
+                body.name, threads=body.threads, device=body.device, slowdown=body.slowdown, hints=body.hints.known(),
+                local_samples=body.local_samples or 0,
             )
         except RegistryFull as exc:
             engine.metrics.limit_hits.labels(limit="max_workers").inc()

@@ -17,9 +17,10 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch.utils.data import Dataset
 
 from hermes.common.clock import SYSTEM_CLOCK, Clock
-from hermes.common.datasets import ArrayDataset
+from hermes.common.datasource import SampleSource
 from hermes.common.tensors import ModelSpec, build_from_spec, load_flat
 from hermes.server.state import ModelState
 
@@ -58,7 +59,7 @@ class Evaluator:
         self,
         spec: ModelSpec,
         state: ModelState,
-        test: ArrayDataset,
+        test: Dataset,
         *,
         max_samples: int,
         interval: float,
@@ -73,11 +74,12 @@ class Evaluator:
         self.batch_size = batch_size
         self.on_result = on_result
         self.model = build_from_spec(spec).eval()
-        n = len(test)
+        # Any Dataset of (input, target) pairs: only the evaluated samples are read.
+        source = SampleSource(test, "test_data")
+        n = len(source)
         # A fixed seeded subset: evaluations of different versions are comparable.
         idx = np.sort(np.random.default_rng(seed).permutation(n)[: min(n, max_samples)])
-        self.x = torch.from_numpy(np.ascontiguousarray(test.x[idx]))
-        self.y = torch.from_numpy(np.ascontiguousarray(test.y[idx]))
+        self.x, self.y = source.rows(idx)
         self.latest: Evaluation | None = None
         self.history: list[Evaluation] = []
         # The most accurate model evaluated by this process and its weights:

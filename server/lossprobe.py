@@ -14,8 +14,9 @@ import time
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch.utils.data import Dataset
 
-from hermes.common.datasets import ArrayDataset
+from hermes.common.datasource import SampleSource
 from hermes.common.tensors import ModelSpec, build_from_spec, load_flat
 from hermes.common.wire import Payload
 from hermes.server.metrics import ServerMetrics
@@ -24,16 +25,17 @@ from hermes.server.state import ModelState
 
 class LossProbe:
     def __init__(
-        self, spec: ModelSpec, state: ModelState, validation: ArrayDataset, *, samples: int, seed: int,
+        self, spec: ModelSpec, state: ModelState, validation: Dataset, *, samples: int, seed: int,
         metrics: ServerMetrics, batch_size: int = 1024,
     ) -> None:
         self.state = state
         self.metrics = metrics
         self.batch_size = batch_size
         self.model = build_from_spec(spec).eval()
-        idx = np.sort(np.random.default_rng([seed, 0x1055]).permutation(len(validation))[:samples])
-        self.x = torch.from_numpy(np.ascontiguousarray(validation.x[idx]))
-        self.y = torch.from_numpy(np.ascontiguousarray(validation.y[idx]))
+        # Any Dataset of (input, target) pairs: only the probe's samples are read.
+        source = SampleSource(validation, "validation")
+        idx = np.sort(np.random.default_rng([seed, 0x1055]).permutation(len(source))[:samples])
+        self.x, self.y = source.rows(idx)
         self._lock = threading.Lock()  # one replica, one scoring at a time
         self._global: tuple[int, float] | None = None
 

@@ -25,17 +25,18 @@ import torch
 
 from hermes.common.clock import SYSTEM_CLOCK, Clock
 from hermes.common.config import RunConfig
-from hermes.common.datasets import ArrayDataset
 from hermes.common.messages import WorkReply
 from hermes.common.models import build_model
 from hermes.common.shards import ShardQueue
 from hermes.common.sync import Decision, PushInfo
+from hermes.common.task import Task
 from hermes.common.tensors import flatten, spec_of
 from hermes.common.wire import Payload, dtype_from_name
 from hermes.server.auth import ReplayGuard
 from hermes.server.engine.collective import Collective
 from hermes.server.engine.handlers import Handlers
 from hermes.server.engine.kafka import KafkaPublisher
+from hermes.server.engine.local import LOCAL_DSS_MAX, LocalAccount, local_data_refusal
 from hermes.server.engine.membership import Membership
 from hermes.server.engine.offload import offload, payload_bytes
 from hermes.server.engine.policies import Contribution, Policies, build_policies
@@ -73,7 +74,8 @@ class Engine:
         max_message_bytes: int,
         out_dir: str | None = None,
         replay_window_seconds: float = 300.0,
-        splits: tuple[ArrayDataset, ArrayDataset, ArrayDataset] | None = None,
+        splits: tuple[Any, Any, Any] | None = None,
+        task: Task | None = None,
         state: ModelState | None = None,
         policies: Policies | None = None,
         checkpoints: Any = None,
@@ -88,17 +90,32 @@ class Engine:
         self.events = events
         self.max_message_bytes = max_message_bytes
         self.out_dir = Path(out_dir) if out_dir else None
-        self.train, self.validation, self.test = splits if splits is not None else load_splits(config)
+        self.task = task
+        # Device-local data (task.local_data): agents train on their own samples, the server
+        # sizes how many per cycle and no shard of training data is ever served.
+        self.local_data = task is not None and task.local_data is not None
+        if self.local_data and (why := local_data_refusal(config)) is not None:
+            raise ValueError(f"preset {config.preset!r} cannot train on device-local data: {why}")
+        self.train, self.validation, self.test = splits if splits is not None else load_splits(config, task)
         self.state = state if state is not None else self._initial_state()
         self.spec = self.state.spec
         self.policies = policies if policies is not None else build_policies(
-            config, spec=self.spec, state=self.state, train_samples=len(self.train), validation=self.validation,
+            config, spec=self.spec, state=self.state,
+            train_samples=LOCAL_DSS_MAX if self.local_data else len(self.train), validation=self.validation,
             metrics=metrics)
         self.registry = Registry(max_workers, clock=clock)
         metrics.watch_workers(self.registry.all)
-        self.shards = ShardStore(self.train, config.shard_size)
-        self.validation_shards = ShardStore(self.validation, config.shard_size)
-        self.queue = ShardQueue(self.shards.num_shards, seed=config.seed)
+        # Records name their data set: the built-in sets' own names (as before), else the task's.
+        label = (task.name if task is not None else "") or config.dataset
+        self.shards = ShardStore(self.train, config.shard_size, name=getattr(self.train, "name", "") or label)
+        self.validation_shards = ShardStore(self.validation, config.shard_size,
+                                            name=getattr(self.validation, "name", "") or f"{label}-validation")
+        # Local data: no shard ids to hand out, but the queue still keeps the epoch account
+        # (one "shard" per shard_size samples assigned; see Membership.assign).
+        self.queue = ShardQueue(self.shards.num_shards or 1, seed=config.seed)
+        # Shard record bytes the data plane sent, by split (0 with local data: nothing is served).
+        self.shard_bytes_served = {"train": 0, "validation": 0}
+        self.local = LocalAccount(self)
         self.evaluator = Evaluator(
             self.spec, self.state, self.test, max_samples=config.eval_max_samples,
             interval=config.eval_interval_seconds, seed=config.seed, on_result=self._evaluated, clock=clock,
@@ -150,6 +167,11 @@ class Engine:
     @property
     def allocator(self):
         return self.policies.allocator
+
+    @property
+    def epoch_progress(self) -> float:
+        """Epochs of training data handed out so far (fractional): the shard queue's, or the local sets'."""
+        return self.local.progress if self.local_data else self.queue.progress
 
     @property
     def version(self) -> int:
@@ -337,6 +359,7 @@ class Engine:
             "config": self.config.model_dump(),
             "model": {"name": self.spec.name, "numel": self.spec.numel},
             "queue": self.queue.state(),
+            **self.local.state_dict(),
             **self.membership.state_dict(),
             "allocator": self.allocator.state_dict(),
             "workers": self.registry.identities(),
@@ -349,6 +372,7 @@ class Engine:
     def load_state_dict(self, state: Mapping[str, Any], *, best_flat: torch.Tensor | None = None) -> None:
         """Resume the parts from ``state_dict()`` (the model itself is loaded by the checkpointer)."""
         self.queue.restore(state["queue"])
+        self.local.load_state_dict(dict(state))
         self.membership.load_state_dict(state)
         self.registry.restore(state["workers"])
         self.evaluator.load_state_dict(state, best_flat)
@@ -375,10 +399,15 @@ class Engine:
         return await self.collective.regroup(worker_id, failed_generation)
 
     def publish_to_kafka(self, opts) -> None:
+        if self.local_data:
+            log.info("device-local data: no shard records to publish to Kafka")
+            return
         self.kafka.publish(opts)
 
     def data_source_for(self, worker: WorkerRecord) -> dict[str, Any]:
         """The register reply's ``data_source``: where this worker's validation shards are read from."""
+        if self.local_data:
+            return {"source": "local"}
         return self.kafka.ranges("validation", self.membership.validation_shards_for(worker)).model_dump(exclude_none=True)
 
     @property

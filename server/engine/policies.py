@@ -20,7 +20,6 @@ from typing import Any, Protocol
 from hermes.common.aggregation import loss_blend_weight, power_weights
 from hermes.common.allocation import Allocator, make_allocator
 from hermes.common.config import RunConfig
-from hermes.common.datasets import ArrayDataset
 from hermes.common.policies import base as registry
 from hermes.common.policies.aggregation import DeltaRule
 from hermes.common.policies.lr_scaling import LrScaling
@@ -205,7 +204,7 @@ def build_policies(
     spec: ModelSpec,
     state: ModelState,
     train_samples: int,
-    validation: ArrayDataset,
+    validation: Any,
     metrics: ServerMetrics,
 ) -> Policies:
     """The run's policies, from the registry; what each needs is read from its declarations."""
