@@ -12,19 +12,17 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from torch.utils.data import Dataset, Subset
 
 from hermes.common.config import RunConfig
-from hermes.common.datasets import ArrayDataset, load_dataset, split_validation, validation_indices
+from hermes.common.datasets import ArrayDataset, split_validation, validation_indices
 from hermes.common.datasource import DataError, SampleSource, check_dtypes, rows_as_arrays
 from hermes.common.shards import encode_record, shard_bounds
-from hermes.common.task import as_dataset
-
-if TYPE_CHECKING:
-    from hermes.common.task import Task
+from hermes.common.task import Task, as_dataset
+from hermes.common.task_registry import resolve_task
 
 # Encoded records kept per store. 64 MiB holds every built-in set whole (CIFAR-10's
 # 40k training images are 480 MB: those are re-encoded on demand, ~1 ms per shard).
@@ -44,26 +42,19 @@ class _Empty(Dataset):
 def load_splits(config: RunConfig, task: Task | None = None) -> tuple[Dataset, Dataset, Dataset]:
     """(train, validation, test) exactly as the engine cuts them.
 
-    Without a task (or for the built-in data sets): the config's ``dataset``
-    as ArrayDatasets, as always. With a task: its ``train_data`` and
-    ``test_data``; validation is a seeded index subset of train
-    (``validation_fraction``) and train the rest, nothing materialised. A
+    The task (by default the config's ``task``, resolved): its
+    ``train_data`` and ``test_data``; validation is a seeded index subset of
+    train (``validation_fraction``, the permutation the built-in sets always
+    used) and train the rest, nothing materialised. A
     task whose agents hold the data (``local_data``, no ``train_data``) has
     an empty train split; its validation (the server's loss probe) is then
     held out of ``test_data``, so no test sample steers training.
     ``hermes-server shards publish`` uses it too, so a topic published ahead
-    of a run holds the very records the server would serve.
+    of a run holds the very records the server would serve. The validation
+    split is the seeded subset ``split_validation`` holds out.
     """
     if task is None:
-        train, test = load_dataset(
-            config.dataset,
-            root=config.dataset_root,
-            seed=config.seed,
-            test_fraction=config.test_fraction,
-            num_samples=config.num_samples,
-        )
-        train, validation = split_validation(train, config.validation_fraction, config.seed)
-        return train, validation, test
+        task = resolve_task(config.task, config)
     if task.test_data is None:
         raise DataError(f"task {task.name or '?'}: test_data is required (the server evaluates on it)")
     test_ds = as_dataset(task.test_data)
@@ -80,6 +71,13 @@ def load_splits(config: RunConfig, task: Task | None = None) -> tuple[Dataset, D
     return Subset(full, train_idx.tolist()), Subset(full, val_idx.tolist()), test_ds
 
 
+def data_name(ds: Any) -> str:
+    """A Dataset's ``name`` (a Subset's: its base set's), or ""."""
+    while isinstance(ds, Subset):
+        ds = ds.dataset
+    return str(getattr(ds, "name", "") or "")
+
+
 class ShardStore:
     """Shard ``i`` of a Dataset as one encoded record; an LRU of ``cache_bytes`` keeps the recent ones."""
 
@@ -87,7 +85,7 @@ class ShardStore:
                  cache_bytes: int = DEFAULT_CACHE_BYTES) -> None:
         self.train = train
         self.source = SampleSource(train, "train_data")
-        self.name = name or str(getattr(train, "name", "") or "task")
+        self.name = name or data_name(train) or "task"
         self.bounds = shard_bounds(len(self.source), shard_size) if len(self.source) else []
         if self.bounds:
             check_dtypes(self.source)  # a dtype records cannot carry: refused at start-up, not at the first fetch

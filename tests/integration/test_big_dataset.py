@@ -47,8 +47,8 @@ class LazyImages(Dataset):
 
 
 def _task(n: int):
-    from hermes.common.task import Task
     from hermes.common.models import build_model
+    from hermes.common.task import Task
 
     return Task(name="lazy-images", model=lambda: build_model("mlp", input_shape=SHAPE, num_classes=10),
                 train_data=LazyImages(n), test_data=LazyImages(256, seed=SEED + 1))
@@ -62,21 +62,16 @@ def _config():
 
 def _serve(n: int) -> None:
     """The server process: engine + data plane; one registered worker's credentials on stdout."""
-    from hermes.common.models import build_model
-    from hermes.common.tensors import flatten, spec_of
     from hermes.server.dataplane import DataPlane
     from hermes.server.engine import Engine
     from hermes.server.events import EventLog
     from hermes.server.metrics import ServerMetrics
-    from hermes.server.state import ModelState
 
     config = _config()
-    model = build_model("mlp", input_shape=SHAPE, num_classes=10)
-    state = ModelState(spec_of(model, "mlp", SHAPE, 10), flatten(model))
 
     async def main() -> None:
         engine = Engine(config, metrics=ServerMetrics(), events=EventLog(None), max_workers=4,
-                        max_message_bytes=64 * 2**20, task=_task(n), state=state)
+                        max_message_bytes=64 * 2**20, task=_task(n))
         plane = DataPlane(engine, "127.0.0.1", 0)
         port = await plane.start()
         rec, _ = engine.register("bulk")
