@@ -15,6 +15,7 @@ from collections import OrderedDict
 from typing import Any
 
 import numpy as np
+import torch
 from torch.utils.data import Dataset, Subset
 
 from hermes.common.config import RunConfig
@@ -108,6 +109,11 @@ class ShardStore:
         """Bytes of one sample (input + target): the memory cap's unit."""
         return self.source.sample_bytes() if len(self.source) else 0
 
+    def rows(self, shard: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The samples of one shard as (inputs, targets) tensors (what its record decodes to)."""
+        start, stop = self.bounds[shard]
+        return self.source.rows(np.arange(start, stop))
+
     def cached(self, shard: int) -> bytes | None:
         with self._lock:
             rec = self._records.get(shard)
@@ -120,8 +126,7 @@ class ShardStore:
         rec = self.cached(shard)
         if rec is not None:
             return rec
-        start, stop = self.bounds[shard]
-        xa, xn, ya, yn = rows_as_arrays(*self.source.rows(np.arange(start, stop)))
+        xa, xn, ya, yn = rows_as_arrays(*self.rows(shard))
         rec = encode_record(self.name, shard, xa, ya, x_dtype=xn, y_dtype=yn)
         with self._lock:
             self.encoded += 1
