@@ -241,7 +241,7 @@ class Engine:
         reason = None
         if c.max_updates is not None and self.state.version >= c.max_updates:
             reason = f"max_updates={c.max_updates} reached at version {self.state.version}"
-        elif c.max_epochs is not None and self.queue.progress >= c.max_epochs:
+        elif c.max_epochs is not None and self.epoch_progress >= c.max_epochs:
             reason = f"max_epochs={c.max_epochs:g} reached at version {self.state.version}"
         elif c.max_seconds is not None and self.clock.time() - self.started_at >= c.max_seconds:
             reason = f"max_seconds={c.max_seconds:g} reached at version {self.state.version}"
