@@ -46,6 +46,7 @@ from hermes.server.coordinator import GroupRunning, RegroupRefused
 from hermes.server.dashboard import History, build_router
 from hermes.server.dataplane import DataPlane
 from hermes.server.engine import Engine
+from hermes.server.engine.local import local_data_refusal
 from hermes.server.events import EventLog
 from hermes.server.heartbeat import HeartbeatMonitor
 from hermes.server.kafka_publish import KafkaOptions
@@ -104,6 +105,9 @@ def create_app(settings: ServerSettings | None = None, task: Task | None = None)
     config = settings.run_config()
     task = resolve_task(task if task is not None else config.task, config)
     check_task(task, config, role="server")
+    if task.local_data is not None and (why := local_data_refusal(config)) is not None:
+        # Refused before anything binds (exit 2), not when the lifespan builds the engine.
+        raise ValueError(f"preset {config.preset!r} cannot train on device-local data: {why}")
     creds = Credentials(settings)
     limiter = RateLimiter(settings.register_rate, settings.register_burst)
     if creds.insecure:
