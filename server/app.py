@@ -26,11 +26,12 @@ from fastapi import Depends, FastAPI, Header, HTTPException, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
+from hermes.common.datasource import SampleSource, check_dtypes
 from hermes.common.kafka_layout import KafkaUnavailable
 from hermes.common.messages import CollectiveRendezvous, RegisterRequest, RegisterResponse, RegroupRequest
 from hermes.common.policies import base as registry
 from hermes.common.signing import now_ms
-from hermes.common.task import Task
+from hermes.common.task import Task, as_dataset
 from hermes.common.task_registry import check_task, resolve_task
 from hermes.common.wire import PROTOCOL_VERSION, ProtocolError
 from hermes.server.auth import (
@@ -108,6 +109,9 @@ def create_app(settings: ServerSettings | None = None, task: Task | None = None)
     if task.local_data is not None and (why := local_data_refusal(config)) is not None:
         # Refused before anything binds (exit 2), not when the lifespan builds the engine.
         raise ValueError(f"preset {config.preset!r} cannot train on device-local data: {why}")
+    if task.train_data is not None:
+        # A dtype shard records cannot carry (complex, object): one line at start-up, not at the first fetch.
+        check_dtypes(SampleSource(as_dataset(task.train_data), f"task {task.name}: train_data"))
     creds = Credentials(settings)
     limiter = RateLimiter(settings.register_rate, settings.register_burst)
     if creds.insecure:
