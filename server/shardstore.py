@@ -79,6 +79,15 @@ def data_name(ds: Any) -> str:
     return str(getattr(ds, "name", "") or "")
 
 
+def split_stores(train: Dataset, validation: Dataset, test: Dataset, shard_size: int,
+                 fallback: str = "task") -> tuple[ShardStore, ShardStore]:
+    """The train and validation stores of a run, named as the server names them (Kafka topics
+    published ahead of a run by ``hermes-server shards publish`` then match the server's bytes)."""
+    label = data_name(train) or data_name(test) or fallback
+    return (ShardStore(train, shard_size, name=label),
+            ShardStore(validation, shard_size, name=f"{label}-validation"))
+
+
 class ShardStore:
     """Shard ``i`` of a Dataset as one encoded record; an LRU of ``cache_bytes`` keeps the recent ones."""
 

@@ -47,7 +47,7 @@ from hermes.server.evaluator import Evaluation, Evaluator, TargetReached
 from hermes.server.events import EventLog
 from hermes.server.metrics import ServerMetrics
 from hermes.server.registry import Registry, WorkerRecord
-from hermes.server.shardstore import ShardStore, data_name, load_splits
+from hermes.server.shardstore import load_splits, split_stores
 from hermes.server.state import ModelState
 
 log = logging.getLogger(__name__)
@@ -107,9 +107,8 @@ class Engine:
         self.registry = Registry(max_workers, clock=clock)
         metrics.watch_workers(self.registry.all)
         # Records name their data set: the built-in sets' own names (as before), else the task's.
-        label = data_name(self.train) or data_name(self.test) or self.task.name or config.dataset
-        self.shards = ShardStore(self.train, config.shard_size, name=label)
-        self.validation_shards = ShardStore(self.validation, config.shard_size, name=f"{label}-validation")
+        self.shards, self.validation_shards = split_stores(self.train, self.validation, self.test, config.shard_size,
+                                                           self.task.name or config.dataset)
         # Local data: no shard ids to hand out, but the queue still keeps the epoch account
         # (one "shard" per shard_size samples assigned; see Membership.assign).
         self.queue = ShardQueue(self.shards.num_shards or 1, seed=config.seed)

@@ -45,7 +45,7 @@ from hermes.common.config import build_config
 from hermes.common.kafka_layout import KafkaUnavailable, location, shards_in
 from hermes.common.wire import MsgType
 from hermes.server.kafka_publish import KafkaOptions, publish_split, publish_stores
-from hermes.server.shardstore import ShardStore, load_splits
+from hermes.server.shardstore import ShardStore, load_splits, split_stores
 
 pytestmark = pytest.mark.integration
 
@@ -59,8 +59,8 @@ FAST = dict(connect_retries=2, backoff=0.2, connect_timeout=1.0, stall_seconds=1
 def stores():
     """digits (the embedded default): 21 train shards, 3 validation shards of 64 samples."""
     config = build_config("asp")
-    train, validation, _ = load_splits(config)
-    return ShardStore(train, config.shard_size), ShardStore(validation, config.shard_size)
+    # Named as the server names them: the layouts below are the server's.
+    return split_stores(*load_splits(config), config.shard_size)
 
 
 def _same(record, store: ShardStore, shard: int) -> bool:
