@@ -205,3 +205,16 @@ def test_every_other_preset_starts_on_local_data(preset):
     agent = _Agent(engine, engine.clock, "w-1", 500)
     body = asyncio.run(agent.request(MsgType.REQUEST_WORK, {})).header.body
     assert body["source"] == "local" and body["local_samples"] >= 1
+
+
+def test_the_local_epoch_account_survives_a_checkpoint():
+    clock = ManualClock()
+    engine = _engine(clock)
+    agent = _Agent(engine, clock, "w-1", 250)
+    for _ in range(3):
+        asyncio.run(agent.request(MsgType.REQUEST_WORK, {}))
+    progress = engine.epoch_progress
+    assert progress > 0
+    fresh = _engine(clock)
+    fresh.load_state_dict(engine.state_dict())
+    assert fresh.epoch_progress == pytest.approx(progress) and fresh.local.sizes == {agent.rec.id: 250}
