@@ -174,8 +174,9 @@ class Testbed:
         for flag, value in (("--max-epochs", a.max_epochs), ("--max-updates", a.max_updates)):
             if value is not None:
                 cmd += [flag, f"{value:g}"]
-        # The server ends itself once the run stops (target, budget, /v1/stop), after its agents left.
-        cmd.append("--exit-when-done")
+        # Not --exit-when-done: the testbed owns the cluster's life (it reads the live summary, then
+        # stops the server), and a server ending itself raced with agents still starting on a
+        # loaded machine (measured: a late agent found no server and exited 3 instead of 0).
         if a.protect_reads:
             cmd.append("--protect-reads")  # the testbed reads with its admin token either way
         for kv in a.set:
@@ -395,6 +396,11 @@ class Testbed:
             live = {}
         self.stop_all()
         server_summary = _read_json(self.out / "server_summary.json") or live
+        if reached_at is None and not self.chaos:
+            # The run may have reached its target between the last poll and the agents' exit.
+            reached_at = self._target_reached(server_summary, t0)
+            if reached_at is not None:
+                outcome = "target reached"
         summary = self._summary(server_summary, outcome, wall, reached_at, t0)
         summary["heterogeneity"] = {
             "profile": heterogeneity_level(PROFILE_CORES[a.profile]),
