@@ -51,8 +51,7 @@ def load_splits(config: RunConfig, task: Task | None = None) -> tuple[Dataset, D
     an empty train split; its validation (the server's loss probe) is then
     held out of ``test_data``, so no test sample steers training.
     ``hermes-server shards publish`` uses it too, so a topic published ahead
-    of a run holds the very records the server would serve. The validation
-    split is the seeded subset ``split_validation`` holds out.
+    of a run holds the very records the server would serve.
     """
     if task is None:
         task = resolve_task(config.task, config)

@@ -218,3 +218,58 @@ def test_the_local_epoch_account_survives_a_checkpoint():
     fresh = _engine(clock)
     fresh.load_state_dict(engine.state_dict())
     assert fresh.epoch_progress == pytest.approx(progress) and fresh.local.sizes == {agent.rec.id: 250}
+
+
+class _StubClient:
+    """What the prefetcher's data client answers: WORK bodies as a local-data server sends them."""
+
+    def __init__(self, bodies: list[dict]) -> None:
+        self.bodies = bodies
+        self.asked: list[MsgType] = []
+
+    def request(self, type_, body, **kw):
+        self.asked.append(type_)
+
+        class _Reply:
+            header = type("H", (), {"body": self.bodies.pop(0) if self.bodies else {"stop": True}})
+
+        return _Reply()
+
+    def close(self) -> None:
+        pass
+
+
+def _work(n: int) -> dict:
+    return {"epoch": 0, "shards": [], "source": "local", "local_samples": n, "cycle_samples": n,
+            "batch_size": 8, "accumulation": 1, "lr": 0.1}
+
+
+def test_the_prefetcher_draws_local_samples_and_fetches_nothing():
+    from hermes.client.prefetch import Prefetcher, StopSignal, Work
+
+    local = LocalSet.build(_task(), "w-1")
+    local.configure(build_config("asp"), gate=False)
+    client = _StubClient([_work(24), _work(40)])
+    pre = Prefetcher(lambda: client, local=local)
+    pre.start()
+    try:
+        got = [pre.next() for _ in range(3)]
+    finally:
+        pre.stop()
+    assert [type(g) for g in got] == [Work, Work, StopSignal]
+    assert [len(g.y) for g in got[:2]] == [24, 40] and all(g.fetched_bytes == 0 and g.shards == () for g in got[:2])
+    assert got[0].x.dtype == torch.float32 and got[0].cycle_samples == 24
+    assert MsgType.FETCH_SHARD not in client.asked and pre.stats.report()["shard_bytes"] == {"kafka": 0, "zmq": 0}
+
+
+def test_a_local_assignment_without_local_data_stops_the_agent_with_the_reason():
+    from hermes.client.prefetch import Prefetcher, StopSignal
+
+    pre = Prefetcher(lambda: _StubClient([_work(8)]))
+    pre.start()
+    try:
+        got = pre.next()
+    finally:
+        pre.stop()
+    assert isinstance(got, StopSignal) and isinstance(got.error, LocalDataError)
+    assert "no local_data" in str(got.error)
