@@ -2,8 +2,8 @@
 
 Each split (train, validation) goes to its own topic with the deterministic
 round-robin layout of :mod:`hermes.common.kafka_layout` (shard i -> partition
-i % P, offset i // P). The records are the exact shard-record bytes (HSR1 magic, format 2) the ZeroMQ data
-plane serves. Publishing is idempotent: a topic whose name (data set, split,
+i % P, offset i // P). The records are the exact shard-record bytes
+(HSR1 magic, format 2) the ZeroMQ data plane serves. Publishing is idempotent: a topic whose name (data set, split,
 P, content fingerprint) exists and holds every record is reused as is; an
 empty one (a broker that lost its in-memory data and auto-created the name
 again) is filled; anything else (partial, wrong partition count) is deleted
