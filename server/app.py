@@ -46,6 +46,7 @@ from hermes.server.checkpoint import Checkpointer
 from hermes.server.coordinator import GroupRunning, RegroupRefused
 from hermes.server.dashboard import History, build_router
 from hermes.server.dataplane import DataPlane
+from hermes.server.done import exit_when_done
 from hermes.server.engine import Engine
 from hermes.server.engine.local import local_data_refusal
 from hermes.server.events import EventLog
@@ -135,7 +136,7 @@ def create_app(settings: ServerSettings | None = None, task: Task | None = None)
             task=task,
         )
         if settings.exit_when_done:
-            engine.on_stop.append(lambda reason: _exit_when_done(app, engine, reason))
+            engine.on_stop.append(lambda reason: exit_when_done(app, engine, reason))
         app.state.history, tensorboard = _watch(engine, settings)
         checkpoints = None
         if settings.checkpoint_dir:
@@ -385,34 +386,6 @@ def _task_mismatch(engine: Engine, name: str | None, fingerprint: str | None) ->
         return ""
     return (f"task mismatch: this server trains task {spec.task!r} (fingerprint {spec.fingerprint}); "
             f"the agent has task {name!r} (fingerprint {fingerprint}): start it with the server's --task")
-
-
-def _exit_when_done(app: FastAPI, engine: Engine, reason: str) -> None:
-    """--exit-when-done: once the run stopped, let the agents hear it and leave, then end the process.
-
-    The server waits for the active workers to leave (at most
-    ``EXIT_GRACE_SECONDS``) so they stop cleanly instead of finding it gone,
-    then asks uvicorn to exit; the lifespan's shutdown writes the summary
-    and the models as on SIGTERM.
-    """
-    exit_now = getattr(app.state, "exit_now", None)
-    if exit_now is None:
-        log.warning("--exit-when-done: no server to stop (run under uvicorn directly?)")
-        return
-    log.info("run done (%s): exiting once the agents have left", reason)
-
-    async def wait_then_exit() -> None:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + EXIT_GRACE_SECONDS
-        while engine.registry.active_ids() and loop.time() < deadline:
-            await asyncio.sleep(0.1)
-        exit_now()
-
-    engine.on_loop(lambda: app.state.background.add(asyncio.ensure_future(wait_then_exit())))
-
-
-# Longest an --exit-when-done server waits for its agents to leave after the run stopped.
-EXIT_GRACE_SECONDS = 15.0
 
 
 def _watch(engine: Engine, settings: ServerSettings) -> tuple[History, TensorBoardSink | None]:

@@ -29,7 +29,7 @@ from hermes.common.messages import WorkReply
 from hermes.common.shards import ShardQueue
 from hermes.common.sync import Decision, PushInfo
 from hermes.common.task import Direction, Task
-from hermes.common.task_registry import batch_of, effective_target, resolve_task
+from hermes.common.task_registry import batch_of, resolve_task
 from hermes.common.tensors import flatten, spec_of
 from hermes.common.wire import Payload, dtype_from_name
 from hermes.server.auth import ReplayGuard
@@ -166,11 +166,8 @@ class Engine:
         return ModelState(spec, flatten(model))
 
     def primary_metric(self) -> tuple[str, Direction]:
-        """What "best" means for this run: the target's metric, else accuracy, else the task's first metric."""
-        target = effective_target(self.config)
-        names = list(self.task.metric_fns)
-        metric = target[0] if target is not None else ("accuracy" if "accuracy" in names or not names else names[0])
-        return metric, "min" if metric == "loss" else self.task.direction(metric)
+        """What "best" means for this run (Reporting.primary_metric)."""
+        return Reporting.primary_metric(self.config, self.task)
 
     # The policies, by the names the rooms use.
     @property
@@ -233,21 +230,8 @@ class Engine:
                 hook(reason)
 
     def check_budgets(self) -> None:
-        """Stop the run at the first budget reached (max_updates, max_epochs, max_seconds); the reason names it."""
-        if self.stopping:
-            return
-        c = self.config
-        reason = None
-        if c.max_updates is not None and self.state.version >= c.max_updates:
-            reason = f"max_updates={c.max_updates} reached at version {self.state.version}"
-        elif c.max_epochs is not None and self.epoch_progress >= c.max_epochs:
-            reason = f"max_epochs={c.max_epochs:g} reached at version {self.state.version}"
-        elif c.max_seconds is not None and self.clock.time() - self.started_at >= c.max_seconds:
-            reason = f"max_seconds={c.max_seconds:g} reached at version {self.state.version}"
-        if reason is not None:
-            self.budget_reached = reason.partition("=")[0]
-            self.telemetry.emit("budget_reached", budget=self.budget_reached, reason=reason, version=self.state.version)
-            self.request_stop(reason)
+        """Stop the run at the first budget reached (max_updates, max_epochs, max_seconds)."""
+        self.reporting.check_budgets()
 
     def begin_shutdown(self) -> None:
         """The server process is going away (SIGTERM); the run is not over."""

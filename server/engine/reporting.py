@@ -7,6 +7,8 @@ import json
 import logging
 from typing import TYPE_CHECKING, Any
 
+from hermes.common.config import RunConfig
+from hermes.common.task import Direction, Task
 from hermes.common.task_registry import effective_target
 from hermes.server.checkpoint import write_tensors
 from hermes.server.evaluator import Evaluation, TargetReached
@@ -50,6 +52,32 @@ class Reporting:
             # The outcome and the best model are durable at once: a server killed before its
             # shutdown checkpoint resumes as a finished run, not as one that trains on.
             e.on_loop(self._checkpoint_soon, "target reached")
+
+    def check_budgets(self) -> None:
+        """Stop the run at the first budget reached (max_updates, max_epochs, max_seconds); the reason names it."""
+        e = self.e
+        if e.stopping:
+            return
+        c = e.config
+        reason = None
+        if c.max_updates is not None and e.state.version >= c.max_updates:
+            reason = f"max_updates={c.max_updates} reached at version {e.state.version}"
+        elif c.max_epochs is not None and e.epoch_progress >= c.max_epochs:
+            reason = f"max_epochs={c.max_epochs:g} reached at version {e.state.version}"
+        elif c.max_seconds is not None and e.clock.time() - e.started_at >= c.max_seconds:
+            reason = f"max_seconds={c.max_seconds:g} reached at version {e.state.version}"
+        if reason is not None:
+            e.budget_reached = reason.partition("=")[0]
+            e.telemetry.emit("budget_reached", budget=e.budget_reached, reason=reason, version=e.state.version)
+            e.request_stop(reason)
+
+    @staticmethod
+    def primary_metric(config: RunConfig, task: Task) -> tuple[str, Direction]:
+        """What "best" means for a run: the target's metric, else accuracy, else the task's first metric."""
+        target = effective_target(config)
+        names = list(task.metric_fns)
+        metric = target[0] if target is not None else ("accuracy" if "accuracy" in names or not names else names[0])
+        return metric, "min" if metric == "loss" else task.direction(metric)
 
     def _checkpoint_soon(self, reason: str) -> None:
         e = self.e
