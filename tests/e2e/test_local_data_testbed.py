@@ -6,7 +6,7 @@ split. No shard record crosses the network (the server's ``shard_bytes`` and
 every agent's fetched shard bytes are 0, and nobody sent FETCH_SHARD), and
 the dual search still sizes each agent's local cycles until the cycle times
 are equal: slowest/median of the agents' median cycle time <= 1.25 over the
-second half of the run (measured 1.025 on 2026-11-24, 60 s run).
+second half of the run (measured 1.025-1.226 on 2026-11-24 on a loaded 2-core machine).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ TASK = str(Path(__file__).with_name("local_digits_task.py")) + ":task"
 
 def test_local_data_hl8_sends_no_shard_bytes_and_equalises_cycle_times(tmp_path: Path) -> None:
     out = tmp_path / "run-local"
-    _, s = run_testbed(out, "--profile", "hl8", "--preset", "hermes", "--task", TASK, "--max-seconds", "45",
+    _, s = run_testbed(out, "--profile", "hl8", "--preset", "hermes", "--task", TASK, "--max-seconds", "60",
                        "--quiet")
     assert s["data_location"] == "local"
     assert s["shard_bytes"] == 0 and s["shard_bytes_fetched_total"] == 0
