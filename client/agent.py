@@ -20,14 +20,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 import zmq
 
 from hermes.client.collective import settle_abandoned
 from hermes.client.cores import UsableCores, usable_cores
+from hermes.client.local_data import LocalSet
 from hermes.client.memory_probe import available_memory_bytes, memory_profile
-from hermes.client.prefetch import ShardFetcher, ShardStats
+from hermes.client.prefetch import ShardFetcher, ShardStats, records_to_tensors
 from hermes.client.preflight import data_plane_problem
 from hermes.client.session import AgentStats, Job, Session
 from hermes.client.topology import AllReduce, PushPull
@@ -42,7 +42,10 @@ from hermes.client.transport import (
     TrafficCounter,
     tls_context,
 )
+from hermes.common.config import RunConfig
 from hermes.common.policies import base as registry
+from hermes.common.task import Task, fingerprint
+from hermes.common.task_registry import check_task, resolve_task
 from hermes.common.wire import ErrorCode
 
 __all__ = ["Agent", "AgentOptions", "AgentStats", "DataPlaneUnreachable", "NameTaken"]
@@ -84,6 +87,9 @@ class AgentOptions:
     # Seconds to prove at the first registration that the advertised data plane answers
     # (client/preflight.py); 0 skips the check.
     data_plane_check_timeout: float = 3.0
+    # The task: a reference (MODULE:ATTR, FILE.py:ATTR, an installed name) or a Task object
+    # (in-process runs); None: the reference in the server's run config.
+    task: str | Task | None = None
 
     def slowdown_at(self, elapsed: float) -> float:
         factor = self.slowdown
@@ -121,6 +127,9 @@ class Agent:
         self.options = options
         # Tells this process's registrations from another agent's under the same name.
         self.instance = secrets.token_hex(8)
+        # Device-local data (task.local_data): built before registering, so a broken one never
+        # leaves a half-registered worker; None: the agent trains on the server's shards.
+        self.local: LocalSet | None = None
         self.stop_requested = threading.Event()
         # Cuts data-plane waits short: set on stop and when the server forgot us.
         self.cancel = threading.Event()
@@ -142,9 +151,12 @@ class Agent:
         self._last_log_line = 0.0
         # The first registration's model (Hermes Alg. 2's w0) and the gate's validation split: kept over rejoins.
         self.baseline: torch.Tensor | None = None
-        self.validation: tuple[np.ndarray, np.ndarray] | None = None
+        self.validation: tuple[torch.Tensor, torch.Tensor] | None = None
         # The current registration; None before the first one.
         self.session: Session | None = None
+        # What registration states about the task (set by _load_task).
+        self.task_name: str | None = None
+        self.task_fingerprint: str | None = None
 
     def request_stop(self, reason: str) -> None:
         self.stop_reason = reason
@@ -160,11 +172,18 @@ class Agent:
                  "forced" if opts.threads else "the usable cores", self.cores.count, self.cores.affinity,
                  "none" if self.cores.quota is None else f"{self.cores.quota:g}")
         device = resolve_device(opts.device)
+        task, model = self._load_task()
+        if task.local_data is not None and self.local is None:
+            self.local = LocalSet.build(task, opts.name)
+            log.info("device-local data: %d samples from %s.local_data(%r); nothing is fetched from the server",
+                     len(self.local), task.name or "the task", opts.name)
         session = self._register(device)
         self._check_data_plane(session)
-        job = Job.from_registration(session.reg, session.worker_id, device, opts.slowdown)
-        log.info("registered as %s (%s); preset=%s model=%s (%d params) precision=%s device=%s data plane %s",
-                 session.worker_id, opts.name, job.config.preset, job.spec.name, job.spec.numel,
+        job = Job.from_registration(session.reg, session.worker_id, device, opts.slowdown, task, model)
+        if self.local is not None:
+            self.local.configure(job.config, gate=job.gate is not None)
+        log.info("registered as %s (%s); preset=%s task=%s model=%s (%d params) precision=%s device=%s data plane %s",
+                 session.worker_id, opts.name, job.config.preset, task.name, job.spec.name, job.spec.numel,
                  job.precision_choice.describe() if job.precision_choice else job.precision, device,
                  session.address)
         if job.data_source.get("source") == "kafka":
@@ -190,17 +209,32 @@ class Agent:
                 sys.stderr.write("\n")
         return self.stats
 
+    def _load_task(self) -> tuple[Task, torch.nn.Module]:
+        """The agent's task, checked before registering (TaskError: a one-line start-up error).
+
+        Built with the server's run config (the builtin task reads its model
+        and dataset keys); the reference defaults to the one the server names.
+        """
+        config = RunConfig(**self.control.run_config())
+        ref = self.options.task if self.options.task is not None else config.task
+        task = resolve_task(ref, config)
+        model = check_task(task, config, role="agent", worker=self.options.name)
+        self.task_name, self.task_fingerprint = task.name, fingerprint(model)
+        return task, model
+
     def _register(self, device: torch.device, previous: Session | None = None) -> Session:
         """A new registration (with backoff while a restarting server comes back)."""
         hints: dict[str, Any] = {"torch": torch.__version__, "memory_available_bytes": available_memory_bytes(device),
                                  "instance": self.instance, **self.cores.hints()}
         if self.options.cores:
             hints["cores"] = self.options.cores
+        extra: dict[str, Any] = {} if self.local is None else {"local_samples": len(self.local)}
         waited_for_name = False
         while True:
             try:
                 reg = self.control.register(name=self.options.name, threads=self.threads, device=device.type,
-                                            slowdown=self.options.slowdown, hints=hints)
+                                            slowdown=self.options.slowdown, hints=hints, task=self.task_name,
+                                            task_fingerprint=self.task_fingerprint, **extra)
                 break
             except RemoteError as exc:
                 if exc.code == "http_410":
@@ -222,7 +256,7 @@ class Agent:
                                shard_stats=self.shard_stats, cancel=self.cancel,
                                request_timeout=self.options.request_timeout,
                                kafka_bootstrap=self.options.kafka_bootstrap, on_lost=self._registration_lost,
-                               previous=previous)
+                               previous=previous, local=self.local)
         return self.session
 
     def _check_data_plane(self, session: Session) -> None:
@@ -269,6 +303,8 @@ class Agent:
             if self.stop_requested.is_set():
                 return
             self._rejoin(session, device, reason)
+            # A new registration starts from the global model: moments gathered before are stale.
+            job.trainer.reset_state()
 
     def _rejoin(self, old: Session, device: torch.device, reason: str) -> None:
         self.rejoins += 1
@@ -294,26 +330,29 @@ class Agent:
     def _train(self, job: Job, session: Session, device: torch.device) -> None:
         if registry.get("allocation", job.config.allocation).needs_memory_profile:
             # The allocator caps each worker's batch by its memory (OmniLearn Eq. 9).
-            self.report(job, session, memory_profile=memory_profile(job.trainer.model, job.spec.input_shape,
-                                                                    job.spec.num_classes, device))
+            self.report(job, session, memory_profile=memory_profile(job.trainer.model, job.example, device,
+                                                                    loss=job.trainer.loss_fn))
         if session.rendezvous:
             # A broken group re-forms through the regroup call, not by registering again.
             AllReduce(self, job, session, session.rendezvous).train()
         else:
             PushPull(self, job, session).train()
 
-    def _fetch_validation(self, job: Job, session: Session) -> tuple[np.ndarray, np.ndarray]:
-        """The gate's fixed validation split: from Kafka when the server published it there."""
+    def _fetch_validation(self, job: Job, session: Session) -> tuple[torch.Tensor, torch.Tensor]:
+        """The gate's fixed validation split: from Kafka when the server published it there
+        (device-local data: held out of the local set, nothing fetched)."""
+        if self.local is not None:
+            return self.local.validation()
         fetcher = ShardFetcher(session.data, self.shard_stats, kafka_bootstrap=self.options.kafka_bootstrap,
                                should_stop=self.stop_requested.is_set)
         try:
             fetched = fetcher.fetch(job.validation_shards, job.data_source, "validation")
         finally:
             fetcher.close()
-        if fetched is None:  # asked to stop meanwhile; the loop will not run a cycle
-            return np.zeros((0,)), np.zeros((0,))
-        records, _ = fetched
-        return np.concatenate([r.x for r in records]), np.concatenate([r.y for r in records])
+        samples = None if fetched is None else records_to_tensors(fetched[0])
+        if samples is None:  # asked to stop meanwhile; the loop will not run a cycle
+            return torch.zeros((0,)), torch.zeros((0,))
+        return samples
 
     # ---- what the loop and the topologies call ---------------------------------
 

@@ -81,6 +81,9 @@ def build_parser() -> HermesParser:
                    help="CA bundle to verify an https:// server with (default: the system's)")
     p.add_argument("--ssl-certfile", metavar="PEM", help="client certificate, for servers that require one")
     p.add_argument("--ssl-keyfile", metavar="PEM", help="private key of --ssl-certfile")
+    p.add_argument("--task", metavar="REF",
+                   help="the task to train: MODULE:ATTR, path/to/file.py:ATTR or an installed task name; it must be "
+                        "the server's (checked at registration). Default: the reference the server names")
     p.add_argument("--max-cycles", type=int, default=None, help="stop after this many training cycles")
     p.add_argument("--no-progress", action="store_true", help="no status line")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
@@ -155,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         kafka_bootstrap=args.kafka_bootstrap or None, cores=args.cores, schedule_origin=args.schedule_origin,
         join_token=join_token,
         ssl_ca_certfile=args.ssl_ca_certfile, ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile,
-        data_plane_check_timeout=args.data_plane_check_timeout,
+        data_plane_check_timeout=args.data_plane_check_timeout, task=args.task or None,
     ))
     if stop.is_set():
         agent.request_stop("signal during start-up")
@@ -209,7 +212,7 @@ def _run(agent: Any, name: str) -> int:
     except CollectiveError as exc:
         print(f"hermes-client: the collective group failed: {exc}", file=sys.stderr)
         return EXIT_GROUP
-    except ValueError as exc:
+    except ValueError as exc:  # a bad task (TaskError) or run config: before registering
         print(f"hermes-client: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     logging.getLogger("hermes.client").info(

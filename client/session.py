@@ -22,12 +22,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 import zmq
+from torch import nn
 
 from hermes.client.collective import CollectiveGroup
 from hermes.client.heartbeat import Heartbeat
+from hermes.client.local_data import LocalSet
 from hermes.client.precision import PrecisionChoice, pick_precision
 from hermes.client.prefetch import Prefetcher, ShardStats, Work
 from hermes.client.trainer import LocalTrainer, resolve_precision
@@ -36,7 +37,9 @@ from hermes.common.config import RunConfig
 from hermes.common.gate import ZScoreGate
 from hermes.common.policies import base as registry
 from hermes.common.signing import ServerClock
-from hermes.common.tensors import ModelSpec, build_from_spec
+from hermes.common.task import Task
+from hermes.common.task_registry import example_batch
+from hermes.common.tensors import ModelSpec, build_checked
 from hermes.common.wire import MsgType, dtype_from_name
 
 log = logging.getLogger(__name__)
@@ -83,27 +86,43 @@ class Job:
     data_source: dict[str, Any]
     # How precision was chosen, with the step timings when measured (precision auto).
     precision_choice: PrecisionChoice | None = None
+    # The agent's own copy of the task (never sent), and its local data when the task has some.
+    task: Task | None = None
+    local_data: Any = None
+
+    def example(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """n (input, target) pairs shaped like the task's data: for the memory probe."""
+        assert self.task is not None
+        return example_batch(self.task, n, self.local_data)
 
     @classmethod
     def from_registration(cls, reg: dict[str, Any], worker_id: str, device: torch.device,
-                          slowdown: float) -> Job:
+                          slowdown: float, task: Task, model: nn.Module | None = None,
+                          local_data: Any = None) -> Job:
+        """The job of the first registration; ``model`` is the task's model the start-up check built."""
         spec = ModelSpec.from_dict(reg["model_spec"])
         config = RunConfig(**reg["run_config"])
-        model = build_from_spec(spec)
+        built = model
+        model = build_checked(task.model if built is None else (lambda: built), spec)
+
+        def example(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+            return example_batch(task, n, local_data)
+
         # Timed on copies of the model before training starts: the model itself is untouched.
-        choice = pick_precision(config.precision, model, spec.input_shape, spec.num_classes, config.batch_size,
-                                device)
+        choice = pick_precision(config.precision, model, example, config.batch_size, device, loss=task.loss,
+                                optimizer=task.optimizer)
         precision = resolve_precision(choice.precision, device)
         trainer = LocalTrainer(
             model, lr=config.lr, momentum=config.momentum,
             weight_decay=config.weight_decay, device=device, precision=precision,
-            slowdown=slowdown, seed=zlib.crc32(worker_id.encode()),
+            slowdown=slowdown, seed=zlib.crc32(worker_id.encode()), loss=task.loss, optimizer=task.optimizer,
         )
         gate: ZScoreGate | None = registry.make("gate", config)
         return cls(spec=spec, config=config, precision=precision, wire_dtype=dtype_from_name(config.wire_dtype),
                    trainer=trainer, gate=gate, from_baseline=registry.get("aggregation", config.aggregation).update_from_baseline,
                    validation_shards=list(reg["validation_shards"]),
-                   data_source=reg.get("data_source") or {"source": "zmq"}, precision_choice=choice)
+                   data_source=reg.get("data_source") or {"source": "zmq"}, precision_choice=choice,
+                   task=task, local_data=local_data)
 
 
 class Session:
@@ -112,7 +131,7 @@ class Session:
     def __init__(self, reg: dict[str, Any], *, quick_control: ControlClient, context: zmq.Context,
                  traffic: TrafficCounter, shard_stats: ShardStats, cancel: threading.Event, request_timeout: float,
                  kafka_bootstrap: str | None, on_lost: Callable[[str], None],
-                 previous: Session | None = None) -> None:
+                 previous: Session | None = None, local: LocalSet | None = None) -> None:
         self.reg = reg
         self.worker_id: str = reg["worker_id"]
         self.token: str = reg["token"]
@@ -124,7 +143,7 @@ class Session:
         self._request_timeout = request_timeout
         self.shard_stats = shard_stats
         self.data = self.data_client()
-        self.prefetcher = Prefetcher(self.data_client, stats=shard_stats, kafka_bootstrap=kafka_bootstrap)
+        self.prefetcher = Prefetcher(self.data_client, stats=shard_stats, kafka_bootstrap=kafka_bootstrap, local=local)
         if previous is not None:
             # The waits are the agent's, not the registration's: they add up over rejoins.
             self.prefetcher.wait_seconds = previous.prefetcher.wait_seconds
@@ -134,7 +153,7 @@ class Session:
         self.base: torch.Tensor | None = previous.base if previous is not None else None
         # Samples of the last assignment beyond its cycle: trained first next cycle. The
         # server's account of them starts over with a new registration, so does ours.
-        self.carry: tuple[np.ndarray, np.ndarray] | None = None
+        self.carry: tuple[torch.Tensor, torch.Tensor] | None = None
         # Topology collective: the current generation's group (the heartbeat may abort it).
         self.group: CollectiveGroup | None = None
         self.last_report: float = previous.last_report if previous is not None else 0.0
@@ -161,7 +180,7 @@ class Session:
         self.prefetcher.stop()
         self.heartbeat.stop()
 
-    def cycle_samples(self, work: Work) -> tuple[np.ndarray, np.ndarray]:
+    def cycle_samples(self, work: Work) -> tuple[torch.Tensor, torch.Tensor]:
         """Exactly the samples this cycle asks for: the carry from the last cycle first, then the new shards.
 
         Shards are whole while workloads are not; what is left over is trained
@@ -169,9 +188,9 @@ class Session:
         """
         parts = [p for p in (self.carry, (work.x, work.y) if work.x is not None else None) if p is not None]
         if not parts:
-            return np.zeros((0,)), np.zeros((0,), dtype=np.int64)
-        x = np.concatenate([p[0] for p in parts]) if len(parts) > 1 else parts[0][0]
-        y = np.concatenate([p[1] for p in parts]) if len(parts) > 1 else parts[0][1]
+            return torch.zeros((0,)), torch.zeros((0,), dtype=torch.int64)
+        x = torch.cat([p[0] for p in parts]) if len(parts) > 1 else parts[0][0]
+        y = torch.cat([p[1] for p in parts]) if len(parts) > 1 else parts[0][1]
         n = len(y) if work.cycle_samples is None else min(work.cycle_samples, len(y))
         self.carry = (x[n:], y[n:]) if n < len(y) else None
         return x[:n], y[:n]

@@ -9,8 +9,8 @@ Layout. A split (``train`` or ``validation``) of a data set is one topic::
 
 with ``P`` partitions; shard ``i`` is record ``i // P`` of partition
 ``i % P``, so ``(partition, offset) -> shard = offset * P + partition``. The
-record value is the HSR1 shard record (``hermes.common.shards``), byte for
-byte what the ZeroMQ data plane serves; the record key is the shard id as
+record value is the shard record (HSR1 magic, format 2:
+``hermes.common.shards``), byte for byte what the ZeroMQ data plane serves; the record key is the shard id as
 ASCII. The fingerprint is the first 12 hex digits of a SHA-256 over every
 record of the split, so the same data published twice lands in the same
 topic, and a changed data set (other seed, shard size, ...) in another one.

@@ -27,10 +27,13 @@ from fastapi import Depends, FastAPI, Header, HTTPException, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
+from hermes.common.datasource import SampleSource, check_dtypes
 from hermes.common.kafka_layout import KafkaUnavailable
 from hermes.common.messages import CollectiveRendezvous, RegisterRequest, RegisterResponse, RegroupRequest
 from hermes.common.policies import base as registry
 from hermes.common.signing import now_ms
+from hermes.common.task import Task, as_dataset
+from hermes.common.task_registry import check_task, resolve_task
 from hermes.common.wire import PROTOCOL_VERSION, ProtocolError
 from hermes.server.auth import (
     AuthConfigError,
@@ -45,7 +48,9 @@ from hermes.server.console import Progress, configure_logging, quiet_access_log
 from hermes.server.coordinator import GroupRunning, RegroupRefused
 from hermes.server.dashboard import History, build_router
 from hermes.server.dataplane import DataPlane
+from hermes.server.done import exit_when_done
 from hermes.server.engine import Engine
+from hermes.server.engine.local import local_data_refusal
 from hermes.server.events import EventLog
 from hermes.server.heartbeat import HeartbeatMonitor
 from hermes.server.kafka_publish import KafkaOptions
@@ -100,11 +105,24 @@ class Credentials:
         return any(secret is not None and token_matches(given, secret) for secret in (self.join, self.admin))
 
 
-def create_app(settings: ServerSettings | None = None) -> FastAPI:
+def create_app(settings: ServerSettings | None = None, task: Task | None = None) -> FastAPI:
+    """The app for ``settings``; ``task`` (a Task object) instead of the config's ``task`` reference.
+
+    The task is resolved and checked here, before anything binds: a broken
+    one raises TaskError (a ValueError) naming the task and the field.
+    """
     settings = settings or ServerSettings()
     # Once per process: hermes-server did it already; under uvicorn --factory this is the first call.
     configure_logging(settings.log_level)
     config = settings.run_config()
+    task = resolve_task(task if task is not None else config.task, config)
+    check_task(task, config, role="server")
+    if task.local_data is not None and (why := local_data_refusal(config)) is not None:
+        # Refused before anything binds (exit 2), not when the lifespan builds the engine.
+        raise ValueError(f"preset {config.preset!r} cannot train on device-local data: {why}")
+    if task.train_data is not None:
+        # A dtype shard records cannot carry (complex, object): one line at start-up, not at the first fetch.
+        check_dtypes(SampleSource(as_dataset(task.train_data), f"task {task.name}: train_data"))
     creds = Credentials(settings)  # checks the tokens; writes nothing yet
     if settings.out_dir:
         # Before the admin token is written into it: another run's outputs are refused, or replaced.
@@ -132,7 +150,10 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
             out_dir=settings.out_dir,
             replay_window_seconds=settings.replay_window_seconds,
             screening=settings.screening,
+            task=task,
         )
+        if settings.exit_when_done:
+            engine.on_stop.append(lambda reason: exit_when_done(app, engine, reason))
         app.state.history, tensorboard = _watch(engine, settings)
         checkpoints = None
         if settings.checkpoint_dir:
@@ -179,8 +200,8 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         progress.start()
         app.state.engine = engine
         app.state.data_plane_address = f"tcp://{settings.advertise_host}:{port}"
-        log.info("hermes server ready: preset=%s model=%s dataset=%s data plane %s",
-                 config.preset, config.model, config.dataset, app.state.data_plane_address)
+        log.info("hermes server ready: preset=%s task=%s (fingerprint %s) model=%s data plane %s",
+                 config.preset, task.name, engine.spec.fingerprint, engine.spec.name, app.state.data_plane_address)
         try:
             yield
         finally:
@@ -202,6 +223,8 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     app = FastAPI(title="Hermes parameter server", version=server_version(), lifespan=lifespan, docs_url=None, redoc_url=None)
     # Outermost: an oversized or stalled body is refused before FastAPI reads or parses it.
     app.add_middleware(BodyLimits, read_timeout=settings.http_read_timeout_seconds)
+    # Tasks started on the loop outside any request (--exit-when-done's wait), kept from the GC.
+    app.state.background = set()
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -266,9 +289,21 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
             raise HTTPException(410, f"the run is over: {engine.stop_reason}")
         if engine.stopping:
             raise HTTPException(503, "the server is shutting down")
+        mismatch = _task_mismatch(engine, body.task, body.task_fingerprint)
+        if mismatch:
+            # Before any state: a worker training another model must not leave a ghost record.
+            raise refuse(engine, 409, "task_mismatch", mismatch, client)
+        if engine.local_data != (body.local_samples is not None):
+            # Before any state: a shard-fed agent in a local-data run (or the reverse) would train on nothing.
+            raise refuse(engine, 409, "data_mismatch",
+                         "this run trains on device-local data (the task's local_data) but the agent declares no "
+                         "local samples" if engine.local_data else
+                         "the agent trains on device-local data but this run serves shards (its task has no "
+                         "local_data)", client)
         try:
             rec, rejoined = engine.register(
-                body.name, threads=body.threads, device=body.device, slowdown=body.slowdown, hints=body.hints.known()
+                body.name, threads=body.threads, device=body.device, slowdown=body.slowdown, hints=body.hints.known(),
+                local_samples=body.local_samples or 0,
             )
         except RegistryFull as exc:
             engine.metrics.limit_hits.labels(limit="max_workers").inc()
@@ -374,6 +409,15 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         return engine.status()
 
     return app
+
+
+def _task_mismatch(engine: Engine, name: str | None, fingerprint: str | None) -> str:
+    """Why an agent stating this task may not join (empty: it may)."""
+    spec = engine.spec
+    if (name is None or name == spec.task) and (fingerprint is None or fingerprint == spec.fingerprint):
+        return ""
+    return (f"task mismatch: this server trains task {spec.task!r} (fingerprint {spec.fingerprint}); "
+            f"the agent has task {name!r} (fingerprint {fingerprint}): start it with the server's --task")
 
 
 def _watch(engine: Engine, settings: ServerSettings) -> tuple[History, TensorBoardSink | None]:

@@ -69,6 +69,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true", default=None,
                    help="replace another run's outputs in --out (and its checkpoint in --checkpoint-dir)")
     p.add_argument("--max-workers", type=int, help="most workers registered at once (default 256)")
+    run = p.add_argument_group("the task and when the run ends")
+    run.add_argument("--task", default=None, metavar="REF",
+                     help="what to train: MODULE:ATTR, path/to/file.py:ATTR (a hermes.Task or a function returning "
+                          "one) or a name installed under the hermes.tasks entry points; default 'builtin' (the "
+                          "config's model and dataset)")
+    run.add_argument("--target", default=None, metavar="METRIC=VALUE",
+                     help="stop once an evaluation reaches this, e.g. r2=0.8; the task says whether higher or "
+                          "lower is better")
+    run.add_argument("--max-epochs", type=float, default=None, help="stop after this many epochs")
+    run.add_argument("--max-updates", type=int, default=None, help="stop after this many model updates")
+    run.add_argument("--max-seconds", type=float, default=None, help="stop this many seconds into the run")
+    run.add_argument("--exit-when-done", action="store_true", default=None,
+                     help="once the run stops (target, budget or /v1/stop), let the agents leave, write the "
+                          "summary and models, and exit 0")
     p.add_argument("--max-message-bytes", type=int, default=None)
     p.add_argument("--kafka", dest="kafka_bootstrap", metavar="HOST:PORT", default=None,
                    help="publish shard records to this Kafka broker and have agents read them from it "
@@ -183,6 +197,11 @@ def main(argv: list[str] | None = None) -> int:
         "advertise_host": args.advertise_host,
         "preset": args.preset,
         "target_accuracy": args.target_accuracy,
+        "task": args.task,
+        "target": args.target,
+        "max_epochs": args.max_epochs,
+        "max_updates": args.max_updates,
+        "max_seconds": args.max_seconds,
         "config": args.config,
         "out_dir": args.out_dir,
         "max_workers": args.max_workers,
@@ -203,6 +222,8 @@ def main(argv: list[str] | None = None) -> int:
         "durable_acks": args.durable_acks,
         "tensorboard_dir": args.tensorboard_dir,
     }
+    if args.exit_when_done:
+        fields["exit_when_done"] = True
     if args.insecure:
         fields["insecure"] = True
     if args.protect_reads:
@@ -305,7 +326,12 @@ def _run(settings: Any, tls: dict[str, Any], control: Any, *, default_out: bool)
     # and the start (uvicorn used to run the app's start-up, then fail to bind and shut it down again).
     server = uvicorn.Server(uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
                                            timeout_graceful_shutdown=10, **tls))
-    server.run(sockets=[control])
+    # --exit-when-done: the app ends the process as SIGTERM would (lifespan shutdown, files written).
+    app.state.exit_now = lambda: setattr(server, "should_exit", True)
+    try:
+        server.run(sockets=[control])
+    except KeyboardInterrupt:
+        pass
     # As uvicorn.run: a start-up that failed (the app's lifespan refused) is exit 3.
     return 0 if server.started else 3
 

@@ -68,7 +68,9 @@ class History:
     def __call__(self, fact: str, fields: Fields) -> None:
         if fact == "evaluation":
             point = {"elapsed": fields["elapsed"], "version": fields["version"],
-                     "accuracy": fields["accuracy"], "loss": fields["loss"]}
+                     "accuracy": fields["accuracy"], "loss": fields["loss"],
+                     # The task's metrics (r2, perplexity ...), when the evaluation has them.
+                     **({"metrics": fields["metrics"]} if fields.get("metrics") else {})}
             target = self.evaluations
         elif fact == "cycle":
             wid = fields["worker"]

@@ -9,7 +9,7 @@ them, since they never travel. Loading needs nothing from hermes::
     model.load_state_dict(load_file("runs/exp1/model-best.safetensors"))
 
 The metadata (strings) says which model version it is, how it scored, and
-the model spec (``spec``: enough for ``hermes.common.tensors.build_from_spec``).
+the model spec (``spec``: parameter names, shapes, the task and its fingerprint).
 """
 
 from __future__ import annotations

@@ -31,6 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kafka-retries", type=int, default=5,
                    help="connection retries with exponential backoff (default 5)")
     p.add_argument("--preset", choices=sorted(PRESETS), help="run preset (only its data settings matter)")
+    p.add_argument("--task", default=None, metavar="REF",
+                   help="the task whose training data to publish (default: the config's, builtin) [HERMES_TASK]")
     p.add_argument("--config", help="JSON or TOML file of run-config overrides")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="run-config override (dataset, num_samples, shard_size, seed, ...), repeatable")
@@ -59,22 +61,26 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{prog}: needs kafka-python: pip install 'hermes-edge[kafka]' ({exc})", file=sys.stderr)
         return 2
     from hermes.common.kafka_layout import KafkaUnavailable
+    from hermes.common.task_registry import resolve_task
     from hermes.server.cli import _parse_set
     from hermes.server.kafka_publish import KafkaOptions, PublishError, publish_stores
     from hermes.server.settings import ServerSettings
-    from hermes.server.shardstore import ShardStore, load_splits
+    from hermes.server.shardstore import load_splits, split_stores
 
     try:
-        settings = ServerSettings(**{k: v for k, v in {"preset": args.preset, "config": args.config,
+        settings = ServerSettings(**{k: v for k, v in {"preset": args.preset, "config": args.config, "task": args.task,
                                                         "run": _parse_set(args.set)}.items() if v is not None})
         config = settings.run_config()
+        # A task that cannot be loaded (TaskError, a ValueError) is a configuration error too.
+        task = resolve_task(config.task, config)
+        train, validation, test = load_splits(config, task)
     except (ConfigError, ValueError) as exc:
         print(f"{prog}: configuration error: {exc}", file=sys.stderr)
         return 2
-    train, validation, _ = load_splits(config)
     opts = KafkaOptions(args.kafka, partitions=args.kafka_partitions, retries=args.kafka_retries)
     try:
-        published = publish_stores(ShardStore(train, config.shard_size), ShardStore(validation, config.shard_size),
+        published = publish_stores(*split_stores(train, validation, test, config.shard_size,
+                                                   task.name or config.dataset),
                                    dataset=config.dataset, opts=opts)
     except KafkaUnavailable as exc:
         print(f"{prog}: {exc}", file=sys.stderr)

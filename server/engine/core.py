@@ -25,17 +25,18 @@ import torch
 
 from hermes.common.clock import SYSTEM_CLOCK, Clock
 from hermes.common.config import RunConfig
-from hermes.common.datasets import ArrayDataset
 from hermes.common.messages import WorkReply
-from hermes.common.models import build_model
 from hermes.common.shards import ShardQueue
 from hermes.common.sync import Decision, PushInfo
+from hermes.common.task import Direction, Task
+from hermes.common.task_registry import batch_of, resolve_task
 from hermes.common.tensors import flatten, spec_of
 from hermes.common.wire import Payload, dtype_from_name
 from hermes.server.auth import ReplayGuard
 from hermes.server.engine.collective import Collective
 from hermes.server.engine.handlers import Handlers
 from hermes.server.engine.kafka import KafkaPublisher
+from hermes.server.engine.local import LOCAL_DSS_MAX, LocalAccount, local_data_refusal
 from hermes.server.engine.membership import Membership
 from hermes.server.engine.offload import offload, payload_bytes
 from hermes.server.engine.policies import Contribution, Policies, build_policies
@@ -46,7 +47,7 @@ from hermes.server.evaluator import Evaluation, Evaluator, TargetReached
 from hermes.server.events import EventLog
 from hermes.server.metrics import ServerMetrics
 from hermes.server.registry import Registry, WorkerRecord
-from hermes.server.shardstore import ShardStore, load_splits
+from hermes.server.shardstore import load_splits, split_stores
 from hermes.server.state import ModelState
 
 log = logging.getLogger(__name__)
@@ -73,7 +74,8 @@ class Engine:
         max_message_bytes: int,
         out_dir: str | None = None,
         replay_window_seconds: float = 300.0,
-        splits: tuple[ArrayDataset, ArrayDataset, ArrayDataset] | None = None,
+        splits: tuple[Any, Any, Any] | None = None,
+        task: Task | None = None,
         state: ModelState | None = None,
         policies: Policies | None = None,
         checkpoints: Any = None,
@@ -88,20 +90,35 @@ class Engine:
         self.events = events
         self.max_message_bytes = max_message_bytes
         self.out_dir = Path(out_dir) if out_dir else None
-        self.train, self.validation, self.test = splits if splits is not None else load_splits(config)
+        # The task (resolved and checked by the app factory, or here from the config).
+        self.task = task if task is not None else resolve_task(config.task, config)
+        # Device-local data (task.local_data): agents train on their own samples, the server
+        # sizes how many per cycle and no shard of training data is ever served.
+        self.local_data = self.task.local_data is not None
+        if self.local_data and (why := local_data_refusal(config)) is not None:
+            raise ValueError(f"preset {config.preset!r} cannot train on device-local data: {why}")
+        self.train, self.validation, self.test = splits if splits is not None else load_splits(config, self.task)
         self.state = state if state is not None else self._initial_state()
         self.spec = self.state.spec
         self.policies = policies if policies is not None else build_policies(
-            config, spec=self.spec, state=self.state, train_samples=len(self.train), validation=self.validation,
-            metrics=metrics)
+            config, spec=self.spec, state=self.state,
+            train_samples=LOCAL_DSS_MAX if self.local_data else len(self.train), validation=self.validation,
+            metrics=metrics, task=self.task)
         self.registry = Registry(max_workers, clock=clock)
         metrics.watch_workers(self.registry.all)
-        self.shards = ShardStore(self.train, config.shard_size)
-        self.validation_shards = ShardStore(self.validation, config.shard_size)
-        self.queue = ShardQueue(self.shards.num_shards, seed=config.seed)
+        # Records name their data set: the built-in sets' own names (as before), else the task's.
+        self.shards, self.validation_shards = split_stores(self.train, self.validation, self.test, config.shard_size,
+                                                           self.task.name or config.dataset)
+        # Local data: no shard ids to hand out, but the queue still keeps the epoch account
+        # (one "shard" per shard_size samples assigned; see Membership.assign).
+        self.queue = ShardQueue(self.shards.num_shards or 1, seed=config.seed)
+        # Shard record bytes the data plane sent, by split (0 with local data: nothing is served).
+        self.shard_bytes_served = {"train": 0, "validation": 0}
+        self.local = LocalAccount(self)
         self.evaluator = Evaluator(
-            self.spec, self.state, self.test, max_samples=config.eval_max_samples,
+            self.task, self.spec, self.state, self.test, max_samples=config.eval_max_samples,
             interval=config.eval_interval_seconds, seed=config.seed, on_result=self._evaluated, clock=clock,
+            primary=self.primary_metric(),
         )
         # The run's clock: started_at moves forward by the downtime on a resume, so
         # clock.time() - started_at counts training seconds only (downtime_seconds apart).
@@ -109,6 +126,11 @@ class Engine:
         self.downtime_seconds = 0.0
         self.stopping = False
         self.stop_reason = ""
+        # Called with the reason once the run stops (not on SIGTERM's shutdown): --exit-when-done.
+        self.on_stop: list[Callable[[str], None]] = []
+        self._budget_timer: asyncio.TimerHandle | None = None
+        # The budget that stopped the run (max_updates, max_epochs, max_seconds), if one did.
+        self.budget_reached: str | None = None
         self.target_reached: TargetReached | None = None
         # The loop that owns the held replies: evaluations run in the
         # evaluator's thread and must hand a stop over to it (set in start()).
@@ -139,12 +161,17 @@ class Engine:
     def _initial_state(self) -> ModelState:
         # Replicas start from identical weights: the server builds the seeded
         # initial model and every agent pulls it before its first step.
-        c = self.config
-        torch.manual_seed(c.seed)
-        model = build_model(c.model, input_shape=self.train.input_shape, num_classes=self.train.num_classes,
-                            **c.model_kwargs)
-        spec = spec_of(model, c.model, self.train.input_shape, self.train.num_classes, **c.model_kwargs)
+        torch.manual_seed(self.config.seed)
+        model = self.task.model()
+        # A label for people: the built-in model's config name, else the model's class.
+        label = self.config.model if self.task.name == "builtin" else type(model).__name__
+        sample = batch_of(self.test, [0])[0] if len(self.test) else torch.empty(0)
+        spec = spec_of(model, label, task=self.task.name, input_shape=tuple(sample.shape[1:]))
         return ModelState(spec, flatten(model))
+
+    def primary_metric(self) -> tuple[str, Direction]:
+        """What "best" means for this run (Reporting.primary_metric)."""
+        return Reporting.primary_metric(self.config, self.task)
 
     # The policies, by the names the rooms use.
     @property
@@ -154,6 +181,11 @@ class Engine:
     @property
     def allocator(self):
         return self.policies.allocator
+
+    @property
+    def epoch_progress(self) -> float:
+        """Epochs of training data handed out so far (fractional): the shard queue's, or the local sets'."""
+        return self.local.progress if self.local_data else self.queue.progress
 
     @property
     def version(self) -> int:
@@ -175,8 +207,12 @@ class Engine:
         except RuntimeError:  # started outside a loop (tests): stops run inline
             self._loop = None
         self.evaluator.start()
+        if self.config.max_seconds is not None and self._loop is not None:
+            left = self.config.max_seconds - (self.clock.time() - self.started_at)
+            self._budget_timer = self._loop.call_later(max(0.0, left), self.check_budgets)
         self.telemetry.emit(
-            "run_start", config=self.config.model_dump(), model_numel=self.spec.numel,
+            "run_start", config=self.config.model_dump(), model_numel=self.spec.numel, task=self.task.name,
+            fingerprint=self.spec.fingerprint,
             train_samples=len(self.train), test_samples=len(self.test), shards=self.shards.num_shards,
         )
 
@@ -186,11 +222,20 @@ class Engine:
         self.stopping = True
         self.stop_reason = reason
         self.telemetry.emit("stop_requested", reason=reason)
+        if self._budget_timer is not None:
+            self._budget_timer.cancel()
         # Nobody waits on a barrier that will never come.
         for held in self.held.values():
             if not held.reply.done():
                 held.reply.set_result(None)
         self.held.clear()
+        if not self.shutting_down:
+            for hook in self.on_stop:
+                hook(reason)
+
+    def check_budgets(self) -> None:
+        """Stop the run at the first budget reached (max_updates, max_epochs, max_seconds)."""
+        self.reporting.check_budgets()
 
     def begin_shutdown(self) -> None:
         """The server process is going away (SIGTERM); the run is not over."""
@@ -257,7 +302,8 @@ class Engine:
                 self.buffered.append(Contribution(info, payload, candidate_loss))
             if verdict.decision in (Decision.APPLY, Decision.APPLY_AND_WAIT) and refusal is None:
                 await self.fold([Contribution(info, payload, candidate_loss)])
-            if verdict.decision in (Decision.BUFFER, Decision.APPLY_AND_WAIT):
+            # A fold may have stopped the run (a budget): nothing is held for a barrier that will not come.
+            if verdict.decision in (Decision.BUFFER, Decision.APPLY_AND_WAIT) and not self.stopping:
                 keep = verdict.decision is Decision.BUFFER and refusal is None
                 held = Held(info, payload if keep else None, asyncio.get_running_loop().create_future(),
                             candidate_loss)
@@ -301,6 +347,8 @@ class Engine:
             staleness=[version - 1 - u.info.base_version for u in group], weights=[round(w, 6) for w in weights],
             **extra,
         )
+        if self.config.max_updates is not None or self.config.max_epochs is not None:
+            self.check_budgets()
 
     async def process_releases(self) -> None:
         """Fold and wake whatever the strategy releases. Caller holds step_lock."""
@@ -341,6 +389,7 @@ class Engine:
             "config": self.config.model_dump(),
             "model": {"name": self.spec.name, "numel": self.spec.numel},
             "queue": self.queue.state(),
+            **self.local.state_dict(),
             **self.membership.state_dict(),
             "allocator": self.allocator.state_dict(),
             "workers": self.registry.identities(),
@@ -354,6 +403,7 @@ class Engine:
     def load_state_dict(self, state: Mapping[str, Any], *, best_flat: torch.Tensor | None = None) -> None:
         """Resume the parts from ``state_dict()`` (the model itself is loaded by the checkpointer)."""
         self.queue.restore(state["queue"])
+        self.local.load_state_dict(dict(state))
         self.membership.load_state_dict(state)
         self.registry.restore(state["workers"])
         self.evaluator.load_state_dict(state, best_flat)
@@ -381,10 +431,15 @@ class Engine:
         return await self.collective.regroup(worker_id, failed_generation)
 
     def publish_to_kafka(self, opts) -> None:
+        if self.local_data:
+            log.info("device-local data: no shard records to publish to Kafka")
+            return
         self.kafka.publish(opts)
 
     def data_source_for(self, worker: WorkerRecord) -> dict[str, Any]:
         """The register reply's ``data_source``: where this worker's validation shards are read from."""
+        if self.local_data:
+            return {"source": "local"}
         return self.kafka.ranges("validation", self.membership.validation_shards_for(worker)).model_dump(exclude_none=True)
 
     @property

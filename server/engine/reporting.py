@@ -9,6 +9,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from hermes.common.config import RunConfig
+from hermes.common.task import Direction, Task
+from hermes.common.task_registry import effective_target
 from hermes.server.evaluator import Evaluation, TargetReached
 from hermes.server.model_files import BEST_MODEL_FILE, FINAL_MODEL_FILE, write_model
 
@@ -28,22 +31,56 @@ class Reporting:
     def on_evaluation(self, ev: Evaluation) -> None:
         e = self.e
         e.telemetry.emit(
-            "evaluation", version=ev.version, accuracy=ev.accuracy, loss=ev.loss,
+            "evaluation", version=ev.version, accuracy=ev.accuracy, loss=ev.loss, metrics=ev.metrics,
             seconds=round(ev.seconds, 6), elapsed=round(ev.at - e.started_at, 3),
         )
-        target = e.config.target_accuracy
+        target = effective_target(e.config)
         # Not once the run is stopping: the shutdown evaluation must not turn an
         # operator's stop into a reached target after the fact.
-        if target is None or ev.accuracy < target or e.target_reached is not None or e.stopping:
+        if target is None or e.target_reached is not None or e.stopping:
             return
-        reached = TargetReached(ev.version, ev.accuracy, ev.at - e.started_at, ev.at, e.downtime_seconds)
+        metric, goal = target
+        value = ev.score(metric)
+        direction = "min" if metric == "loss" else e.task.direction(metric)
+        if value is None or not (value >= goal if direction == "max" else value <= goal):
+            return
+        reached = TargetReached(ev.version, ev.accuracy, ev.at - e.started_at, ev.at, e.downtime_seconds,
+                                metric=metric, value=value)
         e.target_reached = reached
-        e.telemetry.emit("target_reached", target_accuracy=target, **reached.public())
-        e.on_loop(e.request_stop, f"target accuracy {target} reached at version {ev.version}")
+        e.telemetry.emit("target_reached", target_accuracy=e.config.target_accuracy, target=f"{metric}={goal:g}",
+                         **reached.public())
+        what = f"target accuracy {goal}" if metric == "accuracy" else f"target {metric}={goal:g}"
+        e.on_loop(e.request_stop, f"{what} reached at version {ev.version}")
         if e.checkpoints is not None:
             # The outcome and the best model are durable at once: a server killed before its
             # shutdown checkpoint resumes as a finished run, not as one that trains on.
             e.on_loop(self._checkpoint_soon, "target reached")
+
+    def check_budgets(self) -> None:
+        """Stop the run at the first budget reached (max_updates, max_epochs, max_seconds); the reason names it."""
+        e = self.e
+        if e.stopping:
+            return
+        c = e.config
+        reason = None
+        if c.max_updates is not None and e.state.version >= c.max_updates:
+            reason = f"max_updates={c.max_updates} reached at version {e.state.version}"
+        elif c.max_epochs is not None and e.epoch_progress >= c.max_epochs:
+            reason = f"max_epochs={c.max_epochs:g} reached at version {e.state.version}"
+        elif c.max_seconds is not None and e.clock.time() - e.started_at >= c.max_seconds:
+            reason = f"max_seconds={c.max_seconds:g} reached at version {e.state.version}"
+        if reason is not None:
+            e.budget_reached = reason.partition("=")[0]
+            e.telemetry.emit("budget_reached", budget=e.budget_reached, reason=reason, version=e.state.version)
+            e.request_stop(reason)
+
+    @staticmethod
+    def primary_metric(config: RunConfig, task: Task) -> tuple[str, Direction]:
+        """What "best" means for a run: the target's metric, else accuracy, else the task's first metric."""
+        target = effective_target(config)
+        names = list(task.metric_fns)
+        metric = target[0] if target is not None else ("accuracy" if "accuracy" in names or not names else names[0])
+        return metric, "min" if metric == "loss" else task.direction(metric)
 
     def _checkpoint_soon(self, reason: str) -> None:
         e = self.e
@@ -62,19 +99,28 @@ class Reporting:
         the operator resumed it to train on).
         """
         e = self.e
-        target = e.config.target_accuracy
-        if reached is None or target is None or reached["accuracy"] < target:
-            if reached is not None:
-                log.info("the run had reached accuracy %.4f before the restart; the resumed run's target is %s, "
-                         "so it trains on", reached["accuracy"], target)
+        target = effective_target(e.config)
+        before = TargetReached(**reached) if reached is not None else None
+        value = None if before is None else (before.accuracy if before.value is None else before.value)
+        if target is not None and before is not None and before.metric == target[0] and value is not None:
+            met = value >= target[1] if e.task.direction(target[0]) == "max" and target[0] != "loss" else value <= target[1]
+        else:
+            met = False
+        if before is None or target is None or not met:
+            if before is not None:
+                log.info("the run had reached %s %s before the restart; the resumed run's target is %s, "
+                         "so it trains on", before.metric, value, target)
             return
-        e.target_reached = TargetReached(**reached)
-        e.request_stop(f"target accuracy {target} was reached at version {reached['version']} before the restart")
+        e.target_reached = before
+        what = f"target accuracy {target[1]}" if target[0] == "accuracy" else f"target {target[0]}={target[1]:g}"
+        e.request_stop(f"{what} was reached at version {before.version} before the restart")
 
     def outcome(self) -> str:
-        """running, stopped (operator, SIGTERM's shutdown) or target_reached (the server stopped itself)."""
+        """running, stopped (operator, SIGTERM's shutdown), target_reached or budget_reached (the server stopped itself)."""
         if self.e.target_reached is not None:
             return "target_reached"
+        if self.e.budget_reached is not None:
+            return "budget_reached"
         return "stopped" if self.e.stopping else "running"
 
     def status(self) -> dict[str, Any]:
@@ -88,9 +134,15 @@ class Reporting:
             "elapsed_seconds": e.elapsed(),
             # Server restarts: not counted in elapsed_seconds (training seconds).
             "downtime_seconds": round(e.downtime_seconds, 3),
-            "epoch_progress": round(e.queue.progress, 4),
+            "epoch_progress": round(e.epoch_progress, 4),
+            "task": e.task.name,
+            # Where training samples live: "server" (shards) or "local" (task.local_data on each agent).
+            "data_location": "local" if e.local_data else "server",
+            # Shard record bytes sent to agents: by the data plane, plus what agents read from Kafka.
+            "shard_bytes": sum(e.shard_bytes_served.values())
+            + sum(w.shard_bytes.get("kafka", 0) for w in e.registry.all()),
             "evaluation": None if ev is None else {
-                "version": ev.version, "accuracy": ev.accuracy, "loss": ev.loss, "at": ev.at,
+                "version": ev.version, "accuracy": ev.accuracy, "loss": ev.loss, "metrics": ev.metrics, "at": ev.at,
             },
             "workers_active": len(e.registry.active_ids()),
             "heterogeneity": e.registry.heterogeneity(),
@@ -104,8 +156,12 @@ class Reporting:
             "stop_reason": e.stop_reason,
             "outcome": self.outcome(),
             "target_accuracy": e.config.target_accuracy,
+            "target": None if (t := effective_target(e.config)) is None else f"{t[0]}={t[1]:g}",
+            "budget_reached": e.budget_reached,
             "target_reached_at": None if e.target_reached is None else e.target_reached.public(),
+            "best_metric": e.evaluator.primary,
             "best_accuracy": None if best is None else best.accuracy,
+            "best_metrics": None if best is None else best.metrics,
             "best_version": None if best is None else best.version,
             "resumed_from": e.resumed_from,
             "last_checkpoint_version": None if e.checkpoints is None else e.checkpoints.last_version,
@@ -128,13 +184,16 @@ class Reporting:
             "bytes_sent_total": sum(w.server_bytes_out for w in e.registry.all()),
             "final_accuracy": None if ev is None else ev.accuracy,
             "final_loss": None if ev is None else ev.loss,
+            "final_metrics": None if ev is None else ev.metrics,
             "evaluations": [
-                {"version": x.version, "accuracy": x.accuracy, "loss": x.loss,
+                {"version": x.version, "accuracy": x.accuracy, "loss": x.loss, "metrics": x.metrics,
                  "elapsed": round(x.at - e.started_at, 3), "seconds": round(x.seconds, 6)}
                 for x in e.evaluator.history
             ],
             "workers": [w.public() for w in e.registry.all()],
             "data_plane": e.kafka.info(),
+            "shard_bytes_by_source": {"zmq": sum(e.shard_bytes_served.values()),
+                                      "kafka": sum(w.shard_bytes.get("kafka", 0) for w in e.registry.all())},
         }
 
     def finish(self) -> dict[str, Any]:
@@ -144,6 +203,7 @@ class Reporting:
         final = e.evaluator.evaluate_now()
         summary = self.summary()
         e.telemetry.emit("run_end", version=e.state.version, accuracy=final.accuracy, loss=final.loss,
+                         metrics=final.metrics, stop_reason=e.stop_reason,
                          best_version=summary["best_version"], best_accuracy=summary["best_accuracy"])
         if e.out_dir is not None:
             e.out_dir.mkdir(parents=True, exist_ok=True)
@@ -157,10 +217,11 @@ class Reporting:
 
     def _model_metadata(self, ev: Evaluation | None, version: int) -> dict[str, str]:
         meta = {"version": str(version),
-                # Enough to rebuild the network: build_from_spec(ModelSpec.from_dict(...)).
+                # Which network: parameter names and shapes, the task and its fingerprint.
                 "spec": json.dumps(self.e.spec.to_dict(), separators=(",", ":"))}
         if ev is not None and ev.version == version:
-            meta |= {"accuracy": repr(ev.accuracy), "loss": repr(ev.loss), "evaluated_samples": str(ev.samples)}
+            meta |= {"accuracy": repr(ev.accuracy), "loss": repr(ev.loss), "metrics": json.dumps(ev.metrics),
+                     "evaluated_samples": str(ev.samples)}
         return meta
 
     def write_best_model(self) -> str | None:
@@ -178,7 +239,8 @@ class Reporting:
         # The evaluator's replica: the run's module, integer buffers as built (they never change there).
         if not write_model(path, e.evaluator.model.state_dict(), flat, self._model_metadata(ev, ev.version)):
             return None
-        log.info("best model (version %d, accuracy %.4f) written to %s", ev.version, ev.accuracy, path)
+        log.info("best model (version %d, %s %s) written to %s", ev.version, e.evaluator.primary,
+                 ev.score(e.evaluator.primary), path)
         return path.name
 
     def write_final_model(self, final: Evaluation | None) -> str | None:

@@ -23,7 +23,9 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from hermes.common.tensors import ModelSpec, build_from_spec, flatten
+from hermes.common.config import RunConfig
+from hermes.common.task_registry import resolve_task
+from hermes.common.tensors import ModelSpec, flatten
 from hermes.deploy.procs import free_port, start, terminate_group, wait_healthy
 from tests.conftest import _server_env, parse_metric, wait_for
 
@@ -94,6 +96,8 @@ def test_console_progress_barrier_quiet_access_and_default_out(tmp_path: Path) -
                           ("model-best.safetensors", summary["best_version"])):
         with safe_open(str(out / name), "pt") as f:
             meta = f.metadata()
-        model = build_from_spec(ModelSpec.from_dict(json.loads(meta["spec"])))
+        assert ModelSpec.from_dict(json.loads(meta["spec"])).numel == summary["model"]["numel"]
+        config = RunConfig(**summary["config"])
+        model = resolve_task(config.task, config).model()
         model.load_state_dict(load_file(out / name))
         assert int(meta["version"]) == version and torch.isfinite(flatten(model)).all()

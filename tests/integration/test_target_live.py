@@ -21,7 +21,8 @@ import torch
 from safetensors.torch import load_file
 
 from hermes.common.config import RunConfig
-from hermes.common.tensors import ModelSpec, build_from_spec, flatten
+from hermes.common.task_registry import resolve_task
+from hermes.common.tensors import ModelSpec, flatten
 from hermes.server.checkpoint import read_tensor_metadata
 from hermes.server.evaluator import Evaluator
 from hermes.server.shardstore import load_splits
@@ -104,16 +105,17 @@ def test_server_stops_at_target_and_keeps_the_best_model(tmp_path: Path) -> None
     assert float(meta["accuracy"]) == summary["best_accuracy"]
     # A standard state_dict: the module's own keys, loaded with safetensors' reader in two lines.
     spec = ModelSpec.from_dict(json.loads(meta["spec"]))
-    model = build_from_spec(spec)
+    config = RunConfig(**summary["config"])
+    task = resolve_task(config.task, config)
+    model = task.model()
     model.load_state_dict(load_file(path))
     flat = flatten(model)
     assert flat.dtype == torch.float32 and flat.numel() == spec.numel == summary["model"]["numel"]
     assert summary["final_model_file"] == "model-final.safetensors"
-    build_from_spec(spec).load_state_dict(load_file(out / "model-final.safetensors"))
+    task.model().load_state_dict(load_file(out / "model-final.safetensors"))
     # Scored again on the evaluator's own held-out subset, by the evaluator's code.
-    config = RunConfig(**summary["config"])
-    _, _, test = load_splits(config)
-    again = Evaluator(spec, ModelState(spec, flat), test, max_samples=config.eval_max_samples, interval=1.0,
+    _, _, test = load_splits(config, task)
+    again = Evaluator(task, spec, ModelState(spec, flat), test, max_samples=config.eval_max_samples, interval=1.0,
                       seed=config.seed).evaluate_now()
     assert again.accuracy == pytest.approx(summary["best_accuracy"], abs=0.01)
 

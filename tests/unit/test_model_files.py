@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from hermes.common.clock import ManualClock
-from hermes.common.tensors import ModelSpec, build_from_spec, flatten
+from hermes.common.tensors import ModelSpec, flatten
 from hermes.server.model_files import standard_state_dict, write_model
 from tests.unit.test_engine_inprocess import _engine
 
@@ -63,7 +63,8 @@ def test_the_engine_writes_final_and_best_models_at_the_end(tmp_path):
     for name in ("model-final.safetensors", "model-best.safetensors"):
         with safetensors_torch.safe_open(str(tmp_path / name), "pt") as f:
             meta = f.metadata()
-        model = build_from_spec(ModelSpec.from_dict(json.loads(meta["spec"])))
+        assert ModelSpec.from_dict(json.loads(meta["spec"])).numel == flat.numel()
+        model = engine.task.model()
         model.load_state_dict(safetensors_torch.load_file(tmp_path / name))
         assert torch.equal(flatten(model), flat) and int(meta["version"]) == engine.state.version
         assert float(meta["accuracy"]) == summary["final_accuracy"]
