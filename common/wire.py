@@ -64,6 +64,11 @@ __all__ = [
 ]
 
 
+# fp16/bf16 chunks are read in blocks of this many elements: an fp32 temporary of a
+# whole 10M vector is fresh memory from the kernel on every call (glibc's mmap threshold).
+NORM_BLOCK = 1 << 20
+
+
 def checksum_of(frames: Iterable[memoryview | bytes]) -> int:
     value = 0
     for f in frames:
@@ -102,6 +107,17 @@ class Payload:
     @property
     def numel(self) -> int:
         return sum(c.numel() for c in self.chunks)
+
+    @cached_property
+    def norm(self) -> float:
+        """L2 norm accumulated in fp32, inf when an element is not finite or the sum of squares
+        overflows. Computed once: validation and screening both read it, one pass between them."""
+        total = 0.0
+        for c in self.chunks:
+            for i in range(0, c.numel(), NORM_BLOCK):
+                n = float(torch.linalg.vector_norm(c[i : i + NORM_BLOCK], dtype=torch.float32))
+                total += n * n
+        return math.sqrt(total) if math.isfinite(total) else math.inf
 
     def offsets(self) -> Iterable[tuple[int, torch.Tensor]]:
         off = 0
