@@ -48,8 +48,10 @@ def run_once(checkout: Path, pythonpath: Path | None, out: Path, extra: list[str
     env = dict(os.environ)
     if pythonpath is not None:
         env["PYTHONPATH"] = str(pythonpath) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    subprocess.run([sys.executable, str(checkout / "benchmarks" / "micro.py"), "--out", str(out), *extra],
-                   check=True, env=env, cwd=str(checkout), stdout=subprocess.DEVNULL)
+    # The working directory comes first on the servers' sys.path (python -m): the package
+    # directory for the base, so its ``hermes`` is found and not a checkout's bare hermes/ folder.
+    subprocess.run([sys.executable, str(checkout / "benchmarks" / "micro.py"), "--out", str(out.resolve()), *extra],
+                   check=True, env=env, cwd=str(pythonpath or checkout), stdout=subprocess.DEVNULL)
     return json.loads((out / "micro.json").read_text())
 
 
