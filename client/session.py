@@ -29,6 +29,7 @@ import zmq
 from hermes.client.collective import CollectiveGroup
 from hermes.client.heartbeat import Heartbeat
 from hermes.client.precision import PrecisionChoice, pick_precision
+from hermes.client.precision import cache_path as precision_cache_path
 from hermes.client.prefetch import Prefetcher, ShardStats, Work
 from hermes.client.trainer import LocalTrainer, resolve_precision
 from hermes.client.transport import ControlClient, DataClient, TrafficCounter
@@ -92,7 +93,7 @@ class Job:
         model = build_from_spec(spec)
         # Timed on copies of the model before training starts: the model itself is untouched.
         choice = pick_precision(config.precision, model, spec.input_shape, spec.num_classes, config.batch_size,
-                                device)
+                                device, cache=precision_cache_path())
         precision = resolve_precision(choice.precision, device)
         trainer = LocalTrainer(
             model, lr=config.lr, momentum=config.momentum,
