@@ -186,7 +186,9 @@ class Session:
         stats.pulls += 1
         if reply.payload is None:
             return  # unchanged: keep training from our own model against the same base
-        flat = reply.payload.flat().clone()  # own it: the frame buffers go away
+        # No copy: the tensor views the received frame, which it keeps alive (torch.frombuffer holds
+        # the buffer), and nothing writes to it; deltas are computed as new tensors.
+        flat = reply.payload.flat()
         trainer.load(flat)
         self.version, self.base = reply.header.model_version, flat
 
