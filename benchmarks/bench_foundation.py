@@ -135,7 +135,9 @@ def bench_apply(repeats: int, sizes: tuple[str, ...] = tuple(SIZES)) -> list[dic
         bare32_ms = None
         for dname, dtype in (("fp32", torch.float32), ("fp16", torch.float16)):
             delta = base32.to(dtype)
-            frames = encode(Header(type=MsgType.PUSH_UPDATE, shapes=((n,),)), delta)
+            # Signed, as every push is: its decode checks no CRC (the MAC covers the bytes; the MAC
+            # itself is timed in the data-plane and codec rows).
+            frames = encode(Header(type=MsgType.PUSH_UPDATE, shapes=((n,),)), delta, key=b"k" * 32)
             payload = decode(frames).payload
             state = ModelState(spec, torch.zeros(n))
 
@@ -158,6 +160,11 @@ def bench_apply(repeats: int, sizes: tuple[str, ...] = tuple(SIZES)) -> list[dic
             else:
                 def bare_torch() -> None:
                     w.add_(delta.float(), alpha=1.0)
+
+            def bare_checked() -> None:  # the least a server folding untrusted updates must do
+                if not torch.isfinite(delta.sum(dtype=torch.float32)):
+                    raise ValueError("non-finite update")
+                bare_torch()
             a, b = w.numpy(), delta.numpy()
 
             def bare_numpy() -> None:
@@ -165,7 +172,7 @@ def bench_apply(repeats: int, sizes: tuple[str, ...] = tuple(SIZES)) -> list[dic
 
             t = timed_ms({"apply": apply_only, "validate_apply": validate_apply,
                           "decode_validate_apply": decode_validate_apply, "bare_torch": bare_torch,
-                          "bare_numpy": bare_numpy}, repeats)
+                          "bare_checked": bare_checked, "bare_numpy": bare_numpy}, repeats)
             r: dict[str, Any] = {"size": size, "numel": n, "dtype": dname, "stats": t}
             r.update({f"{k}_ms": v["median"] for k, v in t.items()})
             if dtype == torch.float32:
@@ -175,6 +182,7 @@ def bench_apply(repeats: int, sizes: tuple[str, ...] = tuple(SIZES)) -> list[dic
             r["ratio_apply"] = r["apply_ms"] / bare
             r["ratio_validate_apply"] = r["validate_apply_ms"] / bare
             r["ratio_decode_validate_apply"] = r["decode_validate_apply_ms"] / bare
+            r["ratio_vs_checked"] = r["decode_validate_apply_ms"] / r["bare_checked_ms"]
             out.append(r)
     return out
 
@@ -198,10 +206,23 @@ def print_apply(rows: list[dict[str, Any]]) -> None:
 # --------------------------------------------------------------------------- B: data plane
 
 
+# The bare baseline that authenticates its bytes uses the same MAC primitive as the data plane
+# (hermes.common.signing: Poly1305 under a one-time key) with a fixed key, and nothing else.
+BARE_KEY = b"bare-baseline-key" * 2
+
+
+def bare_mac(frames: list) -> str:
+    from hermes.common.signing import mac_hex, new_nonce
+
+    return mac_hex(BARE_KEY, new_nonce(), b"", frames)
+
+
 def bare_router_main(port: int) -> None:
     """The baseline peer: replies to every message and does nothing else.
 
     [b"pull:<nbytes>"] -> a header-sized frame + <nbytes> in <=32 MB frames
+    [b"pullA:<nbytes>"] -> the same, the MAC of the model frames computed first
+    [b"A...", *frames] -> the MAC of the payload frames computed, then one small ack frame
     anything else      -> one small ack frame
     """
     from hermes.common.wire import MAX_FRAME_BYTES
@@ -220,13 +241,17 @@ def bare_router_main(port: int) -> None:
         if first == b"stop":
             sock.send_multipart([ident, ack])
             break
-        if first.startswith(b"pull:"):
-            n = int(first[5:])
+        if first.startswith((b"pull:", b"pullA:")):
+            n = int(first.split(b":")[1])
             if n not in models:
                 buf = memoryview(bytearray(n))
                 models[n] = [buf[i : i + MAX_FRAME_BYTES] for i in range(0, n, MAX_FRAME_BYTES)]
+            if first.startswith(b"pullA:"):
+                bare_mac(models[n])
             sock.send_multipart([ident, header, *models[n]], copy=False)
         else:
+            if first.startswith(b"A"):
+                bare_mac([f.buffer for f in frames[2:]])
             sock.send_multipart([ident, ack], copy=False)
     sock.close(linger=0)
     ctx.term()
@@ -249,9 +274,15 @@ class BareRouter:
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.connect(f"tcp://127.0.0.1:{self.port}")
 
-    def round_trip(self, frames: list) -> int:
+    def round_trip(self, frames: list, auth: bool = False) -> int:
+        """One exchange; with ``auth`` the sender MACs the payload it sends and the receiver
+        the payload it gets (pushes: ``frames[1:]``; pulls: the reply's model frames)."""
+        if auth:
+            bare_mac(frames[1:])
         self.sock.send_multipart(frames, copy=False)
         reply = self.sock.recv_multipart(copy=False)
+        if auth and len(reply) > 1:
+            bare_mac([f.buffer for f in reply[1:]])
         return sum(len(f) for f in reply)
 
     def close(self) -> None:
@@ -361,15 +392,17 @@ def bench_dataplane(
 
                     for dname, delta in (("fp32", delta32), ("fp16", delta32.half())):
                         frames = encode(Header(type=MsgType.PUSH_UPDATE, seq=1, model_version=1), delta)
-                        t = timed_ms({"server": lambda: push(delta), "bare": lambda: bare.round_trip(frames)},
-                                     repeats)
+                        auth_frames = [b"A" + bytes(frames[0]), *frames[1:]]
+                        t = timed_ms({"server": lambda: push(delta), "bare": lambda: bare.round_trip(frames),
+                                      "bare_auth": lambda: bare.round_trip(auth_frames, auth=True)}, repeats)
                         rows.append(_pair(f"push {dname}", size, numel, sum(len(f) for f in frames[1:]),
                                           len(frames) - 1, t))
 
                     for dname, short in (("float32", "fp32"), ("float16", "fp16")):
                         nbytes = pull(dname)
-                        req = [f"pull:{nbytes}".encode()]
-                        t = timed_ms({"server": lambda: pull(dname), "bare": lambda: bare.round_trip(req)}, repeats)
+                        req, req_auth = [f"pull:{nbytes}".encode()], [f"pullA:{nbytes}".encode()]
+                        t = timed_ms({"server": lambda: pull(dname), "bare": lambda: bare.round_trip(req),
+                                      "bare_auth": lambda: bare.round_trip(req_auth, auth=True)}, repeats)
                         rows.append(_pair(f"pull {short}, cached snapshot", size, numel, nbytes,
                                           len(split_sizes(nbytes)), t))
 
@@ -381,8 +414,9 @@ def bench_dataplane(
                         pull("float32")
                         return time.perf_counter() - t0
 
-                    req = [f"pull:{numel * 4}".encode()]
-                    t = timed_ms({"server": pull_after_push, "bare": lambda: bare.round_trip(req)}, repeats)
+                    req, req_auth = [f"pull:{numel * 4}".encode()], [f"pullA:{numel * 4}".encode()]
+                    t = timed_ms({"server": pull_after_push, "bare": lambda: bare.round_trip(req),
+                                  "bare_auth": lambda: bare.round_trip(req_auth, auth=True)}, repeats)
                     rows.append(_pair("pull fp32 right after a push", size, numel, numel * 4,
                                       len(split_sizes(numel * 4)), t))
                 finally:
@@ -420,9 +454,12 @@ def _histogram(text: str, name: str) -> dict[str, float]:
 def _pair(op: str, size: str, numel: int, nbytes: int, nframes: int, t: dict[str, dict[str, float]]) -> dict:
     server_ms, bare_ms = t["server"]["median"], t["bare"]["median"]
     ratio = server_ms / bare_ms
+    # The bare baseline that also authenticates its bytes (same MAC), where measured.
+    bare_auth_ms = t["bare_auth"]["median"] if "bare_auth" in t else None
     return {
         "op": op, "size": size, "numel": numel, "payload_bytes": nbytes, "payload_frames": nframes,
         "server_ms": server_ms, "bare_ms": bare_ms, "ratio": ratio, "stats": t,
+        "bare_auth_ms": bare_auth_ms, "ratio_auth": server_ms / bare_auth_ms if bare_auth_ms else None,
         "server_gbps": nbytes / server_ms / 1e6, "bare_gbps": nbytes / bare_ms / 1e6, "meets_goal": ratio <= GOAL,
     }
 

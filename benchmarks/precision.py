@@ -8,7 +8,11 @@ For each built-in model on the input shape of the data set it is used with
 resnet18 on CIFAR-10 32x32) this runs the agent's own measurement
 (``hermes.client.precision.measure``, the timed steps precision ``auto``
 takes at registration) ``--repeats`` times and prints each precision's
-median step time, the choice, and how long the measurement took. The first
+median step time, the choice, and how long the measurement took. Then, as
+an independent check that ``auto`` is never slower than fp32, it trains the
+model in the chosen precision and in fp32, ``--check-steps`` steps each,
+alternated, and prints the chosen precision's median step over fp32's
+(1.00 when the choice is fp32 itself: nothing to lose). The first
 measurement in a process also pays torch's one-time start-up (seconds, paid
 by the agent's first training step anyway); it is run once untimed first.
 """
@@ -16,6 +20,7 @@ by the agent's first training step anyway); it is run once untimed first.
 from __future__ import annotations
 
 import argparse
+import copy
 import statistics
 import sys
 import time
@@ -23,6 +28,7 @@ import time
 import torch
 
 from hermes.client.precision import candidates, choose, measure
+from hermes.client.trainer import LocalTrainer
 from hermes.common.builtin_task import classification_example
 from hermes.common.models import build_model
 
@@ -36,12 +42,30 @@ MODELS = (
 )
 
 
+def check(model: torch.nn.Module, shape: tuple[int, ...], batch: int, device: torch.device, chosen: str,
+          steps: int) -> float:
+    """Median step of ``chosen`` over fp32's, timed apart from the measurement that chose it."""
+    if chosen == "fp32":
+        return 1.0
+    x, y = torch.randn(batch, *shape).numpy(), torch.randint(0, 10, (batch,)).numpy()
+    trainers = {p: LocalTrainer(copy.deepcopy(model), lr=0.01, momentum=0.0, weight_decay=0.0, device=device,
+                                precision=p) for p in ("fp32", chosen)}
+    times: dict[str, list[float]] = {p: [] for p in trainers}
+    for i in range(steps + 1):
+        for p, trainer in trainers.items():
+            r = trainer.train_cycle(x, y, batch, steps=1)
+            if i:  # the first step of each is a warm-up
+                times[p].append(r.compute_seconds)
+    return statistics.median(times[chosen]) / statistics.median(times["fp32"])
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[1])
     ap.add_argument("--threads", type=int, default=1, help="torch threads (the testbed's agents run 1)")
     ap.add_argument("--batch", type=int, default=32, help="batch size (the run config's default)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--check-steps", type=int, default=5, help="steps of the independent auto-vs-fp32 check")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
@@ -50,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
             device, precisions)
     print(f"device {device}, {args.threads} thread(s), batch {args.batch}, medians of {args.repeats} measurements")
     print(f"{'model':<10} {'data':<8} " + " ".join(f"{p + ' ms':>10}" for p in precisions)
-          + f" {'choice':>7} {'measure s':>10}")
+          + f" {'choice':>7} {'measure s':>10} {'auto/fp32':>10}")
     for name, data, shape in MODELS:
         model = build_model(name, input_shape=shape, num_classes=10)
         runs, seconds = [], []
@@ -59,8 +83,10 @@ def main(argv: list[str] | None = None) -> int:
             runs.append(measure(model, classification_example(shape, 10), args.batch, device, precisions))
             seconds.append(time.perf_counter() - t0)
         timings = {p: statistics.median(r[p] for r in runs) for p in precisions}
+        chosen = choose(timings)
+        ratio = check(model, shape, args.batch, device, chosen, args.check_steps)
         print(f"{name:<10} {data:<8} " + " ".join(f"{timings[p] * 1e3:>10.2f}" for p in precisions)
-              + f" {choose(timings):>7} {statistics.median(seconds):>10.2f}")
+              + f" {chosen:>7} {statistics.median(seconds):>10.2f} {ratio:>10.2f}", flush=True)
     return 0
 
 

@@ -16,17 +16,28 @@ candidate whose loss is not finite is numerically unsafe and never chosen.
 Candidates: fp32 everywhere; bf16 on CPU and on CUDA devices that support
 it; fp16 with loss scaling (GradScaler) on CUDA only (fp16 autocast on CPU
 falls back to reference kernels, 5-36x slower).
+
+The agent keeps each measurement in a small cache file (``cache_path``:
+``~/.cache/hermes/precision.json``, ``HERMES_PRECISION_CACHE=off`` or a
+path) keyed by model layout, batch, device, threads and torch build, so a
+restart or the next run on the same device starts training without the
+probe (the largest part of start-up after importing torch).
 """
 
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 import logging
 import math
+import os
+import platform
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -37,7 +48,7 @@ from hermes.common.task import LossFn, OptimizerFn
 
 log = logging.getLogger(__name__)
 
-__all__ = ["PrecisionChoice", "candidates", "choose", "measure", "pick_precision"]
+__all__ = ["PrecisionChoice", "cache_path", "candidates", "choose", "measure", "pick_precision"]
 
 # n -> a batch of n (input, target) pairs shaped like the task's data (hermes.common.task_registry.example_batch).
 Example = Callable[[int], tuple[torch.Tensor, torch.Tensor]]
@@ -147,13 +158,64 @@ def measure(model: nn.Module, example: Example, batch_size: int,
     return out
 
 
+def cache_path() -> Path | None:
+    """Where measured choices are kept between agent starts: ``HERMES_PRECISION_CACHE`` (a file,
+    or ``off``), else ``$XDG_CACHE_HOME/hermes/precision.json`` (``~/.cache`` without it)."""
+    env = os.environ.get("HERMES_PRECISION_CACHE", "")
+    if env.lower() in ("off", "0", "none", "no"):
+        return None
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "hermes" / "precision.json"
+
+
+# Entries kept in the cache file: a device sees few (model, batch, threads) combinations.
+_CACHE_ENTRIES = 64
+
+
+def _cache_key(model: nn.Module, example: Example, batch_size: int, device: torch.device,
+               precisions: Sequence[str]) -> str:
+    """The measurement's identity: same model layout, inputs, batch, device, threads and torch."""
+    layout = [(k, tuple(v.shape), str(v.dtype)) for k, v in model.state_dict().items()]
+    x, y = example(1)
+    inputs = [list(x.shape[1:]), str(x.dtype), list(y.shape[1:]), str(y.dtype)]
+    what = json.dumps([type(model).__name__, layout, inputs, batch_size, str(device),
+                       torch.get_num_threads(), torch.__version__, platform.machine(), platform.processor(),
+                       list(precisions)], default=str)
+    return hashlib.sha256(what.encode()).hexdigest()[:32]
+
+
+def _read_cache(path: Path) -> dict[str, dict]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
 def pick_precision(requested: str, model: nn.Module, example: Example, batch_size: int, device: torch.device,
-                   *, loss: LossFn = F.cross_entropy, optimizer: OptimizerFn | None = None) -> PrecisionChoice:
-    """``requested`` when forced; for ``auto``, the measured choice (fp32 if the model cannot be timed)."""
+                   *, loss: LossFn = F.cross_entropy, optimizer: OptimizerFn | None = None,
+                   cache: Path | None = None) -> PrecisionChoice:
+    """``requested`` when forced; for ``auto``, the measured choice (fp32 if the model cannot be timed).
+
+    With ``cache`` (a JSON file) a measurement of the same model layout, batch, device, threads and
+    torch build is reused instead of timed again (``how`` says so): the probe was the largest part of
+    an agent's start-up (0.8 s of timed steps plus one warm-up step per precision).
+    """
     if requested != "auto":
         return PrecisionChoice(requested, how="forced")
+    precisions = candidates(device)
+    key = _cache_key(model, example, batch_size, device, precisions) if cache is not None else ""
+    if cache is not None:
+        hit = _read_cache(cache).get(key)
+        if isinstance(hit, dict) and hit.get("precision") in precisions and isinstance(hit.get("timings"), dict):
+            timings = {str(p): float(t) for p, t in hit["timings"].items()}
+            choice = PrecisionChoice(choose(timings), timings, how=f"measured {hit.get('at', 'earlier')}, cached")
+            log.info("precision auto chose %s", choice.describe())
+            return choice
     try:
-        timings = measure(model, example, batch_size, device, candidates(device), loss=loss, optimizer=optimizer)
+        timings = measure(model, example, batch_size, device, precisions, loss=loss, optimizer=optimizer)
     except (RuntimeError, ValueError, TypeError) as exc:
         # A task whose inputs are not float tensors of input_shape (token ids, say) cannot be
         # timed on synthetic data: train in fp32, the safe precision.
@@ -161,4 +223,22 @@ def pick_precision(requested: str, model: nn.Module, example: Example, batch_siz
         return PrecisionChoice("fp32", how="not timed")
     choice = PrecisionChoice(choose(timings), timings)
     log.info("precision auto chose %s", choice.describe())
+    if cache is not None and all(math.isfinite(t) for t in timings.values()):
+        _write_cache(cache, key, choice)
     return choice
+
+
+def _write_cache(path: Path, key: str, choice: PrecisionChoice) -> None:
+    entries = _read_cache(path)
+    entries.pop(key, None)
+    entries[key] = {"precision": choice.precision, "timings": choice.timings,
+                    "at": time.strftime("%Y-%m-%d", time.gmtime())}
+    while len(entries) > _CACHE_ENTRIES:
+        entries.pop(next(iter(entries)))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(entries))
+        tmp.replace(path)  # atomic: agents starting together never read half a file
+    except OSError as exc:
+        log.info("precision cache %s not written (%s); the next start measures again", path, exc)

@@ -30,6 +30,7 @@ from hermes.client.collective import CollectiveGroup
 from hermes.client.heartbeat import Heartbeat
 from hermes.client.local_data import LocalSet
 from hermes.client.precision import PrecisionChoice, pick_precision
+from hermes.client.precision import cache_path as precision_cache_path
 from hermes.client.prefetch import Prefetcher, ShardStats, Work
 from hermes.client.trainer import LocalTrainer, resolve_precision
 from hermes.client.transport import ControlClient, DataClient, TrafficCounter
@@ -110,7 +111,8 @@ class Job:
 
         # Timed on copies of the model before training starts: the model itself is untouched.
         choice = pick_precision(config.precision, model, example, config.batch_size, device, loss=task.loss,
-                                optimizer=task.optimizer)
+                                optimizer=task.optimizer,
+                                cache=precision_cache_path())
         precision = resolve_precision(choice.precision, device)
         trainer = LocalTrainer(
             model, lr=config.lr, momentum=config.momentum,
@@ -204,7 +206,9 @@ class Session:
         stats.pulls += 1
         if reply.payload is None:
             return  # unchanged: keep training from our own model against the same base
-        flat = reply.payload.flat().clone()  # own it: the frame buffers go away
+        # No copy: the tensor views the received frame, which it keeps alive (torch.frombuffer holds
+        # the buffer), and nothing writes to it; deltas are computed as new tensors.
+        flat = reply.payload.flat()
         trainer.load(flat)
         self.version, self.base = reply.header.model_version, flat
 

@@ -5,7 +5,7 @@ HTTP client package on the device. A DataClient is one DEALER socket and is
 used by one thread only (ZeroMQ sockets are not thread-safe); the prefetcher
 has its own.
 
-Every data-plane request is signed with the worker's secret (HMAC, see
+Every data-plane request is signed with the worker's secret (Poly1305 MAC, see
 hermes.common.signing) under a random session id, a growing seq and a
 server-clock timestamp; replies must carry the server's signature under the
 same secret and echo the session and seq.

@@ -4,221 +4,69 @@ A message on the wire is a ZeroMQ multipart message::
 
     [header (msgpack map)] [payload frame 0] [payload frame 1] ...
 
-The header names the message type, protocol version, sender, model version,
-the payload's dtype and logical shapes, the byte length of every payload
-frame and a CRC32C over all payload bytes. The payload is one flat vector
-(the tensors of ``shapes`` concatenated in order) cut into frames of at most
-``MAX_FRAME_BYTES``: above 32 MB glibc stops reusing freed blocks and
-loopback throughput falls to a third.
+The header (``hermes.common.header.Header``) names the message type,
+protocol version (3), sender, session, seq, timestamp, model version, the
+payload's dtype and logical shapes, the byte length of every payload frame,
+the body, and for signed messages a random ``nonce`` and the ``mac``: a
+Poly1305 tag over every header byte before it and every payload byte, under
+a one-time key derived from the worker's secret and the nonce (the argument
+is in ``hermes.common.signing``). ``mac`` is always the last entry, so its
+32 hex characters end the frame. Unsigned messages (error replies, tools,
+tests) carry instead a CRC32C of the payload in ``checksum``; signed ones
+carry 0 there: one pass over the payload, not a MAC and a CRC over the same
+bytes. A peer speaking another version is refused with
+``unsupported_version`` naming both versions.
 
-Nothing here pickles; frames are sent and received zero-copy (``copy=False``)
-and decoded with ``torch.frombuffer`` over the received buffer.
+The payload is one flat vector (the tensors of ``shapes`` concatenated in
+order) cut into frames of at most ``MAX_FRAME_BYTES``: above 32 MB glibc
+stops reusing freed blocks and loopback throughput falls to a third.
+
+Nothing here pickles or copies a payload: frames are sent zero-copy
+(``copy=False``), hashed in place and decoded with ``torch.frombuffer``
+over the received buffer.
 """
 
 from __future__ import annotations
 
-import enum
 import math
 import warnings
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import Any
 
 import crc32c
-import msgpack
 import torch
 
-from hermes.common.signing import MAC_HEX_CHARS, mac_hex, macs_equal
-
-# 2: per-message HMAC (mac, session, ts) replaced the bearer token of version 1.
-PROTOCOL_VERSION = 2
-MAX_FRAME_BYTES = 32 * 1024 * 1024
-MAX_HEADER_BYTES = 64 * 1024
-DEFAULT_MAX_MESSAGE_BYTES = 512 * 1024 * 1024
-
-
-class MsgType(str, enum.Enum):
-    PUSH_UPDATE = "push_update"
-    PUSH_REPLY = "push_reply"
-    PULL_MODEL = "pull_model"
-    MODEL = "model"
-    REQUEST_WORK = "request_work"
-    WORK = "work"
-    FETCH_SHARD = "fetch_shard"
-    SHARD = "shard"
-    REPORT_STATS = "report_stats"
-    STATS_ACK = "stats_ack"
-    ERROR = "error"
-
-
-REQUEST_TYPES = frozenset(
-    {MsgType.PUSH_UPDATE, MsgType.PULL_MODEL, MsgType.REQUEST_WORK, MsgType.FETCH_SHARD, MsgType.REPORT_STATS}
+from hermes.common.header import (
+    DEFAULT_MAX_MESSAGE_BYTES,
+    FLOAT_WIRE_DTYPES,
+    MAX_FRAME_BYTES,
+    MAX_HEADER_BYTES,
+    PROTOCOL_VERSION,
+    REQUEST_TYPES,
+    ErrorCode,
+    Header,
+    MsgType,
+    ProtocolError,
+    dtype_from_name,
+    dtype_name,
+    error_frames,
+    numel_of,
 )
+from hermes.common.signing import MAC_HEX_CHARS, NONCE_HEX_CHARS, mac_hex, macs_equal, new_nonce
+
+__all__ = [
+    "DEFAULT_MAX_MESSAGE_BYTES", "FLOAT_WIRE_DTYPES", "MAX_FRAME_BYTES", "MAX_HEADER_BYTES", "PROTOCOL_VERSION",
+    "REQUEST_TYPES", "ErrorCode", "Header", "Message", "MsgType", "Payload", "PreparedPayload", "ProtocolError",
+    "checksum_of", "decode", "dtype_from_name", "dtype_name", "encode", "error_frames", "numel_of", "prepare",
+    "split_frames", "verify_mac",
+]
 
 
-class ErrorCode(str, enum.Enum):
-    MALFORMED = "malformed"
-    UNKNOWN_TYPE = "unknown_type"
-    UNSUPPORTED_VERSION = "unsupported_version"
-    UNKNOWN_WORKER = "unknown_worker"
-    UNAUTHORIZED = "unauthorized"
-    REPLAY = "replay"
-    BAD_SHAPE = "bad_shape"
-    BAD_DTYPE = "bad_dtype"
-    NON_FINITE = "non_finite"
-    TOO_LARGE = "too_large"
-    CHECKSUM = "checksum"
-    BAD_REQUEST = "bad_request"
-    STALE = "stale"
-    UNAVAILABLE = "unavailable"
-    INTERNAL = "internal"
-
-
-class ProtocolError(Exception):
-    """A message that violates the wire contract; carries the code to reply with."""
-
-    def __init__(self, code: ErrorCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-    def __str__(self) -> str:
-        return f"{self.code.value}: {self.message}"
-
-
-# Wire dtype names. bf16 has no numpy twin, so everything goes through torch.
-_DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "float64": torch.float64,
-    "int64": torch.int64,
-    "int32": torch.int32,
-    "int16": torch.int16,
-    "uint8": torch.uint8,
-    "int8": torch.int8,
-}
-_DTYPE_NAMES = {v: k for k, v in _DTYPES.items()}
-FLOAT_WIRE_DTYPES = frozenset({"float32", "float16", "bfloat16"})
-
-
-def dtype_from_name(name: str) -> torch.dtype:
-    try:
-        return _DTYPES[name]
-    except KeyError:
-        raise ProtocolError(ErrorCode.BAD_DTYPE, f"unknown dtype {name!r}; known: {sorted(_DTYPES)}") from None
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    try:
-        return _DTYPE_NAMES[dtype]
-    except KeyError:
-        raise ProtocolError(ErrorCode.BAD_DTYPE, f"dtype {dtype} cannot travel on the wire") from None
-
-
-def numel_of(shapes: Sequence[Sequence[int]]) -> int:
-    return sum(math.prod(s) for s in shapes)
-
-
-@dataclass(frozen=True)
-class Header:
-    type: MsgType
-    worker: str = ""
-    # Random per connection; (session, seq) is strictly increasing and ts (ms,
-    # server clock) fresh, which is how replays are told apart.
-    session: str = ""
-    seq: int = 0
-    ts: int = 0
-    model_version: int = 0
-    dtype: str = ""
-    shapes: tuple[tuple[int, ...], ...] = ()
-    frame_bytes: tuple[int, ...] = ()
-    checksum: int = 0
-    body: dict[str, Any] = field(default_factory=dict)
-    proto: int = PROTOCOL_VERSION
-    # HMAC-SHA256 (hex) over the packed header up to this value (always the
-    # last entry, so its 64 characters end the frame) and the payload.
-    mac: str = ""
-
-    def pack(self) -> bytes:
-        return msgpack.packb(
-            {
-                "type": self.type.value,
-                "proto": self.proto,
-                "worker": self.worker,
-                "session": self.session,
-                "seq": self.seq,
-                "ts": self.ts,
-                "model_version": self.model_version,
-                "dtype": self.dtype,
-                "shapes": [list(s) for s in self.shapes],
-                "frame_bytes": list(self.frame_bytes),
-                "checksum": self.checksum,
-                "body": self.body,
-                "mac": self.mac,
-            },
-            use_bin_type=True,
-        )
-
-    @classmethod
-    def unpack(cls, raw: bytes | memoryview) -> Header:
-        if len(raw) > MAX_HEADER_BYTES:
-            raise ProtocolError(ErrorCode.TOO_LARGE, f"header of {len(raw)} bytes exceeds {MAX_HEADER_BYTES}")
-        try:
-            obj = msgpack.unpackb(raw, raw=False, strict_map_key=True, max_bin_len=0, max_ext_len=0)
-        except Exception as exc:  # msgpack raises a zoo of types for garbage
-            raise ProtocolError(ErrorCode.MALFORMED, f"header is not msgpack: {exc}") from None
-        if not isinstance(obj, dict):
-            raise ProtocolError(ErrorCode.MALFORMED, "header must be a msgpack map")
-        proto = _field(obj, "proto", int)
-        if proto != PROTOCOL_VERSION:
-            raise ProtocolError(
-                ErrorCode.UNSUPPORTED_VERSION, f"protocol version {proto} unsupported; this peer speaks {PROTOCOL_VERSION}"
-            )
-        type_name = _field(obj, "type", str)
-        try:
-            msg_type = MsgType(type_name)
-        except ValueError:
-            raise ProtocolError(ErrorCode.UNKNOWN_TYPE, f"unknown message type {type_name!r}") from None
-        shapes_raw = _field(obj, "shapes", list, default=[])
-        shapes = []
-        for s in shapes_raw:
-            if not isinstance(s, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in s):
-                raise ProtocolError(ErrorCode.MALFORMED, f"shape {s!r} is not a list of non-negative ints")
-            shapes.append(tuple(s))
-        frame_bytes = _field(obj, "frame_bytes", list, default=[])
-        if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in frame_bytes):
-            raise ProtocolError(ErrorCode.MALFORMED, "frame_bytes must be non-negative ints")
-        body = _field(obj, "body", dict, default={})
-        return cls(
-            type=msg_type,
-            proto=proto,
-            worker=_field(obj, "worker", str, default=""),
-            session=_field(obj, "session", str, default=""),
-            seq=_field(obj, "seq", int, default=0),
-            ts=_field(obj, "ts", int, default=0),
-            model_version=_field(obj, "model_version", int, default=0),
-            dtype=_field(obj, "dtype", str, default=""),
-            shapes=tuple(shapes),
-            frame_bytes=tuple(frame_bytes),
-            checksum=_field(obj, "checksum", int, default=0),
-            body=body,
-            mac=_field(obj, "mac", str, default=""),
-        )
-
-
-_MISSING = object()
-
-
-def _field(obj: dict, key: str, kind: type, default: Any = _MISSING) -> Any:
-    if key not in obj:
-        if default is _MISSING:
-            raise ProtocolError(ErrorCode.MALFORMED, f"header field {key!r} is missing")
-        return default
-    value = obj[key]
-    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise ProtocolError(ErrorCode.MALFORMED, f"header field {key!r} must be {kind.__name__}, got {type(value).__name__}")
-    return value
+# fp16/bf16 chunks are read in blocks of this many elements: an fp32 temporary of a
+# whole 10M vector is fresh memory from the kernel on every call (glibc's mmap threshold).
+NORM_BLOCK = 1 << 20
 
 
 def checksum_of(frames: Iterable[memoryview | bytes]) -> int:
@@ -260,6 +108,17 @@ class Payload:
     def numel(self) -> int:
         return sum(c.numel() for c in self.chunks)
 
+    @cached_property
+    def norm(self) -> float:
+        """L2 norm accumulated in fp32, inf when an element is not finite or the sum of squares
+        overflows. Computed once: validation and screening both read it, one pass between them."""
+        total = 0.0
+        for c in self.chunks:
+            for i in range(0, c.numel(), NORM_BLOCK):
+                n = float(torch.linalg.vector_norm(c[i : i + NORM_BLOCK], dtype=torch.float32))
+                total += n * n
+        return math.sqrt(total) if math.isfinite(total) else math.inf
+
     def offsets(self) -> Iterable[tuple[int, torch.Tensor]]:
         off = 0
         for c in self.chunks:
@@ -292,18 +151,30 @@ class Message:
 
 @dataclass(frozen=True)
 class PreparedPayload:
-    """Frames and checksum of a tensor, computed once and sent many times
-    (the server's model snapshot is pulled by every worker)."""
+    """The frames of a tensor, cut once and sent many times (the server's
+    model snapshot is pulled by every worker)."""
 
     tensor: torch.Tensor  # keeps the frames' memory alive
     frames: tuple[memoryview, ...]
-    checksum: int
     dtype: str
+
+    @cached_property
+    def checksum(self) -> int:
+        """CRC32C of the frames: only unsigned messages carry one, so it is computed on first use."""
+        return checksum_of(self.frames)
+
+    @cached_property
+    def zmq_frames(self) -> tuple[Any, ...]:
+        """The frames as zmq.Frame objects made once. Sending one again (copy=False) shares its
+        buffer by reference count instead of registering a new zero-copy buffer, whose release
+        wakes pyzmq's garbage-collector thread on every send."""
+        import zmq
+
+        return tuple(zmq.Frame(f, copy=False) for f in self.frames)
 
 
 def prepare(flat: torch.Tensor, *, max_frame_bytes: int = MAX_FRAME_BYTES) -> PreparedPayload:
-    frames = tuple(split_frames(flat, max_frame_bytes))
-    return PreparedPayload(flat, frames, checksum_of(frames), dtype_name(flat.dtype))
+    return PreparedPayload(flat, tuple(split_frames(flat, max_frame_bytes)), dtype_name(flat.dtype))
 
 
 def encode(
@@ -315,12 +186,13 @@ def encode(
 ) -> list:
     """Build the frames of one message. ``flat`` is sent zero-copy.
 
-    With ``key`` the header carries the HMAC of header and payload (see
-    hermes.common.signing).
+    With ``key`` the header carries a fresh nonce and the MAC of header and
+    payload (see hermes.common.signing); without, the payload's CRC32C.
 
     ``flat`` is a tensor (any wire dtype) or raw bytes (sent as uint8). The
     caller must keep it alive and unmodified until ZeroMQ has sent it (send
-    with ``copy=False`` and do not mutate the tensor in the meantime).
+    with ``copy=False`` and do not mutate the tensor in the meantime). A
+    PreparedPayload goes out as its cached zmq.Frame objects.
     """
     if flat is None:
         return [_pack_signed(header, (), key)]
@@ -328,25 +200,22 @@ def encode(
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # read-only bytes, never written through
             flat = torch.frombuffer(flat, dtype=torch.uint8) if len(flat) else torch.empty(0, dtype=torch.uint8)
-    if not isinstance(flat, PreparedPayload):
-        flat = prepare(flat, max_frame_bytes=max_frame_bytes)
-    numel = flat.tensor.numel()
+    cached = isinstance(flat, PreparedPayload)
+    prepared = flat if isinstance(flat, PreparedPayload) else prepare(flat, max_frame_bytes=max_frame_bytes)
+    numel = prepared.tensor.numel()
     if header.shapes and numel_of(header.shapes) != numel:
         raise ValueError(f"shapes describe {numel_of(header.shapes)} elements but tensor has {numel}")
-    full = Header(
-        type=header.type,
-        worker=header.worker,
-        session=header.session,
-        seq=header.seq,
-        ts=header.ts,
-        model_version=header.model_version,
-        dtype=flat.dtype,
+    full = replace(
+        header,
+        dtype=prepared.dtype,
         shapes=header.shapes or ((numel,),),
-        frame_bytes=tuple(len(f) for f in flat.frames),
-        checksum=flat.checksum,
-        body=header.body,
+        frame_bytes=tuple(len(f) for f in prepared.frames),
+        checksum=0 if key is not None else prepared.checksum,
+        nonce="",
+        mac="",
     )
-    return [_pack_signed(full, flat.frames, key), *flat.frames]
+    out = prepared.zmq_frames if cached and prepared.frames else prepared.frames
+    return [_pack_signed(full, prepared.frames, key), *out]
 
 
 def _pack_signed(header: Header, frames: Sequence[Any], key: bytes | None) -> bytes:
@@ -354,18 +223,23 @@ def _pack_signed(header: Header, frames: Sequence[Any], key: bytes | None) -> by
         return header.pack()
     # Packed with a placeholder of the final length: the MAC covers every
     # header byte before it, then takes its place.
-    raw = replace(header, mac="0" * MAC_HEX_CHARS).pack()
-    return raw[:-MAC_HEX_CHARS] + mac_hex(key, raw[:-MAC_HEX_CHARS], frames).encode()
+    nonce = new_nonce()
+    raw = replace(header, nonce=nonce, mac="0" * MAC_HEX_CHARS).pack()
+    signed = memoryview(raw)[:-MAC_HEX_CHARS]
+    return raw[:-MAC_HEX_CHARS] + mac_hex(key, nonce, signed, frames).encode()
 
 
 def verify_mac(header_frame: Any, header: Header, payload_frames: Sequence[Any], key: bytes) -> bool:
-    """True when the header frame ends in its ``mac`` and that is the HMAC, under ``key``, of
-    every header byte before it and every payload byte. Checked on the received bytes, not a
-    re-encoding: any change to them (a renamed key, another encoding of a value) fails."""
-    raw = bytes(_buffer(header_frame))
-    if len(header.mac) != MAC_HEX_CHARS or raw[-MAC_HEX_CHARS:] != header.mac.encode():
+    """True when the header frame ends in its ``mac`` and that is the tag, under ``key`` and the
+    header's nonce, of every header byte before it and every payload byte. Checked on the received
+    bytes in place, not a re-encoding: any change to them (a renamed key, another encoding of a
+    value) fails."""
+    raw = _buffer(header_frame)
+    if len(header.mac) != MAC_HEX_CHARS or len(header.nonce) != NONCE_HEX_CHARS:
         return False
-    return macs_equal(header.mac, mac_hex(key, raw[:-MAC_HEX_CHARS], payload_frames))
+    if raw[-MAC_HEX_CHARS:] != header.mac.encode():
+        return False
+    return macs_equal(header.mac, mac_hex(key, header.nonce, raw[:-MAC_HEX_CHARS], payload_frames))
 
 
 def _buffer(frame: Any) -> memoryview:
@@ -374,11 +248,15 @@ def _buffer(frame: Any) -> memoryview:
     return frame.buffer  # zmq.Frame received with copy=False
 
 
-def decode(frames: Sequence[Any], *, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, verify_checksum: bool = True) -> Message:
+def decode(frames: Sequence[Any], *, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+           verify_checksum: bool = True, header: Header | None = None) -> Message:
     """Parse and validate the framing of one message (not its meaning).
 
     Raises ProtocolError for anything malformed: bad header, frame count or
-    length mismatch, oversize, unknown dtype, checksum mismatch.
+    length mismatch, oversize, unknown dtype, checksum mismatch. A signed
+    message (one with a ``mac``) is not checksummed here: its receiver checks
+    the MAC (``verify_mac``), which covers the same bytes. ``header``: the
+    already unpacked first frame (the data plane's admission read it).
     """
     if not frames:
         raise ProtocolError(ErrorCode.MALFORMED, "empty message")
@@ -386,7 +264,8 @@ def decode(frames: Sequence[Any], *, max_message_bytes: int = DEFAULT_MAX_MESSAG
     total = sum(len(b) for b in bufs)
     if total > max_message_bytes:
         raise ProtocolError(ErrorCode.TOO_LARGE, f"message of {total} bytes exceeds the limit of {max_message_bytes}")
-    header = Header.unpack(bufs[0])
+    if header is None:
+        header = Header.unpack(bufs[0])
     data = bufs[1:]
     if len(data) != len(header.frame_bytes):
         raise ProtocolError(
@@ -398,7 +277,7 @@ def decode(frames: Sequence[Any], *, max_message_bytes: int = DEFAULT_MAX_MESSAG
     if not data:
         return Message(header)
     dtype = dtype_from_name(header.dtype)
-    item = torch.empty(0, dtype=dtype).element_size()
+    item = dtype.itemsize
     expected = numel_of(header.shapes) * item
     if expected != total - len(bufs[0]):
         raise ProtocolError(
@@ -406,14 +285,10 @@ def decode(frames: Sequence[Any], *, max_message_bytes: int = DEFAULT_MAX_MESSAG
         )
     if any(len(b) % item for b in data):
         raise ProtocolError(ErrorCode.MALFORMED, f"payload frame not a multiple of the {header.dtype} item size")
-    if verify_checksum and checksum_of(data) != header.checksum:
+    if verify_checksum and not header.mac and checksum_of(data) != header.checksum:
         raise ProtocolError(ErrorCode.CHECKSUM, "payload checksum mismatch")
     with warnings.catch_warnings():
         # Received ZeroMQ frames are read-only; we never write through these views.
         warnings.simplefilter("ignore", UserWarning)
         chunks = tuple(torch.frombuffer(b, dtype=dtype) for b in data if len(b))
     return Message(header, Payload(dtype=dtype, chunks=chunks, shapes=header.shapes))
-
-
-def error_frames(code: ErrorCode, message: str, *, seq: int = 0, worker: str = "") -> list[bytes]:
-    return [Header(type=MsgType.ERROR, worker=worker, seq=seq, body={"code": code.value, "message": message}).pack()]

@@ -3,8 +3,8 @@ limits, and the data plane's signature and replay checks.
 
 - Joining needs the operator's join token (``Authorization: Bearer ...``).
   A server refuses to start without one unless it is started ``--insecure``.
-- Registration hands each worker its own secret; the data plane checks an
-  HMAC under it on every message (hermes.common.signing) and refuses
+- Registration hands each worker its own secret; the data plane checks a
+  MAC under it on every message (hermes.common.signing) and refuses
   replays: a (session, seq) pair never counts twice and a message's
   timestamp must be within ``replay_window`` seconds of the server clock.
 - Operator endpoints (``/v1/stop``) need the admin token.

@@ -97,15 +97,15 @@ class DataPlane:
                 continue
             identity = frames[0].bytes
             size = sum(len(f.buffer) for f in frames[1:])
-            refusal = self._admit(identity, frames[1:], size)
-            if refusal is None:
+            admitted = self._admit(identity, frames[1:], size)
+            if isinstance(admitted, Header):
                 self._per_peer[identity] = self._per_peer.get(identity, 0) + 1
                 self.inflight_bytes += size
-                task = asyncio.create_task(self._handle(identity, frames[1:]))
+                task = asyncio.create_task(self._handle(identity, frames[1:], admitted))
                 self._inflight.add(task)
                 task.add_done_callback(functools.partial(self._done, identity=identity, size=size))
             else:
-                code, message = refusal
+                code, message = admitted
                 self.engine.metrics.errors.labels(code=code.value).inc()
                 if self._error_budget.allow("error replies") == 0.0:
                     await self._send(identity, error_frames(code, message, seq=_seq_of(frames[1:])))
@@ -114,8 +114,9 @@ class DataPlane:
             # A ready recv completes without yielding: give the control plane its turn.
             await asyncio.sleep(0)
 
-    def _admit(self, identity: bytes, frames: list, size: int) -> tuple[ErrorCode, str] | None:
-        """None to handle the request, or the (code, message) it is refused with: cheap checks only."""
+    def _admit(self, identity: bytes, frames: list, size: int) -> Header | tuple[ErrorCode, str]:
+        """The request's header to handle it, or the (code, message) it is refused with: cheap checks
+        only. The header is unpacked once, here, and handed on to the engine."""
         if not frames:
             return ErrorCode.MALFORMED, "empty message"
         try:
@@ -134,7 +135,7 @@ class DataPlane:
             log.warning("in-flight memory budget hit: %d + %d bytes > %d; asking the peer to retry",
                         self.inflight_bytes, size, self.max_inflight_bytes)
             return ErrorCode.UNAVAILABLE, "server memory budget for in-flight messages reached, retry later"
-        return None
+        return header
 
     def _done(self, task: asyncio.Task, *, identity: bytes, size: int) -> None:
         self._inflight.discard(task)
@@ -145,9 +146,9 @@ class DataPlane:
         else:
             self._per_peer.pop(identity, None)
 
-    async def _handle(self, identity: bytes, frames: list) -> None:
+    async def _handle(self, identity: bytes, frames: list, header: Header | None = None) -> None:
         try:
-            reply = await self.engine.handle(frames)
+            reply = await self.engine.handle(frames, header)
         except ProtocolError as exc:
             self.engine.metrics.errors.labels(code=exc.code.value).inc()
             if exc.code is ErrorCode.TOO_LARGE:

@@ -123,7 +123,7 @@ class WorkerRecord:
 
     @property
     def key(self) -> bytes:
-        """The data plane's HMAC key: the secret handed out at registration."""
+        """The data plane's MAC key: the secret handed out at registration."""
         return self.token.encode()
 
     @property

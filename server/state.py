@@ -51,14 +51,26 @@ def validate_update(spec: ModelSpec, payload: Payload | None) -> None:
             f"update shapes do not match the model ({len(payload.shapes)} tensors, {payload.numel} elements; "
             f"model has {len(spec.entries)} tensors, {spec.numel} elements)",
         )
+    # One fp32-accumulating pass, the norm (which screening reads too): NaN/Inf make it
+    # non-finite, and so do finite elements beyond ~1.8e19 (their squares overflow; screening
+    # refuses those by their norm). Only then the exact tests, each block's fp32 sum first.
+    if math.isfinite(payload.norm):
+        return
     for _, chunk in payload.offsets():
         for block in _blocks(chunk):
-            # One fp32-accumulating pass: NaN/Inf propagate into the sum. Only
-            # when the sum is not finite do we pay for the exact test.
             if not torch.isfinite(block.sum(dtype=torch.float32)):
                 if not bool(torch.isfinite(block).all()):
                     raise ProtocolError(ErrorCode.NON_FINITE, "update contains NaN or Inf")
                 raise ProtocolError(ErrorCode.NON_FINITE, "update magnitude overflows float32")
+
+
+# While a bound on max |w_i| stays below this, no fold of finite updates can
+# overflow float32 (3.4e38), so the model needs no finiteness pass after a fold.
+_SAFE_MAGNITUDE = 1e37
+
+
+def _amax(flat: torch.Tensor) -> float:
+    return float(flat.abs().max()) if flat.numel() else 0.0
 
 
 class ModelState:
@@ -78,6 +90,11 @@ class ModelState:
         self._good: tuple[int, torch.Tensor] | None = None
         # (bad version, version restored) of each rollback, for the engine to report.
         self.rollbacks: list[tuple[int, int]] = []
+        # Upper bounds on max |w_i| and max |w0_i|: a fold of finite updates grows the model's by
+        # at most sum |weight| * ||delta||_2 (the norm validation computed). While it stays below
+        # _SAFE_MAGNITUDE the model is finite without a pass over it (0.2 ms of a 0.3 ms fold at 1M).
+        self._bound = _amax(self._flat)
+        self._baseline_bound = self._bound
 
     @property
     def version(self) -> int:
@@ -95,6 +112,7 @@ class ModelState:
         """
         with self._lock:
             for payload, weight in updates:
+                self._bound += abs(weight) * payload.norm
                 for off, chunk in payload.offsets():
                     if chunk.dtype == torch.float32:
                         self._flat[off : off + chunk.numel()].add_(chunk, alpha=weight)
@@ -139,6 +157,7 @@ class ModelState:
         if not 0.0 <= weight <= 1.0:
             raise ValueError(f"blend weight {weight} outside [0, 1]")
         with self._lock:
+            self._bound = (1.0 - weight) * self._bound + weight * (self._baseline_bound + payload.norm)
             for off, chunk in payload.offsets():
                 for block in _blocks(chunk):
                     n = block.numel()
@@ -156,11 +175,13 @@ class ModelState:
         Checked under the lock, so no pull or snapshot ever sees the bad model.
         The version still advances: agents pull the restored model as a new one.
         """
-        if bool(torch.isfinite(self._flat.sum())) or bool(torch.isfinite(self._flat).all()):
+        if self._bound < _SAFE_MAGNITUDE:  # False for inf and NaN too
             return
-        good_version, good = self._good if self._good is not None else (0, self._baseline)
-        self._flat.copy_(good)
-        self.rollbacks.append((self._version, good_version))
+        if not (bool(torch.isfinite(self._flat.sum())) or bool(torch.isfinite(self._flat).all())):
+            good_version, good = self._good if self._good is not None else (0, self._baseline)
+            self._flat.copy_(good)
+            self.rollbacks.append((self._version, good_version))
+        self._bound = _amax(self._flat)
 
     def snapshot(self, dtype: torch.dtype = torch.float32) -> tuple[int, torch.Tensor]:
         """An immutable copy of the current model, cached per version and dtype.
@@ -200,3 +221,5 @@ class ModelState:
             self._version = version
             self._snapshots.clear()
             self._good = None
+            self._bound = _amax(self._flat)
+            self._baseline_bound = _amax(self._baseline)

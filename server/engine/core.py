@@ -31,7 +31,7 @@ from hermes.common.sync import Decision, PushInfo
 from hermes.common.task import Direction, Task
 from hermes.common.task_registry import batch_of, resolve_task
 from hermes.common.tensors import flatten, spec_of
-from hermes.common.wire import Payload, dtype_from_name
+from hermes.common.wire import Header, Payload, dtype_from_name
 from hermes.server.auth import ReplayGuard
 from hermes.server.engine.collective import Collective
 from hermes.server.engine.handlers import Handlers
@@ -415,8 +415,9 @@ class Engine:
 
     # ---- the public surface of the rooms ---------------------------------------
 
-    async def handle(self, frames: Sequence[Any]) -> list:
-        return await self.handlers.handle(frames)
+    async def handle(self, frames: Sequence[Any], header: Header | None = None) -> list:
+        """Reply frames for one request; ``header``: its first frame, when the data plane already unpacked it."""
+        return await self.handlers.handle(frames, header)
 
     def register(self, name: str, **info: Any) -> tuple[WorkerRecord, bool]:
         return self.membership.register(name, **info)

@@ -62,14 +62,15 @@ class Handlers:
     def going_away() -> ProtocolError:
         return ProtocolError(ErrorCode.UNAVAILABLE, "server is shutting down; retry after it restarts")
 
-    async def handle(self, frames: Sequence[Any]) -> list:
-        """Reply frames for one request; raises ProtocolError for bad input."""
+    async def handle(self, frames: Sequence[Any], header: Header | None = None) -> list:
+        """Reply frames for one request; raises ProtocolError for bad input. ``header``: the
+        first frame already unpacked (by the data plane's admission), not unpacked again."""
         e = self.e
         size = sum(len(f.buffer) if hasattr(f, "buffer") else len(f) for f in frames)
         e.metrics.bytes_in.inc(size)
         if e.shutting_down:
             raise self.going_away()
-        msg = await offload(size, decode, frames, max_message_bytes=e.max_message_bytes)
+        msg = await offload(size, decode, frames, max_message_bytes=e.max_message_bytes, header=header)
         h = msg.header
         handler = self._by_type.get(h.type)
         if handler is None:

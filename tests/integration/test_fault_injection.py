@@ -177,7 +177,8 @@ HEADER_CASES: dict[str, tuple[Callable[[Any], list[bytes]], ErrorCode]] = {
                               ErrorCode.BAD_REQUEST),
     "reply_type_error": (lambda w: [packed(header_dict(w, type=MsgType.ERROR.value))], ErrorCode.BAD_REQUEST),
     "proto_1_bearer_tokens": (lambda w: [packed(header_dict(w, proto=1))], ErrorCode.UNSUPPORTED_VERSION),
-    "proto_3": (lambda w: [packed(header_dict(w, proto=3))], ErrorCode.UNSUPPORTED_VERSION),
+    "proto_2_hmac_crc": (lambda w: [packed(header_dict(w, proto=2))], ErrorCode.UNSUPPORTED_VERSION),
+    "proto_4": (lambda w: [packed(header_dict(w, proto=4))], ErrorCode.UNSUPPORTED_VERSION),
     "proto_0": (lambda w: [packed(header_dict(w, proto=0))], ErrorCode.UNSUPPORTED_VERSION),
     "unknown_worker": (lambda w: [packed(header_dict(w, worker="w9999"))], ErrorCode.UNKNOWN_WORKER),
     "empty_worker": (lambda w: [packed(header_dict(w, worker="", mac=""))], ErrorCode.UNKNOWN_WORKER),
@@ -252,13 +253,14 @@ PUSH_CASES: dict[str, tuple[Callable[[Any], list[bytes]], ErrorCode]] = {
         lambda w: (lambda f: rewrite_header([f[0], f[1][:6], f[1][6:]], frame_bytes=[6, len(f[1]) - 6]))(
             valid_push_frames(w)),
         ErrorCode.MALFORMED),
-    "bad_checksum_payload_byte": (
+    # Protocol 3: a signed push carries no CRC; its MAC catches any changed byte.
+    "corrupt_payload_byte": (
         lambda w: (lambda f: [f[0], f[1][:100] + bytes([f[1][100] ^ 0x01]) + f[1][101:]])(valid_push_frames(w)),
-        ErrorCode.CHECKSUM),
-    "bad_checksum_header": (
+        ErrorCode.UNAUTHORIZED),
+    "checksum_set_in_signed_header": (
         lambda w: (lambda f: rewrite_header(f, checksum=(msgpack.unpackb(f[0])["checksum"] + 1) % 2**32))(
             valid_push_frames(w)),
-        ErrorCode.CHECKSUM),
+        ErrorCode.UNAUTHORIZED),
     # request body
     "no_payload": (lambda w: w.frames(MsgType.PUSH_UPDATE, None, body={"samples": 1}), ErrorCode.BAD_REQUEST),
     "samples_missing": (lambda w: w.frames(MsgType.PUSH_UPDATE, zeros_delta(w), shapes=w.shapes, body={}),

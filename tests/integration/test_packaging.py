@@ -32,7 +32,9 @@ pytestmark = pytest.mark.slow
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SUBPACKAGES = ("common", "client", "server", "deploy", "common/allocation", "deploy/bench")
 # Heavy server-side modules an agent must never pull in.
-SERVER_ONLY = ("fastapi", "uvicorn", "starlette")
+SERVER_ONLY = ("fastapi", "uvicorn", "starlette",
+               # heavy optional modules an agent never needs: their import is start-up time on a device
+               "kafka", "matplotlib", "sklearn", "prometheus_client", "tensorboard")
 STEP_TIMEOUT_S = 60
 
 

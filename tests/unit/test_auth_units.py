@@ -50,22 +50,40 @@ def _signed(type_=MsgType.PUSH_UPDATE, payload=None, key=KEY, **kw):
 def test_signed_message_verifies_and_every_tamper_fails():
     frames = _signed(payload=torch.arange(10, dtype=torch.float32))
     msg = decode(frames)
-    assert len(msg.header.mac) == 64
+    # Version 3: a 16-byte Poly1305 tag under a one-time key picked by a 16-byte nonce; no CRC.
+    assert len(msg.header.mac) == 32 and len(msg.header.nonce) == 32 and msg.header.checksum == 0
     assert verify_mac(frames[0], msg.header, frames[1:], KEY)
     assert not verify_mac(frames[0], msg.header, frames[1:], b"another key")
     # Every header field is covered: the same header with one field changed, signed by someone
     # without the key (here: re-packed keeping the old MAC) ...
     for field, value in [("worker", "w0002"), ("session", "other"), ("seq", 2), ("ts", 1), ("model_version", 9),
-                         ("body", {"samples": 4}), ("type", MsgType.PULL_MODEL), ("checksum", 5)]:
+                         ("body", {"samples": 4}), ("type", MsgType.PULL_MODEL), ("checksum", 5),
+                         ("nonce", "f" * 32)]:
         forged = replace(msg.header, **{field: value})
         assert not verify_mac(forged.pack(), forged, frames[1:], KEY), field
     # ... and every payload byte.
     flipped = bytearray(frames[1])
     flipped[7] ^= 1
     assert not verify_mac(frames[0], msg.header, [bytes(flipped)], KEY)
-    for mac in ("", "0" * 64):
+    for mac in ("", "0" * 32, "0" * 64):
         forged = replace(msg.header, mac=mac)
         assert not verify_mac(forged.pack(), forged, frames[1:], KEY)
+
+
+def test_every_signed_message_has_a_fresh_nonce_and_tag():
+    """The one-time key must never repeat: the same header signed twice gets two nonces and two tags."""
+    a, b = (decode(_signed(payload=torch.ones(4))).header for _ in range(2))
+    assert a.nonce != b.nonce and a.mac != b.mac
+
+
+def test_version_2_messages_are_refused_with_the_reason():
+    import msgpack
+
+    raw = msgpack.packb({"type": "push_update", "proto": 2, "worker": "w0001", "mac": "0" * 64})
+    with pytest.raises(ProtocolError) as ei:
+        decode([raw])
+    assert ei.value.code is ErrorCode.UNSUPPORTED_VERSION
+    assert "version 2 unsupported; this peer speaks 3" in ei.value.message and "Poly1305" in ei.value.message
 
 
 def test_unsigned_encoding_is_unchanged_and_multiframe_signs_all_frames():

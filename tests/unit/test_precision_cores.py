@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from hermes.client.cores import cgroup_quota, usable_cores
-from hermes.client.precision import candidates, choose, measure, pick_precision
+from hermes.client.precision import cache_path, candidates, choose, measure, pick_precision
 from hermes.common.builtin_task import classification_example
 
 
@@ -55,6 +55,22 @@ def test_pick_precision_forced_and_untimeable():
     assert (choice.precision, choice.how) == ("fp32", "not timed")
     auto = pick_precision("auto", _Tiny(), classification_example((4,), 3), 8, torch.device("cpu"))
     assert auto.how == "measured" and auto.precision in ("fp32", "bf16") and set(auto.report()) == {"fp32", "bf16"}
+
+
+def test_pick_precision_reuses_a_cached_measurement(tmp_path, monkeypatch):
+    cache = tmp_path / "precision.json"
+    first = pick_precision("auto", _Tiny(), classification_example((4,), 3), 8, torch.device("cpu"), cache=cache)
+    assert first.how == "measured" and cache.is_file()
+    again = pick_precision("auto", _Tiny(), classification_example((4,), 3), 8, torch.device("cpu"), cache=cache)
+    assert again.how.endswith("cached") and (again.precision, again.timings) == (first.precision, first.timings)
+    # Another batch is another measurement.
+    assert pick_precision("auto", _Tiny(), classification_example((4,), 3), 16, torch.device("cpu"), cache=cache).how == "measured"
+    cache.write_text("{not json")  # a damaged file is measured over, never an error
+    assert pick_precision("auto", _Tiny(), classification_example((4,), 3), 8, torch.device("cpu"), cache=cache).how == "measured"
+    monkeypatch.setenv("HERMES_PRECISION_CACHE", "off")
+    assert cache_path() is None
+    monkeypatch.setenv("HERMES_PRECISION_CACHE", str(cache))
+    assert cache_path() == cache
 
 
 def _fake(root: Path, files: dict[str, str]) -> Path:

@@ -259,6 +259,27 @@ def test_validate_rejects_overflowing_magnitude():
     assert ei.value.code is ErrorCode.NON_FINITE and "overflow" in ei.value.message
 
 
+def test_validate_accepts_a_finite_update_whose_norm_overflows():
+    d = torch.zeros(N)
+    d[3] = 2e19  # finite, its square is not: left to screening, which refuses it by its (inf) norm
+    p = payload(d)
+    validate_update(SPEC, p)
+    assert p.norm == math.inf
+
+
+def test_fold_that_overflows_is_rolled_back_and_honest_folds_skip_the_model_pass():
+    st = state(torch.ones(N))
+    honest = payload(torch.full((N,), 0.5))
+    st.apply([(honest, 1.0)])
+    assert st.rollbacks == [] and st._bound < 1e37  # bounded: no pass over the model was needed
+    huge = torch.zeros(N)
+    huge[0] = 3e38  # unvalidated (a journal replay, a bug): its norm is inf, so the fold is checked
+    st.apply([(payload(huge), 1.0)])
+    st.apply([(payload(huge), 1.0)])  # 6e38: Inf
+    assert st.rollbacks and bool(torch.isfinite(st.snapshot()[1]).all())
+    assert st._bound < 1e37  # the exact bound is taken again after the check
+
+
 def test_validate_accepts_large_finite_half_values():
     d = torch.full((N,), 65504.0, dtype=torch.float16)  # fp16 max; the fp32 sum is fine
     validate_update(SPEC, payload(d))

@@ -1,0 +1,106 @@
+"""Before/after for ``hermes-bench micro``: a base revision's micro suite and this checkout's, alternated.
+
+    python benchmarks/micro_ab.py --base REV [--repeats 5] [--out DIR] [--full]
+
+The base revision is exported (``git archive``) into a temporary directory
+laid out as the installed ``hermes`` package, and its own
+``benchmarks/micro.py`` runs with that directory first on PYTHONPATH (the
+servers it starts inherit it); this checkout's runs as it is. Runs
+alternate base, this, base, this, ... so load from other processes hits
+both alike. Printed per comparison: the median over the repeats of our time
+and of the ratio to the bare baseline, for each side, and after / before.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("server", "client", "common", "deploy")
+
+
+def export(rev: str, into: Path) -> Path:
+    """``rev``'s tree under ``into/src`` and a ``hermes`` package of it under ``into/pkg``."""
+    src, pkg = into / "src", into / "pkg" / "hermes"
+    src.mkdir(parents=True)
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev], check=True, capture_output=True).stdout
+    tar_path = into / "rev.tar"
+    tar_path.write_bytes(archive)
+    with tarfile.open(tar_path) as tar:
+        tar.extractall(src, filter="data")
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text((src / "hermes" / "__init__.py").read_text())
+    for name in PACKAGES:
+        (pkg / name).symlink_to(src / name, target_is_directory=True)
+    return src
+
+
+def run_once(checkout: Path, pythonpath: Path | None, out: Path, extra: list[str]) -> dict[str, Any]:
+    env = dict(os.environ)
+    if pythonpath is not None:
+        env["PYTHONPATH"] = str(pythonpath) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    # The working directory comes first on the servers' sys.path (python -m): the package
+    # directory for the base, so its ``hermes`` is found and not a checkout's bare hermes/ folder.
+    subprocess.run([sys.executable, str(checkout / "benchmarks" / "micro.py"), "--out", str(out.resolve()), *extra],
+                   check=True, env=env, cwd=str(pythonpath or checkout), stdout=subprocess.DEVNULL)
+    return json.loads((out / "micro.json").read_text())
+
+
+def rows_of(res: dict[str, Any]) -> dict[str, tuple[float, float]]:
+    """comparison -> (our ms, ratio to the bare baseline without authentication)."""
+    out = {}
+    for r in res.get("apply", []):
+        out[f"apply {r['size']} {r['dtype']}"] = (r["decode_validate_apply_ms"], r["ratio_decode_validate_apply"])
+    for r in res.get("dataplane", []):
+        out[f"{r['op']} {r['size']}"] = (r["server_ms"], r["ratio"])
+    for r in res.get("codec", []):
+        out[f"codec {r['op']} {r['dtype']}"] = (r["ms"], r["ratio"])
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--base", required=True, help="git revision to compare against (e.g. main, a commit)")
+    p.add_argument("--repeats", type=int, default=5, help="runs of each side (default 5; medians are reported)")
+    p.add_argument("--out", default="runs/bench-micro-ab", help="directory for every run's micro.json and ab.json")
+    p.add_argument("--full", action="store_true", help="the full suite instead of --quick")
+    args = p.parse_args(argv)
+    extra = ([] if args.full else ["--quick"]) + ["--skip-kafka", "--threads", "1"]
+    out = Path(args.out)
+    runs: dict[str, list[dict[str, Any]]] = {"before": [], "after": []}
+    with tempfile.TemporaryDirectory(prefix="hermes-micro-ab-") as tmp:
+        base_src = export(args.base, Path(tmp))
+        for i in range(args.repeats):
+            for side, checkout, path in (("before", base_src, Path(tmp) / "pkg"), ("after", ROOT, None)):
+                print(f"run {i + 1}/{args.repeats}: {side}", file=sys.stderr, flush=True)
+                runs[side].append(rows_of(run_once(checkout, path, out / f"{side}-{i}", extra)))
+    summary = []
+    for name in runs["after"][0]:
+        if not all(name in r for side in runs.values() for r in side):
+            continue
+        b_ms = statistics.median(r[name][0] for r in runs["before"])
+        a_ms = statistics.median(r[name][0] for r in runs["after"])
+        b_ratio = statistics.median(r[name][1] for r in runs["before"])
+        a_ratio = statistics.median(r[name][1] for r in runs["after"])
+        summary.append({"comparison": name, "before_ms": b_ms, "after_ms": a_ms, "before_ratio": b_ratio,
+                        "after_ratio": a_ratio, "after_over_before": a_ms / b_ms})
+    (out / "ab.json").write_text(json.dumps({"base": args.base, "repeats": args.repeats, "rows": summary}, indent=1))
+    print(f"{'comparison':40s} {'before ms':>10s} {'after ms':>10s} {'after/before':>13s} "
+          f"{'x bare before':>14s} {'x bare after':>13s}")
+    for s in summary:
+        print(f"{s['comparison']:40s} {s['before_ms']:10.2f} {s['after_ms']:10.2f} {s['after_over_before']:13.2f} "
+              f"{s['before_ratio']:14.2f} {s['after_ratio']:13.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

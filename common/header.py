@@ -1,0 +1,218 @@
+"""The data plane's header frame: message types, error codes, wire dtypes and the ``Header`` record.
+
+The wire format as a whole (frames, MAC, checksum) is documented in
+``hermes.common.wire``, which re-exports every name here.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+import torch
+
+# 3: one Poly1305 MAC (one-time key per message, nonce in the header) replaced
+#    HMAC-SHA256 + CRC32C over the same bytes; the CRC stays for unsigned messages.
+# 2: per-message HMAC (mac, session, ts) replaced the bearer token of version 1.
+PROTOCOL_VERSION = 3
+MAX_FRAME_BYTES = 32 * 1024 * 1024
+MAX_HEADER_BYTES = 64 * 1024
+DEFAULT_MAX_MESSAGE_BYTES = 512 * 1024 * 1024
+
+
+class MsgType(str, enum.Enum):
+    PUSH_UPDATE = "push_update"
+    PUSH_REPLY = "push_reply"
+    PULL_MODEL = "pull_model"
+    MODEL = "model"
+    REQUEST_WORK = "request_work"
+    WORK = "work"
+    FETCH_SHARD = "fetch_shard"
+    SHARD = "shard"
+    REPORT_STATS = "report_stats"
+    STATS_ACK = "stats_ack"
+    ERROR = "error"
+
+
+REQUEST_TYPES = frozenset(
+    {MsgType.PUSH_UPDATE, MsgType.PULL_MODEL, MsgType.REQUEST_WORK, MsgType.FETCH_SHARD, MsgType.REPORT_STATS}
+)
+_TYPES = {t.value: t for t in MsgType}
+
+
+class ErrorCode(str, enum.Enum):
+    MALFORMED = "malformed"
+    UNKNOWN_TYPE = "unknown_type"
+    UNSUPPORTED_VERSION = "unsupported_version"
+    UNKNOWN_WORKER = "unknown_worker"
+    UNAUTHORIZED = "unauthorized"
+    REPLAY = "replay"
+    BAD_SHAPE = "bad_shape"
+    BAD_DTYPE = "bad_dtype"
+    NON_FINITE = "non_finite"
+    TOO_LARGE = "too_large"
+    CHECKSUM = "checksum"
+    BAD_REQUEST = "bad_request"
+    STALE = "stale"
+    UNAVAILABLE = "unavailable"
+    INTERNAL = "internal"
+
+
+class ProtocolError(Exception):
+    """A message that violates the wire contract; carries the code to reply with."""
+
+    def __init__(self, code: ErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+    def __str__(self) -> str:
+        return f"{self.code.value}: {self.message}"
+
+
+# Wire dtype names. bf16 has no numpy twin, so everything goes through torch.
+_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float64": torch.float64,
+    "int64": torch.int64,
+    "int32": torch.int32,
+    "int16": torch.int16,
+    "uint8": torch.uint8,
+    "int8": torch.int8,
+}
+_DTYPE_NAMES = {v: k for k, v in _DTYPES.items()}
+FLOAT_WIRE_DTYPES = frozenset({"float32", "float16", "bfloat16"})
+
+
+def dtype_from_name(name: str) -> torch.dtype:
+    try:
+        return _DTYPES[name]
+    except KeyError:
+        raise ProtocolError(ErrorCode.BAD_DTYPE, f"unknown dtype {name!r}; known: {sorted(_DTYPES)}") from None
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    try:
+        return _DTYPE_NAMES[dtype]
+    except KeyError:
+        raise ProtocolError(ErrorCode.BAD_DTYPE, f"dtype {dtype} cannot travel on the wire") from None
+
+
+def numel_of(shapes: Sequence[Sequence[int]]) -> int:
+    return sum(math.prod(s) for s in shapes)
+
+
+@dataclass(frozen=True)
+class Header:
+    type: MsgType
+    worker: str = ""
+    # Random per connection; (session, seq) is strictly increasing and ts (ms,
+    # server clock) fresh, which is how replays are told apart.
+    session: str = ""
+    seq: int = 0
+    ts: int = 0
+    model_version: int = 0
+    dtype: str = ""
+    shapes: tuple[tuple[int, ...], ...] = ()
+    frame_bytes: tuple[int, ...] = ()
+    # CRC32C of the payload in unsigned messages; 0 in signed ones, whose MAC covers the payload.
+    checksum: int = 0
+    body: dict[str, Any] = field(default_factory=dict)
+    proto: int = PROTOCOL_VERSION
+    # Signed messages: a fresh random nonce (hex) picks the MAC's one-time key.
+    nonce: str = ""
+    # Poly1305 tag (hex) over the packed header up to this value (always the
+    # last entry, so its characters end the frame) and the payload.
+    mac: str = ""
+
+    def pack(self) -> bytes:
+        return msgpack.packb(
+            {
+                "type": self.type.value,
+                "proto": self.proto,
+                "worker": self.worker,
+                "session": self.session,
+                "seq": self.seq,
+                "ts": self.ts,
+                "model_version": self.model_version,
+                "dtype": self.dtype,
+                "shapes": [list(s) for s in self.shapes],
+                "frame_bytes": list(self.frame_bytes),
+                "checksum": self.checksum,
+                "body": self.body,
+                "nonce": self.nonce,
+                "mac": self.mac,
+            },
+            use_bin_type=True,
+        )
+
+    @classmethod
+    def unpack(cls, raw: bytes | memoryview) -> Header:
+        if len(raw) > MAX_HEADER_BYTES:
+            raise ProtocolError(ErrorCode.TOO_LARGE, f"header of {len(raw)} bytes exceeds {MAX_HEADER_BYTES}")
+        try:
+            obj = msgpack.unpackb(raw, raw=False, strict_map_key=True, max_bin_len=0, max_ext_len=0)
+        except Exception as exc:  # msgpack raises a zoo of types for garbage
+            raise ProtocolError(ErrorCode.MALFORMED, f"header is not msgpack: {exc}") from None
+        if not isinstance(obj, dict):
+            raise ProtocolError(ErrorCode.MALFORMED, "header must be a msgpack map")
+        proto = _field(obj, "proto", int)
+        if proto != PROTOCOL_VERSION:
+            raise ProtocolError(
+                ErrorCode.UNSUPPORTED_VERSION,
+                f"data-plane protocol version {proto} unsupported; this peer speaks {PROTOCOL_VERSION}"
+                + (" (version 3 signs with Poly1305 instead of HMAC-SHA256 + CRC32C: install the same "
+                   "hermes-edge release on server and agents)" if proto == 2 else ""),
+            )
+        type_name = _field(obj, "type", str)
+        msg_type = _TYPES.get(type_name)
+        if msg_type is None:
+            raise ProtocolError(ErrorCode.UNKNOWN_TYPE, f"unknown message type {type_name!r}")
+        shapes = []
+        for s in _field(obj, "shapes", list, default=[]):
+            if not isinstance(s, list) or not all(type(d) is int and d >= 0 for d in s):
+                raise ProtocolError(ErrorCode.MALFORMED, f"shape {s!r} is not a list of non-negative ints")
+            shapes.append(tuple(s))
+        frame_bytes = _field(obj, "frame_bytes", list, default=[])
+        if not all(type(n) is int and n >= 0 for n in frame_bytes):
+            raise ProtocolError(ErrorCode.MALFORMED, "frame_bytes must be non-negative ints")
+        return cls(
+            type=msg_type,
+            proto=proto,
+            worker=_field(obj, "worker", str, default=""),
+            session=_field(obj, "session", str, default=""),
+            seq=_field(obj, "seq", int, default=0),
+            ts=_field(obj, "ts", int, default=0),
+            model_version=_field(obj, "model_version", int, default=0),
+            dtype=_field(obj, "dtype", str, default=""),
+            shapes=tuple(shapes),
+            frame_bytes=tuple(frame_bytes),
+            checksum=_field(obj, "checksum", int, default=0),
+            body=_field(obj, "body", dict, default={}),
+            nonce=_field(obj, "nonce", str, default=""),
+            mac=_field(obj, "mac", str, default=""),
+        )
+
+
+_MISSING = object()
+
+
+def _field(obj: dict, key: str, kind: type, default: Any = _MISSING) -> Any:
+    if key not in obj:
+        if default is _MISSING:
+            raise ProtocolError(ErrorCode.MALFORMED, f"header field {key!r} is missing")
+        return default
+    value = obj[key]
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise ProtocolError(ErrorCode.MALFORMED, f"header field {key!r} must be {kind.__name__}, got {type(value).__name__}")
+    return value
+
+
+def error_frames(code: ErrorCode, message: str, *, seq: int = 0, worker: str = "") -> list[bytes]:
+    return [Header(type=MsgType.ERROR, worker=worker, seq=seq, body={"code": code.value, "message": message}).pack()]
