@@ -116,7 +116,7 @@ def _fmt(v: Any) -> str:
 def flat_spec(n: int):
     from hermes.common.tensors import ModelSpec
 
-    return ModelSpec(name="flat", input_shape=(1,), num_classes=1, kwargs={}, entries=(("w", (n,)),))
+    return ModelSpec(name="flat", entries=(("w", (n,)),))
 
 
 def bench_apply(repeats: int, sizes: tuple[str, ...] = tuple(SIZES)) -> list[dict[str, Any]]:

@@ -109,6 +109,7 @@ def bench_evaluator(repeats: int, dataset: str = "digits", model_name: str = "cn
 
     from hermes.common.datasets import load_dataset
     from hermes.common.models import build_model
+    from hermes.common.task import Task
     from hermes.common.tensors import flatten, spec_of
     from hermes.server.evaluator import Evaluator
     from hermes.server.state import ModelState
@@ -116,9 +117,10 @@ def bench_evaluator(repeats: int, dataset: str = "digits", model_name: str = "cn
     train, test = load_dataset(dataset, seed=0)
     torch.manual_seed(0)
     model = build_model(model_name, input_shape=train.input_shape, num_classes=train.num_classes)
-    spec = spec_of(model, model_name, train.input_shape, train.num_classes)
+    spec = spec_of(model, model_name)
     state = ModelState(spec, flatten(model))
-    ev = Evaluator(spec, state, test, max_samples=max_samples, interval=3600.0)
+    task = Task(model=lambda: build_model(model_name, input_shape=train.input_shape, num_classes=train.num_classes))
+    ev = Evaluator(task, spec, state, test, max_samples=max_samples, interval=3600.0)
     bare_model = build_model(model_name, input_shape=train.input_shape, num_classes=train.num_classes).eval()
     x, y = ev.x, ev.y
     zero = _payload(torch.zeros(spec.numel))

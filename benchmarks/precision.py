@@ -23,6 +23,7 @@ import time
 import torch
 
 from hermes.client.precision import candidates, choose, measure
+from hermes.common.builtin_task import classification_example
 from hermes.common.models import build_model
 
 MODELS = (
@@ -45,7 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     precisions = candidates(device)
-    measure(build_model("mlp", input_shape=(1, 40), num_classes=10), (1, 40), 10, args.batch, device, precisions)
+    measure(build_model("mlp", input_shape=(1, 40), num_classes=10), classification_example((1, 40), 10), args.batch,
+            device, precisions)
     print(f"device {device}, {args.threads} thread(s), batch {args.batch}, medians of {args.repeats} measurements")
     print(f"{'model':<10} {'data':<8} " + " ".join(f"{p + ' ms':>10}" for p in precisions)
           + f" {'choice':>7} {'measure s':>10}")
@@ -54,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         runs, seconds = [], []
         for _ in range(args.repeats):
             t0 = time.perf_counter()
-            runs.append(measure(model, shape, 10, args.batch, device, precisions))
+            runs.append(measure(model, classification_example(shape, 10), args.batch, device, precisions))
             seconds.append(time.perf_counter() - t0)
         timings = {p: statistics.median(r[p] for r in runs) for p in precisions}
         print(f"{name:<10} {data:<8} " + " ".join(f"{timings[p] * 1e3:>10.2f}" for p in precisions)

@@ -38,7 +38,10 @@ from hermes.client.transport import (
     TrafficCounter,
     tls_context,
 )
+from hermes.common.config import RunConfig
 from hermes.common.policies import base as registry
+from hermes.common.task import Task, fingerprint
+from hermes.common.task_registry import check_task, resolve_task
 from hermes.common.wire import ErrorCode
 
 __all__ = ["Agent", "AgentOptions", "AgentStats"]
@@ -77,6 +80,9 @@ class AgentOptions:
     ssl_keyfile: str | None = None
     # Registrations after the first (server restarted, or it marked us lost) before giving up.
     max_rejoins: int = 100
+    # The task: a reference (MODULE:ATTR, FILE.py:ATTR, an installed name) or a Task object
+    # (in-process runs); None: the reference in the server's run config.
+    task: str | Task | None = None
 
     def slowdown_at(self, elapsed: float) -> float:
         factor = self.slowdown
@@ -119,6 +125,9 @@ class Agent:
         self.validation: tuple[np.ndarray, np.ndarray] | None = None
         # The current registration; None before the first one.
         self.session: Session | None = None
+        # What registration states about the task (set by _load_task).
+        self.task_name: str | None = None
+        self.task_fingerprint: str | None = None
 
     def request_stop(self, reason: str) -> None:
         self.stop_reason = reason
@@ -134,10 +143,11 @@ class Agent:
                  "forced" if opts.threads else "the usable cores", self.cores.count, self.cores.affinity,
                  "none" if self.cores.quota is None else f"{self.cores.quota:g}")
         device = resolve_device(opts.device)
+        task, model = self._load_task()
         session = self._register(device)
-        job = Job.from_registration(session.reg, session.worker_id, device, opts.slowdown)
-        log.info("registered as %s (%s); preset=%s model=%s (%d params) precision=%s device=%s data plane %s",
-                 session.worker_id, opts.name, job.config.preset, job.spec.name, job.spec.numel,
+        job = Job.from_registration(session.reg, session.worker_id, device, opts.slowdown, task, model)
+        log.info("registered as %s (%s); preset=%s task=%s model=%s (%d params) precision=%s device=%s data plane %s",
+                 session.worker_id, opts.name, job.config.preset, task.name, job.spec.name, job.spec.numel,
                  job.precision_choice.describe() if job.precision_choice else job.precision, device,
                  session.address)
         if job.data_source.get("source") == "kafka":
@@ -163,6 +173,19 @@ class Agent:
                 sys.stderr.write("\n")
         return self.stats
 
+    def _load_task(self) -> tuple[Task, torch.nn.Module]:
+        """The agent's task, checked before registering (TaskError: a one-line start-up error).
+
+        Built with the server's run config (the builtin task reads its model
+        and dataset keys); the reference defaults to the one the server names.
+        """
+        config = RunConfig(**self.control.run_config())
+        ref = self.options.task if self.options.task is not None else config.task
+        task = resolve_task(ref, config)
+        model = check_task(task, config, role="agent", worker=self.options.name)
+        self.task_name, self.task_fingerprint = task.name, fingerprint(model)
+        return task, model
+
     def _register(self, device: torch.device, previous: Session | None = None) -> Session:
         """A new registration (with backoff while a restarting server comes back)."""
         hints: dict[str, Any] = {"torch": torch.__version__, "memory_available_bytes": available_memory_bytes(device),
@@ -171,7 +194,8 @@ class Agent:
             hints["cores"] = self.options.cores
         try:
             reg = self.control.register(name=self.options.name, threads=self.threads, device=device.type,
-                                        slowdown=self.options.slowdown, hints=hints)
+                                        slowdown=self.options.slowdown, hints=hints, task=self.task_name,
+                                        task_fingerprint=self.task_fingerprint)
         except RemoteError as exc:
             if exc.code == "http_410":
                 self.stop_reason = "the server's run is over"
@@ -210,6 +234,8 @@ class Agent:
             if self.stop_requested.is_set():
                 return
             self._rejoin(session, device, reason)
+            # A new registration starts from the global model: moments gathered before are stale.
+            job.trainer.reset_state()
 
     def _rejoin(self, old: Session, device: torch.device, reason: str) -> None:
         self.rejoins += 1
@@ -235,8 +261,8 @@ class Agent:
     def _train(self, job: Job, session: Session, device: torch.device) -> None:
         if registry.get("allocation", job.config.allocation).needs_memory_profile:
             # The allocator caps each worker's batch by its memory (OmniLearn Eq. 9).
-            self.report(job, session, memory_profile=memory_profile(job.trainer.model, job.spec.input_shape,
-                                                                    job.spec.num_classes, device))
+            self.report(job, session, memory_profile=memory_profile(job.trainer.model, job.example, device,
+                                                                    loss=job.trainer.loss_fn))
         if session.rendezvous:
             # A broken group re-forms through the regroup call, not by registering again.
             AllReduce(self, job, session, session.rendezvous).train()

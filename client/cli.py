@@ -80,6 +80,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="client certificate, for servers that require one [HERMES_SSL_CERTFILE]")
     p.add_argument("--ssl-keyfile", default=_env("SSL_KEYFILE"), metavar="PEM",
                    help="private key of --ssl-certfile [HERMES_SSL_KEYFILE]")
+    p.add_argument("--task", default=_env("TASK"), metavar="REF",
+                   help="the task to train: MODULE:ATTR, path/to/file.py:ATTR or an installed task name; it must be "
+                        "the server's (checked at registration). Default: the reference the server names "
+                        "[HERMES_TASK]")
     p.add_argument("--max-cycles", type=int, default=None, help="stop after this many training cycles")
     p.add_argument("--no-progress", action="store_true", help="no status line")
     p.add_argument("--log-level", default=_env("LOG_LEVEL", "info"), choices=["debug", "info", "warning", "error"])
@@ -130,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         kafka_bootstrap=args.kafka_bootstrap or None, cores=args.cores, schedule_origin=args.schedule_origin,
         join_token=join_token,
         ssl_ca_certfile=args.ssl_ca_certfile, ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile,
+        task=args.task or None,
     ))
 
     def on_signal(signum, _frame):
@@ -151,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     except CollectiveError as exc:
         print(f"hermes-client: the collective group failed: {exc}", file=sys.stderr)
         return EXIT_GROUP
-    except ValueError as exc:
+    except ValueError as exc:  # a bad task (TaskError) or run config: before registering
         print(f"hermes-client: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     logging.getLogger("hermes.client").info(

@@ -12,17 +12,20 @@ buffers, the input batch, and every tensor autograd saves for backward
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from hermes.common.task import LossFn
 
 log = logging.getLogger(__name__)
 
 PROBE_BATCHES = (2, 4, 8)
 
 
-def _step_bytes_cpu(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> int:
+def _step_bytes_cpu(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn: LossFn) -> int:
     storages: dict[int, int] = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
@@ -31,36 +34,37 @@ def _step_bytes_cpu(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> int:
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        loss = F.cross_entropy(model(x), y)
+        loss = loss_fn(model(x), y)
     loss.backward()
     state = sum(p.numel() * p.element_size() for p in model.parameters())
     # parameters + gradients + one momentum buffer (SGD); the batch; the saved activations.
     return 3 * state + x.numel() * x.element_size() + sum(storages.values())
 
 
-def _step_bytes_cuda(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> int:
+def _step_bytes_cuda(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn: LossFn) -> int:
     torch.cuda.synchronize(x.device)
     torch.cuda.reset_peak_memory_stats(x.device)
-    loss = F.cross_entropy(model(x), y)
+    loss = loss_fn(model(x), y)
     loss.backward()
     torch.cuda.synchronize(x.device)
     # Momentum buffers are allocated at the first optimizer step, which this probe does not take.
     return torch.cuda.max_memory_allocated(x.device) + sum(p.numel() * p.element_size() for p in model.parameters())
 
 
-def memory_profile(model: nn.Module, input_shape: tuple[int, ...], num_classes: int, device: torch.device,
-                   batches: tuple[int, ...] = PROBE_BATCHES) -> list[tuple[int, int]]:
-    """[(batch, bytes of one training step)] at a few batch sizes; gradients are cleared afterwards."""
+def memory_profile(model: nn.Module, example: Callable[[int], tuple[torch.Tensor, torch.Tensor]],
+                   device: torch.device, batches: tuple[int, ...] = PROBE_BATCHES,
+                   loss: LossFn = F.cross_entropy) -> list[tuple[int, int]]:
+    """[(batch, bytes of one training step)] at a few batch sizes, on ``example(b)`` batches of the task's
+    data with its loss; gradients are cleared afterwards."""
     measure = _step_bytes_cuda if device.type == "cuda" else _step_bytes_cpu
     out = []
     was_training = model.training
     model.train()
     try:
         for b in batches:
-            x = torch.randn((b, *input_shape), device=device)
-            y = torch.randint(0, num_classes, (b,), device=device)
+            x, y = (t.to(device) for t in example(b))
             model.zero_grad(set_to_none=True)
-            out.append((b, int(measure(model, x, y))))
+            out.append((int(len(y)), int(measure(model, x, y, loss))))
     finally:
         model.zero_grad(set_to_none=True)
         model.train(was_training)

@@ -7,6 +7,7 @@ on CPU ran the built-in models 1.6-2.9x slower than fp32 on a 2-core EPYC
 run's model is known: ``measure`` trains a deep copy of the model (its own
 optimizer, synthetic inputs of the model's shape, the run's batch size) for
 a warm-up step and a few timed steps per candidate, and ``choose`` picks.
+The steps run on a batch of the task's own example data with its loss and optimizer.
 
 ``choose`` keeps fp32 unless another precision is clearly faster (its
 median step at least ``margin`` = 5% quicker): lower precision costs
@@ -24,18 +25,22 @@ import logging
 import math
 import statistics
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from hermes.client.trainer import LocalTrainer
+from hermes.common.task import LossFn, OptimizerFn
 
 log = logging.getLogger(__name__)
 
 __all__ = ["PrecisionChoice", "candidates", "choose", "measure", "pick_precision"]
+
+# n -> a batch of n (input, target) pairs shaped like the task's data (hermes.common.task_registry.example_batch).
+Example = Callable[[int], tuple[torch.Tensor, torch.Tensor]]
 
 # A precision must beat fp32 by this fraction of fp32's step time to be chosen.
 MARGIN = 0.05
@@ -91,9 +96,10 @@ def choose(timings: Mapping[str, float], *, margin: float = MARGIN) -> str:
     return fastest if finite[fastest] <= (1.0 - margin) * base else "fp32"
 
 
-def measure(model: nn.Module, input_shape: Sequence[int], num_classes: int, batch_size: int,
+def measure(model: nn.Module, example: Example, batch_size: int,
             device: torch.device, precisions: Sequence[str], *, steps: int = 3,
-            budget_seconds: float = 0.8) -> dict[str, float]:
+            budget_seconds: float = 0.8, loss: LossFn = F.cross_entropy,
+            optimizer: OptimizerFn | None = None) -> dict[str, float]:
     """Median seconds per training step of a copy of ``model`` in each precision.
 
     The model itself is never trained: each precision trains its own deep
@@ -104,15 +110,15 @@ def measure(model: nn.Module, input_shape: Sequence[int], num_classes: int, batc
     a step alone is longer). A step whose loss is not finite makes the
     precision's time inf (unsafe).
     """
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((batch_size, *input_shape)).astype(np.float32)
-    y = rng.integers(0, num_classes, size=batch_size).astype(np.int64)
+    xt, yt = example(batch_size)
+    x, y = xt.cpu().numpy(), yt.cpu().numpy()
+    batch_size = max(1, min(batch_size, len(y)))
     share = budget_seconds / max(1, len(precisions))
     out: dict[str, float] = {}
     probes: dict[str, float] = {}
     for precision in precisions:
-        trainer = LocalTrainer(copy.deepcopy(model), lr=0.01, momentum=0.0, weight_decay=0.0, device=device,
-                               precision=precision)
+        trainer = LocalTrainer(copy.deepcopy(model), lr=0.01, device=device, precision=precision, loss=loss,
+                               optimizer=optimizer)
         # A two-sample probe step first: a precision already twice as slow as the first
         # one there is not run at full batch (bf16 resnet18 on a 2-core EPYC: 64 s a
         # step against fp32's 2.3 s); its time is the first's scaled by the probes' ratio.
@@ -141,13 +147,13 @@ def measure(model: nn.Module, input_shape: Sequence[int], num_classes: int, batc
     return out
 
 
-def pick_precision(requested: str, model: nn.Module, input_shape: Sequence[int], num_classes: int,
-                   batch_size: int, device: torch.device) -> PrecisionChoice:
+def pick_precision(requested: str, model: nn.Module, example: Example, batch_size: int, device: torch.device,
+                   *, loss: LossFn = F.cross_entropy, optimizer: OptimizerFn | None = None) -> PrecisionChoice:
     """``requested`` when forced; for ``auto``, the measured choice (fp32 if the model cannot be timed)."""
     if requested != "auto":
         return PrecisionChoice(requested, how="forced")
     try:
-        timings = measure(model, input_shape, num_classes, batch_size, device, candidates(device))
+        timings = measure(model, example, batch_size, device, candidates(device), loss=loss, optimizer=optimizer)
     except (RuntimeError, ValueError, TypeError) as exc:
         # A task whose inputs are not float tensors of input_shape (token ids, say) cannot be
         # timed on synthetic data: train in fp32, the safe precision.

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 import zmq
+from torch import nn
 
 from hermes.client.collective import CollectiveGroup
 from hermes.client.heartbeat import Heartbeat
@@ -36,7 +37,9 @@ from hermes.common.config import RunConfig
 from hermes.common.gate import ZScoreGate
 from hermes.common.policies import base as registry
 from hermes.common.signing import ServerClock
-from hermes.common.tensors import ModelSpec, build_from_spec
+from hermes.common.task import Task
+from hermes.common.task_registry import example_batch
+from hermes.common.tensors import ModelSpec, build_checked
 from hermes.common.wire import MsgType, dtype_from_name
 
 log = logging.getLogger(__name__)
@@ -83,27 +86,43 @@ class Job:
     data_source: dict[str, Any]
     # How precision was chosen, with the step timings when measured (precision auto).
     precision_choice: PrecisionChoice | None = None
+    # The agent's own copy of the task (never sent), and its local data when the task has some.
+    task: Task | None = None
+    local_data: Any = None
+
+    def example(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """n (input, target) pairs shaped like the task's data: for the memory probe."""
+        assert self.task is not None
+        return example_batch(self.task, n, self.local_data)
 
     @classmethod
     def from_registration(cls, reg: dict[str, Any], worker_id: str, device: torch.device,
-                          slowdown: float) -> Job:
+                          slowdown: float, task: Task, model: nn.Module | None = None,
+                          local_data: Any = None) -> Job:
+        """The job of the first registration; ``model`` is the task's model the start-up check built."""
         spec = ModelSpec.from_dict(reg["model_spec"])
         config = RunConfig(**reg["run_config"])
-        model = build_from_spec(spec)
+        built = model
+        model = build_checked(task.model if built is None else (lambda: built), spec)
+
+        def example(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+            return example_batch(task, n, local_data)
+
         # Timed on copies of the model before training starts: the model itself is untouched.
-        choice = pick_precision(config.precision, model, spec.input_shape, spec.num_classes, config.batch_size,
-                                device)
+        choice = pick_precision(config.precision, model, example, config.batch_size, device, loss=task.loss,
+                                optimizer=task.optimizer)
         precision = resolve_precision(choice.precision, device)
         trainer = LocalTrainer(
             model, lr=config.lr, momentum=config.momentum,
             weight_decay=config.weight_decay, device=device, precision=precision,
-            slowdown=slowdown, seed=zlib.crc32(worker_id.encode()),
+            slowdown=slowdown, seed=zlib.crc32(worker_id.encode()), loss=task.loss, optimizer=task.optimizer,
         )
         gate: ZScoreGate | None = registry.make("gate", config)
         return cls(spec=spec, config=config, precision=precision, wire_dtype=dtype_from_name(config.wire_dtype),
                    trainer=trainer, gate=gate, from_baseline=registry.get("aggregation", config.aggregation).update_from_baseline,
                    validation_shards=list(reg["validation_shards"]),
-                   data_source=reg.get("data_source") or {"source": "zmq"}, precision_choice=choice)
+                   data_source=reg.get("data_source") or {"source": "zmq"}, precision_choice=choice,
+                   task=task, local_data=local_data)
 
 
 class Session:

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hermes.common.task import LossFn, OptimizerFn
 from hermes.common.tensors import flatten, load_flat
 
 log = logging.getLogger(__name__)
@@ -68,31 +69,66 @@ class CycleResult:
 GradHook = Callable[[Sequence[nn.Parameter], int], bool]
 
 
+# A pulled model this far from the local one (relative L2 distance) resets the optimizer's state:
+# moments gathered around a point that far away describe another region of the loss surface.
+RESET_JUMP = 0.5
+
+
 class LocalTrainer:
+    """The agent's model, loss and optimizer.
+
+    Optimizer state (momentum, Adam's moments) stays on the agent across
+    pulls: a pull moves the weights by the other workers' recent updates,
+    small next to the distance the moments average over, and restarting
+    Adam's bias correction every cycle would make each cycle's first steps
+    full-lr steps in every coordinate. It is cleared when the pulled model
+    jumps far (``RESET_JUMP``) and when the agent registers again. Only
+    weights ever leave the agent: the server folds weight changes, whatever
+    optimizer produced them, so its aggregation rules hold unchanged.
+    """
+
     def __init__(
         self,
         model: nn.Module,
         *,
         lr: float,
-        momentum: float,
-        weight_decay: float,
+        momentum: float = 0.0,
+        weight_decay: float = 0.0,
         device: torch.device,
         precision: str,
         slowdown: float = 1.0,
         seed: int = 0,
+        loss: LossFn = F.cross_entropy,
+        optimizer: OptimizerFn | None = None,
     ) -> None:
         self.device = device
         self.model = model.to(device)
         self.precision = precision
         self.slowdown = slowdown
-        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
+        self.loss_fn = loss
+        if optimizer is None:
+            self.optimizer: torch.optim.Optimizer = torch.optim.SGD(
+                self.model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
+        else:
+            self.optimizer = optimizer(self.model.parameters())
+        # The run config's lr, which the server's lr policy scales (work.lr); a task's optimizer
+        # keeps its own per-group rates, scaled by the same factor.
+        self.base_lr = lr
+        self._group_lrs = [float(g["lr"]) for g in self.optimizer.param_groups]
+        self.state_resets = 0
         # Loss scaling only matters for fp16 gradients on CUDA.
         self.scaler = torch.amp.GradScaler("cuda", enabled=(precision == "fp16" and device.type == "cuda"))
         self.rng = np.random.default_rng(seed)
 
     def set_lr(self, lr: float) -> None:
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        """The server's rate for this cycle: the optimizer's own rates scaled by ``lr / base_lr``."""
+        for group, own in zip(self.optimizer.param_groups, self._group_lrs):
+            group["lr"] = lr if own == self.base_lr else own * (lr / self.base_lr)
+
+    def reset_state(self) -> None:
+        """Forget the optimizer's state (moments, momentum buffers)."""
+        self.optimizer.state.clear()
+        self.state_resets += 1
 
     def _autocast(self) -> contextlib.AbstractContextManager[object]:
         dtype = _AUTOCAST_DTYPES.get(self.precision)
@@ -142,7 +178,7 @@ class LocalTrainer:
                 xb = xt[idx].to(self.device, non_blocking=True)
                 yb = yt[idx].to(self.device, non_blocking=True)
                 with self._autocast():
-                    loss = F.cross_entropy(self.model(xb), yb)
+                    loss = self.loss_fn(self.model(xb), yb)
                 scale(loss * (len(idx) / len(chunk))).backward()
                 total_loss += float(loss.detach())
                 micro += 1
@@ -167,13 +203,14 @@ class LocalTrainer:
 
     @torch.inference_mode()
     def evaluate(self, x: np.ndarray, y: np.ndarray, batch_size: int = 512) -> float:
-        """Mean cross-entropy of the local model on a held-out split (the gate's input)."""
+        """Mean task loss of the local model on a held-out split (the gate's input)."""
         self.model.eval()
         xt, yt = torch.from_numpy(x), torch.from_numpy(y)
         total = 0.0
         for i in range(0, len(yt), batch_size):
-            logits = self.model(xt[i : i + batch_size].to(self.device)).float()
-            total += float(F.cross_entropy(logits, yt[i : i + batch_size].to(self.device), reduction="sum"))
+            out = self.model(xt[i : i + batch_size].to(self.device)).float()
+            yb = yt[i : i + batch_size].to(self.device)
+            total += float(self.loss_fn(out, yb)) * len(yb)
         return total / max(1, len(yt))
 
     def _emulate_slowdown(self, t0: float, cpu0: float) -> None:
@@ -198,4 +235,11 @@ class LocalTrainer:
         return flatten(self.model).cpu()
 
     def load(self, flat: torch.Tensor) -> None:
-        load_flat(self.model, flat.to(self.device))
+        """The pulled model's weights; the optimizer's state is kept unless the model jumped far."""
+        flat = flat.to(self.device)
+        if self.optimizer.state:
+            here = flatten(self.model)
+            if float(torch.linalg.vector_norm(flat - here)) > RESET_JUMP * max(float(torch.linalg.vector_norm(here)), 1e-12):
+                log.info("pulled model is far from the local one: optimizer state reset")
+                self.reset_state()
+        load_flat(self.model, flat)

@@ -42,6 +42,15 @@ from hermes.common.wire import (
 log = logging.getLogger(__name__)
 
 
+def _detail(body: str) -> str:
+    """FastAPI's {"detail": "..."} as its text; any other body as it is."""
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        return body
+    return parsed["detail"] if isinstance(parsed, dict) and isinstance(parsed.get("detail"), str) else body
+
+
 class ServerUnreachable(Exception):
     """The server did not answer within the retry budget."""
 
@@ -106,7 +115,7 @@ class ControlClient:
                 with urllib.request.urlopen(req, timeout=timeout or self.timeout, context=self.ssl_context) as resp:
                     return json.loads(resp.read() or b"null")
             except urllib.error.HTTPError as exc:
-                detail = exc.read().decode(errors="replace")[:500]
+                detail = _detail(exc.read().decode(errors="replace")[:2000])[:500]
                 if exc.code in (429, 502, 503, 504) and attempt < self.retries:
                     last = f"HTTP {exc.code}: {detail}"
                     retry_after = exc.headers.get("Retry-After", "")
@@ -143,6 +152,11 @@ class ControlClient:
         """Report that collective ``generation`` failed; the reply (after up to ``wait_seconds``) is the next one."""
         return self._call("POST", f"/v1/workers/{worker_id}/regroup", {"generation": generation},
                           headers={"X-Hermes-Token": token}, timeout=wait_seconds + self.timeout)
+
+    def run_config(self) -> dict[str, Any]:
+        """The server's run config (GET /v1/config): the agent builds its task from it before registering."""
+        headers = {"Authorization": f"Bearer {self.join_token}"} if self.join_token else {}
+        return self._call("GET", "/v1/config", headers=headers)
 
     def status(self) -> dict[str, Any]:
         # The join token also opens a server's protected read endpoints (protect_reads).

@@ -54,6 +54,21 @@ def preset_policies(name: str) -> dict[str, Any]:
     return {f: getattr(cfg, f) for f in POLICY_FIELDS}
 
 
+def parse_target(text: str) -> tuple[str, float]:
+    """``"r2=0.8"`` -> ("r2", 0.8); ValueError says what is wrong."""
+    metric, sep, raw = text.partition("=")
+    metric = metric.strip()
+    if not sep or not metric:
+        raise ValueError(f"target {text!r}: expected METRIC=VALUE, e.g. accuracy=0.9 or r2=0.8")
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"target {text!r}: {raw.strip()!r} is not a number") from None
+    if not math.isfinite(value):
+        raise ValueError(f"target {text!r}: the value must be finite")
+    return metric, value
+
+
 class ConfigError(ValueError):
     """A run configuration that cannot be built; the message names the field."""
 
@@ -103,7 +118,12 @@ class RunConfig(BaseModel):
     partition: PartitionParams = _section(PartitionParams, "allocation 'partition'")
     dual_search: DualSearchParams = _section(DualSearchParams, "allocation 'dual-search'")
 
-    # ---- model and data
+    # ---- the task: model, data, loss, metrics, optimizer (hermes.common.task)
+    task: str = Field(default="builtin", min_length=1, description="The task to train: MODULE:ATTR, FILE.py:ATTR or a "
+                      "name registered under the hermes.tasks entry points; 'builtin' trains the model and dataset "
+                      "keys below.")
+
+    # ---- model and data (the builtin task)
     model: str = Field(default="cnn", description="cnn (MNIST-style, ~110K params on 28x28), alexnet (~1M, 32x32 "
                        "colour), resnet18 (CIFAR), mlp (model_kwargs hidden).")
     model_kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of the model's factory.")
@@ -139,6 +159,14 @@ class RunConfig(BaseModel):
     # The same stop as POST /v1/stop.
     target_accuracy: float | None = Field(
         default=None, description="Stop once an evaluation reaches this test accuracy in (0, 1]; unset trains until stopped.")
+    target: str | None = Field(
+        default=None, description="Stop once an evaluation reaches METRIC=VALUE, e.g. r2=0.8 (the task says whether "
+                                  "higher or lower is better); target_accuracy=V is accuracy=V.")
+    max_epochs: float | None = Field(default=None, gt=0.0, description="Stop after this many passes over the "
+                                     "training shards (fractions allowed).")
+    max_updates: int | None = Field(default=None, gt=0, description="Stop after this many model updates (server steps).")
+    max_seconds: float | None = Field(default=None, gt=0.0, description="Stop this many seconds after the server started "
+                                      "the run.")
     eval_max_samples: int = Field(default=2000, gt=0, description="Held-out test samples per evaluation.")
     stats_interval_seconds: float = Field(default=2.0, gt=0.0, description="Seconds between status log lines.")
 
@@ -182,6 +210,14 @@ class RunConfig(BaseModel):
             raise ValueError(f"target_accuracy={v}: must be a test accuracy in (0, 1], e.g. 0.9 (not 90)")
         return v
 
+    @field_validator("target")
+    @classmethod
+    def _target_form(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        metric, value = parse_target(v)
+        return f"{metric}={value:g}"
+
     @field_validator("model")
     @classmethod
     def _known_model(cls, v: str) -> str:
@@ -210,6 +246,9 @@ class RunConfig(BaseModel):
                 for field in vars(policies.get(kind, name)).get("exclusive_params", ()):
                     if name != chosen and self.get(field) is not None:
                         raise ValueError(f"{field} applies to {kind} {name!r} only, not {chosen!r}")
+        if self.target is not None and self.target_accuracy is not None:
+            raise ValueError(f"target ({self.target}) and target_accuracy ({self.target_accuracy}) both set: "
+                             "give one (target_accuracy=V is target=accuracy=V)")
         # Each policy declares what it needs (policies.base); this checks every declaration.
         policies.check_compatible(self)
         if self.dataset in ("mnist", "cifar10") and not self.dataset_root:

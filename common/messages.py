@@ -315,6 +315,12 @@ class RegisterRequest(BaseModel):
     slowdown: float = Field(default=1.0, ge=1.0, le=1000.0)
     hints: Hints = Field(default_factory=Hints)
     protocol_version: int = PROTOCOL_VERSION
+    # The agent's task (its name and hermes.common.task.fingerprint of its model): a server
+    # training another task refuses it (409) before creating any state. None: not stated
+    # (tools that speak the protocol without training, load tests); the data plane still
+    # checks every update's shapes.
+    task: str | None = Field(default=None, min_length=1, max_length=200)
+    task_fingerprint: str | None = Field(default=None, min_length=1, max_length=64, pattern=r"^[0-9a-f]+$")
 
 
 class CollectiveRendezvous(BaseModel):

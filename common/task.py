@@ -40,7 +40,8 @@ class TaskError(ValueError):
 
 def accuracy(output: torch.Tensor, target: torch.Tensor) -> float:
     """Top-1 accuracy of class scores ``output`` (N, C) against labels ``target`` (N,)."""
-    return float((output.argmax(dim=1) == target).float().mean())
+    # In float64: correct / n exactly as a count would give it (float32 gave 0.30000001 for 3 of 10).
+    return float((output.argmax(dim=1) == target).double().mean())
 
 
 def default_direction(metric: str) -> Direction:
@@ -58,7 +59,11 @@ class Task:
     weight decay. ``directions`` overrides :func:`default_direction` per
     metric. With ``local_data`` each agent trains on
     ``local_data(worker_name)`` and no training sample crosses the network;
-    ``train_data`` may then be None.
+    ``train_data`` may then be None. ``example(n)`` gives ``n`` (input, target)
+    pairs shaped like the data, for the start-up checks and the agents'
+    precision and memory probes where reading real data would be costly or
+    impossible (an agent that holds no data); None means the first ``n``
+    samples of ``local_data``, ``test_data`` or ``train_data``.
     """
 
     model: Callable[[], nn.Module]
@@ -70,6 +75,7 @@ class Task:
     local_data: Callable[[str], DataLike] | None = None
     name: str = ""
     directions: Mapping[str, Direction] = field(default_factory=dict)
+    example: Callable[[int], tuple[torch.Tensor, torch.Tensor]] | None = None
 
     @property
     def metric_fns(self) -> Mapping[str, MetricFn]:
@@ -87,7 +93,7 @@ def fingerprint(model: nn.Module) -> str:
     return h.hexdigest()[:16]
 
 
-class ArrayPairDataset(torch.utils.data.Dataset):  # type: ignore[type-arg]
+class ArrayPairDataset(torch.utils.data.Dataset):
     """A pair of arrays (numpy or torch) seen as a Dataset of tensor pairs."""
 
     def __init__(self, inputs: Any, targets: Any) -> None:
@@ -107,7 +113,7 @@ def as_dataset(data: DataLike) -> torch.utils.data.Dataset[Any]:
     """A Dataset from either form a task may give."""
     if isinstance(data, tuple) and len(data) == 2 and not isinstance(data, torch.utils.data.Dataset):
         return ArrayPairDataset(*data)
-    return data  # type: ignore[return-value]
+    return data
 
 
 def task_names(tasks: Sequence[str]) -> str:

@@ -9,6 +9,7 @@ num_batches_tracked) stay local: they are counters, not state to average.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,13 +17,21 @@ import torch
 from torch import nn
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ModelSpec:
+    """What both ends agree the model is: the task, its fingerprint and the float entries in flat order.
+
+    Nothing here is enough to build the model: agents build it from their own
+    copy of the task (``build_checked``), never from what the server sends.
+    """
+
+    # A label for people: the built-in model's name, or the model's class.
     name: str
-    input_shape: tuple[int, ...]
-    num_classes: int
-    kwargs: dict[str, Any]
     entries: tuple[tuple[str, tuple[int, ...]], ...]
+    task: str = ""
+    fingerprint: str = ""
+    # One sample's input shape, as the task's data gives it (informational).
+    input_shape: tuple[int, ...] = ()
 
     @property
     def numel(self) -> int:
@@ -35,9 +44,9 @@ class ModelSpec:
     def to_dict(self) -> dict[str, Any]:
         return {
             "name": self.name,
+            "task": self.task,
+            "fingerprint": self.fingerprint,
             "input_shape": list(self.input_shape),
-            "num_classes": self.num_classes,
-            "kwargs": dict(self.kwargs),
             "entries": [[n, list(s)] for n, s in self.entries],
             "numel": self.numel,
         }
@@ -46,9 +55,9 @@ class ModelSpec:
     def from_dict(cls, d: dict[str, Any]) -> ModelSpec:
         return cls(
             name=d["name"],
-            input_shape=tuple(d["input_shape"]),
-            num_classes=int(d["num_classes"]),
-            kwargs=dict(d.get("kwargs", {})),
+            task=str(d.get("task", "")),
+            fingerprint=str(d.get("fingerprint", "")),
+            input_shape=tuple(d.get("input_shape", ())),
             entries=tuple((n, tuple(s)) for n, s in d["entries"]),
         )
 
@@ -57,23 +66,27 @@ def float_state(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
     return [(k, v) for k, v in model.state_dict(keep_vars=True).items() if v.is_floating_point()]
 
 
-def spec_of(model: nn.Module, name: str, input_shape: tuple[int, ...], num_classes: int, **kwargs: Any) -> ModelSpec:
+def spec_of(model: nn.Module, name: str, *, task: str = "", input_shape: tuple[int, ...] = ()) -> ModelSpec:
+    from hermes.common.task import fingerprint
+
     return ModelSpec(
         name=name,
+        task=task,
+        fingerprint=fingerprint(model),
         input_shape=tuple(input_shape),
-        num_classes=num_classes,
-        kwargs=kwargs,
         entries=tuple((k, tuple(v.shape)) for k, v in float_state(model)),
     )
 
 
-def build_from_spec(spec: ModelSpec) -> nn.Module:
-    from hermes.common.models import build_model
+def build_checked(model_fn: Callable[[], nn.Module], spec: ModelSpec) -> nn.Module:
+    """``model_fn()``, checked against the server's spec: the same fingerprint and float entries."""
+    from hermes.common.task import fingerprint
 
-    model = build_model(spec.name, input_shape=spec.input_shape, num_classes=spec.num_classes, **spec.kwargs)
+    model = model_fn()
     got = tuple((k, tuple(v.shape)) for k, v in float_state(model))
-    if got != spec.entries:
-        raise ValueError(f"model {spec.name!r} built here does not match the server's spec (versions differ?)")
+    if got != spec.entries or (spec.fingerprint and fingerprint(model) != spec.fingerprint):
+        raise ValueError(f"the model of task {spec.task or spec.name!r} built here does not match the server's "
+                         f"(fingerprint {fingerprint(model)} here, {spec.fingerprint or '?'} there)")
     return model
 
 

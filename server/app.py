@@ -30,6 +30,8 @@ from hermes.common.kafka_layout import KafkaUnavailable
 from hermes.common.messages import CollectiveRendezvous, RegisterRequest, RegisterResponse, RegroupRequest
 from hermes.common.policies import base as registry
 from hermes.common.signing import now_ms
+from hermes.common.task import Task
+from hermes.common.task_registry import check_task, resolve_task
 from hermes.common.wire import PROTOCOL_VERSION, ProtocolError
 from hermes.server.auth import (
     AuthConfigError,
@@ -92,9 +94,16 @@ class Credentials:
         return any(secret is not None and token_matches(given, secret) for secret in (self.join, self.admin))
 
 
-def create_app(settings: ServerSettings | None = None) -> FastAPI:
+def create_app(settings: ServerSettings | None = None, task: Task | None = None) -> FastAPI:
+    """The app for ``settings``; ``task`` (a Task object) instead of the config's ``task`` reference.
+
+    The task is resolved and checked here, before anything binds: a broken
+    one raises TaskError (a ValueError) naming the task and the field.
+    """
     settings = settings or ServerSettings()
     config = settings.run_config()
+    task = resolve_task(task if task is not None else config.task, config)
+    check_task(task, config, role="server")
     creds = Credentials(settings)
     limiter = RateLimiter(settings.register_rate, settings.register_burst)
     if creds.insecure:
@@ -115,7 +124,10 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
             out_dir=settings.out_dir,
             replay_window_seconds=settings.replay_window_seconds,
             screening=settings.screening,
+            task=task,
         )
+        if settings.exit_when_done:
+            engine.on_stop.append(lambda reason: _exit_when_done(app, engine, reason))
         app.state.history, tensorboard = _watch(engine, settings)
         checkpoints = None
         if settings.checkpoint_dir:
@@ -152,8 +164,8 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
             checkpoints.start()
         app.state.engine = engine
         app.state.data_plane_address = f"tcp://{settings.advertise_host}:{port}"
-        log.info("hermes server ready: preset=%s model=%s dataset=%s data plane %s",
-                 config.preset, config.model, config.dataset, app.state.data_plane_address)
+        log.info("hermes server ready: preset=%s task=%s (fingerprint %s) model=%s data plane %s",
+                 config.preset, task.name, engine.spec.fingerprint, engine.spec.name, app.state.data_plane_address)
         try:
             yield
         finally:
@@ -174,6 +186,8 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     app = FastAPI(title="Hermes parameter server", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None)
     # Outermost: an oversized or stalled body is refused before FastAPI reads or parses it.
     app.add_middleware(BodyLimits, read_timeout=settings.http_read_timeout_seconds)
+    # Tasks started on the loop outside any request (--exit-when-done's wait), kept from the GC.
+    app.state.background = set()
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -238,6 +252,10 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
             raise HTTPException(410, f"the run is over: {engine.stop_reason}")
         if engine.stopping:
             raise HTTPException(503, "the server is shutting down")
+        mismatch = _task_mismatch(engine, body.task, body.task_fingerprint)
+        if mismatch:
+            # Before any state: a worker training another model must not leave a ghost record.
+            raise refuse(engine, 409, "task_mismatch", mismatch, client)
         try:
             rec, rejoined = engine.register(
                 body.name, threads=body.threads, device=body.device, slowdown=body.slowdown, hints=body.hints.known()
@@ -342,6 +360,43 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         return engine.status()
 
     return app
+
+
+def _task_mismatch(engine: Engine, name: str | None, fingerprint: str | None) -> str:
+    """Why an agent stating this task may not join (empty: it may)."""
+    spec = engine.spec
+    if (name is None or name == spec.task) and (fingerprint is None or fingerprint == spec.fingerprint):
+        return ""
+    return (f"task mismatch: this server trains task {spec.task!r} (fingerprint {spec.fingerprint}); "
+            f"the agent has task {name!r} (fingerprint {fingerprint}): start it with the server's --task")
+
+
+def _exit_when_done(app: FastAPI, engine: Engine, reason: str) -> None:
+    """--exit-when-done: once the run stopped, let the agents hear it and leave, then end the process.
+
+    The server waits for the active workers to leave (at most
+    ``EXIT_GRACE_SECONDS``) so they stop cleanly instead of finding it gone,
+    then asks uvicorn to exit; the lifespan's shutdown writes the summary
+    and the models as on SIGTERM.
+    """
+    exit_now = getattr(app.state, "exit_now", None)
+    if exit_now is None:
+        log.warning("--exit-when-done: no server to stop (run under uvicorn directly?)")
+        return
+    log.info("run done (%s): exiting once the agents have left", reason)
+
+    async def wait_then_exit() -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + EXIT_GRACE_SECONDS
+        while engine.registry.active_ids() and loop.time() < deadline:
+            await asyncio.sleep(0.1)
+        exit_now()
+
+    engine.on_loop(lambda: app.state.background.add(asyncio.ensure_future(wait_then_exit())))
+
+
+# Longest an --exit-when-done server waits for its agents to leave after the run stopped.
+EXIT_GRACE_SECONDS = 15.0
 
 
 def _watch(engine: Engine, settings: ServerSettings) -> tuple[History, TensorBoardSink | None]:

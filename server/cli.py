@@ -45,6 +45,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target-accuracy", type=float, default=None, metavar="ACC",
                    help="stop the run once a test evaluation reaches this accuracy, 0 < ACC <= 1 "
                         "[HERMES_TARGET_ACCURACY]; the best model is kept as OUT/model-best.safetensors")
+    run = p.add_argument_group("the task and when the run ends")
+    run.add_argument("--task", default=None, metavar="REF",
+                     help="what to train: MODULE:ATTR, path/to/file.py:ATTR (a hermes.Task or a function returning "
+                          "one) or a name installed under the hermes.tasks entry points; default 'builtin' (the "
+                          "config's model and dataset) [HERMES_TASK]")
+    run.add_argument("--target", default=None, metavar="METRIC=VALUE",
+                     help="stop once an evaluation reaches this, e.g. r2=0.8; the task says whether higher or "
+                          "lower is better [HERMES_TARGET]")
+    run.add_argument("--max-epochs", type=float, default=None, help="stop after this many epochs [HERMES_MAX_EPOCHS]")
+    run.add_argument("--max-updates", type=int, default=None,
+                     help="stop after this many model updates [HERMES_MAX_UPDATES]")
+    run.add_argument("--max-seconds", type=float, default=None,
+                     help="stop this many seconds into the run [HERMES_MAX_SECONDS]")
+    run.add_argument("--exit-when-done", action="store_true",
+                     help="once the run stops (target, budget or /v1/stop), let the agents leave, write the "
+                          "summary and models, and exit 0 [HERMES_EXIT_WHEN_DONE]")
     p.add_argument("--out", dest="out_dir", help="directory for events.jsonl, server_summary.json and model-best.safetensors")
     p.add_argument("--max-workers", type=int, default=256)
     p.add_argument("--max-message-bytes", type=int, default=None)
@@ -160,6 +176,11 @@ def main(argv: list[str] | None = None) -> int:
         "advertise_host": args.advertise_host,
         "preset": args.preset,
         "target_accuracy": args.target_accuracy,
+        "task": args.task,
+        "target": args.target,
+        "max_epochs": args.max_epochs,
+        "max_updates": args.max_updates,
+        "max_seconds": args.max_seconds,
         "config": args.config,
         "out_dir": args.out_dir,
         "max_workers": args.max_workers,
@@ -180,6 +201,8 @@ def main(argv: list[str] | None = None) -> int:
         "durable_acks": args.durable_acks,
         "tensorboard_dir": args.tensorboard_dir,
     }
+    if args.exit_when_done:
+        fields["exit_when_done"] = True
     if args.insecure:
         fields["insecure"] = True
     if args.protect_reads:
@@ -225,8 +248,16 @@ def main(argv: list[str] | None = None) -> int:
         except KafkaUnavailable as exc:
             print(f"hermes-server: {exc}", file=sys.stderr)
             return 3
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=10, **tls)
-    return 0
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                                          timeout_graceful_shutdown=10, **tls))
+    # --exit-when-done: the app ends the process as SIGTERM would (lifespan shutdown, files written).
+    app.state.exit_now = lambda: setattr(server, "should_exit", True)
+    try:
+        server.run()
+    except KeyboardInterrupt:
+        pass
+    # As uvicorn.run: a server that never started (a port in use, a failed lifespan) exits 3.
+    return 0 if server.started else 3
 
 
 if __name__ == "__main__":

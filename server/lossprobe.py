@@ -1,4 +1,4 @@
-"""Scores candidate models for loss-weighted aggregation (Hermes Alg. 2).
+"""Scores candidate models for loss-weighted aggregation (Hermes Alg. 2), with the task's loss.
 
 Scoring is the server's hottest cost under the ``loss`` rule: one forward
 pass over a fixed validation subset per push. It runs batched, in inference
@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
-from hermes.common.datasets import ArrayDataset
-from hermes.common.tensors import ModelSpec, build_from_spec, load_flat
+from hermes.common.task import Task
+from hermes.common.task_registry import batch_of
+from hermes.common.tensors import ModelSpec, build_checked, load_flat
 from hermes.common.wire import Payload
 from hermes.server.metrics import ServerMetrics
 from hermes.server.state import ModelState
@@ -24,16 +25,16 @@ from hermes.server.state import ModelState
 
 class LossProbe:
     def __init__(
-        self, spec: ModelSpec, state: ModelState, validation: ArrayDataset, *, samples: int, seed: int,
+        self, task: Task, spec: ModelSpec, state: ModelState, validation: Any, *, samples: int, seed: int,
         metrics: ServerMetrics, batch_size: int = 1024,
     ) -> None:
+        self.task = task
         self.state = state
         self.metrics = metrics
         self.batch_size = batch_size
-        self.model = build_from_spec(spec).eval()
+        self.model = build_checked(task.model, spec).eval()
         idx = np.sort(np.random.default_rng([seed, 0x1055]).permutation(len(validation))[:samples])
-        self.x = torch.from_numpy(np.ascontiguousarray(validation.x[idx]))
-        self.y = torch.from_numpy(np.ascontiguousarray(validation.y[idx]))
+        self.x, self.y = batch_of(validation, idx.tolist())
         self._lock = threading.Lock()  # one replica, one scoring at a time
         self._global: tuple[int, float] | None = None
 
@@ -44,8 +45,8 @@ class LossProbe:
             load_flat(self.model, flat)
             total = 0.0
             for i in range(0, len(self.y), self.batch_size):
-                logits = self.model(self.x[i : i + self.batch_size])
-                total += float(F.cross_entropy(logits, self.y[i : i + self.batch_size], reduction="sum"))
+                yb = self.y[i : i + self.batch_size]
+                total += float(self.task.loss(self.model(self.x[i : i + self.batch_size]), yb)) * len(yb)
             self.metrics.loss_eval_seconds.observe(time.perf_counter() - t0)
             return total / max(1, len(self.y))
 

@@ -29,6 +29,14 @@ class ServerSettings(BaseSettings):
     # A shortcut for the run config's target_accuracy (HERMES_TARGET_ACCURACY,
     # --target-accuracy); beats the config file and HERMES_RUN / --set.
     target_accuracy: float | None = Field(default=None, description="stop the run at this test accuracy")
+    # Shortcuts for run-config keys (HERMES_TASK, --task ...); like target_accuracy they beat the file and --set.
+    task: str | None = Field(default=None, description="the task: MODULE:ATTR, FILE.py:ATTR or an installed name")
+    target: str | None = Field(default=None, description="stop the run once an evaluation reaches METRIC=VALUE")
+    max_epochs: float | None = Field(default=None, description="stop after this many epochs of training shards")
+    max_updates: int | None = Field(default=None, description="stop after this many model updates")
+    max_seconds: float | None = Field(default=None, description="stop this many seconds into the run")
+    exit_when_done: bool = Field(default=False, description="end the server process once the run stopped "
+                                 "(target, budget or /v1/stop), after its agents left and its files are written")
     config: str | None = Field(default=None, description="JSON or TOML file of run-config overrides")
     run: dict[str, Any] = Field(default_factory=dict, description="run-config overrides (HERMES_RUN as JSON)")
     out_dir: str | None = Field(default=None, description="where events.jsonl and summary.json go")
@@ -95,6 +103,9 @@ class ServerSettings(BaseSettings):
         overrides.update(_dotted(self.run))
         if self.target_accuracy is not None:
             overrides["target_accuracy"] = self.target_accuracy
+        for key in ("task", "target", "max_epochs", "max_updates", "max_seconds"):
+            if getattr(self, key) is not None:
+                overrides[key] = getattr(self, key)
         # Pop unconditionally: a file's preset left in overrides would collide
         # with --preset (TypeError: multiple values for 'preset').
         file_preset = overrides.pop("preset", None)

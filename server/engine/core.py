@@ -25,11 +25,11 @@ import torch
 
 from hermes.common.clock import SYSTEM_CLOCK, Clock
 from hermes.common.config import RunConfig
-from hermes.common.datasets import ArrayDataset
 from hermes.common.messages import WorkReply
-from hermes.common.models import build_model
 from hermes.common.shards import ShardQueue
 from hermes.common.sync import Decision, PushInfo
+from hermes.common.task import Direction, Task
+from hermes.common.task_registry import batch_of, effective_target, resolve_task
 from hermes.common.tensors import flatten, spec_of
 from hermes.common.wire import Payload, dtype_from_name
 from hermes.server.auth import ReplayGuard
@@ -73,7 +73,8 @@ class Engine:
         max_message_bytes: int,
         out_dir: str | None = None,
         replay_window_seconds: float = 300.0,
-        splits: tuple[ArrayDataset, ArrayDataset, ArrayDataset] | None = None,
+        splits: tuple[Any, Any, Any] | None = None,
+        task: Task | None = None,
         state: ModelState | None = None,
         policies: Policies | None = None,
         checkpoints: Any = None,
@@ -88,24 +89,32 @@ class Engine:
         self.events = events
         self.max_message_bytes = max_message_bytes
         self.out_dir = Path(out_dir) if out_dir else None
-        self.train, self.validation, self.test = splits if splits is not None else load_splits(config)
+        # The task (resolved and checked by the app factory, or here from the config).
+        self.task = task if task is not None else resolve_task(config.task, config)
+        self.train, self.validation, self.test = splits if splits is not None else load_splits(config, self.task)
         self.state = state if state is not None else self._initial_state()
         self.spec = self.state.spec
         self.policies = policies if policies is not None else build_policies(
             config, spec=self.spec, state=self.state, train_samples=len(self.train), validation=self.validation,
-            metrics=metrics)
+            metrics=metrics, task=self.task)
         self.registry = Registry(max_workers, clock=clock)
         metrics.watch_workers(self.registry.all)
         self.shards = ShardStore(self.train, config.shard_size)
         self.validation_shards = ShardStore(self.validation, config.shard_size)
         self.queue = ShardQueue(self.shards.num_shards, seed=config.seed)
         self.evaluator = Evaluator(
-            self.spec, self.state, self.test, max_samples=config.eval_max_samples,
+            self.task, self.spec, self.state, self.test, max_samples=config.eval_max_samples,
             interval=config.eval_interval_seconds, seed=config.seed, on_result=self._evaluated, clock=clock,
+            primary=self.primary_metric(),
         )
         self.started_at = clock.time()
         self.stopping = False
         self.stop_reason = ""
+        # Called with the reason once the run stops (not on SIGTERM's shutdown): --exit-when-done.
+        self.on_stop: list[Callable[[str], None]] = []
+        self._budget_timer: asyncio.TimerHandle | None = None
+        # The budget that stopped the run (max_updates, max_epochs, max_seconds), if one did.
+        self.budget_reached: str | None = None
         self.target_reached: TargetReached | None = None
         # The loop that owns the held replies: evaluations run in the
         # evaluator's thread and must hand a stop over to it (set in start()).
@@ -135,12 +144,20 @@ class Engine:
     def _initial_state(self) -> ModelState:
         # Replicas start from identical weights: the server builds the seeded
         # initial model and every agent pulls it before its first step.
-        c = self.config
-        torch.manual_seed(c.seed)
-        model = build_model(c.model, input_shape=self.train.input_shape, num_classes=self.train.num_classes,
-                            **c.model_kwargs)
-        spec = spec_of(model, c.model, self.train.input_shape, self.train.num_classes, **c.model_kwargs)
+        torch.manual_seed(self.config.seed)
+        model = self.task.model()
+        # A label for people: the built-in model's config name, else the model's class.
+        label = self.config.model if self.task.name == "builtin" else type(model).__name__
+        sample = batch_of(self.test, [0])[0] if len(self.test) else torch.empty(0)
+        spec = spec_of(model, label, task=self.task.name, input_shape=tuple(sample.shape[1:]))
         return ModelState(spec, flatten(model))
+
+    def primary_metric(self) -> tuple[str, Direction]:
+        """What "best" means for this run: the target's metric, else accuracy, else the task's first metric."""
+        target = effective_target(self.config)
+        names = list(self.task.metric_fns)
+        metric = target[0] if target is not None else ("accuracy" if "accuracy" in names or not names else names[0])
+        return metric, "min" if metric == "loss" else self.task.direction(metric)
 
     # The policies, by the names the rooms use.
     @property
@@ -171,8 +188,12 @@ class Engine:
         except RuntimeError:  # started outside a loop (tests): stops run inline
             self._loop = None
         self.evaluator.start()
+        if self.config.max_seconds is not None and self._loop is not None:
+            left = self.config.max_seconds - (self.clock.time() - self.started_at)
+            self._budget_timer = self._loop.call_later(max(0.0, left), self.check_budgets)
         self.telemetry.emit(
-            "run_start", config=self.config.model_dump(), model_numel=self.spec.numel,
+            "run_start", config=self.config.model_dump(), model_numel=self.spec.numel, task=self.task.name,
+            fingerprint=self.spec.fingerprint,
             train_samples=len(self.train), test_samples=len(self.test), shards=self.shards.num_shards,
         )
 
@@ -182,11 +203,33 @@ class Engine:
         self.stopping = True
         self.stop_reason = reason
         self.telemetry.emit("stop_requested", reason=reason)
+        if self._budget_timer is not None:
+            self._budget_timer.cancel()
         # Nobody waits on a barrier that will never come.
         for held in self.held.values():
             if not held.reply.done():
                 held.reply.set_result(None)
         self.held.clear()
+        if not self.shutting_down:
+            for hook in self.on_stop:
+                hook(reason)
+
+    def check_budgets(self) -> None:
+        """Stop the run at the first budget reached (max_updates, max_epochs, max_seconds); the reason names it."""
+        if self.stopping:
+            return
+        c = self.config
+        reason = None
+        if c.max_updates is not None and self.state.version >= c.max_updates:
+            reason = f"max_updates={c.max_updates} reached at version {self.state.version}"
+        elif c.max_epochs is not None and self.queue.progress >= c.max_epochs:
+            reason = f"max_epochs={c.max_epochs:g} reached at version {self.state.version}"
+        elif c.max_seconds is not None and self.clock.time() - self.started_at >= c.max_seconds:
+            reason = f"max_seconds={c.max_seconds:g} reached at version {self.state.version}"
+        if reason is not None:
+            self.budget_reached = reason.partition("=")[0]
+            self.telemetry.emit("budget_reached", budget=self.budget_reached, reason=reason, version=self.state.version)
+            self.request_stop(reason)
 
     def begin_shutdown(self) -> None:
         """The server process is going away (SIGTERM); the run is not over."""
@@ -253,7 +296,8 @@ class Engine:
                 self.buffered.append(Contribution(info, payload, candidate_loss))
             if verdict.decision in (Decision.APPLY, Decision.APPLY_AND_WAIT) and refusal is None:
                 await self.fold([Contribution(info, payload, candidate_loss)])
-            if verdict.decision in (Decision.BUFFER, Decision.APPLY_AND_WAIT):
+            # A fold may have stopped the run (a budget): nothing is held for a barrier that will not come.
+            if verdict.decision in (Decision.BUFFER, Decision.APPLY_AND_WAIT) and not self.stopping:
                 keep = verdict.decision is Decision.BUFFER and refusal is None
                 held = Held(info, payload if keep else None, asyncio.get_running_loop().create_future(),
                             candidate_loss)
@@ -297,6 +341,8 @@ class Engine:
             staleness=[version - 1 - u.info.base_version for u in group], weights=[round(w, 6) for w in weights],
             **extra,
         )
+        if self.config.max_updates is not None or self.config.max_epochs is not None:
+            self.check_budgets()
 
     async def process_releases(self) -> None:
         """Fold and wake whatever the strategy releases. Caller holds step_lock."""

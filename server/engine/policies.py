@@ -20,11 +20,11 @@ from typing import Any, Protocol
 from hermes.common.aggregation import loss_blend_weight, power_weights
 from hermes.common.allocation import Allocator, make_allocator
 from hermes.common.config import RunConfig
-from hermes.common.datasets import ArrayDataset
 from hermes.common.policies import base as registry
 from hermes.common.policies.aggregation import DeltaRule
 from hermes.common.policies.lr_scaling import LrScaling
 from hermes.common.sync import PushInfo, SyncStrategy
+from hermes.common.task import Task
 from hermes.common.tensors import ModelSpec
 from hermes.common.wire import Payload
 from hermes.server.lossprobe import LossProbe
@@ -205,8 +205,9 @@ def build_policies(
     spec: ModelSpec,
     state: ModelState,
     train_samples: int,
-    validation: ArrayDataset,
+    validation: Any,
     metrics: ServerMetrics,
+    task: Task,
 ) -> Policies:
     """The run's policies, from the registry; what each needs is read from its declarations."""
     topology = registry.get("topology", config.topology)
@@ -215,7 +216,7 @@ def build_policies(
     rule = registry.get("aggregation", config.aggregation)
     aggregation: Aggregation
     if rule.needs_candidate_loss:
-        probe = LossProbe(spec, state, validation, samples=config.loss.eval_samples, seed=config.seed,
+        probe = LossProbe(task, spec, state, validation, samples=config.loss.eval_samples, seed=config.seed,
                           metrics=metrics)
         aggregation = LossBlend(probe, metrics)
     elif rule.update_from_baseline:

@@ -7,6 +7,7 @@ import json
 import logging
 from typing import TYPE_CHECKING, Any
 
+from hermes.common.task_registry import effective_target
 from hermes.server.checkpoint import write_tensors
 from hermes.server.evaluator import Evaluation, TargetReached
 
@@ -26,18 +27,25 @@ class Reporting:
     def on_evaluation(self, ev: Evaluation) -> None:
         e = self.e
         e.telemetry.emit(
-            "evaluation", version=ev.version, accuracy=ev.accuracy, loss=ev.loss,
+            "evaluation", version=ev.version, accuracy=ev.accuracy, loss=ev.loss, metrics=ev.metrics,
             seconds=round(ev.seconds, 6), elapsed=round(ev.at - e.started_at, 3),
         )
-        target = e.config.target_accuracy
+        target = effective_target(e.config)
         # Not once the run is stopping: the shutdown evaluation must not turn an
         # operator's stop into a reached target after the fact.
-        if target is None or ev.accuracy < target or e.target_reached is not None or e.stopping:
+        if target is None or e.target_reached is not None or e.stopping:
             return
-        reached = TargetReached(ev.version, ev.accuracy, ev.at - e.started_at, ev.at)
+        metric, goal = target
+        value = ev.score(metric)
+        direction = "min" if metric == "loss" else e.task.direction(metric)
+        if value is None or not (value >= goal if direction == "max" else value <= goal):
+            return
+        reached = TargetReached(ev.version, ev.accuracy, ev.at - e.started_at, ev.at, metric=metric, value=value)
         e.target_reached = reached
-        e.telemetry.emit("target_reached", target_accuracy=target, **reached.public())
-        e.on_loop(e.request_stop, f"target accuracy {target} reached at version {ev.version}")
+        e.telemetry.emit("target_reached", target_accuracy=e.config.target_accuracy, target=f"{metric}={goal:g}",
+                         **reached.public())
+        what = f"target accuracy {goal}" if metric == "accuracy" else f"target {metric}={goal:g}"
+        e.on_loop(e.request_stop, f"{what} reached at version {ev.version}")
         if e.checkpoints is not None:
             # The outcome and the best model are durable at once: a server killed before its
             # shutdown checkpoint resumes as a finished run, not as one that trains on.
@@ -60,19 +68,28 @@ class Reporting:
         the operator resumed it to train on).
         """
         e = self.e
-        target = e.config.target_accuracy
-        if reached is None or target is None or reached["accuracy"] < target:
-            if reached is not None:
-                log.info("the run had reached accuracy %.4f before the restart; the resumed run's target is %s, "
-                         "so it trains on", reached["accuracy"], target)
+        target = effective_target(e.config)
+        before = TargetReached(**reached) if reached is not None else None
+        value = None if before is None else (before.accuracy if before.value is None else before.value)
+        if target is not None and before is not None and before.metric == target[0] and value is not None:
+            met = value >= target[1] if e.task.direction(target[0]) == "max" and target[0] != "loss" else value <= target[1]
+        else:
+            met = False
+        if before is None or target is None or not met:
+            if before is not None:
+                log.info("the run had reached %s %s before the restart; the resumed run's target is %s, "
+                         "so it trains on", before.metric, value, target)
             return
-        e.target_reached = TargetReached(**reached)
-        e.request_stop(f"target accuracy {target} was reached at version {reached['version']} before the restart")
+        e.target_reached = before
+        what = f"target accuracy {target[1]}" if target[0] == "accuracy" else f"target {target[0]}={target[1]:g}"
+        e.request_stop(f"{what} was reached at version {before.version} before the restart")
 
     def outcome(self) -> str:
-        """running, stopped (operator, SIGTERM's shutdown) or target_reached (the server stopped itself)."""
+        """running, stopped (operator, SIGTERM's shutdown), target_reached or budget_reached (the server stopped itself)."""
         if self.e.target_reached is not None:
             return "target_reached"
+        if self.e.budget_reached is not None:
+            return "budget_reached"
         return "stopped" if self.e.stopping else "running"
 
     def status(self) -> dict[str, Any]:
@@ -85,8 +102,9 @@ class Reporting:
             "model_version": e.state.version,
             "elapsed_seconds": e.elapsed(),
             "epoch_progress": round(e.queue.progress, 4),
+            "task": e.task.name,
             "evaluation": None if ev is None else {
-                "version": ev.version, "accuracy": ev.accuracy, "loss": ev.loss, "at": ev.at,
+                "version": ev.version, "accuracy": ev.accuracy, "loss": ev.loss, "metrics": ev.metrics, "at": ev.at,
             },
             "workers_active": len(e.registry.active_ids()),
             "heterogeneity": e.registry.heterogeneity(),
@@ -100,8 +118,12 @@ class Reporting:
             "stop_reason": e.stop_reason,
             "outcome": self.outcome(),
             "target_accuracy": e.config.target_accuracy,
+            "target": None if (t := effective_target(e.config)) is None else f"{t[0]}={t[1]:g}",
+            "budget_reached": e.budget_reached,
             "target_reached_at": None if e.target_reached is None else e.target_reached.public(),
+            "best_metric": e.evaluator.primary,
             "best_accuracy": None if best is None else best.accuracy,
+            "best_metrics": None if best is None else best.metrics,
             "best_version": None if best is None else best.version,
             "resumed_from": e.resumed_from,
             "last_checkpoint_version": None if e.checkpoints is None else e.checkpoints.last_version,
@@ -124,8 +146,9 @@ class Reporting:
             "bytes_sent_total": sum(w.server_bytes_out for w in e.registry.all()),
             "final_accuracy": None if ev is None else ev.accuracy,
             "final_loss": None if ev is None else ev.loss,
+            "final_metrics": None if ev is None else ev.metrics,
             "evaluations": [
-                {"version": x.version, "accuracy": x.accuracy, "loss": x.loss,
+                {"version": x.version, "accuracy": x.accuracy, "loss": x.loss, "metrics": x.metrics,
                  "elapsed": round(x.at - e.started_at, 3), "seconds": round(x.seconds, 6)}
                 for x in e.evaluator.history
             ],
@@ -140,6 +163,7 @@ class Reporting:
         final = e.evaluator.evaluate_now()
         summary = self.summary()
         e.telemetry.emit("run_end", version=e.state.version, accuracy=final.accuracy, loss=final.loss,
+                         metrics=final.metrics, stop_reason=e.stop_reason,
                          best_version=summary["best_version"], best_accuracy=summary["best_accuracy"])
         if e.out_dir is not None:
             e.out_dir.mkdir(parents=True, exist_ok=True)
@@ -165,12 +189,14 @@ class Reporting:
         try:
             write_tensors(path, {"model": flat}, {
                 "version": str(ev.version), "accuracy": repr(ev.accuracy), "loss": repr(ev.loss),
+                "metrics": json.dumps(ev.metrics),
                 "evaluated_samples": str(ev.samples),
-                # Enough to rebuild the network: build_from_spec(ModelSpec.from_dict(...)) + load_flat.
+                # With the task: build_checked(task.model, ModelSpec.from_dict(...)) + load_flat.
                 "spec": json.dumps(e.spec.to_dict(), separators=(",", ":")),
             })
         except OSError as exc:  # a full disk must not cost the summary
             log.error("writing the best model to %s failed: %s", path, exc)
             return None
-        log.info("best model (version %d, accuracy %.4f) written to %s", ev.version, ev.accuracy, path)
+        log.info("best model (version %d, %s %s) written to %s", ev.version, e.evaluator.primary,
+                 ev.score(e.evaluator.primary), path)
         return path.name

@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from hermes.common.config import RunConfig
+from hermes.common.task_registry import resolve_task
 from hermes.common.tensors import ModelSpec
 from hermes.server.checkpoint import read_tensor_metadata, read_tensors
 from hermes.server.evaluator import Evaluator
@@ -106,8 +107,9 @@ def test_server_stops_at_target_and_keeps_the_best_model(tmp_path: Path) -> None
     assert flat.dtype == torch.float32 and flat.numel() == spec.numel == summary["model"]["numel"]
     # Scored again on the evaluator's own held-out subset, by the evaluator's code.
     config = RunConfig(**summary["config"])
-    _, _, test = load_splits(config)
-    again = Evaluator(spec, ModelState(spec, flat), test, max_samples=config.eval_max_samples, interval=1.0,
+    task = resolve_task(config.task, config)
+    _, _, test = load_splits(config, task)
+    again = Evaluator(task, spec, ModelState(spec, flat), test, max_samples=config.eval_max_samples, interval=1.0,
                       seed=config.seed).evaluate_now()
     assert again.accuracy == pytest.approx(summary["best_accuracy"], abs=0.01)
 

@@ -18,6 +18,8 @@ import torch
 from hermes.common.clock import ManualClock
 from hermes.common.config import build_config
 from hermes.common.datasets import ArrayDataset
+from hermes.common.models import build_model
+from hermes.common.task import Task
 from hermes.common.wire import ErrorCode, Header, MsgType, ProtocolError, decode, encode
 from hermes.server.engine import Engine
 from hermes.server.engine.screening import ScreeningSettings
@@ -41,7 +43,8 @@ def _engine(clock: ManualClock, **overrides) -> Engine:
     # fold's arithmetic; the screening's own tests use realistic ones.
     return Engine(config, metrics=ServerMetrics(), events=EventLog(None, clock=clock), max_workers=8,
                   max_message_bytes=1 << 24, splits=splits, clock=clock,
-                  screening=ScreeningSettings(enabled=False))
+                  screening=ScreeningSettings(enabled=False),
+                  task=Task(model=lambda: build_model("mlp", input_shape=(8,), num_classes=3), name="toy"))
 
 
 class _Agent:

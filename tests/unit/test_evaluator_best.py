@@ -7,6 +7,7 @@ import torch
 
 from hermes.common.datasets import ArrayDataset
 from hermes.common.models import build_model
+from hermes.common.task import Task
 from hermes.common.tensors import spec_of
 from hermes.server.evaluator import Evaluator
 from hermes.server.state import ModelState
@@ -19,10 +20,11 @@ SHARE = {0: 0.6, 1: 0.3, 2: 0.1}
 
 def _setup() -> tuple[ModelState, Evaluator]:
     model = build_model("mlp", input_shape=(4,), num_classes=3)
-    spec = spec_of(model, "mlp", (4,), 3)
+    spec = spec_of(model, "mlp", task="t")
     test = ArrayDataset("t", np.random.default_rng(0).normal(size=(10, 4)).astype(np.float32), LABELS, 3)
     state = ModelState(spec, torch.zeros(spec.numel))
-    return state, Evaluator(spec, state, test, max_samples=100, interval=1.0)
+    task = Task(model=lambda: build_model("mlp", input_shape=(4,), num_classes=3), name="t")
+    return state, Evaluator(task, spec, state, test, max_samples=100, interval=1.0)
 
 
 def _always(state: ModelState, k: int, version: int) -> torch.Tensor:

@@ -19,7 +19,7 @@ def _payload(values, dtype=torch.float32) -> Payload:
 
 
 def _state(w0) -> ModelState:
-    spec = ModelSpec(name="flat", input_shape=(1,), num_classes=1, kwargs={}, entries=(("w", (len(w0),)),))
+    spec = ModelSpec(name="flat", entries=(("w", (len(w0),)),))
     return ModelState(spec, torch.tensor(w0, dtype=torch.float32))
 
 

@@ -11,6 +11,7 @@ from torch import nn
 
 from hermes.client.cores import cgroup_quota, usable_cores
 from hermes.client.precision import candidates, choose, measure, pick_precision
+from hermes.common.builtin_task import classification_example
 
 
 def test_choose_keeps_fp32_unless_another_is_clearly_faster():
@@ -41,18 +42,18 @@ class _Tiny(nn.Module):
 def test_measure_times_copies_and_leaves_the_model_untouched():
     model = _Tiny()
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    t = measure(model, (4,), 3, 8, torch.device("cpu"), ["fp32", "bf16"], budget_seconds=0.2)
+    t = measure(model, classification_example((4,), 3), 8, torch.device("cpu"), ["fp32", "bf16"], budget_seconds=0.2)
     assert set(t) == {"fp32", "bf16"} and all(v > 0 for v in t.values())
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert all(p.grad is None for p in model.parameters())
 
 
 def test_pick_precision_forced_and_untimeable():
-    assert pick_precision("bf16", _Tiny(), (4,), 3, 8, torch.device("cpu")).how == "forced"
+    assert pick_precision("bf16", _Tiny(), classification_example((4,), 3), 8, torch.device("cpu")).how == "forced"
     # Inputs of the wrong shape cannot be timed: fp32, the safe choice.
-    choice = pick_precision("auto", _Tiny(), (5,), 3, 8, torch.device("cpu"))
+    choice = pick_precision("auto", _Tiny(), classification_example((5,), 3), 8, torch.device("cpu"))
     assert (choice.precision, choice.how) == ("fp32", "not timed")
-    auto = pick_precision("auto", _Tiny(), (4,), 3, 8, torch.device("cpu"))
+    auto = pick_precision("auto", _Tiny(), classification_example((4,), 3), 8, torch.device("cpu"))
     assert auto.how == "measured" and auto.precision in ("fp32", "bf16") and set(auto.report()) == {"fp32", "bf16"}
 
 

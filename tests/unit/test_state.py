@@ -21,7 +21,7 @@ from hermes.common.wire import (
 from hermes.server.state import ModelState, validate_update
 
 SPEC = ModelSpec(
-    name="toy", input_shape=(4,), num_classes=2, kwargs={},
+    name="toy", input_shape=(4,),
     entries=(("w", (3, 4)), ("b", (3,)), ("scale", (2, 2, 2))),
 )
 N = SPEC.numel  # 12 + 3 + 8 = 23
