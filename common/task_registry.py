@@ -93,7 +93,8 @@ def _load(ref: str) -> tuple[Any, str]:
         try:
             obj = getattr(obj, part)
         except AttributeError:
-            raise TaskError(f"task {ref}: module {module.__name__!r} has no attribute {attr!r}") from None
+            where = left if left.endswith(".py") else f"module {module.__name__!r}"
+            raise TaskError(f"task {ref}: {where} has no attribute {attr!r}") from None
     return obj, attr
 
 

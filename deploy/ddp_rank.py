@@ -41,8 +41,9 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from hermes.common.config import build_config
-from hermes.common.datasets import load_dataset
-from hermes.common.models import build_model, count_parameters
+from hermes.common.models import count_parameters
+from hermes.common.task import Task, as_dataset
+from hermes.common.task_registry import batch_of, resolve_task
 
 log = logging.getLogger(__name__)
 
@@ -84,12 +85,14 @@ _link_hook.__annotations__["bucket"] = dist.GradBucket
 _link_hook.__annotations__["return"] = torch.futures.Future[torch.Tensor]
 
 
-def _evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
+def _evaluate(task: Task, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
+    """(accuracy, loss) with the task's loss; accuracy is nan for a task without that metric."""
     model.eval()
     with torch.no_grad():
         out = model(x)
-        loss = float(torch.nn.functional.cross_entropy(out, y))
-        acc = float((out.argmax(1) == y).float().mean())
+        loss = float(task.loss(out, y))
+        fn = task.metric_fns.get("accuracy")
+        acc = float(fn(out, y)) if fn is not None else float("nan")
     model.train()
     return acc, loss
 
@@ -111,9 +114,11 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(1)
     cfg = build_config("bsp", **json.loads(a.overrides))
     torch.manual_seed(cfg.seed)
-    train, test = load_dataset(cfg.dataset, seed=cfg.seed, test_fraction=cfg.test_fraction,
-                               num_samples=cfg.num_samples)
-    model = build_model(cfg.model, input_shape=train.input_shape, num_classes=train.num_classes, **cfg.model_kwargs)
+    # The run's task (builtin: the config's model on its dataset), with its loss and optimizer.
+    task = resolve_task(cfg.task, cfg)
+    assert task.train_data is not None and task.test_data is not None, "the DDP peer trains on the task's own data"
+    train, test = as_dataset(task.train_data), as_dataset(task.test_data)
+    model = task.model()
     global_batch = cfg.batch_size * world
     lr = a.lr if a.lr is not None else cfg.lr * global_batch / (world * cfg.batch_size)
     ddp = DistributedDataParallel(model)
@@ -124,11 +129,12 @@ def main(argv: list[str] | None = None) -> None:
         state["link"] = (min(s[0] for s in specs), min(s[1] for s in specs), max(s[2] for s in specs))
     # Always hooked, a lan link costing nothing: the hook also counts the all-reduces and their bytes.
     ddp.register_comm_hook(state, _link_hook)
-    opt = torch.optim.SGD(ddp.parameters(), lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    opt = (task.optimizer(ddp.parameters()) if task.optimizer is not None else
+           torch.optim.SGD(ddp.parameters(), lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay))
     slowdown = float(a.slowdowns.split(",")[rank])
-    x_all, y_all = torch.as_tensor(train.x), torch.as_tensor(train.y).long()
+    x_all, y_all = batch_of(train, range(len(train)))
     n_eval = min(len(test), cfg.eval_max_samples)
-    x_test, y_test = torch.as_tensor(test.x[:n_eval]), torch.as_tensor(test.y[:n_eval]).long()
+    x_test, y_test = batch_of(test, range(n_eval))
     rng = np.random.default_rng(cfg.seed + rank)
     mine = np.arange(rank, len(train), world)  # this rank's share, as DistributedSampler deals it
     dist.barrier()
@@ -146,7 +152,7 @@ def main(argv: list[str] | None = None) -> None:
             idx = order[step * cfg.batch_size:(step + 1) * cfg.batch_size]
             s0, c0 = time.perf_counter(), time.thread_time()
             opt.zero_grad(set_to_none=True)
-            torch.nn.functional.cross_entropy(ddp(x_all[idx]), y_all[idx]).backward()
+            task.loss(ddp(x_all[idx]), y_all[idx]).backward()
             work = min(time.perf_counter() - s0, time.thread_time() - c0)
             opt.step()
             compute += work * slowdown
@@ -159,7 +165,7 @@ def main(argv: list[str] | None = None) -> None:
             train_s = time.time() - t0 - eval_seconds
             if rank == 0:
                 e0 = time.time()
-                acc, loss = _evaluate(model, x_test, y_test)
+                acc, loss = _evaluate(task, model, x_test, y_test)
                 eval_seconds += time.time() - e0
                 timeline.append({"elapsed": round(train_s, 3), "version": steps, "accuracy": acc, "loss": loss})
                 done = (a.target_accuracy is not None and acc >= a.target_accuracy) or train_s >= a.max_seconds

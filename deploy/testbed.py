@@ -167,6 +167,15 @@ class Testbed:
         # stopped at its target between two polls would leave them unfired.
         if a.target_accuracy is not None and not self.chaos:
             cmd += ["--target-accuracy", f"{a.target_accuracy:g}"]
+        if a.target is not None and not self.chaos:
+            cmd += ["--target", a.target]
+        if a.task:
+            cmd += ["--task", a.task]
+        for flag, value in (("--max-epochs", a.max_epochs), ("--max-updates", a.max_updates)):
+            if value is not None:
+                cmd += [flag, f"{value:g}"]
+        # The server ends itself once the run stops (target, budget, /v1/stop), after its agents left.
+        cmd.append("--exit-when-done")
         if a.protect_reads:
             cmd.append("--protect-reads")  # the testbed reads with its admin token either way
         for kv in a.set:
@@ -204,6 +213,8 @@ class Testbed:
             "--log-level", "info",
             "--device", a.device,
         ]
+        if a.task:
+            args += ["--task", a.task]
         if schedules:
             args += ["--slowdown-schedule", ",".join(f"{t:g}:{s * a.pace:.6g}" for t, s in schedules[wp.index]),
                     # One clock for every agent, the testbed's: phases line up however long each takes to start.
@@ -341,6 +352,13 @@ class Testbed:
             except (urllib.error.URLError, OSError, ValueError) as exc:
                 if self.server is not None and self.server.popen.poll() is not None:
                     outcome = f"server died (exit {self.server.popen.returncode})"
+                    done = _read_json(self.out / "server_summary.json")
+                    if self.server.popen.returncode == 0 and done is not None:
+                        # --exit-when-done: the server stopped the run itself and wrote its summary.
+                        outcome = f"server done: {done.get('stop_reason') or 'stopped'}"
+                        reached_at = self._target_reached(done, t0)
+                        if reached_at is not None:
+                            outcome = "target reached"
                     break
                 log.warning("status poll failed: %s", exc)
                 status = status or {}
@@ -397,10 +415,10 @@ class Testbed:
         the agents' launch as documented, whichever path saw it.
         """
         target = self.args.target_accuracy
-        if target is None or self.chaos:
+        if (target is None and self.args.target is None) or self.chaos:
             # A chaos run tests recovery: the target counts once every fault has fired.
             return None
-        if status.get("target_accuracy") is not None:
+        if status.get("target_accuracy") is not None or status.get("target") is not None:
             # The server stops the run itself at the target (it was given
             # --target-accuracy): report its evaluation, and never call
             # /v1/stop first, which would record an operator stop instead.
@@ -412,7 +430,7 @@ class Testbed:
         # the evaluation and stops the run through /v1/stop when it breaks out.
         ev = status.get("evaluation") or {}
         acc = ev.get("accuracy")
-        if acc is None or acc < target:
+        if target is None or acc is None or acc < target:
             return None
         at = float(ev.get("at", time.time()))
         self.emit("target_reached", accuracy=acc, version=ev.get("version"), seconds=round(at - t0, 3))
@@ -494,7 +512,11 @@ class Testbed:
             # The server's own account: target_reached, stopped or running.
             "server_outcome": srv.get("outcome"),
             "target_reached_at": srv.get("target_reached_at"),
-            "reached_target": bool(target is not None and final_acc is not None and reached_at is not None),
+            "target": a.target,
+            "final_metrics": srv.get("final_metrics"),
+            "stop_reason": srv.get("stop_reason"),
+            "reached_target": bool(reached_at is not None
+                                   and (a.target is not None or (target is not None and final_acc is not None))),
             "seconds_to_target": None if reached_at is None else round(reached_at - t0, 3),
             "model_updates": srv.get("model_updates", 0),
             "messages_total": srv.get("messages_total", 0),
@@ -575,6 +597,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="cnn", help="cnn, alexnet, resnet18, mlp")
     p.add_argument("--max-seconds", type=float, default=120.0, help="wall-clock limit of the run (default 120)")
     p.add_argument("--target-accuracy", type=float, default=None, help="stop once test accuracy reaches this")
+    p.add_argument("--task", default=None, metavar="REF",
+                   help="the task the server and every agent train: MODULE:ATTR, path/to/file.py:ATTR or an installed "
+                        "task name (default builtin: --model on --dataset)")
+    p.add_argument("--target", default=None, metavar="METRIC=VALUE",
+                   help="stop once an evaluation reaches this, e.g. r2=0.8 (the server's --target)")
+    p.add_argument("--max-epochs", type=float, default=None, help="the server stops the run after this many epochs")
+    p.add_argument("--max-updates", type=int, default=None, help="the server stops the run after this many model updates")
     p.add_argument("--protect-reads", action="store_true",
                    help="start the server with --protect-reads (status, metrics etc. need a token)")
     p.add_argument("--out", default="runs/testbed", help="output directory (default runs/testbed)")
@@ -717,7 +746,7 @@ def format_summary(s: dict[str, Any], out: Path) -> str:
         f"best {_fmt(s.get('best_accuracy'))}"
         f"{'' if s.get('best_version') is None else ' at version ' + str(s['best_version'])}"
         f"{' (' + s['best_model_file'] + ')' if s.get('best_model_file') else ''}; "
-        f"target {s['target_accuracy']} {'reached in ' + format(s['seconds_to_target'], '.1f') + 's' if s['reached_target'] else 'not reached'}",
+        f"target {s.get('target') or s['target_accuracy']} {'reached in ' + format(s['seconds_to_target'], '.1f') + 's' if s['reached_target'] else 'not reached'}",
         f"   messages {s['messages_total']}; bytes sent {s['bytes_sent_total'] / 1e6:.2f} MB, "
         f"received {s['bytes_received_total'] / 1e6:.2f} MB",
         f"   {'worker':<10} {'speed':>6} {'samples':>8} {'cycles':>6} {'compute':>8} {'wait':>7} {'util':>5} "

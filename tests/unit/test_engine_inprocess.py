@@ -192,3 +192,78 @@ def test_state_dict_round_trips_into_a_fresh_engine(clock):
     assert other.registry.get(agent.rec.id).state == "lost"
     assert other.membership.awaiting_rejoin == {agent.rec.id}
     assert other.status()["elapsed_seconds"] == 3.0
+
+
+# ---- run budgets and targets (issue 14) ----------------------------------------
+
+
+def test_max_updates_stops_the_run_after_that_many_folds_and_says_so(clock):
+    engine = _engine(clock, max_updates=2)
+    stops: list[str] = []
+    engine.on_stop.append(stops.append)
+    agent = _Agent(engine, clock, "a")
+
+    async def go():
+        return [(await agent.request(MsgType.PUSH_UPDATE, {"samples": 1}, payload=agent.delta(0.1),
+                                     model_version=v)).header.body for v in range(3)]
+
+    first, second, third = _run(go())
+    assert first["status"] == second["status"] == "applied"
+    assert third["status"] == "rejected" and third["reason"] == "run is stopping"
+    assert engine.state.version == 2 and engine.stopping
+    assert engine.stop_reason == "max_updates=2 reached at version 2" and stops == [engine.stop_reason]
+    status = engine.status()
+    assert (status["outcome"], status["budget_reached"], status["stop_reason"]) == (
+        "budget_reached", "max_updates", engine.stop_reason)
+
+
+def test_a_budget_reached_inside_a_barrier_releases_every_held_reply(clock):
+    engine = _engine(clock, preset="bsp", max_updates=1)
+    a, b = _Agent(engine, clock, "a"), _Agent(engine, clock, "b")
+
+    async def go():
+        first = asyncio.ensure_future(a.request(MsgType.PUSH_UPDATE, {"samples": 1}, payload=a.delta(1.0)))
+        await asyncio.sleep(0.05)
+        second = await b.request(MsgType.PUSH_UPDATE, {"samples": 1}, payload=b.delta(3.0))
+        return await asyncio.wait_for(first, 5), second
+
+    first, second = _run(go())
+    assert engine.state.version == 1 and engine.stop_reason.startswith("max_updates=1 ")
+    assert not engine.held
+    assert {first.header.body["status"], second.header.body["status"]} <= {"applied", "abandoned"}
+
+
+def test_max_seconds_and_max_epochs_stop_at_the_first_reached(clock):
+    engine = _engine(clock, max_seconds=30.0, max_epochs=100.0)
+    engine.check_budgets()
+    assert not engine.stopping
+    clock.advance(31.0)
+    engine.check_budgets()
+    assert engine.stop_reason == "max_seconds=30 reached at version 0" and engine.budget_reached == "max_seconds"
+
+    engine = _engine(clock, max_epochs=0.5)
+    agent = _Agent(engine, clock, "a")
+    while engine.queue.progress < 0.5:
+        _run(agent.request(MsgType.REQUEST_WORK, {}))
+    _run(agent.request(MsgType.PUSH_UPDATE, {"samples": 1}, payload=agent.delta(0.1)))
+    assert engine.budget_reached == "max_epochs" and engine.stop_reason.startswith("max_epochs=0.5 reached")
+
+
+def test_a_target_on_a_lower_is_better_metric_stops_the_run(clock):
+    from hermes.common.task import accuracy
+
+    def error(output: torch.Tensor, target: torch.Tensor) -> float:
+        return 1.0 - accuracy(output, target)
+
+    task = Task(model=lambda: build_model("mlp", input_shape=(8,), num_classes=3), name="toy",
+                metrics={"error": error, "accuracy": accuracy})
+    engine = _engine(clock, target="error=1.0")
+    engine = Engine(engine.config, metrics=ServerMetrics(), events=EventLog(None, clock=clock), max_workers=8,
+                    max_message_bytes=1 << 24, splits=(engine.train, engine.validation, engine.test), clock=clock,
+                    task=task)
+    assert engine.primary_metric() == ("error", "min")
+    ev = engine.evaluator.evaluate_now()
+    assert set(ev.metrics) == {"error", "accuracy"} and ev.metrics["error"] <= 1.0
+    assert engine.stopping and engine.stop_reason == "target error=1 reached at version 0"
+    assert engine.status()["target_reached_at"]["metric"] == "error"
+    assert engine.status()["outcome"] == "target_reached"
