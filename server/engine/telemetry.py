@@ -30,7 +30,8 @@ def _applied(m: ServerMetrics, f: Fields) -> None:
 
 
 def _evaluation(m: ServerMetrics, f: Fields) -> None:
-    m.test_accuracy.set(f["accuracy"])
+    if f["accuracy"] is not None:  # a task without an accuracy metric (regression) has none
+        m.test_accuracy.set(f["accuracy"])
     m.test_loss.set(f["loss"])
     m.evaluated_version.set(f["version"])
     m.eval_seconds.observe(f["seconds"])
