@@ -133,11 +133,13 @@ class DigitsFolder(ImageFolder):
     """The digits split ``split`` of :func:`digits_folder`, written on first access."""
 
     def __init__(self, split: str) -> None:
-        super().__init__(cache_root() / "digits-pgm" / split)
+        super().__init__(Path(split))
+        self.split = split
 
     @cached_property
     def files(self) -> list[tuple[Path, int]]:
-        digits_folder()
+        # The cache folder is found (and written) here, not at import: $HERMES_EXAMPLES_CACHE may be set later.
+        self.root = digits_folder() / self.split
         return super().files
 
 

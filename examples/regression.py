@@ -16,6 +16,8 @@ lr 0.05 makes the MSE on 353 samples jump around by ±0.3 R²).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -60,7 +62,7 @@ class MLP(nn.Module):
         return self.net(x).squeeze(-1)
 
 
-def sgd(params):  # type: ignore[no-untyped-def]
+def sgd(params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
     return torch.optim.SGD(params, lr=0.01, momentum=0.9)
 
 

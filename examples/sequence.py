@@ -15,6 +15,8 @@ moments) across cycles and pulls; the server folds the parameter updates the age
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
 import torch
 from torch import nn
@@ -55,7 +57,7 @@ class GRUClassifier(nn.Module):
         return self.head(last[0])
 
 
-def adamw(params):  # type: ignore[no-untyped-def]
+def adamw(params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
     return torch.optim.AdamW(params, lr=3e-3, weight_decay=1e-4)
 
 

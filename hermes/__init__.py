@@ -10,16 +10,16 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["Agent", "Result", "RunError", "Server", "Task", "train"]
+__all__ = ["Agent", "Result", "RunError", "Server", "Task", "TaskError", "train"]
 
 _API = frozenset({"Agent", "Result", "RunError", "Server", "train"})
 
 
 def __getattr__(name: str) -> Any:
-    if name == "Task":
-        from hermes.common.task import Task
+    if name in ("Task", "TaskError"):
+        from hermes.common import task
 
-        return Task
+        return getattr(task, name)
     if name in _API:
         from hermes import api
 

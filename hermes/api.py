@@ -101,6 +101,7 @@ class Server:
         self.task: Task = resolve_task(task, self.settings.run_config())
         self.host, self.port = host, port
         self.url = ""
+        self.data_address = ""
         self.agents: list[Agent] = []
         self._uvicorn: Any = None
         self._thread: threading.Thread | None = None
@@ -142,6 +143,7 @@ class Server:
             raise RunError(f"the server for task {self.task.name} did not start (see the log above)")
         port = server.servers[0].sockets[0].getsockname()[1]
         self.url = f"http://{self.host}:{port}"
+        self.data_address = app.state.data_plane_address
         log.info("hermes server for task %s at %s, writing to %s", self.task.name, self.url, self.out_dir)
         return self
 
