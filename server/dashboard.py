@@ -68,7 +68,8 @@ class History:
     def __call__(self, fact: str, fields: Fields) -> None:
         if fact == "evaluation":
             point = {"elapsed": fields["elapsed"], "version": fields["version"],
-                     "accuracy": fields["accuracy"], "loss": fields["loss"]}
+                     "accuracy": fields["accuracy"], "loss": fields["loss"],
+                     "metrics": fields.get("metrics") or {}}
             target = self.evaluations
         elif fact == "cycle":
             wid = fields["worker"]

@@ -61,6 +61,8 @@ class ServerMetrics:
             ["worker", "worker_id", "kind"], registry=r,
         )
         self.test_accuracy = Gauge("hermes_test_accuracy", "Test accuracy of the last evaluated model", registry=r)
+        self.test_metric = Gauge("hermes_test_metric", "Each metric of the task on the last evaluated model",
+                                 ["metric"], registry=r)
         self.test_loss = Gauge("hermes_test_loss", "Test loss of the last evaluated model", registry=r)
         self.evaluated_version = Gauge("hermes_evaluated_version", "Model version of the last evaluation", registry=r)
         self.registrations = Counter("hermes_registrations_total", "Registration attempts by outcome", ["outcome"], registry=r)

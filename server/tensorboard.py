@@ -101,8 +101,10 @@ class TensorBoardSink:
     def __call__(self, fact: str, fields: Fields) -> None:
         if fact == "evaluation":
             self._version = fields["version"]
-            self._scalars(self._version, {"test/accuracy": fields["accuracy"], "test/loss": fields["loss"],
-                                          **self._traffic()}, flush=True)
+            tests = {f"test/{name}": value for name, value in (fields.get("metrics") or {}).items()}
+            if fields["accuracy"] is not None:
+                tests["test/accuracy"] = fields["accuracy"]
+            self._scalars(self._version, {**tests, "test/loss": fields["loss"], **self._traffic()}, flush=True)
         elif fact == "cycle":
             name = self.name_of(fields["worker"])
             with self._lock:

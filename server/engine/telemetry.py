@@ -30,8 +30,10 @@ def _applied(m: ServerMetrics, f: Fields) -> None:
 
 
 def _evaluation(m: ServerMetrics, f: Fields) -> None:
-    if f["accuracy"] is not None:  # a task without an accuracy metric (regression) has none
+    if f["accuracy"] is not None:  # a task without an accuracy metric (regression) leaves it unset
         m.test_accuracy.set(f["accuracy"])
+    for name, value in (f.get("metrics") or {}).items():
+        m.test_metric.labels(metric=name).set(value)
     m.test_loss.set(f["loss"])
     m.evaluated_version.set(f["version"])
     m.eval_seconds.observe(f["seconds"])
@@ -55,9 +57,10 @@ _LINES: dict[str, tuple[int, str, Callable[[Fields], tuple[Any, ...]]]] = {
     "stop_requested": (logging.INFO, "stop requested: %s", lambda f: (f["reason"],)),
     "server_shutdown": (logging.INFO, "server shutting down; agents will reconnect to a restarted server",
                         lambda f: ()),
-    "target_reached": (logging.INFO, "target accuracy %s reached: %.4f at model version %d, %.1fs after the start; "
+    "target_reached": (logging.INFO, "target %s reached: %s %.4f at model version %d, %.1fs after the start; "
                        "stopping the run",
-                       lambda f: (f["target_accuracy"], f["accuracy"], f["version"], f["seconds"])),
+                       lambda f: (f["target"], f["metric"], f["value"], f["version"], f["seconds"])),
+    "budget_reached": (logging.INFO, "%s; stopping the run", lambda f: (f["reason"],)),
     "join": (logging.INFO, "worker %s (%s) %s",
              lambda f: (f["worker"], f["name"], "rejoined" if f["rejoined"] else "joined")),
     "leave": (logging.INFO, "worker %s %s: %s", lambda f: (f["worker"], f["state"], f["reason"])),
