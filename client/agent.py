@@ -18,14 +18,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 import zmq
 
 from hermes.client.collective import settle_abandoned
 from hermes.client.cores import UsableCores, usable_cores
+from hermes.client.local_data import LocalSet
 from hermes.client.memory_probe import available_memory_bytes, memory_profile
-from hermes.client.prefetch import ShardFetcher, ShardStats
+from hermes.client.prefetch import ShardFetcher, ShardStats, records_to_tensors
 from hermes.client.session import AgentStats, Job, Session
 from hermes.client.topology import AllReduce, PushPull
 from hermes.client.trainer import resolve_device
@@ -101,6 +101,9 @@ _REJOIN_CODES = frozenset({ErrorCode.UNAUTHORIZED.value, ErrorCode.UNKNOWN_WORKE
 class Agent:
     def __init__(self, options: AgentOptions) -> None:
         self.options = options
+        # Device-local data (task.local_data): built before registering, so a broken one never
+        # leaves a half-registered worker; None: the agent trains on the server's shards.
+        self.local: LocalSet | None = None
         self.stop_requested = threading.Event()
         # Cuts data-plane waits short: set on stop and when the server forgot us.
         self.cancel = threading.Event()
@@ -122,7 +125,7 @@ class Agent:
         self._last_log_line = 0.0
         # The first registration's model (Hermes Alg. 2's w0) and the gate's validation split: kept over rejoins.
         self.baseline: torch.Tensor | None = None
-        self.validation: tuple[np.ndarray, np.ndarray] | None = None
+        self.validation: tuple[torch.Tensor, torch.Tensor] | None = None
         # The current registration; None before the first one.
         self.session: Session | None = None
         # What registration states about the task (set by _load_task).
@@ -144,8 +147,14 @@ class Agent:
                  "none" if self.cores.quota is None else f"{self.cores.quota:g}")
         device = resolve_device(opts.device)
         task, model = self._load_task()
+        if task.local_data is not None and self.local is None:
+            self.local = LocalSet.build(task, opts.name)
+            log.info("device-local data: %d samples from %s.local_data(%r); nothing is fetched from the server",
+                     len(self.local), task.name or "the task", opts.name)
         session = self._register(device)
         job = Job.from_registration(session.reg, session.worker_id, device, opts.slowdown, task, model)
+        if self.local is not None:
+            self.local.configure(job.config, gate=job.gate is not None)
         log.info("registered as %s (%s); preset=%s task=%s model=%s (%d params) precision=%s device=%s data plane %s",
                  session.worker_id, opts.name, job.config.preset, task.name, job.spec.name, job.spec.numel,
                  job.precision_choice.describe() if job.precision_choice else job.precision, device,
@@ -192,10 +201,11 @@ class Agent:
                                  **self.cores.hints()}
         if self.options.cores:
             hints["cores"] = self.options.cores
+        extra: dict[str, Any] = {} if self.local is None else {"local_samples": len(self.local)}
         try:
             reg = self.control.register(name=self.options.name, threads=self.threads, device=device.type,
                                         slowdown=self.options.slowdown, hints=hints, task=self.task_name,
-                                        task_fingerprint=self.task_fingerprint)
+                                        task_fingerprint=self.task_fingerprint, **extra)
         except RemoteError as exc:
             if exc.code == "http_410":
                 self.stop_reason = "the server's run is over"
@@ -205,7 +215,7 @@ class Agent:
                                shard_stats=self.shard_stats, cancel=self.cancel,
                                request_timeout=self.options.request_timeout,
                                kafka_bootstrap=self.options.kafka_bootstrap, on_lost=self._registration_lost,
-                               previous=previous)
+                               previous=previous, local=self.local)
         return self.session
 
     def _registration_lost(self, reason: str) -> None:
@@ -269,18 +279,21 @@ class Agent:
         else:
             PushPull(self, job, session).train()
 
-    def _fetch_validation(self, job: Job, session: Session) -> tuple[np.ndarray, np.ndarray]:
-        """The gate's fixed validation split: from Kafka when the server published it there."""
+    def _fetch_validation(self, job: Job, session: Session) -> tuple[torch.Tensor, torch.Tensor]:
+        """The gate's fixed validation split: from Kafka when the server published it there
+        (device-local data: held out of the local set, nothing fetched)."""
+        if self.local is not None:
+            return self.local.validation()
         fetcher = ShardFetcher(session.data, self.shard_stats, kafka_bootstrap=self.options.kafka_bootstrap,
                                should_stop=self.stop_requested.is_set)
         try:
             fetched = fetcher.fetch(job.validation_shards, job.data_source, "validation")
         finally:
             fetcher.close()
-        if fetched is None:  # asked to stop meanwhile; the loop will not run a cycle
-            return np.zeros((0,)), np.zeros((0,))
-        records, _ = fetched
-        return np.concatenate([r.x for r in records]), np.concatenate([r.y for r in records])
+        samples = None if fetched is None else records_to_tensors(fetched[0])
+        if samples is None:  # asked to stop meanwhile; the loop will not run a cycle
+            return torch.zeros((0,)), torch.zeros((0,))
+        return samples
 
     # ---- what the loop and the topologies call ---------------------------------
 

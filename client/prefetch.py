@@ -22,9 +22,11 @@ import threading
 import time
 from dataclasses import dataclass
 
-import numpy as np
+import torch
 
+from hermes.client.local_data import LocalDataError, LocalSet
 from hermes.client.transport import DataClient
+from hermes.common.arrays import to_tensor
 from hermes.common.kafka_layout import shards_in, validate_ranges
 from hermes.common.shards import RecordError, ShardRecord, decode_record
 from hermes.common.wire import MsgType
@@ -36,8 +38,10 @@ log = logging.getLogger(__name__)
 class Work:
     epoch: int
     shards: tuple[int, ...]
-    x: np.ndarray | None  # None: no new shards this cycle
-    y: np.ndarray | None
+    # Inputs and targets as tensors of the records' dtypes (any: float images, int64
+    # token ids, float targets, bfloat16); None: no new samples this cycle.
+    x: torch.Tensor | None
+    y: torch.Tensor | None
     batch_size: int
     lr: float
     fetched_bytes: int
@@ -255,9 +259,22 @@ class ShardFetcher:
         return record, nbytes
 
 
+def records_to_tensors(records: list[ShardRecord]) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The records' samples, in order, as (inputs, targets) tensors of their own dtypes; None for no records."""
+    if not records:
+        return None
+    xs = [to_tensor(r.x, r.x_dtype) for r in records]
+    ys = [to_tensor(r.y, r.y_dtype) for r in records]
+    return (torch.cat(xs) if len(xs) > 1 else xs[0]), (torch.cat(ys) if len(ys) > 1 else ys[0])
+
+
 class Prefetcher:
+    """Prepares the next assignment while the trainer works: its shards fetched, or (device-local
+    data, ``source: "local"``) ``local_samples`` samples drawn from ``local``."""
+
     def __init__(self, client_factory, *, depth: int = 1, max_refetch: int = 3, stats: ShardStats | None = None,
-                 kafka_bootstrap: str | None = None, reader_options: dict | None = None) -> None:
+                 kafka_bootstrap: str | None = None, reader_options: dict | None = None,
+                 local: LocalSet | None = None) -> None:
         self._client_factory = client_factory
         self._queue: queue.Queue[Work | StopSignal] = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
@@ -266,6 +283,7 @@ class Prefetcher:
         self.stats = stats or ShardStats()
         self.kafka_bootstrap = kafka_bootstrap
         self.reader_options = reader_options
+        self.local = local
         self.wait_seconds = 0.0
         # The wait for the first assignment: nothing can be prefetched before it,
         # so the steady-state wait is wait_seconds - first_wait_seconds.
@@ -336,6 +354,8 @@ class Prefetcher:
 
     def _fetch(self, body: dict) -> Work | None:
         assert self.fetcher is not None
+        if body.get("source") == "local":
+            return self._draw(body)
         if body["shards"]:
             fetched = self.fetcher.fetch(body["shards"], body, "train")
             if fetched is None:
@@ -343,17 +363,26 @@ class Prefetcher:
             records, nbytes = fetched
         else:
             records, nbytes = [], 0  # the samples carried over from the last cycle cover this one
-        xs = [r.x for r in records]
-        ys = [r.y for r in records]
+        samples = records_to_tensors(records)
         self.fetched_bytes += nbytes
         return Work(
             epoch=int(body["epoch"]),
             shards=tuple(int(s) for s in body["shards"]),
-            x=np.concatenate(xs) if len(xs) > 1 else (xs[0] if xs else None),
-            y=np.concatenate(ys) if len(ys) > 1 else (ys[0] if ys else None),
+            x=None if samples is None else samples[0],
+            y=None if samples is None else samples[1],
             batch_size=int(body["batch_size"]),
             lr=float(body["lr"]),
             fetched_bytes=nbytes,
             cycle_samples=int(body["cycle_samples"]) if body.get("cycle_samples") else None,
             accumulation=int(body.get("accumulation", 1)),
         )
+
+    def _draw(self, body: dict) -> Work:
+        """Device-local data: the server sized the cycle (``local_samples``); no byte crosses the network."""
+        if self.local is None:
+            raise LocalDataError("the server assigns device-local samples but this agent's task has no local_data")
+        n = int(body["local_samples"])
+        x, y = self.local.draw(n)
+        return Work(epoch=int(body["epoch"]), shards=(), x=x, y=y, batch_size=int(body["batch_size"]),
+                    lr=float(body["lr"]), fetched_bytes=0, cycle_samples=n,
+                    accumulation=int(body.get("accumulation", 1)))

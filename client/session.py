@@ -22,13 +22,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 import zmq
 from torch import nn
 
 from hermes.client.collective import CollectiveGroup
 from hermes.client.heartbeat import Heartbeat
+from hermes.client.local_data import LocalSet
 from hermes.client.precision import PrecisionChoice, pick_precision
 from hermes.client.prefetch import Prefetcher, ShardStats, Work
 from hermes.client.trainer import LocalTrainer, resolve_precision
@@ -131,7 +131,7 @@ class Session:
     def __init__(self, reg: dict[str, Any], *, quick_control: ControlClient, context: zmq.Context,
                  traffic: TrafficCounter, shard_stats: ShardStats, cancel: threading.Event, request_timeout: float,
                  kafka_bootstrap: str | None, on_lost: Callable[[str], None],
-                 previous: Session | None = None) -> None:
+                 previous: Session | None = None, local: LocalSet | None = None) -> None:
         self.reg = reg
         self.worker_id: str = reg["worker_id"]
         self.token: str = reg["token"]
@@ -143,7 +143,7 @@ class Session:
         self._request_timeout = request_timeout
         self.shard_stats = shard_stats
         self.data = self.data_client()
-        self.prefetcher = Prefetcher(self.data_client, stats=shard_stats, kafka_bootstrap=kafka_bootstrap)
+        self.prefetcher = Prefetcher(self.data_client, stats=shard_stats, kafka_bootstrap=kafka_bootstrap, local=local)
         if previous is not None:
             # The waits are the agent's, not the registration's: they add up over rejoins.
             self.prefetcher.wait_seconds = previous.prefetcher.wait_seconds
@@ -153,7 +153,7 @@ class Session:
         self.base: torch.Tensor | None = previous.base if previous is not None else None
         # Samples of the last assignment beyond its cycle: trained first next cycle. The
         # server's account of them starts over with a new registration, so does ours.
-        self.carry: tuple[np.ndarray, np.ndarray] | None = None
+        self.carry: tuple[torch.Tensor, torch.Tensor] | None = None
         # Topology collective: the current generation's group (the heartbeat may abort it).
         self.group: CollectiveGroup | None = None
         self.last_report: float = previous.last_report if previous is not None else 0.0
@@ -180,7 +180,7 @@ class Session:
         self.prefetcher.stop()
         self.heartbeat.stop()
 
-    def cycle_samples(self, work: Work) -> tuple[np.ndarray, np.ndarray]:
+    def cycle_samples(self, work: Work) -> tuple[torch.Tensor, torch.Tensor]:
         """Exactly the samples this cycle asks for: the carry from the last cycle first, then the new shards.
 
         Shards are whole while workloads are not; what is left over is trained
@@ -188,9 +188,9 @@ class Session:
         """
         parts = [p for p in (self.carry, (work.x, work.y) if work.x is not None else None) if p is not None]
         if not parts:
-            return np.zeros((0,)), np.zeros((0,), dtype=np.int64)
-        x = np.concatenate([p[0] for p in parts]) if len(parts) > 1 else parts[0][0]
-        y = np.concatenate([p[1] for p in parts]) if len(parts) > 1 else parts[0][1]
+            return torch.zeros((0,)), torch.zeros((0,), dtype=torch.int64)
+        x = torch.cat([p[0] for p in parts]) if len(parts) > 1 else parts[0][0]
+        y = torch.cat([p[1] for p in parts]) if len(parts) > 1 else parts[0][1]
         n = len(y) if work.cycle_samples is None else min(work.cycle_samples, len(y))
         self.carry = (x[n:], y[n:]) if n < len(y) else None
         return x[:n], y[:n]

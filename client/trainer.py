@@ -136,7 +136,7 @@ class LocalTrainer:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=dtype)
 
-    def train_cycle(self, x: np.ndarray, y: np.ndarray, batch_size: int, accumulation: int = 1, *,
+    def train_cycle(self, x: torch.Tensor | np.ndarray, y: torch.Tensor | np.ndarray, batch_size: int, accumulation: int = 1, *,
                     steps: int | None = None, grad_hook: GradHook | None = None) -> CycleResult:
         """Optimizer steps on shuffled chunks of ``batch_size * accumulation`` samples.
 
@@ -161,7 +161,8 @@ class LocalTrainer:
             raise ValueError(f"accumulation must be >= 1, got {accumulation}")
         self.model.train()
         order = self.rng.permutation(len(y))
-        xt, yt = torch.from_numpy(x), torch.from_numpy(y)
+        # The data path hands tensors of the task's dtypes (numpy arrays still work).
+        xt, yt = torch.as_tensor(x), torch.as_tensor(y)
         params = [p for p in self.model.parameters() if p.requires_grad]
         step_samples = batch_size * accumulation
         if steps is None:
@@ -202,10 +203,10 @@ class LocalTrainer:
                            compute_seconds=compute, wait_seconds=waited, stopped=stopped)
 
     @torch.inference_mode()
-    def evaluate(self, x: np.ndarray, y: np.ndarray, batch_size: int = 512) -> float:
+    def evaluate(self, x: torch.Tensor | np.ndarray, y: torch.Tensor | np.ndarray, batch_size: int = 512) -> float:
         """Mean task loss of the local model on a held-out split (the gate's input)."""
         self.model.eval()
-        xt, yt = torch.from_numpy(x), torch.from_numpy(y)
+        xt, yt = torch.as_tensor(x), torch.as_tensor(y)
         total = 0.0
         for i in range(0, len(yt), batch_size):
             out = self.model(xt[i : i + batch_size].to(self.device)).float()

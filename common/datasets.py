@@ -66,6 +66,12 @@ class ArrayDataset:
     def __len__(self) -> int:
         return int(self.x.shape[0])
 
+    def __getitem__(self, i: int) -> tuple[Any, Any]:
+        """Sample ``i`` as an (input, target) pair of tensors: an ArrayDataset is a map-style Dataset."""
+        import torch
+
+        return torch.from_numpy(self.x[i]), torch.tensor(self.y[i])
+
 
 def load_dataset(
     name: str,
@@ -293,6 +299,17 @@ _LOADERS: dict[str, Callable[..., tuple[ArrayDataset, ArrayDataset]]] = {
 }
 
 
+def validation_indices(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(train indices, validation indices), both sorted: a seeded ``fraction`` of ``n`` held out."""
+    if not 0.0 < fraction < 1.0:
+        raise ValueError(f"validation fraction must lie in (0, 1), got {fraction!r}")
+    n_val = max(1, int(round(n * fraction)))
+    if n_val >= n:
+        raise ValueError(f"validation fraction {fraction} leaves no training samples out of {n}")
+    order = np.random.default_rng([seed, 0x5A1]).permutation(n)
+    return np.sort(order[n_val:]), np.sort(order[:n_val])
+
+
 def split_validation(train: ArrayDataset, fraction: float, seed: int) -> tuple[ArrayDataset, ArrayDataset]:
     """Hold out a seeded ``fraction`` of the training set as a validation set.
 
@@ -302,12 +319,7 @@ def split_validation(train: ArrayDataset, fraction: float, seed: int) -> tuple[A
     """
     if not 0.0 < fraction < 1.0:
         raise ValueError(f"validation fraction must lie in (0, 1), got {fraction!r}")
-    n = len(train)
-    n_val = max(1, int(round(n * fraction)))
-    if n_val >= n:
-        raise ValueError(f"validation fraction {fraction} leaves no training samples out of {n}")
-    order = np.random.default_rng([seed, 0x5A1]).permutation(n)
-    val_idx, train_idx = np.sort(order[:n_val]), np.sort(order[n_val:])
+    train_idx, val_idx = validation_indices(len(train), fraction, seed)
 
     def take(idx: np.ndarray, name: str) -> ArrayDataset:
         return ArrayDataset(name=name, x=np.ascontiguousarray(train.x[idx]), y=np.ascontiguousarray(train.y[idx]),

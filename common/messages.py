@@ -235,11 +235,12 @@ class ReportStats(BaseModel):
 
 
 class KafkaRanges(BaseModel):
-    """Where a reader finds shard records: ``{"source": "zmq"}`` or the Kafka topic and ranges."""
+    """Where a reader finds shard records: ``{"source": "zmq"}``, the Kafka topic and ranges, or
+    ``{"source": "local"}``: nowhere, the agent trains on its own data (``task.local_data``)."""
 
     model_config = _BUILT
 
-    source: Literal["kafka", "zmq"] = "zmq"
+    source: Literal["kafka", "zmq", "local"] = "zmq"
     bootstrap: str | None = None
     topic: str | None = None
     partitions: int | None = None
@@ -259,10 +260,12 @@ class WorkReply(BaseModel):
     accumulation: int
     lr: float
     data: KafkaRanges = KafkaRanges()
+    # Device-local data (source "local"): draw this many samples from the local set; shards is [].
+    local_samples: int | None = None
 
     def body(self) -> dict[str, Any]:
         """The wire body: the data-source fields sit beside the assignment's, as agents read them."""
-        out = self.model_dump(exclude={"data"})
+        out = self.model_dump(exclude={"data"}, exclude_none=True)
         out.update(self.data.model_dump(exclude_none=True))
         return out
 
@@ -321,6 +324,8 @@ class RegisterRequest(BaseModel):
     # checks every update's shapes.
     task: str | None = Field(default=None, min_length=1, max_length=200)
     task_fingerprint: str | None = Field(default=None, min_length=1, max_length=64, pattern=r"^[0-9a-f]+$")
+    # Device-local data: how many samples the agent's local set holds (None: it trains on the server's shards).
+    local_samples: int | None = Field(default=None, ge=1)
 
 
 class CollectiveRendezvous(BaseModel):

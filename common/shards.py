@@ -2,13 +2,20 @@
 
 The training set is cut once into fixed-size shards. Each shard is one
 self-describing record, the same bytes whether it travels over the ZeroMQ
-data plane or (later) as a Kafka record value::
+data plane or as a Kafka record value::
 
     b"HSR1" | u32 little-endian header length | msgpack header | array bytes
 
-The header holds: ``format`` (1), ``dataset``, ``shard`` (id), ``samples``,
+The header (format 2) holds: ``format`` (2), ``dataset``, ``shard`` (id),
+``samples``, ``byteorder`` ("little": every array is little-endian),
 ``arrays`` (list of {name, dtype, shape, offset, nbytes}, offsets relative to
-the first array byte) and ``crc32c`` over all array bytes.
+the first array byte; ``x`` is the inputs, ``y`` the targets, each of shape
+``(samples, *per_sample_shape)``) and ``crc32c`` over all array bytes.
+``dtype`` is one of :data:`RECORD_DTYPES`; ``bfloat16``, which numpy lacks,
+is stored as its raw 16 bits (read it as ``<u2`` and shift into the high
+half of a float32). Format 1 (float32/float16/float64/int8-64/uint8 only,
+native byte order) is still decoded. A reader needs only msgpack and numpy
+(and crc32c to verify); docs/incoming/data.md has a 20-line one.
 
 An epoch is a seeded permutation of shard ids handed out in order, so the
 shards of one epoch are disjoint and cover the training set whatever the
@@ -27,9 +34,16 @@ import msgpack
 import numpy as np
 
 RECORD_MAGIC = b"HSR1"
-RECORD_FORMAT = 1
+RECORD_FORMAT = 2
+_FORMATS = (1, 2)
 _LEN = struct.Struct("<I")
-_NP_DTYPES = {"float32", "float16", "int64", "int32", "uint8", "int8", "int16", "float64"}
+# Record dtype name -> how its bytes are read with numpy (little-endian storage).
+RECORD_DTYPES: dict[str, str] = {
+    "bool": "|b1", "uint8": "|u1", "int8": "|i1", "int16": "<i2", "uint16": "<u2", "int32": "<i4",
+    "uint32": "<u4", "int64": "<i8", "float16": "<f2", "float32": "<f4", "float64": "<f8",
+    "bfloat16": "<u2",
+}
+_V1_DTYPES = {"float32", "float16", "int64", "int32", "uint8", "int8", "int16", "float64"}
 
 
 class RecordError(ValueError):
@@ -38,24 +52,43 @@ class RecordError(ValueError):
 
 @dataclass(frozen=True)
 class ShardRecord:
+    """One decoded shard. ``x``/``y`` are numpy arrays; a ``bfloat16`` array is its raw
+    bits as uint16 (``x_dtype``/``y_dtype`` name the real dtype: see ``hermes.common.arrays``)."""
+
     dataset: str
     shard: int
     x: np.ndarray
     y: np.ndarray
+    x_dtype: str = ""
+    y_dtype: str = ""
 
     @property
     def samples(self) -> int:
         return int(self.y.shape[0])
 
 
-def encode_record(dataset: str, shard: int, x: np.ndarray, y: np.ndarray) -> bytes:
+def dtype_name(arr: np.ndarray, declared: str | None = None) -> str:
+    """The record dtype name of an array (``declared`` for a bfloat16 array held as uint16)."""
+    name = declared or arr.dtype.name
+    if name not in RECORD_DTYPES:
+        raise ValueError(f"dtype {name} cannot be carried by shard records (use one of {sorted(RECORD_DTYPES)})")
+    if declared == "bfloat16" and arr.dtype != np.uint16:
+        raise ValueError(f"a bfloat16 array must be given as its uint16 bits, got {arr.dtype}")
+    return name
+
+
+def encode_record(dataset: str, shard: int, x: np.ndarray, y: np.ndarray, *,
+                  x_dtype: str | None = None, y_dtype: str | None = None) -> bytes:
+    """One record; ``x_dtype``/``y_dtype`` "bfloat16" mark uint16 arrays holding bfloat16 bits."""
     arrays, blobs, offset = [], [], 0
-    for name, arr in (("x", x), ("y", y)):
-        arr = np.ascontiguousarray(arr)
-        if arr.dtype.name not in _NP_DTYPES:
-            raise ValueError(f"array {name!r} has dtype {arr.dtype} which records cannot carry")
+    for name, arr, declared in (("x", x, x_dtype), ("y", y, y_dtype)):
+        try:
+            dname = dtype_name(arr, declared)
+        except ValueError as exc:
+            raise ValueError(f"array {name!r}: {exc}") from None
+        arr = np.ascontiguousarray(arr, dtype=np.dtype(RECORD_DTYPES[dname]))
         blob = arr.tobytes()
-        arrays.append({"name": name, "dtype": arr.dtype.name, "shape": list(arr.shape), "offset": offset, "nbytes": len(blob)})
+        arrays.append({"name": name, "dtype": dname, "shape": list(arr.shape), "offset": offset, "nbytes": len(blob)})
         blobs.append(blob)
         offset += len(blob)
     body = b"".join(blobs)
@@ -65,6 +98,7 @@ def encode_record(dataset: str, shard: int, x: np.ndarray, y: np.ndarray) -> byt
             "dataset": dataset,
             "shard": int(shard),
             "samples": int(y.shape[0]),
+            "byteorder": "little",
             "arrays": arrays,
             "crc32c": crc32c.crc32c(body),
         },
@@ -74,7 +108,7 @@ def encode_record(dataset: str, shard: int, x: np.ndarray, y: np.ndarray) -> byt
 
 
 def decode_record(buf: bytes | memoryview) -> ShardRecord:
-    """Parse and verify one record; arrays are copies owned by the caller."""
+    """Parse and verify one record (format 1 or 2); arrays are copies owned by the caller."""
     view = memoryview(buf).cast("B")
     if len(view) < 8 or bytes(view[:4]) != RECORD_MAGIC:
         raise RecordError("not a shard record (bad magic)")
@@ -83,23 +117,30 @@ def decode_record(buf: bytes | memoryview) -> ShardRecord:
         raise RecordError(f"record truncated: header of {hlen} bytes, record of {len(view)}")
     try:
         header = msgpack.unpackb(view[8 : 8 + hlen], raw=False)
-        if header["format"] != RECORD_FORMAT:
-            raise RecordError(f"record format {header['format']} unsupported (want {RECORD_FORMAT})")
+        fmt = header["format"]
+        if fmt not in _FORMATS:
+            raise RecordError(f"record format {fmt} unsupported (this reader knows {list(_FORMATS)})")
+        if fmt >= 2 and header["byteorder"] != "little":
+            raise RecordError(f"record byteorder {header['byteorder']!r} unsupported")
+        allowed = _V1_DTYPES if fmt == 1 else RECORD_DTYPES
         body = view[8 + hlen :]
         if crc32c.crc32c(body) != header["crc32c"]:
             raise RecordError(f"shard {header.get('shard')}: checksum mismatch")
-        arrays, end = {}, 0
+        arrays, names, end = {}, {}, 0
         for a in header["arrays"]:
-            if a["dtype"] not in _NP_DTYPES:
+            if a["dtype"] not in allowed:
                 raise RecordError(f"array {a['name']!r}: dtype {a['dtype']!r} not allowed")
-            dtype = np.dtype(a["dtype"])
+            # Format 1 wrote native order (every machine we ran on was little-endian).
+            dtype = np.dtype(RECORD_DTYPES[a["dtype"]] if fmt >= 2 else a["dtype"])
             shape = tuple(int(d) for d in a["shape"])
             # The CRC covers the array bytes only, so the layout is checked too:
             # arrays lie back to back from offset 0 (as encode_record writes them).
             if (math.prod(shape) * dtype.itemsize != a["nbytes"] or any(d < 0 for d in shape)
                     or a["offset"] != end or a["offset"] + a["nbytes"] > len(body)):
                 raise RecordError(f"array {a['name']!r}: shape/length mismatch")
-            arrays[a["name"]] = np.frombuffer(body, dtype=dtype, count=math.prod(shape), offset=a["offset"]).reshape(shape).copy()
+            arr = np.frombuffer(body, dtype=dtype, count=math.prod(shape), offset=a["offset"]).reshape(shape)
+            arrays[a["name"]] = arr.astype(dtype.newbyteorder("="), copy=True)
+            names[a["name"]] = a["dtype"]
             end += a["nbytes"]
         if end != len(body):
             raise RecordError(f"arrays cover {end} bytes, record body has {len(body)}")
@@ -108,10 +149,12 @@ def decode_record(buf: bytes | memoryview) -> ShardRecord:
         # is a corrupt record too (RecordError), not a KeyError/IndexError.
         if x.shape[0] != y.shape[0] or y.shape[0] != header["samples"]:
             raise RecordError("x and y disagree on the sample count")
-        return ShardRecord(dataset=header["dataset"], shard=int(header["shard"]), x=x, y=y)
+        return ShardRecord(dataset=header["dataset"], shard=int(header["shard"]), x=x, y=y,
+                           x_dtype=names["x"], y_dtype=names["y"])
     except RecordError:
         raise
-    except (KeyError, TypeError, ValueError, IndexError, OverflowError, msgpack.UnpackException) as exc:
+    except (KeyError, TypeError, ValueError, IndexError, OverflowError, AttributeError,
+            msgpack.UnpackException) as exc:
         raise RecordError(f"malformed record header: {exc!r}") from None
 
 

@@ -531,6 +531,9 @@ class Testbed:
             },
             "data_plane": srv.get("data_plane"),
             "shard_bytes_fetched_total": sum(w["shard_bytes_fetched"] for w in workers),
+            # The server's count of shard record bytes sent (0 when agents train on local data).
+            "shard_bytes": srv.get("shard_bytes"),
+            "data_location": srv.get("data_location"),
             "prefetch_wait_seconds_total": round(sum(w["prefetch_wait_seconds"] for w in workers), 6),
             "accuracy_timeline": srv.get("evaluations", []),
             "chaos": self.chaos_log,

@@ -26,11 +26,12 @@ from fastapi import Depends, FastAPI, Header, HTTPException, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
+from hermes.common.datasource import SampleSource, check_dtypes
 from hermes.common.kafka_layout import KafkaUnavailable
 from hermes.common.messages import CollectiveRendezvous, RegisterRequest, RegisterResponse, RegroupRequest
 from hermes.common.policies import base as registry
 from hermes.common.signing import now_ms
-from hermes.common.task import Task
+from hermes.common.task import Task, as_dataset
 from hermes.common.task_registry import check_task, resolve_task
 from hermes.common.wire import PROTOCOL_VERSION, ProtocolError
 from hermes.server.auth import (
@@ -46,6 +47,7 @@ from hermes.server.coordinator import GroupRunning, RegroupRefused
 from hermes.server.dashboard import History, build_router
 from hermes.server.dataplane import DataPlane
 from hermes.server.engine import Engine
+from hermes.server.engine.local import local_data_refusal
 from hermes.server.events import EventLog
 from hermes.server.heartbeat import HeartbeatMonitor
 from hermes.server.kafka_publish import KafkaOptions
@@ -104,6 +106,12 @@ def create_app(settings: ServerSettings | None = None, task: Task | None = None)
     config = settings.run_config()
     task = resolve_task(task if task is not None else config.task, config)
     check_task(task, config, role="server")
+    if task.local_data is not None and (why := local_data_refusal(config)) is not None:
+        # Refused before anything binds (exit 2), not when the lifespan builds the engine.
+        raise ValueError(f"preset {config.preset!r} cannot train on device-local data: {why}")
+    if task.train_data is not None:
+        # A dtype shard records cannot carry (complex, object): one line at start-up, not at the first fetch.
+        check_dtypes(SampleSource(as_dataset(task.train_data), f"task {task.name}: train_data"))
     creds = Credentials(settings)
     limiter = RateLimiter(settings.register_rate, settings.register_burst)
     if creds.insecure:
@@ -256,9 +264,17 @@ def create_app(settings: ServerSettings | None = None, task: Task | None = None)
         if mismatch:
             # Before any state: a worker training another model must not leave a ghost record.
             raise refuse(engine, 409, "task_mismatch", mismatch, client)
+        if engine.local_data != (body.local_samples is not None):
+            # Before any state: a shard-fed agent in a local-data run (or the reverse) would train on nothing.
+            raise refuse(engine, 409, "data_mismatch",
+                         "this run trains on device-local data (the task's local_data) but the agent declares no "
+                         "local samples" if engine.local_data else
+                         "the agent trains on device-local data but this run serves shards (its task has no "
+                         "local_data)", client)
         try:
             rec, rejoined = engine.register(
-                body.name, threads=body.threads, device=body.device, slowdown=body.slowdown, hints=body.hints.known()
+                body.name, threads=body.threads, device=body.device, slowdown=body.slowdown, hints=body.hints.known(),
+                local_samples=body.local_samples or 0,
             )
         except RegistryFull as exc:
             engine.metrics.limit_hits.labels(limit="max_workers").inc()

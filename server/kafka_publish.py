@@ -2,7 +2,7 @@
 
 Each split (train, validation) goes to its own topic with the deterministic
 round-robin layout of :mod:`hermes.common.kafka_layout` (shard i -> partition
-i % P, offset i // P). The records are the exact HSR1 bytes the ZeroMQ data
+i % P, offset i // P). The records are the exact shard-record bytes (HSR1 magic, format 2) the ZeroMQ data
 plane serves. Publishing is idempotent: a topic whose name (data set, split,
 P, content fingerprint) exists and holds every record is reused as is; an
 empty one (a broker that lost its in-memory data and auto-created the name
@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from hermes.common.kafka_layout import (
     KafkaUnavailable,
@@ -82,8 +83,35 @@ def wait_for_broker(opts: KafkaOptions) -> None:
         admin.close()
 
 
-def publish_split(records: Sequence[bytes], *, dataset: str, split: str, opts: KafkaOptions) -> Published:
-    """Publish one split's records (shard i at index i); return where they lie."""
+class RecordSource(Protocol):
+    """Shard records by id, produced on demand (a ShardStore): never all held at once."""
+
+    @property
+    def num_shards(self) -> int: ...
+
+    def record(self, shard: int) -> bytes: ...
+
+
+class _Listed:
+    def __init__(self, records: Sequence[bytes]) -> None:
+        self.records = records
+
+    @property
+    def num_shards(self) -> int:
+        return len(self.records)
+
+    def record(self, shard: int) -> bytes:
+        return self.records[shard]
+
+
+def publish_split(records: Sequence[bytes] | RecordSource, *, dataset: str, split: str,
+                  opts: KafkaOptions) -> Published:
+    """Publish one split's records (shard i at index i); return where they lie.
+
+    ``records`` is a list, or a source encoding them on demand: a split
+    larger than memory is read twice (the fingerprint names the topic before
+    anything is sent), one record at a time.
+    """
     from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
     from kafka.admin import NewTopic
     from kafka.errors import (
@@ -92,16 +120,26 @@ def publish_split(records: Sequence[bytes], *, dataset: str, split: str, opts: K
         UnknownTopicOrPartitionError,
     )
 
-    if not records:
+    source: RecordSource = _Listed(records) if isinstance(records, Sequence) else records
+    n = source.num_shards
+    if not n:
         raise PublishError(f"{dataset}/{split}: no records to publish")
     t0 = time.perf_counter()
     P = opts.partitions
-    digest = fingerprint(records)
+    lengths: list[int] = []
+
+    def measured() -> Iterator[bytes]:
+        for i in range(n):
+            rec = source.record(i)
+            lengths.append(len(rec))
+            yield rec
+
+    digest = fingerprint(measured())
     topic = topic_name(dataset, split, P, digest)
-    max_rec = max(len(r) for r in records)
-    layout = TopicLayout(topic=topic, partitions=P, num_shards=len(records), fingerprint=digest,
-                         max_record_bytes=max_rec, total_bytes=sum(len(r) for r in records))
-    counts = partition_counts(len(records), P)
+    max_rec = max(lengths)
+    layout = TopicLayout(topic=topic, partitions=P, num_shards=n, fingerprint=digest,
+                         max_record_bytes=max_rec, total_bytes=sum(lengths))
+    counts = partition_counts(n, P)
     message_bytes = max(_DEFAULT_MAX_MESSAGE, max_rec + RECORD_OVERHEAD)
 
     admin = connect_with_retries(opts.bootstrap, lambda: KafkaAdminClient(**opts.common()), retries=opts.retries,
@@ -127,9 +165,9 @@ def publish_split(records: Sequence[bytes], *, dataset: str, split: str, opts: K
                 except TopicAlreadyExistsError:
                     continue  # created meanwhile: look again
             parts, begins, ends = state
-            if parts == P and begins == [0] * P and ends == counts and _tail_matches(consumer, topic, records, P):
+            if parts == P and begins == [0] * P and ends == counts and _tail_matches(consumer, topic, source, P):
                 log.info("topic %s already holds %d shard records of %s/%s; reusing it",
-                         topic, len(records), dataset, split)
+                         topic, n, dataset, split)
                 return Published(layout, True, time.perf_counter() - t0)
             if parts >= P and ends[:P] == [0] * P:
                 # Empty, e.g. auto-created by a reader after a restart: partitions
@@ -161,8 +199,8 @@ def publish_split(records: Sequence[bytes], *, dataset: str, split: str, opts: K
             retries=opts.retries, backoff=opts.backoff, what="producer", log=log,
         )
         try:
-            futures = [producer.send(topic, key=str(i).encode(), value=rec, partition=i % P)
-                       for i, rec in enumerate(records)]
+            futures = [producer.send(topic, key=str(i).encode(), value=source.record(i), partition=i % P)
+                       for i in range(n)]
             producer.flush()
             for i, fut in enumerate(futures):
                 md = fut.get(timeout=30)
@@ -178,7 +216,7 @@ def publish_split(records: Sequence[bytes], *, dataset: str, split: str, opts: K
             producer.close(timeout=10)
         seconds = time.perf_counter() - t0
         log.info("published %d shard records (%.1f MB) of %s/%s to %s (%d partitions) in %.2fs",
-                 len(records), layout.total_bytes / 1e6, dataset, split, topic, P, seconds)
+                 n, layout.total_bytes / 1e6, dataset, split, topic, P, seconds)
         return Published(layout, False, seconds)
     finally:
         if consumer is not None:
@@ -200,14 +238,15 @@ def _topic_state(admin, consumer, topic: str) -> tuple[int, list[int], list[int]
     return parts, [begins[tp] for tp in tps], [ends[tp] for tp in tps]
 
 
-def _tail_matches(consumer, topic: str, records: Sequence[bytes], P: int) -> bool:
+def _tail_matches(consumer, topic: str, records: RecordSource, P: int) -> bool:
     """The last record of every partition is the one this layout puts there."""
     from kafka import TopicPartition
 
     want = {}
-    for p in range(min(P, len(records))):
-        last = max(range(p, len(records), P))
-        want[p] = (last // P, records[last])
+    n = records.num_shards
+    for p in range(min(P, n)):
+        last = max(range(p, n, P))
+        want[p] = (last // P, records.record(last))
     tps = [TopicPartition(topic, p) for p in want]
     consumer.assign(tps)
     for tp in tps:
@@ -232,9 +271,8 @@ def _wait_gone(admin, topic: str, timeout: float = 10.0) -> None:
 
 
 def publish_stores(train_store, validation_store, *, dataset: str, opts: KafkaOptions) -> dict[str, Published]:
-    """Both splits of a run; the records are encoded (and cached) by the stores."""
+    """Both splits of a run; the stores encode the records on demand (and keep a few)."""
     out = {}
     for split, store in (("train", train_store), ("validation", validation_store)):
-        records = [store.record(i) for i in range(store.num_shards)]
-        out[split] = publish_split(records, dataset=dataset, split=split, opts=opts)
+        out[split] = publish_split(store, dataset=dataset, split=split, opts=opts)
     return out

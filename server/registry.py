@@ -63,6 +63,8 @@ class WorkerRecord:
     kafka_reconnects: int = 0
     kafka_discarded_bytes: int = 0
     kafka_data_missing: int = 0
+    # Device-local data: the size of the worker's local set as it declared it (0: shard-fed).
+    local_samples: int = 0
     # As the server counts them on the data plane.
     server_bytes_in: int = 0
     server_bytes_out: int = 0
@@ -145,6 +147,7 @@ class WorkerRecord:
             "shard_bytes_fetched": sum(self.shard_bytes.values()),
             "shard_bytes": dict(self.shard_bytes),
             "shard_records": dict(self.shard_records),
+            "local_samples": self.local_samples,
             "corrupt_records": self.corrupt_records,
             "shard_refetches": self.shard_refetches,
             "kafka_fallbacks": self.kafka_fallbacks,

@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     from hermes.server.cli import _parse_set
     from hermes.server.kafka_publish import KafkaOptions, PublishError, publish_stores
     from hermes.server.settings import ServerSettings
-    from hermes.server.shardstore import ShardStore, load_splits
+    from hermes.server.shardstore import load_splits, split_stores
 
     try:
         settings = ServerSettings(**{k: v for k, v in {"preset": args.preset, "config": args.config,
@@ -68,10 +68,10 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, ValueError) as exc:
         print(f"{prog}: configuration error: {exc}", file=sys.stderr)
         return 2
-    train, validation, _ = load_splits(config)
+    train, validation, test = load_splits(config)
     opts = KafkaOptions(args.kafka, partitions=args.partitions, retries=args.retries)
     try:
-        published = publish_stores(ShardStore(train, config.shard_size), ShardStore(validation, config.shard_size),
+        published = publish_stores(*split_stores(train, validation, test, config.shard_size, config.dataset),
                                    dataset=config.dataset, opts=opts)
     except KafkaUnavailable as exc:
         print(f"{prog}: {exc}", file=sys.stderr)

@@ -36,6 +36,7 @@ from hermes.server.auth import ReplayGuard
 from hermes.server.engine.collective import Collective
 from hermes.server.engine.handlers import Handlers
 from hermes.server.engine.kafka import KafkaPublisher
+from hermes.server.engine.local import LOCAL_DSS_MAX, LocalAccount, local_data_refusal
 from hermes.server.engine.membership import Membership
 from hermes.server.engine.offload import offload, payload_bytes
 from hermes.server.engine.policies import Contribution, Policies, build_policies
@@ -46,7 +47,7 @@ from hermes.server.evaluator import Evaluation, Evaluator, TargetReached
 from hermes.server.events import EventLog
 from hermes.server.metrics import ServerMetrics
 from hermes.server.registry import Registry, WorkerRecord
-from hermes.server.shardstore import ShardStore, load_splits
+from hermes.server.shardstore import load_splits, split_stores
 from hermes.server.state import ModelState
 
 log = logging.getLogger(__name__)
@@ -91,17 +92,29 @@ class Engine:
         self.out_dir = Path(out_dir) if out_dir else None
         # The task (resolved and checked by the app factory, or here from the config).
         self.task = task if task is not None else resolve_task(config.task, config)
+        # Device-local data (task.local_data): agents train on their own samples, the server
+        # sizes how many per cycle and no shard of training data is ever served.
+        self.local_data = self.task.local_data is not None
+        if self.local_data and (why := local_data_refusal(config)) is not None:
+            raise ValueError(f"preset {config.preset!r} cannot train on device-local data: {why}")
         self.train, self.validation, self.test = splits if splits is not None else load_splits(config, self.task)
         self.state = state if state is not None else self._initial_state()
         self.spec = self.state.spec
         self.policies = policies if policies is not None else build_policies(
-            config, spec=self.spec, state=self.state, train_samples=len(self.train), validation=self.validation,
+            config, spec=self.spec, state=self.state,
+            train_samples=LOCAL_DSS_MAX if self.local_data else len(self.train), validation=self.validation,
             metrics=metrics, task=self.task)
         self.registry = Registry(max_workers, clock=clock)
         metrics.watch_workers(self.registry.all)
-        self.shards = ShardStore(self.train, config.shard_size)
-        self.validation_shards = ShardStore(self.validation, config.shard_size)
-        self.queue = ShardQueue(self.shards.num_shards, seed=config.seed)
+        # Records name their data set: the built-in sets' own names (as before), else the task's.
+        self.shards, self.validation_shards = split_stores(self.train, self.validation, self.test, config.shard_size,
+                                                           self.task.name or config.dataset)
+        # Local data: no shard ids to hand out, but the queue still keeps the epoch account
+        # (one "shard" per shard_size samples assigned; see Membership.assign).
+        self.queue = ShardQueue(self.shards.num_shards or 1, seed=config.seed)
+        # Shard record bytes the data plane sent, by split (0 with local data: nothing is served).
+        self.shard_bytes_served = {"train": 0, "validation": 0}
+        self.local = LocalAccount(self)
         self.evaluator = Evaluator(
             self.task, self.spec, self.state, self.test, max_samples=config.eval_max_samples,
             interval=config.eval_interval_seconds, seed=config.seed, on_result=self._evaluated, clock=clock,
@@ -169,6 +182,11 @@ class Engine:
         return self.policies.allocator
 
     @property
+    def epoch_progress(self) -> float:
+        """Epochs of training data handed out so far (fractional): the shard queue's, or the local sets'."""
+        return self.local.progress if self.local_data else self.queue.progress
+
+    @property
     def version(self) -> int:
         return self.state.version
 
@@ -222,7 +240,7 @@ class Engine:
         reason = None
         if c.max_updates is not None and self.state.version >= c.max_updates:
             reason = f"max_updates={c.max_updates} reached at version {self.state.version}"
-        elif c.max_epochs is not None and self.queue.progress >= c.max_epochs:
+        elif c.max_epochs is not None and self.epoch_progress >= c.max_epochs:
             reason = f"max_epochs={c.max_epochs:g} reached at version {self.state.version}"
         elif c.max_seconds is not None and self.clock.time() - self.started_at >= c.max_seconds:
             reason = f"max_seconds={c.max_seconds:g} reached at version {self.state.version}"
@@ -383,6 +401,7 @@ class Engine:
             "config": self.config.model_dump(),
             "model": {"name": self.spec.name, "numel": self.spec.numel},
             "queue": self.queue.state(),
+            **self.local.state_dict(),
             **self.membership.state_dict(),
             "allocator": self.allocator.state_dict(),
             "workers": self.registry.identities(),
@@ -395,6 +414,7 @@ class Engine:
     def load_state_dict(self, state: Mapping[str, Any], *, best_flat: torch.Tensor | None = None) -> None:
         """Resume the parts from ``state_dict()`` (the model itself is loaded by the checkpointer)."""
         self.queue.restore(state["queue"])
+        self.local.load_state_dict(dict(state))
         self.membership.load_state_dict(state)
         self.registry.restore(state["workers"])
         self.evaluator.load_state_dict(state, best_flat)
@@ -421,10 +441,15 @@ class Engine:
         return await self.collective.regroup(worker_id, failed_generation)
 
     def publish_to_kafka(self, opts) -> None:
+        if self.local_data:
+            log.info("device-local data: no shard records to publish to Kafka")
+            return
         self.kafka.publish(opts)
 
     def data_source_for(self, worker: WorkerRecord) -> dict[str, Any]:
         """The register reply's ``data_source``: where this worker's validation shards are read from."""
+        if self.local_data:
+            return {"source": "local"}
         return self.kafka.ranges("validation", self.membership.validation_shards_for(worker)).model_dump(exclude_none=True)
 
     @property

@@ -6,6 +6,7 @@ past it the engine sees typed values only.
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import logging
 from collections.abc import Awaitable, Callable, Sequence
@@ -148,10 +149,16 @@ class Handlers:
             if not 0 <= shard < store.num_shards:
                 raise ProtocolError(ErrorCode.BAD_REQUEST,
                                     f"{body.split} shard {shard} out of range [0, {store.num_shards})")
+        if store.all_cached(ids):
+            records = [store.record(i) for i in ids]
+        else:
+            # Reading a Dataset (a lazy one generates or loads each sample) is not
+            # for the event loop: the other workers' pushes and pulls go on meanwhile.
+            records = await asyncio.to_thread(lambda: [store.record(i) for i in ids])
+        e.shard_bytes_served[body.split] += sum(len(r) for r in records)
         if body.shards is None:
             return self.reply(MsgType.SHARD, worker, msg.header.seq, ShardReply(shard=ids[0]).body(),
-                              payload=store.record(ids[0]))
-        records = [store.record(i) for i in ids]
+                              payload=records[0])
         reply = ShardReply(shards=ids, lengths=[len(r) for r in records])
         return self.reply(MsgType.SHARD, worker, msg.header.seq, reply.body(), payload=b"".join(records))
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from hermes.common.allocation import AllocatorStateError, CycleObservation, Resize, Workload
 from hermes.common.controllers import fit_memory_model, max_batch_for_memory
-from hermes.common.messages import CycleReport, WorkReply
+from hermes.common.messages import CycleReport, KafkaRanges, WorkReply
 from hermes.common.shards import Assignment, shards_for
 from hermes.server.registry import WorkerRecord
 
@@ -33,6 +33,8 @@ class Membership:
         if e.collective.coordinator is not None:
             e.collective.coordinator.assign(name)  # GroupFull before anything is recorded
         rec, rejoined = e.registry.register(name, **info)
+        if e.local_data:
+            e.local.declare(rec.id, rec.local_samples)
         self.awaiting_rejoin.discard(rec.id)
         # A new secret: sessions signed with the old one are gone, and a previous
         # incarnation's unfinished shards will not be finished by it.
@@ -102,6 +104,8 @@ class Membership:
         """The next assignment of a worker: its workload, and whole shards for what its carry does not cover."""
         e = self.e
         wl = e.allocator.workload(worker.id)
+        if e.local_data:
+            return self._assign_local(worker, wl)
         # Whole shards, while a workload is any number of samples: the agent
         # trains exactly ``cycle_samples`` and carries the rest into its next
         # cycle. The server keeps the same account (the credit), so it hands
@@ -119,6 +123,17 @@ class Membership:
                          cycle_samples=wl.dss, accumulation=wl.accumulation,
                          lr=self.learning_rate(wl.step_batch), data=e.kafka.ranges("train", assignment.shards))
         e.telemetry.emit("assignment", worker=worker.id, epoch=assignment.epoch, shards=list(assignment.shards),
+                         dss=wl.dss, mbs=wl.mbs, accumulation=wl.accumulation, lr=work.lr)
+        return work
+
+    def _assign_local(self, worker: WorkerRecord, wl: Workload) -> WorkReply:
+        """Device-local data: the same workload, as a count of samples the agent draws from its own set."""
+        e = self.e
+        epoch = e.local.take(wl.dss)
+        work = WorkReply(epoch=epoch, shards=[], local_samples=wl.dss, batch_size=wl.mbs, cycle_samples=wl.dss,
+                         accumulation=wl.accumulation, lr=self.learning_rate(wl.step_batch),
+                         data=KafkaRanges(source="local"))
+        e.telemetry.emit("assignment", worker=worker.id, epoch=epoch, shards=[], local_samples=wl.dss,
                          dss=wl.dss, mbs=wl.mbs, accumulation=wl.accumulation, lr=work.lr)
         return work
 
@@ -161,7 +176,8 @@ class Membership:
             return
         # A quarter of the device's free memory for the samples of one
         # cycle (two buffers with prefetching): the DSS cap of Hermes Sec. IV-A.
-        per_sample = e.train.x[0].nbytes + e.train.y[0].nbytes
+        # Local data: the server's validation samples (held out of its test data) have the same shapes.
+        per_sample = (e.validation_shards if e.local_data else e.shards).sample_bytes() or 1
         e.allocator.set_memory_limit(rec.id, max(e.config.shard_size, memory // (8 * per_sample)))
         profile = rec.hints.get("memory_profile")
         if not profile:
@@ -202,6 +218,8 @@ class Membership:
     def validation_shards_for(self, worker: WorkerRecord) -> list[int]:
         """A fixed local validation split per worker (its gate's data), spread over the validation set."""
         e = self.e
+        if e.local_data:
+            return []  # the agent holds its gate's validation out of its own data
         n = e.validation_shards.num_shards
         k = min(n, shards_for(e.config.zscore.validation_samples, e.config.shard_size))
         start = (int(worker.id.lstrip("w") or 0) * k) % n

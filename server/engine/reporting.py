@@ -101,8 +101,13 @@ class Reporting:
             "sync": e.config.sync,
             "model_version": e.state.version,
             "elapsed_seconds": e.elapsed(),
-            "epoch_progress": round(e.queue.progress, 4),
+            "epoch_progress": round(e.epoch_progress, 4),
             "task": e.task.name,
+            # Where training samples live: "server" (shards) or "local" (task.local_data on each agent).
+            "data_location": "local" if e.local_data else "server",
+            # Shard record bytes sent to agents: by the data plane, plus what agents read from Kafka.
+            "shard_bytes": sum(e.shard_bytes_served.values())
+            + sum(w.shard_bytes.get("kafka", 0) for w in e.registry.all()),
             "evaluation": None if ev is None else {
                 "version": ev.version, "accuracy": ev.accuracy, "loss": ev.loss, "metrics": ev.metrics, "at": ev.at,
             },
@@ -154,6 +159,8 @@ class Reporting:
             ],
             "workers": [w.public() for w in e.registry.all()],
             "data_plane": e.kafka.info(),
+            "shard_bytes_by_source": {"zmq": sum(e.shard_bytes_served.values()),
+                                      "kafka": sum(w.shard_bytes.get("kafka", 0) for w in e.registry.all())},
         }
 
     def finish(self) -> dict[str, Any]:

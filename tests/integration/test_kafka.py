@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from tests.conftest import (
     _server_env,
@@ -44,7 +45,7 @@ from hermes.common.config import build_config
 from hermes.common.kafka_layout import KafkaUnavailable, location, shards_in
 from hermes.common.wire import MsgType
 from hermes.server.kafka_publish import KafkaOptions, publish_split, publish_stores
-from hermes.server.shardstore import ShardStore, load_splits
+from hermes.server.shardstore import ShardStore, load_splits, split_stores
 
 pytestmark = pytest.mark.integration
 
@@ -58,14 +59,13 @@ FAST = dict(connect_retries=2, backoff=0.2, connect_timeout=1.0, stall_seconds=1
 def stores():
     """digits (the embedded default): 21 train shards, 3 validation shards of 64 samples."""
     config = build_config("asp")
-    train, validation, _ = load_splits(config)
-    return ShardStore(train, config.shard_size), ShardStore(validation, config.shard_size)
+    # Named as the server names them: the layouts below are the server's.
+    return split_stores(*load_splits(config), config.shard_size)
 
 
 def _same(record, store: ShardStore, shard: int) -> bool:
-    start, stop = store.bounds[shard]
-    return (record.shard == shard and np.array_equal(record.x, store.train.x[start:stop])
-            and np.array_equal(record.y, store.train.y[start:stop]))
+    x, y = store.rows(shard)
+    return record.shard == shard and np.array_equal(record.x, x.numpy()) and np.array_equal(record.y, y.numpy())
 
 
 class StubDataPlane:
@@ -129,6 +129,39 @@ def test_publish_is_idempotent_and_read_by_explicit_assignment(kafka_broker, sto
         assert list(admin.list_groups()) == []
     finally:
         admin.close()
+
+
+class _LazySequences(torch.utils.data.Dataset):
+    """bfloat16 inputs and int64 token targets generated per index: a Dataset that is not array-backed."""
+
+    def __len__(self) -> int:
+        return 300
+
+    def __getitem__(self, i: int):
+        g = torch.Generator().manual_seed(i)
+        return torch.randn((5, 4), generator=g).to(torch.bfloat16), torch.randint(0, 50, (5,), generator=g)
+
+
+def test_a_lazy_dataset_of_any_dtype_is_published_record_by_record_and_read_back(kafka_broker):
+    """Publishing streams the store (a cache of 2 KiB: records are encoded again when sent) and
+    the reader gets the same tensors, bfloat16 included."""
+    from hermes.client.prefetch import records_to_tensors
+
+    store = ShardStore(_LazySequences(), 32, name="lazy", cache_bytes=2048)
+    opts = KafkaOptions(kafka_broker.bootstrap, partitions=2, retries=1)
+    layout = publish_split(store, dataset="lazy", split="train", opts=opts).layout
+    assert layout.num_shards == 10 and store.encoded >= 20  # fingerprint pass + send pass, nothing held
+    reader = KafkaShardReader(kafka_broker.bootstrap, **FAST)
+    try:
+        res = reader.read(layout.topic, 2, layout.ranges_for(range(10)), max_record_bytes=layout.max_record_bytes)
+    finally:
+        reader.close()
+    assert sorted(res.records) == list(range(10)) and res.missing == []
+    x, y = records_to_tensors([res.records[s] for s in range(10)])
+    assert x.dtype == torch.bfloat16 and x.shape == (300, 5, 4) and y.dtype == torch.int64
+    for i in (0, 31, 32, 299):
+        want_x, want_y = _LazySequences()[i]
+        assert torch.equal(x[i], want_x) and torch.equal(y[i], want_y)
 
 
 def test_publish_cli_step_matches_the_server_layout(kafka_broker, stores):
@@ -399,8 +432,8 @@ def test_server_assigns_kafka_ranges_and_the_prefetcher_survives_a_broker_restar
         republished = [e for e in _events(server.out_dir) if e["event"] == "shards_republished"]
         assert republished[0]["same_layout"] is True
         for w in works:  # every assignment arrived whole and right
-            want_x = np.concatenate([train.train.x[slice(*train.bounds[s])] for s in w.shards])
-            assert np.array_equal(w.x, want_x)
+            want_x = torch.cat([train.rows(s)[0] for s in w.shards])
+            assert torch.equal(w.x, want_x)
         assigned = [tuple(e["shards"]) for e in _events(server.out_dir)
                     if e["event"] == "assignment" and e["worker"] == reg["worker_id"]]
         # Received in order, none skipped (the prefetcher may hold one more it had asked for).

@@ -7,6 +7,7 @@ import struct
 import msgpack
 import numpy as np
 import pytest
+import torch
 
 from hermes.common.shards import (
     RECORD_MAGIC,
@@ -31,7 +32,8 @@ def _arrays(n: int = 5, seed: int = 0):
 # records
 
 
-@pytest.mark.parametrize("xdtype", [np.float32, np.float16, np.uint8, np.float64])
+@pytest.mark.parametrize("xdtype", [np.float32, np.float16, np.uint8, np.float64, np.bool_, np.int8, np.int16,
+                                    np.uint16, np.int32, np.uint32, np.int64])
 def test_record_round_trip(xdtype):
     x, y = _arrays()
     x = x.astype(xdtype)
@@ -75,7 +77,8 @@ def test_record_layout():
     assert raw[:4] == RECORD_MAGIC
     (hlen,) = struct.unpack("<I", raw[4:8])
     header = msgpack.unpackb(raw[8 : 8 + hlen])
-    assert header["format"] == 1 and header["shard"] == 3 and header["samples"] == 2
+    assert header["format"] == 2 and header["shard"] == 3 and header["samples"] == 2
+    assert header["byteorder"] == "little"
     assert [a["name"] for a in header["arrays"]] == ["x", "y"]
     assert len(raw) == 8 + hlen + x.nbytes + y.nbytes
 
@@ -148,7 +151,11 @@ def test_header_variants_are_record_errors():
         return RECORD_MAGIC + struct.pack("<I", len(hb)) + hb + body
 
     variants = {
-        "format": {**header, "format": 2},
+        "format": {**header, "format": 3},
+        "byteorder": {**header, "byteorder": "big"},
+        "no_byteorder": {k: v for k, v in header.items() if k != "byteorder"},
+        "v1_with_v2_dtype": {**header, "format": 1, "arrays": [{**header["arrays"][0], "dtype": "bfloat16"},
+                                                               header["arrays"][1]]},
         "no_arrays": {k: v for k, v in header.items() if k != "arrays"},
         "no_samples": {k: v for k, v in header.items() if k != "samples"},
         "no_dataset": {k: v for k, v in header.items() if k != "dataset"},
@@ -288,3 +295,99 @@ def test_queue_refuses_bad_arguments():
     for bad in (0, -1):
         with pytest.raises(ValueError):
             q.take(bad)
+
+
+# ---------------------------------------------------------------------------
+# format 2: any dtype, any target shape; format 1 still read
+
+
+@pytest.mark.parametrize(("xdtype", "ydtype", "yshape"), [
+    (torch.int64, torch.int64, (4, 7)),      # token ids -> next-token targets
+    (torch.float32, torch.float32, (4, 3)),  # regression with 3 outputs
+    (torch.uint8, torch.int64, (4,)),        # raw pixels
+    (torch.bfloat16, torch.bfloat16, (4, 2)),
+    (torch.bool, torch.float16, (4,)),
+])
+def test_tensors_of_any_dtype_round_trip(xdtype, ydtype, yshape):
+    from hermes.common.arrays import to_array, to_tensor
+
+    g = torch.Generator().manual_seed(1)
+    x = (torch.randn((4, 7), generator=g) * 50).to(xdtype)
+    y = (torch.randn(yshape, generator=g) * 50).to(ydtype)
+    (xa, xn), (ya, yn) = to_array(x), to_array(y)
+    rec = decode_record(encode_record("t", 5, xa, ya, x_dtype=xn, y_dtype=yn))
+    assert (rec.x_dtype, rec.y_dtype) == (str(xdtype).removeprefix("torch."), str(ydtype).removeprefix("torch."))
+    assert torch.equal(to_tensor(rec.x, rec.x_dtype), x) and to_tensor(rec.x, rec.x_dtype).dtype == xdtype
+    assert torch.equal(to_tensor(rec.y, rec.y_dtype), y) and to_tensor(rec.y, rec.y_dtype).dtype == ydtype
+
+
+def test_bfloat16_must_come_as_its_bits():
+    x, y = _arrays()
+    with pytest.raises(ValueError, match="uint16 bits"):
+        encode_record("d", 0, x, y, x_dtype="bfloat16")
+
+
+def _v1_record(shard: int, x: np.ndarray, y: np.ndarray) -> bytes:
+    """A record exactly as format-1 writers (hermes <= this change) wrote it."""
+    import crc32c
+
+    body = x.tobytes() + y.tobytes()
+    arrays = [{"name": "x", "dtype": x.dtype.name, "shape": list(x.shape), "offset": 0, "nbytes": x.nbytes},
+              {"name": "y", "dtype": y.dtype.name, "shape": list(y.shape), "offset": x.nbytes, "nbytes": y.nbytes}]
+    header = msgpack.packb({"format": 1, "dataset": "digits", "shard": shard, "samples": len(y), "arrays": arrays,
+                            "crc32c": crc32c.crc32c(body)}, use_bin_type=True)
+    return RECORD_MAGIC + struct.pack("<I", len(header)) + header + body
+
+
+def test_format_1_records_still_decode():
+    x, y = _arrays(3)
+    rec = decode_record(_v1_record(4, x, y))
+    assert rec.shard == 4 and (rec.x_dtype, rec.y_dtype) == ("float32", "int64")
+    np.testing.assert_array_equal(rec.x, x)
+    np.testing.assert_array_equal(rec.y, y)
+
+
+_BARE_READER = r"""
+import struct, sys, zlib
+import msgpack, numpy as np
+raw = open(sys.argv[1], "rb").read()
+assert raw[:4] == b"HSR1"
+(hlen,) = struct.unpack("<I", raw[4:8])
+h = msgpack.unpackb(raw[8:8 + hlen])
+assert h["format"] in (1, 2) and h.get("byteorder", "little") == "little"
+body = raw[8 + hlen:]
+STORAGE = {"bool": "|b1", "uint8": "|u1", "int8": "|i1", "int16": "<i2", "uint16": "<u2", "int32": "<i4",
+           "uint32": "<u4", "int64": "<i8", "float16": "<f2", "float32": "<f4", "float64": "<f8", "bfloat16": "<u2"}
+out = {}
+for a in h["arrays"]:
+    arr = np.frombuffer(body, dtype=STORAGE[a["dtype"]], count=int(np.prod(a["shape"])), offset=a["offset"])
+    arr = arr.reshape(a["shape"])
+    if a["dtype"] == "bfloat16":  # the high half of a float32
+        arr = (arr.astype("<u4") << 16).view("<f4")
+    out[a["name"]] = arr
+assert not [m for m in sys.modules if m.split(".")[0] in ("hermes", "torch")], "hermes or torch imported"
+np.savez(sys.argv[2], x=out["x"], y=out["y"], shard=h["shard"], samples=h["samples"])
+"""
+
+
+@pytest.mark.parametrize("xdtype", [torch.float32, torch.bfloat16, torch.int64])
+def test_a_bare_reader_decodes_a_record_with_msgpack_and_numpy_only(tmp_path, xdtype):
+    """The documented format is enough: a script that imports neither hermes nor torch reads it."""
+    import subprocess
+    import sys
+
+    from hermes.common.arrays import to_array
+
+    x = torch.linspace(-3, 3, 24).reshape(4, 6).to(xdtype)
+    y = torch.tensor([[0.5, 1.0], [2.0, -1.0], [0.0, 3.5], [1.5, 1.25]], dtype=torch.float32)
+    (xa, xn), (ya, yn) = to_array(x), to_array(y)
+    (tmp_path / "rec.bin").write_bytes(encode_record("t", 9, xa, ya, x_dtype=xn, y_dtype=yn))
+    script = tmp_path / "bare.py"
+    script.write_text(_BARE_READER)
+    # -I: isolated (no cwd, no user site): hermes is not importable by accident either way.
+    subprocess.run([sys.executable, "-I", str(script), str(tmp_path / "rec.bin"), str(tmp_path / "out.npz")],
+                   check=True, timeout=60, cwd=tmp_path)
+    got = np.load(tmp_path / "out.npz")
+    assert int(got["shard"]) == 9 and int(got["samples"]) == 4
+    np.testing.assert_array_equal(got["x"], x.float().numpy())
+    np.testing.assert_array_equal(got["y"], y.numpy())
