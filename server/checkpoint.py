@@ -55,7 +55,11 @@ log = logging.getLogger(__name__)
 
 FORMAT = 1
 META = "checkpoint.json"
-_ST_DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16"}
+# The safetensors dtype codes; the integer and bool ones for model-final.safetensors, a task's whole
+# state_dict (BatchNorm's num_batches_tracked is int64).
+_ST_DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.float64: "F64",
+              torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
+              torch.bool: "BOOL"}
 _REC_HEAD = struct.Struct("<I")  # length of a journal record's JSON header
 
 

@@ -8,6 +8,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from hermes.common.task_registry import effective_target
+from hermes.common.tensors import build_checked, load_flat
 from hermes.server.checkpoint import write_tensors
 from hermes.server.evaluator import Evaluation, TargetReached
 
@@ -17,6 +18,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 BEST_MODEL_FILE = "model-best.safetensors"
+FINAL_MODEL_FILE = "model-final.safetensors"
 
 
 class Reporting:
@@ -175,11 +177,35 @@ class Reporting:
         if e.out_dir is not None:
             e.out_dir.mkdir(parents=True, exist_ok=True)
             summary["best_model_file"] = self.write_best_model()
+            summary["final_model_file"] = self.write_final_model()
             tmp = e.out_dir / "server_summary.json.tmp"
             tmp.write_text(json.dumps(summary, indent=2))
             tmp.replace(e.out_dir / "server_summary.json")
         e.events.close()
         return summary
+
+    def write_final_model(self) -> str | None:
+        """OUT/model-final.safetensors: the run's last model as the task model's standard state_dict.
+
+        Loadable without Hermes: ``model.load_state_dict(safetensors.torch.load_file(path))``.
+        Returns the file name, or None when it could not be written (logged).
+        """
+        e = self.e
+        assert e.out_dir is not None
+        version, flat = e.state.snapshot()
+        path = e.out_dir / FINAL_MODEL_FILE
+        try:
+            model = build_checked(e.task.model, e.spec)
+            load_flat(model, flat)
+            # Contiguous copies: safetensors stores each tensor whole (views of a shared buffer are not).
+            tensors = {k: v.detach().cpu().contiguous().clone() for k, v in model.state_dict().items()}
+            write_tensors(path, tensors, {"version": str(version), "task": e.task.name,
+                                          "fingerprint": e.spec.fingerprint})
+        except (OSError, ValueError, RuntimeError) as exc:  # a full disk or a task whose model fails now
+            log.error("writing the final model to %s failed: %s", path, exc)
+            return None
+        log.info("final model (version %d) written to %s", version, path)
+        return path.name
 
     def write_best_model(self) -> str | None:
         """OUT/model-best.safetensors: the best evaluated model, in the checkpoints' tensor layout.
