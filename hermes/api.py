@@ -130,22 +130,33 @@ class Server:
         # With exit_when_done the app ends the run's server itself, once the agents have left.
         app.state.exit_now = lambda: setattr(server, "should_exit", True)
         self._uvicorn = server
-        self._thread = threading.Thread(target=server.run, name="hermes-server", daemon=True)
+        def serve() -> None:
+            try:
+                server.run()
+            except SystemExit:  # uvicorn's own exit on a failed start (a port in use): logged by uvicorn
+                log.debug("uvicorn exited during start-up")
+
+        self._thread = threading.Thread(target=serve, name="hermes-server", daemon=True)
         self._thread.start()
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         while not ready.wait(0.05):
             if not self._thread.is_alive() or time.monotonic() > deadline:
-                server.should_exit = True
-                self._thread.join(SHUTDOWN_TIMEOUT_S)
-                raise RunError(f"the server for task {self.task.name} did not start (see the log above)")
+                self._abandon_start()
         if not server.started:
-            self._thread.join(SHUTDOWN_TIMEOUT_S)
-            raise RunError(f"the server for task {self.task.name} did not start (see the log above)")
+            self._abandon_start()
         port = server.servers[0].sockets[0].getsockname()[1]
         self.url = f"http://{self.host}:{port}"
         self.data_address = app.state.data_plane_address
         log.info("hermes server for task %s at %s, writing to %s", self.task.name, self.url, self.out_dir)
         return self
+
+    def _abandon_start(self) -> None:
+        assert self._thread is not None
+        self._uvicorn.should_exit = True
+        self._thread.join(SHUTDOWN_TIMEOUT_S)
+        # Never started: close() and wait() have nothing to wait for.
+        self._thread = None
+        raise RunError(f"the server for task {self.task.name} did not start (see the log above)")
 
     @property
     def engine(self) -> Any:

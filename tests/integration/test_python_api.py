@@ -87,3 +87,17 @@ def test_agents_that_all_fail_end_the_run(tmp_path: Path) -> None:
         result = server.wait(timeout=60)
     assert result.outcome == "stopped" and "every agent ended" in result.stop_reason
     assert "task mismatch" in result.agent_errors["worker-1"]
+
+
+def test_a_server_that_cannot_bind_is_one_error_and_leaves_no_thread(tmp_path: Path) -> None:
+    import socket
+
+    before = set(threading.enumerate())
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        server = hermes.Server(_digits_task(), max_seconds=30, out_dir=tmp_path / "run", port=busy.getsockname()[1])
+        with pytest.raises(hermes.RunError, match="did not start"):
+            server.start()
+    assert server.close() is None and not server.running
+    assert [t.name for t in threading.enumerate() if t not in before] == []
