@@ -69,7 +69,8 @@ class History:
         if fact == "evaluation":
             point = {"elapsed": fields["elapsed"], "version": fields["version"],
                      "accuracy": fields["accuracy"], "loss": fields["loss"],
-                     "metrics": fields.get("metrics") or {}}
+                     # The task's metrics (r2, perplexity ...), when the evaluation has them.
+                     **({"metrics": fields["metrics"]} if fields.get("metrics") else {})}
             target = self.evaluations
         elif fact == "cycle":
             wid = fields["worker"]

@@ -30,6 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--partitions", type=int, default=4, help="partitions per topic (default 4)")
     p.add_argument("--retries", type=int, default=5, help="connection retries with exponential backoff (default 5)")
     p.add_argument("--preset", choices=sorted(PRESETS), help="run preset (only its data settings matter)")
+    p.add_argument("--task", default=None, metavar="REF",
+                   help="the task whose training data to publish (default: the config's, builtin) [HERMES_TASK]")
     p.add_argument("--config", help="JSON or TOML file of run-config overrides")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="run-config override (dataset, num_samples, shard_size, seed, ...), repeatable")
@@ -62,13 +64,14 @@ def main(argv: list[str] | None = None) -> int:
     from hermes.server.shardstore import load_splits, split_stores
 
     try:
-        settings = ServerSettings(**{k: v for k, v in {"preset": args.preset, "config": args.config,
+        settings = ServerSettings(**{k: v for k, v in {"preset": args.preset, "config": args.config, "task": args.task,
                                                         "run": _parse_set(args.set)}.items() if v is not None})
         config = settings.run_config()
+        # A task that cannot be loaded (TaskError, a ValueError) is a configuration error too.
+        train, validation, test = load_splits(config)
     except (ConfigError, ValueError) as exc:
         print(f"{prog}: configuration error: {exc}", file=sys.stderr)
         return 2
-    train, validation, test = load_splits(config)
     opts = KafkaOptions(args.kafka, partitions=args.partitions, retries=args.retries)
     try:
         published = publish_stores(*split_stores(train, validation, test, config.shard_size, config.dataset),
