@@ -1,20 +1,27 @@
 """Hermes-edge: train PyTorch models across devices of very different speed.
 
 ``from hermes import Task`` is the public entry point for bringing your own
-model, data, loss and optimizer; it is imported lazily so that tools which
-never train (hermes-deploy) do not pay for torch.
+model, data, loss and optimizer; ``hermes.train``, ``hermes.Server`` and
+``hermes.Agent`` run a task from Python (hermes.api). They are imported
+lazily so that tools which never train (hermes-deploy) do not pay for torch.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["Task"]
+__all__ = ["Agent", "Result", "RunError", "Server", "Task", "TaskError", "train"]
+
+_API = frozenset({"Agent", "Result", "RunError", "Server", "train"})
 
 
 def __getattr__(name: str) -> Any:
-    if name == "Task":
-        from hermes.common.task import Task
+    if name in ("Task", "TaskError"):
+        from hermes.common import task
 
-        return Task
+        return getattr(task, name)
+    if name in _API:
+        from hermes import api
+
+        return getattr(api, name)
     raise AttributeError(f"module 'hermes' has no attribute {name!r}")
