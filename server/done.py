@@ -19,8 +19,10 @@ def exit_when_done(app: FastAPI, engine: Engine, reason: str) -> None:
 
     The server waits for the active workers to leave (at most
     ``EXIT_GRACE_SECONDS``) so they stop cleanly instead of finding it gone,
-    then asks uvicorn to exit; the lifespan's shutdown writes the summary
-    and the models as on SIGTERM.
+    and at least ``EXIT_LINGER_SECONDS``, so that agents still starting hear
+    "the run is over" (410, exit 0) rather than find no server (exit 3);
+    then it asks uvicorn to exit, and the lifespan's shutdown writes the
+    summary and the models as on SIGTERM.
     """
     exit_now = getattr(app.state, "exit_now", None)
     if exit_now is None:
@@ -30,8 +32,9 @@ def exit_when_done(app: FastAPI, engine: Engine, reason: str) -> None:
 
     async def wait_then_exit() -> None:
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + EXIT_GRACE_SECONDS
-        while engine.registry.active_ids() and loop.time() < deadline:
+        start = loop.time()
+        while loop.time() < start + EXIT_LINGER_SECONDS or (
+                engine.registry.active_ids() and loop.time() < start + EXIT_GRACE_SECONDS):
             await asyncio.sleep(0.1)
         exit_now()
 
@@ -40,3 +43,5 @@ def exit_when_done(app: FastAPI, engine: Engine, reason: str) -> None:
 
 # Longest an --exit-when-done server waits for its agents to leave after the run stopped.
 EXIT_GRACE_SECONDS = 15.0
+# Shortest: late agents (still importing torch when the run ended) register into a 410 meanwhile.
+EXIT_LINGER_SECONDS = 5.0

@@ -25,7 +25,7 @@ from tests.conftest import JOIN_TOKEN, _server_env, running_server
 pytestmark = pytest.mark.integration
 
 FIXTURES = Path(__file__).resolve().parent / "task_fixtures.py"
-TARGET_R2 = 0.9
+TARGET_R2 = 0.95
 # CPU seconds a broken task may cost before the process exits (the issue: "< 5 s"). CPU,
 # not wall time: on a shared 2-core test machine the wall clock also counts other jobs.
 START_UP_CPU_S = 5.0
@@ -109,8 +109,9 @@ def test_a_custom_task_trains_to_its_target_and_a_mismatched_agent_is_refused(tm
     assert set(summary["final_metrics"]) == {"r2", "mse"} and summary["final_accuracy"] is None
     assert {w["name"] for w in summary["workers"]} >= {"agent-0", "agent-1"}
     assert "intruder" not in {w["name"] for w in summary["workers"]}
-    # Every worker trained on float targets with the task's loss, and the model file was written.
-    assert all(w["samples"] > 0 for w in summary["workers"] if w["name"].startswith("agent-"))
+    # The agents trained on float targets with the task's loss (one that registered just as the
+    # target was reached may have had no cycle left), and the model file was written.
+    assert sum(w["samples"] for w in summary["workers"] if w["name"].startswith("agent-")) > 0
     assert (out / "model-best.safetensors").is_file()
 
 
