@@ -152,3 +152,12 @@ def test_a_resumed_invocation_with_nothing_to_run_keeps_the_results_stamp(tmp_pa
     other = tmp_path / "other"
     fresh = execute(small_suite(), other, launcher=FakeTestbed(), clock=clock)
     assert fresh["written_at"] == clock.time()
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).parents[2] / "benchmarks" / "suites").glob("*.toml")),
+                         ids=lambda p: p.name)
+def test_the_checked_in_suites_load_and_can_run_here(path):
+    from hermes.deploy.bench.suites import check_runnable, load_suite
+
+    suite = load_suite(path)
+    assert suite.name == path.stem and check_runnable(suite) == []
