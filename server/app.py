@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from contextlib import asynccontextmanager
-from pathlib import Path
 from typing import Any
 
 import zmq
@@ -35,17 +33,11 @@ from hermes.common.signing import now_ms
 from hermes.common.task import Task, as_dataset
 from hermes.common.task_registry import check_task, resolve_task
 from hermes.common.wire import PROTOCOL_VERSION, ProtocolError
-from hermes.server.auth import (
-    AuthConfigError,
-    RateLimiter,
-    bearer,
-    new_secret,
-    read_secret,
-    token_matches,
-)
+from hermes.server.auth import RateLimiter, bearer, token_matches
 from hermes.server.checkpoint import Checkpointer
 from hermes.server.console import Progress, configure_logging, quiet_access_log
 from hermes.server.coordinator import GroupRunning, RegroupRefused
+from hermes.server.credentials import Credentials
 from hermes.server.dashboard import History, build_router
 from hermes.server.dataplane import DataPlane
 from hermes.server.done import exit_when_done
@@ -62,47 +54,6 @@ from hermes.server.settings import ServerSettings, server_version
 from hermes.server.tensorboard import TensorBoardSink
 
 log = logging.getLogger(__name__)
-
-
-class Credentials:
-    """The join token and the admin token of one server (never logged)."""
-
-    def __init__(self, settings: ServerSettings) -> None:
-        self.insecure = settings.insecure
-        self.join = read_secret(settings.join_token, settings.join_token_file, "join_token")
-        if self.join is None and not self.insecure:
-            raise AuthConfigError(
-                "no join token: set HERMES_JOIN_TOKEN (or --join-token-file FILE) to a long random string, "
-                "e.g. `openssl rand -hex 32`, and give it to the agents; or pass --insecure to let anyone "
-                "who reaches the server join (trusted networks only)")
-        self.admin = read_secret(settings.admin_token, settings.admin_token_file, "admin_token")
-        self.protect_reads = settings.protect_reads
-        self.admin_file: Path | None = None
-        # Generated under --insecure too: a missing join token must not leave
-        # the run's stop switch open to anyone who can reach the port.
-        if self.admin is None and settings.out_dir:
-            # The operator's credential for /v1/stop, written by save() once OUT has been checked.
-            self.admin = new_secret()
-            self.admin_file = Path(settings.out_dir) / "admin.token"
-        if self.protect_reads and self.join is None and self.admin is None:
-            raise AuthConfigError("protect_reads needs a join token or an admin token to check reads against; "
-                                  "set HERMES_JOIN_TOKEN or HERMES_ADMIN_TOKEN")
-
-    def save(self) -> None:
-        """Write a generated admin token to OUT/admin.token, readable by the server's user only."""
-        if self.admin_file is None or self.admin is None:
-            return
-        self.admin_file.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.admin_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(self.admin + "\n")
-
-    def may_read(self, authorization: str) -> bool:
-        """Without protect_reads anyone may read; with it, a cluster member (join token) or the operator."""
-        if not self.protect_reads:
-            return True
-        given = bearer(authorization)
-        return any(secret is not None and token_matches(given, secret) for secret in (self.join, self.admin))
 
 
 def create_app(settings: ServerSettings | None = None, task: Task | None = None) -> FastAPI:

@@ -17,7 +17,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,7 @@ from hermes.common.task_registry import batch_of, resolve_task
 from hermes.common.tensors import flatten, spec_of
 from hermes.common.wire import Header, Payload, dtype_from_name
 from hermes.server.auth import ReplayGuard
+from hermes.server.engine import persist
 from hermes.server.engine.collective import Collective
 from hermes.server.engine.handlers import Handlers
 from hermes.server.engine.kafka import KafkaPublisher
@@ -381,37 +382,12 @@ class Engine:
     # ---- checkpoints ----------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """The engine's parts, as a checkpoint keeps them (JSON; the model's tensors are written apart).
-
-        Taken under step_lock, so model, version and queue agree.
-        """
-        return {
-            "config": self.config.model_dump(),
-            "model": {"name": self.spec.name, "numel": self.spec.numel},
-            "queue": self.queue.state(),
-            **self.local.state_dict(),
-            **self.membership.state_dict(),
-            "allocator": self.allocator.state_dict(),
-            "workers": self.registry.identities(),
-            **self.evaluator.state_dict(),
-            "target_reached": None if self.target_reached is None else asdict(self.target_reached),
-            "message_counts": dict(self.message_counts),
-            "elapsed_seconds": self.clock.time() - self.started_at,
-            "downtime_seconds": self.downtime_seconds,
-        }
+        """The engine's parts, as a checkpoint keeps them (server/engine/persist.py)."""
+        return persist.state_dict(self)
 
     def load_state_dict(self, state: Mapping[str, Any], *, best_flat: torch.Tensor | None = None) -> None:
         """Resume the parts from ``state_dict()`` (the model itself is loaded by the checkpointer)."""
-        self.queue.restore(state["queue"])
-        self.local.load_state_dict(dict(state))
-        self.membership.load_state_dict(state)
-        self.registry.restore(state["workers"])
-        self.evaluator.load_state_dict(state, best_flat)
-        self.reporting.load_target(state.get("target_reached"))
-        self.message_counts.update(state.get("message_counts", {}))
-        self.started_at = self.clock.time() - float(state.get("elapsed_seconds", 0.0))
-        self.downtime_seconds = float(state.get("downtime_seconds", 0.0))
-        self.metrics.model_version.set(self.state.version)
+        persist.load_state_dict(self, state, best_flat)
 
     # ---- the public surface of the rooms ---------------------------------------
 
