@@ -39,7 +39,7 @@ import time
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import TYPE_CHECKING, Any
 
 import crc32c
 import torch
@@ -48,6 +48,15 @@ from hermes.common.wire import Payload, ProtocolError, dtype_from_name, dtype_na
 from hermes.server.aio import cancel_and_wait
 from hermes.server.state import ModelState
 
+# The tensor-file layer; its names stay importable from here.
+from hermes.server.tensorfile import (
+    CheckpointError,
+    bytes_of,
+    read_tensors,
+    write_atomic,
+    write_tensors,
+)
+
 if TYPE_CHECKING:
     from hermes.server.engine import Engine
 
@@ -55,93 +64,7 @@ log = logging.getLogger(__name__)
 
 FORMAT = 1
 META = "checkpoint.json"
-# Integer and bool entries: the model files (model_files.py) carry a module's integer buffers too.
-_ST_DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.float64: "F64",
-              torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
-              torch.bool: "BOOL"}
 _REC_HEAD = struct.Struct("<I")  # length of a journal record's JSON header
-
-
-class CheckpointError(Exception):
-    """A checkpoint directory that cannot be written, read or resumed from."""
-
-
-# ---------------------------------------------------------------------------
-# files
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_atomic(path: Path, write) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as fh:
-        write(fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
-
-
-def _bytes_of(t: torch.Tensor) -> memoryview:
-    return t.detach().contiguous().reshape(-1).view(torch.uint8).numpy().data.cast("B")
-
-
-def write_tensors(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
-    """A safetensors file, written atomically."""
-    header: dict[str, Any] = {"__metadata__": metadata or {}}
-    offset = 0
-    for name, t in tensors.items():
-        n = t.numel() * t.element_size()
-        header[name] = {"dtype": _ST_DTYPES[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + n]}
-        offset += n
-    raw = json.dumps(header, separators=(",", ":")).encode()
-    raw += b" " * (-len(raw) % 8)  # the format aligns the data to 8 bytes
-
-    def write(fh: BinaryIO) -> None:
-        fh.write(struct.pack("<Q", len(raw)))
-        fh.write(raw)
-        for t in tensors.values():
-            fh.write(_bytes_of(t))
-
-    _write_atomic(path, write)
-
-
-def read_tensors(path: Path) -> dict[str, torch.Tensor]:
-    data = path.read_bytes()
-    try:
-        (n,) = struct.unpack_from("<Q", data)
-        header = json.loads(data[8 : 8 + n])
-        by_code = {v: k for k, v in _ST_DTYPES.items()}
-        out = {}
-        for name, entry in header.items():
-            if name == "__metadata__":
-                continue
-            begin, end = entry["data_offsets"]
-            chunk = bytearray(data[8 + n + begin : 8 + n + end])
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", UserWarning)
-                t = torch.frombuffer(chunk, dtype=by_code[entry["dtype"]]) if chunk else torch.empty(0)
-            out[name] = t.reshape(entry["shape"]).clone()
-        return out
-    except (struct.error, ValueError, KeyError, TypeError, RuntimeError) as exc:
-        raise CheckpointError(f"{path}: not a readable tensor file ({exc})") from None
-
-
-def read_tensor_metadata(path: Path) -> dict[str, str]:
-    """The ``__metadata__`` strings of a tensor file written by write_tensors."""
-    try:
-        with open(path, "rb") as fh:
-            (n,) = struct.unpack("<Q", fh.read(8))
-            header = json.loads(fh.read(n))
-        return dict(header.get("__metadata__") or {})
-    except (OSError, struct.error, ValueError, TypeError, AttributeError) as exc:
-        raise CheckpointError(f"{path}: not a readable tensor file ({exc})") from None
 
 
 # ---------------------------------------------------------------------------
@@ -174,7 +97,7 @@ class Journal:
         parts: list[Any] = [_REC_HEAD.pack(len(head)), head]
         for p in payloads:
             for chunk in p.chunks:
-                b = _bytes_of(chunk)
+                b = bytes_of(chunk)
                 crc = crc32c.crc32c(b, crc)
                 parts.append(b)
         parts.append(_REC_HEAD.pack(crc))
@@ -367,7 +290,7 @@ class Checkpointer:
         if best is not None:
             tensors["best"] = best
         write_tensors(self._model_path(version), tensors, {"version": str(version)})
-        _write_atomic(self.dir / META, lambda fh: fh.write(json.dumps(meta, indent=1).encode()))
+        write_atomic(self.dir / META, lambda fh: fh.write(json.dumps(meta, indent=1).encode()))
         # Only now is everything older unneeded.
         for old in list(self.dir.glob("model-*.safetensors")) + list(self.dir.glob("journal-*.log")):
             try:
