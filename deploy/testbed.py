@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 from hermes.common.cli_env import HermesParser, deprecated_alias
 from hermes.deploy.links import LinkError, TestbedLinks, agent_links
 from hermes.deploy.netlab import NetlabError
+from hermes.deploy.previous_run import set_aside
 from hermes.deploy.procs import StartupError, free_ports, start, terminate_group, wait_healthy
 from hermes.deploy.profiles import (
     PROFILE_CORES,
@@ -321,16 +322,10 @@ class Testbed:
     def run(self) -> dict[str, Any]:
         a = self.args
         self.out.mkdir(parents=True, exist_ok=True)
+        # The previous run's outputs: the server refuses to start a new run among them, and
+        # they are the user's results, so they move to OUT/previous/<time>, never deleted.
+        set_aside(self.out)
         self.logs.mkdir(exist_ok=True)
-        # The previous run's outputs: the server refuses to start a new run among them.
-        for name in ("events.jsonl", "summary.json", "server_summary.json", "admin.token", "model-best.safetensors",
-                     "model-final.safetensors"):
-            (self.out / name).unlink(missing_ok=True)
-        for stale_log in self.logs.glob("*.log"):
-            stale_log.unlink()
-        if self.checkpoint_dir.is_dir():
-            for stale_checkpoint in self.checkpoint_dir.iterdir():
-                stale_checkpoint.unlink()
         try:
             self.links.prepare()
         except NetlabError as exc:
