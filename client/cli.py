@@ -97,8 +97,11 @@ def _usage_problem(args: argparse.Namespace) -> str | None:
     problem = check_server_url(args.server)
     if problem:
         return problem
-    if args.slowdown < 1.0 or (args.threads is not None and args.threads < 1) or (args.cores is not None and args.cores <= 0):
-        return "--slowdown must be >= 1, --threads >= 1 and --cores > 0"
+    if args.slowdown < 1.0:
+        return f"--slowdown {args.slowdown:g}: must be >= 1 (1 = this device's own speed)"
+    for flag, value in (("--threads", args.threads), ("--cores", args.cores)):
+        if value is not None and value < 0:
+            return f"{flag} {value:g}: must be >= 0 (0 or unset: decided from this device)"
     if args.data_plane_check_timeout < 0 or args.request_timeout <= 0 or args.connect_retries < 0:
         return "--data-plane-check-timeout must be >= 0, --request-timeout > 0 and --connect-retries >= 0"
     try:

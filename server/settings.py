@@ -72,7 +72,6 @@ class ServerSettings(BaseSettings):
     max_workers: int = Field(default=256, gt=0)
     # topology "collective": port of the rendezvous store (MASTER_PORT) on data_host; 0 picks a free one.
     collective_port: int = Field(default=0, ge=0, le=65535)
-    eval_threads: int = Field(default=1, gt=0)
     # Kafka data plane for shard records; unset = records over ZeroMQ only.
     kafka_bootstrap: str | None = Field(default=None, description="HOST:PORT of a Kafka broker (HERMES_KAFKA_BOOTSTRAP)")
     kafka_partitions: int = Field(default=4, gt=0, le=1024, description="partitions per shard topic")

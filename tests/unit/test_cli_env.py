@@ -174,3 +174,24 @@ def test_testbed_passes_tensorboard_to_the_server(tmp_path, monkeypatch) -> None
                         testbed.Proc(name, None, tmp_path / "log", info))  # type: ignore[arg-type]
     bed.start_server()
     assert "--tensorboard" not in seen[1]
+
+
+@pytest.mark.parametrize("argv,says", [
+    (["--threads", "-2"], "--threads -2: must be >= 0"),
+    (["--cores", "-1"], "--cores -1: must be >= 0"),
+    (["--slowdown", "0.5"], "--slowdown 0.5: must be >= 1"),
+])
+def test_agent_out_of_range_numbers_name_the_flag_and_its_range(capsys, argv, says) -> None:
+    from hermes.client.cli import main
+
+    assert main(["--server", "http://127.0.0.1:1", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and says in err[0]
+
+
+def test_agent_zero_threads_and_cores_mean_decide_here() -> None:
+    from hermes.client.cli import _usage_problem, build_parser
+
+    args = build_parser().parse_args(["--server", "http://127.0.0.1:1", "--threads", "0", "--cores", "0"])
+    args.threads, args.cores = args.threads or None, args.cores or None
+    assert _usage_problem(args) is None
