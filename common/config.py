@@ -154,6 +154,15 @@ class RunConfig(BaseModel):
     wire_dtype: Literal["float32", "float16", "bfloat16"] = Field(
         default="float32", description="dtype of pushed updates (the server accumulates in fp32).")
 
+    # ---- when the run starts
+    min_workers: int = Field(
+        default=1, ge=1, description="Hand out no work until this many workers have registered (Flower's "
+                                     "min_available_clients, torchrun's --nnodes): slow starters are not left out "
+                                     "of a run that fast ones finish first. hermes-testbed sets its --clients.")
+    min_workers_timeout_seconds: float = Field(
+        default=60.0, gt=0.0, description="Seconds to wait for min_workers; then the run starts with the workers "
+                                          "it has, and a warning says so.")
+
     # ---- evaluation and stop
     eval_interval_seconds: float = Field(default=1.0, gt=0.0, description="Seconds between server evaluations.")
     # The same stop as POST /v1/stop.

@@ -165,6 +165,9 @@ class Testbed:
         ]
         if a.topology == "collective":
             cmd += ["--set", "topology=collective", "--set", f"world_size={a.clients}"]
+        # The run starts once every agent has registered: a fast agent must not finish a small
+        # run before the slow ones have imported torch (an own --set min_workers=... wins).
+        cmd += ["--set", f"min_workers={a.clients}"]
         # With faults still to inject the testbed stops the run itself: a server that
         # stopped at its target between two polls would leave them unfired.
         if a.target_accuracy is not None and not self.chaos:

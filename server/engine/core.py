@@ -43,6 +43,7 @@ from hermes.server.engine.offload import offload, payload_bytes
 from hermes.server.engine.policies import Contribution, Policies, build_policies
 from hermes.server.engine.reporting import Reporting
 from hermes.server.engine.screening import Screening, ScreeningSettings
+from hermes.server.engine.start_gate import StartGate
 from hermes.server.engine.telemetry import Telemetry
 from hermes.server.evaluator import Evaluation, Evaluator, TargetReached
 from hermes.server.events import EventLog
@@ -157,6 +158,7 @@ class Engine:
         self.screening = Screening(screening or ScreeningSettings(), self.state, self.telemetry,
                                    self.policies.aggregation.reference_loss,
                                    blend=self.policies.aggregation.op == "blend")
+        self.start_gate = StartGate(self)
         self.metrics.model_version.set(0)
 
     def _initial_state(self) -> ModelState:
@@ -208,6 +210,7 @@ class Engine:
         except RuntimeError:  # started outside a loop (tests): stops run inline
             self._loop = None
         self.evaluator.start()
+        self.start_gate.start(self._loop)
         if self.config.max_seconds is not None and self._loop is not None:
             left = self.config.max_seconds - (self.clock.time() - self.started_at)
             self._budget_timer = self._loop.call_later(max(0.0, left), self.check_budgets)
@@ -223,6 +226,7 @@ class Engine:
         self.stopping = True
         self.stop_reason = reason
         self.telemetry.emit("stop_requested", reason=reason)
+        self.start_gate.open("stop")  # held work requests are answered: with the stop
         if self._budget_timer is not None:
             self._budget_timer.cancel()
         # Nobody waits on a barrier that will never come.
@@ -244,6 +248,7 @@ class Engine:
             return
         self.shutting_down = True
         self.telemetry.emit("server_shutdown")
+        self.start_gate.open("shutdown")
         for held in self.held.values():
             if not held.reply.done():
                 held.reply.set_exception(self.handlers.going_away())

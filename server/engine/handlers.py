@@ -132,6 +132,10 @@ class Handlers:
 
     async def on_request_work(self, worker: WorkerRecord, msg: Message) -> list:
         parse_body(RequestWork, msg.header.body)
+        if not self.e.start_gate.is_open:
+            await self.e.start_gate.wait()  # min_workers (engine/start_gate.py)
+            if self.e.shutting_down:
+                raise self.going_away()
         work = self.e.assign(worker)
         return self.reply(MsgType.WORK, worker, msg.header.seq, work.body())
 

@@ -55,6 +55,7 @@ class Membership:
         e.telemetry.emit("join", worker=rec.id, name=name, rejoined=rejoined, hints=sorted(rec.hints)[:32], **facts)
         # Policies that split a fixed total (static, the global batch) move the others too.
         self.apply_resizes(e.allocator.rebalance(), elapsed)
+        e.start_gate.on_join()
         return rec, rejoined
 
     def expect_rejoin(self, worker_ids: Iterable[str]) -> None:

@@ -145,6 +145,8 @@ class Reporting:
                 "version": ev.version, "accuracy": ev.accuracy, "loss": ev.loss, "metrics": ev.metrics, "at": ev.at,
             },
             "workers_active": len(e.registry.active_ids()),
+            # Before min_workers have registered no work is handed out (engine/start_gate.py).
+            "start_gate": e.start_gate.status(),
             "heterogeneity": e.registry.heterogeneity(),
             "workloads": {
                 r.id: {"name": r.name, "dss": r.workload_history[-1][1], "mbs": r.workload_history[-1][2],

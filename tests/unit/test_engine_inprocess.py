@@ -267,3 +267,45 @@ def test_a_target_on_a_lower_is_better_metric_stops_the_run(clock):
     assert engine.stopping and engine.stop_reason == "target error=1 reached at version 0"
     assert engine.status()["target_reached_at"]["metric"] == "error"
     assert engine.status()["outcome"] == "target_reached"
+
+
+async def _pending(future: asyncio.Future) -> bool:
+    """Whether ``future`` is still waiting once every ready callback of the loop has run."""
+    for _ in range(50):
+        await asyncio.sleep(0)
+    return not future.done()
+
+
+def test_work_waits_at_the_start_gate_until_min_workers_have_registered(clock):
+    engine = _engine(clock, min_workers=2)
+    a = _Agent(engine, clock, "a")
+
+    async def go():
+        engine.start_gate.start(asyncio.get_running_loop())
+        first = asyncio.ensure_future(a.request(MsgType.REQUEST_WORK, {}))
+        assert await _pending(first), "work was handed out before min_workers registered"
+        assert engine.start_gate.status() == {"open": False, "reason": None, "min_workers": 2, "workers": 1}
+        _Agent(engine, clock, "b")
+        return await asyncio.wait_for(first, 5)
+
+    reply = _run(go())
+    assert reply.header.type is MsgType.WORK and reply.header.body["stop"] is False
+    assert engine.start_gate.reason == "min_workers"
+
+
+@pytest.mark.parametrize("how", ["timeout", "stop"])
+def test_the_start_gate_opens_on_its_timeout_and_on_a_stop(clock, how):
+    engine = _engine(clock, min_workers=3, min_workers_timeout_seconds=0.05 if how == "timeout" else 60.0)
+    a = _Agent(engine, clock, "a")
+
+    async def go():
+        engine.start_gate.start(asyncio.get_running_loop())
+        held = asyncio.ensure_future(a.request(MsgType.REQUEST_WORK, {}))
+        assert await _pending(held)
+        if how == "stop":
+            engine.request_stop("operator request")
+        return await asyncio.wait_for(held, 5)
+
+    reply = _run(go())
+    assert engine.start_gate.reason == how
+    assert reply.header.body["stop"] is (how == "stop")
