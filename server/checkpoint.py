@@ -48,7 +48,7 @@ from hermes.common.wire import Payload, ProtocolError, dtype_from_name, dtype_na
 from hermes.server.aio import cancel_and_wait
 from hermes.server.state import ModelState
 
-# The tensor-file layer; its names stay importable from here.
+# The tensor-file layer (server/tensorfile.py).
 from hermes.server.tensorfile import (
     CheckpointError,
     bytes_of,

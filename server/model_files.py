@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from hermes.server.checkpoint import write_tensors
+from hermes.server.tensorfile import write_tensors
 
 log = logging.getLogger(__name__)
 

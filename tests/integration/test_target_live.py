@@ -23,10 +23,10 @@ from safetensors.torch import load_file
 from hermes.common.config import RunConfig
 from hermes.common.task_registry import resolve_task
 from hermes.common.tensors import ModelSpec, flatten
-from hermes.server.checkpoint import read_tensor_metadata
 from hermes.server.evaluator import Evaluator
 from hermes.server.shardstore import load_splits
 from hermes.server.state import ModelState
+from hermes.server.tensorfile import read_tensor_metadata
 from tests.conftest import JOIN_TOKEN, _server_env, free_ports, running_server, wait_for
 
 pytestmark = pytest.mark.integration

@@ -30,7 +30,8 @@ from hermes.server.auth import (
     read_secret,
     token_matches,
 )
-from hermes.server.checkpoint import Journal, read_journal, read_tensors, write_tensors
+from hermes.server.checkpoint import Journal, read_journal
+from hermes.server.tensorfile import read_tensors, write_tensors
 
 KEY = b"k" * 43
 
