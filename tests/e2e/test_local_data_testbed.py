@@ -15,11 +15,14 @@ import json
 import statistics
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import run_testbed
 
 TASK = str(Path(__file__).with_name("local_digits_task.py")) + ":task"
 
 
+@pytest.mark.slow  # a 60 s HL8 run; tests/integration/test_local_data_live.py covers local data by default
 def test_local_data_hl8_sends_no_shard_bytes_and_equalises_cycle_times(tmp_path: Path) -> None:
     out = tmp_path / "run-local"
     _, s = run_testbed(out, "--profile", "hl8", "--preset", "hermes", "--task", TASK, "--max-seconds", "60",

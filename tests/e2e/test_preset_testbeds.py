@@ -23,8 +23,15 @@ def _final_batches(s: dict) -> dict[str, int]:
     return {w["name"]: w["mbs"] for w in s["workers"]}
 
 
+# The default suite keeps one run per policy family (OmniLearn in BSP and ASP, Chao's dynamic batching);
+# the other presets' runs are `slow` (about 40 s each), to keep the default suite short.
+_SLOW = pytest.mark.slow
+
+
 @pytest.mark.parametrize("preset", [
-    "omnilearn-bsp", "omnilearn-asp", "dynamic-batching", "variable-batching", "task-allocation", "dp-sgd", "edp-sgd",
+    "omnilearn-bsp", "omnilearn-asp", "dynamic-batching", pytest.param("variable-batching", marks=_SLOW),
+    pytest.param("task-allocation", marks=_SLOW), pytest.param("dp-sgd", marks=_SLOW),
+    pytest.param("edp-sgd", marks=_SLOW),
 ])
 def test_preset_reaches_target_at_hl8(preset: str, tmp_path: Path) -> None:
     out = tmp_path / preset

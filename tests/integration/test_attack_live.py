@@ -222,7 +222,9 @@ def _attacked_run(tmp_path: Path, preset: str, *extra: str, honest: int = 2, tar
         assert "Traceback" not in srv.log_text()
 
 
-@pytest.mark.parametrize("preset", ["asp", "bsp", "hermes"])
+# hermes in the default suite (26-63 s each here); asp and bsp with -m slow.
+@pytest.mark.parametrize("preset", [pytest.param("asp", marks=pytest.mark.slow),
+                                    pytest.param("bsp", marks=pytest.mark.slow), "hermes"])
 def test_run_reaches_its_target_under_attack(tmp_path, preset):
     _attacked_run(tmp_path, preset)
 
