@@ -240,6 +240,22 @@ class LiveServer:
 _SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)$")
 
 
+def start_agent(url: str, name: str, log: Path, *extra: str) -> subprocess.Popen:
+    """A hermes-client subprocess as users start it, joined with the tests' token; its output goes to ``log``."""
+    env = {**os.environ, "HERMES_JOIN_TOKEN": JOIN_TOKEN, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    with open(log, "wb") as fh:
+        return subprocess.Popen([sys.executable, "-m", "hermes.client.cli", "--server", url, "--name", name,
+                                 "--no-progress", *extra], stdout=fh, stderr=subprocess.STDOUT, env=env)
+
+
+def kill_agents(agents: Sequence[subprocess.Popen]) -> None:
+    """Whatever a test left running of its agents, killed and reaped."""
+    for a in agents:
+        if a.poll() is None:
+            a.kill()
+            a.wait(timeout=10)
+
+
 def parse_metric(text: str, name: str, **labels: str) -> float:
     for line in text.splitlines():
         if not line or line.startswith("#"):

@@ -26,9 +26,6 @@ been refused.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -38,7 +35,15 @@ import pytest
 import torch
 
 from hermes.common.wire import MsgType
-from tests.conftest import ADMIN_TOKEN, JOIN_TOKEN, LiveServer, WorkerHandle, running_server, wait_for
+from tests.conftest import (
+    ADMIN_TOKEN,
+    LiveServer,
+    WorkerHandle,
+    kill_agents,
+    running_server,
+    start_agent,
+    wait_for,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -46,12 +51,6 @@ TARGET = 0.8
 # Digits: two honest agents reach 0.8 in 10-25 s on a quiet 2-core machine.
 RUN_TIMEOUT_S = 50.0
 
-
-def _agent(url: str, name: str, log: Path) -> subprocess.Popen:
-    env = {**os.environ, "HERMES_JOIN_TOKEN": JOIN_TOKEN, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    with open(log, "wb") as fh:
-        return subprocess.Popen([sys.executable, "-m", "hermes.client.cli", "--server", url, "--name", name,
-                                 "--no-progress", "--threads", "1"], stdout=fh, stderr=subprocess.STDOUT, env=env)
 
 
 def _events(srv: LiveServer, kind: str) -> list[dict[str, Any]]:
@@ -168,7 +167,7 @@ def _attacked_run(tmp_path: Path, preset: str, *extra: str, honest: int = 2, tar
         thread = threading.Thread(target=attacker.run, kwargs={"first_push_done": first_done}, daemon=True)
         thread.start()
         assert first_done.wait(30), "the attacker's first push never came back"
-        agents = [_agent(srv.url, n, tmp_path / f"{n}.log") for n in names]
+        agents = [start_agent(srv.url, n, tmp_path / f"{n}.log", "--threads", "1") for n in names]
         t0 = time.monotonic()
         try:
             thread.join(timeout=timeout)
@@ -186,10 +185,7 @@ def _attacked_run(tmp_path: Path, preset: str, *extra: str, honest: int = 2, tar
             assert r.status_code == 200, r.text
             codes = [a.wait(timeout=30) for a in agents]
         finally:
-            for a in agents:
-                if a.poll() is None:
-                    a.kill()
-                    a.wait(timeout=10)
+            kill_agents(agents)
         logs = [(tmp_path / f"{n}.log").read_text(errors="replace") for n in names]
         assert codes == [0] * honest, [log[-2000:] for log in logs]
         assert not any("Traceback" in log for log in logs)

@@ -9,17 +9,15 @@ marked lost) nor stall (each one's push count keeps growing during the flood).
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.conftest import ADMIN_TOKEN, JOIN_TOKEN, wait_for
+from tests.conftest import ADMIN_TOKEN, kill_agents, start_agent, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -49,17 +47,11 @@ _FLOODER = textwrap.dedent("""
 MAX_STALL_S = 4.0
 
 
-def _agent(url: str, name: str, log: Path) -> subprocess.Popen:
-    env = {**os.environ, "HERMES_JOIN_TOKEN": JOIN_TOKEN, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    with open(log, "wb") as fh:
-        return subprocess.Popen([sys.executable, "-m", "hermes.client.cli", "--server", url, "--name", name,
-                                 "--no-progress", "--threads", "1"], stdout=fh, stderr=subprocess.STDOUT, env=env)
-
 
 def test_healthz_answers_and_agents_keep_training_under_a_garbage_flood(server_factory, tmp_path):
     srv = server_factory("--preset", "asp")
     names = ["honest-0", "honest-1"]
-    agents = [_agent(srv.url, n, tmp_path / f"{n}.log") for n in names]
+    agents = [start_agent(srv.url, n, tmp_path / f"{n}.log", "--threads", "1") for n in names]
     try:
         def pushes() -> dict[str, int]:
             return {w["name"]: w["pushes"] for w in srv.workers().values() if w["name"] in names}
@@ -109,9 +101,6 @@ def test_healthz_answers_and_agents_keep_training_under_a_garbage_flood(server_f
         assert r.status_code == 200
         codes = [a.wait(timeout=60) for a in agents]
     finally:
-        for a in agents:
-            if a.poll() is None:
-                a.kill()
-                a.wait(timeout=10)
+        kill_agents(agents)
     logs = [(tmp_path / f"{n}.log").read_text(errors="replace") for n in names]
     assert codes == [0, 0], [log[-2000:] for log in logs]

@@ -9,7 +9,6 @@ scores on the evaluator's held-out set what the summary says it scored.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -27,18 +26,12 @@ from hermes.server.evaluator import Evaluator
 from hermes.server.shardstore import load_splits
 from hermes.server.state import ModelState
 from hermes.server.tensorfile import read_tensor_metadata
-from tests.conftest import JOIN_TOKEN, _server_env, free_ports, running_server, wait_for
+from tests.conftest import JOIN_TOKEN, _server_env, free_ports, kill_agents, running_server, start_agent, wait_for
 
 pytestmark = pytest.mark.integration
 
 TARGET = 0.3
 
-
-def _agent(url: str, name: str, log: Path) -> subprocess.Popen:
-    env = {**os.environ, "HERMES_JOIN_TOKEN": JOIN_TOKEN, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    with open(log, "wb") as fh:
-        return subprocess.Popen([sys.executable, "-m", "hermes.client.cli", "--server", url, "--name", name,
-                                 "--no-progress"], stdout=fh, stderr=subprocess.STDOUT, env=env)
 
 
 def test_server_stops_at_target_and_keeps_the_best_model(tmp_path: Path) -> None:
@@ -49,16 +42,13 @@ def test_server_stops_at_target_and_keeps_the_best_model(tmp_path: Path) -> None
         status = srv.get_json("/v1/status")
         assert (status["outcome"], status["target_accuracy"], status["target_reached_at"]) == ("running", TARGET, None)
         idle = srv.register("idle")
-        agents = [_agent(srv.url, f"agent-{i}", tmp_path / f"agent-{i}.log") for i in range(2)]
+        agents = [start_agent(srv.url, f"agent-{i}", tmp_path / f"agent-{i}.log") for i in range(2)]
         try:
             status = wait_for(lambda: (s := srv.get_json("/v1/status"))["outcome"] == "target_reached" and s,
                                90, "the server to reach its target")
             codes = [a.wait(timeout=30) for a in agents]
         finally:
-            for a in agents:
-                if a.poll() is None:
-                    a.kill()
-                    a.wait(timeout=10)
+            kill_agents(agents)
         logs = [(tmp_path / f"agent-{i}.log").read_text(errors="replace") for i in range(2)]
         assert codes == [0, 0], [log[-2000:] for log in logs]
         assert not any("Traceback" in log for log in logs)
@@ -79,7 +69,7 @@ def test_server_stops_at_target_and_keeps_the_best_model(tmp_path: Path) -> None
         assert r.status_code == 410 and "the run is over" in r.json()["detail"]
         # An agent that comes late (or reconnects after the stop) is told so and exits 0, not 3.
         t0 = time.monotonic()
-        late = _agent(srv.url, "late", tmp_path / "late.log")
+        late = start_agent(srv.url, "late", tmp_path / "late.log")
         assert late.wait(timeout=60) == 0, (tmp_path / "late.log").read_text(errors="replace")[-2000:]
         assert time.monotonic() - t0 < 30  # no retries with backoff against a finished run
         assert "the server's run is over" in (tmp_path / "late.log").read_text(errors="replace")
@@ -159,7 +149,7 @@ def test_a_finished_run_stays_finished_across_a_restart(tmp_path: Path) -> None:
     with running_server(tmp_path / "first", "--target-accuracy", str(TARGET), "--checkpoint-dir", str(ckpt),
                         "--checkpoint-interval", "3600", sets=("eval_interval_seconds=0.3",),
                         check_exit=False) as first:
-        agents = [_agent(first.url, f"agent-{i}", tmp_path / f"agent-{i}.log") for i in range(2)]
+        agents = [start_agent(first.url, f"agent-{i}", tmp_path / f"agent-{i}.log") for i in range(2)]
         try:
             reached = wait_for(lambda: first.get_json("/v1/status")["target_reached_at"], 90, "the target")
             # Written when the target was reached, not only at shutdown.
@@ -185,7 +175,7 @@ def test_a_finished_run_stays_finished_across_a_restart(tmp_path: Path) -> None:
         assert status["outcome"] == "target_reached" and status["stopping"], status
         assert status["target_reached_at"]["version"] == reached["version"]
         assert status["best_accuracy"] == meta["best_evaluation"]["accuracy"]
-        late = _agent(url, "agent-0", tmp_path / "late.log")
+        late = start_agent(url, "agent-0", tmp_path / "late.log")
         assert late.wait(timeout=60) == 0, (tmp_path / "late.log").read_text(errors="replace")[-2000:]
     finally:
         proc.terminate()
