@@ -55,7 +55,10 @@ def _run_timed(cmd: list[str], env: dict[str, str], cwd: Path) -> tuple[subproce
 def test_a_custom_task_trains_to_its_target_and_a_mismatched_agent_is_refused(tmp_path: Path) -> None:
     out = tmp_path / "server"
     with running_server(out, "--task", _ref("regression"), "--target", f"r2={TARGET_R2}", "--exit-when-done",
-                        "--max-seconds", "300", sets=("eval_interval_seconds=0.3",)) as srv:
+                        "--max-seconds", "300",
+                        # Both agents must take part: without the start gate the first one to join can reach
+                        # the target alone before the second registers (seen in CI, 2026-11-24).
+                        sets=("eval_interval_seconds=0.3", "min_workers=2")) as srv:
         status = srv.get_json("/v1/status")
         assert (status["task"], status["target"], status["outcome"]) == ("tiny-regression", f"r2={TARGET_R2:g}",
                                                                           "running")
