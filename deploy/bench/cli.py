@@ -17,6 +17,7 @@ import argparse
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -129,6 +130,9 @@ def cmd_suite(args: argparse.Namespace) -> int:
             print(f"{spec.key}: hermes-testbed {' '.join(spec.testbed_args(suite, spec.run_dir(Path(args.out))))}")
         return 0
     out = Path(args.out).resolve()
+    # SIGTERM (kill, a CI timeout) takes the same path as Ctrl-C: the running testbed's group is
+    # stopped and finished runs are kept.
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         results = execute(suite, out, progress=_say)
     except KeyboardInterrupt:
@@ -181,6 +185,10 @@ def cmd_list() -> int:
         for line in problems:
             print(f"    not runnable here as is: {line}")
     return 0
+
+
+def _interrupt(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
 def main(argv: list[str] | None = None) -> int:

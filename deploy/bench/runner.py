@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -27,7 +28,7 @@ from hermes.common.clock import SYSTEM_CLOCK, Clock
 from hermes.deploy.bench.aggregate import event_figures
 from hermes.deploy.bench.machine import loadavg, machine_info, versions
 from hermes.deploy.bench.suites import Suite, Variant
-from hermes.deploy.procs import terminate_group
+from hermes.deploy.procs import die_with_parent, terminate_group
 from hermes.deploy.profiles import worker_profiles
 
 log = logging.getLogger(__name__)
@@ -113,7 +114,10 @@ def launch_testbed(args: list[str], run_dir: Path, timeout: float) -> tuple[int 
         env = {k: v for k, v in os.environ.items() if not k.startswith("HERMES_")}
         env["PYTHONUNBUFFERED"] = "1"
         proc = subprocess.Popen([sys.executable, "-m", "hermes.deploy.testbed", *args], stdout=fh,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, env=env)
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, env=env,
+                                # A bench killed outright (SIGKILL, a closed terminal) still stops the testbed,
+                                # which stops its cluster: its own session would otherwise outlive us.
+                                preexec_fn=die_with_parent(signal.SIGTERM))
         try:
             code = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:

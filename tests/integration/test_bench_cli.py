@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -72,3 +74,46 @@ def test_unknown_presets_are_refused_before_any_run(tmp_path):
     assert proc.returncode == 2
     assert "unknown preset(s)" in proc.stderr and "no-such-preset" in proc.stderr
     assert not (tmp_path / "o" / "runs").exists()
+
+
+def _processes_naming(needle: str) -> list[int]:
+    """Pids whose command line mentions ``needle`` (the run's own out dir: nothing else names it)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if needle.encode() in cmdline:
+                pids.append(int(entry.name))
+    return pids
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_a_killed_bench_leaves_no_testbed_behind(tmp_path, sig):
+    suite = tmp_path / "one.toml"
+    suite.write_text('presets = ["bsp"]\nprofiles = ["hl8"]\nclients = 2\nrepeats = 1\nmax_seconds = 120\n'
+                     'target_accuracy = 0.99\n')
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "hermes.deploy.bench", "run", str(suite), "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        # Killed mid-run: once the testbed's agents train (the agent logs exist and say so).
+        deadline = time.monotonic() + 120
+        while not any("registered" in p.read_text(errors="replace") for p in out.glob("runs/*/*/*/logs/worker-*.log")):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0][-3000:]
+            time.sleep(0.2)
+        assert len(_processes_naming(str(out))) >= 3  # testbed, server, agents
+        proc.send_signal(sig)
+        proc.wait(timeout=60)
+        deadline = time.monotonic() + 60
+        while _processes_naming(str(out)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _processes_naming(str(out)) == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    if sig == signal.SIGTERM:
+        assert proc.returncode == 130 and "interrupted; finished runs are kept" in proc.stdout.read()
