@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hermes.common.lean_sgd import LeanSGD
 from hermes.common.task import LossFn, OptimizerFn
 from hermes.common.tensors import flatten, load_flat
 
@@ -107,7 +108,8 @@ class LocalTrainer:
         self.slowdown = slowdown
         self.loss_fn = loss
         if optimizer is None:
-            self.optimizer: torch.optim.Optimizer = torch.optim.SGD(
+            # torch.optim.SGD's update without its torch._dynamo import (common/lean_sgd.py: ~1 s of start-up).
+            self.optimizer: torch.optim.Optimizer = LeanSGD(
                 self.model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
         else:
             self.optimizer = optimizer(self.model.parameters())

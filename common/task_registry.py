@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from hermes.common.config import parse_target
+from hermes.common.lean_sgd import LeanSGD
 from hermes.common.task import Task, TaskError, as_dataset
 
 if TYPE_CHECKING:
@@ -186,7 +187,7 @@ def make_optimizer(task: Task, params: Iterable[nn.Parameter], config: RunConfig
     """The task's optimizer over ``params``; by default SGD with the run config's lr, momentum, weight decay."""
     if task.optimizer is not None:
         return task.optimizer(params)
-    return torch.optim.SGD(params, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay)
+    return LeanSGD(params, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay)
 
 
 # ---------------------------------------------------------------- batches

@@ -15,6 +15,7 @@ from torch import nn
 from hermes.common.builtin_task import DATASET_SHAPES, BuiltinSplit
 from hermes.common.config import ConfigError, build_config, parse_target
 from hermes.common.datasets import load_dataset
+from hermes.common.lean_sgd import LeanSGD
 from hermes.common.task import Task, TaskError, fingerprint
 from hermes.common.task_registry import (
     batch_of,
@@ -185,7 +186,8 @@ def test_default_optimizer_is_sgd_from_the_config_and_a_tasks_own_is_used():
     model = nn.Linear(2, 2)
     cfg = build_config("asp", lr=0.2, momentum=0.5)
     sgd = make_optimizer(Task(model=lambda: model), model.parameters(), cfg)
-    assert isinstance(sgd, torch.optim.SGD) and sgd.param_groups[0]["lr"] == 0.2
+    assert isinstance(sgd, LeanSGD) and isinstance(sgd, torch.optim.Optimizer)
+    assert (sgd.param_groups[0]["lr"], sgd.param_groups[0]["momentum"]) == (0.2, 0.5)
     adam = make_optimizer(Task(model=lambda: model, optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3)),
                           model.parameters(), cfg)
     assert isinstance(adam, torch.optim.AdamW)
