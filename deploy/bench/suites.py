@@ -199,8 +199,10 @@ def _variants(*items: tuple[str, str] | tuple[str, str, dict[str, Any]]) -> list
     return [{"label": it[0], "preset": it[1], "overrides": it[2] if len(it) > 2 else {}} for it in items]
 
 
-# The peers: torch DDP with bsp's optimizer and batch, and bsp on the homogeneous cluster of equal compute.
-PEERS = [{"label": "ddp", "preset": "bsp", "runner": "ddp"}, {"label": "ideal", "preset": "bsp", "homogeneous": True}]
+# The peers: torch DDP with bsp's batch and momentum, and bsp on the homogeneous cluster of equal compute. DDP's
+# lr 0.1: the best of 0.05/0.1/0.2 for the paper-size CNN on mnist1d (benchmarks/suites/ddp-lr-sweep.toml).
+PEERS = [{"label": "ddp", "preset": "bsp", "runner": "ddp", "overrides": {"lr": 0.1}},
+         {"label": "ideal", "preset": "bsp", "homogeneous": True}]
 
 
 BUILTIN: dict[str, dict[str, Any]] = {
