@@ -167,7 +167,8 @@ def apply(link: Link, dev: str, *, strict: bool = False, runner: Runner = run_co
             raise TcLinkError(f"{exc}, so the {link.rtt * 1e3:g} ms round trip of link {link.name} cannot be "
                               "applied and --strict was given; on the host: modprobe sch_netem") from None
         log.warning("link %s on %s: the kernel has no netem, so the %g ms round-trip delay is NOT applied, "
-                    "rates only (tbf); --strict (HERMES_LINK_STRICT=1) makes this an error",
+                    "rates only (tbf); on the host: modprobe sch_netem; --strict (HERMES_LINK_STRICT=1) "
+                    "makes this an error",
                     link.name, dev, link.rtt * 1e3)
         netem = False
         _execute(plan(link, dev, netem=False), runner)
