@@ -160,3 +160,14 @@ def test_main_link_from_environment(monkeypatch, capsys) -> None:
     out = capsys.readouterr().out
     assert "tc qdisc add dev veth9 root handle 1: netem delay 75000us" in out
     assert "tbf rate 2000000bit" in out and "ifb-veth9" in out
+
+
+def test_wrapper_imports_no_server_stack_nor_torch() -> None:
+    """It runs first in the agent image (no fastapi/uvicorn there) and should start in well under a second."""
+    import subprocess
+    import sys
+
+    code = ("import sys, hermes.deploy.tc_link; "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'fastapi', 'uvicorn', 'starlette', 'numpy'}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60).stdout
+    assert out.strip() == "[]"
