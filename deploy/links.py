@@ -14,6 +14,9 @@ moves (control plane HTTP, ZeroMQ data plane, Kafka) cross it:
   delays and paces (token bucket per direction); the agent is started
   through :mod:`hermes.deploy.linkshim`, which rewrites its connections to
   the server's ports into connections to its relay.
+* containers (the compose link overrides, deploy/compose.link-*.yml): each
+  agent container shapes its own interface with tc, netem delay included
+  where the kernel has it (:mod:`hermes.deploy.tc_link`).
 
 Upload is agent to server, download server to agent, as a device owner
 would read an LTE contract.

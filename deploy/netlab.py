@@ -88,7 +88,8 @@ def _free_subnet() -> int:
     return random.choice(candidates)
 
 
-def _tbf(bps: float) -> list[str]:
+def tbf_args(bps: float) -> list[str]:
+    """tbf's arguments for a rate (``tc qdisc add ... <these>``); :mod:`hermes.deploy.tc_link` shares them."""
     # burst: at least 10 ms of traffic and 32 KiB (tbf needs rate/HZ and a GSO
     # segment); limit: 500 ms of queue, so TCP sees a deep buffer rather than
     # drops (measured: a 100 ms limit halved lte's 10 Mbit/s upload).
@@ -151,9 +152,9 @@ class Netlab:
         _run("ip", "-n", ns, "link", "set", "lo", "up")
         _run("ip", "-n", ns, "route", "add", "default", "via", f"10.{self.subnet}.{i}.1")
         if link.up_bps is not None:
-            _run("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", ns_if, "root", *_tbf(link.up_bps))
+            _run("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", ns_if, "root", *tbf_args(link.up_bps))
         if link.down_bps is not None:
-            _run("tc", "qdisc", "add", "dev", host_if, "root", *_tbf(link.down_bps))
+            _run("tc", "qdisc", "add", "dev", host_if, "root", *tbf_args(link.down_bps))
 
     def wrap(self, index: int, cmd: list[str]) -> list[str]:
         """``cmd`` run inside agent ``index``'s namespace (``ip netns exec`` execs it: same pid)."""

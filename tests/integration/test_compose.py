@@ -9,8 +9,11 @@ merges and validates the files against the compose specification, exactly as
 prints is then checked: KRaft Kafka, health-gated start-up order, CPU quotas
 that follow the HL profile, named volumes, secrets without defaults, and every
 service's command line parsed by the real console script's own parser (or
-uvicorn's). The Dockerfiles get a static check: pinned bases, multi-stage,
-non-root, and no server stack in the agent image.
+uvicorn's). The link overrides (compose.link-*.yml, alone and layered over a
+profile) start every agent through hermes.deploy.tc_link with NET_ADMIN and
+a link that parses, and drop to the image's user. The Dockerfiles get a
+static check: pinned bases, multi-stage, non-root, no server stack in the
+agent image, iproute2 in it for the link wrapper.
 """
 
 from __future__ import annotations
@@ -29,7 +32,8 @@ from typing import Any
 
 import pytest
 
-from hermes.deploy import compose_gen
+from hermes.deploy import compose_gen, tc_link
+from hermes.deploy.links import parse_link
 from hermes.deploy.profiles import PROFILE_CORES, heterogeneity_level
 
 pytestmark = pytest.mark.integration
@@ -38,7 +42,10 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 BASE = "docker-compose.yml"
 BASE_PROFILE, BASE_AGENTS = "hl4", 4
 TOKEN = "test-join-token-0123456789abcdef"
-FILESETS = [(BASE,)] + [(BASE, f"deploy/{name}") for name in compose_gen.SHIPPED]
+FILESETS = ([(BASE,)] + [(BASE, f"deploy/{name}") for name in compose_gen.SHIPPED]
+            + [(BASE, f"deploy/{name}") for name in compose_gen.SHIPPED_LINKS]
+            + [(BASE, "deploy/compose.hl8.yml", "deploy/compose.link-lte.yml")])
+WRAPPER = ["python", "-m", "hermes.deploy.tc_link"]
 
 
 def _is_elf(path: Path) -> bool:
@@ -103,18 +110,22 @@ def run_config(compose: tuple[str, ...], files: tuple[str, ...], env: dict[str, 
     return subprocess.run([*args, "config", *extra], cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
 
 
-def merged(compose: tuple[str, ...], files: tuple[str, ...]) -> dict[str, Any]:
-    quiet = run_config(compose, files, _env(HERMES_JOIN_TOKEN=TOKEN), "--quiet")
+def merged(compose: tuple[str, ...], files: tuple[str, ...], **env: str) -> dict[str, Any]:
+    quiet = run_config(compose, files, _env(HERMES_JOIN_TOKEN=TOKEN, **env), "--quiet")
     assert quiet.returncode == 0, f"compose config -q {files} failed:\n{quiet.stderr}"
-    r = run_config(compose, files, _env(HERMES_JOIN_TOKEN=TOKEN), "--format", "json")
+    r = run_config(compose, files, _env(HERMES_JOIN_TOKEN=TOKEN, **env), "--format", "json")
     assert r.returncode == 0, f"compose config {files} failed:\n{r.stderr}"
     return json.loads(r.stdout)
 
 
 def _profile_of(files: tuple[str, ...]) -> tuple[str, int]:
-    if len(files) == 1:
-        return BASE_PROFILE, BASE_AGENTS
-    return compose_gen.SHIPPED[Path(files[1]).name]
+    profiles = [compose_gen.SHIPPED[Path(f).name] for f in files[1:] if Path(f).name in compose_gen.SHIPPED]
+    return profiles[-1] if profiles else (BASE_PROFILE, BASE_AGENTS)
+
+
+def _link_of(files: tuple[str, ...]) -> str | None:
+    links = [compose_gen.SHIPPED_LINKS[Path(f).name][0] for f in files[1:] if Path(f).name in compose_gen.SHIPPED_LINKS]
+    return links[-1] if links else None
 
 
 # ---------------------------------------------------------------------------
@@ -166,9 +177,29 @@ def image_argv(dockerfile: Path) -> tuple[list[str], list[str]]:
     return entry, cmd
 
 
+def unwrap_link(service: str, argv: list[str]) -> list[str]:
+    """The command the link wrapper execs (``argv`` itself without the wrapper); its options checked by its parser."""
+    if argv[:len(WRAPPER)] != WRAPPER:
+        return argv
+    rest = argv[len(WRAPPER):]
+    assert "--" in rest, f"{service}: the link wrapper runs no command (no --): {argv}"
+    own, command = rest[:rest.index("--")], rest[rest.index("--") + 1:]
+    parser = tc_link.build_parser()
+    for a in own:
+        if a.startswith("--"):
+            assert a.split("=", 1)[0] in parser._option_string_actions, f"{service}: tc_link has no flag {a}"
+    try:
+        parser.parse_args(own)
+    except SystemExit as exc:
+        pytest.fail(f"{service}: tc_link {' '.join(own)} does not parse (exit {exc.code})")
+    return command
+
+
 def check_command_line(service: str, argv: list[str]) -> None:
     """The program is one of ours (or uvicorn on our app factory) and its own parser accepts the arguments."""
     assert argv, f"{service}: no command"
+    argv = unwrap_link(service, argv)
+    assert argv, f"{service}: the link wrapper runs nothing"
     prog, args = argv[0], argv[1:]
     scripts = console_scripts()
     if prog in scripts:
@@ -219,6 +250,7 @@ def test_compose_config_and_services(compose, files) -> None:
     cfg = merged(compose, files)
     services = cfg["services"]
     profile, agents = _profile_of(files)
+    link = _link_of(files)
     agent_names = sorted((s for s in services if s.startswith("agent-")), key=lambda s: int(s.split("-")[1]))
     assert agent_names == [f"agent-{i + 1}" for i in range(agents)], agent_names
     assert set(services) == {"kafka", "server", *agent_names}
@@ -246,6 +278,19 @@ def test_compose_config_and_services(compose, files) -> None:
         assert svc["environment"]["HERMES_JOIN_TOKEN"] == TOKEN, name
         assert svc["cpus"] == pytest.approx(compose_gen.agent_cpus(profile, agents)[i]), (name, svc["cpus"])
         argv = service_argv(name, svc)
+        assert argv is not None
+        if link is None:
+            assert "cap_add" not in svc and svc.get("user") in (None, "hermes"), (name, svc.get("user"))
+            assert "HERMES_LINK" not in svc["environment"], name
+        else:
+            # Shaped inside the container: NET_ADMIN, root for tc, then the agent as the image's user.
+            assert "NET_ADMIN" in svc["cap_add"] and svc["user"] == "root", (name, svc)
+            assert argv[:len(WRAPPER)] == WRAPPER, argv
+            own = argv[len(WRAPPER):argv.index("--")]
+            assert "--user" in own and own[own.index("--user") + 1] == "hermes", own
+            assert parse_link(svc["environment"]["HERMES_LINK"]) == parse_link(link), svc["environment"]
+            assert svc["environment"]["HERMES_LINK_STRICT"] == "0"
+        argv = unwrap_link(name, argv)
         assert argv[0] == "hermes-client"
         threads = argv[argv.index("--threads") + 1]
         assert svc["environment"]["OMP_NUM_THREADS"] == threads == str(compose_gen.agent_threads(svc["cpus"]))
@@ -258,6 +303,24 @@ def test_compose_config_and_services(compose, files) -> None:
         argv = service_argv(name, svc)
         if argv is not None:
             check_command_line(name, argv)
+
+
+def test_link_overrides_per_agent_and_custom(compose, tmp_path) -> None:
+    """HERMES_AGENTn_LINK picks agent n's link; a generated mixed override with a custom link validates."""
+    cfg = merged(compose, (BASE, "deploy/compose.link-lte.yml"), HERMES_AGENT2_LINK="constrained",
+                 HERMES_LINK_STRICT="1")
+    env = {n: cfg["services"][n]["environment"] for n in ("agent-1", "agent-2")}
+    assert env["agent-1"]["HERMES_LINK"] == "lte" and env["agent-2"]["HERMES_LINK"] == "constrained"
+    assert env["agent-1"]["HERMES_LINK_STRICT"] == "1"
+    mixed = tmp_path / "compose.link-mixed.yml"
+    assert compose_gen.main(["--links", "lte,wifi,custom:5mbit/20mbit/80ms,lan", "-o", str(mixed)]) == 0
+    cfg = merged(compose, (BASE, str(mixed)))
+    got = [cfg["services"][f"agent-{i}"]["environment"]["HERMES_LINK"] for i in range(1, 5)]
+    assert got == ["lte", "wifi", "custom:5mbit/20mbit/80ms", "lan"]
+    assert [parse_link(g).name for g in got] == got
+    for i in range(1, 5):
+        svc = cfg["services"][f"agent-{i}"]
+        check_command_line(f"agent-{i}", service_argv(f"agent-{i}", svc) or [])
 
 
 def test_secrets_have_no_default(compose) -> None:
@@ -285,6 +348,8 @@ def test_shipped_overrides_are_generated_from_the_profiles() -> None:
     assert compose_gen.stale_files() == [], "run: python -m hermes.deploy.compose_gen --write"
     assert compose_gen.agent_cpus("hl4", 4) == [0.75, 0.75, 0.5, 2.0]
     assert compose_gen.agent_cpus("hl8", 8) == [0.5, 0.5, 0.333, 2.667] * 2
+    assert set(compose_gen.SHIPPED_LINKS) == {"compose.link-wifi.yml", "compose.link-lte.yml",
+                                              "compose.link-constrained.yml"}
 
 
 @pytest.mark.parametrize("name", ["Dockerfile.server", "Dockerfile.agent"])
@@ -316,3 +381,8 @@ def test_dockerfiles(name) -> None:
                 assert not re.search(r"fastapi|uvicorn|starlette|\[server|\[all|\[dev", arg), arg
         entry, _ = image_argv(path)
         assert entry == ["hermes-client"]
+        # The link wrapper (compose.link-*.yml) needs tc and ip in the runtime image, and its --user.
+        runtime = ins[last_from:]
+        assert any(i == "RUN" and re.search(r"apt-get install .*\biproute2\b", arg) for i, arg in runtime), \
+            "Dockerfile.agent: the runtime stage does not install iproute2"
+        assert any(i == "RUN" and "useradd" in arg and " hermes" in arg for i, arg in runtime)
