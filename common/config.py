@@ -179,6 +179,13 @@ class RunConfig(BaseModel):
     eval_max_samples: int = Field(default=2000, gt=0, description="Held-out test samples per evaluation.")
     stats_interval_seconds: float = Field(default=2.0, gt=0.0, description="Seconds between status log lines.")
 
+    # ---- the wire (docs/protocol.md)
+    combine_messages: bool = Field(
+        default=True, description="Parameter-server agents send what a cycle must say in as few requests as "
+        "possible: the push asks for the newer model in its reply (no PULL_MODEL) and the work request gets its "
+        "shards in its reply (no FETCH_SHARD); the stats and gate-skipped cycles ride on the next push or work "
+        "request (no REPORT_STATS). false: one request per purpose, as before.")
+
     @model_validator(mode="before")
     @classmethod
     def _nested(cls, data: Any) -> Any:
