@@ -199,8 +199,12 @@ class Session:
         self.last_report: float = previous.last_report if previous is not None else 0.0
         self.heartbeat = Heartbeat(quick_control, self.worker_id, self.token,
                                    interval=float(reg.get("heartbeat_interval_seconds", 5.0)),
-                                   on_lost=on_lost, on_reply=self._heartbeat_reply)
+                                   on_lost=on_lost, on_reply=self._heartbeat_reply,
+                                   heard_within=self._heard_within if self.combine else None)
         self.heartbeat.start()
+
+    def _heard_within(self, seconds: float) -> bool:
+        return time.monotonic() - self._traffic.answered_at < seconds
 
     def data_client(self) -> DataClient:
         return DataClient(self.address, self.worker_id, self.token, timeout=self._request_timeout,
