@@ -280,7 +280,7 @@ class Prefetcher:
     def __init__(self, client_factory, *, depth: int = 1, max_refetch: int = 3, stats: ShardStats | None = None,
                  kafka_bootstrap: str | None = None, reader_options: dict | None = None,
                  local: LocalSet | None = None, combine: bool = False,
-                 carried: Callable[[], dict] | None = None) -> None:
+                 carried: Callable[[], dict] | None = None, assignments: int = 1) -> None:
         self._client_factory = client_factory
         self._queue: queue.Queue[Work | StopSignal] = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
@@ -294,6 +294,8 @@ class Prefetcher:
         # ``carried`` gives (the loop's pending cycles and stats).
         self.combine = combine
         self.carried = carried
+        # assignments_per_request (with combine): assignments asked for in one work request.
+        self.assignments = assignments
         self.wait_seconds = 0.0
         # The wait for the first assignment: nothing can be prefetched before it,
         # so the steady-state wait is wait_seconds - first_wait_seconds.
@@ -344,16 +346,26 @@ class Prefetcher:
                                         max_refetch=self.max_refetch, reader_options=self.reader_options,
                                         should_stop=self._stop.is_set)
             while not self._stop.is_set():
-                request = {"inline_shards": True, **(self.carried() if self.carried else {})} if self.combine else {}
+                request: dict = {}
+                if self.combine:
+                    request = {"inline_shards": True, **(self.carried() if self.carried else {})}
+                    if self.assignments > 1:
+                        request["assignments"] = self.assignments
                 reply = self.client.request(MsgType.REQUEST_WORK, request)
                 body = reply.header.body
                 if body.get("stop"):
                     self._put(StopSignal("server asked to stop"))
                     return
-                work = self._fetch(body, reply if "lengths" in body else None)
-                if work is None:
-                    return
-                self._put(work)
+                # Several assignments (``then``), their records inline when the reply carries them.
+                bodies = [body, *(body.get("then") or [])]
+                inline: tuple[dict[int, ShardRecord], int] | None = None
+                if "lengths" in body:
+                    inline = self.fetcher.from_reply([int(s) for b in bodies for s in b["shards"]], reply)
+                for i, b in enumerate(bodies):
+                    work = self._fetch(b, None if inline is None else (inline[0], inline[1] if i == 0 else 0))
+                    if work is None:
+                        return
+                    self._put(work)
         except Exception as exc:  # surfaced to the training loop, which decides
             log.debug("prefetcher stopped by %r", exc)
             self._put(StopSignal(f"prefetch failed: {exc}", exc))
@@ -363,15 +375,14 @@ class Prefetcher:
             if self.client is not None:
                 self.client.close()
 
-    def _fetch(self, body: dict, inline=None) -> Work | None:
-        """The assignment's records: from the WORK reply itself when it carries them (``inline``)."""
+    def _fetch(self, body: dict, inline: tuple[dict[int, ShardRecord], int] | None = None) -> Work | None:
+        """The assignment's records: from the WORK reply itself when it carried them (``inline``:
+        the records by shard and the bytes to count for this assignment)."""
         assert self.fetcher is not None
         if body.get("source") == "local":
             return self._draw(body)
         if inline is not None and body["shards"]:
-            shards = [int(s) for s in body["shards"]]
-            got, nbytes = self.fetcher.from_reply(shards, inline)
-            records = [got[s] for s in shards]
+            records, nbytes = [inline[0][int(s)] for s in body["shards"]], inline[1]
         elif body["shards"]:
             fetched = self.fetcher.fetch(body["shards"], body, "train")
             if fetched is None:

@@ -183,7 +183,8 @@ class Session:
         self.outbox: Outbox | None = Outbox() if self.combine else None
         self.prefetcher = Prefetcher(self.data_client, stats=shard_stats, kafka_bootstrap=kafka_bootstrap, local=local,
                                      combine=self.combine,
-                                     carried=self.outbox.take if self.outbox is not None else None)
+                                     carried=self.outbox.take if self.outbox is not None else None,
+                                     assignments=int(reg.get("run_config", {}).get("assignments_per_request", 1)))
         if previous is not None:
             # The waits are the agent's, not the registration's: they add up over rejoins.
             self.prefetcher.wait_seconds = previous.prefetcher.wait_seconds

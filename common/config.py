@@ -184,7 +184,13 @@ class RunConfig(BaseModel):
         default=True, description="Parameter-server agents send what a cycle must say in as few requests as "
         "possible: the push asks for the newer model in its reply (no PULL_MODEL) and the work request gets its "
         "shards in its reply (no FETCH_SHARD); the stats and gate-skipped cycles ride on the next push or work "
-        "request (no REPORT_STATS). false: one request per purpose, as before.")
+        "request (no REPORT_STATS), and no heartbeat goes out in an interval whose data-plane request was "
+        "answered. false: one request per purpose, as before.")
+    assignments_per_request: int = Field(
+        default=1, ge=1, le=16, description="Assignments an agent asks for in one work request (with their shards, "
+        "under combine_messages): the work requests of k cycles in one. Each is sized when handed out, so a "
+        "workload change (Hermes' dual search, straggler resizing) reaches the agent up to k cycles later; 1 "
+        "sizes every cycle on request, as the papers do.")
 
     @model_validator(mode="before")
     @classmethod

@@ -41,6 +41,8 @@ MAX_SHARDS_PER_FETCH = 256
 # The most gate-skipped cycle records one PUSH_UPDATE or REQUEST_WORK may carry
 # (combine_messages); an agent with more pending sends the newest ones.
 MAX_CYCLES_PER_MESSAGE = 64
+# The most assignments one REQUEST_WORK may ask for.
+MAX_ASSIGNMENTS_PER_REQUEST = 16
 
 
 
@@ -224,6 +226,8 @@ class RequestWork(BaseModel):
     # The WORK reply carries the train shard records (as a multi-shard SHARD reply does) when
     # they are served over the data plane: no FETCH_SHARD follows.
     inline_shards: StrictBool = False
+    # How many assignments to hand out at once (assignments_per_request): the WORK reply's ``then``.
+    assignments: Annotated[StrictInt, Field(ge=1, le=MAX_ASSIGNMENTS_PER_REQUEST)] = 1
     cycles: Annotated[list[CycleReport], Field(max_length=MAX_CYCLES_PER_MESSAGE)] | None = None
     stats: ReportStats | None = None
 
@@ -278,13 +282,18 @@ class WorkReply(BaseModel):
     data: KafkaRanges = KafkaRanges()
     # Device-local data (source "local"): draw this many samples from the local set; shards is [].
     local_samples: int | None = None
-    # inline_shards: the payload is the shards' records back to back, cut by these lengths.
+    # inline_shards: the payload is the records of this assignment's shards and then of those
+    # in ``then``, back to back, cut by these lengths.
     lengths: list[int] | None = None
+    # REQUEST_WORK ``assignments`` > 1: the assignments after this one, in the order to train them.
+    then: list[WorkReply] | None = None
 
     def body(self) -> dict[str, Any]:
         """The wire body: the data-source fields sit beside the assignment's, as agents read them."""
-        out = self.model_dump(exclude={"data"}, exclude_none=True)
+        out = self.model_dump(exclude={"data", "then"}, exclude_none=True)
         out.update(self.data.model_dump(exclude_none=True))
+        if self.then:
+            out["then"] = [w.body() for w in self.then]
         return out
 
 

@@ -390,8 +390,8 @@ class Engine:
     def count_carried(self, kind: str, n: int = 1) -> None:
         self.carried_counts[kind] = self.carried_counts.get(kind, 0) + n
 
-    def assign(self, worker: WorkerRecord) -> WorkReply:
-        return self.membership.assign(worker)
+    def assign(self, worker: WorkerRecord, keep: int = 2) -> WorkReply:
+        return self.membership.assign(worker, keep)
 
     # ---- checkpoints ----------------------------------------------------------
 

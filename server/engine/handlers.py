@@ -153,14 +153,18 @@ class Handlers:
             await self.e.start_gate.wait()  # min_workers (engine/start_gate.py)
             if self.e.shutting_down:
                 raise self.going_away()
-        work = self.e.assign(worker)
-        if not (body.inline_shards and work.shards and work.data.source == "zmq"
-                and len(work.shards) <= MAX_SHARDS_PER_FETCH):
+        works = [self.e.assign(worker, keep=max(2, body.assignments + 1)) for _ in range(body.assignments)]
+        work = works[0].model_copy(update={"then": works[1:] or None})
+        if len(works) > 1:
+            self.e.count_carried("request_work", len(works) - 1)
+        shards = [s for w in works for s in w.shards]
+        if not (body.inline_shards and shards and all(w.data.source == "zmq" for w in works)
+                and len(shards) <= MAX_SHARDS_PER_FETCH):
             return self.reply(MsgType.WORK, worker, msg.header.seq, work.body())
-        # The FETCH_SHARD that would follow, answered now: one round trip per assignment.
-        records = await self._records(self.e.shards, work.shards)
+        # The FETCH_SHARDs that would follow, answered now: one round trip per request.
+        records = await self._records(self.e.shards, shards)
         self.e.shard_bytes_served["train"] += sum(len(r) for r in records)
-        self.e.count_carried("fetch_shard")
+        self.e.count_carried("fetch_shard", sum(1 for w in works if w.shards))
         work = work.model_copy(update={"lengths": [len(r) for r in records]})
         return self.reply(MsgType.WORK, worker, msg.header.seq, work.body(), payload=b"".join(records))
 

@@ -122,3 +122,33 @@ def test_a_push_with_bad_carried_fields_is_refused_before_anything_changes(clock
     with pytest.raises(ProtocolError, match=field.replace(".", r"\.")):
         _run(agent.request(MsgType.PUSH_UPDATE, body, payload=agent.delta(0.1)))
     assert engine.state.version == 0 and agent.rec.cycles == 0 and agent.rec.samples == 0
+
+
+def test_one_work_request_hands_out_several_assignments_with_all_their_shards(clock):
+    engine = _engine(clock, cycle_samples=32)  # two of the toy set's eight shards each
+    agent = _Agent(engine, clock, "a")
+    reply = _run(agent.request(MsgType.REQUEST_WORK, {"inline_shards": True, "assignments": 3}))
+    first = reply.header.body
+    works = [first, *first["then"]]
+    assert len(works) == 3 and all("then" not in w for w in first["then"])
+    shards = [s for w in works for s in w["shards"]]
+    wl = engine.allocator.workload(agent.rec.id)
+    assert all(w["cycle_samples"] == wl.dss and w["batch_size"] == wl.mbs for w in works)
+    # Three assignments' worth of shards, each handed out once, in the order they are to be trained.
+    assert len(shards) == len(set(shards)) == 6
+    assert engine.membership.outstanding[agent.rec.id] == [tuple(w["shards"]) for w in works]
+    raw, offset = reply.payload.flat().numpy().tobytes(), 0
+    for shard, n in zip(shards, first["lengths"], strict=True):
+        assert raw[offset:offset + n] == engine.shards.record(shard)
+        offset += n
+    assert offset == len(raw)
+    assert engine.message_counts == {"request_work": 1}
+    assert engine.carried_counts == {"request_work": 2, "fetch_shard": 3}
+
+
+def test_more_assignments_than_the_limit_are_refused(clock):
+    engine = _engine(clock)
+    agent = _Agent(engine, clock, "a")
+    with pytest.raises(ProtocolError, match="assignments"):
+        _run(agent.request(MsgType.REQUEST_WORK, {"assignments": 17}))
+    assert engine.membership.outstanding.get(agent.rec.id, []) == []
