@@ -124,7 +124,9 @@ class PushPull:
         if reply.header.body.get("stop"):
             agent.stop_reason = "server asked to stop"
             return True
-        if session.outbox is None or not session.load_model_reply(trainer, reply):
+        if session.outbox is not None and session.load_model_reply(trainer, reply):
+            st.pulls += 1  # answered by the push's reply, as the server counts it
+        else:
             session.pull(trainer, st, force=False)
         return False
 
