@@ -153,7 +153,7 @@ def test_several_shards_in_one_fetch(hermes_server):
         assert err.header.type is MsgType.ERROR and err.header.body["code"] == "bad_request", bad
 
 
-def test_a_real_agent_sends_one_request_per_assignment_and_one_per_push(tmp_path):
+def test_a_real_hermes_agent_sends_one_work_request_per_k_assignments_and_one_per_push(tmp_path):
     """combine_messages (the default): the agent's pulls, shard fetches and stats ride on its
     pushes and work requests; the server counts what was carried instead of sent."""
     cycles = 6
@@ -170,9 +170,12 @@ def test_a_real_agent_sends_one_request_per_assignment_and_one_per_push(tmp_path
     sent, carried = summary["messages_by_type"], summary["carried_by_type"]
     (w,) = [w for w in summary["workers"] if w["name"] == "solo"]
     assert w["cycles"] == cycles and w["pushes"] >= 1
-    # One work request per assignment (the prefetcher runs up to two ahead), shards inside.
-    assert cycles <= sent["request_work"] <= cycles + 2
-    assert carried["fetch_shard"] == sent["request_work"]
+    # The preset's k assignments per work request (the prefetcher runs ahead by up to one
+    # request and one queued assignment), their shards inside.
+    k = summary["config"]["assignments_per_request"]
+    handed = sent["request_work"] + carried.get("request_work", 0)
+    assert k == 4 and handed == k * sent["request_work"] and cycles <= handed <= cycles + 2 * k
+    assert 0 < carried["fetch_shard"] <= handed
     # FETCH_SHARD only for the gate's validation split, PULL_MODEL only for the first model,
     # REPORT_STATS only for the goodbye: every push answered its pull.
     assert sent.get("fetch_shard", 0) <= 1 and sent["pull_model"] == 1 and sent["report_stats"] == 1
