@@ -364,8 +364,21 @@ class Agent:
                               precision_timings=timings)
 
     def report_if_due(self, job: Job, session: Session) -> None:
-        if time.monotonic() - session.last_report >= job.config.stats_interval_seconds:
+        if time.monotonic() - session.last_report < job.config.stats_interval_seconds:
+            return
+        if session.outbox is None:
             self.report(job, session)
+            return
+        # combine_messages: the next push or work request carries them (one goes out every cycle).
+        timings = job.precision_choice.report() if job.precision_choice is not None else None
+        session.outbox.set_stats(session.stats_body(self.stats, job.precision, precision_timings=timings))
+
+    def note_skipped_cycle(self, job: Job, session: Session, cycle: dict) -> None:
+        """A cycle the gate did not push: the server's straggler detector needs every cycle."""
+        if session.outbox is None:
+            self.report(job, session, cycle=cycle)
+        else:
+            session.outbox.add_cycle(cycle)
 
     def slowdown_now(self) -> float:
         origin = self.options.schedule_origin

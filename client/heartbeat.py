@@ -29,7 +29,8 @@ FORGOTTEN = frozenset({"http_401", "http_404", "http_410"})
 class Heartbeat:
     def __init__(self, control: ControlClient, worker_id: str, token: str, *, interval: float,
                  on_lost: Callable[[str], None], unreachable_after: float = 30.0,
-                 on_reply: Callable[[dict], None] | None = None, clock: Clock = SYSTEM_CLOCK) -> None:
+                 on_reply: Callable[[dict], None] | None = None, clock: Clock = SYSTEM_CLOCK,
+                 heard_within: Callable[[float], bool] | None = None) -> None:
         self.control = control
         self.worker_id, self.token = worker_id, token
         self.interval = interval
@@ -38,6 +39,10 @@ class Heartbeat:
         self.on_reply = on_reply
         self.unreachable_after = max(unreachable_after, 3 * interval)
         self.sent = 0
+        # combine_messages: True when the server answered a data-plane request sent within the
+        # last ``interval`` seconds; that request already told it we are alive, so no beat.
+        self.heard_within = heard_within
+        self.skipped = 0
         # Measures how long the server has been silent (tests move a ManualClock instead of waiting).
         self.clock = clock
         self._last_ok = clock.monotonic()
@@ -55,8 +60,16 @@ class Heartbeat:
     def _run(self) -> None:
         self._last_ok = self.clock.monotonic()
         while not self._stop.wait(self.interval):
-            if not self.beat():
+            if not self.tick():
                 return
+
+    def tick(self) -> bool:
+        """One interval's turn: a beat, or none when the data plane spoke for us; False once lost."""
+        if self.heard_within is not None and self.heard_within(self.interval):
+            self.skipped += 1
+            self._last_ok = self.clock.monotonic()
+            return True
+        return self.beat()
 
     def beat(self) -> bool:
         """One heartbeat; False once the server is taken to have lost us (``on_lost`` was called)."""

@@ -20,6 +20,7 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -157,7 +158,11 @@ class ShardFetcher:
             record, n = self._from_zmq(shards[0], split)
             return {shards[0]: record}, n
         body = {"shards": shards} if split == "train" else {"shards": shards, "split": split}
-        reply = self.client.request(MsgType.FETCH_SHARD, body)
+        return self.from_reply(shards, self.client.request(MsgType.FETCH_SHARD, body), split)
+
+    def from_reply(self, shards: list[int], reply, split: str = "train") -> tuple[dict[int, ShardRecord], int]:
+        """The records of a reply that carries them back to back (``lengths``); a record that
+        fails its check, or all of them when the reply does not match, are refetched alone."""
         raw = reply.payload.flat().numpy() if reply.payload is not None else b""
         view, lengths = memoryview(raw), reply.header.body.get("lengths")
         got: dict[int, ShardRecord] = {}
@@ -274,7 +279,8 @@ class Prefetcher:
 
     def __init__(self, client_factory, *, depth: int = 1, max_refetch: int = 3, stats: ShardStats | None = None,
                  kafka_bootstrap: str | None = None, reader_options: dict | None = None,
-                 local: LocalSet | None = None) -> None:
+                 local: LocalSet | None = None, combine: bool = False,
+                 carried: Callable[[], dict] | None = None, assignments: int = 1) -> None:
         self._client_factory = client_factory
         self._queue: queue.Queue[Work | StopSignal] = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
@@ -284,6 +290,12 @@ class Prefetcher:
         self.kafka_bootstrap = kafka_bootstrap
         self.reader_options = reader_options
         self.local = local
+        # combine_messages: ask for the shards in the WORK reply, and bring along what
+        # ``carried`` gives (the loop's pending cycles and stats).
+        self.combine = combine
+        self.carried = carried
+        # assignments_per_request (with combine): assignments asked for in one work request.
+        self.assignments = assignments
         self.wait_seconds = 0.0
         # The wait for the first assignment: nothing can be prefetched before it,
         # so the steady-state wait is wait_seconds - first_wait_seconds.
@@ -334,15 +346,26 @@ class Prefetcher:
                                         max_refetch=self.max_refetch, reader_options=self.reader_options,
                                         should_stop=self._stop.is_set)
             while not self._stop.is_set():
-                reply = self.client.request(MsgType.REQUEST_WORK, {})
+                request: dict = {}
+                if self.combine:
+                    request = {"inline_shards": True, **(self.carried() if self.carried else {})}
+                    if self.assignments > 1:
+                        request["assignments"] = self.assignments
+                reply = self.client.request(MsgType.REQUEST_WORK, request)
                 body = reply.header.body
                 if body.get("stop"):
                     self._put(StopSignal("server asked to stop"))
                     return
-                work = self._fetch(body)
-                if work is None:
-                    return
-                self._put(work)
+                # Several assignments (``then``), their records inline when the reply carries them.
+                bodies = [body, *(body.get("then") or [])]
+                inline: tuple[dict[int, ShardRecord], int] | None = None
+                if "lengths" in body:
+                    inline = self.fetcher.from_reply([int(s) for b in bodies for s in b["shards"]], reply)
+                for i, b in enumerate(bodies):
+                    work = self._fetch(b, None if inline is None else (inline[0], inline[1] if i == 0 else 0))
+                    if work is None:
+                        return
+                    self._put(work)
         except Exception as exc:  # surfaced to the training loop, which decides
             log.debug("prefetcher stopped by %r", exc)
             self._put(StopSignal(f"prefetch failed: {exc}", exc))
@@ -352,11 +375,15 @@ class Prefetcher:
             if self.client is not None:
                 self.client.close()
 
-    def _fetch(self, body: dict) -> Work | None:
+    def _fetch(self, body: dict, inline: tuple[dict[int, ShardRecord], int] | None = None) -> Work | None:
+        """The assignment's records: from the WORK reply itself when it carried them (``inline``:
+        the records by shard and the bytes to count for this assignment)."""
         assert self.fetcher is not None
         if body.get("source") == "local":
             return self._draw(body)
-        if body["shards"]:
+        if inline is not None and body["shards"]:
+            records, nbytes = [inline[0][int(s)] for s in body["shards"]], inline[1]
+        elif body["shards"]:
             fetched = self.fetcher.fetch(body["shards"], body, "train")
             if fetched is None:
                 return None

@@ -36,6 +36,7 @@ from hermes.client.trainer import LocalTrainer, resolve_precision
 from hermes.client.transport import ControlClient, DataClient, TrafficCounter
 from hermes.common.config import RunConfig
 from hermes.common.gate import ZScoreGate
+from hermes.common.messages import MAX_CYCLES_PER_MESSAGE
 from hermes.common.policies import base as registry
 from hermes.common.signing import ServerClock
 from hermes.common.task import Task
@@ -127,6 +128,37 @@ class Job:
                    task=task, local_data=local_data)
 
 
+class Outbox:
+    """What the agent's next push or work request carries (combine_messages): the gate-skipped
+    cycles since its last message and the latest stats, each once. The training loop fills
+    it; the loop's push or the prefetcher's work request, whichever goes first, empties it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._cycles: list[dict[str, Any]] = []
+        self._stats: dict[str, Any] | None = None
+
+    def add_cycle(self, cycle: dict[str, Any]) -> None:
+        with self._lock:
+            # The server takes MAX_CYCLES_PER_MESSAGE at a time; older ones are dropped (the
+            # allocator weighs recent cycles, and a message goes out at least every cycle).
+            self._cycles = [*self._cycles[-(MAX_CYCLES_PER_MESSAGE - 1):], cycle]
+
+    def set_stats(self, body: dict[str, Any]) -> None:
+        with self._lock:
+            self._stats = body
+
+    def take(self) -> dict[str, Any]:
+        """The body fields to send now (none when nothing is pending)."""
+        with self._lock:
+            out: dict[str, Any] = {}
+            if self._cycles:
+                out["cycles"], self._cycles = self._cycles, []
+            if self._stats is not None:
+                out["stats"], self._stats = self._stats, None
+            return out
+
+
 class Session:
     """One registration: its secrets, connections, heartbeat, prefetcher and collective group."""
 
@@ -145,7 +177,14 @@ class Session:
         self._request_timeout = request_timeout
         self.shard_stats = shard_stats
         self.data = self.data_client()
-        self.prefetcher = Prefetcher(self.data_client, stats=shard_stats, kafka_bootstrap=kafka_bootstrap, local=local)
+        # Only where the server says it combines (older servers do not send the key) and in the
+        # parameter-server topology (a collective rank reports every cycle itself).
+        self.combine = bool(reg.get("run_config", {}).get("combine_messages")) and not self.rendezvous
+        self.outbox: Outbox | None = Outbox() if self.combine else None
+        self.prefetcher = Prefetcher(self.data_client, stats=shard_stats, kafka_bootstrap=kafka_bootstrap, local=local,
+                                     combine=self.combine,
+                                     carried=self.outbox.take if self.outbox is not None else None,
+                                     assignments=int(reg.get("run_config", {}).get("assignments_per_request", 1)))
         if previous is not None:
             # The waits are the agent's, not the registration's: they add up over rejoins.
             self.prefetcher.wait_seconds = previous.prefetcher.wait_seconds
@@ -161,8 +200,12 @@ class Session:
         self.last_report: float = previous.last_report if previous is not None else 0.0
         self.heartbeat = Heartbeat(quick_control, self.worker_id, self.token,
                                    interval=float(reg.get("heartbeat_interval_seconds", 5.0)),
-                                   on_lost=on_lost, on_reply=self._heartbeat_reply)
+                                   on_lost=on_lost, on_reply=self._heartbeat_reply,
+                                   heard_within=self._heard_within if self.combine else None)
         self.heartbeat.start()
+
+    def _heard_within(self, seconds: float) -> bool:
+        return time.monotonic() - self._traffic.answered_at < seconds
 
     def data_client(self) -> DataClient:
         return DataClient(self.address, self.worker_id, self.token, timeout=self._request_timeout,
@@ -212,10 +255,19 @@ class Session:
         trainer.load(flat)
         self.version, self.base = reply.header.model_version, flat
 
-    def report(self, stats: AgentStats, precision: str, *, final: bool = False, cycle: dict | None = None,
-               memory_profile: list[tuple[int, int]] | None = None,
-               precision_timings: dict[str, float] | None = None) -> bool:
-        """Send the stats (and a cycle); True when the server's reply says the run is stopping."""
+    def load_model_reply(self, trainer: LocalTrainer, reply: Any) -> bool:
+        """A push reply that answered the pull too (combine_messages); False: it did not, pull."""
+        included = reply.header.body.get("model")
+        if included == "included" and reply.payload is not None:
+            flat = reply.payload.flat()  # no copy, as in pull()
+            trainer.load(flat)
+            self.version, self.base = reply.header.model_version, flat
+            return True
+        return included == "unchanged"
+
+    def stats_body(self, stats: AgentStats, precision: str, *, final: bool = False,
+                   precision_timings: dict[str, float] | None = None) -> dict[str, Any]:
+        """The REPORT_STATS body: the agent's running totals."""
         self.last_report = time.monotonic()
         body: dict[str, Any] = {
             "samples": stats.samples,
@@ -233,12 +285,19 @@ class Session:
             # Milliseconds per step by precision (precision auto). Servers that do not
             # know the field ignore it (REPORT_STATS bodies ignore extra keys).
             body["precision_timings_ms"] = precision_timings
+        if self.rendezvous:
+            body["collective_bytes"] = stats.collective_bytes + (self.group.reduced_bytes if self.group else 0)
+        return body
+
+    def report(self, stats: AgentStats, precision: str, *, final: bool = False, cycle: dict | None = None,
+               memory_profile: list[tuple[int, int]] | None = None,
+               precision_timings: dict[str, float] | None = None) -> bool:
+        """Send the stats (and a cycle); True when the server's reply says the run is stopping."""
+        body = self.stats_body(stats, precision, final=final, precision_timings=precision_timings)
         if cycle is not None:
             body["cycle"] = cycle
         if memory_profile is not None:
             body["memory_profile"] = [list(p) for p in memory_profile]
-        if self.rendezvous:
-            body["collective_bytes"] = stats.collective_bytes + (self.group.reduced_bytes if self.group else 0)
         try:
             reply = self.data.request(MsgType.REPORT_STATS, body, timeout=5.0 if final else None)
             return bool(reply.header.body.get("stop"))

@@ -96,32 +96,38 @@ class PushPull:
             if not decision.push:
                 # Keep training the local model on fresh data; tell the server how long the
                 # cycle took (its straggler detector needs every cycle, not only pushed ones).
-                agent.report(job, session, cycle=cycle)
+                agent.note_skipped_cycle(job, session, cycle)
                 return False
         reference = agent.baseline if job.from_baseline else session.base
         assert reference is not None, "a session pulls the model before its first cycle"
         delta = (trainer.flat() - reference).to(job.wire_dtype)
+        body = {"samples": result.samples, "steps": result.steps, "loss": result.loss,
+                "compute_seconds": result.compute_seconds, "cycle": cycle}
+        if session.outbox is not None:
+            # combine_messages: the model comes back in the reply; pending cycles and stats go along.
+            body.update(pull=True, **session.outbox.take())
         t0 = time.perf_counter()
         reply = session.data.request(
-            MsgType.PUSH_UPDATE,
-            {"samples": result.samples, "steps": result.steps, "loss": result.loss,
-             "compute_seconds": result.compute_seconds, "cycle": cycle},
+            MsgType.PUSH_UPDATE, body,
             payload=delta, model_version=session.version, shapes=job.spec.shapes,
             # A barrier may hold the reply for as long as the slowest worker's cycle.
             timeout=max(600.0, agent.options.request_timeout), idempotent=False,
         )
         st.wait_seconds += time.perf_counter() - t0
         st.pushes += 1
-        body = reply.header.body
-        if body.get("status") == "applied":
+        answer = reply.header.body
+        if answer.get("status") == "applied":
             st.applied += 1
         else:
             st.rejected += 1
-            log.debug("update rejected: %s", body.get("reason"))
-        if body.get("stop"):
+            log.debug("update rejected: %s", answer.get("reason"))
+        if reply.header.body.get("stop"):
             agent.stop_reason = "server asked to stop"
             return True
-        session.pull(trainer, st, force=False)
+        if session.outbox is not None and session.load_model_reply(trainer, reply):
+            st.pulls += 1  # answered by the push's reply, as the server counts it
+        else:
+            session.pull(trainer, st, force=False)
         return False
 
 

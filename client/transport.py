@@ -169,6 +169,9 @@ class ControlClient:
 class TrafficCounter:
     bytes_sent: int = 0
     bytes_received: int = 0
+    # time.monotonic() at which the newest request that got a signed reply was sent: the
+    # server has heard from this worker since then (its last_seen), which a heartbeat would say.
+    answered_at: float = 0.0
 
 
 class DataClient:
@@ -248,10 +251,12 @@ class DataClient:
                 raise RemoteError(ErrorCode.TOO_LARGE.value, f"{type_.value} of {size} bytes exceeds the "
                                   f"server's limit of {self.max_message_bytes} bytes")
             assert self._sock is not None
+            sent_at = time.monotonic()
             self._sock.send_multipart(frames, copy=False)
             self.counter.bytes_sent += sum(len(f) for f in frames)
             reply = self._await_reply(self._seq, wait)
             if reply is not None:
+                self.counter.answered_at = max(self.counter.answered_at, sent_at)
                 return reply
             log.warning("no reply to %s within %.0fs (attempt %d/%d); reconnecting",
                         type_.value, wait, attempt + 1, attempts)

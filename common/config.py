@@ -179,6 +179,19 @@ class RunConfig(BaseModel):
     eval_max_samples: int = Field(default=2000, gt=0, description="Held-out test samples per evaluation.")
     stats_interval_seconds: float = Field(default=2.0, gt=0.0, description="Seconds between status log lines.")
 
+    # ---- the wire (docs/protocol.md)
+    combine_messages: bool = Field(
+        default=True, description="Parameter-server agents send what a cycle must say in as few requests as "
+        "possible: the push asks for the newer model in its reply (no PULL_MODEL) and the work request gets its "
+        "shards in its reply (no FETCH_SHARD); the stats and gate-skipped cycles ride on the next push or work "
+        "request (no REPORT_STATS), and no heartbeat goes out in an interval whose data-plane request was "
+        "answered. false: one request per purpose, as before.")
+    assignments_per_request: int = Field(
+        default=1, ge=1, le=16, description="Assignments an agent asks for in one work request (with their shards, "
+        "under combine_messages): the work requests of k cycles in one. Each is sized when handed out, so a "
+        "workload change (Hermes' dual search, straggler resizing) reaches the agent up to k cycles later; 1 "
+        "sizes every cycle on request, as the papers do.")
+
     @model_validator(mode="before")
     @classmethod
     def _nested(cls, data: Any) -> Any:

@@ -38,6 +38,11 @@ log = logging.getLogger(__name__)
 
 # The most shard records one FETCH_SHARD may ask for (one reply; the agent sends up to this many).
 MAX_SHARDS_PER_FETCH = 256
+# The most gate-skipped cycle records one PUSH_UPDATE or REQUEST_WORK may carry
+# (combine_messages); an agent with more pending sends the newest ones.
+MAX_CYCLES_PER_MESSAGE = 64
+# The most assignments one REQUEST_WORK may ask for.
+MAX_ASSIGNMENTS_PER_REQUEST = 16
 
 
 
@@ -124,57 +129,6 @@ class CycleReport(BaseModel):
         return self.model_dump()
 
 
-class PushUpdate(BaseModel):
-    """PUSH_UPDATE: a model delta (payload) trained from ``header.model_version``."""
-
-    model_config = _REQUEST
-
-    # >= 1: with aggregation "samples" a group whose counts sum to 0 has no
-    # weights, which left BSP peers held forever.
-    samples: Positive
-    loss: Finite | None = None
-    steps: Count | None = None
-    compute_seconds: Seconds | None = None
-    # Collective rank 0: the change since its last copy of the model, for the server to evaluate.
-    copy_: StrictBool = Field(default=False, alias="copy")
-    cycle: CycleReport | None = None
-
-
-class PullModel(BaseModel):
-    """PULL_MODEL: the current model, or ``unchanged`` when ``if_newer`` and the agent has it."""
-
-    model_config = _REQUEST
-
-    if_newer: bool = False
-    # Checked by the server against what it serves (BAD_DTYPE, not BAD_REQUEST).
-    dtype: Any = "float32"
-
-
-class RequestWork(BaseModel):
-    """REQUEST_WORK: the next assignment (no fields)."""
-
-    model_config = _REQUEST
-
-
-class FetchShard(BaseModel):
-    """FETCH_SHARD: one shard record (``shard``) or several back to back (``shards``)."""
-
-    model_config = _REQUEST
-
-    shard: Count | None = None
-    shards: Annotated[list[Count], Field(min_length=1, max_length=MAX_SHARDS_PER_FETCH, strict=True)] | None = None
-    split: Literal["train", "validation"] = "train"
-
-    @model_validator(mode="after")
-    def _one_of(self) -> FetchShard:
-        if self.shard is None and self.shards is None:
-            raise ValueError("body field 'shard' (an int >= 0) or 'shards' (a list of ints) is required")
-        return self
-
-    def ids(self) -> list[int]:
-        return list(self.shards) if self.shards is not None else [self.shard or 0]
-
-
 ShardSource = Literal["kafka", "zmq"]
 
 
@@ -231,6 +185,72 @@ class ReportStats(BaseModel):
         return {k: v for k in names if (v := getattr(self, k)) is not None}
 
 
+class PushUpdate(BaseModel):
+    """PUSH_UPDATE: a model delta (payload) trained from ``header.model_version``."""
+
+    model_config = _REQUEST
+
+    # >= 1: with aggregation "samples" a group whose counts sum to 0 has no
+    # weights, which left BSP peers held forever.
+    samples: Positive
+    loss: Finite | None = None
+    steps: Count | None = None
+    compute_seconds: Seconds | None = None
+    # Collective rank 0: the change since its last copy of the model, for the server to evaluate.
+    copy_: StrictBool = Field(default=False, alias="copy")
+    cycle: CycleReport | None = None
+    # combine_messages (docs/protocol.md): the reply carries the model when it is newer than
+    # header.model_version (the PULL_MODEL that would follow), the gate-skipped cycles since
+    # the agent's last message come along (each a REPORT_STATS before), and so may its stats.
+    pull: StrictBool = False
+    cycles: Annotated[list[CycleReport], Field(max_length=MAX_CYCLES_PER_MESSAGE)] | None = None
+    stats: ReportStats | None = None
+
+
+class PullModel(BaseModel):
+    """PULL_MODEL: the current model, or ``unchanged`` when ``if_newer`` and the agent has it."""
+
+    model_config = _REQUEST
+
+    if_newer: bool = False
+    # Checked by the server against what it serves (BAD_DTYPE, not BAD_REQUEST).
+    dtype: Any = "float32"
+
+
+class RequestWork(BaseModel):
+    """REQUEST_WORK: the next assignment; with combine_messages its shards come in the reply and
+    the agent's pending cycles and stats come with the request."""
+
+    model_config = _REQUEST
+
+    # The WORK reply carries the train shard records (as a multi-shard SHARD reply does) when
+    # they are served over the data plane: no FETCH_SHARD follows.
+    inline_shards: StrictBool = False
+    # How many assignments to hand out at once (assignments_per_request): the WORK reply's ``then``.
+    assignments: Annotated[StrictInt, Field(ge=1, le=MAX_ASSIGNMENTS_PER_REQUEST)] = 1
+    cycles: Annotated[list[CycleReport], Field(max_length=MAX_CYCLES_PER_MESSAGE)] | None = None
+    stats: ReportStats | None = None
+
+
+class FetchShard(BaseModel):
+    """FETCH_SHARD: one shard record (``shard``) or several back to back (``shards``)."""
+
+    model_config = _REQUEST
+
+    shard: Count | None = None
+    shards: Annotated[list[Count], Field(min_length=1, max_length=MAX_SHARDS_PER_FETCH, strict=True)] | None = None
+    split: Literal["train", "validation"] = "train"
+
+    @model_validator(mode="after")
+    def _one_of(self) -> FetchShard:
+        if self.shard is None and self.shards is None:
+            raise ValueError("body field 'shard' (an int >= 0) or 'shards' (a list of ints) is required")
+        return self
+
+    def ids(self) -> list[int]:
+        return list(self.shards) if self.shards is not None else [self.shard or 0]
+
+
 # ---- data plane: replies the server builds ----------------------------------------------
 
 
@@ -262,11 +282,18 @@ class WorkReply(BaseModel):
     data: KafkaRanges = KafkaRanges()
     # Device-local data (source "local"): draw this many samples from the local set; shards is [].
     local_samples: int | None = None
+    # inline_shards: the payload is the records of this assignment's shards and then of those
+    # in ``then``, back to back, cut by these lengths.
+    lengths: list[int] | None = None
+    # REQUEST_WORK ``assignments`` > 1: the assignments after this one, in the order to train them.
+    then: list[WorkReply] | None = None
 
     def body(self) -> dict[str, Any]:
         """The wire body: the data-source fields sit beside the assignment's, as agents read them."""
-        out = self.model_dump(exclude={"data"}, exclude_none=True)
+        out = self.model_dump(exclude={"data", "then"}, exclude_none=True)
         out.update(self.data.model_dump(exclude_none=True))
+        if self.then:
+            out["then"] = [w.body() for w in self.then]
         return out
 
 

@@ -539,6 +539,7 @@ class Testbed:
             "model_updates": srv.get("model_updates", 0),
             "messages_total": srv.get("messages_total", 0),
             "messages_by_type": srv.get("messages_by_type", {}),
+            "carried_by_type": srv.get("carried_by_type", {}),
             "bytes_sent_total": sum(w["bytes_sent"] for w in workers),
             "bytes_received_total": sum(w["bytes_received"] for w in workers),
             "epochs": srv.get("epoch_progress"),

@@ -221,6 +221,7 @@ def create_app(settings: ServerSettings | None = None, task: Task | None = None)
     @app.post("/v1/workers/register", response_model=RegisterResponse, responses=errors(401, 408, 409, 410, 413, 422, 426, 429, 503))
     def register(body: RegisterRequest, request: Request, authorization: str = Header(default="")) -> RegisterResponse:
         engine = engine_of(request)
+        engine.count_message("register")
         client = request.client.host if request.client else "unknown"
         retry_after = limiter.allow(client)
         if retry_after:
@@ -292,6 +293,7 @@ def create_app(settings: ServerSettings | None = None, task: Task | None = None)
     @app.post("/v1/workers/{worker_id}/heartbeat", responses=errors(401, 404, 408, 410, 413, 422))
     def heartbeat(worker_id: str, request: Request, x_hermes_token: str = Header(default="")) -> dict[str, Any]:
         engine = engine_of(request)
+        engine.count_message("heartbeat")
         rec = worker_of(engine, worker_id, x_hermes_token)
         if rec.state != "active":
             # 410: the agent registers again (same name, same id) and catches up.
@@ -309,6 +311,7 @@ def create_app(settings: ServerSettings | None = None, task: Task | None = None)
     @app.post("/v1/workers/{worker_id}/leave", responses=errors(401, 404, 408, 413, 422))
     async def leave(worker_id: str, request: Request, x_hermes_token: str = Header(default="")) -> dict[str, Any]:
         engine = engine_of(request)
+        engine.count_message("leave")
         rec = worker_of(engine, worker_id, x_hermes_token)
         await engine.leave(worker_id, "agent said goodbye")
         return {"worker_id": worker_id, "state": rec.state}
@@ -319,6 +322,7 @@ def create_app(settings: ServerSettings | None = None, task: Task | None = None)
         """Topology collective: a survivor of a broken group waits (up to collective_regroup_seconds)
         for the next generation and gets its rank in it."""
         engine = engine_of(request)
+        engine.count_message("regroup")
         worker_of(engine, worker_id, x_hermes_token)
         if engine.stopping:
             # 410 like registration: the run is over, the agent stops cleanly.

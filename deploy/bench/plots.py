@@ -203,7 +203,7 @@ def communication(results: dict[str, Any]) -> Figure | None:
     colors = _colors(results)
     fig, axes = plt.subplots(1, 2, figsize=(max(10.0, 2.2 * len(labels) * len(profiles)), 4.2))
     width = 0.8 / len(labels)
-    panels = (("messages_total", "model_messages", "data-plane messages (count)", "Messages per run"),
+    panels = (("messages_total", "model_messages", "requests sent by workers (count)", "Messages per run"),
               ("mb_total", "mb_sent", "bytes sent + received by the agents (MB)", "Traffic per run"))
     for ax, (total_key, part_key, ylabel, title) in zip(axes, panels):
         for j, label in enumerate(labels):

@@ -107,8 +107,9 @@ def render_report(results: dict[str, Any]) -> str:
     if baseline:
         out += ["*Speed-up* = the median time to target of "
                 f"`{baseline}` / the variant's median; the range divides `{baseline}`'s median by each repeat's time."]
-    out += ["*Iterations* = local training cycles over all workers; *messages* = all data-plane requests "
-            "(the papers' API calls), *push+pull* = the model exchange alone; *WI* = worker independence, local "
+    out += ["*Iterations* = local training cycles over all workers; *messages* = every request a worker sent, "
+            "data plane and control plane (register, heartbeat, leave, regroup: the papers' API calls; with "
+            "combine_messages a push answers the pull), *push+pull* = the model exchange requests alone; *WI* = worker independence, local "
             "cycles / model pulls (Hermes Eq. 7), mean over workers."]
 
     for profile in suite_cells(suite):

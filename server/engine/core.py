@@ -146,8 +146,11 @@ class Engine:
         self.resumed_from: dict[str, Any] | None = None
         self.held: dict[str, Held] = {}
         self.buffered: list[Contribution] = []  # BUFFER_AND_REPLY: acknowledged, folded by the next release
-        # Authenticated data-plane requests by type: the "API calls" of Hermes Table III.
+        # Every request a worker sends, by type: the "API calls" of Hermes Table III. Data-plane
+        # types (authenticated) and the control plane's (register, heartbeat, leave, regroup).
         self.message_counts: dict[str, int] = {}
+        # Requests that did not need sending (combine_messages): what rode on another, by the type it replaced.
+        self.carried_counts: dict[str, int] = {}
         # One model step at a time; a checkpoint holds it so model, version and queue agree.
         self.step_lock = asyncio.Lock()
         self.membership = Membership(self)
@@ -381,8 +384,14 @@ class Engine:
         nbytes = self.spec.numel * torch.empty(0, dtype=dtype).element_size()
         return nbytes, await offload(nbytes, self.state.prepared, dtype)
 
-    def assign(self, worker: WorkerRecord) -> WorkReply:
-        return self.membership.assign(worker)
+    def count_message(self, kind: str) -> None:
+        self.message_counts[kind] = self.message_counts.get(kind, 0) + 1
+
+    def count_carried(self, kind: str, n: int = 1) -> None:
+        self.carried_counts[kind] = self.carried_counts.get(kind, 0) + n
+
+    def assign(self, worker: WorkerRecord, keep: int = 2) -> WorkReply:
+        return self.membership.assign(worker, keep)
 
     # ---- checkpoints ----------------------------------------------------------
 

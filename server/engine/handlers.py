@@ -13,6 +13,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from hermes.common.messages import (
+    MAX_SHARDS_PER_FETCH,
+    CycleReport,
     FetchShard,
     PullModel,
     PushUpdate,
@@ -86,7 +88,7 @@ class Handlers:
         _request.set(h)
         worker.server_bytes_in += size
         worker.messages += 1
-        e.message_counts[h.type.value] = e.message_counts.get(h.type.value, 0) + 1
+        e.count_message(h.type.value)
         e.metrics.messages.labels(type=h.type.value).inc()
         reply = await handler(worker, msg)
         out = sum(len(f) for f in reply)
@@ -110,10 +112,24 @@ class Handlers:
         await offload(payload_bytes(msg.payload), validate_update, e.spec, msg.payload)
         assert msg.payload is not None  # validate_update refuses a push without one
         worker.pushes += 1
+        # The skipped cycles came before this one; the stats are as of the push.
+        self._carried(worker, body.cycles, body.stats)
         if body.cycle is not None:
             e.membership.observe_cycle(worker, body.cycle)
         status, fields = await e.push(worker, h.model_version, body.samples, msg.payload)
-        return self.reply(MsgType.PUSH_REPLY, worker, h.seq, {"status": status, **fields})
+        reply = {"status": status, **fields}
+        if not body.pull:
+            return self.reply(MsgType.PUSH_REPLY, worker, h.seq, reply)
+        # The pull that would follow, answered now (if_newer against the push's base).
+        worker.pulls += 1
+        e.count_carried("pull_model")
+        if h.model_version == e.state.version:
+            return self.reply(MsgType.PUSH_REPLY, worker, h.seq, {**reply, "model": "unchanged"})
+        nbytes, (version, flat) = await e.model("float32")
+        header = Header(type=MsgType.PUSH_REPLY, worker=worker.id, seq=h.seq, model_version=version,
+                        session=h.session, shapes=e.spec.shapes,
+                        body={**reply, "model": "included", "stop": e.stopping})
+        return await offload(nbytes, encode, header, flat, key=worker.key)
 
     async def on_pull(self, worker: WorkerRecord, msg: Message) -> list:
         e, h = self.e, msg.header
@@ -131,13 +147,43 @@ class Handlers:
         return await offload(nbytes, encode, header, flat, key=worker.key)
 
     async def on_request_work(self, worker: WorkerRecord, msg: Message) -> list:
-        parse_body(RequestWork, msg.header.body)
+        body = parse_body(RequestWork, msg.header.body)
+        self._carried(worker, body.cycles, body.stats)
         if not self.e.start_gate.is_open:
             await self.e.start_gate.wait()  # min_workers (engine/start_gate.py)
             if self.e.shutting_down:
                 raise self.going_away()
-        work = self.e.assign(worker)
-        return self.reply(MsgType.WORK, worker, msg.header.seq, work.body())
+        works = [self.e.assign(worker, keep=max(2, body.assignments + 1)) for _ in range(body.assignments)]
+        work = works[0].model_copy(update={"then": works[1:] or None})
+        if len(works) > 1:
+            self.e.count_carried("request_work", len(works) - 1)
+        shards = [s for w in works for s in w.shards]
+        if not (body.inline_shards and shards and all(w.data.source == "zmq" for w in works)
+                and len(shards) <= MAX_SHARDS_PER_FETCH):
+            return self.reply(MsgType.WORK, worker, msg.header.seq, work.body())
+        # The FETCH_SHARDs that would follow, answered now: one round trip per request.
+        records = await self._records(self.e.shards, shards)
+        self.e.shard_bytes_served["train"] += sum(len(r) for r in records)
+        self.e.count_carried("fetch_shard", sum(1 for w in works if w.shards))
+        work = work.model_copy(update={"lengths": [len(r) for r in records]})
+        return self.reply(MsgType.WORK, worker, msg.header.seq, work.body(), payload=b"".join(records))
+
+    def _carried(self, worker: WorkerRecord, cycles: list[CycleReport] | None, stats: ReportStats | None) -> None:
+        """What a push or work request brings along (combine_messages): skipped cycles, then stats."""
+        for cycle in cycles or ():
+            self.e.membership.observe_cycle(worker, cycle)
+        if cycles:
+            self.e.count_carried("report_stats:cycle", len(cycles))
+        if stats is not None:
+            self.apply_stats(worker, stats)
+            self.e.count_carried("report_stats")
+
+    async def _records(self, store, ids: Sequence[int]) -> list[bytes]:
+        if store.all_cached(ids):
+            return [store.record(i) for i in ids]
+        # Reading a Dataset (a lazy one generates or loads each sample) is not
+        # for the event loop: the other workers' pushes and pulls go on meanwhile.
+        return await asyncio.to_thread(lambda: [store.record(i) for i in ids])
 
     async def on_fetch_shard(self, worker: WorkerRecord, msg: Message) -> list:
         """One shard record (body ``shard``), or several in one reply (body ``shards``).
@@ -154,12 +200,7 @@ class Handlers:
             if not 0 <= shard < store.num_shards:
                 raise ProtocolError(ErrorCode.BAD_REQUEST,
                                     f"{body.split} shard {shard} out of range [0, {store.num_shards})")
-        if store.all_cached(ids):
-            records = [store.record(i) for i in ids]
-        else:
-            # Reading a Dataset (a lazy one generates or loads each sample) is not
-            # for the event loop: the other workers' pushes and pulls go on meanwhile.
-            records = await asyncio.to_thread(lambda: [store.record(i) for i in ids])
+        records = await self._records(store, ids)
         e.shard_bytes_served[body.split] += sum(len(r) for r in records)
         if body.shards is None:
             return self.reply(MsgType.SHARD, worker, msg.header.seq, ShardReply(shard=ids[0]).body(),
@@ -168,8 +209,12 @@ class Handlers:
         return self.reply(MsgType.SHARD, worker, msg.header.seq, reply.body(), payload=b"".join(records))
 
     async def on_report(self, worker: WorkerRecord, msg: Message) -> list:
+        self.apply_stats(worker, parse_body(ReportStats, msg.header.body))
+        return self.reply(MsgType.STATS_ACK, worker, msg.header.seq, {})
+
+    def apply_stats(self, worker: WorkerRecord, b: ReportStats) -> None:
+        """A stats report, sent alone (REPORT_STATS) or carried by a push or work request."""
         e = self.e
-        b = parse_body(ReportStats, msg.header.body)
         for k, v in b.counters().items():
             setattr(worker, k, v)
         if b.collective_bytes is not None:  # topology collective: the all-reduce traffic the agent sent
@@ -195,4 +240,3 @@ class Handlers:
             e.membership.set_memory_profile(worker, [list(p) for p in b.memory_profile])
         if b.cycle is not None:
             e.membership.observe_cycle(worker, b.cycle)
-        return self.reply(MsgType.STATS_ACK, worker, msg.header.seq, {})

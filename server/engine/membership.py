@@ -105,7 +105,7 @@ class Membership:
         return e.policies.lr.rate(step_batch, lambda: sum(
             e.allocator.workload(w).step_batch for w in e.registry.active_ids()))
 
-    def assign(self, worker: WorkerRecord) -> WorkReply:
+    def assign(self, worker: WorkerRecord, keep: int = 2) -> WorkReply:
         """The next assignment of a worker: its workload, and whole shards for what its carry does not cover."""
         e = self.e
         wl = e.allocator.workload(worker.id)
@@ -123,7 +123,7 @@ class Membership:
         given = sum(e.shards.samples(s) for s in assignment.shards)
         # Never negative: short of data the agent trains what it has and carries nothing.
         worker.sample_credit = max(0, worker.sample_credit + given - wl.dss)
-        self.note_assignment(worker.id, assignment.shards)
+        self.note_assignment(worker.id, assignment.shards, keep)
         work = WorkReply(epoch=assignment.epoch, shards=list(assignment.shards), batch_size=wl.mbs,
                          cycle_samples=wl.dss, accumulation=wl.accumulation,
                          lr=self.learning_rate(wl.step_batch), data=e.kafka.ranges("train", assignment.shards))
@@ -142,11 +142,12 @@ class Membership:
                          dss=wl.dss, mbs=wl.mbs, accumulation=wl.accumulation, lr=work.lr)
         return work
 
-    def note_assignment(self, worker_id: str, shards: tuple[int, ...]) -> None:
+    def note_assignment(self, worker_id: str, shards: tuple[int, ...], keep: int = 2) -> None:
         recent = self.outstanding.setdefault(worker_id, [])
         recent.append(shards)
-        # Requesting assignment k means k-2 is trained (one trains, one is prefetched).
-        del recent[:-2]
+        # Requesting assignment k means k-2 is trained (one trains, one is prefetched); with
+        # n assignments per request, the n of the request and the one in training.
+        del recent[:-keep]
 
     def requeue_outstanding(self, worker_id: str) -> list[int]:
         """A departed worker's unfinished shards go back to the front of the queue."""

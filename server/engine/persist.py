@@ -33,6 +33,7 @@ def state_dict(e: Engine) -> dict[str, Any]:
         **e.evaluator.state_dict(),
         "target_reached": None if e.target_reached is None else asdict(e.target_reached),
         "message_counts": dict(e.message_counts),
+        "carried_counts": dict(e.carried_counts),
         "elapsed_seconds": e.clock.time() - e.started_at,
         "downtime_seconds": e.downtime_seconds,
     }
@@ -47,6 +48,7 @@ def load_state_dict(e: Engine, state: Mapping[str, Any], best_flat: torch.Tensor
     e.evaluator.load_state_dict(state, best_flat)
     e.reporting.load_target(state.get("target_reached"))
     e.message_counts.update(state.get("message_counts", {}))
+    e.carried_counts.update(state.get("carried_counts", {}))
     e.started_at = e.clock.time() - float(state.get("elapsed_seconds", 0.0))
     e.downtime_seconds = float(state.get("downtime_seconds", 0.0))
     e.metrics.model_version.set(e.state.version)

@@ -182,6 +182,8 @@ class Reporting:
             "model_updates": e.state.version,
             "messages_total": sum(e.message_counts.values()),
             "messages_by_type": dict(e.message_counts),
+            # Requests an agent did not send because another carried them (combine_messages).
+            "carried_by_type": dict(e.carried_counts),
             "bytes_received_total": sum(w.server_bytes_in for w in e.registry.all()),
             "bytes_sent_total": sum(w.server_bytes_out for w in e.registry.all()),
             "final_accuracy": None if ev is None else ev.accuracy,

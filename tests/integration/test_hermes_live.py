@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from hermes.common.wire import MsgType
+from tests.conftest import kill_agents, running_server, start_agent
 
 pytestmark = pytest.mark.integration
 
@@ -150,3 +151,38 @@ def test_several_shards_in_one_fetch(hermes_server):
     for bad in ([], [0] * 257, [0, "1"], [0, 10_000], "0"):
         err = w.request(MsgType.FETCH_SHARD, body={"shards": bad})
         assert err.header.type is MsgType.ERROR and err.header.body["code"] == "bad_request", bad
+
+
+def test_a_real_hermes_agent_sends_one_work_request_per_k_assignments_and_one_per_push(tmp_path):
+    """combine_messages (the default): the agent's pulls, shard fetches and stats ride on its
+    pushes and work requests; the server counts what was carried instead of sent."""
+    cycles = 6
+    with running_server(tmp_path / "srv", "--preset", "hermes",
+                        sets=("eval_interval_seconds=0.5", "stats_interval_seconds=0.1", "cycle_samples=64",
+                              "shard_size=32")) as srv:
+        agent = start_agent(srv.url, "solo", tmp_path / "solo.log", "--max-cycles", str(cycles))
+        try:
+            code = agent.wait(timeout=90)
+        finally:
+            kill_agents([agent])
+        assert code == 0, (tmp_path / "solo.log").read_text(errors="replace")[-2000:]
+        summary = srv.get_json("/v1/summary")
+    sent, carried = summary["messages_by_type"], summary["carried_by_type"]
+    (w,) = [w for w in summary["workers"] if w["name"] == "solo"]
+    assert w["cycles"] == cycles and w["pushes"] >= 1
+    # The preset's k assignments per work request (the prefetcher runs ahead by up to one
+    # request and one queued assignment), their shards inside.
+    k = summary["config"]["assignments_per_request"]
+    handed = sent["request_work"] + carried.get("request_work", 0)
+    assert k == 4 and handed == k * sent["request_work"] and cycles <= handed <= cycles + 2 * k
+    assert 0 < carried["fetch_shard"] <= handed
+    # FETCH_SHARD only for the gate's validation split, PULL_MODEL only for the first model,
+    # REPORT_STATS only for the goodbye: every push answered its pull.
+    assert sent.get("fetch_shard", 0) <= 1 and sent["pull_model"] == 1 and sent["report_stats"] == 1
+    assert sent["push_update"] == w["pushes"] == carried["pull_model"]
+    # The gate-skipped cycles reached the server all the same (its straggler detector needs them).
+    assert carried.get("report_stats:cycle", 0) == w["gate_skips"] == cycles - w["pushes"]
+    assert carried["report_stats"] >= 1 and w["samples"] > 0
+    # The control plane is counted too: the fixture's probe and the agent registered, left, and so on.
+    assert sent["register"] >= 2 and sent["leave"] >= 2
+    assert summary["messages_total"] == sum(sent.values())

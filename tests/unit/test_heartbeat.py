@@ -61,3 +61,26 @@ def test_the_server_forgetting_us_is_lost_at_once_other_refusals_are_not() -> No
     control.answer = RemoteError("http_404", "unknown worker")
     assert not hb.beat()
     assert len(lost) == 1 and "no longer knows worker w1" in lost[0]
+
+
+def test_a_recent_data_plane_answer_stands_in_for_a_beat_and_an_old_one_does_not() -> None:
+    clock = ManualClock()
+    control, lost, asked = FakeControl(), [], []
+    heard = {"recent": True}
+
+    def heard_within(seconds: float) -> bool:
+        asked.append(seconds)
+        return heard["recent"]
+
+    hb = Heartbeat(control, "w1", "tok", interval=5.0, on_lost=lost.append, clock=clock, heard_within=heard_within)
+    # The server is down for the heartbeat, but a data-plane answer within the interval says it heard us.
+    control.answer = ServerUnreachable("down")
+    clock.advance(40.0)
+    assert hb.tick() and (hb.sent, hb.skipped) == (0, 1) and asked == [5.0] and lost == []
+    # Nothing answered lately: the beat goes out, and its silence counts from the last answer.
+    heard["recent"] = False
+    control.answer = {"status": "ok"}
+    assert hb.tick() and (hb.sent, hb.skipped) == (1, 1)
+    control.answer = ServerUnreachable("down")
+    clock.advance(31.0)
+    assert not hb.tick() and lost == ["server unreachable for 31s"]
