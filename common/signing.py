@@ -34,7 +34,6 @@ messages (tests, tools), where there is no MAC.
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import secrets
 import time
@@ -61,7 +60,8 @@ def new_nonce() -> str:
 
 
 def one_time_key(key: bytes, nonce: str) -> bytes:
-    return hmac.new(key, _KDF_LABEL + nonce.encode(), hashlib.sha256).digest()
+    # hmac.digest: OpenSSL's one-shot HMAC, no Python HMAC object (same bytes as hmac.new(...).digest()).
+    return hmac.digest(key, _KDF_LABEL + nonce.encode(), "sha256")
 
 
 def mac_hex(key: bytes, nonce: str, header_bytes: Any, payload: Iterable[Any]) -> str:

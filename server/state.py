@@ -113,13 +113,11 @@ class ModelState:
         with self._lock:
             for payload, weight in updates:
                 self._bound += abs(weight) * payload.norm
-                for off, chunk in payload.offsets():
-                    if chunk.dtype == torch.float32:
-                        self._flat[off : off + chunk.numel()].add_(chunk, alpha=weight)
-                        continue
-                    for block in _blocks(chunk):
-                        self._flat[off : off + block.numel()].add_(block.to(torch.float32), alpha=weight)
-                        off += block.numel()
+                # fp32 chunks as they are; a half-precision update through the fp32 copy its
+                # validation made (Payload.widened), else widened block by block.
+                for off, piece in payload.fp32_pieces():
+                    self._flat[off : off + piece.numel()].add_(piece, alpha=weight)
+                payload.release_widened()
             self._version += 1
             self._keep_finite()
             return self._version
@@ -131,21 +129,17 @@ class ModelState:
         """
         total = 0.0
         with self._lock:
-            for off, chunk in payload.offsets():
-                for block in _blocks(chunk):
-                    n = block.numel()
-                    step = block.to(torch.float32) + self._baseline[off : off + n] - self._flat[off : off + n]
-                    total += float(torch.linalg.vector_norm(step)) ** 2
-                    off += n
+            for off, piece in payload.fp32_pieces(_BLOCK):
+                n = piece.numel()
+                step = piece + self._baseline[off : off + n] - self._flat[off : off + n]
+                total += float(torch.linalg.vector_norm(step)) ** 2
         return math.sqrt(total) if math.isfinite(total) else math.inf
 
     def candidate(self, payload: Payload) -> torch.Tensor:
         """w0 + G: the worker model a from-baseline update describes (Hermes Alg. 2, w_temp)."""
         out = self._baseline.clone()
-        for off, chunk in payload.offsets():
-            for block in _blocks(chunk):
-                out[off : off + block.numel()].add_(block.to(torch.float32))
-                off += block.numel()
+        for off, piece in payload.fp32_pieces():
+            out[off : off + piece.numel()].add_(piece)
         return out
 
     def blend(self, payload: Payload, weight: float) -> int:
@@ -158,13 +152,12 @@ class ModelState:
             raise ValueError(f"blend weight {weight} outside [0, 1]")
         with self._lock:
             self._bound = (1.0 - weight) * self._bound + weight * (self._baseline_bound + payload.norm)
-            for off, chunk in payload.offsets():
-                for block in _blocks(chunk):
-                    n = block.numel()
-                    target = self._flat[off : off + n]
-                    target.mul_(1.0 - weight).add_(self._baseline[off : off + n], alpha=weight)
-                    target.add_(block.to(torch.float32), alpha=weight)
-                    off += n
+            for off, piece in payload.fp32_pieces(_BLOCK):
+                n = piece.numel()
+                target = self._flat[off : off + n]
+                target.mul_(1.0 - weight).add_(self._baseline[off : off + n], alpha=weight)
+                target.add_(piece, alpha=weight)
+            payload.release_widened()
             self._version += 1
             self._keep_finite()
             return self._version
