@@ -269,7 +269,7 @@ def _pack_signed(header: Header, frames: Sequence[Any], key: bytes | None) -> by
     # Packed with a placeholder of the final length: the MAC covers every
     # header byte before it, then takes its place.
     nonce = new_nonce()
-    raw = replace(header, nonce=nonce, mac="0" * MAC_HEX_CHARS).pack()
+    raw = header.pack(nonce=nonce, mac="0" * MAC_HEX_CHARS)
     signed = memoryview(raw)[:-MAC_HEX_CHARS]
     return raw[:-MAC_HEX_CHARS] + mac_hex(key, nonce, signed, frames).encode()
 
