@@ -113,7 +113,7 @@ def test_half_update_that_overflows_the_model_is_rolled_back():
 def test_a_snapshot_someone_holds_is_never_overwritten():
     st = ModelState(SPEC, torch.zeros(N))
     held = []
-    for step in range(8):
+    for _ in range(8):
         version, flat = st.snapshot()
         held.append((version, flat))
         st.apply([(payload(torch.ones(N)), 1.0)])
