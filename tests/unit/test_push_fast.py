@@ -154,3 +154,21 @@ def test_released_snapshot_buffers_are_reused(monkeypatch):
         del p
     # The first snapshots are fresh; from then on a retired, unshared one is copied into.
     assert sum(reused) >= 4
+
+
+def test_every_write_after_a_snapshot_leaves_the_snapshot_alone():
+    """fp32 snapshots are the model itself: a group fold, a blend and a load each write elsewhere."""
+    st = ModelState(SPEC, torch.ones(N))
+    d = delta(torch.float32)
+    _, before_group = st.snapshot()
+    st.apply([(payload(d), 1.0), (payload(d, 3), -2.0)])
+    assert torch.equal(before_group, torch.ones(N))
+    assert torch.equal(st.snapshot()[1], (torch.ones(N) + d) - 2.0 * d)  # the two adds, in order
+    _, before_blend = st.snapshot()
+    st.blend(payload(torch.zeros(N)), 0.5)  # halfway back to w0 = ones
+    assert torch.equal(before_blend, (torch.ones(N) + d) - 2.0 * d)
+    assert torch.allclose(st.snapshot()[1], torch.ones(N) - 0.5 * d, atol=1e-6)
+    _, before_load = st.snapshot()
+    st.load(torch.full((N,), 7.0), version=42)
+    assert torch.allclose(before_load, torch.ones(N) - 0.5 * d, atol=1e-6)
+    assert st.snapshot()[0] == 42 and torch.equal(st.snapshot()[1], torch.full((N,), 7.0))
