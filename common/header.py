@@ -131,7 +131,9 @@ class Header:
     # last entry, so its characters end the frame) and the payload.
     mac: str = ""
 
-    def pack(self) -> bytes:
+    def pack(self, *, nonce: str | None = None, mac: str | None = None) -> bytes:
+        """The msgpack map; ``nonce`` / ``mac``: packed in place of the fields (the signer's, without
+        a copy of the header)."""
         return msgpack.packb(
             {
                 "type": self.type.value,
@@ -146,8 +148,8 @@ class Header:
                 "frame_bytes": list(self.frame_bytes),
                 "checksum": self.checksum,
                 "body": self.body,
-                "nonce": self.nonce,
-                "mac": self.mac,
+                "nonce": self.nonce if nonce is None else nonce,
+                "mac": self.mac if mac is None else mac,
             },
             use_bin_type=True,
         )

@@ -67,6 +67,9 @@ __all__ = [
 # fp16/bf16 chunks are read in blocks of this many elements: an fp32 temporary of a
 # whole 10M vector is fresh memory from the kernel on every call (glibc's mmap threshold).
 NORM_BLOCK = 1 << 20
+# Half-precision payloads up to this many elements (16 MB in fp32) are widened once and kept
+# until the fold; bigger ones block by block, as they are read (no 32 MB+ temporaries).
+WIDEN_MAX_NUMEL = 4 << 20
 
 
 def checksum_of(frames: Iterable[memoryview | bytes]) -> int:
@@ -111,13 +114,55 @@ class Payload:
     @cached_property
     def norm(self) -> float:
         """L2 norm accumulated in fp32, inf when an element is not finite or the sum of squares
-        overflows. Computed once: validation and screening both read it, one pass between them."""
+        overflows. Computed once: validation and screening both read it, one pass between them.
+
+        A half-precision payload is widened to fp32 here (``widened``), and the fold adds that
+        buffer: one fp16 -> fp32 conversion per update, not two (issue 17's fused check-and-add).
+        Each block's sum of squares is an fp32 ``dot`` (BLAS), a third cheaper than
+        ``vector_norm`` at 1M elements; it overflows to inf exactly where the sum of squares does.
+        """
         total = 0.0
-        for c in self.chunks:
-            for i in range(0, c.numel(), NORM_BLOCK):
-                n = float(torch.linalg.vector_norm(c[i : i + NORM_BLOCK], dtype=torch.float32))
-                total += n * n
+        for _, piece in self.fp32_pieces(NORM_BLOCK):
+            total += float(torch.dot(piece, piece))
         return math.sqrt(total) if math.isfinite(total) else math.inf
+
+    @cached_property
+    def widened(self) -> tuple[torch.Tensor, ...] | None:
+        """The chunks in fp32, one buffer, for a half-precision payload of at most
+        ``WIDEN_MAX_NUMEL`` elements; None otherwise (fp32 chunks are read as they are, bigger
+        payloads are widened block by block where they are read). Dropped by the fold
+        (``release_widened``): it is 2x the payload's own bytes."""
+        if self.dtype == torch.float32 or self.numel > WIDEN_MAX_NUMEL:
+            return None
+        buf = torch.empty(self.numel, dtype=torch.float32)
+        out, off = [], 0
+        for c in self.chunks:
+            # copy_ into one preallocated buffer: cheaper than c.to(float32) per chunk.
+            out.append(buf[off : off + c.numel()].copy_(c))
+            off += c.numel()
+        return tuple(out)
+
+    def release_widened(self) -> None:
+        """Forget the fp32 copy (after the fold, or while the payload waits in a buffer)."""
+        self.__dict__.pop("widened", None)
+
+    def fp32_pieces(self, block: int | None = None) -> Iterable[tuple[int, torch.Tensor]]:
+        """(offset, fp32 tensor) covering the payload in order: fp32 chunks as they are, the
+        ``widened`` buffer when there is one, else fp32 copies of ``NORM_BLOCK``-element blocks.
+        ``block``: cut every piece to at most that many elements."""
+        wide = self.widened
+        off = 0
+        for i, c in enumerate(self.chunks):
+            if c.dtype == torch.float32:
+                src, step = c, block or max(c.numel(), 1)
+            elif wide is not None:
+                src, step = wide[i], block or max(c.numel(), 1)
+            else:
+                src, step = c, min(block or NORM_BLOCK, NORM_BLOCK)
+            for j in range(0, c.numel(), step):
+                piece = src[j : j + step]
+                yield off + j, piece if piece.dtype == torch.float32 else piece.to(torch.float32)
+            off += c.numel()
 
     def offsets(self) -> Iterable[tuple[int, torch.Tensor]]:
         off = 0
@@ -224,7 +269,7 @@ def _pack_signed(header: Header, frames: Sequence[Any], key: bytes | None) -> by
     # Packed with a placeholder of the final length: the MAC covers every
     # header byte before it, then takes its place.
     nonce = new_nonce()
-    raw = replace(header, nonce=nonce, mac="0" * MAC_HEX_CHARS).pack()
+    raw = header.pack(nonce=nonce, mac="0" * MAC_HEX_CHARS)
     signed = memoryview(raw)[:-MAC_HEX_CHARS]
     return raw[:-MAC_HEX_CHARS] + mac_hex(key, nonce, signed, frames).encode()
 

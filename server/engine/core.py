@@ -307,6 +307,10 @@ class Engine:
                 worker.rejected += 1
                 self.telemetry.emit("update_rejected", worker=worker.id, base=base_version, reason=verdict.reason)
                 return "rejected", {"reason": verdict.reason}
+            if verdict.decision in (Decision.BUFFER, Decision.BUFFER_AND_REPLY):
+                # Waiting for a release: no fp32 copy of a half-precision update meanwhile
+                # (Payload.widened, 2x its bytes); the fold widens it again, for the fold only.
+                payload.release_widened()
             if verdict.decision is Decision.BUFFER_AND_REPLY and refusal is None:
                 self.buffered.append(Contribution(info, payload, candidate_loss))
             if verdict.decision in (Decision.APPLY, Decision.APPLY_AND_WAIT) and refusal is None:
