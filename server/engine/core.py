@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,13 +32,13 @@ from hermes.common.task_registry import batch_of, resolve_task
 from hermes.common.tensors import flatten, spec_of
 from hermes.common.wire import Header, Payload, dtype_from_name
 from hermes.server.auth import ReplayGuard
-from hermes.server.engine import persist
+from hermes.server.engine import folding, persist
 from hermes.server.engine.collective import Collective
 from hermes.server.engine.handlers import Handlers
 from hermes.server.engine.kafka import KafkaPublisher
 from hermes.server.engine.local import LOCAL_DSS_MAX, LocalAccount, local_data_refusal
 from hermes.server.engine.membership import Membership
-from hermes.server.engine.offload import offload, payload_bytes
+from hermes.server.engine.offload import offload
 from hermes.server.engine.policies import Contribution, Policies, build_policies
 from hermes.server.engine.reporting import Reporting
 from hermes.server.engine.screening import Screening, ScreeningSettings
@@ -314,7 +313,7 @@ class Engine:
             if verdict.decision is Decision.BUFFER_AND_REPLY and refusal is None:
                 self.buffered.append(Contribution(info, payload, candidate_loss))
             if verdict.decision in (Decision.APPLY, Decision.APPLY_AND_WAIT) and refusal is None:
-                await self.fold([Contribution(info, payload, candidate_loss)])
+                await folding.fold(self, [Contribution(info, payload, candidate_loss)])
             # A fold may have stopped the run (a budget): nothing is held for a barrier that will not come.
             if verdict.decision in (Decision.BUFFER, Decision.APPLY_AND_WAIT) and not self.stopping:
                 keep = verdict.decision is Decision.BUFFER and refusal is None
@@ -330,57 +329,9 @@ class Engine:
         status = "applied" if not self.stopping or held is None else "abandoned"
         return status, {"staleness": info.staleness}
 
-    async def fold(self, group: list[Contribution]) -> None:
-        """One model step from a group of updates. Caller holds step_lock."""
-        t0 = time.perf_counter()
-        rule = self.policies.aggregation
-        weights, extra = await rule.weigh(group, self)
-        if rule.op == "blend":
-            version = await asyncio.to_thread(self.state.blend, group[0].payload, weights[0])
-        else:
-            version = await offload(
-                sum(payload_bytes(u.payload) for u in group),
-                self.state.apply, [(u.payload, w) for u, w in zip(group, weights)],
-            )
-        while self.state.rollbacks:
-            bad, restored = self.state.rollbacks.pop(0)
-            self.telemetry.emit("model_restored", bad_version=bad, restored=restored, version=version,
-                                workers=[u.info.worker_id for u in group])
-        if self.checkpoints is not None:
-            # Journaled before any reply goes out: what is acknowledged survives a crash.
-            await asyncio.to_thread(self.checkpoints.record_fold, version, rule.op,
-                                    [u.payload for u in group], weights)
-        self.metrics.apply_seconds.observe(time.perf_counter() - t0)
-        for u in group:
-            rec = self.registry.get(u.info.worker_id)
-            if rec is not None:
-                rec.applied += 1
-        self.telemetry.emit(
-            "update_applied", version=version, workers=[u.info.worker_id for u in group],
-            staleness=[version - 1 - u.info.base_version for u in group], weights=[round(w, 6) for w in weights],
-            **extra,
-        )
-        if self.config.max_updates is not None or self.config.max_epochs is not None:
-            self.check_budgets()
-
     async def process_releases(self) -> None:
         """Fold and wake whatever the strategy releases. Caller holds step_lock."""
-        while (release := self.strategy.take_release()) is not None:
-            group = [
-                Contribution(h.info, h.payload, h.candidate_loss)
-                for w in release.aggregate
-                if (h := self.held.get(w)) is not None and h.payload is not None
-            ]
-            group, self.buffered = group + self.buffered, []  # FedBuff's buffer: empty for other strategies
-            try:
-                if group:
-                    await self.fold(group)
-            finally:
-                # Even if folding failed, nobody may stay held for a step that is gone.
-                for w in release.wake:
-                    held = self.held.pop(w, None)
-                    if held is not None and not held.reply.done():
-                        held.reply.set_result(None)
+        await folding.process_releases(self)
 
     async def model(self, dtype_name: str):
         """(version, prepared payload) of the current model in ``dtype_name`` (already checked)."""
