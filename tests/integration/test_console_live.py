@@ -47,7 +47,10 @@ def test_console_progress_barrier_quiet_access_and_default_out(tmp_path: Path) -
     # The port from its environment twin, HERMES_PORT (the server used to ignore it).
     server = start([sys.executable, "-m", "hermes.server.cli", "--host", "127.0.0.1",
                     "--preset", "bsp", "--progress-interval", "0.3", "--heartbeat-interval", "0.5",
-                    "--set", "eval_interval_seconds=0.5"], log_path=log, env=_server_env({"HERMES_PORT": str(port)}),
+                    "--set", "eval_interval_seconds=0.5",
+                    # Every heartbeat sent: combined messages leave them out while the data plane speaks,
+                    # and this test needs heartbeats to show they stay off the console.
+                    "--set", "combine_messages=false"], log_path=log, env=_server_env({"HERMES_PORT": str(port)}),
                    cwd=tmp_path)
     agents = []
     try:
