@@ -43,6 +43,11 @@ class LossParams(BaseModel):
         "the worker's model as w0 + G, blended w <- (1-a) w + a (w0 + G)) or pull (the change since the "
         "worker's last pull, added w <- w + a * delta, a from the same Eq. 5-6 losses, the candidate "
         "being w + delta).")
+    # Hermes has no server lr; with 'pull' the Eq. 5-6 share (about 0.5 for similar losses)
+    # halves every worker's step, which a server lr can give back (FedBuff's eta_g plays this role).
+    server_lr: float = Field(
+        default=1.0, gt=0.0, le=4.0, description="With loss.reference pull: w <- w + server_lr * a * delta "
+        "(1 = the Eq. 5-6 share alone); only 1 with baseline, whose blend is convex.")
 
 
 def mean_weights(count: int) -> list[float]:
@@ -166,6 +171,11 @@ class LossWeighted(DeltaRule):
     @classmethod
     def pushes_from_baseline(cls, config: RunConfig) -> bool:
         return config.loss.reference == "baseline"
+
+    @classmethod
+    def check_params(cls, config: RunConfig) -> None:
+        if config.loss.server_lr != 1.0 and config.loss.reference != "pull":
+            raise ValueError("loss.server_lr scales since-pull deltas: it needs loss.reference 'pull'")
 
     @classmethod
     def weights(cls, samples: Sequence[int], powers: Sequence[float] | None) -> list[float]:

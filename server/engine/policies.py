@@ -115,9 +115,11 @@ class LossBlend:
 
     needs_candidate_loss = True
 
-    def __init__(self, probe: LossProbe, metrics: ServerMetrics, reference: str = "baseline") -> None:
+    def __init__(self, probe: LossProbe, metrics: ServerMetrics, reference: str = "baseline",
+                 server_lr: float = 1.0) -> None:
         self.probe = probe
         self.metrics = metrics
+        self.server_lr = server_lr
         self.from_current = reference == "pull"
         self.op = "apply" if self.from_current else "blend"
         self.reference_loss: Callable[[], float] | None = lambda: probe.global_loss()[1]
@@ -144,6 +146,8 @@ class LossBlend:
             extra = {"global_loss": round(global_loss, 6)}
         extra["candidate_loss"] = round(update.candidate_loss, 6)
         self.metrics.blend_weight.observe(weight)
+        if self.from_current and ctx.version > 0:
+            weight *= self.server_lr  # w <- w + server_lr * a * delta
         return [weight], extra
 
 
@@ -227,7 +231,7 @@ def build_policies(
     if rule.needs_candidate_loss:
         probe = LossProbe(task, spec, state, validation, samples=config.loss.eval_samples, seed=config.seed,
                           metrics=metrics)
-        aggregation = LossBlend(probe, metrics, config.loss.reference)
+        aggregation = LossBlend(probe, metrics, config.loss.reference, config.loss.server_lr)
     elif rule.update_from_baseline:
         aggregation = StalenessMix(registry.make("aggregation", config))
     elif rule.weighs_by_staleness:

@@ -103,7 +103,7 @@ class _FixedProbe:
         return self.losses[1]
 
 
-def _fold(reference: str, version: int) -> tuple[object, list[float], _FixedProbe]:
+def _fold(reference: str, version: int, server_lr: float = 1.0) -> tuple[object, list[float], _FixedProbe]:
     import asyncio
     from types import SimpleNamespace
 
@@ -111,7 +111,7 @@ def _fold(reference: str, version: int) -> tuple[object, list[float], _FixedProb
     from hermes.server.metrics import ServerMetrics
 
     probe = _FixedProbe(0.5, 0.25)
-    rule = LossBlend(probe, ServerMetrics(), reference)  # type: ignore[arg-type]
+    rule = LossBlend(probe, ServerMetrics(), reference, server_lr)  # type: ignore[arg-type]
 
     async def go() -> list[float]:
         loss = await rule.candidate_loss(_payload([1.0]))
@@ -149,3 +149,16 @@ def test_agents_push_since_pull_only_under_the_pull_reference():
     assert rule.pushes_from_baseline(build_config(preset="hermes")) is True
     assert rule.pushes_from_baseline(build_config(preset="hermes", **{"loss.reference": "pull"})) is False
     assert registry.get("aggregation", "fedasync").pushes_from_baseline(build_config(preset="fedasync")) is True
+
+
+def test_pull_reference_server_lr_scales_the_share():
+    assert _fold("pull", version=3, server_lr=2.0)[1] == [pytest.approx(4 / 3)]  # 2 x 2/3
+    assert _fold("pull", version=0, server_lr=2.0)[1] == [1.0]  # the first push is the model, not 2x it
+
+
+def test_server_lr_needs_the_pull_reference():
+    from hermes.common.config import ConfigError, build_config
+
+    with pytest.raises(ConfigError, match="server_lr"):
+        build_config(preset="hermes", **{"loss.server_lr": 2.0})
+    assert build_config(preset="hermes", **{"loss.reference": "pull", "loss.server_lr": 2.0}).loss.server_lr == 2.0
