@@ -162,3 +162,13 @@ def test_server_lr_needs_the_pull_reference():
     with pytest.raises(ConfigError, match="server_lr"):
         build_config(preset="hermes", **{"loss.server_lr": 2.0})
     assert build_config(preset="hermes", **{"loss.reference": "pull", "loss.server_lr": 2.0}).loss.server_lr == 2.0
+
+
+def test_hermes_fast_differs_from_the_paper_preset_only_by_the_measured_deviations():
+    from hermes.common.config import build_config
+
+    paper, fast = build_config(preset="hermes").model_dump(), build_config(preset="hermes-fast").model_dump()
+    differ = {k for k in paper if paper[k] != fast[k]}
+    assert differ == {"preset", "lr", "loss"}
+    assert (paper["lr"], paper["loss"]["reference"]) == (0.1, "baseline")  # Table I's eta, Alg. 2's blend
+    assert fast["loss"]["reference"] == "pull" and fast["loss"]["server_lr"] == 1.0
