@@ -23,7 +23,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     # Hermes with two measured deviations (docs/papers.md): pushes are the change since the
     # worker's last pull, added by the Eq. 5-6 share instead of blended as a whole model
     # (a convex blend moves the model at most as far as one worker), and lr 0.5 instead of
-    # Table I's 0.1. About 4x fewer samples to target (mnist1d HL8, 2026-11-26); the
+    # Table I's 0.1. 3.4-4x fewer samples to target (mnist1d HL8, 2026-11-26); the
     # paper's configuration is the preset 'hermes'.
     "hermes-fast": {
         "sync": "hermes", "aggregation": "loss", "gate": "zscore", "allocation": "dual-search",
