@@ -122,7 +122,7 @@ class Job:
         )
         gate: ZScoreGate | None = registry.make("gate", config)
         return cls(spec=spec, config=config, precision=precision, wire_dtype=dtype_from_name(config.wire_dtype),
-                   trainer=trainer, gate=gate, from_baseline=registry.get("aggregation", config.aggregation).update_from_baseline,
+                   trainer=trainer, gate=gate, from_baseline=registry.get("aggregation", config.aggregation).pushes_from_baseline(config),
                    validation_shards=list(reg["validation_shards"]),
                    data_source=reg.get("data_source") or {"source": "zmq"}, precision_choice=choice,
                    task=task, local_data=local_data)

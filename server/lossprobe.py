@@ -50,8 +50,8 @@ class LossProbe:
             self.metrics.loss_eval_seconds.observe(time.perf_counter() - t0)
             return total / max(1, len(self.y))
 
-    def candidate_loss(self, payload: Payload) -> float:
-        return self._score(self.state.candidate(payload))
+    def candidate_loss(self, payload: Payload, *, from_current: bool = False) -> float:
+        return self._score(self.state.candidate(payload, from_current=from_current))
 
     def global_loss(self) -> tuple[int, float]:
         """(version, loss) of the current global model, cached per version."""

@@ -165,9 +165,16 @@ class ModelState:
                 total += float(torch.linalg.vector_norm(step)) ** 2
         return math.sqrt(total) if math.isfinite(total) else math.inf
 
-    def candidate(self, payload: Payload) -> torch.Tensor:
-        """w0 + G: the worker model a from-baseline update describes (Hermes Alg. 2, w_temp)."""
-        out = self._baseline.clone()
+    def candidate(self, payload: Payload, *, from_current: bool = False) -> torch.Tensor:
+        """w0 + G: the worker model a from-baseline update describes (Hermes Alg. 2, w_temp).
+
+        ``from_current``: w + delta, the current model plus a since-pull change (``loss.reference`` pull).
+        """
+        if from_current:
+            with self._lock:
+                out = self._flat.clone()
+        else:
+            out = self._baseline.clone()
         for off, piece in payload.fp32_pieces():
             out[off : off + piece.numel()].add_(piece)
         return out

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -35,6 +35,19 @@ class LossParams(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     eval_samples: int = Field(
         default=512, gt=0, description="Validation samples each candidate model is scored on (Hermes Alg. 2).")
+    # A deviation (docs/papers.md): a convex blend of two models moves the global model
+    # at most as far as one of them, so four workers' blended progress is about one
+    # worker's. 'pull' adds each worker's own progress instead (w <- w + a * delta).
+    reference: Literal["baseline", "pull"] = Field(
+        default="baseline", description="What a push describes and how it is folded: baseline (Hermes Alg. 2: "
+        "the worker's model as w0 + G, blended w <- (1-a) w + a (w0 + G)) or pull (the change since the "
+        "worker's last pull, added w <- w + a * delta, a from the same Eq. 5-6 losses, the candidate "
+        "being w + delta).")
+    # Hermes has no server lr; with 'pull' the Eq. 5-6 share (about 0.5 for similar losses)
+    # halves every worker's step, which a server lr can give back (FedBuff's eta_g plays this role).
+    server_lr: float = Field(
+        default=1.0, gt=0.0, le=4.0, description="With loss.reference pull: w <- w + server_lr * a * delta "
+        "(1 = the Eq. 5-6 share alone); only 1 with baseline, whose blend is convex.")
 
 
 def mean_weights(count: int) -> list[float]:
@@ -154,6 +167,15 @@ class LossWeighted(DeltaRule):
     }
     needs_candidate_loss: ClassVar[bool] = True
     update_from_baseline: ClassVar[bool] = True
+
+    @classmethod
+    def pushes_from_baseline(cls, config: RunConfig) -> bool:
+        return config.loss.reference == "baseline"
+
+    @classmethod
+    def check_params(cls, config: RunConfig) -> None:
+        if config.loss.server_lr != 1.0 and config.loss.reference != "pull":
+            raise ValueError("loss.server_lr scales since-pull deltas: it needs loss.reference 'pull'")
 
     @classmethod
     def weights(cls, samples: Sequence[int], powers: Sequence[float] | None) -> list[float]:

@@ -78,6 +78,11 @@ class Policy:
     needs_memory_profile: ClassVar[bool] = False
 
     @classmethod
+    def pushes_from_baseline(cls, config: RunConfig) -> bool:
+        """Whether this run's agents push w - w0 (``update_from_baseline``, unless a parameter says otherwise)."""
+        return cls.update_from_baseline
+
+    @classmethod
     def check_params(cls, config: RunConfig) -> None:
         """Refuse (ValueError naming the field) parameters this policy cannot run with; called only when chosen."""
 

@@ -105,20 +105,31 @@ class PowerWeights(_ApplyRule):
 
 
 class LossBlend:
-    """Hermes Alg. 2: blend one worker's model in by the inverse losses of both models."""
+    """Hermes Alg. 2: blend one worker's model in by the inverse losses of both models.
+
+    ``reference`` "baseline" is the paper's: the push is G = w_worker - w0 and the
+    model becomes (1 - a) w + a (w0 + G). "pull" (a deviation, ``loss.reference``):
+    the push is the worker's change since its last pull and the model becomes
+    w + a * delta, a from the same Eq. 5-6 losses with w + delta as the candidate.
+    """
 
     needs_candidate_loss = True
-    op = "blend"
 
-    def __init__(self, probe: LossProbe, metrics: ServerMetrics) -> None:
+    def __init__(self, probe: LossProbe, metrics: ServerMetrics, reference: str = "baseline",
+                 server_lr: float = 1.0) -> None:
         self.probe = probe
         self.metrics = metrics
+        self.server_lr = server_lr
+        self.from_current = reference == "pull"
+        self.op = "apply" if self.from_current else "blend"
         self.reference_loss: Callable[[], float] | None = lambda: probe.global_loss()[1]
 
     async def candidate_loss(self, payload: Payload) -> float | None:
-        # Scored outside the step lock: it depends only on w0 and G, so
-        # concurrent pushes are scored in parallel and serialised only for the blend.
-        return await asyncio.to_thread(self.probe.candidate_loss, payload)
+        # Scored outside the step lock, so concurrent pushes are scored in parallel and
+        # serialised only for the fold. From-baseline candidates depend only on w0 and G;
+        # a since-pull candidate is w + delta for the model of the moment, which another
+        # fold may move before this one: its weight is then from a slightly older w.
+        return await asyncio.to_thread(self.probe.candidate_loss, payload, from_current=self.from_current)
 
     async def weigh(self, group: Sequence[Contribution], ctx: FoldContext) -> tuple[list[float], dict[str, Any]]:
         (update,) = group  # config validation keeps ``loss`` to one-at-a-time strategies
@@ -135,6 +146,8 @@ class LossBlend:
             extra = {"global_loss": round(global_loss, 6)}
         extra["candidate_loss"] = round(update.candidate_loss, 6)
         self.metrics.blend_weight.observe(weight)
+        if self.from_current and ctx.version > 0:
+            weight *= self.server_lr  # w <- w + server_lr * a * delta
         return [weight], extra
 
 
@@ -218,7 +231,7 @@ def build_policies(
     if rule.needs_candidate_loss:
         probe = LossProbe(task, spec, state, validation, samples=config.loss.eval_samples, seed=config.seed,
                           metrics=metrics)
-        aggregation = LossBlend(probe, metrics)
+        aggregation = LossBlend(probe, metrics, config.loss.reference, config.loss.server_lr)
     elif rule.update_from_baseline:
         aggregation = StalenessMix(registry.make("aggregation", config))
     elif rule.weighs_by_staleness:

@@ -186,3 +186,33 @@ def test_a_real_hermes_agent_sends_one_work_request_per_k_assignments_and_one_pe
     # The control plane is counted too: the fixture's probe and the agent registered, left, and so on.
     assert sent["register"] >= 2 and sent["leave"] >= 2
     assert summary["messages_total"] == sum(sent.values())
+
+
+def test_pull_reference_adds_each_delta_by_its_loss_share(server_factory):
+    """loss.reference pull (a deviation): w <- w + server_lr * a * delta, a = T_g / (T_g + T_c)
+    with the candidate w + delta; replayed from the logged losses."""
+    srv = server_factory("--preset", "hermes", sets=("loss.reference=pull", "loss.server_lr=1.5",
+                                                      "eval_interval_seconds=0.5"))
+    workers = [srv.register() for _ in range(2)]
+    _, w0 = workers[0].pull()
+    gen = torch.Generator().manual_seed(7)
+    pushed = []
+    for i in range(6):
+        g = 0.01 * torch.randn(workers[0].numel, generator=gen)
+        reply = workers[i % 2].push(g, base_version=i, cycle=_cycle(128, 32, 0.1, True))
+        assert reply.header.body["status"] == "applied", reply.header.body
+        pushed.append(g)
+    events = [json.loads(line) for line in (srv.out_dir / "events.jsonl").read_text().splitlines()]
+    steps = {e["version"]: e for e in events if e["event"] == "update_applied"}
+    assert steps[1]["weights"] == [1.0]  # the first push is applied whole
+    model = w0.clone()
+    for version, g in enumerate(pushed, start=1):
+        lam = steps[version]["weights"][0]
+        if version > 1:
+            share = steps[version]["global_loss"] / (steps[version]["global_loss"] + steps[version]["candidate_loss"])
+            assert lam == pytest.approx(1.5 * share, abs=4e-6)
+            assert lam > 0.5  # added, not blended: a convex share times 1.5
+        model = model + lam * g
+    version, final = workers[0].pull()
+    assert version == 6
+    assert torch.allclose(final, model, atol=1e-4), (final - model).abs().max()

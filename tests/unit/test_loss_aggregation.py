@@ -75,3 +75,100 @@ def test_blend_weight_outside_unit_interval_refused():
     with pytest.raises(ValueError, match="blend weight"):
         s.blend(_payload([1.0, 1.0]), 1.5)
     assert s.version == 0
+
+
+# ---- loss.reference = "pull" (a deviation: since-pull deltas added, not worker models blended)
+
+def test_candidate_from_current_is_current_model_plus_delta():
+    s = _state([1.0, 1.0])
+    s.apply([(_payload([2.0, 0.0]), 1.0)])  # w = [3, 1]
+    # From baseline (the paper's w_temp): w0 + G; from current: w + delta.
+    assert torch.equal(s.candidate(_payload([1.0, -1.0])), torch.tensor([2.0, 0.0]))
+    assert torch.equal(s.candidate(_payload([1.0, -1.0]), from_current=True), torch.tensor([4.0, 0.0]))
+    assert torch.equal(s.snapshot()[1], torch.tensor([3.0, 1.0]))  # scoring leaves the model alone
+
+
+class _FixedProbe:
+    """A loss probe whose global and candidate losses are given (the LossProbe interface)."""
+
+    def __init__(self, global_loss: float, candidate_loss: float) -> None:
+        self.losses = (global_loss, candidate_loss)
+        self.from_current: list[bool] = []
+
+    def global_loss(self) -> tuple[int, float]:
+        return 1, self.losses[0]
+
+    def candidate_loss(self, payload, *, from_current: bool = False) -> float:
+        self.from_current.append(from_current)
+        return self.losses[1]
+
+
+def _fold(reference: str, version: int, server_lr: float = 1.0) -> tuple[object, list[float], _FixedProbe]:
+    import asyncio
+    from types import SimpleNamespace
+
+    from hermes.server.engine.policies import Contribution, LossBlend
+    from hermes.server.metrics import ServerMetrics
+
+    probe = _FixedProbe(0.5, 0.25)
+    rule = LossBlend(probe, ServerMetrics(), reference, server_lr)  # type: ignore[arg-type]
+
+    async def go() -> list[float]:
+        loss = await rule.candidate_loss(_payload([1.0]))
+        weights, _ = await rule.weigh([Contribution(info=None, payload=_payload([1.0]), candidate_loss=loss)],
+                                      SimpleNamespace(version=version))  # type: ignore[arg-type]
+        return weights
+
+    return rule, asyncio.run(go()), probe
+
+
+def test_pull_reference_adds_the_delta_with_the_eq5_share():
+    rule, weights, probe = _fold("pull", version=3)
+    assert rule.op == "apply"  # the engine folds w <- w + a * delta
+    assert probe.from_current == [True]  # the candidate is w + delta
+    assert weights == [pytest.approx(2 / 3)]  # Eq. 5-6: T_g / (T_g + T_w) with 0.5, 0.25
+    s = _state([1.0, 1.0])
+    s.apply([(_payload([3.0, -3.0]), weights[0])])
+    assert torch.allclose(s.snapshot()[1], torch.tensor([3.0, -1.0]))
+
+
+def test_baseline_reference_is_the_papers_blend():
+    rule, weights, probe = _fold("baseline", version=3)
+    assert rule.op == "blend" and probe.from_current == [False]
+    assert weights == [pytest.approx(2 / 3)]
+    # The first push becomes the model whole (Alg. 2 initial step), under either reference.
+    assert _fold("pull", version=0)[1] == [1.0]
+
+
+def test_agents_push_since_pull_only_under_the_pull_reference():
+    from hermes.common.config import build_config
+    from hermes.common.policies import base as registry
+
+    rule = registry.get("aggregation", "loss")
+    assert build_config(preset="hermes").loss.reference == "baseline"  # the paper's stays the default
+    assert rule.pushes_from_baseline(build_config(preset="hermes")) is True
+    assert rule.pushes_from_baseline(build_config(preset="hermes", **{"loss.reference": "pull"})) is False
+    assert registry.get("aggregation", "fedasync").pushes_from_baseline(build_config(preset="fedasync")) is True
+
+
+def test_pull_reference_server_lr_scales_the_share():
+    assert _fold("pull", version=3, server_lr=2.0)[1] == [pytest.approx(4 / 3)]  # 2 x 2/3
+    assert _fold("pull", version=0, server_lr=2.0)[1] == [1.0]  # the first push is the model, not 2x it
+
+
+def test_server_lr_needs_the_pull_reference():
+    from hermes.common.config import ConfigError, build_config
+
+    with pytest.raises(ConfigError, match="server_lr"):
+        build_config(preset="hermes", **{"loss.server_lr": 2.0})
+    assert build_config(preset="hermes", **{"loss.reference": "pull", "loss.server_lr": 2.0}).loss.server_lr == 2.0
+
+
+def test_hermes_fast_differs_from_the_paper_preset_only_by_the_measured_deviations():
+    from hermes.common.config import build_config
+
+    paper, fast = build_config(preset="hermes").model_dump(), build_config(preset="hermes-fast").model_dump()
+    differ = {k for k in paper if paper[k] != fast[k]}
+    assert differ == {"preset", "lr", "loss"}
+    assert (paper["lr"], paper["loss"]["reference"]) == (0.1, "baseline")  # Table I's eta, Alg. 2's blend
+    assert fast["loss"]["reference"] == "pull" and fast["loss"]["server_lr"] == 1.0
