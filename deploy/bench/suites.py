@@ -223,6 +223,7 @@ BUILTIN: dict[str, dict[str, Any]] = {
                               ("hermes", "hermes"),
                               ("hermes-a1.6-b0.15", "hermes", {"zscore.alpha": -1.6, "zscore.beta": 0.15}),
                               ("hermes-a0.9-b0.1", "hermes", {"zscore.alpha": -0.9, "zscore.beta": 0.1}),
+                              ("hermes-fast", "hermes-fast"),
                               ("omnilearn-bsp", "omnilearn-bsp"), ("fedasync", "fedasync"),
                               ("fedbuff", "fedbuff")) + PEERS,
         "profiles": ["hl8"], "links": ["lan", "lte"], "repeats": 3, "dataset": "mnist1d",
