@@ -320,7 +320,8 @@ def running_server(
     for s in sets:
         cmd += ["--set", s]
     cmd += list(extra_args)
-    proc = procs.start(cmd, log_path=log_path, env=_server_env(env), cwd=out_dir)
+    proc = procs.start(cmd, log_path=log_path, env=_server_env(env), cwd=out_dir,
+                       parent_death_signal=signal.SIGTERM)  # a killed pytest leaves no server behind
     http = httpx.Client(timeout=10.0, **(http_kwargs or {}))
     server = LiveServer(
         proc=proc, url=f"{scheme}://127.0.0.1:{port}", port=port, data_port=data_port,
