@@ -52,7 +52,7 @@ def _check_agent_killed(out: Path, s: dict, agent: str, *, barrier: bool) -> Non
 # Killed early and with a target far enough away that the run outlasts the
 # heartbeat timeout: what is tested is training on after the loss.
 @pytest.mark.parametrize("preset,profile,agent,version,target", [
-    ("bsp", "hl4", "worker-2", 2, "0.9"),
+    pytest.param("bsp", "hl4", "worker-2", 2, "0.9", marks=pytest.mark.slow),  # one per default suite
     ("hermes", "hl8", "worker-3", 1, "0.93"),
 ])
 def test_run_survives_a_killed_agent(preset, profile, agent, version, target, tmp_path):

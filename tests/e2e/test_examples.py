@@ -67,6 +67,7 @@ def _env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("HERMES_")}
 
 
+@pytest.mark.slow  # the default suite keeps one run per family under 15 min (2026-11-26); tests/integration/test_task_live.py trains a regression task live
 def test_regression_reaches_its_r2_target_with_hermes(tmp_path: Path) -> None:
     summary = run_example("regression", "hermes", tmp_path)
     assert summary["target"].startswith("r2=")

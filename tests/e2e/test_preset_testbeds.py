@@ -29,7 +29,8 @@ _SLOW = pytest.mark.slow
 
 
 @pytest.mark.parametrize("preset", [
-    "omnilearn-bsp", "omnilearn-asp", "dynamic-batching", pytest.param("variable-batching", marks=_SLOW),
+    "omnilearn-bsp", pytest.param("omnilearn-asp", marks=_SLOW), pytest.param("dynamic-batching", marks=_SLOW),
+    pytest.param("variable-batching", marks=_SLOW),
     pytest.param("task-allocation", marks=_SLOW), pytest.param("dp-sgd", marks=_SLOW),
     pytest.param("edp-sgd", marks=_SLOW),
 ])

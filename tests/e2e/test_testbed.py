@@ -100,6 +100,7 @@ def test_testbed_reaches_target(preset: str, tmp_path: Path) -> None:
     assert _port_free(start["control_port"]) and _port_free(start["data_port"])
 
 
+@pytest.mark.slow  # the default suite keeps one run per family under 15 min (2026-11-26); tests/unit/test_sync_ssp_ebsp.py covers the rules
 @pytest.mark.parametrize("preset", ["ssp", "ebsp"])
 def test_bounded_staleness_and_elastic_barrier_presets_train(preset: str, tmp_path: Path) -> None:
     _, s = run_testbed(tmp_path / f"run-{preset}", "--profile", "hl8", "--preset", preset,

@@ -39,6 +39,7 @@ def test_kernel_links(tmp_path: Path) -> None:
     assert not [n for n in listed.split() if n.startswith("hlk")]
 
 
+@pytest.mark.slow  # the default suite keeps one run per family under 15 min (2026-11-26); tests/integration/test_links.py measures the process relay
 def test_process_links(tmp_path: Path) -> None:
     _, s = run_testbed(tmp_path / "run", "--clients", "2", "--profile", "hl2", "--preset", "asp",
                        "--links", "lan,lte", "--link-mode", "process", "--target-accuracy", "0.85")

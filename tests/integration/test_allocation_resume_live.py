@@ -55,6 +55,7 @@ def _allocator_state(ckpt) -> dict:
     return json.loads((ckpt / "checkpoint.json").read_text())["allocator"]
 
 
+@pytest.mark.slow  # 28 s; the allocators' state_dict round trips are unit-tested (2026-11-26)
 def test_pcontrol_batches_survive_a_resume_and_a_missing_worker_is_forgotten(tmp_path):
     ckpt = tmp_path / "ckpt"
     with running_server(tmp_path / "first", "--checkpoint-dir", str(ckpt), *FLAGS) as first:

@@ -90,7 +90,7 @@ def _processes_naming(needle: str) -> list[int]:
     return pids
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+@pytest.mark.parametrize("sig", [pytest.param(signal.SIGTERM, marks=pytest.mark.slow), signal.SIGKILL])
 def test_a_killed_bench_leaves_no_testbed_behind(tmp_path, sig):
     suite = tmp_path / "one.toml"
     suite.write_text('presets = ["bsp"]\nprofiles = ["hl8"]\nclients = 2\nrepeats = 1\nmax_seconds = 120\n'
