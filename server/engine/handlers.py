@@ -125,11 +125,7 @@ class Handlers:
         e.count_carried("pull_model")
         if h.model_version == e.state.version:
             return self.reply(MsgType.PUSH_REPLY, worker, h.seq, {**reply, "model": "unchanged"})
-        nbytes, (version, flat) = await e.model("float32")
-        header = Header(type=MsgType.PUSH_REPLY, worker=worker.id, seq=h.seq, model_version=version,
-                        session=h.session, shapes=e.spec.shapes,
-                        body={**reply, "model": "included", "stop": e.stopping})
-        return await offload(nbytes, encode, header, flat, key=worker.key)
+        return await self._model_reply(MsgType.PUSH_REPLY, worker, h, "float32", {**reply, "model": "included"})
 
     async def on_pull(self, worker: WorkerRecord, msg: Message) -> list:
         e, h = self.e, msg.header
@@ -139,11 +135,15 @@ class Handlers:
             return self.reply(MsgType.MODEL, worker, h.seq, {"unchanged": True})
         if body.dtype not in _MODEL_DTYPES:
             raise ProtocolError(ErrorCode.BAD_DTYPE, f"models are served as float32/float16/bfloat16, not {body.dtype!r}")
-        nbytes, (version, flat) = await e.model(body.dtype)
-        header = Header(
-            type=MsgType.MODEL, worker=worker.id, seq=h.seq, model_version=version, session=h.session,
-            shapes=e.spec.shapes, body={"unchanged": False, "stop": e.stopping},
-        )
+        return await self._model_reply(MsgType.MODEL, worker, h, body.dtype, {"unchanged": False})
+
+    async def _model_reply(self, type_: MsgType, worker: WorkerRecord, h: Header, dtype: str,
+                           body: dict[str, Any]) -> list:
+        """A reply carrying the current model in ``dtype`` (a pull, or a push that answered one)."""
+        e = self.e
+        nbytes, (version, flat) = await e.model(dtype)
+        header = Header(type=type_, worker=worker.id, seq=h.seq, model_version=version, session=h.session,
+                        shapes=e.spec.shapes, body={**body, "stop": e.stopping})
         return await offload(nbytes, encode, header, flat, key=worker.key)
 
     async def on_request_work(self, worker: WorkerRecord, msg: Message) -> list:
