@@ -27,9 +27,9 @@ from hermes.client.collective import settle_abandoned
 from hermes.client.cores import UsableCores, usable_cores
 from hermes.client.local_data import LocalSet
 from hermes.client.memory_probe import available_memory_bytes, memory_profile
-from hermes.client.prefetch import ShardFetcher, ShardStats, records_to_tensors
 from hermes.client.preflight import data_plane_problem
 from hermes.client.session import AgentStats, Job, Session
+from hermes.client.shard_fetch import ShardFetcher, ShardStats, records_to_tensors
 from hermes.client.topology import AllReduce, PushPull
 from hermes.client.trainer import resolve_device
 from hermes.client.transport import (

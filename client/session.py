@@ -31,7 +31,8 @@ from hermes.client.heartbeat import Heartbeat
 from hermes.client.local_data import LocalSet
 from hermes.client.precision import PrecisionChoice, pick_precision
 from hermes.client.precision import cache_path as precision_cache_path
-from hermes.client.prefetch import Prefetcher, ShardStats, Work
+from hermes.client.prefetch import Prefetcher, Work
+from hermes.client.shard_fetch import ShardStats
 from hermes.client.trainer import LocalTrainer, resolve_precision
 from hermes.client.transport import ControlClient, DataClient, TrafficCounter
 from hermes.common.config import RunConfig

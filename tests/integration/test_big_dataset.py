@@ -93,7 +93,7 @@ def _rss_kb(pid: int, field: str) -> int:
 
 
 def _serve_and_fetch(n: int) -> dict:
-    from hermes.client.prefetch import records_to_tensors
+    from hermes.client.shard_fetch import records_to_tensors
     from hermes.client.transport import DataClient
     from hermes.common.shards import decode_record
     from hermes.common.wire import MsgType

@@ -39,7 +39,8 @@ from tests.conftest import (
 pytest.importorskip("kafka")
 
 from hermes.client.kafka_source import KafkaShardReader
-from hermes.client.prefetch import Prefetcher, ShardFetcher, ShardStats, Work
+from hermes.client.prefetch import Prefetcher, Work
+from hermes.client.shard_fetch import ShardFetcher, ShardStats
 from hermes.client.transport import DataClient
 from hermes.common.config import build_config
 from hermes.common.kafka_layout import KafkaUnavailable, location, shards_in
@@ -145,7 +146,7 @@ class _LazySequences(torch.utils.data.Dataset):
 def test_a_lazy_dataset_of_any_dtype_is_published_record_by_record_and_read_back(kafka_broker):
     """Publishing streams the store (a cache of 2 KiB: records are encoded again when sent) and
     the reader gets the same tensors, bfloat16 included."""
-    from hermes.client.prefetch import records_to_tensors
+    from hermes.client.shard_fetch import records_to_tensors
 
     store = ShardStore(_LazySequences(), 32, name="lazy", cache_bytes=2048)
     opts = KafkaOptions(kafka_broker.bootstrap, partitions=2, retries=1)

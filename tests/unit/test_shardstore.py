@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.utils.data import Dataset, Subset, TensorDataset
 
-from hermes.client.prefetch import records_to_tensors
+from hermes.client.shard_fetch import records_to_tensors
 from hermes.common.config import build_config
 from hermes.common.datasource import DataError, SampleSource
 from hermes.common.models import build_model
