@@ -29,6 +29,7 @@ from torch import nn
 from hermes.client.collective import CollectiveGroup
 from hermes.client.heartbeat import Heartbeat
 from hermes.client.local_data import LocalSet
+from hermes.client.overlap import rebase
 from hermes.client.precision import PrecisionChoice, pick_precision
 from hermes.client.precision import cache_path as precision_cache_path
 from hermes.client.prefetch import Prefetcher, Work
@@ -182,6 +183,7 @@ class Session:
         # parameter-server topology (a collective rank reports every cycle itself).
         self.combine = bool(reg.get("run_config", {}).get("combine_messages")) and not self.rendezvous
         self.outbox: Outbox | None = Outbox() if self.combine else None
+        self.pull_dtype: str = reg.get("run_config", {}).get("pull_dtype", "float32")
         self.prefetcher = Prefetcher(self.data_client, stats=shard_stats, kafka_bootstrap=kafka_bootstrap, local=local,
                                      combine=self.combine,
                                      carried=self.outbox.take if self.outbox is not None else None,
@@ -241,30 +243,34 @@ class Session:
         self.carry = (x[n:], y[n:]) if n < len(y) else None
         return x[:n], y[:n]
 
-    def pull(self, trainer: LocalTrainer, stats: AgentStats, force: bool) -> None:
-        """The global model, loaded into the trainer, when it is newer than ours (always with ``force``)."""
+    def pull(self, trainer: LocalTrainer, stats: AgentStats, force: bool, pushed: torch.Tensor | None = None) -> None:
+        """The global model, loaded into the trainer, when it is newer than ours (always with ``force``);
+        ``pushed``: rebased on it instead (overlap_push)."""
         t0 = time.perf_counter()
-        reply = self.data.request(MsgType.PULL_MODEL, {"if_newer": not force, "dtype": "float32"},
+        reply = self.data.request(MsgType.PULL_MODEL, {"if_newer": not force, "dtype": self.pull_dtype},
                                   model_version=self.version)
         stats.wait_seconds += time.perf_counter() - t0
         stats.pulls += 1
         if reply.payload is None:
             return  # unchanged: keep training from our own model against the same base
-        # No copy: the tensor views the received frame, which it keeps alive (torch.frombuffer holds
-        # the buffer), and nothing writes to it; deltas are computed as new tensors.
-        flat = reply.payload.flat()
-        trainer.load(flat)
-        self.version, self.base = reply.header.model_version, flat
+        self._adopt(trainer, reply, pushed)
 
-    def load_model_reply(self, trainer: LocalTrainer, reply: Any) -> bool:
+    def load_model_reply(self, trainer: LocalTrainer, reply: Any, pushed: torch.Tensor | None = None) -> bool:
         """A push reply that answered the pull too (combine_messages); False: it did not, pull."""
         included = reply.header.body.get("model")
         if included == "included" and reply.payload is not None:
-            flat = reply.payload.flat()  # no copy, as in pull()
-            trainer.load(flat)
-            self.version, self.base = reply.header.model_version, flat
+            self._adopt(trainer, reply, pushed)
             return True
         return included == "unchanged"
+
+    def _adopt(self, trainer: LocalTrainer, reply: Any, pushed: torch.Tensor | None) -> None:
+        # No copy: the tensor views the received frame, which it keeps alive (torch.frombuffer holds
+        # the buffer), and nothing writes to it; deltas are computed as new tensors.
+        flat = reply.payload.flat()
+        if flat.dtype != torch.float32:  # pull_dtype: trained, and measured from, in fp32
+            flat = flat.float()
+        trainer.load(flat if pushed is None else rebase(flat, trainer.flat(), pushed))
+        self.version, self.base = reply.header.model_version, flat
 
     def stats_body(self, stats: AgentStats, precision: str, *, final: bool = False,
                    precision_timings: dict[str, float] | None = None) -> dict[str, Any]:

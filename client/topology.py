@@ -33,12 +33,13 @@ from hermes.client.collective import (
     rendezvous_from_reply,
 )
 from hermes.client.loop import cycle_record, run_cycles
+from hermes.client.overlap import OverlappedPush
 from hermes.client.prefetch import StopSignal, Work
 from hermes.client.session import finite_or_none
 from hermes.client.trainer import CycleResult, GradHook
-from hermes.client.transport import RemoteError, ServerUnreachable, StopRequested
+from hermes.client.transport import DataClient, RemoteError, ServerUnreachable, StopRequested
 from hermes.common.policies import base as registry
-from hermes.common.wire import MsgType
+from hermes.common.wire import Message, MsgType
 
 if TYPE_CHECKING:
     from hermes.client.agent import Agent
@@ -48,14 +49,29 @@ log = logging.getLogger(__name__)
 
 
 class PushPull:
-    """Topology ``ps``: gate, push the change, pull the newer model."""
+    """Topology ``ps``: gate, push the change, pull the newer model (overlapped with the next cycle
+    under ``overlap_push``: client.overlap)."""
 
     def __init__(self, agent: Agent, job: Job, session: Session) -> None:
         self.agent, self.job, self.session = agent, job, session
         self.grad_hook: GradHook | None = None
+        # The config requires combine_messages with overlap_push; a server that does not combine
+        # (an older one) cannot bring the model back in the push's reply.
+        self.overlap = (OverlappedPush(session.data_client)
+                        if job.config.overlap_push and session.outbox is not None else None)
+        self.overlap_waited = 0.0
 
     def train(self) -> None:
-        run_cycles(self.agent, self.job, self.session, self)
+        if self.overlap is None:
+            run_cycles(self.agent, self.job, self.session, self)
+            return
+        try:
+            run_cycles(self.agent, self.job, self.session, self)
+            if self.overlap.pending:
+                self._settle()  # the last push counts; its reply may say stop, the loop is over anyway
+        finally:
+            log.info("overlapped exchanges: %.2fs in flight, %.2fs waited for", self.overlap.exchange_seconds, self.overlap_waited)
+            self.overlap.close()
 
     def start_cycle(self) -> bool:
         agent = self.agent
@@ -85,6 +101,15 @@ class PushPull:
         """Push and pull if the gate says so. True when the server says stop."""
         agent, job, session, st = self.agent, self.job, self.session, self.agent.stats
         trainer = job.trainer
+        # overlap_push: the last cycle's push is answered by now (or we wait); rebase on its model first,
+        # so that the gate judges, and the next push carries, this cycle's progress on the newer model.
+        if self.overlap is not None and self.overlap.pending:
+            if not self.overlap.answered:
+                # Not back yet: train on rather than wait; this cycle's progress goes with the next push.
+                agent.note_skipped_cycle(job, session, cycle_record(work, result, pushed=False) | {"decision": "in-flight"})
+                return False
+            if self._settle():
+                return True
         cycle = cycle_record(work, result, pushed=True)
         if job.gate is not None:
             assert agent.validation is not None, "the gate's validation split is fetched when a session begins"
@@ -100,20 +125,43 @@ class PushPull:
                 return False
         reference = agent.baseline if job.from_baseline else session.base
         assert reference is not None, "a session pulls the model before its first cycle"
-        delta = (trainer.flat() - reference).to(job.wire_dtype)
+        local = trainer.flat()
+        delta = (local - reference).to(job.wire_dtype)
         body = {"samples": result.samples, "steps": result.steps, "loss": result.loss,
                 "compute_seconds": result.compute_seconds, "cycle": cycle}
         if session.outbox is not None:
             # combine_messages: the model comes back in the reply; pending cycles and stats go along.
             body.update(pull=True, **session.outbox.take())
+            if session.pull_dtype != "float32":  # older servers know no pull_dtype
+                body["pull_dtype"] = session.pull_dtype
+        version = session.version
+
+        def push(client: DataClient, timeout: float) -> Message:
+            return client.request(MsgType.PUSH_UPDATE, body, payload=delta, model_version=version,
+                                  shapes=job.spec.shapes, timeout=timeout, idempotent=False)
+
+        if self.overlap is not None:
+            # No barrier holds an asynchronous push's reply: the agent's own request timeout applies.
+            self.overlap.send(lambda client: push(client, agent.options.request_timeout), pushed=local)
+            return False
         t0 = time.perf_counter()
-        reply = session.data.request(
-            MsgType.PUSH_UPDATE, body,
-            payload=delta, model_version=session.version, shapes=job.spec.shapes,
-            # A barrier may hold the reply for as long as the slowest worker's cycle.
-            timeout=max(600.0, agent.options.request_timeout), idempotent=False,
-        )
+        # A barrier may hold the reply for as long as the slowest worker's cycle.
+        reply = push(session.data, max(600.0, agent.options.request_timeout))
         st.wait_seconds += time.perf_counter() - t0
+        return self._receive(reply, pushed=None)
+
+    def _settle(self) -> bool:
+        """Take the overlapped push's reply (waiting for it if need be) and rebase on its model."""
+        assert self.overlap is not None
+        t0 = time.perf_counter()
+        reply, pushed = self.overlap.take()
+        self.agent.stats.wait_seconds += time.perf_counter() - t0
+        self.overlap_waited += time.perf_counter() - t0
+        return self._receive(reply, pushed=pushed)
+
+    def _receive(self, reply: Message, pushed: torch.Tensor | None) -> bool:
+        """Count a push's reply and load (``pushed``: rebase on) the model it brings. True: stop."""
+        agent, session, st, trainer = self.agent, self.session, self.agent.stats, self.job.trainer
         st.pushes += 1
         answer = reply.header.body
         if answer.get("status") == "applied":
@@ -121,13 +169,13 @@ class PushPull:
         else:
             st.rejected += 1
             log.debug("update rejected: %s", answer.get("reason"))
-        if reply.header.body.get("stop"):
+        if answer.get("stop"):
             agent.stop_reason = "server asked to stop"
             return True
-        if session.outbox is not None and session.load_model_reply(trainer, reply):
+        if session.outbox is not None and session.load_model_reply(trainer, reply, pushed):
             st.pulls += 1  # answered by the push's reply, as the server counts it
         else:
-            session.pull(trainer, st, force=False)
+            session.pull(trainer, st, force=False, pushed=pushed)
         return False
 
 

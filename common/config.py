@@ -153,6 +153,10 @@ class RunConfig(BaseModel):
                                     "trains in fp32 unless another is > 5% faster; fp32, bf16, fp16 force one.")
     wire_dtype: Literal["float32", "float16", "bfloat16"] = Field(
         default="float32", description="dtype of pushed updates (the server accumulates in fp32).")
+    pull_dtype: Literal["float32", "float16", "bfloat16"] = Field(
+        default="float32", description="dtype of the model agents receive (pulls, and push replies that bring it); "
+        "the server keeps fp32. An agent measures its next change from the model it received, so the rounding "
+        "does not accumulate in the server's model.")
 
     # ---- when the run starts
     min_workers: int = Field(
@@ -191,6 +195,11 @@ class RunConfig(BaseModel):
         "under combine_messages): the work requests of k cycles in one. Each is sized when handed out, so a "
         "workload change (Hermes' dual search, straggler resizing) reaches the agent up to k cycles later; 1 "
         "sizes every cycle on request, as the papers do.")
+    overlap_push: bool = Field(
+        default=False, description="Under an asynchronous sync policy, a parameter-server agent pushes cycle k's "
+        "change (and receives the newer model) in the background while it trains cycle k+1, then rebases: its "
+        "model becomes the server's plus what it learned meanwhile (DaSGD's delayed averaging). The exchange hides "
+        "behind a cycle of training; updates are one cycle staler. Needs combine_messages.")
 
     @model_validator(mode="before")
     @classmethod
@@ -273,9 +282,20 @@ class RunConfig(BaseModel):
                              "give one (target_accuracy=V is target=accuracy=V)")
         # Each policy declares what it needs (policies.base); this checks every declaration.
         policies.check_compatible(self)
+        if self.overlap_push:
+            self._check_overlap()
         if self.dataset in ("mnist", "cifar10") and not self.dataset_root:
             raise ValueError(f"dataset {self.dataset!r} is read from local files: set dataset_root")
         return self
+
+    def _check_overlap(self) -> None:
+        if "asynchronous" not in policies.get("sync", self.sync).provides:
+            allowed = policies.quoted_names(policies.providers("asynchronous", "sync"))
+            raise ValueError(f"overlap_push trains the next cycle before the push's reply is in: it needs an "
+                             f"asynchronous sync ({allowed}), "
+                             f"not {self.sync!r}, whose next cycle starts from the barrier's model")
+        if not self.combine_messages:
+            raise ValueError("overlap_push needs combine_messages: the push's reply must bring the model")
 
     @property
     def barrier_sync(self) -> bool:

@@ -203,6 +203,8 @@ class PushUpdate(BaseModel):
     # header.model_version (the PULL_MODEL that would follow), the gate-skipped cycles since
     # the agent's last message come along (each a REPORT_STATS before), and so may its stats.
     pull: StrictBool = False
+    # The dtype the model comes back in (run config pull_dtype).
+    pull_dtype: Literal["float32", "float16", "bfloat16"] = "float32"
     cycles: Annotated[list[CycleReport], Field(max_length=MAX_CYCLES_PER_MESSAGE)] | None = None
     stats: ReportStats | None = None
 

@@ -170,7 +170,7 @@ def make(kind: str, config: RunConfig, name: str | None = None, **context: Any) 
     return cls.from_config(config, **context)
 
 
-def _quoted(items: Iterable[str]) -> str:
+def quoted_names(items: Iterable[str]) -> str:
     return " or ".join(repr(i) for i in items)
 
 
@@ -198,7 +198,7 @@ def check_compatible(config: RunConfig) -> None:
         cls = policies[kind]
         for capability, reason in cls.requires.items():
             if capability not in offered:
-                text = reason.format(sync=repr(sync), providers=_quoted(providers(capability, "sync")))
+                text = reason.format(sync=repr(sync), providers=quoted_names(providers(capability, "sync")))
                 raise ValueError(f"{kind} {cls.name!r} {text}")
     for cls in policies.values():
         cls.check_params(config)

@@ -125,7 +125,7 @@ class Handlers:
         e.count_carried("pull_model")
         if h.model_version == e.state.version:
             return self.reply(MsgType.PUSH_REPLY, worker, h.seq, {**reply, "model": "unchanged"})
-        return await self._model_reply(MsgType.PUSH_REPLY, worker, h, "float32", {**reply, "model": "included"})
+        return await self._model_reply(MsgType.PUSH_REPLY, worker, h, body.pull_dtype, {**reply, "model": "included"})
 
     async def on_pull(self, worker: WorkerRecord, msg: Message) -> list:
         e, h = self.e, msg.header
