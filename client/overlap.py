@@ -13,8 +13,9 @@ barrier's model):
 1. cycle k ends: push its change (the reply brings the newer model,
    combine_messages) on a socket of its own, in a background thread; keep
    w_pushed, the local model as pushed;
-2. cycle k+1 trains on, from w_pushed;
-3. cycle k+1 ends: take the reply, then rebase
+2. cycle k+1 (and the next ones, while the reply is not in) trains on,
+   from w_pushed;
+3. the first cycle that ends with the reply in: take it, then rebase
    w_local <- w_server + (w_local - w_pushed), so that the next push
    carries exactly cycle k+1's progress against the model it is now based
    on. A rejected push whose reply brings no newer model leaves w_local as

@@ -101,8 +101,8 @@ class PushPull:
         """Push and pull if the gate says so. True when the server says stop."""
         agent, job, session, st = self.agent, self.job, self.session, self.agent.stats
         trainer = job.trainer
-        # overlap_push: the last cycle's push is answered by now (or we wait); rebase on its model first,
-        # so that the gate judges, and the next push carries, this cycle's progress on the newer model.
+        # overlap_push: once the push in flight is answered, rebase on its model first, so that the gate
+        # judges, and the next push carries, the progress since that push on the newer model.
         if self.overlap is not None and self.overlap.pending:
             if not self.overlap.answered:
                 # Not back yet: train on rather than wait; this cycle's progress goes with the next push.

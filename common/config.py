@@ -197,9 +197,10 @@ class RunConfig(BaseModel):
         "sizes every cycle on request, as the papers do.")
     overlap_push: bool = Field(
         default=False, description="Under an asynchronous sync policy, a parameter-server agent pushes cycle k's "
-        "change (and receives the newer model) in the background while it trains cycle k+1, then rebases: its "
-        "model becomes the server's plus what it learned meanwhile (DaSGD's delayed averaging). The exchange hides "
-        "behind a cycle of training; updates are one cycle staler. Needs combine_messages.")
+        "change (and receives the newer model) in the background and trains on; at the end of the first cycle "
+        "with the reply in it rebases: its model becomes the server's plus what it learned since the push "
+        "(DaSGD's delayed averaging). One push in flight at a time; the exchange hides behind training, and "
+        "updates are staler by the cycles it takes. Needs combine_messages.")
 
     @model_validator(mode="before")
     @classmethod
