@@ -124,13 +124,15 @@ TOOLS = {
     "hermes-deploy": "hermes.deploy.ssh_cli",
     "hermes-bench": "hermes.deploy.bench.cli",
 }
+# Where a tool's build_parser lives when it is not the module ``-m`` runs.
+PARSER_MODULES = {"hermes-testbed": "hermes.deploy.testbed_cli"}
 
 
 @pytest.mark.parametrize("tool", sorted(TOOLS))
 def test_every_tool_has_version_and_twins(tool: str) -> None:
     r = subprocess.run([sys.executable, "-m", TOOLS[tool], "--version"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == f"{tool} {package_version()}", (r.stdout, r.stderr)
-    module = __import__(TOOLS[tool], fromlist=["build_parser"])
+    module = __import__(PARSER_MODULES.get(tool, TOOLS[tool]), fromlist=["build_parser"])
     parsers = [module.build_parser()]
     subs = [a for a in parsers[0]._actions if isinstance(a, argparse._SubParsersAction)]
     parsers += [s for a in subs for s in a.choices.values()]
@@ -144,9 +146,9 @@ def test_every_tool_has_version_and_twins(tool: str) -> None:
 
 
 def test_tool_prefixes() -> None:
-    from hermes.deploy import ssh_cli, testbed
+    from hermes.deploy import ssh_cli, testbed_cli
 
-    tb = testbed.build_parser()
+    tb = testbed_cli.build_parser()
     assert "[HERMES_TESTBED_THREADS]" in tb.format_help() and "[HERMES_TESTBED_TENSORBOARD]" in tb.format_help()
     assert "HERMES_TESTBED_LIST_PRESETS" not in tb.format_help()
     deploy = ssh_cli.build_parser()
@@ -157,8 +159,9 @@ def test_tool_prefixes() -> None:
 
 def test_testbed_passes_tensorboard_to_the_server(tmp_path, monkeypatch) -> None:
     from hermes.deploy import testbed
+    from hermes.deploy.testbed_cli import build_parser
 
-    args = testbed.build_parser().parse_args(["--out", str(tmp_path / "run"), "--tensorboard", "tb"])
+    args = build_parser().parse_args(["--out", str(tmp_path / "run"), "--tensorboard", "tb"])
     bed = testbed.Testbed(args)
     seen: list[list[str]] = []
     monkeypatch.setattr(testbed, "wait_healthy", lambda *a, **k: None)
@@ -168,7 +171,7 @@ def test_testbed_passes_tensorboard_to_the_server(tmp_path, monkeypatch) -> None
     bed.start_server()
     cmd = seen[0]
     assert cmd[cmd.index("--tensorboard") + 1] == str(tmp_path / "tb")
-    args = testbed.build_parser().parse_args(["--out", str(tmp_path / "run2")])
+    args = build_parser().parse_args(["--out", str(tmp_path / "run2")])
     bed = testbed.Testbed(args)
     monkeypatch.setattr(bed, "_spawn", lambda name, cmd, info, env=None: seen.append(cmd) or
                         testbed.Proc(name, None, tmp_path / "log", info))  # type: ignore[arg-type]

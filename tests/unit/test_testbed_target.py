@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from hermes.deploy import testbed
-from hermes.deploy.testbed import build_parser
+from hermes.deploy.testbed_cli import build_parser
 
 
 def _bed(tmp_path, *args: str) -> testbed.Testbed:
