@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from hermes.common.cli_env import HermesParser
-from hermes.deploy import rollout
+from hermes.deploy import rollout, rollout_agent, rollout_install
 from hermes.deploy.inventory import InventoryError, load_inventory
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -131,7 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
                                     "host into DEST/HOST/..., e.g. a run's output folder or a final "
                                     "checkpoint. Missing paths are skipped; a host where none exists fails.")
     fe.add_argument("--path", dest="paths", action="append", default=None, metavar="PATH",
-                    help=f"repeatable (default: {', '.join(rollout.DEFAULT_FETCH_PATHS)})")
+                    help=f"repeatable (default: {', '.join(rollout_agent.DEFAULT_FETCH_PATHS)})")
     fe.add_argument("--dest", type=Path, default=Path("deploy-fetch"), help="local folder (default ./deploy-fetch)")
     return p
 
@@ -224,44 +224,44 @@ class _Usage(Exception):
 def _action(args: argparse.Namespace, extra: list[str], hosts: Any, cleanup: list[str]) -> rollout.HostAction:
     cmd = args.command
     if cmd == "check":
-        return rollout.check
+        return rollout_install.check
     if cmd == "install":
         wheel = args.wheel
         if wheel is None:
-            source = args.source or rollout.find_source_tree()
+            source = args.source or rollout_install.find_source_tree()
             if source is None or not (source / "pyproject.toml").is_file():
                 raise _Usage("no project checkout to build the wheel from: pass --wheel PATH or --source DIR")
             out = tempfile.mkdtemp(prefix="hermes-deploy-")
             cleanup.append(out)
             try:
-                wheel = rollout.build_wheel(source, Path(out))
+                wheel = rollout_install.build_wheel(source, Path(out))
             except (RuntimeError, OSError) as exc:
                 raise _Usage(str(exc)) from None
             print(f"built {wheel.name} from {source}", file=sys.stderr)
         elif not wheel.is_file() or not wheel.name.endswith(".whl"):
             raise _Usage(f"--wheel {wheel}: not a wheel file")
-        io = rollout.InstallOptions(wheel=wheel.resolve(), deps=args.deps,
-                                    system_site_packages=args.system_site_packages,
-                                    recreate_venv=args.recreate_venv)
-        return lambda h, s: rollout.install(h, s, io)
+        io = rollout_install.InstallOptions(wheel=wheel.resolve(), deps=args.deps,
+                                            system_site_packages=args.system_site_packages,
+                                            recreate_venv=args.recreate_venv)
+        return lambda h, s: rollout_install.install(h, s, io)
     if cmd == "start":
         problem = _client_args_error(extra)
         if problem:
             raise _Usage(problem)
         if args.server is None and any(h.server is None for h in hosts):
             raise _Usage("no server URL: pass --server URL or set 'server' in the inventory")
-        so = rollout.StartOptions(server=args.server, client_args=tuple(extra), max_cycles=args.max_cycles,
-                                  restart=args.restart)
-        return lambda h, s: rollout.start(h, s, so)
+        so = rollout_agent.StartOptions(server=args.server, client_args=tuple(extra), max_cycles=args.max_cycles,
+                                        restart=args.restart)
+        return lambda h, s: rollout_agent.start(h, s, so)
     if cmd == "status":
-        return rollout.status
+        return rollout_agent.status
     if cmd == "stop":
-        return lambda h, s: rollout.stop(h, s, grace=args.grace)
+        return lambda h, s: rollout_agent.stop(h, s, grace=args.grace)
     if cmd == "logs":
-        return lambda h, s: rollout.logs(h, s, dest=args.dest, previous=args.previous)
+        return lambda h, s: rollout_agent.logs(h, s, dest=args.dest, previous=args.previous)
     if cmd == "fetch":
-        paths = tuple(args.paths or rollout.DEFAULT_FETCH_PATHS)
-        return lambda h, s: rollout.fetch(h, s, dest=args.dest, paths=paths)
+        paths = tuple(args.paths or rollout_agent.DEFAULT_FETCH_PATHS)
+        return lambda h, s: rollout_agent.fetch(h, s, dest=args.dest, paths=paths)
     raise _Usage(f"unknown command {cmd}")
 
 

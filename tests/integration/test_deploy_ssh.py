@@ -33,7 +33,7 @@ import pytest
 
 paramiko = pytest.importorskip("paramiko", reason="paramiko is not installed (pip install -e '.[dev]')")
 
-from hermes.deploy import rollout, ssh_cli
+from hermes.deploy import rollout, rollout_install, ssh_cli
 from hermes.deploy.inventory import load_inventory
 from tests.conftest import JOIN_TOKEN, free_ports
 
@@ -209,7 +209,7 @@ def test_cli_script_check_and_failures_do_not_block(sshd, tmp_path) -> None:
     assert wall < 20, wall
     results = {}
     inventory = load_inventory(inv)
-    results = {r.host: r for r in rollout.run_on_hosts(inventory.hosts[:3], rollout.check,
+    results = {r.host: r for r in rollout.run_on_hosts(inventory.hosts[:3], rollout_install.check,
                                                        rollout.Options(known_hosts=inventory.known_hosts))}
     assert results["good"].ok and results["good"].details["python"] == ".".join(map(str, sys.version_info[:3]))
     assert results["wrong-key"].error_kind == "auth"
@@ -225,7 +225,7 @@ def test_per_host_deadline_never_blocks(sshd, tmp_path) -> None:
             {"name": "hung", "port": silent_port, "connect_timeout": 60},
         ]))
         t0 = time.monotonic()
-        results = rollout.run_on_hosts(inv.hosts, rollout.check,
+        results = rollout.run_on_hosts(inv.hosts, rollout_install.check,
                                        rollout.Options(known_hosts=inv.known_hosts, timeout=2.0))
         wall = time.monotonic() - t0
     finally:
@@ -286,7 +286,7 @@ def test_roll_out_trains_on_the_device(sshd, server_factory, tmp_path, capsys, m
     ])
 
     # No --wheel: hermes-deploy builds one from this checkout (a copy of it: the tree is not written to).
-    assert rollout.find_source_tree() is not None, "the tests run from a checkout"
+    assert rollout_install.find_source_tree() is not None, "the tests run from a checkout"
     rc, out, _ = deploy(capsys, "install", "-i", inv)
     assert rc == 1, out  # edge-down fails, edge-1 does not wait for it
     assert " ok " in row(out, "edge-1") and "installed hermes-edge 0.1.0" in row(out, "edge-1"), out

@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("paramiko", reason="paramiko is not installed (pip install -e '.[dev]')")
 
-from hermes.deploy import rollout, ssh_cli
+from hermes.deploy import rollout, rollout_agent, ssh_cli
 from hermes.deploy.inventory import InventoryError, load_inventory, parse_inventory
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -103,8 +103,8 @@ def test_example_inventory_is_valid() -> None:
 def test_agent_command_line() -> None:
     inv = parse_inventory({"hosts": [{"name": "j1", "host": "h", "threads": 4, "device": "cuda",
                                       "client_args": ["--slowdown", "2"]}]})
-    argv = rollout.agent_argv(inv.hosts[0], rollout.StartOptions(server="http://s:8000", client_args=("--log-level", "debug"),
-                                                                  max_cycles=5))
+    opts = rollout_agent.StartOptions(server="http://s:8000", client_args=("--log-level", "debug"), max_cycles=5)
+    argv = rollout_agent.agent_argv(inv.hosts[0], opts)
     assert argv == ["venv/bin/hermes-client", "--server", "http://s:8000", "--name", "j1", "--no-progress",
                     "--threads", "4", "--device", "cuda", "--slowdown", "2", "--log-level", "debug",
                     "--max-cycles", "5"]
@@ -113,7 +113,7 @@ def test_agent_command_line() -> None:
 
     build_parser().parse_args(argv[1:])
     with pytest.raises(rollout.CommandFailed, match="no server URL"):
-        rollout.agent_argv(inv.hosts[0], rollout.StartOptions())
+        rollout_agent.agent_argv(inv.hosts[0], rollout_agent.StartOptions())
 
 
 def test_remote_paths() -> None:
