@@ -38,6 +38,7 @@ from hermes.client.prefetch import StopSignal, Work
 from hermes.client.session import finite_or_none
 from hermes.client.trainer import CycleResult, GradHook
 from hermes.client.transport import DataClient, RemoteError, ServerUnreachable, StopRequested
+from hermes.common.messages import IN_FLIGHT
 from hermes.common.policies import base as registry
 from hermes.common.wire import Message, MsgType
 
@@ -106,7 +107,7 @@ class PushPull:
         if self.overlap is not None and self.overlap.pending:
             if not self.overlap.answered:
                 # Not back yet: train on rather than wait; this cycle's progress goes with the next push.
-                agent.note_skipped_cycle(job, session, cycle_record(work, result, pushed=False) | {"decision": "in-flight"})
+                agent.note_skipped_cycle(job, session, cycle_record(work, result, pushed=False) | {"decision": IN_FLIGHT})
                 return False
             if self._settle():
                 return True

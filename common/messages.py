@@ -41,6 +41,8 @@ MAX_SHARDS_PER_FETCH = 256
 # The most gate-skipped cycle records one PUSH_UPDATE or REQUEST_WORK may carry
 # (combine_messages); an agent with more pending sends the newest ones.
 MAX_CYCLES_PER_MESSAGE = 64
+# A cycle's decision when it ended with the agent's push still in flight (overlap_push): not gated, not pushed.
+IN_FLIGHT = "in-flight"
 # The most assignments one REQUEST_WORK may ask for.
 MAX_ASSIGNMENTS_PER_REQUEST = 16
 

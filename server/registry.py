@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hermes.common.clock import SYSTEM_CLOCK, Clock
+from hermes.common.messages import IN_FLIGHT
 from hermes.common.wire import ErrorCode, ProtocolError
 from hermes.server.auth import new_secret
 
@@ -29,7 +30,7 @@ class NameInUse(Exception):
 
 # Counted by the server itself (data plane, per reported cycle): a checkpoint keeps them.
 SERVER_COUNTERS = ("pushes", "applied", "rejected", "pulls", "messages", "server_bytes_in", "server_bytes_out",
-                   "cycles", "gate_pushes", "gate_skips")
+                   "cycles", "gate_pushes", "gate_skips", "in_flight_cycles")
 
 
 @dataclass
@@ -81,6 +82,8 @@ class WorkerRecord:
     cycles: int = 0
     gate_pushes: int = 0
     gate_skips: int = 0
+    # overlap_push: cycles that ended with the worker's push still in flight (the gate was not asked).
+    in_flight_cycles: int = 0
     last_cycle_seconds: float = 0.0
     # (elapsed, dss, mbs, compute seconds, z, pushed): bounded, see CYCLE_LOG.
     cycle_log: list[tuple] = field(default_factory=list)
@@ -111,7 +114,9 @@ class WorkerRecord:
     def record_cycle(self, elapsed: float, cycle: dict[str, Any]) -> None:
         self.cycles += 1
         self.last_cycle_seconds = cycle["compute_seconds"]
-        if cycle["decision"] != "always":
+        if cycle["decision"] == IN_FLIGHT:
+            self.in_flight_cycles += 1
+        elif cycle["decision"] != "always":
             if cycle["pushed"]:
                 self.gate_pushes += 1
             else:
@@ -177,6 +182,7 @@ class WorkerRecord:
             "wi": round(self.worker_independence, 4),
             "gate_pushes": self.gate_pushes,
             "gate_skips": self.gate_skips,
+            "in_flight_cycles": self.in_flight_cycles,
             "dss": self.workload_history[-1][1] if self.workload_history else None,
             "mbs": self.workload_history[-1][2] if self.workload_history else None,
             "accumulation": self.accumulation,

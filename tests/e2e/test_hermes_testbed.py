@@ -4,6 +4,7 @@ the gate's and the sizer's figures are coherent, and the fastest worker is given
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -49,3 +50,20 @@ def test_hermes_hl8_reaches_target(tmp_path: Path) -> None:
         f"no resize of the fastest worker {fastest['id']} above DSS {base_dss}; resizes: "
         f"{[e for e in events if e['event'] == 'resize']}"
     )
+
+
+def test_hermes_fast_hl8_overlaps_its_pushes_and_reaches_target(tmp_path: Path) -> None:
+    out = tmp_path / "run-hermes-fast"
+    _, s = run_testbed(out, "--profile", "hl8", "--preset", "hermes-fast", "--target-accuracy", "0.9")
+    assert s["reached_target"] is True and s["best_accuracy"] >= 0.9
+    config = s["config"]
+    assert config["overlap_push"] is True and config["momentum"] == 0.9 and config["loss"]["reference"] == "pull"
+    for w in s["workers"]:
+        assert w["exit_code"] == 0, w
+        # Every cycle was judged by the gate or ended with the worker's push still in flight.
+        assert w["gate_pushes"] + w["gate_skips"] + w["in_flight_cycles"] == w["cycles"], w
+        # One push per cycle the gate passed (the last may be refused at the stop, or not sent).
+        assert w["pushes"] >= 1 and abs(w["pushes"] - w["gate_pushes"]) <= 1, w
+        log = (out / w["log"]).read_text(errors="replace")
+        m = re.search(r"overlapped exchanges: ([0-9.]+)s in flight", log)
+        assert m is not None and float(m.group(1)) > 0 and "Traceback" not in log, log[-2000:]
