@@ -65,6 +65,7 @@ def build_summary(a: argparse.Namespace, srv: dict[str, Any], *, outcome: str, w
             "wi": w.get("wi"),
             "gate_pushes": w.get("gate_pushes", 0),
             "gate_skips": w.get("gate_skips", 0),
+            "in_flight_cycles": w.get("in_flight_cycles", 0),
             "dss": w.get("dss"),
             "mbs": w.get("mbs"),
             "accumulation": w.get("accumulation", 1),

@@ -177,16 +177,25 @@ class Speedup:
     n: int = 0
 
 
+def speed_key(baseline: Group, g: Group) -> str:
+    """The time a speed-up compares: training time from the workers' join (``train s``, issue 17's
+    measure: the DDP peer's clock starts there too, after its ranks' start-up), where both sides
+    have it; results written before it was recorded fall back to time to target."""
+    key = "train_seconds_to_target"
+    return key if baseline.metrics.get(key) is not None and g.metrics.get(key) is not None else "seconds_to_target"
+
+
 def speedup(baseline: Group, g: Group) -> Speedup:
     if g.ok == 0:
         return Speedup("no-runs")
-    base = baseline.metrics.get("seconds_to_target")
-    mine = g.metrics.get("seconds_to_target")
-    if mine is None:
+    if g.metrics.get("seconds_to_target") is None:
         return Speedup("missed")
-    if base is None:
+    if baseline.metrics.get("seconds_to_target") is None:
         return Speedup("baseline-missed")
-    ratios = [base.median / m["seconds_to_target"] for m in g.per_run if m["seconds_to_target"]]
+    key = speed_key(baseline, g)
+    base, mine = baseline.metrics[key], g.metrics[key]
+    assert base is not None and mine is not None  # speed_key picks a key both have
+    ratios = [base.median / m[key] for m in g.per_run if m[key]]
     return Speedup("ok", base.median / mine.median, min(ratios), max(ratios), len(ratios))
 
 

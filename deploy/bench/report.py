@@ -16,6 +16,7 @@ from hermes.deploy.bench.aggregate import (
     Speedup,
     Spread,
     groups,
+    speed_key,
     speedups,
     suite_cells,
     worker_cycle_stats,
@@ -103,10 +104,13 @@ def render_report(results: dict[str, Any]) -> str:
                 "(`--repeats 3`) before quoting any figure."]
     out += ["", "Cells read `median [min–max]` over the repeats that produced the figure. *Time to target* counts "
             "from agent launch to the evaluation that reached the target; *train s* from the first agent's join "
-            "(agent start-up excluded); both only over runs that reached the target (see *reached*)."]
+            "(agent start-up excluded); both only over runs that reached the target (see *reached*). The `ddp` "
+            "peer's clock starts after every rank joined and leaves its evaluations out: both its columns are "
+            "its *train s*."]
     if baseline:
-        out += ["*Speed-up* = the median time to target of "
-                f"`{baseline}` / the variant's median; the range divides `{baseline}`'s median by each repeat's time."]
+        out += ["*Speed-up* = the median *train s* of "
+                f"`{baseline}` / the variant's median (every side timed from its workers' join); the range divides "
+                f"`{baseline}`'s median by each repeat's time."]
     out += ["*Iterations* = local training cycles over all workers; *messages* = every request a worker sent, "
             "data plane and control plane (register, heartbeat, leave, regroup: the papers' API calls; with "
             "combine_messages a push answers the pull), *push+pull* = the model exchange requests alone; *WI* = worker independence, local "
@@ -201,7 +205,8 @@ def render_report(results: dict[str, Any]) -> str:
 
 
 def _statement(label: str, g: Group, sp: Speedup, base: Group, baseline: str, target: float | None) -> str:
-    t = g.metrics.get("seconds_to_target")
+    key = speed_key(base, g)
+    t = g.metrics.get(key)
     if sp.status == "missed":
         return (f"`{label}` did not reach {target:g} accuracy in any of its {g.ok} runs "
                 f"(best {fmt_spread(g.metrics.get('best_accuracy'), 3)}): no speed-up to state.")
@@ -209,12 +214,13 @@ def _statement(label: str, g: Group, sp: Speedup, base: Group, baseline: str, ta
         return f"`{baseline}` never reached the target, so `{label}` has no speed-up over it."
     if sp.status != "ok" or t is None:
         return f"`{label}`: no finished runs."
-    bt = base.metrics["seconds_to_target"]
+    bt = base.metrics[key]
+    what = "training time" if key == "train_seconds_to_target" else "time"
     spread_txt = f" (range {sp.min:.2f}–{sp.max:.2f}× over {sp.n} repeats)" if sp.n > 1 else " (one run: no spread)"
     partial = f"; only {g.reached} of {g.ok} runs reached the target" if g.reached < g.ok else ""
     base_partial = f", {base.reached}/{base.ok} reached" if base.reached < base.ok else ""
     return (f"`{label}`: {sp.median:.2f}× the speed of `{baseline}` to {target:g} accuracy{spread_txt}: "
-            f"{fmt(t.median, 1)} s vs {fmt(bt.median, 1)} s median{base_partial}{partial}.")
+            f"{fmt(t.median, 1)} s vs {fmt(bt.median, 1)} s median {what}{base_partial}{partial}.")
 
 
 def _values(xs: list[Any]) -> str:
