@@ -190,7 +190,10 @@ def test_cli_script_check_and_failures_do_not_block(sshd, tmp_path) -> None:
             {"name": "refused", "port": free_ports(1)[0]},
             {"name": "silent", "port": silent_port, "connect_timeout": 3},
         ])
-        script = shutil.which("hermes-deploy")
+        # The script of the interpreter running the tests: another hermes-deploy earlier on PATH
+        # may belong to another installation (seen: a stale editable install of a deleted checkout).
+        beside = Path(sys.executable).parent / "hermes-deploy"
+        script = str(beside) if beside.exists() else shutil.which("hermes-deploy")
         cmd = [script] if script else [sys.executable, "-m", "hermes.deploy.ssh_cli"]
         t0 = time.monotonic()
         r = subprocess.run([*cmd, "check", "-i", str(inv)], capture_output=True, text=True, timeout=60)
