@@ -38,6 +38,7 @@ from hermes.common.policies.allocation.task_allocation import AdaptiveParams
 from hermes.common.policies.base import UnknownPolicy
 from hermes.common.policies.federated import FedAsyncParams, FedBuffParams
 from hermes.common.policies.gate import GateParams
+from hermes.common.policies.robust import RobustParams
 from hermes.common.policies.sync import AsyncParams, EbspParams, SspParams
 from hermes.common.policies.topology import CollectiveParams
 from hermes.common.presets import DEFAULT_PRESET, PRESET_SOURCES, PRESETS
@@ -86,10 +87,13 @@ class RunConfig(BaseModel):
     # ---- policy names (one per kind; their parameters are the sections below)
     sync: str = Field(default="asp", description="Sync policy: hermes (gated async), asp, bsp, ssp, ebsp, "
                                                      "fedbuff (buffered async).")
-    aggregation: Literal["mean", "samples", "loss", "power", "fedasync", "fedbuff"] = Field(
+    aggregation: Literal["mean", "samples", "loss", "power", "fedasync", "fedbuff", "median", "trimmed-mean",
+                         "krum"] = Field(
         default="mean", description="How a step's updates count: mean, samples (OmniLearn Eq. 4b), loss (Hermes "
                                     "Alg. 2), power (EDP-SGD), fedasync (staleness-weighted mixing, Xie et al. "
-                                    "2019) or fedbuff (buffered mean with a server lr, Nguyen et al. 2022).")
+                                    "2019), fedbuff (buffered mean with a server lr, Nguyen et al. 2022), or, "
+                                    "robust under a barrier, median / trimmed-mean (coordinate-wise, Yin et al. "
+                                    "2018) and krum (Krum / Multi-Krum, Blanchard et al. 2017).")
     lr_scaling: Literal["none", "batch-scaled"] = Field(
         default="none", description="'batch-scaled': eta_k = eta * b_k / sum(b) for asynchronous pushes (OmniLearn Eq. 5b).")
     topology: Literal["ps", "collective"] = Field(
@@ -111,6 +115,7 @@ class RunConfig(BaseModel):
     loss: LossParams = _section(LossParams, "aggregation 'loss'")
     fedasync: FedAsyncParams = _section(FedAsyncParams, "aggregation 'fedasync'")
     fedbuff: FedBuffParams = _section(FedBuffParams, "sync and aggregation 'fedbuff'")
+    robust: RobustParams = _section(RobustParams, "aggregations 'median', 'trimmed-mean', 'krum'")
     batch_bounds: BatchBounds = _section(BatchBounds, "allocations 'static', 'pcontrol', 'partition'")
     rebalance: RebalanceParams = _section(RebalanceParams, "allocations 'pcontrol', 'adaptive', 'dual-search'")
     pcontrol: PControlParams = _section(PControlParams, "allocation 'pcontrol'")

@@ -47,7 +47,8 @@ _BUILTIN_MODULES: dict[str, tuple[str, ...]] = {
     # ebsp.py imports sync.py, so importing sync.py alone (as the config does, for its params) misses ebsp.
     "sync": ("hermes.common.policies.sync", "hermes.common.policies.ebsp", "hermes.common.policies.federated"),
     "gate": ("hermes.common.policies.gate",),
-    "aggregation": ("hermes.common.policies.aggregation", "hermes.common.policies.federated"),
+    "aggregation": ("hermes.common.policies.aggregation", "hermes.common.policies.federated",
+                    "hermes.common.policies.robust"),
     "lr_scaling": ("hermes.common.policies.lr_scaling",),
     "allocation": tuple(f"hermes.common.policies.allocation.{m}" for m in (
         "uniform", "static", "pcontrol", "task_allocation", "dynamic_partitioning", "hermes_sizing")),

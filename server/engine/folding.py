@@ -11,7 +11,7 @@ import time
 from typing import TYPE_CHECKING
 
 from hermes.server.engine.offload import offload, payload_bytes
-from hermes.server.engine.policies import Contribution
+from hermes.server.engine.policies import Contribution, RobustStep
 
 if TYPE_CHECKING:
     from hermes.server.engine.core import Engine
@@ -22,21 +22,23 @@ async def fold(self: Engine, group: list[Contribution]) -> None:
     t0 = time.perf_counter()
     rule = self.policies.aggregation
     weights, extra = await rule.weigh(group, self)
-    if rule.op == "blend":
+    nbytes = sum(payload_bytes(u.payload) for u in group)
+    op, terms = rule.op, [(u.payload, w) for u, w in zip(group, weights)]
+    if isinstance(rule, RobustStep) and rule.op == "combine":
+        # Median / trimmed mean: the step is one delta, applied and journaled as such.
+        op, terms = "apply", [(await offload(nbytes, rule.combined, group), 1.0)]
+    if op == "blend":
         version = await asyncio.to_thread(self.state.blend, group[0].payload, weights[0])
     else:
-        version = await offload(
-            sum(payload_bytes(u.payload) for u in group),
-            self.state.apply, [(u.payload, w) for u, w in zip(group, weights)],
-        )
+        version = await offload(nbytes, self.state.apply, terms)
     while self.state.rollbacks:
         bad, restored = self.state.rollbacks.pop(0)
         self.telemetry.emit("model_restored", bad_version=bad, restored=restored, version=version,
                             workers=[u.info.worker_id for u in group])
     if self.checkpoints is not None:
         # Journaled before any reply goes out: what is acknowledged survives a crash.
-        await asyncio.to_thread(self.checkpoints.record_fold, version, rule.op,
-                                [u.payload for u in group], weights)
+        await asyncio.to_thread(self.checkpoints.record_fold, version, op,
+                                [p for p, _ in terms], [w for _, w in terms])
     self.metrics.apply_seconds.observe(time.perf_counter() - t0)
     for u in group:
         rec = self.registry.get(u.info.worker_id)

@@ -17,12 +17,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import torch
+
 from hermes.common.aggregation import loss_blend_weight, power_weights
 from hermes.common.allocation import Allocator, make_allocator
 from hermes.common.config import RunConfig
 from hermes.common.policies import base as registry
 from hermes.common.policies.aggregation import DeltaRule
 from hermes.common.policies.lr_scaling import LrScaling
+from hermes.common.policies.robust import Krum, RobustRule
 from hermes.common.sync import PushInfo, SyncStrategy
 from hermes.common.task import Task
 from hermes.common.tensors import ModelSpec
@@ -56,8 +59,9 @@ class FoldContext(Protocol):
 class Aggregation(Protocol):
     # The rule scores each update's candidate model before it is folded (Hermes Alg. 2).
     needs_candidate_loss: bool
-    # How the model state folds the weights: "apply" (w += sum_k lambda_k G_k) or
-    # "blend" (w <- (1 - a) w + a (w0 + G), one update); also the journal's op.
+    # How the model state folds the weights: "apply" (w += sum_k lambda_k G_k), "blend"
+    # (w <- (1 - a) w + a (w0 + G), one update; both also the journal's op) or "combine" (the
+    # rule's combined() delta is applied with weight 1, journaled as "apply").
     op: str
     # The global model's probe loss, where the rule has a probe (screening bounds first candidates by it).
     reference_loss: Callable[[], float] | None
@@ -185,6 +189,41 @@ class StalenessWeights(_ApplyRule):
         return self.rule.weights([c.info.staleness for c in group]), {}
 
 
+def stack_updates(group: Sequence[Contribution]) -> torch.Tensor:
+    """The group's deltas as rows of one fp32 matrix (half-precision ones widened)."""
+    stack = torch.empty((len(group), group[0].payload.numel), dtype=torch.float32)
+    for row, update in zip(stack, group):
+        for off, piece in update.payload.fp32_pieces():
+            row[off:off + piece.numel()] = piece
+        update.payload.release_widened()
+    return stack
+
+
+class RobustStep(_ApplyRule):
+    """The robust rules (common/policies/robust.py): median and trimmed mean combine the step's
+    updates coordinate by coordinate into one delta (``op`` "combine"); Krum answers weights that
+    keep the m chosen updates (mean over them) and drop the others."""
+
+    def __init__(self, rule: RobustRule) -> None:
+        self.rule = rule
+        self.op = "apply" if isinstance(rule, Krum) else "combine"
+
+    async def weigh(self, group: Sequence[Contribution], ctx: FoldContext) -> tuple[list[float], dict[str, Any]]:
+        if not isinstance(self.rule, Krum):
+            # Every update counts alike; the step itself is combined() below.
+            return [1.0 / len(group)] * len(group), {"combined": self.rule.name}
+        stack = await asyncio.to_thread(stack_updates, group)
+        chosen, scores = self.rule.select(stack)
+        weights = [1.0 / len(chosen) if i in chosen else 0.0 for i in range(len(group))]
+        return weights, {"krum_scores": [round(s, 6) for s in scores]}
+
+    def combined(self, group: Sequence[Contribution]) -> Payload:
+        """The step as one fp32 delta (median / trimmed mean of the group)."""
+        assert not isinstance(self.rule, Krum)
+        flat = self.rule.combine(stack_updates(group))
+        return Payload(torch.float32, (flat,), group[0].payload.shapes)
+
+
 class LearningRate(Protocol):
     def rate(self, step_batch: int, cluster_batch: Callable[[], int]) -> float:
         """The lr for a worker stepping on ``step_batch`` samples; ``cluster_batch()`` sums the active workers'."""
@@ -236,6 +275,8 @@ def build_policies(
         aggregation = StalenessMix(registry.make("aggregation", config))
     elif rule.weighs_by_staleness:
         aggregation = StalenessWeights(registry.make("aggregation", config))
+    elif issubclass(rule, RobustRule):
+        aggregation = RobustStep(registry.make("aggregation", config))
     elif rule.needs_compute_power:
         # Allocators that measure compute power (partition) answer it; the others leave it to throughput.
         aggregation = PowerWeights(getattr(allocator, "power", lambda _w: None))
