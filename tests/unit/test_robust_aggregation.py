@@ -53,7 +53,7 @@ def test_robust_rules_run_under_a_barrier_and_are_refused_without_one(rule):
     assert build_config("bsp", aggregation=rule).aggregation == rule
     assert build_config("ebsp", aggregation=rule).aggregation == rule
     with pytest.raises(ValueError, match=f"aggregation '{rule}' combines the updates of one synchronous step.*"
-                                         "not 'asp'"):
+                                         "'asp' folds one update at a time.*needs sync 'bsp' or 'ebsp'"):
         build_config("asp", aggregation=rule)
 
 
@@ -75,17 +75,18 @@ def _barrier_step(rule: str, values: list[float], **overrides) -> torch.Tensor:
     return engine.state.snapshot()[1] - before
 
 
-@pytest.mark.parametrize(("rule", "expected"), [
-    ("mean", (0.1 + 0.2 + 0.3 + 50.0) / 4),  # the poisoned update moves the mean step 40x
-    ("median", (0.2 + 0.3) / 2),
-    ("trimmed-mean", (0.2 + 0.3) / 2),
-    ("krum", 0.1),  # f = 1, m = 1: 0.1, 0.2 and 0.3 score alike, the earliest is kept
+# Krum with f = 0 scores each update by its K - 2 = 2 closest others: 0.2's (0.01 + 0.04 per
+# parameter) is uniquely the lowest (with one neighbour the closest pair would tie).
+STEP = [0.1, 0.2, 0.4, 50.0]
+
+
+@pytest.mark.parametrize(("rule", "overrides", "expected"), [
+    ("mean", {}, sum(STEP) / 4),  # the poisoned update moves the mean step 40x
+    ("median", {}, (0.2 + 0.4) / 2),
+    ("trimmed-mean", {}, (0.2 + 0.4) / 2),
+    ("krum", {"robust.byzantine": 0}, 0.2),
+    ("krum", {"robust.byzantine": 0, "robust.keep": 3}, (0.1 + 0.2 + 0.4) / 3),  # Multi-Krum
 ])
-def test_one_poisoned_update_cannot_steer_a_robust_barrier_step(rule, expected):
-    step = _barrier_step(rule, [0.1, 0.2, 0.3, 50.0])
+def test_one_poisoned_update_cannot_steer_a_robust_barrier_step(rule, overrides, expected):
+    step = _barrier_step(rule, STEP, **overrides)
     assert torch.allclose(step, torch.full_like(step, expected), atol=1e-5), (rule, step[:3])
-
-
-def test_multi_krum_averages_the_m_best_updates():
-    step = _barrier_step("krum", [0.1, 0.2, 0.3, 50.0], **{"robust.keep": 3})
-    assert torch.allclose(step, torch.full_like(step, 0.2), atol=1e-5)
