@@ -116,7 +116,7 @@ def test_model_dump_round_trips():
         ({"cycle_samples": -4}, "cycle_samples"),
         ({"shard_size": 0}, "shard_size"),
         ({"eval_interval_seconds": 0}, "eval_interval_seconds"),
-        ({"aggregation": "median"}, "aggregation"),
+        ({"aggregation": "geomedian"}, "aggregation"),
         ({"precision": "fp8"}, "precision"),
         ({"wire_dtype": "int8"}, "wire_dtype"),
         ({"sync": "xyz"}, "sync"),
