@@ -68,6 +68,8 @@ class AgentStats:
     pulls: int = 0
     last_loss: float = float("nan")
     gate_skips: int = 0
+    # zscore.resync_factor: times the local model diverged and the global one was taken again.
+    resyncs: int = 0
     # All-reduce bytes of the collective generations already closed.
     collective_bytes: int = 0
 

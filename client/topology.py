@@ -123,6 +123,13 @@ class PushPull:
                 # Keep training the local model on fresh data; tell the server how long the
                 # cycle took (its straggler detector needs every cycle, not only pushed ones).
                 agent.note_skipped_cycle(job, session, cycle)
+                if decision.resync:
+                    # zscore.resync_factor: the local model diverged; its progress is not worth keeping.
+                    log.info("validation loss %.4g after %d silent cycles: the local model diverged, taking the "
+                             "global model again", val_loss, decision.silent_cycles + 1)
+                    session.pull(trainer, st, force=True)
+                    trainer.reset_state()
+                    st.resyncs += 1
                 return False
         reference = agent.baseline if job.from_baseline else session.base
         assert reference is not None, "a session pulls the model before its first cycle"

@@ -24,12 +24,14 @@ PRESETS: dict[str, dict[str, Any]] = {
     # worker's last pull, added by the Eq. 5-6 share instead of blended as a whole model
     # (a convex blend moves the model at most as far as one worker); local SGD momentum 0.9
     # (Table I: plain SGD, the same lr 0.1); the push and its reply overlap the next cycle
-    # (overlap_push). mnist1d HL8 (2026-11-26): since-pull deltas took 3.4-4x fewer samples
-    # to target than the paper's blend, momentum another 1.1-1.9x. The paper's configuration
-    # is the preset 'hermes'.
+    # (overlap_push); a worker whose local model diverged while the gate held its pushes takes
+    # the global model again (zscore.resync_factor). mnist1d HL8 (2026-11-26): since-pull deltas
+    # took 3.4-4x fewer samples to target than the paper's blend, momentum another 1.1-1.9x.
+    # The paper's configuration is the preset 'hermes'.
     "hermes-fast": {
         "sync": "hermes", "aggregation": "loss", "gate": "zscore", "allocation": "dual-search",
         "momentum": 0.9, "lr": 0.1, "assignments_per_request": 4, "loss.reference": "pull", "overlap_push": True,
+        "zscore.resync_factor": 4.0,
     },
     # Local momentum on top of asynchronous, stale updates diverged on the
     # testbed (digits, HL4: accuracy back to chance within 10 s); plain SGD

@@ -290,3 +290,35 @@ def test_gate_policy_from_registry_uses_the_config_switch():
     gate = make("gate", cfg)
     assert gate.config.relaxation == "paper" and gate.config.alpha == -1.3
     assert get("gate", "zscore").needs_validation_loss and make("gate", build_config("bsp")) is None
+
+
+# ---------------------------------------------------------------------------
+# resync_factor (a deviation; unset is Alg. 1)
+
+
+def test_a_loss_far_above_the_windows_median_says_resync_and_stays_out_of_the_window():
+    config = GateConfig(resync_factor=4.0)
+    gate = gate_with([0.10, 0.20, 0.15], silent=2, config=config)
+    # The window's best is 0.10: 0.4 is 4x it, not above; 0.41 is.
+    at = gate.observe(0.4)
+    assert (at.push, at.resync, at.reason) == (False, False, "above_threshold")
+    gate = gate_with([0.10, 0.20, 0.15], silent=2, config=config)
+    d = gate.observe(0.41)
+    assert (d.push, d.resync, d.reason, d.z) == (False, True, "diverged", None)
+    assert gate.window_losses == (0.10, 0.20, 0.15) and gate.silent_cycles == 3
+    nan = gate.observe(math.nan)
+    assert (nan.resync, nan.reason) == (True, "non_finite")
+
+
+def test_without_resync_factor_a_diverged_loss_is_just_another_skip():
+    gate = gate_with([0.10, 0.20, 0.15])
+    d = gate.observe(2.3)
+    assert (d.push, d.resync, d.reason) == (False, False, "above_threshold")
+    assert gate.window_losses[-1] == 2.3  # Alg. 1 keeps every loss in the window
+    assert gate.observe(math.inf).resync is False
+
+
+@pytest.mark.parametrize("factor", [1.0, 0.5, math.inf, math.nan])
+def test_resync_factor_must_be_a_finite_number_above_one(factor):
+    with pytest.raises(ValueError, match="resync_factor"):
+        GateConfig(resync_factor=factor)

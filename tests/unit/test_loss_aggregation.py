@@ -169,7 +169,8 @@ def test_hermes_fast_differs_from_the_paper_preset_only_by_the_measured_deviatio
 
     paper, fast = build_config(preset="hermes").model_dump(), build_config(preset="hermes-fast").model_dump()
     differ = {k for k in paper if paper[k] != fast[k]}
-    assert differ == {"preset", "momentum", "loss", "overlap_push"}
+    assert differ == {"preset", "momentum", "loss", "overlap_push", "zscore"}
+    assert (paper["zscore"]["resync_factor"], fast["zscore"]["resync_factor"]) == (None, 4.0)
     assert (paper["lr"], paper["momentum"], paper["loss"]["reference"]) == (0.1, 0.0, "baseline")  # Table I, Alg. 2
     assert (paper["overlap_push"], fast["overlap_push"]) == (False, True)
     assert fast["loss"]["reference"] == "pull" and fast["loss"]["server_lr"] == 1.0 and fast["momentum"] == 0.9
