@@ -24,12 +24,15 @@ import logging
 import math
 from typing import TYPE_CHECKING, Any, ClassVar
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from hermes.common.policies.base import Policy, register
 
 if TYPE_CHECKING:
+    # Imported where a rule runs: the run config imports this module for its params, and a
+    # command that only validates a config (or refuses it) should not pay for torch.
+    import torch
+
     from hermes.common.config import RunConfig
 
 log = logging.getLogger(__name__)
@@ -77,6 +80,8 @@ def trimmed_mean(stack: torch.Tensor, beta: float) -> torch.Tensor:
 
 def krum_scores(stack: torch.Tensor, byzantine: int) -> list[float]:
     """Blanchard et al. 2017, Sec. 4: each update's summed squared distance to its K - f - 2 closest others."""
+    import torch
+
     k = stack.shape[0]
     if k == 1:
         return [0.0]
@@ -134,11 +139,14 @@ class TrimmedMean(RobustRule):
 class Krum(RobustRule):
     """Krum / Multi-Krum (Blanchard et al. 2017): the mean of the m updates closest to their neighbours."""
 
+    _said_small = False
+
     def select(self, stack: torch.Tensor) -> tuple[list[int], list[float]]:
         """(chosen indices, every update's score)."""
         k, f = stack.shape[0], self.params.byzantine
-        if k < 2 * f + 3:
-            log.info("krum: %d updates in this step, fewer than 2f + 3 = %d: the Byzantine guarantee does not hold",
-                     k, 2 * f + 3)
+        if k < 2 * f + 3 and not self._said_small:
+            self._said_small = True  # once a run: every step of a small cluster would say it again
+            log.warning("krum: %d updates in a step, fewer than 2f + 3 = %d: Krum's Byzantine guarantee does not "
+                        "hold for this cluster", k, 2 * f + 3)
         scores = krum_scores(stack, f)
         return krum_select(scores, min(self.params.keep, k)), scores
