@@ -59,8 +59,10 @@ class OverlappedPush:
         self._pool: ThreadPoolExecutor | None = None
         self._inflight: Future[Message] | None = None
         self._pushed: torch.Tensor | None = None
-        # Seconds from each push's send to its reply: what overlapping hides (less the agent's waits).
+        # Seconds from each push's send to its reply: what overlapping hides (less the agent's waits);
+        # and seconds the agent waited in take() for a reply not yet in.
         self.exchange_seconds = 0.0
+        self.waited_seconds = 0.0
 
     @property
     def pending(self) -> bool:
@@ -95,7 +97,10 @@ class OverlappedPush:
         if inflight is None or pushed is None:
             raise RuntimeError("no push in flight")
         self._inflight = self._pushed = None
-        return inflight.result(), pushed
+        t0 = time.perf_counter()
+        reply = inflight.result()
+        self.waited_seconds += time.perf_counter() - t0
+        return reply, pushed
 
     def close(self) -> None:
         """Wait for the thread (a cancelled or failed request ends it) and close the socket."""

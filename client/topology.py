@@ -60,7 +60,6 @@ class PushPull:
         # (an older one) cannot bring the model back in the push's reply.
         self.overlap = (OverlappedPush(session.data_client)
                         if job.config.overlap_push and session.outbox is not None else None)
-        self.overlap_waited = 0.0
 
     def train(self) -> None:
         if self.overlap is None:
@@ -71,7 +70,8 @@ class PushPull:
             if self.overlap.pending:
                 self._settle()  # the last push counts; its reply may say stop, the loop is over anyway
         finally:
-            log.info("overlapped exchanges: %.2fs in flight, %.2fs waited for", self.overlap.exchange_seconds, self.overlap_waited)
+            log.info("overlapped exchanges: %.2fs in flight, %.2fs waited for", self.overlap.exchange_seconds,
+                     self.overlap.waited_seconds)
             self.overlap.close()
 
     def start_cycle(self) -> bool:
@@ -161,10 +161,9 @@ class PushPull:
     def _settle(self) -> bool:
         """Take the overlapped push's reply (waiting for it if need be) and rebase on its model."""
         assert self.overlap is not None
-        t0 = time.perf_counter()
+        waited = self.overlap.waited_seconds
         reply, pushed = self.overlap.take()
-        self.agent.stats.wait_seconds += time.perf_counter() - t0
-        self.overlap_waited += time.perf_counter() - t0
+        self.agent.stats.wait_seconds += self.overlap.waited_seconds - waited
         return self._receive(reply, pushed=pushed)
 
     def _receive(self, reply: Message, pushed: torch.Tensor | None) -> bool:
