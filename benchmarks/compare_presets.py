@@ -13,7 +13,7 @@ and reads ``OUT/P-rS/summary.json``. It prints:
 
 1. one table of the presets side by side (medians, and min-max over repeats
    when there are several): runs that reached the target, seconds to target
-   (from agent launch, as the testbed measures it), "train s" (from the first
+   (from agent launch, as the testbed measures it), "train s" (from the last
    agent's join to the evaluation that reached the target: the same figure
    without the agents' start-up, several seconds on a small machine), wall
    seconds, model updates, data-plane messages (summary ``messages_total``,
@@ -298,7 +298,7 @@ def print_main(presets: list[str], agg: dict[str, dict[str, Any]], repeats: int)
             fmt_spread(a["wi_mean"], 2, repeats), fmt_spread(a["final_accuracy"], 3, repeats),
         ])
     note = " (median [min-max] over repeats)" if repeats > 1 else ""
-    note += ("; s to target from agent launch; train s from the first agent's join (start-up excluded); "
+    note += ("; s to target from agent launch; train s from the last agent's join (start-up excluded); "
              "messages = all data-plane requests (summary messages_total); push+pull = model exchange only")
     print_table(
         f"Presets side by side{note}",

@@ -20,7 +20,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from hermes.deploy.bench.aggregate import ok_runs, suite_cells  # noqa: E402
+from hermes.deploy.bench.aggregate import ok_runs, suite_cells, train_origin  # noqa: E402
 
 
 def _cycles(summary: dict[str, Any]) -> list[tuple[float, int]]:
@@ -74,7 +74,7 @@ def has_samples(results: dict[str, Any]) -> bool:
 
 
 def loss_vs_time(results: dict[str, Any]) -> Figure | None:
-    """Test loss of every repeat against wall time since the first join, one panel per profile."""
+    """Test loss of every repeat against wall time since the last join, one panel per profile."""
     if not has_loss(results):
         return None
     runs, profiles, colors = ok_runs(results), suite_cells(results["suite"]), _colors(results)
@@ -83,7 +83,7 @@ def loss_vs_time(results: dict[str, Any]) -> Figure | None:
     for ax, profile in zip(axes[0], profiles):
         seen: set[str] = set()
         for r in (r for r in runs if r["profile"] == profile):
-            origin = float((r.get("events") or {}).get("first_join_elapsed") or 0.0)
+            origin = train_origin(r)
             pts = [(max(0.0, e["elapsed"] - origin), e["loss"]) for e in r["summary"].get("accuracy_timeline") or []
                    if e.get("elapsed") is not None and _finite(e.get("loss"))]
             if not pts:

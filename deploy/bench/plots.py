@@ -27,6 +27,7 @@ from hermes.deploy.bench.aggregate import (  # noqa: E402
     natural_key,
     ok_runs,
     suite_cells,
+    train_origin,
     worker_cycle_stats,
 )
 from hermes.deploy.bench.curves import accuracy_vs_samples, has_loss, has_samples, loss_vs_time  # noqa: E402
@@ -46,8 +47,8 @@ def _labels(results: dict[str, Any]) -> list[str]:
 
 
 def _timeline_origin(rec: dict[str, Any]) -> float:
-    # Timelines start at the first agent's join (server clock), the origin of "train s".
-    return float((rec.get("events") or {}).get("first_join_elapsed") or 0.0)
+    # Timelines start at the last agent's join (server clock), the origin of "train s".
+    return train_origin(rec)
 
 
 def accuracy_vs_time(results: dict[str, Any]) -> Figure | None:
@@ -65,7 +66,7 @@ def accuracy_vs_time(results: dict[str, Any]) -> Figure | None:
                 continue
             tl = r["summary"].get("accuracy_timeline") or []
             origin = _timeline_origin(r)
-            # Evaluations before the first join score the initial model: draw them at 0.
+            # Evaluations before the last join score the initial model: draw them at 0.
             xs = [max(0.0, e["elapsed"] - origin) for e in tl if e.get("elapsed") is not None]
             ys = [e["accuracy"] for e in tl if e.get("elapsed") is not None]
             label = r["variant"] if r["variant"] not in seen else None

@@ -103,7 +103,7 @@ def render_report(results: dict[str, Any]) -> str:
         out += ["", f"> {suite['repeats']} repeat(s) per variant: too few for claims. Use at least 3 "
                 "(`--repeats 3`) before quoting any figure."]
     out += ["", "Cells read `median [min–max]` over the repeats that produced the figure. *Time to target* counts "
-            "from agent launch to the evaluation that reached the target; *train s* from the first agent's join "
+            "from agent launch to the evaluation that reached the target; *train s* from the last agent's join "
             "(agent start-up excluded); both only over runs that reached the target (see *reached*). The `ddp` "
             "peer's clock starts after every rank joined and leaves its evaluations out: both its columns are "
             "its *train s*."]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import statistics
 
 import pytest
@@ -9,10 +10,12 @@ from bench_fixture import TIMES, make_results
 
 from hermes.deploy.bench.aggregate import (
     cycle_seconds,
+    event_figures,
     groups,
     run_metrics,
     speedups,
     spread,
+    train_origin,
     worker_cycle_stats,
 )
 
@@ -60,7 +63,7 @@ def test_groups_take_medians_and_ranges_over_repeats():
 
 
 def test_speedup_is_baseline_median_over_variant_median_of_training_time_with_per_repeat_range():
-    # The fixture's training time (from the first join) is its time to target less 2 s of start-up.
+    # The fixture's training time (from the last join) is its time to target less 2 s of start-up.
     sus = speedups(make_results())
     bsp_median = statistics.median(TIMES["bsp"]) - 2.0  # 10
     h = sus[("hl8", "hermes")]
@@ -112,3 +115,27 @@ def test_worker_cycle_seconds_pool_repeats_per_worker():
     assert statistics.median(w3["cycle_seconds"]) > statistics.median(stats[3]["cycle_seconds"])
     w = res["runs"][0]["summary"]["workers"][0]
     assert cycle_seconds(w) == [row[3] for row in w["cycle_log"]]
+
+
+def test_training_time_runs_from_the_last_agents_first_join_to_the_evaluation_that_reached_the_target(tmp_path):
+    # Issue 17's "seconds of training": from the last agent's join. A rejoin (w0001 restarted at 109)
+    # does not move the start; the evaluation that reached the target (not the later event) ends it.
+    events = [
+        {"ts": 100.0, "event": "testbed_start"},
+        {"ts": 101.0, "event": "evaluation", "elapsed": 1.0, "version": 0, "accuracy": 0.1},
+        {"ts": 103.0, "event": "join", "worker": "w0001"},
+        {"ts": 104.5, "event": "join", "worker": "w0002"},
+        {"ts": 105.0, "event": "update_applied"},
+        {"ts": 109.0, "event": "join", "worker": "w0001", "rejoined": True},
+        {"ts": 112.0, "event": "evaluation", "elapsed": 12.0, "version": 9, "accuracy": 0.93},
+        {"ts": 112.4, "event": "target_reached", "version": 9, "accuracy": 0.93},
+    ]
+    log = tmp_path / "events.jsonl"
+    log.write_text("".join(json.dumps(e) + "\n" for e in events))
+    ev = event_figures(log)
+    assert ev["train_seconds_to_target"] == pytest.approx(112.0 - 104.5)
+    assert ev["train_start_elapsed"] == pytest.approx(4.5) and ev["first_join_elapsed"] == pytest.approx(3.0)
+    assert ev["first_update_after_join"] == pytest.approx(2.0)
+    assert train_origin({"events": ev}) == pytest.approx(4.5)
+    # Results written before train_start_elapsed existed start their timelines at the first join.
+    assert train_origin({"events": {"first_join_elapsed": 3.0}}) == 3.0 and train_origin({}) == 0.0
