@@ -17,7 +17,6 @@ import secrets
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -27,6 +26,7 @@ from hermes.client.collective import settle_abandoned
 from hermes.client.cores import UsableCores, usable_cores
 from hermes.client.local_data import LocalSet
 from hermes.client.memory_probe import available_memory_bytes, memory_profile
+from hermes.client.options import AgentOptions
 from hermes.client.preflight import data_plane_problem
 from hermes.client.session import AgentStats, Job, Session
 from hermes.client.shard_fetch import ShardFetcher, ShardStats, records_to_tensors
@@ -51,52 +51,6 @@ from hermes.common.wire import ErrorCode
 __all__ = ["Agent", "AgentOptions", "AgentStats", "DataPlaneUnreachable", "NameTaken"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class AgentOptions:
-    server: str
-    name: str
-    # Torch intra-op threads; None: the cores this process may use (client/cores.py).
-    # The library default stays 1: in-process agents (tests) share one process.
-    threads: int | None = 1
-    slowdown: float = 1.0
-    device: str = "auto"
-    request_timeout: float = 30.0
-    connect_retries: int = 8
-    progress: bool = True
-    max_cycles: int | None = None
-    # (seconds since start, slowdown) steps: a device whose speed changes mid-run.
-    slowdown_schedule: tuple[tuple[float, float], ...] = ()
-    # Unix time the schedule's seconds count from (the testbed passes one
-    # origin to every agent so their phases line up); None: the agent's start.
-    schedule_origin: float | None = None
-    # Kafka bootstrap address to use instead of the one the server names
-    # (the broker may be reachable under another name from this device).
-    kafka_bootstrap: str | None = None
-    # Compute capacity this device declares (cores, or FLOPs): the static
-    # allocation policy's c_k (OmniLearn Eq. 4a). None: the server decides.
-    cores: float | None = None
-    # Security: the operator's join token; TLS for the control plane.
-    join_token: str | None = field(default=None, repr=False)
-    ssl_ca_certfile: str | None = None
-    ssl_certfile: str | None = None
-    ssl_keyfile: str | None = None
-    # Registrations after the first (server restarted, or it marked us lost) before giving up.
-    max_rejoins: int = 100
-    # Seconds to prove at the first registration that the advertised data plane answers
-    # (client/preflight.py); 0 skips the check.
-    data_plane_check_timeout: float = 3.0
-    # The task: a reference (MODULE:ATTR, FILE.py:ATTR, an installed name) or a Task object
-    # (in-process runs); None: the reference in the server's run config.
-    task: str | Task | None = None
-
-    def slowdown_at(self, elapsed: float) -> float:
-        factor = self.slowdown
-        for at, step_factor in self.slowdown_schedule:
-            if elapsed >= at:
-                factor = step_factor
-        return factor
 
 
 def _detail(message: str) -> str:

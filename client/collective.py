@@ -38,7 +38,8 @@ import torch.distributed as dist
 from pydantic import ValidationError
 from torch import nn
 
-from hermes.common.messages import CollectiveRendezvous, describe
+from hermes.common.control_messages import CollectiveRendezvous
+from hermes.common.messages import describe
 
 log = logging.getLogger(__name__)
 

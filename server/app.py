@@ -26,9 +26,9 @@ from fastapi import Depends, FastAPI, Header, HTTPException, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
+from hermes.common.control_messages import CollectiveRendezvous, RegisterRequest, RegisterResponse, RegroupRequest
 from hermes.common.datasource import SampleSource, check_dtypes
 from hermes.common.kafka_layout import KafkaUnavailable
-from hermes.common.messages import CollectiveRendezvous, RegisterRequest, RegisterResponse, RegroupRequest
 from hermes.common.policies import base as registry
 from hermes.common.signing import now_ms
 from hermes.common.task import Task, as_dataset
