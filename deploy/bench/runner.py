@@ -200,6 +200,23 @@ def collect(spec: RunSpec, suite: Suite, out: Path) -> dict[str, Any]:
     }
 
 
+def refresh_events(out: Path, results: dict[str, Any]) -> int:
+    """Recompute each run's event figures from its ``events.jsonl`` (kept beside ``results.json``), so
+    ``hermes-bench report`` renders older results with today's definitions (issue 17's training time
+    from the last join, since 2026-11-26). In memory only: ``results.json`` stays as it was written.
+    Runs without an event log (the DDP peer, folders moved away) keep their figures. Returns how many changed."""
+    changed = 0
+    for r in results.get("runs", []):
+        log = out / str(r.get("run_dir") or "") / "events.jsonl"
+        if r.get("summary") is None or not r.get("run_dir") or not log.is_file():
+            continue
+        ev = event_figures(log)
+        if ev and ev != r.get("events"):
+            r["events"] = ev
+            changed += 1
+    return changed
+
+
 def write_results(out: Path, suite: Suite, runs: list[dict[str, Any]], started: float,
                   clock: Clock = SYSTEM_CLOCK) -> dict[str, Any]:
     """Write ``results.json``. Its ``written_at`` (the report's stamp) is when these results first

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from bench_fixture import summary
 
-from hermes.deploy.bench.runner import execute, plan
+from hermes.deploy.bench.runner import execute, plan, refresh_events
 from hermes.deploy.bench.suites import (
     SuiteError,
     build_suite,
@@ -161,3 +161,26 @@ def test_the_checked_in_suites_load_and_can_run_here(path):
 
     suite = load_suite(path)
     assert suite.name == path.stem and check_runnable(suite) == []
+
+
+def test_report_times_older_results_again_from_their_event_logs(tmp_path):
+    # A run written when training time counted from the first join; its events.jsonl is still there.
+    run_dir = tmp_path / "runs/hl8/hermes/r0"
+    run_dir.mkdir(parents=True)
+    events = [{"ts": 100.0, "event": "evaluation", "elapsed": 1.0, "version": 0, "accuracy": 0.1},
+              {"ts": 102.0, "event": "join", "worker": "w0001"}, {"ts": 103.0, "event": "join", "worker": "w0002"},
+              {"ts": 110.0, "event": "evaluation", "elapsed": 11.0, "version": 5, "accuracy": 0.95},
+              {"ts": 110.2, "event": "target_reached", "version": 5, "accuracy": 0.95}]
+    (run_dir / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    old = {"train_seconds_to_target": 8.0, "first_join_elapsed": 3.0}
+    results = {"runs": [
+        {"run_dir": "runs/hl8/hermes/r0", "summary": {"reached_target": True}, "events": dict(old)},
+        # The DDP peer writes no event log: its figures stay.
+        {"run_dir": "runs/hl8/ddp/r0", "summary": {"reached_target": True}, "events": {"x": 1}},
+        {"run_dir": "runs/hl8/bsp/r0", "summary": None, "events": {}},
+    ]}
+    assert refresh_events(tmp_path, results) == 1
+    assert results["runs"][0]["events"]["train_seconds_to_target"] == 7.0
+    assert results["runs"][0]["events"]["train_start_elapsed"] == 4.0
+    assert results["runs"][1]["events"] == {"x": 1} and results["runs"][2]["events"] == {}
+    assert refresh_events(tmp_path, results) == 0  # already current
