@@ -1,5 +1,6 @@
 """Robust aggregation on a live server: one BSP step of five real data-plane pushes, one of
-them poisoned, folded by the coordinate-wise median, journaled and served to the next pull."""
+them poisoned, folded by the coordinate-wise median, journaled and served to the next pull;
+after a SIGKILL the journal replays that step bit for bit."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 import torch
 
 from hermes.common.wire import MsgType
+from tests.conftest import running_server
 
 pytestmark = pytest.mark.integration
 
@@ -19,25 +21,21 @@ pytestmark = pytest.mark.integration
 VALUES = (0.001, 0.002, 0.003, 0.010, 5.0)
 
 
-@pytest.mark.parametrize(("rule", "expected"), [("median", 0.003), ("krum", 0.002)])
-def test_a_barrier_step_is_the_robust_rules_not_the_mean(server_factory, rule, expected):
-    server = server_factory("--preset", "bsp", "--checkpoint-interval", "3600",
-                            sets=("eval_interval_seconds=0.5", f"aggregation={rule}", "min_workers=5"),
-                            screening_off_because="the poisoned update must reach the rule: screening would "
-                                                  "refuse it first, and its bounds are tested on their own")
-    workers = [server.register() for _ in VALUES]
-    assert workers[0].run_config["aggregation"] == rule
-    v0, w0 = workers[0].pull()
+SCREENING_OFF = ("the poisoned update must reach the rule: screening would refuse it first, and its bounds are "
+                 "tested on their own")
+
+
+def _one_barrier_step(workers: list, base_version: int) -> None:
+    """Each worker pushes its VALUES entry as a full delta; the barrier holds every reply until all have pushed."""
     replies: list = [None] * len(VALUES)
     errors: list[BaseException] = []
 
     def push(i: int, value: float) -> None:
         try:
-            replies[i] = workers[i].push(torch.full((workers[i].numel,), value), base_version=v0)
+            replies[i] = workers[i].push(torch.full((workers[i].numel,), value), base_version=base_version)
         except BaseException as exc:  # surfaced below
             errors.append(exc)
 
-    # The barrier holds each reply until all five pushed: one step from the five updates.
     threads = [threading.Thread(target=push, args=(i, v)) for i, v in enumerate(VALUES)]
     for t in threads:
         t.start()
@@ -45,6 +43,17 @@ def test_a_barrier_step_is_the_robust_rules_not_the_mean(server_factory, rule, e
         t.join(timeout=60)
     assert not errors, errors
     assert all(r.header.type is MsgType.PUSH_REPLY and r.header.body["status"] == "applied" for r in replies)
+
+
+@pytest.mark.parametrize(("rule", "expected"), [("median", 0.003), ("krum", 0.002)])
+def test_a_barrier_step_is_the_robust_rules_not_the_mean(server_factory, rule, expected):
+    server = server_factory("--preset", "bsp", "--checkpoint-interval", "3600",
+                            sets=("eval_interval_seconds=0.5", f"aggregation={rule}", "min_workers=5"),
+                            screening_off_because=SCREENING_OFF)
+    workers = [server.register() for _ in VALUES]
+    assert workers[0].run_config["aggregation"] == rule
+    v0, w0 = workers[0].pull()
+    _one_barrier_step(workers, v0)
     version, w1 = workers[0].pull()
     assert version == 1
     # The mean would have moved every parameter by 1.0032; the robust step ignores the 5.0.
@@ -56,3 +65,30 @@ def test_a_barrier_step_is_the_robust_rules_not_the_mean(server_factory, rule, e
         assert sorted(step["weights"]) == [0.0, 0.0, 0.0, 0.0, 1.0] and len(step["krum_scores"]) == len(VALUES)
     else:
         assert step["combined"] == "median"
+
+
+@pytest.mark.parametrize("rule", ["median", "trimmed-mean"])
+def test_a_combined_step_survives_sigkill_through_the_journal(tmp_path, rule):
+    # A median / trimmed-mean step is one computed delta, journaled as an apply of it: replaying
+    # the journal must give the acknowledged model bit for bit, not re-run the rule on nothing.
+    ckpt = tmp_path / "ckpt"
+    flags = ("--preset", "bsp", "--checkpoint-dir", str(ckpt), "--checkpoint-interval", "3600")
+    sets = ("eval_interval_seconds=0.5", f"aggregation={rule}", "min_workers=5")
+    with running_server(tmp_path / "first", *flags, sets=sets, screening_off_because=SCREENING_OFF,
+                        check_exit=False) as first:
+        workers = [first.register(f"w{i}") for i in range(len(VALUES))]
+        v0, w0 = workers[0].pull()
+        _one_barrier_step(workers, v0)
+        acked_version, acked = workers[0].pull()
+        assert acked_version == 1 and not torch.equal(acked, w0)
+        ports = (first.port, first.data_port)
+        first.proc.kill()  # no shutdown checkpoint: the step survives only in the journal
+        first.proc.wait(timeout=10)
+    assert json.loads((ckpt / "checkpoint.json").read_text())["version"] == 0
+    with running_server(tmp_path / "second", "--resume", str(ckpt), *flags[:2], sets=sets,
+                        screening_off_because=SCREENING_OFF, ports=ports) as second:
+        resumed = second.get_json("/v1/status")["resumed_from"]
+        resumed.pop("downtime_seconds")
+        assert resumed == {"checkpoint_version": 0, "replayed_updates": 1, "version": 1}
+        version, model = second.register("w0").pull()
+        assert version == acked_version and torch.equal(model, acked)
