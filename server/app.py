@@ -67,6 +67,7 @@ def create_app(settings: ServerSettings | None = None, task: Task | None = None)
     # Once per process: hermes-server did it already; under uvicorn --factory this is the first call.
     configure_logging(settings.log_level)
     config = settings.run_config()
+    creds = Credentials(settings)  # checks the tokens (before the task's data is loaded); writes nothing yet
     task = resolve_task(task if task is not None else config.task, config)
     check_task(task, config, role="server")
     if task.local_data is not None and (why := local_data_refusal(config)) is not None:
@@ -75,7 +76,6 @@ def create_app(settings: ServerSettings | None = None, task: Task | None = None)
     if task.train_data is not None:
         # A dtype shard records cannot carry (complex, object): one line at start-up, not at the first fetch.
         check_dtypes(SampleSource(as_dataset(task.train_data), f"task {task.name}: train_data"))
-    creds = Credentials(settings)  # checks the tokens; writes nothing yet
     if settings.out_dir:
         # Before the admin token is written into it: another run's outputs are refused, or replaced.
         prepare_out_dir(settings.out_dir, resume=settings.resume, overwrite=settings.overwrite)

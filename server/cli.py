@@ -264,6 +264,11 @@ def serve(settings: Any) -> int:
     configure_logging(settings.log_level)
     try:
         config = settings.run_config()  # a typo'd key is named here, with the key it was probably meant to be
+        # The tokens before the task: a missing join token is refused in ~3 s (imports), not after
+        # the task's data set is loaded and checked (~8 s for the default digits, 2026-11-26).
+        from hermes.server.credentials import Credentials
+
+        Credentials(settings)
         default_out = settings.out_dir is None
         if default_out:
             settings = settings.model_copy(update={"out_dir": str(default_out_dir(config.preset))})
