@@ -98,6 +98,7 @@ def test_without_regrouping_a_dead_agent_fails_the_group_fast_and_the_testbed_re
         assert "a peer died or timed out" in log, log[-2000:]
 
 
+@pytest.mark.slow  # 19 s; tests/integration/test_collective_regroup.py regroups a killed rank's survivors exactly
 def test_survivors_of_a_killed_agent_regroup_and_reach_the_target(tmp_path: Path) -> None:
     out = tmp_path / "regroup"
     # Killed once rank 0 sent its first copy (v1): the group trains; the target is far enough
