@@ -60,11 +60,12 @@ def event_figures(path: Path) -> dict[str, Any]:
     counts: dict[str, int] = {}
     for e in events:
         counts[e.get("event", "?")] = counts.get(e.get("event", "?"), 0) + 1
-    joins = [e["ts"] for e in events if e.get("event") == "join"]
+    # Each worker's first join (a rejoin after a restart is not a start); the earliest of them is the first join.
     first_joins: dict[Any, float] = {}
     for e in events:
         if e.get("event") == "join":
             first_joins.setdefault(e.get("worker"), e["ts"])
+    joins = list(first_joins.values())
     applied = [e["ts"] for e in events if e.get("event") == "update_applied"]
     reached = next((e for e in events if e.get("event") == "target_reached"), None)
     start = next((e["ts"] for e in events if e.get("event") == "testbed_start"), None)
@@ -76,14 +77,14 @@ def event_figures(path: Path) -> dict[str, Any]:
         out["first_join_after_start"] = round(min(joins) - start, 3)
     if joins and origin is not None:
         out["first_join_elapsed"] = round(min(joins) - origin, 3)
-        out["train_start_elapsed"] = round(max(first_joins.values()) - origin, 3)
+        out["train_start_elapsed"] = round(max(joins) - origin, 3)
     if joins and applied:
         out["first_update_after_join"] = round(min(applied) - min(joins), 3)
     if reached is not None and joins:
         # The evaluation that reached the target (seconds_to_target ends there too), else when the testbed saw it.
         ev = next((e for e in events if e.get("event") == "evaluation" and e.get("version") == reached.get("version")
                    and e.get("accuracy") == reached.get("accuracy")), reached)
-        out["train_seconds_to_target"] = round(ev["ts"] - max(first_joins.values()), 3)
+        out["train_seconds_to_target"] = round(ev["ts"] - max(joins), 3)
     return out
 
 

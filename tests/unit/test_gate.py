@@ -296,7 +296,7 @@ def test_gate_policy_from_registry_uses_the_config_switch():
 # resync_factor (a deviation; unset is Alg. 1)
 
 
-def test_a_loss_far_above_the_windows_median_says_resync_and_stays_out_of_the_window():
+def test_a_loss_far_above_the_windows_best_says_resync_and_stays_out_of_the_window():
     config = GateConfig(resync_factor=4.0)
     gate = gate_with([0.10, 0.20, 0.15], silent=2, config=config)
     # The window's best is 0.10: 0.4 is 4x it, not above; 0.41 is.
