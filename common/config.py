@@ -41,7 +41,7 @@ from hermes.common.policies.gate import GateParams
 from hermes.common.policies.robust import RobustParams
 from hermes.common.policies.sync import AsyncParams, EbspParams, SspParams
 from hermes.common.policies.topology import CollectiveParams
-from hermes.common.presets import DEFAULT_PRESET, PRESET_SOURCES, PRESETS
+from hermes.common.presets import DEFAULT_PRESET, PRESET_SOURCES, PRESETS, unknown_preset
 
 __all__ = ["PRESETS", "PRESET_SOURCES", "DEFAULT_PRESET", "POLICY_FIELDS",
            "ConfigError", "RunConfig", "build_config", "load_config_file", "preset_policies", "SECTIONS"]
@@ -334,7 +334,7 @@ def build_config(preset: str | None = None, **overrides: Any) -> RunConfig:
     """Preset defaults, then overrides; ConfigError names every bad field."""
     name = preset or overrides.pop("preset", None) or DEFAULT_PRESET
     if name not in PRESETS:
-        raise ConfigError(f"preset: unknown preset {name!r}; known: {sorted(PRESETS)}")
+        raise ConfigError(f"preset: {unknown_preset(name)}")
     problems: list[str] = []
     spelled: dict[str, str] = {}
     # Normalised here (not only in RunConfig) so that an override's section merges with the preset's

@@ -116,10 +116,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from hermes.common.config import DEFAULT_PRESET, PRESETS
+    from hermes.common.presets import unknown_preset
 
     args.preset = args.preset or DEFAULT_PRESET
     if args.preset not in PRESETS:
-        print(f"hermes-testbed: unknown preset {args.preset!r}; known: {sorted(PRESETS)}", file=sys.stderr)
+        print(f"hermes-testbed: {unknown_preset(args.preset)}", file=sys.stderr)
         return 2
     if args.clients < 1:
         print("hermes-testbed: --clients must be >= 1", file=sys.stderr)

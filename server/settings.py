@@ -10,13 +10,13 @@ settings, its ports and its output folder before it loads the engine.
 
 from __future__ import annotations
 
-import difflib
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from hermes.common.config import PRESETS, SECTIONS, RunConfig, build_config, load_config_file
+from hermes.common.presets import unknown_preset
 from hermes.server.screening_params import ScreeningSettings
 
 # = hermes.common.wire.DEFAULT_MAX_MESSAGE_BYTES, not imported from there: the wire imports torch
@@ -129,9 +129,7 @@ class ServerSettings(BaseSettings):
     @classmethod
     def _preset(cls, v: str | None) -> str | None:
         if v is not None and v not in PRESETS:
-            close = difflib.get_close_matches(v, list(PRESETS), n=1, cutoff=0.5)
-            hint = f"did you mean {close[0]!r}?" if close else f"known: {', '.join(sorted(PRESETS))}"
-            raise ValueError(f"unknown preset {v!r}; {hint}")
+            raise ValueError(unknown_preset(v))
         return v
 
     @field_validator("kafka_bootstrap")
