@@ -12,27 +12,27 @@ from typing import Any
 DEFAULT_PRESET = "hermes"
 
 PRESETS: dict[str, dict[str, Any]] = {
-    # Hermes with four measured deviations (docs/papers.md): pushes are the change since the
+    # Hermes (paper 004, Sec. IV): gated async pushes, loss-weighted
+    # aggregation, IQR straggler detection + dual binary search. Table I: CNN
+    # trained with plain SGD, w=10, alpha=-1.3, beta=0.1, lambda=5. Four assignments per
+    # work request (a deviation, docs/papers.md): the gate skips ~3 of 4 cycles, so one
+    # request per cycle was most of the run's messages (mnist1d HL8, 2026-11-26).
+    "hermes": {
+        "sync": "hermes", "aggregation": "loss", "gate": "zscore", "allocation": "dual-search",
+        "momentum": 0.0, "lr": 0.1, "assignments_per_request": 4,
+    },
+    # Hermes with three measured deviations (docs/papers.md): pushes are the change since the
     # worker's last pull, added by the Eq. 5-6 share instead of blended as a whole model
     # (a convex blend moves the model at most as far as one worker); local SGD momentum 0.9
     # (Table I: plain SGD, the same lr 0.1); the push and its reply overlap the next cycle
     # (overlap_push); a worker whose local model diverged while the gate held its pushes takes
     # the global model again (zscore.resync_factor). mnist1d HL8 (2026-11-26): since-pull deltas
     # took 3.4-4x fewer samples to target than the paper's blend, momentum another 1.1-1.9x.
-    # The default preset (named 'hermes-fast' until 2026-11-26); the paper's configuration is 'hermes-paper'.
-    "hermes": {
+    # The paper's configuration is the preset 'hermes'.
+    "hermes-fast": {
         "sync": "hermes", "aggregation": "loss", "gate": "zscore", "allocation": "dual-search",
         "momentum": 0.9, "lr": 0.1, "assignments_per_request": 4, "loss.reference": "pull", "overlap_push": True,
         "zscore.resync_factor": 4.0,
-    },
-    # Hermes as published (paper 004, Sec. IV; the preset 'hermes' until 2026-11-26): gated async
-    # pushes, loss-weighted aggregation, IQR straggler detection + dual binary search. Table I: CNN
-    # trained with plain SGD, w=10, alpha=-1.3, beta=0.1, lambda=5. Four assignments per
-    # work request (a deviation, docs/papers.md): the gate skips ~3 of 4 cycles, so one
-    # request per cycle was most of the run's messages (mnist1d HL8, 2026-11-26).
-    "hermes-paper": {
-        "sync": "hermes", "aggregation": "loss", "gate": "zscore", "allocation": "dual-search",
-        "momentum": 0.0, "lr": 0.1, "assignments_per_request": 4,
     },
     # Local momentum on top of asynchronous, stale updates diverged on the
     # testbed (digits, HL4: accuracy back to chance within 10 s); plain SGD
@@ -93,9 +93,9 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 PRESET_SOURCES: dict[str, str] = {
-    "hermes": "Hermes with since-pull deltas added by the loss share, local momentum and overlapped pushes "
-              "(measured deviations from the paper)",
-    "hermes-paper": "Hermes (When Less is More) as published: gated pushes, loss-weighted blend, dual binary search",
+    "hermes": "Hermes (When Less is More): gated pushes, loss-weighted blend, dual binary search",
+    "hermes-fast": "Hermes with since-pull deltas added by the loss share, local momentum and overlapped pushes "
+                   "(measured deviations)",
     "asp": "asynchronous parallel baseline",
     "bsp": "bulk-synchronous baseline, uniform batches",
     "ssp": "stale-synchronous parallel baseline (bounded staleness)",
@@ -111,16 +111,9 @@ PRESET_SOURCES: dict[str, str] = {
     "fedbuff": "FedBuff (Nguyen et al. 2022): K buffered deltas per step, server lr, staleness scaling",
 }
 
-# Old names a config file or script may still carry: refused with the new name, not run under it
-# (a report's labels would otherwise name one bundle two ways).
-RENAMED_PRESETS: dict[str, str] = {"hermes-fast": "hermes"}
-
 
 def unknown_preset(name: str) -> str:
-    """The one-line reason ``name`` is not a preset: renamed, a likely typo, or the known names."""
-    if name in RENAMED_PRESETS:
-        return (f"preset {name!r} is now called {RENAMED_PRESETS[name]!r} (renamed 2026-11-26; "
-                f"the paper's configuration is 'hermes-paper')")
+    """The one-line reason ``name`` is not a preset: a likely typo, or the known names."""
     close = difflib.get_close_matches(name, list(PRESETS), n=1, cutoff=0.5)
     hint = f"did you mean {close[0]!r}?" if close else f"known: {', '.join(sorted(PRESETS))}"
     return f"unknown preset {name!r}; {hint}"

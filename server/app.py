@@ -39,7 +39,7 @@ from hermes.server.checkpoint import Checkpointer
 from hermes.server.console import Progress, configure_logging, quiet_access_log
 from hermes.server.coordinator import GroupRunning, RegroupRefused
 from hermes.server.credentials import Credentials
-from hermes.server.dashboard import History, build_router
+from hermes.server.dashboard import build_router, watch_run
 from hermes.server.dataplane import DataPlane
 from hermes.server.done import exit_when_done
 from hermes.server.engine import Engine
@@ -52,7 +52,6 @@ from hermes.server.metrics import CONTENT_TYPE, ServerMetrics
 from hermes.server.outdir import prepare_out_dir
 from hermes.server.registry import NameInUse, RegistryFull
 from hermes.server.settings import ServerSettings, server_version
-from hermes.server.tensorboard import TensorBoardSink
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +105,7 @@ def create_app(settings: ServerSettings | None = None, task: Task | None = None)
         )
         if settings.exit_when_done:
             engine.on_stop.append(lambda reason: exit_when_done(app, engine, reason))
-        app.state.history, tensorboard = _watch(engine, settings)
+        app.state.history, tensorboard = watch_run(engine, settings)
         checkpoints = None
         if settings.checkpoint_dir:
             checkpoints = Checkpointer(engine, settings.checkpoint_dir, interval=settings.checkpoint_interval_seconds,
@@ -379,27 +378,3 @@ def _task_mismatch(engine: Engine, name: str | None, fingerprint: str | None) ->
     return (f"task mismatch: this server trains task {spec.task!r} (fingerprint {spec.fingerprint}); "
             f"the agent has task {name!r} (fingerprint {fingerprint}): start it with the server's --task")
 
-
-def _watch(engine: Engine, settings: ServerSettings) -> tuple[History, TensorBoardSink | None]:
-    """The readers of the run's facts besides the log and the metrics: /v1/history and TensorBoard."""
-    def name_of(worker_id: str) -> str:
-        rec = engine.registry.get(worker_id)
-        return rec.name if rec is not None else worker_id
-
-    history = History(name_of)
-    engine.telemetry.subscribe(history)
-    sink = None
-    if settings.tensorboard_dir:
-        def totals() -> tuple[int, int, int]:
-            workers = engine.registry.all()
-            return (sum(engine.message_counts.values()), sum(w.server_bytes_in for w in workers),
-                    sum(w.server_bytes_out for w in workers))
-
-        try:
-            sink = TensorBoardSink(settings.tensorboard_dir, name_of=name_of, totals=totals)
-        except OSError as exc:  # hermes-server checks first; the uvicorn factory path meets it here
-            log.error("cannot start: tensorboard_dir %s: %s", settings.tensorboard_dir, exc)
-            engine.events.close()
-            raise
-        engine.telemetry.subscribe(sink)
-    return history, sink

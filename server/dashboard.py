@@ -21,7 +21,7 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.openapi.docs import get_swagger_ui_html
@@ -29,6 +29,11 @@ from fastapi.responses import FileResponse, HTMLResponse
 
 from hermes.server.engine.telemetry import Fields
 from hermes.server.limits import errors
+from hermes.server.tensorboard import TensorBoardSink
+
+if TYPE_CHECKING:
+    from hermes.server.engine import Engine
+    from hermes.server.settings import ServerSettings
 
 log = logging.getLogger(__name__)
 
@@ -156,3 +161,28 @@ def build_router(readable: Callable[..., Any], openapi_url: str = "/openapi.json
                                    swagger_favicon_url="/ui/static/favicon.png")
 
     return router
+
+
+def watch_run(engine: Engine, settings: ServerSettings) -> tuple[History, TensorBoardSink | None]:
+    """The readers of the run's facts besides the log and the metrics: /v1/history and TensorBoard."""
+    def name_of(worker_id: str) -> str:
+        rec = engine.registry.get(worker_id)
+        return rec.name if rec is not None else worker_id
+
+    history = History(name_of)
+    engine.telemetry.subscribe(history)
+    sink = None
+    if settings.tensorboard_dir:
+        def totals() -> tuple[int, int, int]:
+            workers = engine.registry.all()
+            return (sum(engine.message_counts.values()), sum(w.server_bytes_in for w in workers),
+                    sum(w.server_bytes_out for w in workers))
+
+        try:
+            sink = TensorBoardSink(settings.tensorboard_dir, name_of=name_of, totals=totals)
+        except OSError as exc:  # hermes-server checks first; the uvicorn factory path meets it here
+            log.error("cannot start: tensorboard_dir %s: %s", settings.tensorboard_dir, exc)
+            engine.events.close()
+            raise
+        engine.telemetry.subscribe(sink)
+    return history, sink

@@ -175,7 +175,7 @@ def _attacked_run(tmp_path: Path, preset: str, *extra: str, honest: int = 2, tar
             after = srv.healthz()["model_version"]
 
             def reached() -> dict[str, Any] | None:
-                # Every honest agent in the run too: the default preset can reach the target
+                # Every honest agent in the run too: a fast run can reach the target
                 # before a slow-starting agent has joined, and the checks below count joins.
                 if not set(names) <= {e["name"] for e in _events(srv, "join")}:
                     return None

@@ -23,7 +23,7 @@ def _cycle(dss: int, mbs: int, seconds: float, pushed: bool, z: float | None = -
 
 @pytest.fixture(scope="module")
 def hermes_server(server_factory):
-    return server_factory("--preset", "hermes-paper", sets=("eval_interval_seconds=0.5", "rebalance_min_observations=2"))
+    return server_factory("--preset", "hermes", sets=("eval_interval_seconds=0.5", "rebalance_min_observations=2"))
 
 
 def test_concurrent_pushes_are_blended_one_at_a_time(hermes_server):
@@ -157,7 +157,7 @@ def test_a_real_hermes_agent_sends_one_work_request_per_k_assignments_and_one_pe
     """combine_messages (the default): the agent's pulls, shard fetches and stats ride on its
     pushes and work requests; the server counts what was carried instead of sent."""
     cycles = 6
-    with running_server(tmp_path / "srv", "--preset", "hermes-paper",
+    with running_server(tmp_path / "srv", "--preset", "hermes",
                         sets=("eval_interval_seconds=0.5", "stats_interval_seconds=0.1", "cycle_samples=64",
                               "shard_size=32")) as srv:
         agent = start_agent(srv.url, "solo", tmp_path / "solo.log", "--max-cycles", str(cycles))
@@ -191,7 +191,7 @@ def test_a_real_hermes_agent_sends_one_work_request_per_k_assignments_and_one_pe
 def test_pull_reference_adds_each_delta_by_its_loss_share(server_factory):
     """loss.reference pull (a deviation): w <- w + server_lr * a * delta, a = T_g / (T_g + T_c)
     with the candidate w + delta; replayed from the logged losses."""
-    srv = server_factory("--preset", "hermes-paper", sets=("loss.reference=pull", "loss.server_lr=1.5",
+    srv = server_factory("--preset", "hermes", sets=("loss.reference=pull", "loss.server_lr=1.5",
                                                       "eval_interval_seconds=0.5"))
     workers = [srv.register() for _ in range(2)]
     _, w0 = workers[0].pull()

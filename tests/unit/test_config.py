@@ -26,21 +26,9 @@ def test_default_preset_is_hermes():
     assert DEFAULT_PRESET == "hermes"
     assert (cfg.preset, cfg.sync, cfg.aggregation, cfg.gate, cfg.allocation) == (
         "hermes", "hermes", "loss", "zscore", "dual-search")
-    # Hermes Table I: w=10, alpha=-1.3, beta=0.1, lambda=5; CNN with SGD at eta=0.1 (momentum 0.9 and
-    # since-pull deltas are the default's measured deviations; 'hermes-paper' runs plain SGD).
+    # Hermes Table I: w=10, alpha=-1.3, beta=0.1, lambda=5; CNN with plain SGD at eta=0.1.
     assert (cfg.zscore.window, cfg.zscore.alpha, cfg.zscore.beta, cfg.zscore.lam) == (10, -1.3, 0.1, 5)
-    assert (cfg.model, cfg.dataset, cfg.lr, cfg.momentum, cfg.batch_size) == ("cnn", "digits", 0.1, 0.9, 32)
-    assert (cfg.loss.reference, cfg.overlap_push) == ("pull", True)
-    paper = build_config("hermes-paper")
-    assert (paper.sync, paper.lr, paper.momentum, paper.loss.reference, paper.overlap_push) == (
-        "hermes", 0.1, 0.0, "baseline", False)
-
-
-def test_the_old_name_of_the_default_preset_is_refused_with_its_new_name():
-    with pytest.raises(ConfigError, match=r"preset 'hermes-fast' is now called 'hermes' .*'hermes-paper'"):
-        build_config("hermes-fast")
-    with pytest.raises(ConfigError, match=r"unknown preset 'hermse'; did you mean 'hermes'\?"):
-        build_config("hermse")
+    assert (cfg.model, cfg.dataset, cfg.lr, cfg.momentum, cfg.batch_size) == ("cnn", "digits", 0.1, 0.0, 32)
 
 
 def test_asp_preset():
@@ -164,11 +152,11 @@ def test_unknown_sync_lists_known():
 def test_unknown_preset():
     with pytest.raises(ConfigError) as ei:
         build_config("hermes-ultra")
-    assert str(ei.value) == "preset: unknown preset 'hermes-ultra'; did you mean 'hermes-paper'?"
+    assert str(ei.value) == "preset: unknown preset 'hermes-ultra'; did you mean 'hermes-fast'?"
     with pytest.raises(ConfigError) as ei:
         build_config("zzz")
     msg = str(ei.value)  # nothing close: every known name
-    assert msg.startswith("preset: unknown preset 'zzz'; known: ") and "asp" in msg and "hermes-paper" in msg
+    assert msg.startswith("preset: unknown preset 'zzz'; known: ") and "asp" in msg and "hermes-fast" in msg
 
 
 def test_max_staleness_refused_with_bsp():
