@@ -46,6 +46,18 @@ JOIN_TOKEN = "test-join-token-" + "0123456789abcdef" * 2
 ADMIN_TOKEN = "test-admin-token-" + "fedcba9876543210" * 2
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Compile the checkout's modules once, before the suite starts its hundreds of server, agent and
+    testbed processes. Under PYTHONDONTWRITEBYTECODE (set on our machines) no process caches bytecode,
+    and each compiled our modules again: importing server, agent and testbed took 3.3-3.7 s without
+    .pyc files and 2.7-2.8 s with them (2026-11-26). Imports read .pyc files whatever that variable
+    says; a file edited later is recompiled as usual."""
+    import compileall
+
+    for folder in ("hermes", "server", "client", "common", "deploy", "examples", "tests"):
+        compileall.compile_dir(REPO_ROOT / folder, quiet=1)
+
+
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.1) -> Any:
     """Poll ``predicate`` until it returns something truthy (returned); AssertionError naming ``what`` on timeout."""
     deadline = time.monotonic() + timeout
