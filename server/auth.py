@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hermes.common.clock import SYSTEM_CLOCK, Clock
+from hermes.common.header import ErrorCode, Header, ProtocolError
 from hermes.common.signing import MAX_SESSION_CHARS
-from hermes.common.wire import ErrorCode, Header, ProtocolError
 
 log = logging.getLogger(__name__)
 

@@ -17,6 +17,7 @@ from hermes.deploy.bench.aggregate import (
     Spread,
     groups,
     speed_key,
+    speedup,
     speedups,
     suite_cells,
     worker_cycle_stats,
@@ -49,9 +50,9 @@ def fmt_spread(sp: Spread | None, nd: int = 2) -> str:
     return f"{fmt(sp.median, nd)} [{fmt(sp.min, nd)}–{fmt(sp.max, nd)}]"
 
 
-def fmt_speedup(sp: Speedup | None, g: Group, baseline: str) -> str:
+def fmt_speedup(sp: Speedup | None, g: Group, baseline: str, role: str = "baseline") -> str:
     if g.label == baseline and sp is not None and sp.status == "ok":
-        return "1.00× (baseline)"
+        return f"1.00× ({role})"
     if sp is None:
         return "-"
     if sp.status == "no-runs":
@@ -79,6 +80,8 @@ def render_report(results: dict[str, Any]) -> str:
     gs = groups(results)
     sus = speedups(results, gs)
     baseline = suite.get("baseline")
+    # The peer (torch DDP), when the suite runs one: Table III's speed-up over it, beside the baseline's.
+    peer = next((v["label"] for v in suite["variants"] if v.get("runner") == "ddp" and v["label"] != baseline), None)
     target = suite.get("target_accuracy")
     ok = sum(1 for r in runs if r.get("status") == "ok")
     out: list[str] = [f"# hermes-bench: {suite['name']}", ""]
@@ -110,7 +113,8 @@ def render_report(results: dict[str, Any]) -> str:
     if baseline:
         out += ["*Speed-up* = the median *train s* of "
                 f"`{baseline}` / the variant's median (every side timed from its workers' join); the range divides "
-                f"`{baseline}`'s median by each repeat's time."]
+                f"`{baseline}`'s median by each repeat's time."
+                + (f" *Speed-up vs {peer}* is the same against the `{peer}` peer's median." if peer else "")]
     out += ["*Iterations* = local training cycles over all workers; *messages* = every request a worker sent, "
             "data plane and control plane (register, heartbeat, leave, regroup: the papers' API calls; with "
             "combine_messages a push answers the pull), *push+pull* = the model exchange requests alone; *WI* = worker independence, local "
@@ -129,10 +133,12 @@ def render_report(results: dict[str, Any]) -> str:
             g = gs[(profile, v["label"])]
             m = g.metrics
             sp = sus.get((profile, v["label"]))
+            peer_sp = speedup(gs[(profile, peer)], g) if peer else None
             rows.append([
                 f"`{v['label']}`", f"{g.reached}/{g.runs}" if target is not None else f"{g.ok}/{g.runs}",
                 fmt_spread(m.get("seconds_to_target"), 1), fmt_spread(m.get("train_seconds_to_target"), 1),
                 *([fmt_speedup(sp, g, baseline)] if baseline else []),
+                *([fmt_speedup(peer_sp, g, peer, "peer")] if peer else []),
                 fmt_spread(m.get("iterations"), 0), fmt_spread(m.get("model_updates"), 0),
                 fmt_spread(m.get("messages_total"), 0), fmt_spread(m.get("model_messages"), 0),
                 fmt_spread(m.get("mb_total"), 1), fmt_spread(m.get("wi_mean"), 2),
@@ -141,7 +147,8 @@ def render_report(results: dict[str, Any]) -> str:
             if baseline and v["label"] != baseline and sp is not None:
                 statements.append(_statement(v["label"], g, sp, gs[(profile, baseline)], baseline, target))
         header = ["variant", "reached" if target is not None else "finished", "time to target (s)", "train s",
-                  *([f"speed-up vs {baseline}"] if baseline else []), "iterations", "model updates", "messages",
+                  *([f"speed-up vs {baseline}"] if baseline else []),
+                  *([f"speed-up vs {peer}"] if peer else []), "iterations", "model updates", "messages",
                   "push+pull", "MB sent+recv", "WI", "final accuracy", "wall (s)"]
         out += _table(header, rows)
         if statements:

@@ -92,3 +92,19 @@ def test_few_repeats_are_flagged():
 def test_report_is_a_pure_function_of_the_results():
     res = make_results()
     assert render_report(res) == render_report(make_results())
+
+
+def test_a_suite_with_the_ddp_peer_gets_a_speedup_column_against_it():
+    res = make_results({**TIMES, "ddp": [8.0, 9.0, 10.0]})
+    res["suite"]["variants"][-1]["runner"] = "ddp"
+    md = render_report(res)
+    rows = _rows(md, "| variant | reached")
+    header = next(line for line in md.splitlines() if line.startswith("| variant | reached"))
+    col = {name.strip(): i for i, name in enumerate(header.strip("|").split("|"))}
+    ddp = statistics.median([8.0, 9.0, 10.0]) - 2.0  # training time: the fixture's start-up is 2 s
+    assert rows["`hermes`"][col["speed-up vs ddp"]] == f"{ddp / 3.0:.2f}× [{ddp / 6.0:.2f}–{ddp / 2.0:.2f}]"
+    assert rows["`ddp`"][col["speed-up vs ddp"]] == "1.00× (peer)"
+    assert rows["`asp`"][col["speed-up vs ddp"]] == "missed the target (0/3 reached)"
+    assert "*Speed-up vs ddp* is the same against the `ddp` peer's median." in md
+    # Without a peer, no such column.
+    assert "speed-up vs ddp" not in render_report(make_results())
