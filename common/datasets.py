@@ -12,6 +12,7 @@ has already put under ``root``. Nothing here touches the network.
 
 from __future__ import annotations
 
+import importlib.metadata
 import logging
 import math
 import random
@@ -20,6 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from hermes.common.dataset_cache import cached_arrays
 
 logger = logging.getLogger(__name__)
 
@@ -260,20 +263,34 @@ def _load_mnist1d(
     args.num_samples = total
     args.train_split = 1.0 - test_fraction
     args.seed = seed
-    # make_dataset reseeds the global `random` and numpy generators; put them
-    # back so loading data does not change anyone else's random stream.
-    py_state, np_state = random.getstate(), np.random.get_state()
-    try:
-        data = make_dataset(args)
-    finally:
-        random.setstate(py_state)
-        np.random.set_state(np_state)
     length = int(args.final_seq_length)
-    x_train = np.asarray(data["x"], dtype=np.float32).reshape(-1, 1, length)
-    x_test = np.asarray(data["x_test"], dtype=np.float32).reshape(-1, 1, length)
+
+    def generate() -> dict[str, np.ndarray]:
+        # make_dataset reseeds the global `random` and numpy generators; put them
+        # back so loading data does not change anyone else's random stream.
+        py_state, np_state = random.getstate(), np.random.get_state()
+        try:
+            data = make_dataset(args)
+        finally:
+            random.setstate(py_state)
+            np.random.set_state(np_state)
+        return {"x": np.asarray(data["x"], dtype=np.float32), "y": np.asarray(data["y"]),
+                "x_test": np.asarray(data["x_test"], dtype=np.float32), "y_test": np.asarray(data["y_test"]),
+                "classes": np.asarray(len(data["templates"]["y"]))}
+
+    # Every generation parameter (defaults included) and the package's version name the file.
+    data = cached_arrays("mnist1d", {"args": vars(args), "mnist1d": _version("mnist1d")}, generate)
     return _make_pair(
-        "mnist1d", x_train, data["y"], x_test, data["y_test"], len(data["templates"]["y"])
+        "mnist1d", data["x"].reshape(-1, 1, length), data["y"], data["x_test"].reshape(-1, 1, length),
+        data["y_test"], int(data["classes"]),
     )
+
+
+def _version(package: str) -> str:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
 
 
 # ---------------------------------------------------------------- synthetic

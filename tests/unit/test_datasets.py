@@ -139,8 +139,9 @@ def test_digits_num_samples_caps_the_training_split():
 # ---------------------------------------------------------------- mnist1d
 
 
-def test_mnist1d_generates_locally(monkeypatch):
+def test_mnist1d_generates_locally(monkeypatch, tmp_path):
     pytest.importorskip("mnist1d")
+    monkeypatch.setenv("HERMES_DATA_CACHE", str(tmp_path))  # an empty cache: the first load generates
 
     def no_network(*args, **kwargs):
         raise AssertionError("mnist1d loader tried to use the network")
@@ -162,6 +163,61 @@ def test_mnist1d_generates_locally(monkeypatch):
     np.testing.assert_array_equal(train.x, again.x)
     other, _ = load_dataset("mnist1d", num_samples=500, seed=1)
     assert not np.array_equal(train.x, other.x)
+
+
+def _counting_generator(monkeypatch) -> list[int]:
+    import mnist1d.data
+
+    calls: list[int] = []
+    real = mnist1d.data.make_dataset
+
+    def counted(args):
+        calls.append(args.seed)
+        return real(args)
+
+    monkeypatch.setattr(mnist1d.data, "make_dataset", counted)
+    return calls
+
+
+def test_mnist1d_is_generated_once_then_read_from_the_cache(monkeypatch, tmp_path):
+    pytest.importorskip("mnist1d")
+    monkeypatch.setenv("HERMES_DATA_CACHE", str(tmp_path))
+    calls = _counting_generator(monkeypatch)
+    first, first_test = load_dataset("mnist1d", num_samples=300, seed=4)
+    again, again_test = load_dataset("mnist1d", num_samples=300, seed=4)
+    assert calls == [4] and len(list(tmp_path.glob("mnist1d-*.npz"))) == 1
+    np.testing.assert_array_equal(first.x, again.x)
+    np.testing.assert_array_equal(first.y, again.y)
+    np.testing.assert_array_equal(first_test.x, again_test.x)
+    assert (again.x.dtype, again.y.dtype, again.num_classes) == (np.float32, np.int64, 10)
+    load_dataset("mnist1d", num_samples=300, seed=5)  # other inputs, another file
+    load_dataset("mnist1d", num_samples=300, seed=4, test_fraction=0.25)
+    assert calls == [4, 5, 4] and len(list(tmp_path.glob("mnist1d-*.npz"))) == 3
+    monkeypatch.setenv("HERMES_DATA_CACHE", "off")
+    fresh, _ = load_dataset("mnist1d", num_samples=300, seed=4)
+    np.testing.assert_array_equal(fresh.x, first.x)  # what the cache gave is what generation gives
+    assert calls == [4, 5, 4, 4]
+
+
+def test_a_damaged_cache_file_is_generated_again_and_an_unwritable_cache_is_skipped(monkeypatch, tmp_path, caplog):
+    pytest.importorskip("mnist1d")
+    monkeypatch.setenv("HERMES_DATA_CACHE", str(tmp_path))
+    want, _ = load_dataset("mnist1d", num_samples=300, seed=6)
+    (path,) = tmp_path.glob("mnist1d-*.npz")
+    path.write_bytes(path.read_bytes()[:1000])  # cut short, as by a full disk
+    calls = _counting_generator(monkeypatch)
+    with caplog.at_level("WARNING", logger="hermes.common.dataset_cache"):
+        got, _ = load_dataset("mnist1d", num_samples=300, seed=6)
+    assert calls == [6] and "cannot be read" in caplog.text and "generating it again" in caplog.text
+    np.testing.assert_array_equal(got.x, want.x)
+    load_dataset("mnist1d", num_samples=300, seed=6)
+    assert calls == [6]  # the damaged file was replaced by a whole one
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("HERMES_DATA_CACHE", str(blocker / "datasets"))
+    got, _ = load_dataset("mnist1d", num_samples=300, seed=6)
+    np.testing.assert_array_equal(got.x, want.x)
+    assert calls == [6, 6]
 
 
 def test_mnist1d_default_size_matches_the_reference_split():
