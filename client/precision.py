@@ -44,6 +44,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hermes.client.trainer import LocalTrainer
+from hermes.common.cache_paths import user_cache
 from hermes.common.task import LossFn, OptimizerFn
 
 log = logging.getLogger(__name__)
@@ -161,13 +162,7 @@ def measure(model: nn.Module, example: Example, batch_size: int,
 def cache_path() -> Path | None:
     """Where measured choices are kept between agent starts: ``HERMES_PRECISION_CACHE`` (a file,
     or ``off``), else ``$XDG_CACHE_HOME/hermes/precision.json`` (``~/.cache`` without it)."""
-    env = os.environ.get("HERMES_PRECISION_CACHE", "")
-    if env.lower() in ("off", "0", "none", "no"):
-        return None
-    if env:
-        return Path(env)
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "hermes" / "precision.json"
+    return user_cache("HERMES_PRECISION_CACHE", "precision.json")
 
 
 # Entries kept in the cache file: a device sees few (model, batch, threads) combinations.

@@ -24,20 +24,14 @@ from typing import Any
 
 import numpy as np
 
-log = logging.getLogger(__name__)
+from hermes.common.cache_paths import user_cache
 
-_OFF = ("off", "0", "none", "no")
+log = logging.getLogger(__name__)
 
 
 def cache_dir() -> Path | None:
     """Where generated data sets are kept; None when ``HERMES_DATA_CACHE`` says ``off``."""
-    env = os.environ.get("HERMES_DATA_CACHE", "")
-    if env.lower() in _OFF:
-        return None
-    if env:
-        return Path(env)
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "hermes" / "datasets"
+    return user_cache("HERMES_DATA_CACHE", "datasets")
 
 
 def cached_arrays(kind: str, key: dict[str, Any], make: Callable[[], dict[str, np.ndarray]]) -> dict[str, np.ndarray]:

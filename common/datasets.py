@@ -12,7 +12,6 @@ has already put under ``root``. Nothing here touches the network.
 
 from __future__ import annotations
 
-import importlib.metadata
 import logging
 import math
 import random
@@ -22,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from hermes.common.cli_env import package_version
 from hermes.common.dataset_cache import cached_arrays
 
 logger = logging.getLogger(__name__)
@@ -279,18 +279,11 @@ def _load_mnist1d(
                 "classes": np.asarray(len(data["templates"]["y"]))}
 
     # Every generation parameter (defaults included) and the package's version name the file.
-    data = cached_arrays("mnist1d", {"args": vars(args), "mnist1d": _version("mnist1d")}, generate)
+    data = cached_arrays("mnist1d", {"args": vars(args), "mnist1d": package_version("mnist1d")}, generate)
     return _make_pair(
         "mnist1d", data["x"].reshape(-1, 1, length), data["y"], data["x_test"].reshape(-1, 1, length),
         data["y_test"], int(data["classes"]),
     )
-
-
-def _version(package: str) -> str:
-    try:
-        return importlib.metadata.version(package)
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
 
 
 # ---------------------------------------------------------------- synthetic
