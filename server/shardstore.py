@@ -62,7 +62,7 @@ def load_splits(config: RunConfig, task: Task | None = None) -> tuple[Dataset, D
         if task.local_data is None:
             raise DataError(f"task {task.name or '?'}: train_data or local_data is required")
         keep, held = validation_indices(len(test_ds), config.validation_fraction, config.seed)
-        return _Empty(), Subset(test_ds, held.tolist()), Subset(test_ds, keep.tolist())
+        return _Empty(), Subset(test_ds, held.tolist()), Subset(test_ds, np.sort(keep).tolist())
     full = as_dataset(task.train_data)
     if isinstance(full, ArrayDataset):
         train, validation = split_validation(full, config.validation_fraction, config.seed)

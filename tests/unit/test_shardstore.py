@@ -132,3 +132,48 @@ def test_load_splits_of_the_builtin_task_keeps_the_quickstart_split():
     vx, _ = vstore.rows(0)
     assert np.array_equal(vx.numpy(), want_val.x[:64])
     assert decode_record(store.record(0)).dataset == "digits"
+
+
+class ClassSorted(Dataset):
+    """An image folder's order: every sample of class 0, then of class 1, ... (label = index // per_class)."""
+
+    def __init__(self, classes: int = 10, per_class: int = 64) -> None:
+        self.per_class, self.n = per_class, classes * per_class
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        return torch.full((4,), float(i)), torch.tensor(i // self.per_class)
+
+
+@pytest.mark.parametrize("array_backed", [False, True])
+def test_a_class_sorted_training_set_is_cut_into_mixed_shards(array_backed):
+    """Shards come from a seeded permutation of the training samples, not their stored order: cut in
+    order, every shard of this set would hold one class (hermes-fast then stayed at chance on the
+    image_folder example). Every training sample is in exactly one shard, the same ones for a seed."""
+    ds = ClassSorted()
+    if array_backed:  # the built-in sets' path (split_validation)
+        from hermes.common.datasets import ArrayDataset
+
+        ds = ArrayDataset(name="sorted", x=np.stack([ds[i][0].numpy() for i in range(len(ds))]),
+                          y=np.stack([ds[i][1].numpy() for i in range(len(ds))]), num_classes=10)
+    task = Task(model=lambda: build_model("mlp", input_shape=(4,), num_classes=10), train_data=ds,
+                test_data=ClassSorted(per_class=2))
+
+    def shards(seed: int) -> list[torch.Tensor]:
+        train, validation, _ = load_splits(build_config("asp", seed=seed), task)
+        store = ShardStore(train, 64)
+        return [store.rows(s)[1] for s in range(store.num_shards)], len(validation)
+
+    labels, held = shards(0)
+    assert held == 64 and len(labels) == 9
+    # In order a shard of 64 holds one class or two; mixed, each holds most of the ten.
+    assert min(len(torch.unique(y)) for y in labels[:-1]) >= 7
+    ids = torch.cat([x[:, 0] for x in (ShardStore(load_splits(build_config("asp"), task)[0], 64).rows(s)[0]
+                                        for s in range(9))])
+    assert len(ids) == 640 - 64 and len(set(ids.tolist())) == len(ids)  # no sample twice
+    again, _ = shards(0)
+    other, _ = shards(1)
+    assert all(torch.equal(a, b) for a, b in zip(labels, again))
+    assert not all(torch.equal(a, b) for a, b in zip(labels, other))
