@@ -366,11 +366,9 @@ def validation_indices(n: int, fraction: float, seed: int) -> tuple[np.ndarray, 
     """(train indices, validation indices): a seeded ``fraction`` of ``n`` held out.
 
     The train indices come in the seeded permutation's order, not sorted: shards are cut from
-    consecutive training samples, and a data set stored class by class (an image folder, a
-    concatenation of per-class files) would otherwise give shards of one class each. A cycle
-    then trained on one or two classes, and local momentum carried that drift from cycle to
-    cycle: ``hermes-fast`` never left chance accuracy on the ``image_folder`` example until its
-    shards were mixed. The validation indices stay sorted (evaluated, never trained on)."""
+    consecutive training samples, and a set stored class by class (an image folder) would
+    otherwise give one-class shards (``hermes-fast`` stayed at chance accuracy on the
+    ``image_folder`` example). The validation indices stay sorted: never trained on."""
     if not 0.0 < fraction < 1.0:
         raise ValueError(f"validation fraction must lie in (0, 1), got {fraction!r}")
     n_val = max(1, int(round(n * fraction)))

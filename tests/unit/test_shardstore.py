@@ -161,19 +161,18 @@ def test_a_class_sorted_training_set_is_cut_into_mixed_shards(array_backed):
     task = Task(model=lambda: build_model("mlp", input_shape=(4,), num_classes=10), train_data=ds,
                 test_data=ClassSorted(per_class=2))
 
-    def shards(seed: int) -> list[torch.Tensor]:
+    def cut(seed: int) -> tuple[list[torch.Tensor], list[torch.Tensor], int]:
+        """(inputs, labels) of every shard, and the validation size."""
         train, validation, _ = load_splits(build_config("asp", seed=seed), task)
         store = ShardStore(train, 64)
-        return [store.rows(s)[1] for s in range(store.num_shards)], len(validation)
+        rows = [store.rows(s) for s in range(store.num_shards)]
+        return [x for x, _ in rows], [y for _, y in rows], len(validation)
 
-    labels, held = shards(0)
+    inputs, labels, held = cut(0)
     assert held == 64 and len(labels) == 9
     # In order a shard of 64 holds one class or two; mixed, each holds most of the ten.
     assert min(len(torch.unique(y)) for y in labels[:-1]) >= 7
-    ids = torch.cat([x[:, 0] for x in (ShardStore(load_splits(build_config("asp"), task)[0], 64).rows(s)[0]
-                                        for s in range(9))])
-    assert len(ids) == 640 - 64 and len(set(ids.tolist())) == len(ids)  # no sample twice
-    again, _ = shards(0)
-    other, _ = shards(1)
-    assert all(torch.equal(a, b) for a, b in zip(labels, again))
-    assert not all(torch.equal(a, b) for a, b in zip(labels, other))
+    ids = torch.cat([x[:, 0] for x in inputs]).tolist()  # each sample's input is its index
+    assert len(ids) == 640 - 64 and len(set(ids)) == len(ids)  # every training sample once
+    assert all(torch.equal(a, b) for a, b in zip(labels, cut(0)[1]))
+    assert not all(torch.equal(a, b) for a, b in zip(labels, cut(1)[1]))
