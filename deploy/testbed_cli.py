@@ -109,6 +109,12 @@ def list_presets() -> str:
     return "\n".join(lines)
 
 
+def cuda_device_count() -> int:
+    import torch
+
+    return torch.cuda.device_count()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.list_presets:
@@ -141,6 +147,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.topology == "collective" and any(link.shaped for link in links):
         print("hermes-testbed: --link/--links: emulated links are for --topology ps only", file=sys.stderr)
         return 2
+    if args.topology == "collective" and args.device.startswith("cuda"):
+        # cuda: one GPU per agent, cuda:N: every agent on that one.
+        gpus = cuda_device_count() if args.device == "cuda" else 1
+        if args.clients > gpus:
+            # Seen on an H100 with NCCL 2.28: two ranks on one GPU fail every broadcast
+            # ("unhandled cuda error"), generation after generation.
+            print(f"hermes-testbed: --topology collective on {args.device} all-reduces with nccl, which needs a "
+                  f"GPU per agent: {args.clients} agents, {gpus} GPU(s) (use --device cpu for gloo, or fewer "
+                  "--clients)", file=sys.stderr)
+            return 2
     try:
         parse_chaos(args.chaos, args.clients)
     except ValueError as exc:

@@ -64,6 +64,13 @@ def server_command(a: argparse.Namespace, *, port: int, data_port: int, advertis
     return cmd
 
 
+def agent_device(a: argparse.Namespace, index: int) -> str:
+    """A collective run on ``cuda`` gives each agent its own GPU (nccl refuses two ranks on one)."""
+    if a.device == "cuda" and a.topology == "collective":
+        return f"cuda:{index}"
+    return a.device
+
+
 def agent_args(a: argparse.Namespace, wp: WorkerProfile, *, server_url: str,
                schedules: list[list[tuple[float, float]]] | None, schedule_origin: float) -> list[str]:
     """The arguments of agent ``wp`` (``hermes.client.cli``), before its link wraps them into a command."""
@@ -71,7 +78,7 @@ def agent_args(a: argparse.Namespace, wp: WorkerProfile, *, server_url: str,
         "--server", server_url, "--name", f"worker-{wp.index + 1}",
         "--threads", str(wp.threads), "--slowdown", f"{wp.slowdown * a.pace:.6g}", "--cores", str(wp.cores),
         "--log-level", "info",
-        "--device", a.device,
+        "--device", agent_device(a, wp.index),
     ]
     if a.task:
         args += ["--task", a.task]

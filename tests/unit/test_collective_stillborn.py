@@ -1,0 +1,67 @@
+"""The collective agent gives up on groups that break before their first step, and only on those."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from hermes.client import topology
+
+
+def _all_reduce(monkeypatch: pytest.MonkeyPatch, regroups: list[str]) -> topology.AllReduce:
+    ar = object.__new__(topology.AllReduce)
+    ar.first = "rv0"
+    ar.job = SimpleNamespace(trainer=SimpleNamespace(device="cuda:0"),
+                             config=SimpleNamespace(collective=SimpleNamespace(regroup=True)))
+    ar.session = SimpleNamespace(group=None)
+    ar.agent = SimpleNamespace(stats=SimpleNamespace(collective_bytes=0))
+
+    def regroup(rv: str, failure: Exception) -> str:
+        regroups.append(rv)
+        return f"rv{len(regroups)}"
+
+    monkeypatch.setattr(ar, "_regroup", regroup)
+    return ar
+
+
+class _Group:
+    reduced_bytes = 0
+
+    def __init__(self, rv: str, device: str) -> None:
+        self.rv = rv
+
+    def close(self) -> None:
+        pass
+
+
+def test_generations_that_never_broadcast_end_the_agent_with_the_cause(monkeypatch: pytest.MonkeyPatch) -> None:
+    regroups: list[str] = []
+    ar = _all_reduce(monkeypatch, regroups)
+    monkeypatch.setattr(topology, "CollectiveGroup", _Group)
+
+    def broadcast_fails(group: _Group, rv: str) -> None:
+        raise topology.CollectiveError("broadcast failed: NCCL error: unhandled cuda error")
+
+    monkeypatch.setattr(ar, "_start_generation", broadcast_fails)
+    with pytest.raises(topology.CollectiveError,
+                       match=f"{topology.STILLBORN_GENERATIONS} generations in a row broke before their first "
+                             "step; the last: broadcast failed: NCCL error"):
+        ar.train()
+    assert regroups == [f"rv{i}" for i in range(topology.STILLBORN_GENERATIONS - 1)]
+
+
+def test_generations_that_trained_before_breaking_keep_regrouping(monkeypatch: pytest.MonkeyPatch) -> None:
+    regroups: list[str] = []
+    ar = _all_reduce(monkeypatch, regroups)
+    monkeypatch.setattr(topology, "CollectiveGroup", _Group)
+    monkeypatch.setattr(ar, "_start_generation", lambda group, rv: None)
+    breaks = 2 * topology.STILLBORN_GENERATIONS
+
+    def cycles(agent: object, job: object, session: object, top: object) -> None:
+        if len(regroups) < breaks:
+            raise topology.CollectiveError("a peer died")
+
+    monkeypatch.setattr(topology, "run_cycles", cycles)
+    ar.train()
+    assert len(regroups) == breaks
