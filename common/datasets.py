@@ -367,7 +367,7 @@ def validation_indices(n: int, fraction: float, seed: int) -> tuple[np.ndarray, 
 
     The train indices come in the seeded permutation's order, not sorted: shards are cut from
     consecutive training samples, and a set stored class by class (an image folder) would
-    otherwise give one-class shards (``hermes-fast`` stayed at chance accuracy on the
+    otherwise give one-class shards (the ``hermes`` preset stayed at chance accuracy on the
     ``image_folder`` example). The validation indices stay sorted: never trained on."""
     if not 0.0 < fraction < 1.0:
         raise ValueError(f"validation fraction must lie in (0, 1), got {fraction!r}")

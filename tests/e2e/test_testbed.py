@@ -47,7 +47,7 @@ def _port_free(port: int) -> bool:
 
 
 # asp opt-in (-m slow): the default suite stays under 15 min (2026-11-26: 21 s of it); the asynchronous
-# presets reach targets in test_hermes_testbed (hermes, hermes-fast) and the chaos runs.
+# presets reach targets in test_hermes_testbed (hermes, hermes-paper) and the chaos runs.
 @pytest.mark.parametrize("preset", [pytest.param("asp", marks=pytest.mark.slow), "bsp"])
 def test_testbed_reaches_target(preset: str, tmp_path: Path) -> None:
     out = tmp_path / f"run-{preset}"

@@ -23,7 +23,8 @@ def _cycle(dss: int, mbs: int, seconds: float, pushed: bool, z: float | None = -
 
 @pytest.fixture(scope="module")
 def hermes_server(server_factory):
-    return server_factory("--preset", "hermes", sets=("eval_interval_seconds=0.5", "rebalance_min_observations=2"))
+    # The paper's configuration: Eq. 6 blends whole models (the default preset adds since-pull deltas).
+    return server_factory("--preset", "hermes-paper", sets=("eval_interval_seconds=0.5", "rebalance_min_observations=2"))
 
 
 def test_concurrent_pushes_are_blended_one_at_a_time(hermes_server):
@@ -157,7 +158,8 @@ def test_a_real_hermes_agent_sends_one_work_request_per_k_assignments_and_one_pe
     """combine_messages (the default): the agent's pulls, shard fetches and stats ride on its
     pushes and work requests; the server counts what was carried instead of sent."""
     cycles = 6
-    with running_server(tmp_path / "srv", "--preset", "hermes",
+    # Pushes waited for (the default preset overlaps them, so a cycle may end with one in flight).
+    with running_server(tmp_path / "srv", "--preset", "hermes-paper",
                         sets=("eval_interval_seconds=0.5", "stats_interval_seconds=0.1", "cycle_samples=64",
                               "shard_size=32")) as srv:
         agent = start_agent(srv.url, "solo", tmp_path / "solo.log", "--max-cycles", str(cycles))

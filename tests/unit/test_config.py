@@ -26,9 +26,12 @@ def test_default_preset_is_hermes():
     assert DEFAULT_PRESET == "hermes"
     assert (cfg.preset, cfg.sync, cfg.aggregation, cfg.gate, cfg.allocation) == (
         "hermes", "hermes", "loss", "zscore", "dual-search")
-    # Hermes Table I: w=10, alpha=-1.3, beta=0.1, lambda=5; CNN with plain SGD at eta=0.1.
+    # Hermes Table I: w=10, alpha=-1.3, beta=0.1, lambda=5, eta=0.1; the default adds local momentum 0.9
+    # (a measured deviation; 'hermes-paper' trains with plain SGD as Table I does).
     assert (cfg.zscore.window, cfg.zscore.alpha, cfg.zscore.beta, cfg.zscore.lam) == (10, -1.3, 0.1, 5)
-    assert (cfg.model, cfg.dataset, cfg.lr, cfg.momentum, cfg.batch_size) == ("cnn", "digits", 0.1, 0.0, 32)
+    assert (cfg.model, cfg.dataset, cfg.lr, cfg.momentum, cfg.batch_size) == ("cnn", "digits", 0.1, 0.9, 32)
+    assert (cfg.loss.reference, cfg.overlap_push, cfg.zscore.resync_factor) == ("pull", True, 4.0)
+    assert build_config("hermes-paper").momentum == 0.0
 
 
 def test_asp_preset():
@@ -152,11 +155,15 @@ def test_unknown_sync_lists_known():
 def test_unknown_preset():
     with pytest.raises(ConfigError) as ei:
         build_config("hermes-ultra")
-    assert str(ei.value) == "preset: unknown preset 'hermes-ultra'; did you mean 'hermes-fast'?"
+    assert str(ei.value) == "preset: unknown preset 'hermes-ultra'; did you mean 'hermes-paper'?"
     with pytest.raises(ConfigError) as ei:
         build_config("zzz")
     msg = str(ei.value)  # nothing close: every known name
-    assert msg.startswith("preset: unknown preset 'zzz'; known: ") and "asp" in msg and "hermes-fast" in msg
+    assert msg.startswith("preset: unknown preset 'zzz'; known: ") and "asp" in msg and "hermes-paper" in msg
+    with pytest.raises(ConfigError) as ei:
+        build_config("hermes-fast")
+    assert str(ei.value) == ("preset: unknown preset 'hermes-fast'; it is now 'hermes' (since 2026-11-27; the "
+                             "paper's configuration is 'hermes-paper')")
 
 
 def test_max_staleness_refused_with_bsp():

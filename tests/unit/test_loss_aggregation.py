@@ -145,9 +145,9 @@ def test_agents_push_since_pull_only_under_the_pull_reference():
     from hermes.common.policies import base as registry
 
     rule = registry.get("aggregation", "loss")
-    assert build_config(preset="hermes").loss.reference == "baseline"  # the paper's stays the default
-    assert rule.pushes_from_baseline(build_config(preset="hermes")) is True
-    assert rule.pushes_from_baseline(build_config(preset="hermes", **{"loss.reference": "pull"})) is False
+    assert build_config(preset="hermes-paper").loss.reference == "baseline"  # the paper's, the policy's default
+    assert rule.pushes_from_baseline(build_config(preset="hermes-paper")) is True
+    assert rule.pushes_from_baseline(build_config(preset="hermes")) is False
     assert registry.get("aggregation", "fedasync").pushes_from_baseline(build_config(preset="fedasync")) is True
 
 
@@ -160,14 +160,14 @@ def test_server_lr_needs_the_pull_reference():
     from hermes.common.config import ConfigError, build_config
 
     with pytest.raises(ConfigError, match="server_lr"):
-        build_config(preset="hermes", **{"loss.server_lr": 2.0})
-    assert build_config(preset="hermes", **{"loss.reference": "pull", "loss.server_lr": 2.0}).loss.server_lr == 2.0
+        build_config(preset="hermes-paper", **{"loss.server_lr": 2.0})
+    assert build_config(preset="hermes-paper", **{"loss.reference": "pull", "loss.server_lr": 2.0}).loss.server_lr == 2.0
 
 
-def test_hermes_fast_differs_from_the_paper_preset_only_by_the_measured_deviations():
+def test_hermes_differs_from_the_paper_preset_only_by_the_measured_deviations():
     from hermes.common.config import build_config
 
-    paper, fast = build_config(preset="hermes").model_dump(), build_config(preset="hermes-fast").model_dump()
+    paper, fast = build_config(preset="hermes-paper").model_dump(), build_config(preset="hermes").model_dump()
     differ = {k for k in paper if paper[k] != fast[k]}
     assert differ == {"preset", "momentum", "loss", "overlap_push", "zscore"}
     assert (paper["zscore"]["resync_factor"], fast["zscore"]["resync_factor"]) == (None, 4.0)

@@ -85,7 +85,7 @@ def test_what_the_push_raised_is_raised_where_its_reply_is_taken():
     assert closed == [True]
 
 
-@pytest.mark.parametrize("preset", ["asp", "hermes", "hermes-fast", "ssp", "fedbuff"])
+@pytest.mark.parametrize("preset", ["asp", "hermes", "hermes-paper", "ssp", "fedbuff"])
 def test_overlap_is_allowed_under_asynchronous_sync(preset):
     assert build_config(preset, overlap_push=True).overlap_push
 

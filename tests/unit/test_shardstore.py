@@ -150,7 +150,7 @@ class ClassSorted(Dataset):
 @pytest.mark.parametrize("array_backed", [False, True])
 def test_a_class_sorted_training_set_is_cut_into_mixed_shards(array_backed):
     """Shards come from a seeded permutation of the training samples, not their stored order: cut in
-    order, every shard of this set would hold one class (hermes-fast then stayed at chance on the
+    order, every shard of this set would hold one class (the hermes preset then stayed at chance on the
     image_folder example). Every training sample is in exactly one shard, the same ones for a seed."""
     ds = ClassSorted()
     if array_backed:  # the built-in sets' path (split_validation)
