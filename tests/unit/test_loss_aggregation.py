@@ -171,6 +171,9 @@ def test_hermes_differs_from_the_paper_preset_only_by_the_measured_deviations():
     differ = {k for k in paper if paper[k] != fast[k]}
     assert differ == {"preset", "momentum", "loss", "overlap_push", "zscore"}
     assert (paper["zscore"]["resync_factor"], fast["zscore"]["resync_factor"]) == (None, 4.0)
+    assert (paper["zscore"]["validation_samples"], fast["zscore"]["validation_samples"]) == (256, 128)
+    assert {k for k in paper["zscore"] if paper["zscore"][k] != fast["zscore"][k]} == {"resync_factor",
+                                                                                       "validation_samples"}
     assert (paper["lr"], paper["momentum"], paper["loss"]["reference"]) == (0.1, 0.0, "baseline")  # Table I, Alg. 2
     assert (paper["overlap_push"], fast["overlap_push"]) == (False, True)
     assert fast["loss"]["reference"] == "pull" and fast["loss"]["server_lr"] == 1.0 and fast["momentum"] == 0.9
