@@ -2,7 +2,13 @@
 # The CUDA checks, on a GPU machine with a python3 that has torch (CUDA), scikit-learn and msgpack:
 # installs the wheels in .whl (the package and what the GPU image lacks), then runs tests/cuda,
 # the precision benchmark on cuda, and a collective-topology run of two agents on the one GPU.
-# Logs go to ${OUT:-/tmp/cuda-check}.
+# Logs go to ${OUT:-/tmp/cuda-check}. Fill .whl first, on a machine with PyPI:
+#   python -m build --wheel --outdir .whl .
+#   pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux_2_28_x86_64 \
+#       --platform manylinux2014_x86_64 -d .whl pyzmq crc32c cryptography cffi pycparser pydantic pydantic-core \
+#       annotated-types typing-inspection fastapi starlette uvicorn pydantic-settings python-dotenv \
+#       fastapi-offline mnist1d annotated-doc typing-extensions opentelemetry-api
+# (2026-11-27: the GPU image had torch, scikit-learn and msgpack, and none of these.)
 set -u
 out=${OUT:-/tmp/cuda-check}; mkdir -p "$out"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir .whl/*.whl 2>&1 | tail -3
