@@ -468,13 +468,14 @@ def broker_factory(tmp_path) -> Iterator:
             b.stop()
 
 
-def run_testbed(out: Path, *args: str, timeout: float = 240) -> tuple[subprocess.CompletedProcess, dict[str, Any]]:
+def run_testbed(out: Path, *args: str, timeout: float = 240,
+                env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess, dict[str, Any]]:
     """Run ``hermes-testbed`` as a user would (digits, 4 clients unless ``args`` say
     otherwise), assert it exited 0, and return the process and its summary.json."""
     proc = subprocess.run(
         [sys.executable, "-m", "hermes.deploy.testbed", "--clients", "4", "--dataset", "digits",
          "--max-seconds", "120", *args, "--out", str(out)],
-        capture_output=True, text=True, timeout=timeout,
+        capture_output=True, text=True, timeout=timeout, env=env,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc, json.loads((out / "summary.json").read_text())

@@ -9,28 +9,28 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from sklearn.datasets import load_digits
 
 from hermes.client.precision import candidates, pick_precision
 from hermes.client.trainer import LocalTrainer
 from hermes.common.builtin_task import classification_example
+from hermes.common.datasets import load_dataset
 from hermes.common.models import build_model
+from tests.conftest import run_testbed
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 CUDA = torch.device("cuda")
 
 
-def _digits() -> tuple[torch.Tensor, torch.Tensor]:
-    d = load_digits()
-    x = torch.tensor(d.data / 16.0, dtype=torch.float32).reshape(-1, 1, 8, 8)
-    return x, torch.tensor(d.target, dtype=torch.int64)
+def _digits() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(x, y) of the built-in digits' train split, then of its test split."""
+    train, test = load_dataset("digits")
+    return (torch.from_numpy(train.x), torch.from_numpy(train.y), torch.from_numpy(test.x),
+            torch.from_numpy(test.y))
 
 
 def _trainer(precision: str, seed: int = 0) -> LocalTrainer:
@@ -40,7 +40,7 @@ def _trainer(precision: str, seed: int = 0) -> LocalTrainer:
 
 
 def test_fp16_training_uses_the_loss_scaler_learns_and_keeps_fp32_weights() -> None:
-    x, y = _digits()
+    x, y, x_test, y_test = _digits()
     trainer = _trainer("fp16")
     assert trainer.scaler.is_enabled()
     first = trainer.train_cycle(x[:1024], y[:1024], 32)
@@ -52,11 +52,11 @@ def test_fp16_training_uses_the_loss_scaler_learns_and_keeps_fp32_weights() -> N
     flat = trainer.flat()
     assert flat.device.type == "cpu" and flat.dtype == torch.float32 and bool(torch.isfinite(flat).all())
     # Held-out loss through the gate's evaluate path, on the GPU.
-    assert trainer.evaluate(x[1024:], y[1024:]) < 1.0
+    assert trainer.evaluate(x_test, y_test) < 1.0
 
 
 def test_an_overflowing_fp16_step_is_skipped_and_the_scale_backs_off() -> None:
-    x, y = _digits()
+    x, y, _, _ = _digits()
     trainer = _trainer("fp16")
     # A scale this large overflows fp16 gradients: the scaler must skip the step, not apply inf.
     trainer.scaler = torch.amp.GradScaler("cuda", init_scale=2.0**60)
@@ -91,19 +91,14 @@ def test_auto_times_every_cuda_precision_and_is_never_slower_than_fp32(model: st
     print(model, shape, choice.describe())
 
 
-def _testbed(out: Path, *args: str) -> dict:
-    cmd = [str(Path(sys.executable).with_name("hermes-testbed")), "--device", "cuda", "--dataset", "digits",
-           "--target-accuracy", "0.9", "--max-seconds", "120", "--out", str(out), "--quiet", *args]
-    # Run outside the checkout: its top-level ``hermes`` folder would shadow the installed package.
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=out.parent,
-                          env={**os.environ, "HERMES_PRECISION_CACHE": "off"})
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return json.loads((out / "server_summary.json").read_text())
-
-
 @pytest.mark.parametrize("preset", ["hermes", "bsp"])
 def test_a_testbed_of_gpu_agents_reaches_its_target(preset: str, tmp_path: Path) -> None:
-    summary = _testbed(tmp_path / preset, "--clients", "3", "--profile", "hl4", "--preset", preset)
+    out = tmp_path / preset
+    # Every agent measures its precisions: none reuses a cached choice of an earlier test.
+    run_testbed(out, "--device", "cuda", "--clients", "3", "--profile", "hl4", "--preset", preset,
+                "--target-accuracy", "0.9", "--quiet", timeout=300,
+                env={**os.environ, "HERMES_PRECISION_CACHE": "off"})
+    summary = json.loads((out / "server_summary.json").read_text())
     assert summary["outcome"] == "target_reached", summary["stop_reason"]
     workers = summary["workers"]
     assert len(workers) == 3 and all(w["device"].startswith("cuda") for w in workers)
