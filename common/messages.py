@@ -43,6 +43,16 @@ MAX_SHARDS_PER_FETCH = 256
 MAX_CYCLES_PER_MESSAGE = 64
 # A cycle's decision when it ended with the agent's push still in flight (overlap_push): not gated, not pushed.
 IN_FLIGHT = "in-flight"
+
+
+def gate_outcome(decision: str, pushed: bool) -> str | None:
+    """How a cycle counts in the gate's push/skip tallies: None where no gate decided ("always", in flight).
+
+    The registry, the metrics and the TensorBoard writer all count with this one rule.
+    """
+    if decision in ("always", IN_FLIGHT):
+        return None
+    return "push" if pushed else "skip"
 # The most assignments one REQUEST_WORK may ask for.
 MAX_ASSIGNMENTS_PER_REQUEST = 16
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hermes.common.clock import SYSTEM_CLOCK, Clock
-from hermes.common.messages import IN_FLIGHT
+from hermes.common.messages import IN_FLIGHT, gate_outcome
 from hermes.common.wire import ErrorCode, ProtocolError
 from hermes.server.auth import new_secret
 
@@ -116,11 +116,9 @@ class WorkerRecord:
         self.last_cycle_seconds = cycle["compute_seconds"]
         if cycle["decision"] == IN_FLIGHT:
             self.in_flight_cycles += 1
-        elif cycle["decision"] != "always":
-            if cycle["pushed"]:
-                self.gate_pushes += 1
-            else:
-                self.gate_skips += 1
+        outcome = gate_outcome(cycle["decision"], cycle["pushed"])
+        self.gate_pushes += outcome == "push"
+        self.gate_skips += outcome == "skip"
         self.cycle_log.append((elapsed, cycle["dss"], cycle["mbs"], round(cycle["compute_seconds"], 6),
                                None if cycle["z"] is None else round(cycle["z"], 4), cycle["pushed"]))
         if len(self.cycle_log) > CYCLE_LOG:

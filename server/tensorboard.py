@@ -28,6 +28,7 @@ from typing import BinaryIO
 
 import crc32c
 
+from hermes.common.messages import gate_outcome
 from hermes.server.engine.telemetry import Fields
 
 log = logging.getLogger(__name__)
@@ -110,8 +111,9 @@ class TensorBoardSink:
             with self._lock:
                 step = self._cycles[name] = self._cycles.get(name, 0) + 1
                 gate = self._gate.setdefault(name, [0, 0])
-                if fields["decision"] != "always":  # "always" is no decision: the preset has no gate
-                    gate[0 if fields["pushed"] else 1] += 1
+                outcome = gate_outcome(fields["decision"], fields["pushed"])  # as the registry counts
+                gate[0] += outcome == "push"
+                gate[1] += outcome == "skip"
                 pushes, skips = gate
             self._scalars(step, {
                 f"cycle_seconds/{name}": fields["compute_seconds"], f"mbs/{name}": fields["mbs"],

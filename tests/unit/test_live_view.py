@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from hermes.common.messages import IN_FLIGHT
 from hermes.server.dashboard import History
 from hermes.server.tensorboard import TensorBoardSink, _masked_crc, encode_event, tfrecord
 
@@ -45,14 +46,16 @@ def test_event_files_read_back_by_tensorboard(tmp_path: Path) -> None:
     for i in range(1, 4):
         sink("cycle", _cycle("a", i))
     sink("cycle", {**_cycle("a", 4), "decision": "always"})  # no gate: counted as neither
+    sink("cycle", {**_cycle("a", 5), "decision": IN_FLIGHT, "pushed": False})  # push still in flight: neither
     sink.close()
     sink("evaluation", {"version": 4, "accuracy": 0.6, "loss": 1.0})  # after close: dropped, no error
     acc = accumulator.EventAccumulator(str(tmp_path))
     acc.Reload()
     assert [(s.step, s.value) for s in acc.Scalars("test/accuracy")] == [(3, 0.5)]
-    assert [(s.step, s.value) for s in acc.Scalars("dss/edge-a")] == [(1, 64), (2, 128), (3, 192), (4, 256)]
-    assert [s.value for s in acc.Scalars("gate_pushes/edge-a")] == [0, 1, 1, 1]
-    assert [s.value for s in acc.Scalars("gate_skips/edge-a")] == [1, 1, 2, 2]
+    assert [(s.step, s.value) for s in acc.Scalars("dss/edge-a")] == [(1, 64), (2, 128), (3, 192), (4, 256),
+                                                                       (5, 320)]
+    assert [s.value for s in acc.Scalars("gate_pushes/edge-a")] == [0, 1, 1, 1, 1]
+    assert [s.value for s in acc.Scalars("gate_skips/edge-a")] == [1, 1, 2, 2, 2]
     assert [(s.step, s.value) for s in acc.Scalars("messages/total")] == [(3, 10), (3, 10)]  # at eval and at close
 
 
