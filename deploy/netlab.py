@@ -126,11 +126,8 @@ class Netlab:
 
     def setup(self) -> Netlab:
         sweep_stale()
-        self.subnet = _free_subnet()
-        self.service_ip = f"10.{self.subnet}.255.1"
+        self._claim_subnet()
         try:
-            self._lo_addr = f"{self.service_ip}/32"
-            _run("ip", "addr", "add", self._lo_addr, "dev", "lo", "label", f"lo:hk{self.tag}")
             for i, link in enumerate(self.links):
                 self._agent(i, link)
         except NetlabError:
@@ -139,6 +136,22 @@ class Netlab:
         log.info("link namespaces up: %d agents behind veth pairs on 10.%d.0.0/16, service address %s",
                  len(self.links), self.subnet, self.service_ip)
         return self
+
+    def _claim_subnet(self, attempts: int = 8) -> None:
+        """A free 10.S.0.0/16, claimed by adding its service address to lo: the kernel refuses the
+        same address twice, so two testbeds setting up at once (a parallel test run) cannot both
+        take S; the one that loses picks again."""
+        for _ in range(attempts):
+            subnet = _free_subnet()
+            addr = f"10.{subnet}.255.1/32"
+            done = subprocess.run(["ip", "addr", "add", addr, "dev", "lo", "label", f"lo:hk{self.tag}"],
+                                  capture_output=True, text=True, check=False)
+            if done.returncode == 0:
+                self.subnet, self.service_ip, self._lo_addr = subnet, f"10.{subnet}.255.1", addr
+                return
+            if "already assigned" not in done.stderr and "exists" not in done.stderr:  # iproute2 versions differ
+                raise NetlabError(f"ip addr add {addr} dev lo: {done.stderr.strip() or done.stdout.strip()}")
+        raise NetlabError(f"no free 10.S.0.0/16 for the link namespaces after {attempts} tries")
 
     def _agent(self, i: int, link: Link) -> None:
         ns, host_if, ns_if = self.namespace(i), f"hk{self.tag}h{i}", f"hk{self.tag}n{i}"

@@ -7,6 +7,7 @@ as root with iproute2; process mode (pacing relay) runs everywhere.
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -139,3 +140,20 @@ def test_kernel_mode_rates_and_rtt(far_side):
         namespaces = list(lab.namespaces)
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
     assert not any(ns in listed.split() for ns in namespaces)
+
+
+@pytest.mark.skipif(not _kernel(), reason="kernel links need root and iproute2")
+def test_two_testbeds_never_share_a_subnet(monkeypatch):
+    """Both see the same subnet free (as two testbeds setting up at once do): the second to claim
+    it is refused by the kernel and picks another, so their addresses never overlap."""
+    from hermes.deploy import netlab
+
+    real = netlab._free_subnet
+    first = real()
+    picks = iter([first, first])
+    monkeypatch.setattr(netlab, "_free_subnet", lambda: next(picks, None) or real())
+    lan = [PROFILES["lan"]]
+    # Tags of live processes: each setup sweeps the namespaces of dead ones.
+    with netlab.Netlab(lan, tag=os.getpid()) as a, netlab.Netlab(lan, tag=os.getppid()) as b:
+        assert a.subnet == first and b.subnet != first
+        assert a.agent_ip(0) != b.agent_ip(0) and a.service_ip != b.service_ip

@@ -177,3 +177,5 @@ def test_hermes_differs_from_the_paper_preset_only_by_the_measured_deviations():
     assert (paper["lr"], paper["momentum"], paper["loss"]["reference"]) == (0.1, 0.0, "baseline")  # Table I, Alg. 2
     assert (paper["overlap_push"], fast["overlap_push"]) == (False, True)
     assert fast["loss"]["reference"] == "pull" and fast["loss"]["server_lr"] == 1.0 and fast["momentum"] == 0.9
+    assert (paper["loss"]["eval_samples"], fast["loss"]["eval_samples"]) == (512, 256)
+    assert {k for k in paper["loss"] if paper["loss"][k] != fast["loss"][k]} == {"reference", "eval_samples"}
