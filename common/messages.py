@@ -43,6 +43,8 @@ MAX_SHARDS_PER_FETCH = 256
 MAX_CYCLES_PER_MESSAGE = 64
 # A cycle's decision when it ended with the agent's push still in flight (overlap_push): not gated, not pushed.
 IN_FLIGHT = "in-flight"
+# The most assignments one REQUEST_WORK may ask for.
+MAX_ASSIGNMENTS_PER_REQUEST = 16
 
 
 def gate_outcome(decision: str, pushed: bool) -> str | None:
@@ -53,9 +55,6 @@ def gate_outcome(decision: str, pushed: bool) -> str | None:
     if decision in ("always", IN_FLIGHT):
         return None
     return "push" if pushed else "skip"
-# The most assignments one REQUEST_WORK may ask for.
-MAX_ASSIGNMENTS_PER_REQUEST = 16
-
 
 
 def _number(v: Any) -> Any:
