@@ -1,6 +1,7 @@
 """The one process helper of the launchers (testbed, bench, broker) and the tests.
 
-- ``free_ports`` / ``free_port`` / ``port_is_free``: loopback ports;
+- ``free_ports`` / ``free_port`` / ``port_is_free``: loopback ports (each one handed out is reserved
+  for a while across this user's processes, so parallel launchers never share one);
 - ``start``: a child in a session (process group) of its own, output to a log file;
 - ``wait_healthy`` / ``wait_ready``: poll until it answers, with a deadline,
   failing fast (with the tail of its output) if it died meanwhile;
@@ -21,10 +22,11 @@ import socket
 import ssl
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -37,22 +39,76 @@ class StartupError(RuntimeError):
 # ---------------------------------------------------------------------------- ports
 
 
-def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """``count`` distinct ports on ``host`` that were free a moment ago (all held open at once, so distinct)."""
+# A port handed out stays reserved this long for the child that will bind it (a server's start-up
+# under load can take tens of seconds); once bound, the kernel keeps it from everyone else.
+PORT_RESERVATION_SECONDS = 300.0
+
+
+def free_ports(count: int, host: str = "127.0.0.1", *, registry: Path | None = None,
+               clock: Callable[[], float] = time.time) -> list[int]:
+    """``count`` distinct ports on ``host`` that were free a moment ago, none handed out to another process
+    of this user in the last ``PORT_RESERVATION_SECONDS``.
+
+    A port is free from this call until its child binds it: two launchers on one machine (parallel tests,
+    a bench beside a testbed) could be given the same one in that window. The kernel's ephemeral ports
+    are drawn here, and every draw is noted, under a file lock, in ``registry`` (a JSON file of port ->
+    time, by default in the temp dir per user); a draw another process holds is skipped.
+    """
+    path = registry or Path(tempfile.gettempdir()) / f"hermes-ports-{os.getuid()}.json"
+    with _locked(path.with_suffix(".lock")):
+        now = clock()
+        try:
+            held = {int(p): t for p, t in json.loads(path.read_text()).items()
+                    if now - float(t) < PORT_RESERVATION_SECONDS}
+        except (OSError, ValueError, AttributeError):
+            held = {}
+        ports = _draw(count, host, set(held))
+        held.update({p: now for p in ports})
+        with contextlib.suppress(OSError):  # an unwritable registry only loses the reservation
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(held))
+            tmp.replace(path)
+        return ports
+
+
+def _draw(count: int, host: str, taken: set[int]) -> list[int]:
+    """``count`` ports from the kernel (all held open at once, so distinct), none in ``taken``."""
     socks: list[socket.socket] = []
     try:
-        for _ in range(count):
+        while len(socks) < count + 256:  # each draw held open (distinct); a bound on the fds used
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             s.bind((host, 0))
             socks.append(s)
-        return [s.getsockname()[1] for s in socks]
+            picked = [x.getsockname()[1] for x in socks if x.getsockname()[1] not in taken]
+            if len(picked) == count:
+                return picked
+        raise OSError(f"no {count} free ports on {host} outside the {len(taken)} reserved")
     finally:
         for s in socks:
             s.close()
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    return free_ports(1, host)[0]
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    try:
+        import fcntl
+    except ImportError:  # no flock (Windows): draws are then only as distinct as the kernel makes them
+        yield
+        return
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
+    except OSError:
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def free_port(host: str = "127.0.0.1", *, registry: Path | None = None) -> int:
+    return free_ports(1, host, registry=registry)[0]
 
 
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
