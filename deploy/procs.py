@@ -54,13 +54,14 @@ def free_ports(count: int, host: str = "127.0.0.1", *, registry: Path | None = N
     are drawn here, and every draw is noted, under a file lock, in ``registry`` (a JSON file of port ->
     time, by default in the temp dir per user); a draw another process holds is skipped.
     """
-    path = registry or Path(tempfile.gettempdir()) / f"hermes-ports-{os.getuid()}.json"
+    user = getattr(os, "getuid", lambda: "")()  # per user: another user's file is not ours to lock
+    path = registry or Path(tempfile.gettempdir()) / f"hermes-ports-{user}.json"
     with _locked(path.with_suffix(".lock")):
         now = clock()
         try:
             held = {int(p): t for p, t in json.loads(path.read_text()).items()
                     if now - float(t) < PORT_RESERVATION_SECONDS}
-        except (OSError, ValueError, AttributeError):
+        except (OSError, ValueError, TypeError, AttributeError):  # a broken registry starts afresh
             held = {}
         ports = _draw(count, host, set(held))
         held.update({p: now for p in ports})

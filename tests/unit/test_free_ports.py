@@ -43,9 +43,10 @@ def test_a_reserved_port_is_skipped_until_its_reservation_lapses(tmp_path, monke
     assert set(json.loads(registry.read_text())) == {"40001"}
 
 
-def test_a_broken_registry_is_started_afresh(tmp_path, monkeypatch):
+@pytest.mark.parametrize("broken", ["{not json", "[1, 2]", '{"40001": null}', '{"x": 1.0}'])
+def test_a_broken_registry_is_started_afresh(tmp_path, monkeypatch, broken):
     registry = tmp_path / "ports.json"
-    registry.write_text("{not json")
+    registry.write_text(broken)
     monkeypatch.setattr(procs.socket, "socket", _Sock)
     _Sock.draws = [40005]
     assert procs.free_ports(1, registry=registry) == [40005]
