@@ -46,13 +46,13 @@ PORT_RESERVATION_SECONDS = 300.0
 
 def free_ports(count: int, host: str = "127.0.0.1", *, registry: Path | None = None,
                clock: Callable[[], float] = time.time) -> list[int]:
-    """``count`` distinct ports on ``host`` that were free a moment ago, none handed out to another process
-    of this user in the last ``PORT_RESERVATION_SECONDS``.
+    """``count`` distinct ports on ``host`` that were free a moment ago, none handed out by any process
+    of this user (this one included) in the last ``PORT_RESERVATION_SECONDS``.
 
-    A port is free from this call until its child binds it: two launchers on one machine (parallel tests,
-    a bench beside a testbed) could be given the same one in that window. The kernel's ephemeral ports
-    are drawn here, and every draw is noted, under a file lock, in ``registry`` (a JSON file of port ->
-    time, by default in the temp dir per user); a draw another process holds is skipped.
+    A port is free from this call until its child binds it: two draws (a testbed's server and broker,
+    parallel tests, a bench beside a testbed) could be given the same one in that window. The kernel's
+    ephemeral ports are drawn here, and every draw is noted, under a file lock, in ``registry`` (a JSON
+    file of port -> time, by default in the temp dir per user); a draw still reserved is skipped.
     """
     user = getattr(os, "getuid", lambda: "")()  # per user: another user's file is not ours to lock
     path = registry or Path(tempfile.gettempdir()) / f"hermes-ports-{user}.json"
@@ -75,14 +75,16 @@ def free_ports(count: int, host: str = "127.0.0.1", *, registry: Path | None = N
 def _draw(count: int, host: str, taken: set[int]) -> list[int]:
     """``count`` ports from the kernel (all held open at once, so distinct), none in ``taken``."""
     socks: list[socket.socket] = []
+    picked: list[int] = []
     try:
         while len(socks) < count + 256:  # each draw held open (distinct); a bound on the fds used
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             s.bind((host, 0))
             socks.append(s)
-            picked = [x.getsockname()[1] for x in socks if x.getsockname()[1] not in taken]
-            if len(picked) == count:
-                return picked
+            if (port := s.getsockname()[1]) not in taken:
+                picked.append(port)
+                if len(picked) == count:
+                    return picked
         raise OSError(f"no {count} free ports on {host} outside the {len(taken)} reserved")
     finally:
         for s in socks:

@@ -91,9 +91,7 @@ class Testbed:
         self.logs = self.out / "logs"
         self.procs: list[Proc] = []
         self.server: Proc | None = None
-        # All of the run's own ports in one call (held open together, so distinct): a broker port
-        # picked after the server's were released once got the server's control port (2026-11-27).
-        self.port, self.data_port, self.broker_port = free_ports(3)
+        self.port, self.data_port = free_ports(2)
         self.url = f"http://127.0.0.1:{self.port}"
         self.events_path = self.out / "events.jsonl"
         # --kafka auto: a Tansu broker of our own; --kafka HOST:PORT: an existing one.
@@ -220,8 +218,7 @@ class Testbed:
         from hermes.deploy.broker import BrokerError, TansuBroker
 
         try:
-            broker = TansuBroker(port=self.broker_port, log_path=self.logs / "kafka.log",
-                                 advertised_host=self.links.advertise_host).start()
+            broker = TansuBroker(log_path=self.logs / "kafka.log", advertised_host=self.links.advertise_host).start()
         except BrokerError as exc:
             raise TestbedError(f"--kafka auto: {exc}") from None
         self.broker = broker
