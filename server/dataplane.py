@@ -19,6 +19,7 @@ from hermes.common.wire import MAX_HEADER_BYTES, ErrorCode, Header, ProtocolErro
 from hermes.server.aio import cancel_and_wait
 from hermes.server.auth import RateLimiter
 from hermes.server.engine import Engine
+from hermes.server.heap import HeapTrimmer
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +38,8 @@ class DataPlane:
 
     def __init__(self, engine: Engine, host: str, port: int, *, max_in_flight: int = 1024,
                  max_per_peer: int = 16, max_inflight_bytes: int | None = None,
-                 error_replies_per_second: float = 500.0, error_reply_burst: int = 1000) -> None:
+                 error_replies_per_second: float = 500.0, error_reply_burst: int = 1000,
+                 trim_quiet_s: float = 0.5) -> None:
         self.engine = engine
         self.host = host
         self.requested_port = port
@@ -49,6 +51,8 @@ class DataPlane:
         self.max_inflight_bytes = max_inflight_bytes or 4 * engine.max_message_bytes
         # One bucket for all peers: a flood from many connections shares it.
         self._error_budget = RateLimiter(error_replies_per_second, error_reply_burst, clock=engine.clock)
+        # Freed frame buffers go back to the OS once a flood of refusals is over (server/heap.py).
+        self._trimmer = HeapTrimmer(trim_quiet_s)
         self._ctx: zmq.asyncio.Context | None = None
         self._sock: zmq.asyncio.Socket | None = None
         self._task: asyncio.Task | None = None
@@ -84,6 +88,7 @@ class DataPlane:
             await asyncio.wait(list(self._inflight), timeout=2.0)
         for t in list(self._inflight):
             t.cancel()
+        await self._trimmer.close()
         if self._sock is not None:
             self._sock.close(linger=0)
         if self._ctx is not None:
@@ -106,11 +111,12 @@ class DataPlane:
             if isinstance(admitted, Header):
                 self._per_peer[identity] = self._per_peer.get(identity, 0) + 1
                 self.inflight_bytes += size
-                task = asyncio.create_task(self._handle(identity, frames[1:], admitted))
+                task = asyncio.create_task(self._handle(identity, frames[1:], admitted, size))
                 self._inflight.add(task)
                 task.add_done_callback(functools.partial(self._done, identity=identity, size=size))
             else:
                 code, message = admitted
+                self._trimmer.note_refused(size)
                 self.engine.metrics.errors.labels(code=code.value).inc()
                 if self._error_budget.allow("error replies") == 0.0:
                     await self._send(identity, error_frames(code, message, seq=_seq_of(frames[1:])))
@@ -151,10 +157,11 @@ class DataPlane:
         else:
             self._per_peer.pop(identity, None)
 
-    async def _handle(self, identity: bytes, frames: list, header: Header | None = None) -> None:
+    async def _handle(self, identity: bytes, frames: list, header: Header | None = None, size: int = 0) -> None:
         try:
             reply = await self.engine.handle(frames, header)
         except ProtocolError as exc:
+            self._trimmer.note_refused(size)
             self.engine.metrics.errors.labels(code=exc.code.value).inc()
             if exc.code is ErrorCode.TOO_LARGE:
                 self.engine.metrics.limit_hits.labels(limit="max_message_bytes").inc()

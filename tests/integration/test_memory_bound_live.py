@@ -12,14 +12,18 @@ bound total memory"):
 
 So peak RSS <= baseline + peers × socket_frame_cap + max_inflight_bytes + slack.
 Measured on 2026-11-24 (2 shared cores, 64 peers × 4 frames of 4 MiB, limit
-2 MiB, bound 264 MiB): peak +156 to +226 MiB.
+2 MiB, bound 264 MiB): peak +156 to +226 MiB. With the server's event loop held
+for 3 s at the first frame of a burst (a patch, 2026-11-27), +263 MiB: libzmq
+holds one frame per connection, so the bound is not loose.
 
 Freed memory: frame buffers under glibc's dynamic mmap threshold (up to 32 MiB)
-go back to malloc's arenas, not the OS (+59 MiB kept after that burst with the
-default allocator, mostly reused by the next burst: a second burst peaked 67 MiB
-higher once, still under the bound); with
-``MALLOC_MMAP_THRESHOLD_=131072`` every frame buffer is its own mapping and RSS
-returns to within a few MiB of the baseline (+6 MiB measured).
+go back to malloc's arenas, not the OS; without the server's trim, +64 to +185
+MiB stayed after a burst and a third burst in CI peaked at +354 MiB, over the
+bound (2026-11-27): libzmq's part is the +263 above, so the
+rest, we take it, was fragmented arenas. The server trims the heap once the
+refusals stop (server/heap.py): RSS comes back to +6 MiB after each burst, and
+each burst starts from there. ``MALLOC_MMAP_THRESHOLD_=131072`` makes every
+frame buffer its own mapping instead (the first test runs the server so).
 """
 
 from __future__ import annotations
@@ -89,6 +93,12 @@ def _mem(srv: LiveServer) -> dict[str, int]:
     return out
 
 
+def _reset_peak(srv: LiveServer) -> None:
+    """Start VmHWM afresh (Linux ≥ 4.0), so a peak is this burst's and not an earlier one's."""
+    with open(f"/proc/{srv.proc.pid}/clear_refs", "w") as fh:
+        fh.write("5")
+
+
 def _burst(srv: LiveServer, worker_id: str) -> None:
     proc = subprocess.run([sys.executable, "-c", _PEERS, srv.data_address, worker_id, str(2 * LIMIT),
                            str(PEERS), str(FRAMES)], capture_output=True, text=True, timeout=180)
@@ -105,6 +115,7 @@ def test_64_peers_of_maximum_size_frames_stay_under_the_memory_bound(server_fact
     worker = srv.register("mem-bound")
     worker.pull()
     base = _mem(srv)["VmRSS"]
+    _reset_peak(srv)
     _burst(srv, worker.id)
     bound = PEERS * socket_frame_cap(LIMIT) + 4 * LIMIT + SLACK
     peak = _mem(srv)["VmHWM"] - base
@@ -119,14 +130,19 @@ def test_64_peers_of_maximum_size_frames_stay_under_the_memory_bound(server_fact
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/PID/status")
-def test_default_allocator_stays_under_the_bound_burst_after_burst(server_factory):
-    # glibc's default keeps freed frame buffers in its arenas (RSS does not come back), and the
-    # next burst reuses most of them: three bursts in a row never take the peak past the bound.
+def test_default_allocator_gets_each_bursts_memory_back(server_factory):
+    # glibc's default keeps freed frame buffers in its arenas; the server trims them once a burst
+    # is over, so every burst starts from the baseline and none takes the peak past the bound.
     srv = server_factory("--max-message-bytes", str(LIMIT))
     worker = srv.register("mem-reuse")
     base = _mem(srv)["VmRSS"]
     bound = PEERS * socket_frame_cap(LIMIT) + 4 * LIMIT + SLACK
-    for _ in range(3):
+    for burst in range(1, 4):
+        _reset_peak(srv)
         _burst(srv, worker.id)
         peak = _mem(srv)["VmHWM"] - base
-        assert peak <= bound, f"peak RSS +{peak / MiB:.0f} MiB over the bound {bound / MiB:.0f} MiB"
+        assert peak <= bound, f"burst {burst}: peak RSS +{peak / MiB:.0f} MiB over the bound {bound / MiB:.0f} MiB"
+        wait_for(lambda: _mem(srv)["VmRSS"] - base < 32 * MiB, 15, f"RSS back near its baseline after burst {burst}")
+    assert "flood over: gave" in srv.log_text()
+    assert srv.healthz()["status"] == "ok"
+    worker.pull()
