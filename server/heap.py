@@ -4,8 +4,8 @@ libzmq receives every frame into a ``malloc``'d buffer of its announced size.
 glibc serves a large one from its own mapping at first, but once such a
 mapping is freed its dynamic mmap threshold rises to that size (up to 32 MiB),
 and later frames come from malloc's arenas, which keep what is freed. After a
-64-peer burst of 4 MiB frames the server kept +64 to +185 MiB, and the next
-burst, on fragmented arenas, peaked higher than the first: +354 MiB in CI
+64-peer burst of 4 MiB frames the server kept +64 to +185 MiB, and later
+bursts, on fragmented arenas, peaked higher than the first: a third at +354 MiB in CI
 against the 316 MiB the data plane's bound allows (2026-11-27). One
 ``malloc_trim(0)`` once the refusals stop hands it back: +6 MiB after every
 burst, and each burst peaks like the first (180-273 MiB, three bursts in three
