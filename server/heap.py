@@ -8,7 +8,7 @@ and later frames come from malloc's arenas, which keep what is freed. After a
 bursts, on fragmented arenas, peaked higher than the first: a third at +354 MiB in CI
 against the 316 MiB the data plane's bound allows (2026-11-27). One
 ``malloc_trim(0)`` once the refusals stop hands it back: +6 MiB after every
-burst, and each burst peaks like the first (180-273 MiB, three bursts in three
+burst, and each burst peaks like the first (+221 to +264 MiB, three bursts in three
 servers, 2026-11-27).
 
 Only refused frames arm it: honest pushes are folded and freed in a steady
