@@ -48,6 +48,9 @@ class LossParams(BaseModel):
     server_lr: float = Field(
         default=1.0, gt=0.0, le=4.0, description="With loss.reference pull: w <- w + server_lr * a * delta "
         "(1 = the Eq. 5-6 share alone); only 1 with baseline, whose blend is convex.")
+    sharpness: float = Field(
+        default=1.0, gt=0.0, le=8.0, description="Exponent p on the Eq. 5 inverse losses: the worker's share is "
+        "T_g^p / (T_g^p + T_w^p) (1 = Hermes).")
 
 
 def mean_weights(count: int) -> list[float]:
@@ -86,7 +89,8 @@ def aggregation_weights(rule: str, samples: Sequence[int]) -> list[float]:
     return cls.weights(samples, None)
 
 
-def loss_blend_weight(global_loss: float, candidate_loss: float, *, floor: float = 1e-12) -> float:
+def loss_blend_weight(global_loss: float, candidate_loss: float, *, floor: float = 1e-12,
+                      sharpness: float = 1.0) -> float:
     """Share of the worker's model in the new global model (Hermes Eq. 5-6, Alg. 2).
 
     Eq. 5 weighs by inverse test loss, W_worker = 1/T_w and W_global = 1/T_g;
@@ -99,6 +103,8 @@ def loss_blend_weight(global_loss: float, candidate_loss: float, *, floor: float
         if not math.isfinite(v) or v < 0:
             raise ValueError(f"{name} must be a finite, non-negative loss, got {v!r}")
     g, c = max(global_loss, floor), max(candidate_loss, floor)
+    if sharpness != 1.0:
+        return 1.0 / (1.0 + (c / g) ** sharpness)
     return g / (g + c)
 
 

@@ -120,8 +120,9 @@ class LossBlend:
     needs_candidate_loss = True
 
     def __init__(self, probe: LossProbe, metrics: ServerMetrics, reference: str = "baseline",
-                 server_lr: float = 1.0) -> None:
+                 server_lr: float = 1.0, sharpness: float = 1.0) -> None:
         self.probe = probe
+        self.sharpness = sharpness
         self.metrics = metrics
         self.server_lr = server_lr
         self.from_current = reference == "pull"
@@ -145,7 +146,7 @@ class LossBlend:
             _, global_loss = await asyncio.to_thread(self.probe.global_loss)
             # Screening refuses non-finite candidates; a global model whose loss
             # overflows is worse than any finite candidate, so it takes the step whole.
-            weight = (loss_blend_weight(global_loss, update.candidate_loss) if math.isfinite(global_loss)
+            weight = (loss_blend_weight(global_loss, update.candidate_loss, sharpness=self.sharpness) if math.isfinite(global_loss)
                       else 1.0)
             extra = {"global_loss": round(global_loss, 6)}
         extra["candidate_loss"] = round(update.candidate_loss, 6)
@@ -270,7 +271,7 @@ def build_policies(
     if rule.needs_candidate_loss:
         probe = LossProbe(task, spec, state, validation, samples=config.loss.eval_samples, seed=config.seed,
                           metrics=metrics)
-        aggregation = LossBlend(probe, metrics, config.loss.reference, config.loss.server_lr)
+        aggregation = LossBlend(probe, metrics, config.loss.reference, config.loss.server_lr, config.loss.sharpness)
     elif rule.update_from_baseline:
         aggregation = StalenessMix(registry.make("aggregation", config))
     elif rule.weighs_by_staleness:

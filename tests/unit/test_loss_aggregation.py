@@ -32,6 +32,21 @@ def test_eq5_weights_worked_numbers():
     assert loss_blend_weight(0.2, 0.6) == pytest.approx(0.25)
 
 
+def test_sharpness_raises_the_eq5_inverse_losses_to_a_power():
+    # p = 1 is Eq. 6 itself; p = 2 squares the inverse losses: W_global = 1/0.5^2 = 4,
+    # W_worker = 1/0.25^2 = 16, worker share 16/20.
+    assert loss_blend_weight(0.5, 0.25, sharpness=1.0) == loss_blend_weight(0.5, 0.25)
+    assert loss_blend_weight(0.5, 0.25, sharpness=2.0) == pytest.approx(0.8)
+    # A stale delta that makes the model worse (from a measured run: T_g 0.395, T_w 0.9215):
+    # Eq. 6 still adds 30% of it; p = 2 adds 16%, p = 4 3%.
+    assert loss_blend_weight(0.395, 0.9215) == pytest.approx(0.300, abs=1e-3)
+    assert loss_blend_weight(0.395, 0.9215, sharpness=2.0) == pytest.approx(0.155, abs=1e-3)
+    assert loss_blend_weight(0.395, 0.9215, sharpness=4.0) == pytest.approx(0.0326, abs=1e-3)
+    # Equal losses stay a plain average whatever p.
+    assert loss_blend_weight(1.3, 1.3, sharpness=4.0) == pytest.approx(0.5)
+    assert loss_blend_weight(0.0, 0.0, sharpness=2.0) == pytest.approx(0.5)
+
+
 def test_eq5_zero_loss_does_not_divide_by_zero():
     assert loss_blend_weight(0.5, 0.0) == pytest.approx(1.0)
     assert loss_blend_weight(0.0, 0.5) == pytest.approx(0.0, abs=1e-9)
@@ -103,7 +118,8 @@ class _FixedProbe:
         return self.losses[1]
 
 
-def _fold(reference: str, version: int, server_lr: float = 1.0) -> tuple[object, list[float], _FixedProbe]:
+def _fold(reference: str, version: int, server_lr: float = 1.0,
+          sharpness: float = 1.0) -> tuple[object, list[float], _FixedProbe]:
     import asyncio
     from types import SimpleNamespace
 
@@ -111,7 +127,7 @@ def _fold(reference: str, version: int, server_lr: float = 1.0) -> tuple[object,
     from hermes.server.metrics import ServerMetrics
 
     probe = _FixedProbe(0.5, 0.25)
-    rule = LossBlend(probe, ServerMetrics(), reference, server_lr)  # type: ignore[arg-type]
+    rule = LossBlend(probe, ServerMetrics(), reference, server_lr, sharpness)  # type: ignore[arg-type]
 
     async def go() -> list[float]:
         loss = await rule.candidate_loss(_payload([1.0]))
@@ -156,6 +172,12 @@ def test_pull_reference_server_lr_scales_the_share():
     assert _fold("pull", version=0, server_lr=2.0)[1] == [1.0]  # the first push is the model, not 2x it
 
 
+def test_the_fold_takes_the_sharpened_share():
+    assert _fold("pull", version=3, sharpness=2.0)[1] == [pytest.approx(0.8)]  # 0.5^-2 / (0.5^-2 + 0.25^-2)
+    assert _fold("baseline", version=3, sharpness=2.0)[1] == [pytest.approx(0.8)]
+    assert _fold("pull", version=0, sharpness=2.0)[1] == [1.0]
+
+
 def test_server_lr_needs_the_pull_reference():
     from hermes.common.config import ConfigError, build_config
 
@@ -178,4 +200,6 @@ def test_hermes_differs_from_the_paper_preset_only_by_the_measured_deviations():
     assert (paper["overlap_push"], fast["overlap_push"]) == (False, True)
     assert fast["loss"]["reference"] == "pull" and fast["loss"]["server_lr"] == 1.0 and fast["momentum"] == 0.9
     assert (paper["loss"]["eval_samples"], fast["loss"]["eval_samples"]) == (512, 256)
-    assert {k for k in paper["loss"] if paper["loss"][k] != fast["loss"][k]} == {"reference", "eval_samples"}
+    assert (paper["loss"]["sharpness"], fast["loss"]["sharpness"]) == (1.0, 2.0)
+    assert {k for k in paper["loss"] if paper["loss"][k] != fast["loss"][k]} == {"reference", "eval_samples",
+                                                                               "sharpness"}
