@@ -191,8 +191,8 @@ def test_a_real_hermes_agent_sends_one_work_request_per_k_assignments_and_one_pe
 
 
 def test_pull_reference_adds_each_delta_by_its_loss_share(server_factory):
-    """loss.reference pull (a deviation): w <- w + server_lr * a * delta, a = T_g / (T_g + T_c)
-    with the candidate w + delta; replayed from the logged losses."""
+    """loss.reference pull (a deviation): w <- w + server_lr * a * delta, a = T_g^p / (T_g^p + T_c^p)
+    with the candidate w + delta (the hermes preset's loss.sharpness p = 2); replayed from the logged losses."""
     srv = server_factory("--preset", "hermes", sets=("loss.reference=pull", "loss.server_lr=1.5",
                                                       "eval_interval_seconds=0.5"))
     workers = [srv.register() for _ in range(2)]
@@ -211,7 +211,8 @@ def test_pull_reference_adds_each_delta_by_its_loss_share(server_factory):
     for version, g in enumerate(pushed, start=1):
         lam = steps[version]["weights"][0]
         if version > 1:
-            share = steps[version]["global_loss"] / (steps[version]["global_loss"] + steps[version]["candidate_loss"])
+            g_loss, c_loss = steps[version]["global_loss"], steps[version]["candidate_loss"]
+            share = g_loss**2 / (g_loss**2 + c_loss**2)
             assert lam == pytest.approx(1.5 * share, abs=4e-6)
             assert lam > 0.5  # added, not blended: a convex share times 1.5
         model = model + lam * g
