@@ -98,13 +98,17 @@ def loss_blend_weight(global_loss: float, candidate_loss: float, *, floor: float
         w_new = (W_global * w_global + W_worker * w_worker) / (W_global + W_worker),
     so the worker's share is (1/T_w) / (1/T_w + 1/T_g) = T_g / (T_g + T_w).
     Losses are floored so a perfect (zero-loss) model cannot divide by zero.
+    ``sharpness`` p (a deviation, docs/papers.md) weighs by 1/T^p instead:
+    the share is T_g^p / (T_g^p + T_w^p), and p = 1 is Eq. 6 itself.
     """
     for name, v in (("global_loss", global_loss), ("candidate_loss", candidate_loss)):
         if not math.isfinite(v) or v < 0:
             raise ValueError(f"{name} must be a finite, non-negative loss, got {v!r}")
     g, c = max(global_loss, floor), max(candidate_loss, floor)
     if sharpness != 1.0:
-        return 1.0 / (1.0 + (c / g) ** sharpness)
+        # In logs: (c / g) ** p overflows a float for a finite but huge loss ratio.
+        z = sharpness * (math.log(c) - math.log(g))
+        return 1.0 / (1.0 + math.exp(z)) if z < 700.0 else 0.0
     return g / (g + c)
 
 

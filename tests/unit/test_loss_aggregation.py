@@ -45,6 +45,9 @@ def test_sharpness_raises_the_eq5_inverse_losses_to_a_power():
     # Equal losses stay a plain average whatever p.
     assert loss_blend_weight(1.3, 1.3, sharpness=4.0) == pytest.approx(0.5)
     assert loss_blend_weight(0.0, 0.0, sharpness=2.0) == pytest.approx(0.5)
+    # A finite but huge ratio neither overflows nor leaves [0, 1].
+    assert loss_blend_weight(1e-3, 1e300, sharpness=8.0) == 0.0
+    assert loss_blend_weight(1e300, 1e-3, sharpness=8.0) == 1.0
 
 
 def test_eq5_zero_loss_does_not_divide_by_zero():
