@@ -16,6 +16,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from hermes.common.cli_env import ENV_NESTED, ENV_PREFIX
 from hermes.common.config import PRESETS, SECTIONS, ConfigError, RunConfig, build_config, load_config_file
 from hermes.common.presets import unknown_preset
 from hermes.server.screening_params import ScreeningSettings
@@ -23,9 +24,6 @@ from hermes.server.screening_params import ScreeningSettings
 # = hermes.common.wire.DEFAULT_MAX_MESSAGE_BYTES, not imported from there: the wire imports torch
 # (tests/unit/test_server_cli.py checks the two agree).
 DEFAULT_MAX_MESSAGE_BYTES = 512 * 1024 * 1024
-
-ENV_PREFIX = "HERMES_"
-ENV_NESTED = "__"
 
 
 def server_version() -> str:
