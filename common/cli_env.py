@@ -23,6 +23,12 @@ keeps an older name, ``env_names={"dest": None}`` gives a flag no twin.
 
 Subparsers made by ``add_subparsers`` are ``HermesParser`` too and apply the
 same rules to their own options.
+
+This is the one environment-twin mechanism: ``hermes-server`` uses it too,
+with ``reads_env=False``, because its twins are read by its settings model
+(pydantic-settings with ``ENV_PREFIX`` and ``ENV_NESTED``, so that ``uvicorn
+--factory`` builds the app from the environment alone); the parser then only
+names them in ``--help``.
 """
 
 from __future__ import annotations
@@ -36,9 +42,12 @@ from collections.abc import Mapping, Sequence
 from importlib import metadata
 from typing import Any, NoReturn
 
-__all__ = ["HermesParser", "deprecated_alias", "env_name", "package_version"]
+__all__ = ["ENV_NESTED", "ENV_PREFIX", "HermesParser", "deprecated_alias", "env_name", "package_version"]
 
+# The agent's and the server's prefix; the launchers pass their own (env_prefix).
 ENV_PREFIX = "HERMES_"
+# Between a settings section and its field: HERMES_SCREENING__NORM_FACTOR.
+ENV_NESTED = "__"
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off", ""})
 # A switch's twin set to a false value: the flag's own default stands.
@@ -73,12 +82,14 @@ class HermesParser(argparse.ArgumentParser):
     """``argparse.ArgumentParser`` with environment twins, did-you-mean and one-line errors."""
 
     def __init__(self, *args: Any, version: bool = False, env_names: Mapping[str, str | None] | None = None,
-                 env_prefix: str | None = None, **kwargs: Any) -> None:
+                 env_prefix: str | None = None, reads_env: bool = True, **kwargs: Any) -> None:
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
         self.env_names: dict[str, str | None] = dict(env_names or {})
         # None: a subparser takes its parent's (set when the parent parses).
         self.env_prefix = env_prefix
+        # False: a settings model reads the twins (hermes-server); the parser only names them.
+        self.reads_env = reads_env
         self._env_applied = False
         if version:
             self.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
@@ -93,16 +104,21 @@ class HermesParser(argparse.ArgumentParser):
                 out.append((action, name))
         return out
 
-    def _annotate_help(self) -> None:
+    def annotate_twins(self) -> None:
+        """Append ``[HERMES_X]`` to each option's help that has a twin (done again when parsing and in --help)."""
         for action, name in self._twins():
             if action.help is None:
                 action.help = f"[{name}]"
-            elif f"[{name}]" not in action.help:
+            elif not self.names_twin(action.help, name):
                 action.help = f"{action.help} [{name}]"
+
+    def names_twin(self, help_text: str, name: str) -> bool:
+        """Whether an option's help already shows its twin."""
+        return f"[{name}]" in help_text
 
     def _apply_env(self) -> None:
         """Defaults from the environment, converted and checked like the flag would be."""
-        if self._env_applied:
+        if self._env_applied or not self.reads_env:
             return
         self._env_applied = True
         for action, name in self._twins():
@@ -152,7 +168,7 @@ class HermesParser(argparse.ArgumentParser):
     def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
                          namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
         self._inherit()
-        self._annotate_help()
+        self.annotate_twins()
         argv = list(sys.argv[1:] if args is None else args)
         # --help and --version work whatever the environment holds.
         if not {"-h", "--help", "--version"} & set(argv):
@@ -160,7 +176,7 @@ class HermesParser(argparse.ArgumentParser):
         return super().parse_known_args(argv, namespace)
 
     def format_help(self) -> str:
-        self._annotate_help()
+        self.annotate_twins()
         return super().format_help()
 
     # ---- errors --------------------------------------------------------------

@@ -1,7 +1,8 @@
 """File-based data sets: MNIST (IDX files) and CIFAR-10 (python batches), read from a local folder.
 
-Split from ``datasets.py`` (which dispatches to ``load_mnist``/``load_cifar10``
-lazily): readers of untrusted files with their format checks. Nothing here
+``datasets.load_dataset`` dispatches to ``load_mnist``/``load_cifar10``;
+readers of untrusted files with their format checks, building their pairs
+with ``array_dataset``. Nothing here
 touches the network.
 """
 
@@ -17,13 +18,13 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from hermes.common.datasets import (
+from hermes.common.array_dataset import (
     ArrayDataset,
     DatasetCorrupt,
     DatasetUnavailable,
-    _cap,
-    _make_pair,
-    _to_unit,
+    cap_training,
+    make_pair,
+    to_unit,
 )
 
 # ---------------------------------------------------------------- mnist (IDX)
@@ -121,12 +122,12 @@ def load_mnist(
     files = _MNIST_FILES
     x_train, y_train = _mnist_split(root, files["train_images"], files["train_labels"])
     x_test, y_test = _mnist_split(root, files["test_images"], files["test_labels"])
-    x_train, y_train = _cap(x_train, y_train, num_samples, seed)
-    return _make_pair(
+    x_train, y_train = cap_training(x_train, y_train, num_samples, seed)
+    return make_pair(
         "mnist",
-        _to_unit(x_train)[:, None],
+        to_unit(x_train)[:, None],
         y_train,
-        _to_unit(x_test)[:, None],
+        to_unit(x_test)[:, None],
         y_test,
         10,
     )
@@ -223,12 +224,12 @@ def load_cifar10(
     x_train = np.concatenate([p[0] for p in parts])
     y_train = np.concatenate([p[1] for p in parts])
     x_test, y_test = _read_cifar_batch(os.path.join(folder, _CIFAR_TEST))
-    x_train, y_train = _cap(x_train, y_train, num_samples, seed)
-    return _make_pair(
+    x_train, y_train = cap_training(x_train, y_train, num_samples, seed)
+    return make_pair(
         "cifar10",
-        _to_unit(x_train),
+        to_unit(x_train),
         y_train,
-        _to_unit(x_test),
+        to_unit(x_test),
         y_test,
         10,
     )

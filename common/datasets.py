@@ -16,64 +16,31 @@ import logging
 import math
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
+from hermes.common import dataset_files
+from hermes.common.array_dataset import (
+    ArrayDataset,
+    DatasetCorrupt,
+    DatasetUnavailable,
+    cap_training,
+    make_pair,
+)
 from hermes.common.cli_env import package_version
 from hermes.common.dataset_cache import cached_arrays
+from hermes.common.dataset_files import read_idx
+
+# ArrayDataset, its errors and read_idx are re-exported: callers load data sets from here.
+__all__ = ["DATASET_NAMES", "ArrayDataset", "DatasetCorrupt", "DatasetUnavailable", "load_dataset", "make_synthetic",
+           "read_idx", "split_validation", "validation_indices"]
 
 logger = logging.getLogger(__name__)
 
 DATASET_NAMES = ("digits", "mnist1d", "synthetic", "mnist", "cifar10")
 
-_EPS = 1e-6
 _MNIST1D_DEFAULT_SAMPLES = 5000
 _SYNTHETIC_DEFAULT_SAMPLES = 10000
-
-
-class DatasetUnavailable(Exception):
-    """The data set cannot be produced here: files or packages are missing."""
-
-
-class DatasetCorrupt(DatasetUnavailable):
-    """The data set's files exist but are not what they claim to be."""
-
-
-@dataclass(frozen=True)
-class ArrayDataset:
-    name: str
-    x: np.ndarray
-    y: np.ndarray
-    num_classes: int
-
-    def __post_init__(self) -> None:
-        if self.x.dtype != np.float32 or not self.x.flags.c_contiguous or self.x.ndim < 2:
-            raise ValueError(
-                f"{self.name}: x must be a C-contiguous float32 array (N, *input_shape), "
-                f"got {self.x.dtype} {self.x.shape}"
-            )
-        if self.y.dtype != np.int64 or self.y.shape != (self.x.shape[0],):
-            raise ValueError(
-                f"{self.name}: y must be int64 of shape ({self.x.shape[0]},), "
-                f"got {self.y.dtype} {self.y.shape}"
-            )
-        if len(self.y) and (self.y.min() < 0 or self.y.max() >= self.num_classes):
-            raise ValueError(f"{self.name}: labels fall outside [0, {self.num_classes})")
-
-    @property
-    def input_shape(self) -> tuple[int, ...]:
-        return tuple(self.x.shape[1:])
-
-    def __len__(self) -> int:
-        return int(self.x.shape[0])
-
-    def __getitem__(self, i: int) -> tuple[Any, Any]:
-        """Sample ``i`` as an (input, target) pair of tensors: an ArrayDataset is a map-style Dataset."""
-        import torch
-
-        return torch.from_numpy(self.x[i]), torch.tensor(self.y[i])
 
 
 def load_dataset(
@@ -109,29 +76,6 @@ def load_dataset(
 
 
 # ---------------------------------------------------------------- helpers
-
-
-def _standardise(train_x: np.ndarray, test_x: np.ndarray) -> None:
-    """Shift and scale both splits in place to zero mean and unit variance per
-    channel (axis 1), using the training split's statistics."""
-    for c in range(train_x.shape[1]):
-        channel = train_x[:, c]
-        # One channel at a time with float64 sums: a float64 copy of all of
-        # CIFAR-10 would take 1.2 GB, and float32 sums over 50M pixels drift.
-        mean = channel.sum(dtype=np.float64) / channel.size
-        centred = channel - np.float32(mean)
-        np.square(centred, out=centred)
-        std = max(math.sqrt(centred.sum(dtype=np.float64) / channel.size), _EPS)
-        for x in (train_x, test_x):
-            x[:, c] -= np.float32(mean)
-            x[:, c] /= np.float32(std)
-
-
-def _to_unit(raw: np.ndarray) -> np.ndarray:
-    """uint8 pixels to float32 in [0, 1], with a single float copy."""
-    x = raw.astype(np.float32)
-    x /= 255.0
-    return x
 
 
 def _stratified_split(
@@ -178,32 +122,6 @@ def _approximate_mode(counts: np.ndarray, draws: int, rng: np.random.RandomState
     return floored.astype(int)
 
 
-def _cap(
-    x: np.ndarray, y: np.ndarray, limit: int | None, seed: int
-) -> tuple[np.ndarray, np.ndarray]:
-    if limit is None or limit >= len(y):
-        return x, y
-    keep = np.sort(np.random.default_rng(seed).choice(len(y), size=limit, replace=False))
-    return x[keep], y[keep]
-
-
-def _make_pair(
-    name: str,
-    x_train: np.ndarray,
-    y_train: np.ndarray,
-    x_test: np.ndarray,
-    y_test: np.ndarray,
-    num_classes: int,
-) -> tuple[ArrayDataset, ArrayDataset]:
-    x_train = np.ascontiguousarray(x_train, dtype=np.float32)
-    x_test = np.ascontiguousarray(x_test, dtype=np.float32)
-    _standardise(x_train, x_test)
-    return (
-        ArrayDataset(name, x_train, np.asarray(y_train, dtype=np.int64), num_classes),
-        ArrayDataset(name, x_test, np.asarray(y_test, dtype=np.int64), num_classes),
-    )
-
-
 # ---------------------------------------------------------------- digits
 
 
@@ -214,8 +132,8 @@ def _load_digits(
     x = (np.asarray(data, dtype=np.float32) / 16.0).reshape(-1, 1, 8, 8)
     y = np.asarray(target, dtype=np.int64)
     train_idx, test_idx = _stratified_split(y, test_fraction, seed)
-    x_train, y_train = _cap(x[train_idx], y[train_idx], num_samples, seed)
-    return _make_pair("digits", x_train, y_train, x[test_idx], y[test_idx], 10)
+    x_train, y_train = cap_training(x[train_idx], y[train_idx], num_samples, seed)
+    return make_pair("digits", x_train, y_train, x[test_idx], y[test_idx], 10)
 
 
 def _digits_arrays() -> tuple[np.ndarray, np.ndarray]:
@@ -280,7 +198,7 @@ def _load_mnist1d(
 
     # Every generation parameter (defaults included) and the package's version name the file.
     data = cached_arrays("mnist1d", {"args": vars(args), "mnist1d": package_version("mnist1d")}, generate)
-    return _make_pair(
+    return make_pair(
         "mnist1d", data["x"].reshape(-1, 1, length), data["y"], data["x_test"].reshape(-1, 1, length),
         data["y_test"], int(data["classes"]),
     )
@@ -318,7 +236,7 @@ def make_synthetic(
     cluster = rng.integers(0, clusters_per_class, size=num_samples)
     x = (centres[y, cluster] + rng.standard_normal((num_samples, dim))).astype(np.float32).reshape(num_samples, *input_shape)
     train_idx, test_idx = _stratified_split(y, test_fraction, seed)
-    return _make_pair(
+    return make_pair(
         "synthetic", x[train_idx], y[train_idx], x[test_idx], y[test_idx], num_classes
     )
 
@@ -330,35 +248,14 @@ def _load_synthetic(
     return make_synthetic(total, seed=seed, test_fraction=test_fraction)
 
 
-# ---------------------------------------------------------------- file-based sets (dataset_files.py)
-
-
-def read_idx(path: str, *, ndim: int) -> np.ndarray:
-    """An IDX file's array (MNIST's format), checked; see ``dataset_files.read_idx``."""
-    from hermes.common import dataset_files
-
-    return dataset_files.read_idx(path, ndim=ndim)
-
-
-def _load_mnist(**kwargs: Any) -> tuple[ArrayDataset, ArrayDataset]:
-    # Imported on use: dataset_files imports this module's helpers.
-    from hermes.common import dataset_files
-
-    return dataset_files.load_mnist(**kwargs)
-
-
-def _load_cifar10(**kwargs: Any) -> tuple[ArrayDataset, ArrayDataset]:
-    from hermes.common import dataset_files
-
-    return dataset_files.load_cifar10(**kwargs)
-
+# ---------------------------------------------------------------- by name (file-based sets: dataset_files.py)
 
 _LOADERS: dict[str, Callable[..., tuple[ArrayDataset, ArrayDataset]]] = {
     "digits": _load_digits,
     "mnist1d": _load_mnist1d,
     "synthetic": _load_synthetic,
-    "mnist": _load_mnist,
-    "cifar10": _load_cifar10,
+    "mnist": dataset_files.load_mnist,
+    "cifar10": dataset_files.load_cifar10,
 }
 
 

@@ -3,6 +3,7 @@
 - ``free_ports`` / ``free_port`` / ``port_is_free``: loopback ports (each one handed out is reserved
   for a while across this user's processes, so parallel launchers never share one);
 - ``start``: a child in a session (process group) of its own, output to a log file;
+  ``Proc``: such a child as a launcher keeps it, with its name, log and what it was started with;
 - ``wait_healthy`` / ``wait_ready``: poll until it answers, with a deadline,
   failing fast (with the tail of its output) if it died meanwhile;
 - ``terminate_group``: SIGTERM its group, SIGKILL what is left.
@@ -27,13 +28,25 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger(__name__)
 
 
 class StartupError(RuntimeError):
     """A child process died during start-up or did not become ready in time (the message holds its output tail)."""
+
+
+@dataclass
+class Proc:
+    """A started child as a launcher keeps it: its name, process, log file and what it was started with."""
+
+    name: str
+    popen: subprocess.Popen
+    log_path: Path
+    info: dict[str, Any]
 
 
 # ---------------------------------------------------------------------------- ports

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     import argparse
     from pathlib import Path
 
-    from hermes.deploy.testbed import Proc
+    from hermes.deploy.procs import Proc
 
 
 def build_summary(a: argparse.Namespace, srv: dict[str, Any], *, outcome: str, wall: float,

@@ -9,7 +9,6 @@ config, the output folder and the ports (``preflight``).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from typing import Any
@@ -25,20 +24,6 @@ from hermes.server.preflight import (
     reachability_warning,
     version_text,
 )
-
-
-def _parse_set(items: list[str]) -> dict[str, Any]:
-    """``--set lr=0.1 --set model_kwargs='{"hidden": [64]}'``: values are JSON when they parse."""
-    out: dict[str, Any] = {}
-    for item in items:
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"--set {item!r}: expected KEY=VALUE")
-        try:
-            out[key] = json.loads(raw)
-        except json.JSONDecodeError:
-            out[key] = raw
-    return out
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -187,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from pydantic import ValidationError
 
-        from hermes.server.settings import ServerSettings
+        from hermes.server.settings import ServerSettings, parse_set
     except ImportError as exc:
         print(f"hermes-server needs the server extra: pip install 'hermes-edge[server]' ({exc})", file=sys.stderr)
         return 2
@@ -245,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     given = {k: v for k, v in fields.items() if v is not None}
     try:
         if args.set:  # only when given: an empty --set must not hide HERMES_RUN
-            given["run"] = _parse_set(args.set)
+            given["run"] = parse_set(args.set)
         settings = ServerSettings(**given)
     except ValidationError as exc:
         print(f"hermes-server: configuration error: {explain(exc, given, parser)}", file=sys.stderr)

@@ -3,7 +3,8 @@
 - Usage errors (an unknown flag, ``--port abc``) are one line, not argparse's
   usage block (``UsageParser``).
 - Every flag has one environment twin, ``HERMES_<SETTING>``, read by the
-  same pydantic-settings model (``add_env_twins`` names it in ``--help``);
+  same pydantic-settings model; the parser is a ``HermesParser`` that only
+  names it in ``--help`` (``add_env_twins``);
   a bad value is reported under the name the user wrote (``explain``):
   ``HERMES_PORT='abc': ...`` or ``--heartbeat-timeout: ...``.
 - The control port is bound here and handed to uvicorn, the data and
@@ -22,18 +23,18 @@ import socket
 from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from hermes.common.cli_env import ENV_NESTED, ENV_PREFIX, HermesParser
+
 if TYPE_CHECKING:
     from pydantic import ValidationError
 
-ENV_PREFIX = "HERMES_"
-
 # Flags whose setting is not named like their dest.
 _TWINS = {
-    "set": "HERMES_RUN (JSON object)",
-    "resume": "HERMES_RESUME=1 with HERMES_CHECKPOINT_DIR",
-    "screening": "HERMES_SCREENING__ENABLED",
-    "screening_norm_factor": "HERMES_SCREENING__NORM_FACTOR",
-    "quarantine_after": "HERMES_SCREENING__QUARANTINE_AFTER",
+    "set": f"{ENV_PREFIX}RUN (JSON object)",
+    "resume": f"{ENV_PREFIX}RESUME=1 with {ENV_PREFIX}CHECKPOINT_DIR",
+    "screening": f"{ENV_PREFIX}SCREENING{ENV_NESTED}ENABLED",
+    "screening_norm_factor": f"{ENV_PREFIX}SCREENING{ENV_NESTED}NORM_FACTOR",
+    "quarantine_after": f"{ENV_PREFIX}SCREENING{ENV_NESTED}QUARANTINE_AFTER",
 }
 # Settings set by a flag of another name (for messages that name what the user typed).
 _FLAG_OF_FIELD = {"run": "--set", "resume": "--resume", "checkpoint_dir": "--checkpoint-dir/--resume"}
@@ -43,11 +44,24 @@ class PreflightError(Exception):
     """A start-up mistake found before anything was written (a port in use)."""
 
 
-class UsageParser(argparse.ArgumentParser):
-    """argparse with a one-line error: the message and where to look, exit 2."""
+class UsageParser(HermesParser):
+    """``hermes-server``'s parser: twins named in ``--help`` but read by ``ServerSettings``, and a one-line error.
+
+    Unlike the other tools it keeps argparse's prefix matching (``--por 9000``) and its own error wording,
+    as hermes-server always had them.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", True)
+        super().__init__(*args, reads_env=False, **kwargs)
+
+    def names_twin(self, help_text: str, name: str) -> bool:
+        # A help naming any twin keeps it alone: --admin-token-file shows [HERMES_ADMIN_TOKEN], the token itself.
+        return ENV_PREFIX in help_text
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        # argparse's exit by name: mypy sees hermes.* bases as Any, and their exit with them.
+        argparse.ArgumentParser.exit(self, 2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def version_text(prog: str) -> str:
@@ -70,14 +84,10 @@ def env_twin(dest: str) -> str | None:
     return None
 
 
-def add_env_twins(parser: argparse.ArgumentParser) -> None:
-    """Append ``[HERMES_X]`` to each flag's help, unless its help names it already."""
-    for action in parser._actions:
-        if not action.option_strings or action.help == argparse.SUPPRESS:
-            continue
-        twin = env_twin(action.dest)
-        if twin is not None and ENV_PREFIX not in str(action.help or ""):
-            action.help = f"{action.help} [{twin}]" if action.help else f"[{twin}]"
+def add_env_twins(parser: HermesParser) -> None:
+    """Name each flag's twin after the setting it fills (``--out``: ``HERMES_OUT_DIR``) and show it in its help."""
+    parser.env_names = {a.dest: env_twin(a.dest) for a in parser._actions if a.option_strings}
+    parser.annotate_twins()
 
 
 def operator_fields(args: argparse.Namespace) -> dict[str, Any]:
@@ -101,7 +111,7 @@ def explain(exc: ValidationError, given: dict[str, Any], parser: argparse.Argume
         if field in given:
             where = _FLAG_OF_FIELD.get(field) or flags.get(field) or field
         else:
-            where = f"{ENV_PREFIX}{'__'.join(loc).upper()}={err.get('input')!r}"
+            where = f"{ENV_PREFIX}{ENV_NESTED.join(loc).upper()}={err.get('input')!r}"
         parts.append(f"{where}: {msg}")
     return "; ".join(parts)
 

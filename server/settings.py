@@ -10,21 +10,20 @@ settings, its ports and its output folder before it loads the engine.
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from hermes.common.config import PRESETS, SECTIONS, RunConfig, build_config, load_config_file
+from hermes.common.cli_env import ENV_NESTED, ENV_PREFIX
+from hermes.common.config import PRESETS, SECTIONS, ConfigError, RunConfig, build_config, load_config_file
 from hermes.common.presets import unknown_preset
 from hermes.server.screening_params import ScreeningSettings
 
 # = hermes.common.wire.DEFAULT_MAX_MESSAGE_BYTES, not imported from there: the wire imports torch
 # (tests/unit/test_server_cli.py checks the two agree).
 DEFAULT_MAX_MESSAGE_BYTES = 512 * 1024 * 1024
-
-ENV_PREFIX = "HERMES_"
-ENV_NESTED = "__"
 
 
 def server_version() -> str:
@@ -181,4 +180,18 @@ def _dotted(data: dict[str, Any]) -> dict[str, Any]:
             out.update({f"{key}.{sub}": v for sub, v in value.items()})
         else:
             out[key] = value
+    return out
+
+
+def parse_set(items: list[str]) -> dict[str, Any]:
+    """``--set lr=0.1 --set model_kwargs='{"hidden": [64]}'``: values are JSON when they parse."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--set {item!r}: expected KEY=VALUE")
+        try:
+            out[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            out[key] = raw
     return out

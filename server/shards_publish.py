@@ -62,14 +62,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from hermes.common.kafka_layout import KafkaUnavailable
     from hermes.common.task_registry import resolve_task
-    from hermes.server.cli import _parse_set
     from hermes.server.kafka_publish import KafkaOptions, PublishError, publish_stores
-    from hermes.server.settings import ServerSettings
+    from hermes.server.settings import ServerSettings, parse_set
     from hermes.server.shardstore import load_splits, split_stores
 
     try:
         settings = ServerSettings(**{k: v for k, v in {"preset": args.preset, "config": args.config, "task": args.task,
-                                                        "run": _parse_set(args.set)}.items() if v is not None})
+                                                        "run": parse_set(args.set)}.items() if v is not None})
         config = settings.run_config()
         # A task that cannot be loaded (TaskError, a ValueError) is a configuration error too.
         task = resolve_task(config.task, config)

@@ -255,13 +255,13 @@ def test_server_settings_layering(tmp_path, monkeypatch):
 
 
 def test_cli_set_parsing():
-    from hermes.server.cli import _parse_set
+    from hermes.server.settings import parse_set
 
-    got = _parse_set(["lr=0.1", "model=mlp", 'model_kwargs={"hidden": [64]}', "max_staleness=null", "x=a=b"])
+    got = parse_set(["lr=0.1", "model=mlp", 'model_kwargs={"hidden": [64]}', "max_staleness=null", "x=a=b"])
     assert got == {"lr": 0.1, "model": "mlp", "model_kwargs": {"hidden": [64]}, "max_staleness": None, "x": "a=b"}
     for bad in ("lr", "=3"):
         with pytest.raises(ConfigError, match="KEY=VALUE"):
-            _parse_set([bad])
+            parse_set([bad])
 
 
 # ---------------------------------------------------------------------------

@@ -5,7 +5,8 @@ agent processes on loopback, makes them unequal as an HL profile says,
 prints live progress, stops at the target accuracy or the time limit, shuts
 everything down (no orphans, ports freed) and writes ``DIR/summary.json``
 plus logs and the run's JSON-lines event log. Its command line,
-``hermes-testbed``, is in :mod:`hermes.deploy.testbed_cli`; the fault
+``hermes-testbed`` or ``python -m hermes.deploy.testbed`` (``__main__.py``
+here), is in :mod:`hermes.deploy.testbed_cli`; the fault
 schedule (``--chaos``) in :mod:`hermes.deploy.testbed_chaos`; the summary
 and the progress lines in :mod:`hermes.deploy.testbed_summary`.
 
@@ -40,14 +41,13 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hermes.deploy.links import TestbedLinks, agent_links
+from hermes.deploy.links import agent_links
 from hermes.deploy.netlab import NetlabError
 from hermes.deploy.previous_run import set_aside
-from hermes.deploy.procs import StartupError, free_ports, start, terminate_group, wait_healthy
+from hermes.deploy.procs import Proc, StartupError, free_ports, start, terminate_group, wait_healthy
 from hermes.deploy.profiles import (
     PROFILE_CORES,
     heterogeneity_level,
@@ -57,6 +57,7 @@ from hermes.deploy.profiles import (
 )
 from hermes.deploy.testbed_chaos import parse_chaos
 from hermes.deploy.testbed_commands import agent_args, server_command
+from hermes.deploy.testbed_links import TestbedLinks
 from hermes.deploy.testbed_summary import WorkloadWatch, build_summary, progress_line
 
 if TYPE_CHECKING:
@@ -74,14 +75,6 @@ def http_json(url: str, method: str = "GET", timeout: float = 5.0, token: str | 
     req = urllib.request.Request(url, method=method, data=b"" if method == "POST" else None, headers=headers)
     with urllib.request.urlopen(req, timeout=timeout) as resp:
         return json.loads(resp.read())
-
-
-@dataclass
-class Proc:
-    name: str
-    popen: subprocess.Popen
-    log_path: Path
-    info: dict[str, Any]
 
 
 class Testbed:
@@ -383,18 +376,3 @@ def _wait_all(popens: list[subprocess.Popen], timeout: float) -> None:
     for p in popens:
         with contextlib.suppress(subprocess.TimeoutExpired):
             p.wait(timeout=max(0.0, deadline - time.monotonic()))
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m hermes.deploy.testbed``: the command line, :func:`hermes.deploy.testbed_cli.main`.
-
-    Imported when called: testbed_cli imports this module, and under ``-m`` this file
-    runs as ``__main__`` before ``hermes.deploy.testbed`` exists.
-    """
-    from hermes.deploy.testbed_cli import main as cli_main
-
-    return cli_main(argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
