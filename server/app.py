@@ -71,7 +71,7 @@ def create_app(settings: ServerSettings | None = None, task: Task | None = None)
     app.add_middleware(BodyLimits, read_timeout=ctx.settings.http_read_timeout_seconds)
     # Tasks started on the loop outside any request (--exit-when-done's wait), kept from the GC.
     app.state.background = set()
-    app.add_exception_handler(RequestValidationError, _invalid)  # type: ignore[arg-type]
+    app.add_exception_handler(RequestValidationError, _invalid)
     # In this order: it is the order of the paths in /openapi.json.
     app.include_router(build_router(readable))
     for router in (probes.router, workers.router, reads.router, admin.router):

@@ -60,8 +60,7 @@ class UsageParser(HermesParser):
         return ENV_PREFIX in help_text
 
     def error(self, message: str) -> NoReturn:
-        # argparse's exit by name: mypy sees hermes.* bases as Any, and their exit with them.
-        argparse.ArgumentParser.exit(self, 2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def version_text(prog: str) -> str:
