@@ -120,12 +120,22 @@ class RegisterResponse(BaseModel):
 
 
 class HeartbeatReply(BaseModel):
-    """POST /v1/workers/{id}/heartbeat: the worker's state as the server sees it."""
+    """POST /v1/workers/{id}/heartbeat: the worker's state as the server sees it.
+
+    Every field is optional: a heartbeat's answer matters only as proof that the
+    server heard us, whatever else it says.
+    """
 
     model_config = ConfigDict(frozen=True)
 
-    state: str
-    model_version: int
+    state: str | None = None
+    model_version: int | None = None
     stop: bool = False
     # Topology collective: the generation the server knows broke while this worker is in it.
     collective_broken: int | None = None
+
+
+class HTTPErrorBody(BaseModel):
+    """A refused control-plane call's body: FastAPI's ``{"detail": "..."}``."""
+
+    detail: str

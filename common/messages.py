@@ -272,6 +272,9 @@ class RequestWork(BaseModel):
     stats: ReportStats | None = None
 
 
+Split = Literal["train", "validation"]
+
+
 class FetchShard(BaseModel):
     """FETCH_SHARD: one shard record (``shard``) or several back to back (``shards``)."""
 
@@ -279,7 +282,7 @@ class FetchShard(BaseModel):
 
     shard: Count | None = None
     shards: Annotated[list[Count], Field(min_length=1, max_length=MAX_SHARDS_PER_FETCH, strict=True)] | None = None
-    split: Literal["train", "validation"] = "train"
+    split: Split = "train"
 
     @model_validator(mode="after")
     def _one_of(self) -> FetchShard:
@@ -384,6 +387,15 @@ class PushReply(Reply):
     reason: str | None = None
     # Asked with ``pull``: "included" (the payload is the newer model) or "unchanged".
     model: Literal["included", "unchanged"] | None = None
+
+
+class ErrorReply(BaseModel):
+    """ERROR: a refused request (``header.error_reply`` builds it); unsigned, so read leniently."""
+
+    model_config = _BUILT
+
+    code: str = ErrorCode.INTERNAL.value
+    message: str = ""
 
 
 class ModelReply(Reply):
