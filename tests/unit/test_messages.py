@@ -106,3 +106,16 @@ def test_the_prefetcher_stops_the_agent_with_the_malformed_replys_one_line() -> 
         pre.stop()
     assert isinstance(got, StopSignal) and isinstance(got.error, ProtocolError)
     assert got.reason == "prefetch failed: malformed: server's WORK reply: body field 'batch_size': Field required"
+
+
+def test_hermes_client_says_a_malformed_reply_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    from hermes.client import cli
+
+    class _Agent:
+        def run(self) -> None:
+            WorkReply.from_body({"epoch": 0})
+
+    assert cli._run(_Agent(), "w") == cli.EXIT_REMOTE
+    err = capsys.readouterr().err
+    assert err.startswith("hermes-client: server's WORK reply: body field 'shards': Field required (and ")
+    assert err.count("\n") == 1
