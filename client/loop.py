@@ -12,6 +12,10 @@ the others, and that plugs in as a ``Topology``:
 Read top to bottom, a cycle is: may we go on? → the next assignment (or the
 prefetcher's stop) → exactly this cycle's samples → train → hand the result
 to the topology → progress line.
+
+The loop knows its runner only as a ``Host`` (its stats, slowdown, reports
+and progress line); a hook that ends the loop returns why, and the loop
+returns that to the agent, which records it.
 """
 
 from __future__ import annotations

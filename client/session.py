@@ -20,7 +20,7 @@ import time
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 import zmq
@@ -43,6 +43,7 @@ from hermes.common.messages import (
     MAX_CYCLES_PER_MESSAGE,
     CycleReport,
     KafkaRanges,
+    PrecisionName,
     PullModel,
     PushReply,
     Reply,
@@ -302,7 +303,8 @@ class Session:
             precision=precision,
             final=final,
             # Milliseconds per step by precision (precision auto); None when not measured.
-            precision_timings_ms=precision_timings or None,
+            # The keys are precision.candidates(); the model checks them.
+            precision_timings_ms=cast("dict[PrecisionName, float]", precision_timings) or None,
             collective_bytes=(stats.collective_bytes + (self.group.reduced_bytes if self.group else 0)
                               if self.rendezvous else None),
             cycle=cycle,

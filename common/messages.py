@@ -168,6 +168,8 @@ class CycleReport(BaseModel):
 
 
 ShardSource = Literal["kafka", "zmq"]
+# The precisions an agent may time (precision=auto) and train in.
+PrecisionName = Literal["fp32", "bf16", "fp16"]
 
 
 class ReportStats(BaseModel):
@@ -198,7 +200,7 @@ class ReportStats(BaseModel):
     precision: Label = ""
     # How the agent chose it (precision=auto): milliseconds per step of each precision it timed.
     precision_timings_ms: Annotated[
-        dict[Literal["fp32", "bf16", "fp16"], Annotated[float, Field(ge=0, allow_inf_nan=False)]], Field(max_length=3)
+        dict[PrecisionName, Annotated[float, Field(ge=0, allow_inf_nan=False)]], Field(max_length=3)
     ] | None = None
     final: bool = False
     # OmniLearn Eq. 9's measurements: [batch, bytes] pairs.
