@@ -349,6 +349,7 @@ def bench_dataplane(
     import torch
 
     from hermes.client.transport import ControlClient, DataClient
+    from hermes.common.control_messages import RegisterRequest
     from hermes.common.wire import Header, MsgType, encode
 
     rows: list[dict[str, Any]] = []
@@ -359,9 +360,10 @@ def bench_dataplane(
             hidden = MLP_HIDDEN[size]
             server = ServerProcess(hidden, [f"eval_max_samples={eval_samples}"], log_dir, threads)
             try:
-                reg = ControlClient(server.url, join_token=JOIN_TOKEN).register(name=f"bench-{size}", threads=1)
-                numel = int(reg["model_spec"]["numel"])
-                dc = DataClient(reg["data_plane"], reg["worker_id"], reg["token"], timeout=60.0)
+                reg = ControlClient(server.url, join_token=JOIN_TOKEN).register(
+                    RegisterRequest(name=f"bench-{size}", threads=1))
+                numel = int(reg.model_spec["numel"])
+                dc = DataClient(reg.data_plane, reg.worker_id, reg.token, timeout=60.0)
                 version = dc.request(MsgType.PULL_MODEL, {"dtype": "float32"}).header.model_version
                 delta32 = torch.randn(numel, generator=torch.Generator().manual_seed(1)) * 1e-6
 

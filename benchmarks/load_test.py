@@ -38,6 +38,7 @@ from machine import loadavg, machine_info, print_table  # noqa: E402
 
 from hermes.client.heartbeat import Heartbeat  # noqa: E402
 from hermes.client.transport import ControlClient, DataClient  # noqa: E402
+from hermes.common.control_messages import RegisterRequest  # noqa: E402
 from hermes.common.signing import ServerClock  # noqa: E402
 from hermes.common.wire import MsgType  # noqa: E402
 from hermes.deploy.procs import StartupError, free_ports, start, wait_healthy  # noqa: E402
@@ -67,14 +68,14 @@ def simulated_agent(url: str, name: str, stop: threading.Event, think: float, co
                     seed: int) -> None:
     try:
         control = ControlClient(url, join_token=JOIN_TOKEN, retries=20)
-        reg = control.register(name=name, threads=1)
-        beat = Heartbeat(ControlClient(url, retries=0, timeout=5.0), reg["worker_id"], reg["token"],
-                         interval=reg["heartbeat_interval_seconds"], on_lost=lambda reason: stop.set())
+        reg = control.register(RegisterRequest(name=name, threads=1))
+        beat = Heartbeat(ControlClient(url, retries=0, timeout=5.0), reg.worker_id, reg.token,
+                         interval=reg.heartbeat_interval_seconds, on_lost=lambda reason: stop.set())
         beat.start()
-        data = DataClient(reg["data_plane"], reg["worker_id"], reg["token"], timeout=60,
-                          clock=ServerClock(reg["server_time_ms"]), max_message_bytes=reg["max_message_bytes"])
-        shapes = tuple(tuple(s) for _, s in reg["model_spec"]["entries"])
-        numel = int(reg["model_spec"]["numel"])
+        data = DataClient(reg.data_plane, reg.worker_id, reg.token, timeout=60,
+                          clock=ServerClock(reg.server_time_ms), max_message_bytes=reg.max_message_bytes)
+        shapes = tuple(tuple(s) for _, s in reg.model_spec["entries"])
+        numel = int(reg.model_spec["numel"])
         gen = torch.Generator().manual_seed(seed)
         version = data.request(MsgType.PULL_MODEL, {"dtype": "float32"}).header.model_version
         last_report = time.monotonic()
@@ -96,7 +97,7 @@ def simulated_agent(url: str, name: str, stop: threading.Event, think: float, co
                 stop.wait(think)
         beat.stop()
         data.close()
-        control.leave(reg["worker_id"], reg["token"])
+        control.leave(reg.worker_id, reg.token)
     except Exception as exc:  # counted and reported, never silently dropped
         counts.errors += 1
         if len(counts.error_samples) < 3:

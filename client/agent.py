@@ -6,12 +6,12 @@ heartbeat, prefetcher, collective group); the first one also fixes the
 (``loop.run_cycles``) with the topology plugged in (``topology.PushPull``
 for the parameter server, ``topology.AllReduce`` for the collective); the
 trainer takes one optimizer step function with the all-reduce as its
-gradient hook.
+gradient hook. The agent is the loop's host (``topology.TopologyHost``):
+the loop returns why it stopped and the agent records it.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import secrets
 import sys
@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 import zmq
+from pydantic import ValidationError
 
 from hermes.client.collective import settle_abandoned
 from hermes.client.cores import UsableCores, usable_cores
@@ -42,7 +43,8 @@ from hermes.client.transport import (
     TrafficCounter,
     tls_context,
 )
-from hermes.common.config import RunConfig
+from hermes.common.control_messages import Hints, RegisterRequest
+from hermes.common.messages import CycleReport, describe
 from hermes.common.policies import base as registry
 from hermes.common.task import Task, fingerprint
 from hermes.common.task_registry import check_task, resolve_task
@@ -51,15 +53,6 @@ from hermes.common.wire import ErrorCode
 __all__ = ["Agent", "AgentOptions", "AgentStats", "DataPlaneUnreachable", "NameTaken"]
 
 log = logging.getLogger(__name__)
-
-
-def _detail(message: str) -> str:
-    """The text of a FastAPI error body ({"detail": "..."}), or the body itself."""
-    try:
-        detail = json.loads(message).get("detail")
-    except (ValueError, AttributeError):
-        return message
-    return detail if isinstance(detail, str) else message
 
 
 # Data-plane errors after which registering again is the cure: the server
@@ -133,16 +126,16 @@ class Agent:
                      len(self.local), task.name or "the task", opts.name)
         session = self._register(device)
         self._check_data_plane(session)
-        job = Job.from_registration(session.reg, session.worker_id, device, opts.slowdown, task, model)
+        job = Job.from_registration(session, device, opts.slowdown, task, model)
         if self.local is not None:
             self.local.configure(job.config, gate=job.gate is not None)
         log.info("registered as %s (%s); preset=%s task=%s model=%s (%d params) precision=%s device=%s data plane %s",
                  session.worker_id, opts.name, job.config.preset, task.name, job.spec.name, job.spec.numel,
                  job.precision_choice.describe() if job.precision_choice else job.precision, device,
                  session.address)
-        if job.data_source.get("source") == "kafka":
+        if job.data_source.source == "kafka":
             log.info("shard records from Kafka at %s (the data plane is the fallback)",
-                     opts.kafka_bootstrap or job.data_source.get("bootstrap"))
+                     opts.kafka_bootstrap or job.data_source.bootstrap)
         try:
             self._train_rejoining(job, device)
         finally:
@@ -169,7 +162,7 @@ class Agent:
         Built with the server's run config (the builtin task reads its model
         and dataset keys); the reference defaults to the one the server names.
         """
-        config = RunConfig(**self.control.run_config())
+        config = self.control.run_config()
         ref = self.options.task if self.options.task is not None else config.task
         task = resolve_task(ref, config)
         model = check_task(task, config, role="agent", worker=self.options.name)
@@ -182,13 +175,17 @@ class Agent:
                                  "instance": self.instance, **self.cores.hints()}
         if self.options.cores:
             hints["cores"] = self.options.cores
-        extra: dict[str, Any] = {} if self.local is None else {"local_samples": len(self.local)}
+        try:
+            request = RegisterRequest(name=self.options.name, threads=self.threads, device=device.type,
+                                      slowdown=self.options.slowdown, hints=Hints(**hints), task=self.task_name,
+                                      task_fingerprint=self.task_fingerprint,
+                                      local_samples=None if self.local is None else len(self.local))
+        except ValidationError as exc:  # a bad --name, --threads or --slowdown: said before asking the server
+            raise ValueError(f"registration: {describe(exc)}") from None
         waited_for_name = False
         while True:
             try:
-                reg = self.control.register(name=self.options.name, threads=self.threads, device=device.type,
-                                            slowdown=self.options.slowdown, hints=hints, task=self.task_name,
-                                            task_fingerprint=self.task_fingerprint, **extra)
+                reg = self.control.register(request)
                 break
             except RemoteError as exc:
                 if exc.code == "http_410":
@@ -196,12 +193,12 @@ class Agent:
                     raise RunOver(f"the server's run is over ({exc.message})") from None
                 if exc.code == "http_409" and "in use by another live agent" in exc.message:
                     if waited_for_name or exc.retry_after is None:
-                        raise NameTaken(exc.code, _detail(exc.message)) from None
+                        raise NameTaken(exc.code, exc.message) from None
                     # The holder may be this agent's own earlier process, killed without a
                     # goodbye: once it has been silent long enough the server hands the name over.
                     waited_for_name = True
                     log.warning("%s; waiting %.0fs in case it is a previous run of this agent that died",
-                                _detail(exc.message), exc.retry_after)
+                                exc.message, exc.retry_after)
                     if self.stop_requested.wait(exc.retry_after + 0.5):
                         raise StopRequested("stopped while waiting for the worker name") from None
                     continue
@@ -269,7 +266,7 @@ class Agent:
         old.data.close()
         self.cancel.clear()
         session = self._register(device, previous=old)
-        log.info("registered again as %s (%s)", session.worker_id, "rejoined" if session.reg["rejoined"] else "new")
+        log.info("registered again as %s (%s)", session.worker_id, "rejoined" if session.reg.rejoined else "new")
 
     def _begin(self, job: Job, session: Session) -> None:
         """After each registration: catch up with the global model (whatever this agent trained
@@ -288,9 +285,12 @@ class Agent:
                                                                     loss=job.trainer.loss_fn))
         if session.rendezvous:
             # A broken group re-forms through the regroup call, not by registering again.
-            AllReduce(self, job, session, session.rendezvous).train()
+            reason = AllReduce(self, job, session, session.rendezvous, self.control).train()
         else:
-            PushPull(self, job, session).train()
+            reason = PushPull(self, job, session, baseline=self.baseline, validation=self.validation,
+                              max_cycles=self.options.max_cycles, request_timeout=self.options.request_timeout).train()
+        if reason:  # "": the operator's stop, whose reason request_stop recorded
+            self.stop_reason = reason
 
     def _fetch_validation(self, job: Job, session: Session) -> tuple[torch.Tensor, torch.Tensor]:
         """The gate's fixed validation split: from Kafka when the server published it there
@@ -310,7 +310,7 @@ class Agent:
 
     # ---- what the loop and the topologies call ---------------------------------
 
-    def report(self, job: Job, session: Session, *, final: bool = False, cycle: dict | None = None,
+    def report(self, job: Job, session: Session, *, final: bool = False, cycle: CycleReport | None = None,
                memory_profile: list[tuple[int, int]] | None = None) -> bool:
         """Send the stats (and a cycle); True when the server's reply says the run is stopping."""
         timings = job.precision_choice.report() if job.precision_choice is not None else None
@@ -327,7 +327,7 @@ class Agent:
         timings = job.precision_choice.report() if job.precision_choice is not None else None
         session.outbox.set_stats(session.stats_body(self.stats, job.precision, precision_timings=timings))
 
-    def note_skipped_cycle(self, job: Job, session: Session, cycle: dict) -> None:
+    def note_skipped_cycle(self, job: Job, session: Session, cycle: CycleReport) -> None:
         """A cycle the gate did not push: the server's straggler detector needs every cycle."""
         if session.outbox is None:
             self.report(job, session, cycle=cycle)

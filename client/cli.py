@@ -194,6 +194,7 @@ def _run(agent: Any, name: str) -> int:
     from hermes.client.agent import DataPlaneUnreachable, NameTaken
     from hermes.client.collective import CollectiveError
     from hermes.client.transport import RemoteError, ServerUnreachable, StopRequested
+    from hermes.common.wire import ProtocolError
 
     try:
         stats = agent.run()
@@ -211,6 +212,9 @@ def _run(agent: Any, name: str) -> int:
         return EXIT_REMOTE
     except RemoteError as exc:
         print(f"hermes-client: server refused: {exc}", file=sys.stderr)
+        return EXIT_REMOTE
+    except ProtocolError as exc:  # a reply this agent cannot read (another version's server?)
+        print(f"hermes-client: {exc.message}", file=sys.stderr)
         return EXIT_REMOTE
     except CollectiveError as exc:
         print(f"hermes-client: the collective group failed: {exc}", file=sys.stderr)

@@ -20,6 +20,8 @@ from hermes.client.transport import (
     StopRequested,
 )
 from hermes.common.clock import SYSTEM_CLOCK, Clock
+from hermes.common.control_messages import HeartbeatReply
+from hermes.common.wire import ProtocolError
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +31,7 @@ FORGOTTEN = frozenset({"http_401", "http_404", "http_410"})
 class Heartbeat:
     def __init__(self, control: ControlClient, worker_id: str, token: str, *, interval: float,
                  on_lost: Callable[[str], None], unreachable_after: float = 30.0,
-                 on_reply: Callable[[dict], None] | None = None, clock: Clock = SYSTEM_CLOCK,
+                 on_reply: Callable[[HeartbeatReply], None] | None = None, clock: Clock = SYSTEM_CLOCK,
                  heard_within: Callable[[float], bool] | None = None) -> None:
         self.control = control
         self.worker_id, self.token = worker_id, token
@@ -76,9 +78,14 @@ class Heartbeat:
         try:
             reply = self.control.heartbeat(self.worker_id, self.token)
             self.sent += 1
-            if self.on_reply is not None and isinstance(reply, dict):
+            if self.on_reply is not None:
                 self.on_reply(reply)
             self._last_ok = self.clock.monotonic()
+        except ProtocolError as exc:
+            # An answer we cannot read is still an answer: the server heard us.
+            self.sent += 1
+            self._last_ok = self.clock.monotonic()
+            log.warning("heartbeat answered but %s", exc.message)
         except RemoteError as exc:
             if exc.code in FORGOTTEN:
                 self.on_lost(f"the server no longer knows worker {self.worker_id} ({exc})")

@@ -12,69 +12,98 @@ the others, and that plugs in as a ``Topology``:
 Read top to bottom, a cycle is: may we go on? → the next assignment (or the
 prefetcher's stop) → exactly this cycle's samples → train → hand the result
 to the topology → progress line.
+
+The loop knows its runner only as a ``Host`` (its stats, slowdown, reports
+and progress line); a hook that ends the loop returns why, and the loop
+returns that to the agent, which records it.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from hermes.client.prefetch import StopSignal, Work
 from hermes.client.trainer import CycleResult, GradHook
+from hermes.common.messages import CycleReport
 
 if TYPE_CHECKING:
-    from hermes.client.agent import Agent
-    from hermes.client.session import Job, Session
+    from hermes.client.session import AgentStats, Job, Session
 
 log = logging.getLogger(__name__)
+
+
+class Host(Protocol):
+    """What the loop needs from the agent that runs it: its account and its reports."""
+
+    stats: AgentStats
+
+    def slowdown_now(self) -> float:
+        """The emulated slowdown factor for the next cycle."""
+        ...
+
+    def report_if_due(self, job: Job, session: Session) -> None:
+        """Send (or, combining messages, queue) the stats when the interval is up."""
+        ...
+
+    def progress(self, session: Session) -> None:
+        """The progress line, at most once a second."""
+        ...
+
+
+# A hook's answer: None, go on; a string, stop, for that reason ("" when the stop was the
+# operator's and its reason is already recorded).
+Stop = str | None
 
 
 class Topology(Protocol):
     # Runs between backward and the optimizer step (the all-reduce); None: a local step.
     grad_hook: GradHook | None
 
-    def start_cycle(self) -> bool:
-        """Before taking the next assignment; True: stop now."""
+    def start_cycle(self) -> Stop:
+        """Before taking the next assignment."""
         ...
 
     def steps(self, work: Work, samples: int) -> int | None:
         """Optimizer steps this cycle; None: one pass over the samples."""
         ...
 
-    def stop_signal(self, signal: StopSignal) -> None:
-        """The prefetcher has no more work: raise its error, or record why and tell the others."""
+    def stop_signal(self, signal: StopSignal) -> str:
+        """The prefetcher has no more work: raise its error, or tell the others and say why."""
         ...
 
-    def finish_cycle(self, work: Work, result: CycleResult) -> bool:
-        """After training: exchange the result; True: stop now."""
+    def finish_cycle(self, work: Work, result: CycleResult) -> Stop:
+        """After training: exchange the result."""
         ...
 
 
-def cycle_record(work: Work, result: CycleResult, *, pushed: bool) -> dict[str, Any]:
-    """One cycle as the server's allocators and event log see it (gate fields filled by the gate)."""
-    return {"dss": result.samples, "mbs": work.batch_size, "accumulation": work.accumulation,
-            "compute_seconds": result.compute_seconds, "decision": "always", "pushed": pushed,
-            "val_loss": None, "z": None, "alpha": None}
+def cycle_record(work: Work, result: CycleResult, *, pushed: bool, decision: str = "always",
+                 val_loss: float | None = None, z: float | None = None, alpha: float | None = None) -> CycleReport:
+    """One cycle as the server's allocators and event log see it (the gate's fields when it decided)."""
+    return CycleReport(dss=result.samples, batch_size=work.batch_size, accumulation=work.accumulation,
+                       compute_seconds=result.compute_seconds, decision=decision, pushed=pushed,
+                       val_loss=val_loss, z=z, alpha=alpha)
 
 
-def run_cycles(agent: Agent, job: Job, session: Session, topology: Topology) -> None:
-    trainer, stats = job.trainer, agent.stats
+def run_cycles(host: Host, job: Job, session: Session, topology: Topology) -> str:
+    """Cycles until a hook says stop; returns why ("" when the operator's stop ended them)."""
+    trainer, stats = job.trainer, host.stats
     while True:
-        if topology.start_cycle():
-            return
+        stop = topology.start_cycle()
+        if stop is not None:
+            return stop
         work = session.prefetcher.next()
         if isinstance(work, StopSignal):
-            topology.stop_signal(work)
-            return
+            return topology.stop_signal(work)
         x, y = session.cycle_samples(work)
         if len(y) == 0 and topology.grad_hook is None:
             # Nothing to push; a collective rank still trains it (it must join every all-reduce).
             log.warning("assignment of epoch %d holds no samples; asking for the next one", work.epoch)
-            agent.progress(session)
-            agent.report_if_due(job, session)
+            host.progress(session)
+            host.report_if_due(job, session)
             continue
         trainer.set_lr(work.lr)
-        trainer.slowdown = agent.slowdown_now()
+        trainer.slowdown = host.slowdown_now()
         result = trainer.train_cycle(x, y, work.batch_size, work.accumulation,
                                      steps=topology.steps(work, len(y)), grad_hook=topology.grad_hook)
         stats.cycles += 1
@@ -82,6 +111,7 @@ def run_cycles(agent: Agent, job: Job, session: Session, topology: Topology) -> 
         stats.compute_seconds += result.compute_seconds
         stats.wait_seconds += result.wait_seconds
         stats.last_loss = result.loss
-        if topology.finish_cycle(work, result):
-            return
-        agent.progress(session)
+        stop = topology.finish_cycle(work, result)
+        if stop is not None:
+            return stop
+        host.progress(session)

@@ -22,7 +22,8 @@ from hermes.common.task import LossFn
 
 log = logging.getLogger(__name__)
 
-PROBE_BATCHES = (2, 4, 8)
+# The batch sizes the probe measures: enough points for the line, small enough for any device.
+PROBE_BATCH_SIZES = (2, 4, 8)
 
 
 def _step_bytes_cpu(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn: LossFn) -> int:
@@ -52,17 +53,17 @@ def _step_bytes_cuda(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn
 
 
 def memory_profile(model: nn.Module, example: Callable[[int], tuple[torch.Tensor, torch.Tensor]],
-                   device: torch.device, batches: tuple[int, ...] = PROBE_BATCHES,
+                   device: torch.device, batch_sizes: tuple[int, ...] = PROBE_BATCH_SIZES,
                    loss: LossFn = F.cross_entropy) -> list[tuple[int, int]]:
-    """[(batch, bytes of one training step)] at a few batch sizes, on ``example(b)`` batches of the task's
-    data with its loss; gradients are cleared afterwards."""
+    """[(batch size, bytes of one training step)] at a few batch sizes, on ``example(batch_size)`` batches
+    of the task's data with its loss; gradients are cleared afterwards."""
     measure = _step_bytes_cuda if device.type == "cuda" else _step_bytes_cpu
     out = []
     was_training = model.training
     model.train()
     try:
-        for b in batches:
-            x, y = (t.to(device) for t in example(b))
+        for batch_size in batch_sizes:
+            x, y = (t.to(device) for t in example(batch_size))
             model.zero_grad(set_to_none=True)
             out.append((int(len(y)), int(measure(model, x, y, loss))))
     finally:

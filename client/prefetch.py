@@ -28,8 +28,9 @@ import torch
 from hermes.client.local_data import LocalDataError, LocalSet
 from hermes.client.shard_fetch import ShardFetcher, ShardStats, records_to_tensors
 from hermes.client.transport import DataClient
+from hermes.common.messages import CycleReport, Reply, ReportStats, RequestWork, WorkReply, parse_reply, request_body
 from hermes.common.shards import ShardRecord
-from hermes.common.wire import MsgType
+from hermes.common.wire import ErrorCode, MsgType, ProtocolError
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +64,8 @@ class Prefetcher:
     def __init__(self, client_factory, *, depth: int = 1, max_refetch: int = 3, stats: ShardStats | None = None,
                  kafka_bootstrap: str | None = None, reader_options: dict | None = None,
                  local: LocalSet | None = None, combine: bool = False,
-                 carried: Callable[[], dict] | None = None, assignments: int = 1) -> None:
+                 carried: Callable[[], tuple[list[CycleReport] | None, ReportStats | None]] | None = None,
+                 assignments: int = 1) -> None:
         self._client_factory = client_factory
         self._queue: queue.Queue[Work | StopSignal] = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
@@ -129,23 +131,22 @@ class Prefetcher:
                                         max_refetch=self.max_refetch, reader_options=self.reader_options,
                                         should_stop=self._stop.is_set)
             while not self._stop.is_set():
-                request: dict = {}
+                request = RequestWork()
                 if self.combine:
-                    request = {"inline_shards": True, **(self.carried() if self.carried else {})}
-                    if self.assignments > 1:
-                        request["assignments"] = self.assignments
-                reply = self.client.request(MsgType.REQUEST_WORK, request)
-                body = reply.header.body
-                if body.get("stop"):
+                    cycles, stats = self.carried() if self.carried else (None, None)
+                    request = RequestWork(inline_shards=True, assignments=self.assignments, cycles=cycles, stats=stats)
+                reply = self.client.request(MsgType.REQUEST_WORK, request_body(request))
+                if parse_reply(Reply, reply.header.body, "WORK").stop:
                     self._put(StopSignal("server asked to stop"))
                     return
+                first = WorkReply.from_body(reply.header.body)
                 # Several assignments (``then``), their records inline when the reply carries them.
-                bodies = [body, *(body.get("then") or [])]
+                works = [first, *(first.then or [])]
                 inline: tuple[dict[int, ShardRecord], int] | None = None
-                if "lengths" in body:
-                    inline = self.fetcher.from_reply([int(s) for b in bodies for s in b["shards"]], reply)
-                for i, b in enumerate(bodies):
-                    work = self._fetch(b, None if inline is None else (inline[0], inline[1] if i == 0 else 0))
+                if first.lengths is not None:
+                    inline = self.fetcher.from_reply([s for w in works for s in w.shards], reply, first.lengths)
+                for i, assignment in enumerate(works):
+                    work = self._fetch(assignment, None if inline is None else (inline[0], inline[1] if i == 0 else 0))
                     if work is None:
                         return
                     self._put(work)
@@ -158,16 +159,16 @@ class Prefetcher:
             if self.client is not None:
                 self.client.close()
 
-    def _fetch(self, body: dict, inline: tuple[dict[int, ShardRecord], int] | None = None) -> Work | None:
+    def _fetch(self, work: WorkReply, inline: tuple[dict[int, ShardRecord], int] | None = None) -> Work | None:
         """The assignment's records: from the WORK reply itself when it carried them (``inline``:
         the records by shard and the bytes to count for this assignment)."""
         assert self.fetcher is not None
-        if body.get("source") == "local":
-            return self._draw(body)
-        if inline is not None and body["shards"]:
-            records, nbytes = [inline[0][int(s)] for s in body["shards"]], inline[1]
-        elif body["shards"]:
-            fetched = self.fetcher.fetch(body["shards"], body, "train")
+        if work.data.source == "local":
+            return self._draw(work)
+        if inline is not None and work.shards:
+            records, nbytes = [inline[0][s] for s in work.shards], inline[1]
+        elif work.shards:
+            fetched = self.fetcher.fetch(work.shards, work.data, "train")
             if fetched is None:
                 return None
             records, nbytes = fetched
@@ -176,23 +177,24 @@ class Prefetcher:
         samples = records_to_tensors(records)
         self.fetched_bytes += nbytes
         return Work(
-            epoch=int(body["epoch"]),
-            shards=tuple(int(s) for s in body["shards"]),
+            epoch=work.epoch,
+            shards=tuple(work.shards),
             x=None if samples is None else samples[0],
             y=None if samples is None else samples[1],
-            batch_size=int(body["batch_size"]),
-            lr=float(body["lr"]),
+            batch_size=work.batch_size,
+            lr=work.lr,
             fetched_bytes=nbytes,
-            cycle_samples=int(body["cycle_samples"]) if body.get("cycle_samples") else None,
-            accumulation=int(body.get("accumulation", 1)),
+            cycle_samples=work.cycle_samples or None,
+            accumulation=work.accumulation,
         )
 
-    def _draw(self, body: dict) -> Work:
+    def _draw(self, work: WorkReply) -> Work:
         """Device-local data: the server sized the cycle (``local_samples``); no byte crosses the network."""
         if self.local is None:
             raise LocalDataError("the server assigns device-local samples but this agent's task has no local_data")
-        n = int(body["local_samples"])
+        n = work.local_samples
+        if n is None:
+            raise ProtocolError(ErrorCode.MALFORMED, "server's WORK reply: source 'local' without 'local_samples'")
         x, y = self.local.draw(n)
-        return Work(epoch=int(body["epoch"]), shards=(), x=x, y=y, batch_size=int(body["batch_size"]),
-                    lr=float(body["lr"]), fetched_bytes=0, cycle_samples=n,
-                    accumulation=int(body.get("accumulation", 1)))
+        return Work(epoch=work.epoch, shards=(), x=x, y=y, batch_size=work.batch_size,
+                    lr=work.lr, fetched_bytes=0, cycle_samples=n, accumulation=work.accumulation)

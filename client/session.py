@@ -20,7 +20,7 @@ import time
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 import zmq
@@ -37,8 +37,20 @@ from hermes.client.shard_fetch import ShardStats
 from hermes.client.trainer import LocalTrainer, resolve_precision
 from hermes.client.transport import ControlClient, DataClient, TrafficCounter
 from hermes.common.config import RunConfig
+from hermes.common.control_messages import CollectiveRendezvous, HeartbeatReply, RegisterResponse
 from hermes.common.gate import ZScoreGate
-from hermes.common.messages import MAX_CYCLES_PER_MESSAGE
+from hermes.common.messages import (
+    MAX_CYCLES_PER_MESSAGE,
+    CycleReport,
+    KafkaRanges,
+    PrecisionName,
+    PullModel,
+    PushReply,
+    Reply,
+    ReportStats,
+    parse_reply,
+    request_body,
+)
 from hermes.common.policies import base as registry
 from hermes.common.signing import ServerClock
 from hermes.common.task import Task
@@ -89,7 +101,7 @@ class Job:
     # the last pulled model.
     from_baseline: bool
     validation_shards: list[int]
-    data_source: dict[str, Any]
+    data_source: KafkaRanges
     # How precision was chosen, with the step timings when measured (precision auto).
     precision_choice: PrecisionChoice | None = None
     # The agent's own copy of the task (never sent), and its local data when the task has some.
@@ -102,12 +114,12 @@ class Job:
         return example_batch(self.task, n, self.local_data)
 
     @classmethod
-    def from_registration(cls, reg: dict[str, Any], worker_id: str, device: torch.device,
+    def from_registration(cls, session: Session, device: torch.device,
                           slowdown: float, task: Task, model: nn.Module | None = None,
                           local_data: Any = None) -> Job:
         """The job of the first registration; ``model`` is the task's model the start-up check built."""
-        spec = ModelSpec.from_dict(reg["model_spec"])
-        config = RunConfig(**reg["run_config"])
+        reg, config, worker_id = session.reg, session.config, session.worker_id
+        spec = ModelSpec.from_dict(reg.model_spec)
         built = model
         model = build_checked(task.model if built is None else (lambda: built), spec)
 
@@ -127,8 +139,8 @@ class Job:
         gate: ZScoreGate | None = registry.make("gate", config)
         return cls(spec=spec, config=config, precision=precision, wire_dtype=dtype_from_name(config.wire_dtype),
                    trainer=trainer, gate=gate, from_baseline=registry.get("aggregation", config.aggregation).pushes_from_baseline(config),
-                   validation_shards=list(reg["validation_shards"]),
-                   data_source=reg.get("data_source") or {"source": "zmq"}, precision_choice=choice,
+                   validation_shards=list(reg.validation_shards),
+                   data_source=reg.source(), precision_choice=choice,
                    task=task, local_data=local_data)
 
 
@@ -139,57 +151,57 @@ class Outbox:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._cycles: list[dict[str, Any]] = []
-        self._stats: dict[str, Any] | None = None
+        self._cycles: list[CycleReport] = []
+        self._stats: ReportStats | None = None
 
-    def add_cycle(self, cycle: dict[str, Any]) -> None:
+    def add_cycle(self, cycle: CycleReport) -> None:
         with self._lock:
             # The server takes MAX_CYCLES_PER_MESSAGE at a time; older ones are dropped (the
             # allocator weighs recent cycles, and a message goes out at least every cycle).
             self._cycles = [*self._cycles[-(MAX_CYCLES_PER_MESSAGE - 1):], cycle]
 
-    def set_stats(self, body: dict[str, Any]) -> None:
+    def set_stats(self, body: ReportStats) -> None:
         with self._lock:
             self._stats = body
 
-    def take(self) -> dict[str, Any]:
-        """The body fields to send now (none when nothing is pending)."""
+    def take(self) -> tuple[list[CycleReport] | None, ReportStats | None]:
+        """The cycles and the stats to send now (None for what is not pending)."""
         with self._lock:
-            out: dict[str, Any] = {}
-            if self._cycles:
-                out["cycles"], self._cycles = self._cycles, []
-            if self._stats is not None:
-                out["stats"], self._stats = self._stats, None
-            return out
+            cycles, stats = self._cycles or None, self._stats
+            self._cycles, self._stats = [], None
+            return cycles, stats
 
 
 class Session:
     """One registration: its secrets, connections, heartbeat, prefetcher and collective group."""
 
-    def __init__(self, reg: dict[str, Any], *, quick_control: ControlClient, context: zmq.Context,
+    def __init__(self, reg: RegisterResponse, *, quick_control: ControlClient, context: zmq.Context,
                  traffic: TrafficCounter, shard_stats: ShardStats, cancel: threading.Event, request_timeout: float,
                  kafka_bootstrap: str | None, on_lost: Callable[[str], None],
                  previous: Session | None = None, local: LocalSet | None = None) -> None:
         self.reg = reg
-        self.worker_id: str = reg["worker_id"]
-        self.token: str = reg["token"]
-        self.address: str = reg["data_plane"]
-        self.rendezvous: dict[str, Any] | None = reg.get("collective")
-        self.clock = ServerClock(reg.get("server_time_ms"))
-        self.max_message_bytes = int(reg.get("max_message_bytes", 0)) or 2**62
+        # This registration's run config (the first one's is the Job's).
+        self.config = RunConfig(**reg.run_config)
+        self.worker_id = reg.worker_id
+        self.token = reg.token
+        self.address = reg.data_plane
+        self.rendezvous: CollectiveRendezvous | None = reg.collective
+        self.clock = ServerClock(reg.server_time_ms)
+        self.max_message_bytes = reg.max_message_bytes or 2**62
         self._context, self._traffic, self._cancel = context, traffic, cancel
         self._request_timeout = request_timeout
         self.shard_stats = shard_stats
         self.data = self.data_client()
         # Only where the server says it combines (older servers do not send the key) and in the
         # parameter-server topology (a collective rank reports every cycle itself).
-        self.combine = bool(reg.get("run_config", {}).get("combine_messages")) and not self.rendezvous
+        self.combine = ("combine_messages" in self.config.model_fields_set and self.config.combine_messages
+                        and not self.rendezvous)
         self.outbox: Outbox | None = Outbox() if self.combine else None
-        self.pull_dtype: str = reg.get("run_config", {}).get("pull_dtype", "float32")
+        self.pull_dtype = self.config.pull_dtype
         self.prefetcher = Prefetcher(self.data_client, stats=shard_stats, kafka_bootstrap=kafka_bootstrap, local=local,
                                      combine=self.combine,
                                      carried=self.outbox.take if self.outbox is not None else None,
-                                     assignments=int(reg.get("run_config", {}).get("assignments_per_request", 1)))
+                                     assignments=self.config.assignments_per_request)
         if previous is not None:
             # The waits are the agent's, not the registration's: they add up over rejoins.
             self.prefetcher.wait_seconds = previous.prefetcher.wait_seconds
@@ -204,7 +216,7 @@ class Session:
         self.group: CollectiveGroup | None = None
         self.last_report: float = previous.last_report if previous is not None else 0.0
         self.heartbeat = Heartbeat(quick_control, self.worker_id, self.token,
-                                   interval=float(reg.get("heartbeat_interval_seconds", 5.0)),
+                                   interval=reg.heartbeat_interval_seconds,
                                    on_lost=on_lost, on_reply=self._heartbeat_reply,
                                    heard_within=self._heard_within if self.combine else None)
         self.heartbeat.start()
@@ -217,12 +229,12 @@ class Session:
                           counter=self._traffic, context=self._context, clock=self.clock,
                           max_message_bytes=self.max_message_bytes, cancel=self._cancel)
 
-    def _heartbeat_reply(self, body: dict) -> None:
+    def _heartbeat_reply(self, reply: HeartbeatReply) -> None:
         """Heartbeat thread: the server says our collective generation broke (we may be stuck in
         gloo's recv from a dead peer until the group timeout): give up on it now."""
-        broken = body.get("collective_broken")
+        broken = reply.collective_broken
         group = self.group
-        if isinstance(broken, int) and group is not None and group.rv.generation == broken:
+        if broken is not None and group is not None and group.rv.generation == broken:
             group.abort(f"the server reports that collective generation {broken} broke")
 
     def close(self) -> None:
@@ -249,7 +261,7 @@ class Session:
         """The global model, loaded into the trainer, when it is newer than ours (always with ``force``);
         ``pushed``: rebased on it instead (overlap_push)."""
         t0 = time.perf_counter()
-        reply = self.data.request(MsgType.PULL_MODEL, {"if_newer": not force, "dtype": self.pull_dtype},
+        reply = self.data.request(MsgType.PULL_MODEL, request_body(PullModel(if_newer=not force, dtype=self.pull_dtype)),
                                   model_version=self.version)
         stats.wait_seconds += time.perf_counter() - t0
         stats.pulls += 1
@@ -257,13 +269,13 @@ class Session:
             return  # unchanged: keep training from our own model against the same base
         self._adopt(trainer, reply, pushed)
 
-    def load_model_reply(self, trainer: LocalTrainer, reply: Any, pushed: torch.Tensor | None = None) -> bool:
+    def load_model_reply(self, trainer: LocalTrainer, reply: Any, answer: PushReply,
+                         pushed: torch.Tensor | None = None) -> bool:
         """A push reply that answered the pull too (combine_messages); False: it did not, pull."""
-        included = reply.header.body.get("model")
-        if included == "included" and reply.payload is not None:
+        if answer.model == "included" and reply.payload is not None:
             self._adopt(trainer, reply, pushed)
             return True
-        return included == "unchanged"
+        return answer.model == "unchanged"
 
     def _adopt(self, trainer: LocalTrainer, reply: Any, pushed: torch.Tensor | None) -> None:
         # No copy: the tensor views the received frame, which it keeps alive (torch.frombuffer holds
@@ -275,41 +287,39 @@ class Session:
         self.version, self.base = reply.header.model_version, flat
 
     def stats_body(self, stats: AgentStats, precision: str, *, final: bool = False,
-                   precision_timings: dict[str, float] | None = None) -> dict[str, Any]:
-        """The REPORT_STATS body: the agent's running totals."""
+                   precision_timings: dict[str, float] | None = None, cycle: CycleReport | None = None,
+                   memory_profile: list[tuple[int, int]] | None = None) -> ReportStats:
+        """The REPORT_STATS body: the agent's running totals (and a cycle, a memory profile)."""
         self.last_report = time.monotonic()
-        body: dict[str, Any] = {
-            "samples": stats.samples,
-            "compute_seconds": stats.compute_seconds,
-            "wait_seconds": stats.wait_seconds + self.prefetcher.wait_seconds,
-            "prefetch_wait_seconds": self.prefetcher.wait_seconds,
-            "prefetch_wait_steady_seconds": self.prefetcher.steady_wait_seconds,
+        return ReportStats(
+            samples=stats.samples,
+            compute_seconds=stats.compute_seconds,
+            wait_seconds=stats.wait_seconds + self.prefetcher.wait_seconds,
+            prefetch_wait_seconds=self.prefetcher.wait_seconds,
+            prefetch_wait_steady_seconds=self.prefetcher.steady_wait_seconds,
             **self.shard_stats.report(),
-            "bytes_sent": self._traffic.bytes_sent,
-            "bytes_received": self._traffic.bytes_received,
-            "precision": precision,
-            "final": final,
-        }
-        if precision_timings:
-            # Milliseconds per step by precision (precision auto). Servers that do not
-            # know the field ignore it (REPORT_STATS bodies ignore extra keys).
-            body["precision_timings_ms"] = precision_timings
-        if self.rendezvous:
-            body["collective_bytes"] = stats.collective_bytes + (self.group.reduced_bytes if self.group else 0)
-        return body
+            bytes_sent=self._traffic.bytes_sent,
+            bytes_received=self._traffic.bytes_received,
+            precision=precision,
+            final=final,
+            # Milliseconds per step by precision (precision auto); None when not measured.
+            # The keys are precision.candidates(); the model checks them.
+            precision_timings_ms=cast("dict[PrecisionName, float]", precision_timings) or None,
+            collective_bytes=(stats.collective_bytes + (self.group.reduced_bytes if self.group else 0)
+                              if self.rendezvous else None),
+            cycle=cycle,
+            memory_profile=None if memory_profile is None else [list(p) for p in memory_profile],
+        )
 
-    def report(self, stats: AgentStats, precision: str, *, final: bool = False, cycle: dict | None = None,
+    def report(self, stats: AgentStats, precision: str, *, final: bool = False, cycle: CycleReport | None = None,
                memory_profile: list[tuple[int, int]] | None = None,
                precision_timings: dict[str, float] | None = None) -> bool:
         """Send the stats (and a cycle); True when the server's reply says the run is stopping."""
-        body = self.stats_body(stats, precision, final=final, precision_timings=precision_timings)
-        if cycle is not None:
-            body["cycle"] = cycle
-        if memory_profile is not None:
-            body["memory_profile"] = [list(p) for p in memory_profile]
+        body = self.stats_body(stats, precision, final=final, precision_timings=precision_timings, cycle=cycle,
+                               memory_profile=memory_profile)
         try:
-            reply = self.data.request(MsgType.REPORT_STATS, body, timeout=5.0 if final else None)
-            return bool(reply.header.body.get("stop"))
+            reply = self.data.request(MsgType.REPORT_STATS, request_body(body), timeout=5.0 if final else None)
+            return parse_reply(Reply, reply.header.body, "STATS_ACK").stop
         except Exception as exc:
             if not final:
                 raise

@@ -15,6 +15,7 @@ import torch
 from hermes.client.transport import DataClient
 from hermes.common.arrays import to_tensor
 from hermes.common.kafka_layout import shards_in, validate_ranges
+from hermes.common.messages import FetchShard, KafkaRanges, ShardReply, Split, parse_reply, request_body
 from hermes.common.shards import RecordError, ShardRecord, decode_record
 from hermes.common.wire import MsgType
 
@@ -99,12 +100,11 @@ class ShardFetcher:
             self._reader.close()
             self._reader = None
 
-    def fetch(self, shards, spec: dict, split: str = "train") -> tuple[list[ShardRecord], int] | None:
+    def fetch(self, shards: list[int], spec: KafkaRanges, split: Split = "train") -> tuple[list[ShardRecord], int] | None:
         """(records in ``shards`` order, bytes fetched); None when asked to stop mid-way."""
-        shards = [int(s) for s in shards]
         got: dict[int, ShardRecord] = {}
         nbytes = 0
-        if spec.get("source") == "kafka":
+        if spec.source == "kafka":
             kafka_got = self._from_kafka(shards, spec)
             if kafka_got is None:
                 return None
@@ -116,19 +116,20 @@ class ShardFetcher:
             nbytes += n
         return [got[s] for s in shards], nbytes
 
-    def _from_zmq_batch(self, shards: list[int], split: str) -> tuple[dict[int, ShardRecord], int]:
+    def _from_zmq_batch(self, shards: list[int], split: Split) -> tuple[dict[int, ShardRecord], int]:
         """Several records in one request; a record that fails its check is refetched alone."""
         if len(shards) == 1:
             record, n = self._from_zmq(shards[0], split)
             return {shards[0]: record}, n
-        body = {"shards": shards} if split == "train" else {"shards": shards, "split": split}
-        return self.from_reply(shards, self.client.request(MsgType.FETCH_SHARD, body), split)
+        reply = self.client.request(MsgType.FETCH_SHARD, request_body(FetchShard(shards=shards, split=split)))
+        return self.from_reply(shards, reply, parse_reply(ShardReply, reply.header.body, "SHARD").lengths, split)
 
-    def from_reply(self, shards: list[int], reply, split: str = "train") -> tuple[dict[int, ShardRecord], int]:
-        """The records of a reply that carries them back to back (``lengths``); a record that
-        fails its check, or all of them when the reply does not match, are refetched alone."""
+    def from_reply(self, shards: list[int], reply, lengths: list[int] | None,
+                   split: Split = "train") -> tuple[dict[int, ShardRecord], int]:
+        """The records of a reply that carries them back to back (cut by its ``lengths``); a record
+        that fails its check, or all of them when the reply does not match, are refetched alone."""
         raw = reply.payload.flat().numpy() if reply.payload is not None else b""
-        view, lengths = memoryview(raw), reply.header.body.get("lengths")
+        view = memoryview(raw)
         got: dict[int, ShardRecord] = {}
         nbytes = len(raw)
         if isinstance(lengths, list) and len(lengths) == len(shards) and sum(lengths) == len(raw):
@@ -161,17 +162,19 @@ class ShardFetcher:
                                         should_stop=self.should_stop, **self.reader_options)
         return self._reader
 
-    def _from_kafka(self, shards: list[int], spec: dict) -> tuple[dict[int, ShardRecord], int] | None:
-        bootstrap = self.kafka_bootstrap or spec.get("bootstrap")
+    def _from_kafka(self, shards: list[int], spec: KafkaRanges) -> tuple[dict[int, ShardRecord], int] | None:
+        bootstrap = self.kafka_bootstrap or spec.bootstrap
         if self._kafka_broken or not bootstrap or time.monotonic() < self._kafka_off_until:
             return {}, 0
         try:
-            partitions = int(spec["partitions"])
-            ranges = validate_ranges(spec["ranges"], partitions)
+            if spec.partitions is None or spec.topic is None:
+                raise ValueError("no topic or partitions")
+            partitions = spec.partitions
+            ranges = validate_ranges(spec.ranges, partitions)
             if sorted(shards_in(ranges, partitions)) != sorted(set(shards)):
                 raise ValueError("ranges do not cover the assigned shards")
-            topic = str(spec["topic"])
-        except (KeyError, TypeError, ValueError) as exc:
+            topic = spec.topic
+        except (TypeError, ValueError) as exc:
             log.warning("assignment names Kafka but its ranges are unusable (%s); using the data plane", exc)
             return {}, 0
         try:
@@ -182,7 +185,7 @@ class ShardFetcher:
                       "fetching them over the data plane instead", self._kafka_broken)
             return {}, 0
         try:
-            res = reader.read(topic, partitions, ranges, max_record_bytes=spec.get("max_record_bytes"))
+            res = reader.read(topic, partitions, ranges, max_record_bytes=spec.max_record_bytes)
         except Exception as exc:  # never let the Kafka path take the assignment down
             log.error("reading %s from Kafka at %s failed (%r); using the data plane", topic, bootstrap, exc)
             self.stats.bump(kafka_fallbacks=1)
@@ -207,8 +210,8 @@ class ShardFetcher:
                 reader.close()
         return got, res.bytes
 
-    def _from_zmq(self, shard: int, split: str) -> tuple[ShardRecord, int]:
-        body = {"shard": shard} if split == "train" else {"shard": shard, "split": split}
+    def _from_zmq(self, shard: int, split: Split) -> tuple[ShardRecord, int]:
+        body = request_body(FetchShard(shard=shard, split=split))
         nbytes = 0
         for attempt in range(self.max_refetch + 1):
             reply = self.client.request(MsgType.FETCH_SHARD, body)

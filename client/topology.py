@@ -20,8 +20,9 @@ the CollectiveError ends the agent.
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
@@ -30,23 +31,33 @@ from hermes.client.collective import (
     CollectiveGroup,
     GradientAllReduce,
     Rendezvous,
-    rendezvous_from_reply,
 )
-from hermes.client.loop import cycle_record, run_cycles
+from hermes.client.loop import Host, Stop, cycle_record, run_cycles
 from hermes.client.overlap import OverlappedPush
 from hermes.client.prefetch import StopSignal, Work
-from hermes.client.session import finite_or_none
+from hermes.client.session import Job, Session, finite_or_none
 from hermes.client.trainer import CycleResult, GradHook
-from hermes.client.transport import DataClient, RemoteError, ServerUnreachable, StopRequested
-from hermes.common.messages import IN_FLIGHT
+from hermes.client.transport import ControlClient, DataClient, RemoteError, ServerUnreachable, StopRequested
+from hermes.common.messages import IN_FLIGHT, CycleReport, PullModel, PushReply, PushUpdate, parse_reply, request_body
 from hermes.common.policies import base as registry
 from hermes.common.wire import Message, MsgType
 
-if TYPE_CHECKING:
-    from hermes.client.agent import Agent
-    from hermes.client.session import Job, Session
-
 log = logging.getLogger(__name__)
+
+
+class TopologyHost(Host, Protocol):
+    """What a topology needs from the agent beyond the loop's host: its stop flag and its reports."""
+
+    # Set by an operator's stop (a signal, the Python API).
+    stop_requested: threading.Event
+
+    def report(self, job: Job, session: Session, *, cycle: CycleReport | None = None) -> bool:
+        """Send the stats (and a cycle); True when the server's reply says the run is stopping."""
+        ...
+
+    def note_skipped_cycle(self, job: Job, session: Session, cycle: CycleReport) -> None:
+        """A cycle the gate did not push: reported, or queued for the next message."""
+        ...
 
 
 # Generations in a row that broke before their first step, after which the agent gives up.
@@ -57,76 +68,81 @@ class PushPull:
     """Topology ``ps``: gate, push the change, pull the newer model (overlapped with the next cycle
     under ``overlap_push``: client.overlap)."""
 
-    def __init__(self, agent: Agent, job: Job, session: Session) -> None:
-        self.agent, self.job, self.session = agent, job, session
+    def __init__(self, host: TopologyHost, job: Job, session: Session, *, baseline: torch.Tensor | None,
+                 validation: tuple[torch.Tensor, torch.Tensor] | None, max_cycles: int | None,
+                 request_timeout: float) -> None:
+        self.host, self.job, self.session = host, job, session
+        # Hermes Alg. 2's w0 (the first registration's model) and the gate's validation split.
+        self.baseline, self.validation = baseline, validation
+        self.max_cycles, self.request_timeout = max_cycles, request_timeout
         self.grad_hook: GradHook | None = None
         # The config requires combine_messages with overlap_push; a server that does not combine
         # (an older one) cannot bring the model back in the push's reply.
         self.overlap = (OverlappedPush(session.data_client)
                         if job.config.overlap_push and session.outbox is not None else None)
 
-    def train(self) -> None:
+    def train(self) -> str:
+        """The cycles of this session; returns why they stopped."""
         if self.overlap is None:
-            run_cycles(self.agent, self.job, self.session, self)
-            return
+            return run_cycles(self.host, self.job, self.session, self)
         try:
-            run_cycles(self.agent, self.job, self.session, self)
+            reason = run_cycles(self.host, self.job, self.session, self)
             if self.overlap.pending:
-                self._settle()  # the last push counts; its reply may say stop, the loop is over anyway
+                # The last push counts; its reply may say stop, the loop is over anyway.
+                reason = self._settle() or reason
+            return reason
         finally:
             log.info("overlapped exchanges: %.2fs in flight, %.2fs waited for", self.overlap.exchange_seconds,
                      self.overlap.waited_seconds)
             self.overlap.close()
 
-    def start_cycle(self) -> bool:
-        agent = self.agent
-        if agent.stop_requested.is_set():
-            return True
-        max_cycles = agent.options.max_cycles
-        if max_cycles is not None and agent.stats.cycles >= max_cycles:
-            agent.stop_reason = f"max_cycles={max_cycles} reached"
-            return True
-        return False
+    def start_cycle(self) -> Stop:
+        if self.host.stop_requested.is_set():
+            return ""
+        if self.max_cycles is not None and self.host.stats.cycles >= self.max_cycles:
+            return f"max_cycles={self.max_cycles} reached"
+        return None
 
     def steps(self, work: Work, samples: int) -> int | None:
         return None
 
-    def stop_signal(self, signal: StopSignal) -> None:
+    def stop_signal(self, signal: StopSignal) -> str:
         if signal.error is not None:
             raise signal.error
-        self.agent.stop_reason = signal.reason
+        return signal.reason
 
-    def finish_cycle(self, work: Work, result: CycleResult) -> bool:
+    def finish_cycle(self, work: Work, result: CycleResult) -> Stop:
         stop = self._exchange(work, result)
-        if not stop:
-            self.agent.report_if_due(self.job, self.session)
+        if stop is None:
+            self.host.report_if_due(self.job, self.session)
         return stop
 
-    def _exchange(self, work: Work, result: CycleResult) -> bool:
-        """Push and pull if the gate says so. True when the server says stop."""
-        agent, job, session, st = self.agent, self.job, self.session, self.agent.stats
+    def _exchange(self, work: Work, result: CycleResult) -> Stop:
+        """Push and pull if the gate says so; a reason when the server says stop."""
+        host, job, session, st = self.host, self.job, self.session, self.host.stats
         trainer = job.trainer
         # overlap_push: once the push in flight is answered, rebase on its model first, so that the gate
         # judges, and the next push carries, the progress since that push on the newer model.
         if self.overlap is not None and self.overlap.pending:
             if not self.overlap.answered:
                 # Not back yet: train on rather than wait; this cycle's progress goes with the next push.
-                agent.note_skipped_cycle(job, session, cycle_record(work, result, pushed=False) | {"decision": IN_FLIGHT})
-                return False
-            if self._settle():
-                return True
+                host.note_skipped_cycle(job, session, cycle_record(work, result, pushed=False, decision=IN_FLIGHT))
+                return None
+            stop = self._settle()
+            if stop is not None:
+                return stop
         cycle = cycle_record(work, result, pushed=True)
         if job.gate is not None:
-            assert agent.validation is not None, "the gate's validation split is fetched when a session begins"
-            val_loss = trainer.evaluate(*agent.validation)
+            assert self.validation is not None, "the gate's validation split is fetched when a session begins"
+            val_loss = trainer.evaluate(*self.validation)
             decision = job.gate.observe(val_loss)
             st.gate_skips += not decision.push
-            cycle.update(decision=decision.reason, pushed=decision.push, val_loss=finite_or_none(val_loss),
-                         z=finite_or_none(decision.z), alpha=decision.alpha)
+            cycle = cycle_record(work, result, pushed=decision.push, decision=decision.reason,
+                                 val_loss=finite_or_none(val_loss), z=finite_or_none(decision.z), alpha=decision.alpha)
             if not decision.push:
                 # Keep training the local model on fresh data; tell the server how long the
                 # cycle took (its straggler detector needs every cycle, not only pushed ones).
-                agent.note_skipped_cycle(job, session, cycle)
+                host.note_skipped_cycle(job, session, cycle)
                 if decision.resync:
                     # zscore.resync_factor: the local model diverged; its progress is not worth keeping.
                     log.info("validation loss %.4g after %d silent cycles: the local model diverged, taking the "
@@ -134,18 +150,19 @@ class PushPull:
                     session.pull(trainer, st, force=True)
                     trainer.reset_state()
                     st.resyncs += 1
-                return False
-        reference = agent.baseline if job.from_baseline else session.base
+                return None
+        reference = self.baseline if job.from_baseline else session.base
         assert reference is not None, "a session pulls the model before its first cycle"
         local = trainer.flat()
         delta = (local - reference).to(job.wire_dtype)
-        body = {"samples": result.samples, "steps": result.steps, "loss": result.loss,
-                "compute_seconds": result.compute_seconds, "cycle": cycle}
+        update = PushUpdate(samples=result.samples, steps=result.steps, loss=result.loss,
+                            compute_seconds=result.compute_seconds, cycle=cycle)
         if session.outbox is not None:
             # combine_messages: the model comes back in the reply; pending cycles and stats go along.
-            body.update(pull=True, **session.outbox.take())
-            if session.pull_dtype != "float32":  # older servers know no pull_dtype
-                body["pull_dtype"] = session.pull_dtype
+            cycles, stats = session.outbox.take()
+            update = update.model_copy(update={"pull": True, "pull_dtype": session.pull_dtype, "cycles": cycles,
+                                               "stats": stats})
+        body = request_body(update)
         version = session.version
 
         def push(client: DataClient, timeout: float) -> Message:
@@ -154,48 +171,48 @@ class PushPull:
 
         if self.overlap is not None:
             # No barrier holds an asynchronous push's reply: the agent's own request timeout applies.
-            self.overlap.send(lambda client: push(client, agent.options.request_timeout), pushed=local)
-            return False
+            self.overlap.send(lambda client: push(client, self.request_timeout), pushed=local)
+            return None
         t0 = time.perf_counter()
         # A barrier may hold the reply for as long as the slowest worker's cycle.
-        reply = push(session.data, max(600.0, agent.options.request_timeout))
+        reply = push(session.data, max(600.0, self.request_timeout))
         st.wait_seconds += time.perf_counter() - t0
         return self._receive(reply, pushed=None)
 
-    def _settle(self) -> bool:
+    def _settle(self) -> Stop:
         """Take the overlapped push's reply (waiting for it if need be) and rebase on its model."""
         assert self.overlap is not None
         waited = self.overlap.waited_seconds
         reply, pushed = self.overlap.take()
-        self.agent.stats.wait_seconds += self.overlap.waited_seconds - waited
+        self.host.stats.wait_seconds += self.overlap.waited_seconds - waited
         return self._receive(reply, pushed=pushed)
 
-    def _receive(self, reply: Message, pushed: torch.Tensor | None) -> bool:
-        """Count a push's reply and load (``pushed``: rebase on) the model it brings. True: stop."""
-        agent, session, st, trainer = self.agent, self.session, self.agent.stats, self.job.trainer
+    def _receive(self, reply: Message, pushed: torch.Tensor | None) -> Stop:
+        """Count a push's reply and load (``pushed``: rebase on) the model it brings; a reason: stop."""
+        session, st, trainer = self.session, self.host.stats, self.job.trainer
         st.pushes += 1
-        answer = reply.header.body
-        if answer.get("status") == "applied":
+        answer = parse_reply(PushReply, reply.header.body, "PUSH_REPLY")
+        if answer.status == "applied":
             st.applied += 1
         else:
             st.rejected += 1
-            log.debug("update rejected: %s", answer.get("reason"))
-        if answer.get("stop"):
-            agent.stop_reason = "server asked to stop"
-            return True
-        if session.outbox is not None and session.load_model_reply(trainer, reply, pushed):
+            log.debug("update rejected: %s", answer.reason)
+        if answer.stop:
+            return "server asked to stop"
+        if session.outbox is not None and session.load_model_reply(trainer, reply, answer, pushed):
             st.pulls += 1  # answered by the push's reply, as the server counts it
         else:
             session.pull(trainer, st, force=False, pushed=pushed)
-        return False
+        return None
 
 
 class AllReduce:
     """Topology ``collective``: the all-reduce as the trainer's gradient hook, generation after generation."""
 
-    def __init__(self, agent: Agent, job: Job, session: Session, rendezvous: dict) -> None:
-        self.agent, self.job, self.session = agent, job, session
-        self.first = rendezvous_from_reply(rendezvous)
+    def __init__(self, host: TopologyHost, job: Job, session: Session, rendezvous: Rendezvous,
+                 control: ControlClient) -> None:
+        self.host, self.job, self.session, self.control = host, job, session, control
+        self.first = rendezvous
         self.rank = self.first.rank
         config = job.config
         rule = registry.get("aggregation", config.aggregation)
@@ -207,18 +224,18 @@ class AllReduce:
         self.copied = torch.zeros(0)
         self.last_copy = 0.0
 
-    def train(self) -> None:
-        rv: Rendezvous | None = self.first
+    def train(self) -> str:
+        """The generations of this session; returns why they stopped."""
+        rv = self.first
         stillborn = 0
-        while rv is not None:
+        while True:
             group: CollectiveGroup | None = None
             started = False
             try:
                 group = self.session.group = CollectiveGroup(rv, self.job.trainer.device)
                 self._start_generation(group, rv)
                 started = True
-                run_cycles(self.agent, self.job, self.session, self)
-                return
+                return run_cycles(self.host, self.job, self.session, self)
             except CollectiveError as exc:
                 if not self.job.config.collective.regroup:
                     raise
@@ -231,10 +248,13 @@ class AllReduce:
                 failure = exc
             finally:
                 if group is not None:
-                    self.agent.stats.collective_bytes += group.reduced_bytes
+                    self.host.stats.collective_bytes += group.reduced_bytes
                     self.session.group = None
                     group.close()
-            rv = self._regroup(rv, failure)
+            nxt, over = self._regroup(rv, failure)
+            if nxt is None:
+                return over
+            rv = nxt
 
     def _start_generation(self, group: CollectiveGroup, rv: Rendezvous) -> None:
         trainer = self.job.trainer
@@ -254,67 +274,65 @@ class AllReduce:
             self.hook.group = group
         self.grad_hook = self.hook
 
-    def _regroup(self, rv: Rendezvous, failure: CollectiveError) -> Rendezvous | None:
-        """The next generation's rendezvous from the server; None when the run is over meanwhile."""
-        agent, session = self.agent, self.session
+    def _regroup(self, rv: Rendezvous, failure: CollectiveError) -> tuple[Rendezvous | None, str]:
+        """The next generation's rendezvous from the server; None and why when the run is over meanwhile."""
+        session = self.session
         log.warning("collective generation %d broke (%s); asking the server for the next one", rv.generation, failure)
         try:
             # The server may wait for a slow survivor up to the group timeout past its window.
-            body = agent.control.regroup(session.worker_id, session.token, rv.generation,
-                                         wait_seconds=self.job.config.collective.regroup_seconds + rv.timeout_seconds)
+            nxt = self.control.regroup(session.worker_id, session.token, rv.generation,
+                                       wait_seconds=self.job.config.collective.regroup_seconds + rv.timeout_seconds)
         except RemoteError as exc:
             if exc.code == "http_410":
-                agent.stop_reason = f"the server's run is over ({exc.message})"
-                return None
+                return None, f"the server's run is over ({exc.message})"
             raise CollectiveError(f"generation {rv.generation} broke ({failure}) and the server refused a "
                                   f"regroup: {exc.message}") from None
         except ServerUnreachable as exc:
             raise CollectiveError(f"generation {rv.generation} broke ({failure}) and the server cannot be "
                                   f"asked for the next one: {exc}") from None
-        nxt = rendezvous_from_reply(body)
         log.warning("joining collective generation %d as rank %d of %d", nxt.generation, nxt.rank, nxt.world_size)
-        return nxt
+        return nxt, ""
 
     def _active(self) -> GradientAllReduce:
         assert self.hook is not None, "a generation starts before its first cycle"
         return self.hook
 
-    def start_cycle(self) -> bool:
+    def start_cycle(self) -> Stop:
         # An operator's stop is said in the next all-reduce, so nobody is left waiting.
         hook = self._active()
-        hook.stop = hook.stop or self.agent.stop_requested.is_set()
-        return False
+        hook.stop = hook.stop or self.host.stop_requested.is_set()
+        return None
 
     def steps(self, work: Work, samples: int) -> int | None:
         # Every rank takes part in the same number of all-reduces, whatever samples arrived.
         return max(1, (work.cycle_samples or samples) // (work.batch_size * work.accumulation))
 
-    def stop_signal(self, signal: StopSignal) -> None:
+    def stop_signal(self, signal: StopSignal) -> str:
         if signal.error is not None and not isinstance(signal.error, StopRequested):
             raise signal.error
-        self.agent.stop_reason = signal.reason
         # Tell the others in the all-reduce they are waiting in: nobody hangs.
         self._active().group.reduce_gradients(list(self.job.trainer.model.parameters()), 0.0, True)
+        return signal.reason
 
-    def finish_cycle(self, work: Work, result: CycleResult) -> bool:
-        agent, hook = self.agent, self._active()
+    def finish_cycle(self, work: Work, result: CycleResult) -> Stop:
+        host, hook = self.host, self._active()
         if result.compute_seconds > 0 and result.samples:
             hook.power = result.samples / result.compute_seconds  # DP-SGD Eq. 2, for EDP-SGD's weights
         cycle = cycle_record(work, result, pushed=False)
         due = time.monotonic() - self.last_copy >= self.job.config.eval_interval_seconds
         if self.rank == 0 and (result.stopped or due):
             self.copied, self.last_copy = self._send_copy(self.copied), time.monotonic()
-        if agent.report(self.job, self.session, cycle=cycle):
+        if host.report(self.job, self.session, cycle=cycle):
             hook.stop = True  # said in the next all-reduce
         if result.stopped:
-            agent.stop_reason = agent.stop_reason or "the collective group agreed to stop"
-            return True
-        return False
+            # An operator's stop keeps the reason it was given.
+            return "" if host.stop_requested.is_set() else "the collective group agreed to stop"
+        return None
 
     def _server_model(self) -> torch.Tensor:
         """The server's current model, without loading it (the group's replica is the one to train)."""
         session = self.session
-        reply = session.data.request(MsgType.PULL_MODEL, {"if_newer": False, "dtype": "float32"},
+        reply = session.data.request(MsgType.PULL_MODEL, request_body(PullModel(if_newer=False, dtype="float32")),
                                      model_version=session.version)
         if reply.payload is None:
             return self.job.trainer.flat()
@@ -323,16 +341,18 @@ class AllReduce:
 
     def _send_copy(self, base: torch.Tensor) -> torch.Tensor:
         """Rank 0: the change since the last copy, folded by the server with weight 1 (it then holds our model)."""
-        session, st = self.session, self.agent.stats
+        session, st = self.session, self.host.stats
         flat = self.job.trainer.flat()
         reply = session.data.request(
-            MsgType.PUSH_UPDATE, {"samples": 1, "copy": True}, payload=(flat - base).to(self.job.wire_dtype),
+            MsgType.PUSH_UPDATE, request_body(PushUpdate(samples=1, copy=True)),
+            payload=(flat - base).to(self.job.wire_dtype),
             model_version=session.version, shapes=self.job.spec.shapes, idempotent=False,
         )
-        if reply.header.body.get("status") == "applied":
+        answer = parse_reply(PushReply, reply.header.body, "PUSH_REPLY")
+        if answer.status == "applied":
             session.version = reply.header.model_version
             st.pushes += 1
             st.applied += 1
             return flat
-        log.warning("model copy not applied: %s", reply.header.body.get("reason"))
+        log.warning("model copy not applied: %s", answer.reason)
         return base

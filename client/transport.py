@@ -25,8 +25,19 @@ from typing import Any
 
 import torch
 import zmq
+from pydantic import ValidationError
 
 from hermes.client.preflight import tls_context
+from hermes.common.config import RunConfig
+from hermes.common.control_messages import (
+    CollectiveRendezvous,
+    HeartbeatReply,
+    HTTPErrorBody,
+    RegisterRequest,
+    RegisterResponse,
+    RegroupRequest,
+)
+from hermes.common.messages import ErrorReply, parse_reply, request_body
 from hermes.common.signing import ServerClock, new_session
 from hermes.common.wire import (
     DEFAULT_MAX_MESSAGE_BYTES,
@@ -49,10 +60,9 @@ __all__ = ["ControlClient", "DataClient", "RemoteError", "RequestCancelled", "Ru
 def _detail(body: str) -> str:
     """FastAPI's {"detail": "..."} as its text; any other body as it is."""
     try:
-        parsed = json.loads(body)
-    except ValueError:
+        return HTTPErrorBody.model_validate_json(body).detail
+    except ValidationError:
         return body
-    return parsed["detail"] if isinstance(parsed, dict) and isinstance(parsed.get("detail"), str) else body
 
 
 class ServerUnreachable(Exception):
@@ -139,25 +149,28 @@ class ControlClient:
                 delay = min(delay * 2, 10.0)
         raise ServerUnreachable(f"server {self.base_url} unreachable after {self.retries + 1} attempts: {last}")
 
-    def register(self, **fields: Any) -> dict[str, Any]:
+    def register(self, request: RegisterRequest) -> RegisterResponse:
         headers = {"Authorization": f"Bearer {self.join_token}"} if self.join_token else {}
-        return self._call("POST", "/v1/workers/register", fields, headers=headers)
+        reply = self._call("POST", "/v1/workers/register", request_body(request), headers=headers)
+        return parse_reply(RegisterResponse, reply, "register")
 
-    def heartbeat(self, worker_id: str, token: str) -> dict[str, Any]:
-        return self._call("POST", f"/v1/workers/{worker_id}/heartbeat", {}, headers={"X-Hermes-Token": token})
+    def heartbeat(self, worker_id: str, token: str) -> HeartbeatReply:
+        reply = self._call("POST", f"/v1/workers/{worker_id}/heartbeat", {}, headers={"X-Hermes-Token": token})
+        return parse_reply(HeartbeatReply, reply, "heartbeat")
 
     def leave(self, worker_id: str, token: str) -> None:
         self._call("POST", f"/v1/workers/{worker_id}/leave", {}, headers={"X-Hermes-Token": token})
 
-    def regroup(self, worker_id: str, token: str, generation: int, wait_seconds: float) -> dict[str, Any]:
+    def regroup(self, worker_id: str, token: str, generation: int, wait_seconds: float) -> CollectiveRendezvous:
         """Report that collective ``generation`` failed; the reply (after up to ``wait_seconds``) is the next one."""
-        return self._call("POST", f"/v1/workers/{worker_id}/regroup", {"generation": generation},
-                          headers={"X-Hermes-Token": token}, timeout=wait_seconds + self.timeout)
+        reply = self._call("POST", f"/v1/workers/{worker_id}/regroup", request_body(RegroupRequest(generation=generation)),
+                           headers={"X-Hermes-Token": token}, timeout=wait_seconds + self.timeout)
+        return parse_reply(CollectiveRendezvous, reply, "regroup")
 
-    def run_config(self) -> dict[str, Any]:
+    def run_config(self) -> RunConfig:
         """The server's run config (GET /v1/config): the agent builds its task from it before registering."""
         headers = {"Authorization": f"Bearer {self.join_token}"} if self.join_token else {}
-        return self._call("GET", "/v1/config", headers=headers)
+        return RunConfig(**self._call("GET", "/v1/config", headers=headers))
 
     def status(self) -> dict[str, Any]:
         # The join token also opens a server's protected read endpoints (protect_reads).
@@ -286,8 +299,8 @@ class DataClient:
                 continue  # a late reply to a request we already gave up on
             if msg.header.type is MsgType.ERROR:
                 # Unsigned: the server answers messages it could not authenticate too.
-                raise RemoteError(str(msg.header.body.get("code", ErrorCode.INTERNAL.value)),
-                                  str(msg.header.body.get("message", "")))
+                error = parse_reply(ErrorReply, msg.header.body, "ERROR")
+                raise RemoteError(error.code, error.message)
             if msg.header.session != self.session or not verify_mac(frames[0], msg.header, frames[1:], self.key):
                 log.warning("reply %d without a valid server signature dropped", seq)
                 continue

@@ -1,7 +1,10 @@
-"""Typed control-plane bodies: registration and the collective's rendezvous (FastAPI validates them).
+"""Typed control-plane bodies: registration, heartbeat and the collective's rendezvous.
 
-The data plane's bodies are in ``messages``; the same rules hold here: a
-request names only known fields, and numbers are bounded and finite.
+FastAPI validates the requests on the server; the agent parses the replies
+with ``messages.parse_reply`` (unknown fields ignored, a malformed reply one
+line naming the field). The data plane's bodies are in ``messages``; the same
+rules hold here: a request names only known fields, and numbers are bounded
+and finite.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from hermes.common.messages import KafkaRanges
 from hermes.common.wire import PROTOCOL_VERSION
 
 
@@ -105,3 +109,33 @@ class RegisterResponse(BaseModel):
     server_time_ms: int
     heartbeat_interval_seconds: float
     max_message_bytes: int
+
+    def source(self) -> KafkaRanges:
+        """``data_source`` typed: where this worker's validation shards are read from.
+
+        The reply keeps the compact dict (only the fields that apply), as the
+        server's ``KafkaRanges.model_dump(exclude_none=True)`` wrote it.
+        """
+        return KafkaRanges.model_validate(self.data_source, extra="ignore")
+
+
+class HeartbeatReply(BaseModel):
+    """POST /v1/workers/{id}/heartbeat: the worker's state as the server sees it.
+
+    Every field is optional: a heartbeat's answer matters only as proof that the
+    server heard us, whatever else it says.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    state: str | None = None
+    model_version: int | None = None
+    stop: bool = False
+    # Topology collective: the generation the server knows broke while this worker is in it.
+    collective_broken: int | None = None
+
+
+class HTTPErrorBody(BaseModel):
+    """A refused control-plane call's body: FastAPI's ``{"detail": "..."}``."""
+
+    detail: str

@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import (
+    AliasChoices,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -115,6 +116,26 @@ def parse_body(model: type[M], body: Mapping[str, Any]) -> M:
         raise ProtocolError(ErrorCode.BAD_REQUEST, describe(exc)) from None
 
 
+def parse_reply(model: type[M], body: Any, what: str) -> M:
+    """The agent's boundary check of a server's reply (``what`` names it in the error).
+
+    Fields the model does not know are ignored, so an agent still talks to a
+    newer server; a reply that lacks a field or carries a wrong type is a
+    ProtocolError(MALFORMED) whose one line names the reply and the field.
+    """
+    if not isinstance(body, Mapping):
+        raise ProtocolError(ErrorCode.MALFORMED, f"server's {what} reply is not an object: {body!r:.60}")
+    try:
+        return model.model_validate(body, extra="ignore")
+    except ValidationError as exc:
+        raise ProtocolError(ErrorCode.MALFORMED, f"server's {what} reply: {describe(exc)}") from None
+
+
+def request_body(message: BaseModel) -> dict[str, Any]:
+    """A typed request as the wire carries it: aliases as the receiver reads them, unset optionals left out."""
+    return message.model_dump(by_alias=True, exclude_none=True)
+
+
 # ---- data plane: requests ---------------------------------------------------------------
 
 
@@ -124,7 +145,9 @@ class CycleReport(BaseModel):
     model_config = _REQUEST
 
     dss: Positive
-    mbs: Positive
+    # The mini-batch size this cycle trained with (the WORK reply's batch_size). Agents before
+    # the one-name rename sent it as ``mbs``: still accepted on input.
+    batch_size: Positive = Field(validation_alias=AliasChoices("batch_size", "mbs"))
     compute_seconds: Seconds = 0.0
     # Older agents do not send it: they never accumulate.
     accumulation: Positive = 1
@@ -136,11 +159,17 @@ class CycleReport(BaseModel):
     decision: Annotated[str, Field(max_length=32, strict=True)] = "always"
 
     def fields(self) -> dict[str, Any]:
-        """The report as the registry and the event log keep it."""
-        return self.model_dump()
+        """The report as the registry and the event log keep it.
+
+        Their column is still ``mbs`` (the allocators' ``Workload.mbs``, the
+        dashboards and the bench read it): renamed here, in field order.
+        """
+        return {("mbs" if k == "batch_size" else k): v for k, v in self.model_dump().items()}
 
 
 ShardSource = Literal["kafka", "zmq"]
+# The precisions an agent may time (precision=auto) and train in.
+PrecisionName = Literal["fp32", "bf16", "fp16"]
 
 
 class ReportStats(BaseModel):
@@ -171,7 +200,7 @@ class ReportStats(BaseModel):
     precision: Label = ""
     # How the agent chose it (precision=auto): milliseconds per step of each precision it timed.
     precision_timings_ms: Annotated[
-        dict[Literal["fp32", "bf16", "fp16"], Annotated[float, Field(ge=0, allow_inf_nan=False)]], Field(max_length=3)
+        dict[PrecisionName, Annotated[float, Field(ge=0, allow_inf_nan=False)]], Field(max_length=3)
     ] | None = None
     final: bool = False
     # OmniLearn Eq. 9's measurements: [batch, bytes] pairs.
@@ -245,6 +274,9 @@ class RequestWork(BaseModel):
     stats: ReportStats | None = None
 
 
+Split = Literal["train", "validation"]
+
+
 class FetchShard(BaseModel):
     """FETCH_SHARD: one shard record (``shard``) or several back to back (``shards``)."""
 
@@ -252,7 +284,7 @@ class FetchShard(BaseModel):
 
     shard: Count | None = None
     shards: Annotated[list[Count], Field(min_length=1, max_length=MAX_SHARDS_PER_FETCH, strict=True)] | None = None
-    split: Literal["train", "validation"] = "train"
+    split: Split = "train"
 
     @model_validator(mode="after")
     def _one_of(self) -> FetchShard:
@@ -264,7 +296,19 @@ class FetchShard(BaseModel):
         return list(self.shards) if self.shards is not None else [self.shard or 0]
 
 
-# ---- data plane: replies the server builds ----------------------------------------------
+# ---- data plane: replies ----------------------------------------------------------------
+#
+# The server builds these (extra fields forbidden); the agent parses them with ``parse_reply``
+# (extra fields ignored). Every data-plane reply also says whether the run is stopping:
+# the server's reply helper adds ``stop`` to whatever body it sends.
+
+
+class Reply(BaseModel):
+    """What every data-plane reply carries: ``stop``, the run is stopping."""
+
+    model_config = _BUILT
+
+    stop: StrictBool = False
 
 
 class KafkaRanges(BaseModel):
@@ -281,16 +325,15 @@ class KafkaRanges(BaseModel):
     max_record_bytes: int | None = None
 
 
-class WorkReply(BaseModel):
+class WorkReply(Reply):
     """WORK: the assignment for the agent's next cycle (plus where its shards are read from)."""
-
-    model_config = _BUILT
 
     epoch: int
     shards: list[int]
     batch_size: int
     cycle_samples: int
-    accumulation: int
+    # Micro-batches per optimizer step (Chao et al.); servers that never accumulate may leave it out.
+    accumulation: int = 1
     lr: float
     data: KafkaRanges = KafkaRanges()
     # Device-local data (source "local"): draw this many samples from the local set; shards is [].
@@ -303,21 +346,61 @@ class WorkReply(BaseModel):
 
     def body(self) -> dict[str, Any]:
         """The wire body: the data-source fields sit beside the assignment's, as agents read them."""
-        out = self.model_dump(exclude={"data", "then"}, exclude_none=True)
+        out = self.model_dump(exclude={"data", "then", "stop"}, exclude_none=True)
         out.update(self.data.model_dump(exclude_none=True))
         if self.then:
             out["then"] = [w.body() for w in self.then]
         return out
 
+    @classmethod
+    def from_body(cls, body: Any) -> WorkReply:
+        """The agent's side of ``body()``: the wire body parsed back (``parse_reply``'s rules)."""
+        return parse_reply(cls, _nest_data(body), "WORK")
 
-class ShardReply(BaseModel):
+
+def _nest_data(body: Any) -> Any:
+    """A WORK wire body with its data-source fields gathered under ``data`` again (``then`` too)."""
+    if not isinstance(body, Mapping):
+        return body
+    data = {k: body[k] for k in KafkaRanges.model_fields if k in body}
+    out = {k: v for k, v in body.items() if k not in data}
+    out["data"] = data
+    if isinstance(out.get("then"), list):
+        out["then"] = [_nest_data(b) for b in out["then"]]
+    return out
+
+
+class ShardReply(Reply):
     """SHARD: one record (``shard``) or several back to back, cut by ``lengths``."""
-
-    model_config = _BUILT
 
     shard: int | None = None
     shards: list[int] | None = None
     lengths: list[int] | None = None
 
     def body(self) -> dict[str, Any]:
-        return self.model_dump(exclude_none=True)
+        return self.model_dump(exclude={"stop"}, exclude_none=True)
+
+
+class PushReply(Reply):
+    """PUSH_REPLY: what became of the update, and (combine_messages) whether the model came along."""
+
+    # "applied"; anything else counts as refused ("rejected", "abandoned" at a stop, ...).
+    status: str
+    reason: str | None = None
+    # Asked with ``pull``: "included" (the payload is the newer model) or "unchanged".
+    model: Literal["included", "unchanged"] | None = None
+
+
+class ErrorReply(BaseModel):
+    """ERROR: a refused request (``header.error_reply`` builds it); unsigned, so read leniently."""
+
+    model_config = _BUILT
+
+    code: str = ErrorCode.INTERNAL.value
+    message: str = ""
+
+
+class ModelReply(Reply):
+    """MODEL: the current model (the payload), or ``unchanged`` when the agent has it."""
+
+    unchanged: StrictBool = False

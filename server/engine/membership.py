@@ -164,7 +164,7 @@ class Membership:
         worker.record_cycle(elapsed, cycle)
         wid = worker.id
         e.telemetry.emit("cycle", worker=wid, elapsed=elapsed, **cycle)
-        e.allocator.observe(wid, CycleObservation(report.dss, report.mbs, report.compute_seconds,
+        e.allocator.observe(wid, CycleObservation(report.dss, report.batch_size, report.compute_seconds,
                                                   report.accumulation))
         self.apply_resizes(e.allocator.rebalance(), elapsed)
 

@@ -44,6 +44,7 @@ from hermes.client.shard_fetch import ShardFetcher, ShardStats
 from hermes.client.transport import DataClient
 from hermes.common.config import build_config
 from hermes.common.kafka_layout import KafkaUnavailable, location, shards_in
+from hermes.common.messages import KafkaRanges
 from hermes.common.wire import MsgType
 from hermes.server.kafka_publish import KafkaOptions, publish_split, publish_stores
 from hermes.server.shardstore import ShardStore, load_splits, split_stores
@@ -221,7 +222,7 @@ def test_corrupt_record_is_rejected_refetched_then_served_by_the_data_plane(kafk
     # The prefetcher's fetcher completes the assignment over the data plane.
     plane, stats = StubDataPlane(train), ShardStats()
     fetcher = ShardFetcher(plane, stats, reader_options=FAST)
-    spec = {"source": "kafka", "bootstrap": kafka_broker.bootstrap, "topic": topic, "partitions": 4, "ranges": ranges}
+    spec = KafkaRanges(source="kafka", bootstrap=kafka_broker.bootstrap, topic=topic, partitions=4, ranges=ranges)
     records, _ = fetcher.fetch(assigned, spec)
     fetcher.close()
     assert [r.shard for r in records] == assigned and all(_same(r, train, r.shard) for r in records)
@@ -274,7 +275,7 @@ def test_unreachable_broker_is_a_clear_bounded_error():
     store = ShardStore(train, config.shard_size)
     stats = ShardStats()
     fetcher = ShardFetcher(StubDataPlane(store), stats, reader_options=dict(FAST, connect_retries=1))
-    spec = {"source": "kafka", "bootstrap": address, "topic": "t", "partitions": 4, "ranges": [[0, 0, 1]]}
+    spec = KafkaRanges(source="kafka", bootstrap=address, topic="t", partitions=4, ranges=[[0, 0, 1]])
     records, _ = fetcher.fetch([0], spec)
     assert records[0].shard == 0 and stats.report()["shard_records"] == {"kafka": 0, "zmq": 1}
     # Circuit open: the next assignment does not pay the retry budget again.

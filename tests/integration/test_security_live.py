@@ -23,6 +23,7 @@ from hermes.client.transport import (
     ServerUnreachable,
     tls_context,
 )
+from hermes.common.control_messages import RegisterRequest
 from hermes.common.wire import ErrorCode, MsgType
 from tests.conftest import ADMIN_TOKEN, JOIN_TOKEN, running_server
 
@@ -313,11 +314,11 @@ def test_tls_control_plane(tmp_path, pki):
         assert srv.url.startswith("https://")
         # The agent's control client, trusting our CA, registers and heartbeats over TLS.
         control = ControlClient(srv.url, retries=0, join_token=JOIN_TOKEN, ssl_context=tls_context(pki["ca"]))
-        reg = control.register(name="tls-agent")
-        assert control.heartbeat(reg["worker_id"], reg["token"])["state"] == "active"
+        reg = control.register(RegisterRequest(name="tls-agent"))
+        assert control.heartbeat(reg.worker_id, reg.token).state == "active"
         # Without our CA the certificate is refused at once (no retry loop).
         with pytest.raises(RemoteError) as ei:
-            ControlClient(srv.url, retries=3, join_token=JOIN_TOKEN).register(name="naive")
+            ControlClient(srv.url, retries=3, join_token=JOIN_TOKEN).register(RegisterRequest(name="naive"))
         assert ei.value.code == "tls" and "CERTIFICATE_VERIFY_FAILED" in ei.value.message
         # Plain HTTP to the TLS port does not get in either.
         with pytest.raises(httpx.HTTPError):
@@ -330,11 +331,11 @@ def test_mutual_tls_requires_a_client_certificate(tmp_path, pki):
                         scheme="https", http_kwargs={"verify": tls_context(pki["ca"], *pki["client"])}) as srv:
         ok = ControlClient(srv.url, retries=0, join_token=JOIN_TOKEN,
                            ssl_context=tls_context(pki["ca"], *pki["client"]))
-        assert ok.register(name="mtls-agent")["worker_id"]
+        assert ok.register(RegisterRequest(name="mtls-agent")).worker_id
         # Without a client certificate the handshake fails (or the server drops the connection).
         with pytest.raises((RemoteError, ServerUnreachable)):
             ControlClient(srv.url, retries=0, join_token=JOIN_TOKEN, ssl_context=tls_context(pki["ca"])).register(
-                name="no-cert")
+                RegisterRequest(name="no-cert"))
         assert "no-cert" not in {w["name"] for w in srv.workers().values()}
 
 

@@ -1,4 +1,5 @@
-"""The collective agent gives up on groups that break before their first step, and only on those."""
+"""client/topology.py: the collective agent gives up on groups that break before their first step, and only
+on those; the topologies' hooks return why the loop stops (the loop returns it to the agent)."""
 
 from __future__ import annotations
 
@@ -15,11 +16,11 @@ def _all_reduce(monkeypatch: pytest.MonkeyPatch, regroups: list[str]) -> topolog
     ar.job = SimpleNamespace(trainer=SimpleNamespace(device="cuda:0"),
                              config=SimpleNamespace(collective=SimpleNamespace(regroup=True)))
     ar.session = SimpleNamespace(group=None)
-    ar.agent = SimpleNamespace(stats=SimpleNamespace(collective_bytes=0))
+    ar.host = SimpleNamespace(stats=SimpleNamespace(collective_bytes=0))
 
-    def regroup(rv: str, failure: Exception) -> str:
+    def regroup(rv: str, failure: Exception) -> tuple[str, str]:
         regroups.append(rv)
-        return f"rv{len(regroups)}"
+        return f"rv{len(regroups)}", ""
 
     monkeypatch.setattr(ar, "_regroup", regroup)
     return ar
@@ -58,10 +59,11 @@ def test_generations_that_trained_before_breaking_keep_regrouping(monkeypatch: p
     monkeypatch.setattr(ar, "_start_generation", lambda group, rv: None)
     breaks = 2 * topology.STILLBORN_GENERATIONS
 
-    def cycles(agent: object, job: object, session: object, top: object) -> None:
+    def cycles(host: object, job: object, session: object, top: object) -> str:
         if len(regroups) < breaks:
             raise topology.CollectiveError("a peer died")
+        return "the collective group agreed to stop"
 
     monkeypatch.setattr(topology, "run_cycles", cycles)
-    ar.train()
+    assert ar.train() == "the collective group agreed to stop"
     assert len(regroups) == breaks
