@@ -193,6 +193,7 @@ def _first_contact(args: argparse.Namespace, stop: threading.Event) -> int | Non
 def _run(agent: Any, name: str) -> int:
     from hermes.client.agent import DataPlaneUnreachable, NameTaken
     from hermes.client.collective import CollectiveError
+    from hermes.client.topology import LossNotFinite
     from hermes.client.transport import RemoteError, ServerUnreachable, StopRequested
     from hermes.common.wire import ProtocolError
 
@@ -215,6 +216,9 @@ def _run(agent: Any, name: str) -> int:
         return EXIT_REMOTE
     except ProtocolError as exc:  # a reply this agent cannot read (another version's server?)
         print(f"hermes-client: {exc.message}", file=sys.stderr)
+        return EXIT_REMOTE
+    except LossNotFinite as exc:  # exit 4, as when the server refused such a push
+        print(f"hermes-client: {exc}", file=sys.stderr)
         return EXIT_REMOTE
     except CollectiveError as exc:
         print(f"hermes-client: the collective group failed: {exc}", file=sys.stderr)

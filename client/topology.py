@@ -20,6 +20,7 @@ the CollectiveError ends the agent.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from typing import Protocol
@@ -43,6 +44,10 @@ from hermes.common.policies import base as registry
 from hermes.common.wire import Message, MsgType
 
 log = logging.getLogger(__name__)
+
+
+class LossNotFinite(Exception):
+    """This agent's own training diverged: its loss is NaN or infinite, so its update is not worth sending."""
 
 
 class TopologyHost(Host, Protocol):
@@ -155,6 +160,10 @@ class PushPull:
         assert reference is not None, "a session pulls the model before its first cycle"
         local = trainer.flat()
         delta = (local - reference).to(job.wire_dtype)
+        if result.loss is not None and not math.isfinite(result.loss):
+            # The server refuses such a push (PushUpdate.loss is Finite); say so here, in one line, before sending it.
+            raise LossNotFinite(f"the local loss is {result.loss} after {result.steps} steps: training diverged "
+                                "(try a lower lr)")
         update = PushUpdate(samples=result.samples, steps=result.steps, loss=result.loss,
                             compute_seconds=result.compute_seconds, cycle=cycle)
         if session.outbox is not None:

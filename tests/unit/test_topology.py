@@ -3,11 +3,16 @@ on those; the topologies' hooks return why the loop stops (the loop returns it t
 
 from __future__ import annotations
 
+import math
+import threading
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from hermes.client import topology
+from hermes.client.prefetch import Work
+from hermes.client.trainer import CycleResult
 
 
 def _all_reduce(monkeypatch: pytest.MonkeyPatch, regroups: list[str]) -> topology.AllReduce:
@@ -67,3 +72,21 @@ def test_generations_that_trained_before_breaking_keep_regrouping(monkeypatch: p
     monkeypatch.setattr(topology, "run_cycles", cycles)
     assert ar.train() == "the collective group agreed to stop"
     assert len(regroups) == breaks
+
+
+@pytest.mark.parametrize("loss", [math.nan, math.inf])
+def test_a_diverged_local_loss_stops_the_agent_before_it_pushes(loss: float) -> None:
+    sent: list[object] = []
+    trainer = SimpleNamespace(flat=lambda: torch.ones(2))
+    job = SimpleNamespace(trainer=trainer, gate=None, from_baseline=False, wire_dtype=torch.float32,
+                          config=SimpleNamespace(overlap_push=False), spec=None)
+    session = SimpleNamespace(outbox=None, data_client=SimpleNamespace(request=lambda *a, **k: sent.append(a)),
+                              base=torch.zeros(2), version=0)
+    host = SimpleNamespace(stats=SimpleNamespace(gate_skips=0), stop_requested=threading.Event())
+    pp = topology.PushPull(host, job, session, baseline=None, validation=None, max_cycles=None, request_timeout=1.0)
+    work = Work(epoch=0, shards=(0,), x=torch.zeros(2, 1), y=torch.zeros(2, dtype=torch.int64), batch_size=2,
+                lr=0.1, fetched_bytes=0, cycle_samples=2, accumulation=1)
+    result = CycleResult(samples=2, steps=3, loss=loss, compute_seconds=0.01, wait_seconds=0.0, stopped=False)
+    with pytest.raises(topology.LossNotFinite, match=r"after 3 steps: training diverged"):
+        pp.finish_cycle(work, result)
+    assert sent == []
