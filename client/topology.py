@@ -39,7 +39,7 @@ from hermes.client.session import finite_or_none
 from hermes.client.trainer import CycleResult, GradHook
 from hermes.client.transport import DataClient, RemoteError, ServerUnreachable, StopRequested
 from hermes.common.messages import IN_FLIGHT
-from hermes.common.policies import base as registry
+from hermes.common.policies.aggregation import AggregationRule
 from hermes.common.wire import Message, MsgType
 
 if TYPE_CHECKING:
@@ -198,8 +198,9 @@ class AllReduce:
         self.first = rendezvous_from_reply(rendezvous)
         self.rank = self.first.rank
         config = job.config
-        rule = registry.get("aggregation", config.aggregation)
-        self.weighting = getattr(rule, "gradient_weighting", "samples")
+        rule = config.policy("aggregation")
+        assert issubclass(rule, AggregationRule)
+        self.weighting = rule.gradient_weighting
         # One hook for the session's generations: the rank's compute power (EDP-SGD's
         # weight) and its wish to stop outlive a broken group.
         self.hook: GradientAllReduce | None = None

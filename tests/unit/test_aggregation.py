@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hermes.common.aggregation import aggregation_weights, mean_weights, sample_weights
+from hermes.common.policies.aggregation import aggregation_weights, mean_weights, sample_weights
 
 
 @pytest.mark.parametrize("k", [1, 2, 3, 4, 7])

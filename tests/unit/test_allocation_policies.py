@@ -18,21 +18,20 @@ import math
 
 import pytest
 
-from hermes.common.allocation import (
+from hermes.common.config import RunConfig, build_config
+from hermes.common.policies.allocation import (
     ALLOCATIONS,
     CycleObservation,
     Resize,
     Workload,
     local_steps,
-    make_allocator,
 )
-from hermes.common.allocation.adaptive import AdaptiveAllocator
-from hermes.common.allocation.dual_search import DualSearchAllocator
-from hermes.common.allocation.partition import PartitionAllocator
-from hermes.common.allocation.pcontrol import PControlAllocator
-from hermes.common.allocation.static import StaticAllocator
-from hermes.common.allocation.uniform import UniformAllocator
-from hermes.common.config import RunConfig, build_config
+from hermes.common.policies.allocation.dynamic_partitioning import PartitionAllocator
+from hermes.common.policies.allocation.hermes_sizing import DualSearchAllocator
+from hermes.common.policies.allocation.pcontrol import PControlAllocator
+from hermes.common.policies.allocation.static import StaticAllocator
+from hermes.common.policies.allocation.task_allocation import AdaptiveAllocator
+from hermes.common.policies.allocation.uniform import UniformAllocator
 
 # OmniLearn Table I, HL8 (BSP): CPU cores of the 4 workers. Speeds are
 # proportional to cores, normalised to the fastest: 1000 samples/s for 32 cores.
@@ -114,7 +113,7 @@ class Cluster:
 
 def alloc_for(preset: str, *, epoch_samples: int = EPOCH, **overrides):
     cfg = build_config(preset, **overrides)
-    return make_allocator(cfg, dss_max=10_000, epoch_samples=epoch_samples), cfg
+    return cfg.build_policy("allocation", dss_max=10_000, epoch_samples=epoch_samples), cfg
 
 
 # ---------------------------------------------------------------------------
@@ -641,7 +640,7 @@ def test_partition_cap_keeps_the_round_samples():
 
 
 # ---------------------------------------------------------------------------
-# make_allocator and the dual-search / uniform adapters
+# Building the allocator and the dual-search / uniform adapters
 
 
 @pytest.mark.parametrize("preset,overrides,cls", [
@@ -653,16 +652,16 @@ def test_partition_cap_keeps_the_round_samples():
     ("dp-sgd", {}, PartitionAllocator),
     ("bsp", {"allocation": "pcontrol"}, PControlAllocator),
 ])
-def test_make_allocator_builds_the_configured_policy(preset, overrides, cls):
+def test_build_policy_builds_the_configured_allocator(preset, overrides, cls):
     alloc, _cfg = alloc_for(preset, **overrides)
     assert type(alloc) is cls
 
 
-def test_make_allocator_covers_every_allocation_and_passes_the_config_on():
+def test_build_policy_covers_every_allocation_and_passes_the_config_on():
     built = set()
     for name in ALLOCATIONS:
         cfg = build_config("bsp", allocation=name) if name != "dual-search" else build_config("hermes")
-        built.add(type(make_allocator(cfg, dss_max=4096, epoch_samples=EPOCH)))
+        built.add(type(cfg.build_policy("allocation", dss_max=4096, epoch_samples=EPOCH)))
     assert len(built) == len(ALLOCATIONS)
     p, _ = alloc_for("omnilearn-asp", pcontrol_deadband=0.2, pcontrol_alpha=0.5, rebalance_warmup_cycles=3,
                      rebalance_min_observations=4, b_min=8, b_max=64, epoch_samples=777)
@@ -679,7 +678,7 @@ def test_make_allocator_covers_every_allocation_and_passes_the_config_on():
                       batch_size=16)
     assert (ad.epsilon, ad.patience, ad.w0, ad.b.base) == (0.01, 3, 16, 16)
     with pytest.raises(ValueError, match="unknown allocation"):
-        make_allocator(RunConfig.model_construct(allocation="nope"), dss_max=1, epoch_samples=1)
+        RunConfig.model_construct(allocation="nope").build_policy("allocation", dss_max=1, epoch_samples=1)
 
 
 def test_uniform_never_moves():

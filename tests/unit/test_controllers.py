@@ -7,18 +7,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hermes.common.aggregation import batch_scaled_lr, power_weights
-from hermes.common.controllers import (
-    AdaptiveAccumulation,
-    InfeasibleAllocation,
-    ProportionalController,
-    compute_power,
-    fit_memory_model,
-    max_batch_for_memory,
-    round_preserving_sum,
-    static_batches,
-    task_allocation_targets,
-)
+from hermes.common.policies.aggregation import batch_scaled_lr, power_weights
+from hermes.common.policies.allocation.dynamic_partitioning import compute_power
+from hermes.common.policies.allocation.memory_model import fit_memory_model, max_batch_for_memory
+from hermes.common.policies.allocation.proportional_control import ProportionalController
+from hermes.common.policies.allocation.rounding import InfeasibleAllocation, round_preserving_sum
+from hermes.common.policies.allocation.static import static_batches
+from hermes.common.policies.allocation.task_allocation import AdaptiveAccumulation, task_allocation_targets
 
 HL8_BSP_CORES = [6, 6, 4, 32]  # OmniLearn Table I, HL8, BSP
 

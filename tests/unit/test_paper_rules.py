@@ -9,7 +9,6 @@ from __future__ import annotations
 import pytest
 
 from hermes.common.config import build_config
-from hermes.common.policies import base as policies
 from hermes.common.policies.allocation import CycleObservation
 from hermes.common.policies.allocation.proportional_control import ProportionalController, deadband_passes
 
@@ -70,10 +69,10 @@ def test_pcontrol_switches_reach_the_controller():
                                            "pcontrol.deadband_reference": "old", "pcontrol.global_rule": "uniform",
                                            "pcontrol.throughput_cap": True, "pcontrol.drop_margin": 0.0,
                                            "pcontrol.drop_cap_updates": 0})
-    ctl = policies.make("allocation", cfg, epoch_samples=1000).ctl
+    ctl = cfg.build_policy("allocation", epoch_samples=1000).ctl
     assert (ctl.deadband_order, ctl.deadband_reference, ctl.global_rule) == ("before-bounds", "old", "uniform")
     assert (ctl.drop_margin, ctl.drop_cap_updates) == (0.0, None)  # ACSOS: any fall caps, for good
-    default = policies.make("allocation", build_config("omnilearn-bsp"), epoch_samples=1000).ctl
+    default = build_config("omnilearn-bsp").build_policy("allocation", epoch_samples=1000).ctl
     assert (default.deadband_order, default.deadband_reference, default.global_rule) == (
         "after-bounds", "new", "proportional")
 
@@ -96,7 +95,7 @@ def test_drop_margin_zero_is_the_acsos_rule():
 def _chao(**adaptive: object):
     # Chao Sec. IV-C: mini-batch 100, total batch 1000, so sum(w) = C = 10 (w0 = 5 per worker, K = 2).
     cfg = build_config("task-allocation", batch_size=100, cycle_samples=500, adaptive=adaptive)
-    alloc = policies.make("allocation", cfg, epoch_samples=2000)
+    alloc = cfg.build_policy("allocation", epoch_samples=2000)
     for w in ("a", "b"):
         alloc.join(w)
     alloc.rebalance()
@@ -135,6 +134,6 @@ def test_chao_ratios_are_validated():
 
 
 def test_balance_band_zero_reaches_the_sizer():
-    alloc = policies.make("allocation", build_config("hermes", **{"dual_search.balance_band": 0}), dss_max=4096)
+    alloc = build_config("hermes", **{"dual_search.balance_band": 0}).build_policy("allocation", dss_max=4096)
     assert alloc.sizer.config.balance_band == 0
-    assert policies.make("allocation", build_config("hermes"), dss_max=4096).sizer.config.balance_band == 0.2
+    assert build_config("hermes").build_policy("allocation", dss_max=4096).sizer.config.balance_band == 0.2

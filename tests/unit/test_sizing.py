@@ -8,14 +8,11 @@ import random
 import numpy as np
 import pytest
 
-from hermes.common.sizing import (
-    CostModel,
+from hermes.common.policies.allocation.cost_model import CostModel, constant_k_model, fit_cost_model
+from hermes.common.policies.allocation.dual_search import SizingBounds, dual_binary_search
+from hermes.common.policies.allocation.straggler import (
     SearchConfig,
-    SizingBounds,
     StragglerSizer,
-    constant_k_model,
-    dual_binary_search,
-    fit_cost_model,
     iqr_bounds,
     iqr_outliers,
     quartiles,

@@ -4,17 +4,22 @@ from __future__ import annotations
 
 import pytest
 
-from hermes.common.sync import (
-    SYNC_STRATEGIES,
+from hermes.common.policies.base import get, names
+from hermes.common.policies.ebsp import ElasticBarrierStrategy, choose_barrier, predict_push_times
+from hermes.common.policies.sync import (
     Decision,
-    ElasticBarrierStrategy,
     PushInfo,
     Release,
     StaleSynchronousStrategy,
-    choose_barrier,
-    make_strategy,
-    predict_push_times,
+    SyncStrategy,
 )
+
+
+def strategy(name: str, **params: object) -> SyncStrategy:
+    """A sync policy by its registered name, built with ``params``."""
+    built = get("sync", name)(**params)
+    assert isinstance(built, SyncStrategy)
+    return built
 
 
 def push(worker: str, at: float = 0.0, iteration: int = 1) -> PushInfo:
@@ -28,9 +33,9 @@ def test_push_info_at_is_optional_and_backwards_compatible():
 
 
 def test_registered():
-    assert {"ssp", "ebsp"} <= set(SYNC_STRATEGIES)
-    assert isinstance(make_strategy("ssp", staleness=2), StaleSynchronousStrategy)
-    assert isinstance(make_strategy("ebsp", lookahead=4, history=5), ElasticBarrierStrategy)
+    assert {"ssp", "ebsp"} <= set(names("sync"))
+    assert isinstance(strategy("ssp", staleness=2), StaleSynchronousStrategy)
+    assert isinstance(strategy("ebsp", lookahead=4, history=5), ElasticBarrierStrategy)
 
 
 # ---------------------------------------------------------------------------

@@ -9,12 +9,18 @@ decides when to take a control step.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from hermes.common.policies.allocation import CycleObservation, Resize, Workload, local_steps
-from hermes.common.policies.allocation._common import EpochClock, StepBatches, check_step_batch
+from hermes.common.policies.allocation import CycleObservation, Resize, Workload
+from hermes.common.policies.allocation._common import (
+    BatchBounds,
+    EpochClock,
+    RebalanceParams,
+    StepBatches,
+    check_step_batch,
+)
 from hermes.common.policies.allocation._state import (
     malformed_as_state_error,
     stamp,
@@ -22,10 +28,7 @@ from hermes.common.policies.allocation._state import (
     unstamp,
 )
 from hermes.common.policies.allocation.proportional_control import ProportionalController
-from hermes.common.policies.base import Policy, register
-
-if TYPE_CHECKING:
-    from hermes.common.config import RunConfig
+from hermes.common.policies.base import Core, Policy, register
 
 POLICY = "pcontrol"
 
@@ -84,15 +87,24 @@ class PControlAllocator(Policy):
     needs_memory_profile: ClassVar[bool] = True
 
     exclusive_params: ClassVar[tuple[str, ...]] = ("pcontrol.global_batch",)
+    sections: ClassVar[tuple[str, ...]] = ("pcontrol", "batch_bounds", "rebalance")
 
     @classmethod
-    def check_params(cls, config: RunConfig) -> None:
-        if config.pcontrol.global_batch == "fixed" and not config.barrier_sync:
+    def check_params(cls, core: Core, *, pcontrol: PControlParams, batch_bounds: BatchBounds,
+                     **sections: Any) -> None:
+        if pcontrol.global_batch == "fixed" and not core.barrier:
             raise ValueError(
                 f"pcontrol.global_batch 'fixed' (OmniLearn Eq. 8) constrains the batches of one synchronous step; "
-                f"{config.sync!r} pushes asynchronously, so there is no global batch to fix"
+                f"{core.sync!r} pushes asynchronously, so there is no global batch to fix"
             )
-        check_step_batch(config, cls.name)
+        check_step_batch(core, batch_bounds, cls.name)
+
+    @staticmethod
+    def fixed_global_batch(core: Core, pcontrol: PControlParams) -> bool:
+        """OmniLearn Eq. 8 holds: set by pcontrol.global_batch, else fixed exactly under a barrier."""
+        if pcontrol.global_batch is not None:
+            return pcontrol.global_batch == "fixed"
+        return core.barrier
 
     def __init__(self, *, steps: int, base: int, b_min: int, b_max: int, deadband: float, alpha: float,
                  global_batch: bool, interval: str, min_observations: int, warmup: int, epoch_samples: int,
@@ -115,12 +127,13 @@ class PControlAllocator(Policy):
         self._epoch_due = False
 
     @classmethod
-    def from_config(cls, config: RunConfig, *, epoch_samples: int, **context: Any) -> PControlAllocator:
-        pc, bounds, reb = config.pcontrol, config.batch_bounds, config.rebalance
+    def build(cls, core: Core, *, pcontrol: PControlParams, batch_bounds: BatchBounds, rebalance: RebalanceParams,
+              epoch_samples: int, **params: Any) -> PControlAllocator:
+        pc, bounds, reb = pcontrol, batch_bounds, rebalance
         return cls(
-            steps=local_steps(config), base=config.batch_size, b_min=bounds.b_min, b_max=bounds.b_max,
+            steps=core.local_steps, base=core.batch_size, b_min=bounds.b_min, b_max=bounds.b_max,
             deadband=pc.deadband, alpha=pc.alpha,
-            global_batch=config.fixed_global_batch, interval=pc.interval,
+            global_batch=cls.fixed_global_batch(core, pc), interval=pc.interval,
             min_observations=reb.min_observations, warmup=reb.warmup_cycles,
             epoch_samples=epoch_samples,
             # No throughput-drop cap: a margin no fall can exceed.
