@@ -32,8 +32,8 @@ from hermes.common.policies import base as policies
 from hermes.common.policies.aggregation import LossParams
 from hermes.common.policies.allocation._common import BatchBounds, RebalanceParams
 from hermes.common.policies.allocation.dynamic_partitioning import PartitionParams
-from hermes.common.policies.allocation.hermes_sizing import DualSearchParams
-from hermes.common.policies.allocation.pcontrol import PControlParams
+from hermes.common.policies.allocation.proportional_control import PControlParams
+from hermes.common.policies.allocation.straggler import DualSearchParams
 from hermes.common.policies.allocation.task_allocation import AdaptiveParams
 from hermes.common.policies.base import UnknownPolicy
 from hermes.common.policies.federated import FedAsyncParams, FedBuffParams

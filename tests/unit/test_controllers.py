@@ -10,10 +10,20 @@ from hypothesis import strategies as st
 from hermes.common.policies.aggregation import batch_scaled_lr, power_weights
 from hermes.common.policies.allocation.dynamic_partitioning import compute_power
 from hermes.common.policies.allocation.memory_model import fit_memory_model, max_batch_for_memory
-from hermes.common.policies.allocation.proportional_control import ProportionalController
+from hermes.common.policies.allocation.proportional_control import PControlParams, ProportionalController
 from hermes.common.policies.allocation.rounding import InfeasibleAllocation, round_preserving_sum
 from hermes.common.policies.allocation.static import static_batches
 from hermes.common.policies.allocation.task_allocation import AdaptiveAccumulation, task_allocation_targets
+
+
+def controller(batches: dict[str, int], *, b_min: int = 1, b_max: int = 1 << 30, global_batch: int | None = None,
+               **settings: object) -> ProportionalController:
+    """The controller under the papers' rules (no drop margin, smoothing restarts, caps never lifted) unless
+    ``settings`` (``pcontrol`` fields) say otherwise; bounds as wide as the test needs."""
+    paper: dict[str, object] = {"carry_smoothing": False, "drop_margin": 0.0, "drop_cap_updates": 0}
+    return ProportionalController(batches, PControlParams(**(paper | settings)), b_min=b_min, b_max=b_max,
+                                  global_batch=global_batch)
+
 
 HL8_BSP_CORES = [6, 6, 4, 32]  # OmniLearn Table I, HL8, BSP
 
@@ -90,7 +100,7 @@ def simulate(ctrl: ProportionalController, speeds: dict[str, float], epochs: int
 
 def test_eq6_single_step_is_b_times_tbar_over_t():
     # ACSOS: b(1) = b(0) * t_bar / t_k. a: 32 in 0.5 s, b: 32 in 1.5 s; t_bar = 1.0.
-    c = ProportionalController({"a": 32, "b": 32}, deadband=0.0)
+    c = controller({"a": 32, "b": 32}, deadband=0.0)
     c.observe("a", 0.5)
     c.observe("b", 1.5)
     assert c.update() == {"a": 64, "b": 21}  # 32*1/0.5, 32*1/1.5 = 21.33
@@ -103,7 +113,7 @@ def test_fig8_hl8_unconstrained_worked_numbers():
     # so a, b keep 32 -> (32, 32, 20, 96). Next epoch t = (5.33, 5.33, 5, 3), t_bar = 4.67:
     # b' = (28, 28, 18.7, 149 -> 96); |28-32|/28 = 14.3 % and |19-20|/19 = 5 % < 15 %: steady.
     speeds = dict(zip("abcd", HL8_BSP_CORES))
-    c = ProportionalController({w: 32 for w in speeds}, b_min=12, b_max=96, deadband=0.15)
+    c = controller({w: 32 for w in speeds}, b_min=12, b_max=96, deadband=0.15)
     hist = simulate(c, speeds, epochs=6)
     assert hist[0] == {"a": 32, "b": 32, "c": 20, "d": 96}
     assert all(h == hist[0] for h in hist)
@@ -115,7 +125,7 @@ def test_eq6_converges_within_2_to_4_adjustments_at_hl8(overhead):
     # OmniLearn Fig. 8: from equal batches to throughput-proportional ones in 2-4 adjustments.
     # Global batch kept at 4 * 32 (Eq. 8), bounds (4, 96), deadband 10 % (Fig. 11 settings).
     speeds = dict(zip("abcd", HL8_BSP_CORES))
-    c = ProportionalController({w: 32 for w in speeds}, b_min=4, b_max=96, deadband=0.1, global_batch=128)
+    c = controller({w: 32 for w in speeds}, b_min=4, b_max=96, deadband=0.1, global_batch=128)
     hist = simulate(c, speeds, epochs=20, overhead=overhead)
     assert all(sum(h.values()) == 128 for h in hist)  # Eq. 8, every step
     assert 1 <= c.adjustments <= 4
@@ -131,12 +141,12 @@ def test_eq6_converges_within_2_to_4_adjustments_at_hl8(overhead):
 
 def test_deadband_suppresses_changes_below_threshold():
     # b' = 32 * 1.0/0.95 = 33.7 -> 34: |34-32|/34 = 5.9 % < 10 %: no change.
-    c = ProportionalController({"a": 32, "b": 32}, deadband=0.1)
+    c = controller({"a": 32, "b": 32}, deadband=0.1)
     c.observe("a", 0.95)
     c.observe("b", 1.05)
     assert c.update() == {"a": 32, "b": 32} and c.adjustments == 0
     # The same measurements with a 5 % band do change the batches.
-    c = ProportionalController({"a": 32, "b": 32}, deadband=0.05)
+    c = controller({"a": 32, "b": 32}, deadband=0.05)
     c.observe("a", 0.95)
     c.observe("b", 1.05)
     assert c.update() == {"a": 34, "b": 30} and c.adjustments == 1
@@ -144,20 +154,20 @@ def test_deadband_suppresses_changes_below_threshold():
 
 def test_deadband_under_global_batch_gates_the_whole_step():
     # All proposals within 10 %: nothing changes, the sum stays 120.
-    c = ProportionalController({"a": 40, "b": 40, "c": 40}, deadband=0.1, global_batch=120)
+    c = controller({"a": 40, "b": 40, "c": 40}, deadband=0.1, global_batch=120)
     for w, t in (("a", 0.97), ("b", 1.03), ("c", 1.0)):
         c.observe(w, t)
     assert c.update() == {"a": 40, "b": 40, "c": 40} and c.adjustments == 0
     # Only a's move is big, but the whole Eq. 6 + Eq. 8 allocation is adopted:
     # X = (80, 40, 40) -> 120 * X / 160 = (60, 30, 30).
-    c = ProportionalController({"a": 40, "b": 40, "c": 40}, deadband=0.1, global_batch=120)
+    c = controller({"a": 40, "b": 40, "c": 40}, deadband=0.1, global_batch=120)
     for w, t in (("a", 0.5), ("b", 1.0), ("c", 1.0)):
         c.observe(w, t)
     assert c.update() == {"a": 60, "b": 30, "c": 30}
 
 
 def test_ewma_smoothing_alpha():
-    c = ProportionalController({"a": 32}, alpha=0.3)
+    c = controller({"a": 32}, alpha=0.3)
     c.observe("a", 1.0)
     c.observe("a", 2.0)
     assert c.smoothed("a") == pytest.approx(0.3 * 2.0 + 0.7 * 1.0)
@@ -167,14 +177,14 @@ def test_ewma_smoothing_alpha():
 
 
 def test_update_waits_for_every_worker_to_be_measured():
-    c = ProportionalController({"a": 32, "b": 32}, deadband=0.0)
+    c = controller({"a": 32, "b": 32}, deadband=0.0)
     c.observe("a", 0.1)
     assert c.update() == {"a": 32, "b": 32}
 
 
 def test_throughput_drop_after_increase_lowers_b_max():
     # ACSOS: throughput drops after raising b0 -> b, so b_max := b0.
-    c = ProportionalController({"a": 32, "b": 32}, deadband=0.0)
+    c = controller({"a": 32, "b": 32}, deadband=0.0)
     c.observe("a", 0.5)  # X_a = 64/s
     c.observe("b", 1.0)
     assert c.update() == {"a": 48, "b": 24}  # t_bar 0.75: 32*0.75/0.5, 32*0.75/1.0
@@ -186,7 +196,7 @@ def test_throughput_drop_after_increase_lowers_b_max():
 
 
 def test_no_b_max_change_when_throughput_holds():
-    c = ProportionalController({"a": 32, "b": 32}, deadband=0.0)
+    c = controller({"a": 32, "b": 32}, deadband=0.0)
     c.observe("a", 0.5)
     c.observe("b", 1.0)
     c.update()
@@ -204,7 +214,7 @@ def test_memory_model_fit_and_bound():
     assert m0 == pytest.approx(m0_true, rel=1e-9) and m1 == pytest.approx(m1_true, rel=1e-9)
     # 2 GiB budget: (2^31 - 2^30) / (3 * 2^20) = 341.33 -> 341.
     assert max_batch_for_memory(m0, m1, 2**31) == 341
-    c = ProportionalController({"a": 32}, b_min=4, b_max=1024)
+    c = controller({"a": 32}, b_min=4, b_max=1024)
     c.set_b_max("a", max_batch_for_memory(m0, m1, 2**31))
     assert c.b_max_of("a") == 341
     with pytest.raises(ValueError, match="does not fit"):
@@ -279,7 +289,7 @@ def test_power_weights_and_batch_scaled_lr():
 
 
 def test_throughput_drop_within_the_margin_is_noise_and_a_cap_expires():
-    c = ProportionalController({"a": 32, "b": 32}, deadband=0.0, drop_margin=0.25, drop_cap_updates=2)
+    c = controller({"a": 32, "b": 32}, deadband=0.0, drop_margin=0.25, drop_cap_updates=2)
     c.observe("a", 0.5)  # X_a = 64/s
     c.observe("b", 1.0)
     assert c.update() == {"a": 48, "b": 24}
@@ -288,7 +298,7 @@ def test_throughput_drop_within_the_margin_is_noise_and_a_cap_expires():
     c.update()
     assert c.b_max_of("a") == c.b_max
     # A real fall: raise a again, then measure 40% less throughput.
-    c2 = ProportionalController({"a": 32, "b": 32}, deadband=0.0, drop_margin=0.25, drop_cap_updates=2)
+    c2 = controller({"a": 32, "b": 32}, deadband=0.0, drop_margin=0.25, drop_cap_updates=2)
     c2.observe("a", 0.5)
     c2.observe("b", 1.0)
     c2.update()  # a -> 48
@@ -310,7 +320,7 @@ def test_throughput_drop_within_the_margin_is_noise_and_a_cap_expires():
 def test_carried_smoothing_rescales_the_estimate_by_the_batch_ratio():
     # t ∝ b: the estimate at b=48 starts from the b=32 estimate times 48/32, and one noisy
     # cycle at the new batch moves it by alpha only (a restart would take it whole).
-    c = ProportionalController({"a": 32, "b": 32}, deadband=0.0, alpha=0.3, carry_smoothing=True)
+    c = controller({"a": 32, "b": 32}, deadband=0.0, alpha=0.3, carry_smoothing=True)
     c.observe("a", 0.5)
     c.observe("b", 1.0)
     assert c.update() == {"a": 48, "b": 24}

@@ -10,7 +10,21 @@ import pytest
 
 from hermes.common.config import build_config
 from hermes.common.policies.allocation import CycleObservation
-from hermes.common.policies.allocation.proportional_control import ProportionalController, deadband_passes
+from hermes.common.policies.allocation.proportional_control import (
+    PControlParams,
+    ProportionalController,
+    deadband_passes,
+)
+
+
+def controller(batches: dict[str, int], *, b_min: int = 1, b_max: int = 1 << 30, global_batch: int | None = None,
+               **settings: object) -> ProportionalController:
+    """The controller under the papers' rules (no drop margin, smoothing restarts, caps never lifted) unless
+    ``settings`` (``pcontrol`` fields) say otherwise; bounds as wide as the test needs."""
+    paper: dict[str, object] = {"carry_smoothing": False, "drop_margin": 0.0, "drop_cap_updates": 0}
+    return ProportionalController(batches, PControlParams(**(paper | settings)), b_min=b_min, b_max=b_max,
+                                  global_batch=global_batch)
+
 
 
 def _step(ctl: ProportionalController, times: dict[str, float]) -> dict[str, int]:
@@ -27,7 +41,7 @@ def test_deadband_before_bounds_is_omnilearn_algorithm_1(order, expected_a):
     # a: b = 90 at t = 0.9 s, b: t = 1.1 s, mean 1.0 s: Eq. 6 gives b*_a = 90 / 0.9 * 1.0 = 100.
     # Bounded to OmniLearn Fig. 11's b_max = 96: |96 - 90| / 96 = 0.0625 < 0.09 (ours: no change);
     # Alg. 1 tests b* itself: |100 - 90| / 100 = 0.1 >= 0.09, then clamps to 96.
-    ctl = ProportionalController({"a": 90, "b": 32}, b_min=4, b_max=96, deadband=0.09, deadband_order=order)
+    ctl = controller({"a": 90, "b": 32}, b_min=4, b_max=96, deadband=0.09, deadband_order=order)
     assert _step(ctl, {"a": 0.9, "b": 1.1})["a"] == expected_a
 
 
@@ -45,7 +59,7 @@ def test_deadband_reference_acsos_numbers():
 @pytest.mark.parametrize("reference,expected_a", [("new", 100), ("old", 105)])
 def test_deadband_reference_in_the_controller(reference, expected_a):
     # a at 1.0 s, b at 1.1 s: mean 1.05 s, b*_a = 100 * 1.05 / 1.0 = 105.
-    ctl = ProportionalController({"a": 100, "b": 100}, b_min=4, b_max=200, deadband=0.05,
+    ctl = controller({"a": 100, "b": 100}, b_min=4, b_max=200, deadband=0.05,
                                  deadband_reference=reference)
     assert _step(ctl, {"a": 1.0, "b": 1.1})["a"] == expected_a
 
@@ -58,7 +72,7 @@ def test_global_rule_eq8_literal(rule, expected):
     # b = 32 each, t = 1 s and 3 s: Eq. 6 gives b' = 64 and 21.33 (sum 85.33), B = K*b = 64.
     # Eq. 8: dB = 21.33, each loses dB/K = 10.67 -> 53.33, 10.67 -> 53, 11 (sum kept).
     # Ours: b_k = B * X_k / sum(X) -> 48, 16.
-    ctl = ProportionalController({"a": 32, "b": 32}, b_min=1, b_max=1000, deadband=0.0, global_batch=64,
+    ctl = controller({"a": 32, "b": 32}, b_min=1, b_max=1000, deadband=0.0, global_batch=64,
                                  global_rule=rule)
     new = _step(ctl, {"a": 1.0, "b": 3.0})
     assert new == expected and sum(new.values()) == 64
@@ -80,7 +94,7 @@ def test_pcontrol_switches_reach_the_controller():
 def test_drop_margin_zero_is_the_acsos_rule():
     # ACSOS: "if we observe a drop in worker throughput after increasing its batch from b0 to b, then b_max = b0".
     def run(margin: float) -> int:
-        ctl = ProportionalController({"a": 32, "b": 32}, b_min=4, b_max=96, deadband=0.0, drop_margin=margin)
+        ctl = controller({"a": 32, "b": 32}, b_min=4, b_max=96, deadband=0.0, drop_margin=margin)
         _step(ctl, {"a": 1.0, "b": 2.0})  # a grows from 32 (throughput 32/s)
         grown = ctl.batch("a")
         _step(ctl, {"a": grown / 31.0, "b": 2.0})  # ... and then runs at 31/s: a 3% fall
@@ -135,5 +149,5 @@ def test_chao_ratios_are_validated():
 
 def test_balance_band_zero_reaches_the_sizer():
     alloc = build_config("hermes", **{"dual_search.balance_band": 0}).build_policy("allocation", dss_max=4096)
-    assert alloc.sizer.config.balance_band == 0
-    assert build_config("hermes").build_policy("allocation", dss_max=4096).sizer.config.balance_band == 0.2
+    assert alloc.sizer.search.balance_band == 0
+    assert build_config("hermes").build_policy("allocation", dss_max=4096).sizer.search.balance_band == 0.2

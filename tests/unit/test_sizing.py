@@ -8,10 +8,11 @@ import random
 import numpy as np
 import pytest
 
+from hermes.common.policies.allocation._common import RebalanceParams
 from hermes.common.policies.allocation.cost_model import CostModel, constant_k_model, fit_cost_model
 from hermes.common.policies.allocation.dual_search import SizingBounds, dual_binary_search
 from hermes.common.policies.allocation.straggler import (
-    SearchConfig,
+    DualSearchParams,
     StragglerSizer,
     iqr_bounds,
     iqr_outliers,
@@ -324,8 +325,16 @@ def test_steps_are_logarithmic_in_dss_grid():
 # StragglerSizer
 
 
+def paper_sizer(*, fit: str = "linear", balance_band: float = 0.0, min_observations: int = 2, warmup_cycles: int = 0,
+                history: int = 20, **sizes: int) -> StragglerSizer:
+    """The sizer under the paper's rules (IQR alone, no warm-up, K fitted from 20 cycles) unless told otherwise."""
+    search = DualSearchParams(cost_fit=fit, balance_band=balance_band)  # type: ignore[arg-type]
+    rebalance = RebalanceParams(min_observations=min_observations, warmup_cycles=warmup_cycles)
+    return StragglerSizer(search, rebalance, history=history, **sizes)
+
+
 def sizer(**cfg) -> StragglerSizer:
-    return StragglerSizer(SearchConfig(**cfg), base_dss=256, base_mbs=32, dss_step=64, dss_max=1437)
+    return paper_sizer(**cfg, base_dss=256, base_mbs=32, dss_step=64, dss_max=1437)
 
 
 def feed(s: StragglerSizer, times: dict[str, float], rounds: int = 2) -> None:
@@ -337,11 +346,14 @@ def feed(s: StragglerSizer, times: dict[str, float], rounds: int = 2) -> None:
 @pytest.mark.parametrize(
     "kwargs, field",
     [({"mbs_min": 12}, "mbs_min"), ({"mbs_max": 4}, "mbs_max"), ({"tolerance": -1.0}, "tolerance"),
-     ({"fit": "cubic"}, "fit"), ({"min_observations": 0}, "min_observations"), ({"history": 1}, "history")],
+     ({"cost_fit": "cubic"}, "fit"), ({"min_observations": 0}, "min_observations"), ({"history": 1}, "history")],
 )
 def test_search_config_validation(kwargs: dict, field: str):
+    search = {k: v for k, v in kwargs.items() if k in DualSearchParams.model_fields}
+    rebalance = {k: v for k, v in kwargs.items() if k in RebalanceParams.model_fields}
     with pytest.raises(ValueError, match=field):
-        SearchConfig(**kwargs)
+        StragglerSizer(DualSearchParams(**search), RebalanceParams(**rebalance), base_dss=256, base_mbs=32,
+                       dss_step=64, dss_max=1437, **({"history": kwargs["history"]} if "history" in kwargs else {}))
 
 
 @pytest.mark.parametrize(
@@ -352,7 +364,7 @@ def test_search_config_validation(kwargs: dict, field: str):
 def test_sizer_validation(kwargs: dict, field: str):
     args = dict(base_dss=256, base_mbs=32, dss_step=64, dss_max=1437) | kwargs
     with pytest.raises(ValueError, match=field):
-        StragglerSizer(SearchConfig(), **args)
+        paper_sizer(**args)
 
 
 def test_unknown_worker_gets_base_and_bad_observations_are_refused():
@@ -449,7 +461,7 @@ def hl8_truth(a0: float = 0.004, b0: float = 0.0005) -> dict[str, CostModel]:
 
 def simulate(rounds: int, fit: str = "linear") -> list[tuple[dict[str, float], float]]:
     truth = hl8_truth()
-    s = StragglerSizer(SearchConfig(fit=fit), base_dss=256, base_mbs=32, dss_step=64, dss_max=1437)
+    s = paper_sizer(fit=fit, base_dss=256, base_mbs=32, dss_step=64, dss_max=1437)
     history = []
     for _ in range(rounds):
         times = {}
@@ -478,7 +490,7 @@ def test_linear_fit_predicts_a_new_mbs_constant_k_does_not():
     truth = CostModel(a=0.05, b=0.0005)
     results = {}
     for fit in ("linear", "constant"):
-        s = StragglerSizer(SearchConfig(fit=fit), base_dss=512, base_mbs=32, dss_step=256, dss_max=1437)
+        s = paper_sizer(fit=fit, base_dss=512, base_mbs=32, dss_step=256, dss_max=1437)
         for w in ("f1", "f2", "f3"):
             s.observe(w, 512, 32, 0.2)
             s.observe(w, 512, 32, 0.2)
@@ -514,10 +526,10 @@ def test_iqr_alone_misses_a_moderate_straggler_that_the_balance_band_catches():
     # 30.95 ms median) is not an IQR outlier.
     times = {"a": 0.0214, "b": 0.0237, "c": 0.0382, "d": 0.0518}
     assert iqr_outliers(times) == {}
-    paper = StragglerSizer(SearchConfig(), base_dss=128, base_mbs=32, dss_step=32, dss_max=4096)
+    paper = paper_sizer(base_dss=128, base_mbs=32, dss_step=32, dss_max=4096)
     _feed(paper, 2, times)
     assert paper.rebalance() == {}
-    banded = StragglerSizer(SearchConfig(balance_band=0.2), base_dss=128, base_mbs=32, dss_step=32, dss_max=4096)
+    banded = paper_sizer(balance_band=0.2, base_dss=128, base_mbs=32, dss_step=32, dss_max=4096)
     _feed(banded, 2, times)
     resized = banded.rebalance()
     # a, b are 31% and 23% under the 30.95 ms median, c 23% and d 67% over:
@@ -532,13 +544,13 @@ def test_deadband_leaves_workers_within_tolerance_alone():
     # 5% off the median is within the search tolerance (10%): no churn.
     times = {"a": 0.100, "b": 0.100, "c": 0.100, "d": 0.105}
     assert "d" in iqr_outliers(times)
-    sizer = StragglerSizer(SearchConfig(), base_dss=128, base_mbs=32, dss_step=32, dss_max=4096)
+    sizer = paper_sizer(base_dss=128, base_mbs=32, dss_step=32, dss_max=4096)
     _feed(sizer, 2, times)
     assert sizer.rebalance() == {}
 
 
 def test_warmup_cycles_are_kept_out_of_fit_and_detection():
-    sizer = StragglerSizer(SearchConfig(warmup_cycles=1), base_dss=128, base_mbs=32, dss_step=32, dss_max=4096)
+    sizer = paper_sizer(warmup_cycles=1, base_dss=128, base_mbs=32, dss_step=32, dss_max=4096)
     for w in "abcd":
         sizer.observe(w, 128, 32, 5.0 if w == "d" else 0.1)  # a huge one-off first cycle on d
     _feed(sizer, 2, {"a": 0.1, "b": 0.1, "c": 0.1, "d": 0.1})
@@ -546,7 +558,7 @@ def test_warmup_cycles_are_kept_out_of_fit_and_detection():
 
 
 def test_a_cut_short_cycle_is_judged_at_its_assigned_size():
-    sizer = StragglerSizer(SearchConfig(), base_dss=256, base_mbs=32, dss_step=64, dss_max=4096)
+    sizer = paper_sizer(base_dss=256, base_mbs=32, dss_step=64, dss_max=4096)
     _feed(sizer, 2, {"a": 0.2, "b": 0.2, "c": 0.2}, dss=256)
     # d ran only 64 of its 256 samples (end of the data) in 0.05 s: as fast
     # per sample as the others, so it must not be called a fast outlier.

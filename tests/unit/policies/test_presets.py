@@ -42,7 +42,11 @@ def _effective(name: str) -> dict[str, object]:
     if hasattr(alloc, "ctl"):
         out["ctl"] = {k: _plain(getattr(alloc.ctl, k)) for k in CTL}
     if hasattr(alloc, "sizer"):
-        out["search"] = {k: _plain(getattr(alloc.sizer.config, k)) for k in SEARCH}
+        # The sizer's settings, under the names the snapshot (the old SearchConfig) gave them.
+        sizer = alloc.sizer
+        values = {**sizer.search.model_dump(), **sizer.rebalance_params.model_dump(), "history": sizer.history,
+                  "fit": sizer.search.cost_fit}
+        out["search"] = {k: _plain(values[k]) for k in SEARCH}
     out["allocator_state"] = alloc.state_dict()
     gate = cfg.build_policy("gate")
     out["gate"] = None if gate is None else {k: _plain(getattr(gate.config, k)) for k in GATE}
