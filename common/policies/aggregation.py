@@ -179,7 +179,7 @@ class DeltaRule(AggregationRule):
         return Weighing(self.weights([u.samples for u in updates]))
 
     @classmethod
-    def build(cls, core: Core, **params: Any) -> DeltaRule:
+    def build(cls, core: Core, *args: Any, **params: Any) -> DeltaRule:
         return cls()
 
 
@@ -215,7 +215,7 @@ class Power(AggregationRule):
     gradient_weighting: ClassVar[str] = "power"
 
     @classmethod
-    def build(cls, core: Core, **params: Any) -> Power:
+    def build(cls, core: Core, *args: Any, **params: Any) -> Power:
         return cls()
 
     def weigh(self, updates: Sequence[Update], step: Step, stack: Any = None) -> Weighing:

@@ -109,19 +109,19 @@ class Policy:
     exclusive_params: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
-    def build(cls, core: Core, **params: Any) -> Any:
+    def build(cls, core: Core, *args: Any, **params: Any) -> Any:
         """The run's policy object from ``core``, the declared ``sections`` and what only the engine knows
         (``dss_max``, ``epoch_samples`` for allocators). The class itself by default: rules whose answers
         need no state."""
         return cls
 
     @classmethod
-    def pushes_from_baseline(cls, **sections: Any) -> bool:
+    def pushes_from_baseline(cls, *args: Any, **sections: Any) -> bool:
         """Whether this run's agents push w - w0 (``update_from_baseline``, unless a parameter says otherwise)."""
         return cls.update_from_baseline
 
     @classmethod
-    def check_params(cls, core: Core, **sections: Any) -> None:
+    def check_params(cls, core: Core, *args: Any, **sections: Any) -> None:
         """Refuse (ValueError naming the field) parameters this policy cannot run with; called only when chosen."""
 
 

@@ -257,7 +257,7 @@ class AlwaysPush(Policy):
     """No gate: every cycle ends with a push (every system but Hermes)."""
 
     @classmethod
-    def build(cls, core: Core, **params: Any) -> None:
+    def build(cls, core: Core, *args: Any, **params: Any) -> None:
         # The agent pushes after every cycle when the run has no gate object.
         return None
 

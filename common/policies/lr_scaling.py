@@ -27,7 +27,7 @@ class LrScaling(Policy):
     needs_global_batch: ClassVar[bool] = False
 
     @classmethod
-    def build(cls, core: Core, **params: Any) -> LrScaling:
+    def build(cls, core: Core, *args: Any, **params: Any) -> LrScaling:
         return cls()
 
     def lr(self, base_lr: float, batch: int, global_batch: int) -> float:

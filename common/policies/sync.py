@@ -97,7 +97,7 @@ class SyncStrategy(Policy, ABC):
     """Base of the sync policies; ``provides`` says what the run may rely on (see policies.base)."""
 
     @classmethod
-    def build(cls, core: Core, **params: Any) -> SyncStrategy:
+    def build(cls, core: Core, *args: Any, **params: Any) -> SyncStrategy:
         return cls()
 
     def __init__(self) -> None:
@@ -155,7 +155,7 @@ class GatedAsyncStrategy(AsyncStrategy):
         super().__init__(max_staleness=None)
 
     @classmethod
-    def build(cls, core: Core, **params: Any) -> SyncStrategy:
+    def build(cls, core: Core, *args: Any, **params: Any) -> SyncStrategy:
         return cls()
 
 

@@ -162,7 +162,7 @@ def test_bsp_rejoin_is_idempotent():
 # registry
 
 
-def test_make_strategy():
+def test_strategies_by_registered_name():
     assert isinstance(strategy("asp"), AsyncStrategy)
     assert strategy("asp", max_staleness=4).max_staleness == 4
     assert isinstance(strategy("bsp"), BarrierStrategy)

@@ -1,4 +1,4 @@
-"""``dual-search``: Hermes Sec. IV-A, IQR straggler detection + dual binary search (hermes.common.sizing)."""
+"""``dual-search``: Hermes Sec. IV-A, IQR straggler detection + dual binary search."""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ class UniformAllocator(Policy):
     """Everyone gets the run's defaults, whatever its speed."""
 
     @classmethod
-    def build(cls, core: Core, **params: Any) -> UniformAllocator:
+    def build(cls, core: Core, *args: Any, **params: Any) -> UniformAllocator:
         return cls(Workload(core.cycle_samples, core.batch_size))
 
 
