@@ -1,19 +1,14 @@
-"""Allocation policy math: the papers' equations and numbers as test cases."""
+"""The proportional controller (OmniLearn Eq. 6-8, ACSOS Eq. 4-5): the papers' numbers and rules as test cases."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
-from hermes.common.policies.aggregation import batch_scaled_lr, power_weights
-from hermes.common.policies.allocation.dynamic_partitioning import compute_power
-from hermes.common.policies.allocation.memory_model import fit_memory_model, max_batch_for_memory
-from hermes.common.policies.allocation.proportional_control import PControlParams, ProportionalController
-from hermes.common.policies.allocation.rounding import InfeasibleAllocation, round_preserving_sum
-from hermes.common.policies.allocation.static import static_batches
-from hermes.common.policies.allocation.task_allocation import AdaptiveAccumulation, task_allocation_targets
+from hermes.common.policies.allocation.proportional_control import (
+    PControlParams,
+    ProportionalController,
+    deadband_passes,
+)
 
 
 def controller(batches: dict[str, int], *, b_min: int = 1, b_max: int = 1 << 30, global_batch: int | None = None,
@@ -26,64 +21,6 @@ def controller(batches: dict[str, int], *, b_min: int = 1, b_max: int = 1 << 30,
 
 
 HL8_BSP_CORES = [6, 6, 4, 32]  # OmniLearn Table I, HL8, BSP
-
-
-# ---------------------------------------------------------------------------
-# Static batches (OmniLearn Eq. 4a) and exact rounding (Eq. 8 constraint)
-
-
-def test_static_batches_hl8():
-    # 128 * (6, 6, 4, 32) / 48 = (16, 16, 10.67, 85.33): largest remainder gives the unit to 10.67.
-    assert static_batches(HL8_BSP_CORES, 128) == [16, 16, 11, 85]
-    assert static_batches([12, 12, 12, 12], 128) == [32, 32, 32, 32]  # HL1 is uniform batching
-
-
-def test_round_preserving_sum_respects_bounds_and_redistributes():
-    # Fig. 8 bounds (12, 96): worker 3's 10.67 is lifted to 12, the others share 116.
-    assert round_preserving_sum(HL8_BSP_CORES, 128, 12, 96) == [16, 16, 12, 84]
-    # Upper bound binds: 300 * 32/48 = 200 > 96; the rest share 204.
-    out = round_preserving_sum(HL8_BSP_CORES, 300, 12, 96)
-    assert sum(out) == 300 and out[3] == 96 and all(12 <= b <= 96 for b in out)
-    assert round_preserving_sum([0, 0, 0], 10) == [4, 3, 3]  # all-zero: even split, ties to lower index
-    assert round_preserving_sum([1, 0], 5, 0, [2, 10]) == [2, 3]  # zero-valued worker takes the rest
-
-
-def test_round_preserving_sum_infeasible_is_a_clear_error():
-    with pytest.raises(InfeasibleAllocation, match="sum\\(lower\\)=48"):
-        round_preserving_sum([1, 1, 1, 1], 40, 12, 96)
-    with pytest.raises(InfeasibleAllocation, match="sum\\(upper\\)=384"):
-        round_preserving_sum([1, 1, 1, 1], 400, 12, 96)
-    with pytest.raises(InfeasibleAllocation):
-        round_preserving_sum([1, 1], 10, [6, 1], [5, 9])
-    with pytest.raises(ValueError):
-        round_preserving_sum([1, -1], 10)
-
-
-@settings(max_examples=300, deadline=None)
-@given(
-    values=st.lists(st.floats(0, 1e4, allow_nan=False), min_size=1, max_size=12),
-    b=st.integers(1, 256),
-    b_min=st.integers(1, 16),
-    span=st.integers(0, 512),
-)
-def test_eq8_global_batch_is_exact_for_random_cases(values, b, b_min, span):
-    k = len(values)
-    total = k * b  # OmniLearn Eq. 8: sum(b_k) = K*b
-    b_max = b_min + span
-    if k * b_min > total or k * b_max < total:
-        with pytest.raises(InfeasibleAllocation):
-            round_preserving_sum(values, total, b_min, b_max)
-        return
-    out = round_preserving_sum(values, total, b_min, b_max)
-    assert sum(out) == total
-    assert all(b_min <= o <= b_max for o in out)
-    # Largest remainder stays within one unit of the real water-filled share when no bound binds.
-    if sum(values) > 0 and all(b_min < total * v / sum(values) < b_max for v in values):
-        assert all(abs(o - total * v / sum(values)) < 1 + 1e-6 for o, v in zip(out, values))
-
-
-# ---------------------------------------------------------------------------
-# Proportional controller (OmniLearn Eq. 6-8, ACSOS Eq. 4-5)
 
 
 def simulate(ctrl: ProportionalController, speeds: dict[str, float], epochs: int, overhead: float = 0.0,
@@ -206,88 +143,6 @@ def test_no_b_max_change_when_throughput_holds():
     assert c.b_max_of("a") == c.b_max
 
 
-def test_memory_model_fit_and_bound():
-    # OmniLearn Eq. 9 / Fig. 6: memory = 1 GiB fixed + 3 MiB per sample (batches as in Fig. 6a).
-    m0_true, m1_true = 2**30, 3 * 2**20
-    samples = [(b, m0_true + m1_true * b) for b in (1, 32, 64, 128, 512, 1024)]
-    m0, m1 = fit_memory_model(samples)
-    assert m0 == pytest.approx(m0_true, rel=1e-9) and m1 == pytest.approx(m1_true, rel=1e-9)
-    # 2 GiB budget: (2^31 - 2^30) / (3 * 2^20) = 341.33 -> 341.
-    assert max_batch_for_memory(m0, m1, 2**31) == 341
-    c = controller({"a": 32}, b_min=4, b_max=1024)
-    c.set_b_max("a", max_batch_for_memory(m0, m1, 2**31))
-    assert c.b_max_of("a") == 341
-    with pytest.raises(ValueError, match="does not fit"):
-        max_batch_for_memory(m0, m1, m0)
-    with pytest.raises(ValueError, match="two or more"):
-        fit_memory_model([(32, 1.0), (32, 2.0)])
-
-
-# ---------------------------------------------------------------------------
-# Chao et al. Eq. 10 / appendix Eq. 22
-
-
-def appendix_solution(w: list[float], v: list[float]) -> list[float]:
-    """Solve A u = b (Chao appendix Eq. 19-21) numerically."""
-    n = len(w)
-    a = np.zeros((n, n))
-    rhs = np.zeros(n)
-    for i in range(n - 1):
-        a[i, i], a[i, i + 1] = 1 / v[i], -1 / v[i + 1]
-        rhs[i] = w[i + 1] / v[i + 1] - w[i] / v[i]
-    a[n - 1, :] = 1.0
-    return list(np.linalg.solve(a, rhs))
-
-
-@pytest.mark.parametrize(
-    "w,t",
-    [([10, 10], [2.0, 1.0]), ([5, 10, 15], [1.0, 4.0, 2.0]), ([8, 8, 8, 8], [1.0, 1.0, 2.0, 4.0])],
-)
-def test_eq10_matches_appendix_eq22_and_linear_system(w, t):
-    new = task_allocation_targets(w, t)
-    # Eq. 22 closed form: u_i = v_i / sum(v) * sum(w) - w_i with v_i ∝ w_i / t_i.
-    v = [wi / ti for wi, ti in zip(w, t)]
-    u22 = [vi / sum(v) * sum(w) - wi for vi, wi in zip(v, w)]
-    u21 = appendix_solution(w, v)
-    assert new == pytest.approx([wi + ui for wi, ui in zip(w, u22)])
-    assert new == pytest.approx([wi + ui for wi, ui in zip(w, u21)])
-    assert sum(new) == pytest.approx(sum(w))  # Eq. 4/16: C constant, Eq. 5/17: sum(u) = 0
-    # Eq. 8: after re-allocation every worker's compute time is the same.
-    new_times = [ni / vi for ni, vi in zip(new, v)]
-    assert max(new_times) == pytest.approx(min(new_times))
-
-
-def test_adaptive_accumulation_stops_when_ratio_is_stable():
-    per_step = [0.2, 0.1, 0.4]  # seconds per micro-batch, fixed hardware
-    alg = AdaptiveAccumulation(current=[5, 5, 5], epsilon=0.05, patience=2)
-    seen = []
-    for _ in range(10):
-        times = [w * s for w, s in zip(alg.current, per_step)]
-        seen.append(alg.update(times))
-        if alg.stopped:
-            break
-    assert alg.stopped and len(seen) <= 4  # Chao: "after 4-5 epochs ... basically stable"
-    assert sum(seen[-1]) == 15 and seen[-1] == [4, 9, 2]  # 15 * (5, 10, 2.5) / 17.5 = (4.3, 8.6, 2.1)
-    assert alg.update([100.0, 1.0, 1.0]) == seen[-1]  # stopped: no more re-allocation
-
-
-# ---------------------------------------------------------------------------
-# DP-SGD Algorithm 1, EDP-SGD weights, OmniLearn Eq. 5b
-
-
-def test_compute_power():
-    assert compute_power(1000, 4.0) == 250.0  # DP-SGD Eq. 2
-
-
-def test_power_weights_and_batch_scaled_lr():
-    assert power_weights([1.0, 3.0]) == [0.25, 0.75]  # EDP-SGD: CP_m / sum(CP)
-    with pytest.raises(ValueError):
-        power_weights([1.0, 0.0])
-    # OmniLearn Eq. 5b at HL8 static batches (16, 16, 11, 85), eta = 0.1, B = 128.
-    assert batch_scaled_lr(0.1, 85, 128) == pytest.approx(0.1 * 85 / 128)
-    assert batch_scaled_lr(0.1, 32, 128) == pytest.approx(0.025)  # uniform: eta / K
-
-
 def test_throughput_drop_within_the_margin_is_noise_and_a_cap_expires():
     c = controller({"a": 32, "b": 32}, deadband=0.0, drop_margin=0.25, drop_cap_updates=2)
     c.observe("a", 0.5)  # X_a = 64/s
@@ -327,3 +182,57 @@ def test_carried_smoothing_rescales_the_estimate_by_the_batch_ratio():
     assert c.smoothed("a") == pytest.approx(0.75) and c.smoothed("b") == pytest.approx(0.75)
     c.observe("a", 3.0)  # an outlier
     assert c.smoothed("a") == pytest.approx(0.3 * 3.0 + 0.7 * 0.75)
+
+
+def _step(ctl: ProportionalController, times: dict[str, float]) -> dict[str, int]:
+    for w, t in times.items():
+        ctl.observe(w, t)
+    return ctl.update()
+
+
+@pytest.mark.parametrize("order,expected_a", [("after-bounds", 90), ("before-bounds", 96)])
+def test_deadband_before_bounds_is_omnilearn_algorithm_1(order, expected_a):
+    # a: b = 90 at t = 0.9 s, b: t = 1.1 s, mean 1.0 s: Eq. 6 gives b*_a = 90 / 0.9 * 1.0 = 100.
+    # Bounded to OmniLearn Fig. 11's b_max = 96: |96 - 90| / 96 = 0.0625 < 0.09 (ours: no change);
+    # Alg. 1 tests b* itself: |100 - 90| / 100 = 0.1 >= 0.09, then clamps to 96.
+    ctl = controller({"a": 90, "b": 32}, b_min=4, b_max=96, deadband=0.09, deadband_order=order)
+    assert _step(ctl, {"a": 0.9, "b": 1.1})["a"] == expected_a
+
+
+def test_deadband_reference_acsos_numbers():
+    # ACSOS: threshold 0.05, "the new batch sizes on all workers must be at least change by 5%".
+    assert deadband_passes(100, 105, 105.0, deadband=0.05, reference="old")  # 5 / 100 = 0.05
+    assert not deadband_passes(100, 105, 105.0, deadband=0.05, reference="new")  # 5 / 105 = 0.048 (Eq. 7)
+    assert deadband_passes(100, 95, 95.0, deadband=0.05, reference="new")  # 5 / 95 = 0.053
+    assert not deadband_passes(100, 100, 104.0, deadband=0.0)  # no change never counts
+
+
+@pytest.mark.parametrize("reference,expected_a", [("new", 100), ("old", 105)])
+def test_deadband_reference_in_the_controller(reference, expected_a):
+    # a at 1.0 s, b at 1.1 s: mean 1.05 s, b*_a = 100 * 1.05 / 1.0 = 105.
+    ctl = controller({"a": 100, "b": 100}, b_min=4, b_max=200, deadband=0.05,
+                                 deadband_reference=reference)
+    assert _step(ctl, {"a": 1.0, "b": 1.1})["a"] == expected_a
+
+
+@pytest.mark.parametrize("rule,expected", [("proportional", {"a": 48, "b": 16}), ("uniform", {"a": 53, "b": 11})])
+def test_global_rule_eq8_literal(rule, expected):
+    # b = 32 each, t = 1 s and 3 s: Eq. 6 gives b' = 64 and 21.33 (sum 85.33), B = K*b = 64.
+    # Eq. 8: dB = 21.33, each loses dB/K = 10.67 -> 53.33, 10.67 -> 53, 11 (sum kept).
+    # Ours: b_k = B * X_k / sum(X) -> 48, 16.
+    ctl = controller({"a": 32, "b": 32}, b_min=1, b_max=1000, deadband=0.0, global_batch=64,
+                                 global_rule=rule)
+    new = _step(ctl, {"a": 1.0, "b": 3.0})
+    assert new == expected and sum(new.values()) == 64
+
+
+def test_drop_margin_zero_is_the_acsos_rule():
+    # ACSOS: "if we observe a drop in worker throughput after increasing its batch from b0 to b, then b_max = b0".
+    def run(margin: float) -> int:
+        ctl = controller({"a": 32, "b": 32}, b_min=4, b_max=96, deadband=0.0, drop_margin=margin)
+        _step(ctl, {"a": 1.0, "b": 2.0})  # a grows from 32 (throughput 32/s)
+        grown = ctl.batch("a")
+        _step(ctl, {"a": grown / 31.0, "b": 2.0})  # ... and then runs at 31/s: a 3% fall
+        return ctl.b_max_of("a")
+    assert run(0.0) == 32  # the paper: capped at b0
+    assert run(0.25) == 96  # ours: a 3% fall is noise on a shared CPU

@@ -1,4 +1,4 @@
-"""Straggler detection and dual binary search (Hermes Sec. IV-A, Eq. 3): worked numbers and an HL8 simulation."""
+"""Hermes' straggler detection (IQR fences) and the sizer that resizes outliers (Sec. IV-A), with an HL8 simulation."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 
 from hermes.common.policies.allocation._common import RebalanceParams
-from hermes.common.policies.allocation.cost_model import CostModel, constant_k_model, fit_cost_model
-from hermes.common.policies.allocation.dual_search import SizingBounds, dual_binary_search
+from hermes.common.policies.allocation.cost_model import CostModel
 from hermes.common.policies.allocation.straggler import (
     DualSearchParams,
     StragglerSizer,
@@ -18,9 +17,6 @@ from hermes.common.policies.allocation.straggler import (
     iqr_outliers,
     quartiles,
 )
-
-# ---------------------------------------------------------------------------
-# Quartiles and IQR outliers
 
 # HL8 (OmniLearn Table I, BSP cores 6, 6, 4, 32): a worker with c cores is 32/c times slower.
 HL8 = [1.0, 5.33, 5.33, 8.0]
@@ -79,250 +75,6 @@ def test_quartiles_match_numpy_and_reject_bad_input():
         quartiles([])
     with pytest.raises(ValueError, match="finite"):
         quartiles([1.0, math.nan])
-
-
-# ---------------------------------------------------------------------------
-# Cost model (Hermes Eq. 3)
-
-
-def test_cost_model_eq3_numbers():
-    m = CostModel(a=0.01, b=0.001)
-    assert m.per_batch(32) == pytest.approx(0.042)  # 0.01 + 0.001 * 32
-    assert m.cycle_seconds(256, 32) == pytest.approx(8 * 0.042)  # 256 / 32 = 8 batches
-    assert m.cycle_seconds(100, 32) == pytest.approx(4 * 0.042)  # ceil(100 / 32) = 4: a short batch is a step
-    assert CostModel(a=0.05, b=0.0).cycle_seconds(640, 64) == pytest.approx(0.5)  # the paper's K * DSS / MBS
-
-
-@pytest.mark.parametrize("kwargs, field", [({"a": -1.0, "b": 0.0}, "a"), ({"a": 0.0, "b": math.nan}, "b")])
-def test_cost_model_validation(kwargs: dict, field: str):
-    with pytest.raises(ValueError, match=field):
-        CostModel(**kwargs)
-
-
-def test_cost_model_rejects_bad_sizes():
-    with pytest.raises(ValueError, match="mbs"):
-        CostModel(0.1, 0.1).per_batch(0)
-    with pytest.raises(ValueError, match="dss"):
-        CostModel(0.1, 0.1).cycle_seconds(0, 8)
-
-
-def true_obs(model: CostModel, pairs: list[tuple[int, int]]) -> list[tuple[int, int, float]]:
-    return [(mbs, dss, model.cycle_seconds(dss, mbs)) for dss, mbs in pairs]
-
-
-def test_fit_recovers_a_and_b_from_three_mbs():
-    truth = CostModel(a=0.01, b=0.002)
-    obs = true_obs(truth, [(256, 16), (100, 16), (256, 32), (300, 32), (512, 64)])  # includes partial batches
-    fitted = fit_cost_model(obs)
-    assert fitted.a == pytest.approx(0.01, rel=1e-9)
-    assert fitted.b == pytest.approx(0.002, rel=1e-9)
-
-
-def test_fit_with_one_mbs_assumes_cost_per_sample():
-    # per-batch times 0.05 and 0.07 at MBS 32 -> a = 0, b = mean(0.05, 0.07) / 32 = 0.001875
-    fitted = fit_cost_model([(32, 256, 8 * 0.05), (32, 128, 4 * 0.07)])
-    assert (fitted.a, fitted.b) == (0.0, pytest.approx(0.06 / 32))
-
-
-def test_fit_clamps_negative_intercept():
-    # y = -0.01 + 0.001 * MBS at MBS 32, 64 -> y = 0.022, 0.054; LSQ a = -0.01 < 0
-    # refit through the origin: b = (32 * 0.022 + 64 * 0.054) / (32^2 + 64^2) = 4.16 / 5120 = 0.0008125
-    fitted = fit_cost_model([(32, 32, 0.022), (64, 64, 0.054)])
-    assert fitted.a == 0.0
-    assert fitted.b == pytest.approx(0.0008125)
-
-
-def test_fit_clamps_negative_slope():
-    # per-batch y = 0.05 at MBS 32 and 0.04 at MBS 64: b < 0 -> b = 0, a = mean = 0.045
-    fitted = fit_cost_model([(32, 32, 0.05), (64, 64, 0.04)])
-    assert (fitted.a, fitted.b) == (pytest.approx(0.045), 0.0)
-
-
-def test_fit_uses_only_recent_history():
-    slow, fast = CostModel(1.0, 0.1), CostModel(0.01, 0.002)
-    old = true_obs(slow, [(256, 16), (256, 64)] * 3)
-    recent = true_obs(fast, [(256, 16), (256, 32), (256, 64)] * 4)  # 12 observations
-    fitted = fit_cost_model(old + recent, max_history=12)
-    assert (fitted.a, fitted.b) == pytest.approx((0.01, 0.002))
-    assert fit_cost_model(old + recent, max_history=20).b > 0.01  # the old ones pull it away
-
-
-def test_constant_k_is_the_papers_model():
-    # per-batch 0.1 (8 batches in 0.8 s) and 0.3 (2 batches in 0.6 s) -> K = 0.2, b = 0
-    k = constant_k_model([(32, 256, 0.8), (64, 128, 0.6)])
-    assert (k.a, k.b) == (pytest.approx(0.2), 0.0)
-
-
-@pytest.mark.parametrize(
-    "obs, field",
-    [
-        ([], "observations"),
-        ([(0, 10, 1.0)], "mbs"),
-        ([(8, 0, 1.0)], "dss"),
-        ([(8, 10, -1.0)], "seconds"),
-        ([(8, 10, math.inf)], "seconds"),
-    ],
-)
-def test_fit_rejects_bad_observations(obs: list, field: str):
-    with pytest.raises(ValueError, match=field):
-        fit_cost_model(obs)
-
-
-# ---------------------------------------------------------------------------
-# Dual binary search
-
-# K(MBS) = 0.01 + 0.001 * MBS; DSS in {64, 128, ..., 1408}; MBS in {8, ..., 256}
-MODEL = CostModel(a=0.01, b=0.001)
-BOUNDS = SizingBounds(dss_min=64, dss_max=1437, mbs_min=8, mbs_max=256, dss_step=64)
-
-
-def brute_force(model: CostModel, target: float, bounds: SizingBounds) -> float:
-    return min(abs(model.cycle_seconds(d, m) - target) for d in bounds.dss_grid for m in bounds.mbs_grid)
-
-
-def test_bounds_grid_rounds_inward():
-    b = SizingBounds(dss_min=65, dss_max=300, mbs_min=8, mbs_max=32, dss_step=64)
-    assert list(b.dss_grid) == [128, 192, 256]
-    assert b.mbs_grid == (8, 16, 32)
-    assert list(BOUNDS.dss_grid)[-1] == 1408
-
-
-@pytest.mark.parametrize(
-    "kwargs, field",
-    [
-        (dict(dss_min=0, dss_max=10, mbs_min=8, mbs_max=8), "dss_min"),
-        (dict(dss_min=10, dss_max=5, mbs_min=8, mbs_max=8), "dss_max"),
-        (dict(dss_min=1, dss_max=10, mbs_min=6, mbs_max=8), "mbs_min"),
-        (dict(dss_min=1, dss_max=10, mbs_min=8, mbs_max=4), "mbs_max"),
-        (dict(dss_min=65, dss_max=100, mbs_min=8, mbs_max=8, dss_step=64), "dss_step"),
-        (dict(dss_min=1, dss_max=10, mbs_min=8, mbs_max=8, dss_step=0), "dss_step"),
-    ],
-)
-def test_bounds_validation(kwargs: dict, field: str):
-    with pytest.raises(ValueError, match=field):
-        SizingBounds(**kwargs)
-
-
-def test_search_exact_dss_at_preferred_mbs():
-    # MBS 32: 0.042 s per batch, 0.084 s per 64-sample shard. Target 0.5: 384 -> 0.504 (err 0.8%) vs 320 -> 0.42
-    r = dual_binary_search(MODEL, 0.5, BOUNDS, preferred_mbs=32)
-    assert (r.dss, r.mbs) == (384, 32)
-    assert r.predicted_seconds == pytest.approx(0.504)
-    assert r.within_tolerance and r.target_seconds == 0.5
-
-
-def test_too_slow_at_dss_min_moves_to_larger_mbs():
-    # Regression for the authors' inverted index moves. At DSS 64: MBS 16 -> 4 * 0.026 = 0.104,
-    # MBS 32 -> 2 * 0.042 = 0.084, MBS 64 -> 1 * 0.074 = 0.074. Target 0.074 (tolerance 1%) is too
-    # fast for MBS 32 even at dss_min: the worker must go UP to MBS 64, never down to 16.
-    r = dual_binary_search(MODEL, 0.074, BOUNDS, preferred_mbs=32, tolerance=0.01)
-    assert (r.dss, r.mbs) == (64, 64)
-    assert r.predicted_seconds == pytest.approx(0.074) and r.within_tolerance
-
-
-def test_too_fast_at_dss_max_moves_to_smaller_mbs():
-    # At DSS 1408: MBS 32 -> 44 * 0.042 = 1.848, MBS 16 -> 88 * 0.026 = 2.288, MBS 8 -> 176 * 0.018 = 3.168.
-    # Target 2.2 is out of reach for MBS 32: the largest MBS that can reach it is 16 (DOWN the grid);
-    # at MBS 16, 1344 -> 84 * 0.026 = 2.184 (err 0.7%) beats 1408 -> 2.288.
-    r = dual_binary_search(MODEL, 2.2, BOUNDS, preferred_mbs=32, tolerance=0.01)
-    assert (r.dss, r.mbs) == (1344, 16)
-    assert r.predicted_seconds == pytest.approx(2.184) and r.within_tolerance
-
-
-def test_tiny_target_gives_dss_min_and_largest_useful_mbs():
-    # Fastest pair: DSS 64 in one batch of 64 -> 0.074; MBS 128 or 256 would pad the one batch (0.138, 0.266).
-    r = dual_binary_search(MODEL, 0.001, BOUNDS, preferred_mbs=32)
-    assert (r.dss, r.mbs) == (64, 64)
-    assert not r.within_tolerance
-    assert abs(r.predicted_seconds - 0.001) == pytest.approx(brute_force(MODEL, 0.001, BOUNDS))
-
-
-def test_huge_target_gives_dss_max_and_smallest_mbs():
-    r = dual_binary_search(MODEL, 100.0, BOUNDS, preferred_mbs=32)
-    assert (r.dss, r.mbs) == (1408, 8)
-    assert r.predicted_seconds == pytest.approx(3.168) and not r.within_tolerance
-    assert abs(r.predicted_seconds - 100.0) == pytest.approx(brute_force(MODEL, 100.0, BOUNDS))
-
-
-def test_coarse_dss_grid_tries_another_mbs():
-    # K = 0.016 + 0.004 * MBS (an 8x straggler). MBS 32: 0.144 s per batch, 0.288 per 64 samples;
-    # target 0.768: 192 -> 0.864 (+12.5%), 128 -> 0.576 (-25%): neither within 10%.
-    # MBS 64 at DSS 192: 3 * 0.272 = 0.816 (+6.25%) -> within tolerance.
-    m = CostModel(a=0.016, b=0.004)
-    r = dual_binary_search(m, 0.768, BOUNDS, preferred_mbs=32)
-    assert (r.dss, r.mbs) == (192, 64)
-    assert r.predicted_seconds == pytest.approx(0.816) and r.within_tolerance
-
-
-def test_preferred_mbs_is_clamped_to_powers_of_two_in_bounds():
-    target = MODEL.cycle_seconds(640, 64)
-    assert dual_binary_search(MODEL, target, BOUNDS, preferred_mbs=100).mbs == 64  # 100 -> 64
-    assert dual_binary_search(MODEL, 1.0, BOUNDS, preferred_mbs=1).mbs == 8  # below mbs_min
-    assert dual_binary_search(MODEL, 1.0, BOUNDS, preferred_mbs=4096).mbs == 256  # above mbs_max
-
-
-@pytest.mark.parametrize(
-    "kwargs, field",
-    [({"target_seconds": 0.0}, "target_seconds"), ({"target_seconds": math.nan}, "target_seconds"),
-     ({"tolerance": -0.1}, "tolerance"), ({"preferred_mbs": 0}, "preferred_mbs")],
-)
-def test_search_validation(kwargs: dict, field: str):
-    args = {"target_seconds": 1.0, "tolerance": 0.1, "preferred_mbs": 32} | kwargs
-    with pytest.raises(ValueError, match=field):
-        dual_binary_search(
-            MODEL, args["target_seconds"], BOUNDS, preferred_mbs=args["preferred_mbs"], tolerance=args["tolerance"]
-        )
-
-
-def random_case(rng: random.Random) -> tuple[CostModel, float, SizingBounds, int, float]:
-    a = rng.choice([0.0, rng.uniform(1e-4, 0.05)])
-    b = rng.choice([0.0, rng.uniform(1e-5, 0.002)]) if a > 0 else rng.uniform(1e-5, 0.002)
-    step = rng.choice([1, 16, 64, 100])
-    dss_min = rng.randint(1, 500)
-    lo = 2 ** rng.randint(0, 4)
-    bounds = SizingBounds(dss_min, dss_min + rng.randint(step, 60_000), lo, lo * 2 ** rng.randint(0, 5), step)
-    target = math.exp(rng.uniform(math.log(1e-3), math.log(100.0)))
-    return CostModel(a, b), target, bounds, rng.randint(1, 600), rng.choice([0.0, 0.05, 0.1])
-
-
-def test_random_searches_stay_in_bounds_and_within_probe_budget():
-    rng = random.Random(11)
-    for _ in range(400):
-        model, target, bounds, pref, tol = random_case(rng)
-        r = dual_binary_search(model, target, bounds, preferred_mbs=pref, tolerance=tol)
-        assert bounds.dss_min <= r.dss <= bounds.dss_max and r.dss % bounds.dss_step == 0
-        assert r.mbs in bounds.mbs_grid
-        assert r.predicted_seconds == pytest.approx(model.cycle_seconds(r.dss, r.mbs))
-        n, k = len(bounds.dss_grid), len(bounds.mbs_grid)
-        assert r.steps <= 2 * (math.log2(n) + math.log2(k)) + 4, (r, n, k)
-
-
-def test_never_worse_than_best_dss_at_preferred_mbs_and_usually_optimal():
-    rng = random.Random(5)
-    optimal = total = 0
-    while total < 150:
-        model, target, bounds, pref, tol = random_case(rng)
-        if len(bounds.dss_grid) > 1500:
-            continue  # keep the brute force cheap
-        total += 1
-        r = dual_binary_search(model, target, bounds, preferred_mbs=pref, tolerance=tol)
-        err = abs(r.predicted_seconds - target)
-        m0 = bounds.clamp_mbs(pref)
-        assert err <= min(abs(model.cycle_seconds(d, m0) - target) for d in bounds.dss_grid) + 1e-12
-        optimal += r.within_tolerance or err <= brute_force(model, target, bounds) * (1 + 1e-9) + 1e-15
-    # Padding of a partial last batch can bend Eq. 3 in MBS (see dual_binary_search); it rarely matters.
-    assert optimal / total >= 0.9
-
-
-def test_steps_are_logarithmic_in_dss_grid():
-    big = SizingBounds(dss_min=1, dss_max=60_000, mbs_min=2, mbs_max=256, dss_step=1)
-    r = dual_binary_search(MODEL, 37.0, big, preferred_mbs=32)
-    assert r.within_tolerance
-    assert r.steps <= math.log2(60_000) + 3  # step 1 alone: ~16 probes, not 60 000
-
-
-# ---------------------------------------------------------------------------
-# StragglerSizer
 
 
 def paper_sizer(*, fit: str = "linear", balance_band: float = 0.0, min_observations: int = 2, warmup_cycles: int = 0,
@@ -448,9 +200,6 @@ def test_forget_drops_everything():
     assert s.rebalance() == {}  # three workers left: IQR cannot flag anything
 
 
-# ---------------------------------------------------------------------------
-# Simulation: HL8 with per-batch cost a_i + b_i * MBS, a_i > 0
-
 HL8_CORES = {"w1": 6, "w2": 6, "w3": 4, "w4": 32}
 
 
@@ -509,9 +258,6 @@ def test_linear_fit_predicts_a_new_mbs_constant_k_does_not():
     assert (results["constant"].dss, results["constant"].mbs) == (256, 128)
     assert errors["linear"] < 0.03, errors
     assert errors["constant"] > 0.25, errors
-
-
-# ---- extensions beyond the paper's IQR-only rule (measured on the testbed) ----
 
 
 def _feed(sizer, rounds, times, dss=128, mbs=32):
