@@ -91,8 +91,6 @@ class Policy:
     # The agent sends its model's change since the first model (w - w0), not since its last
     # pull: the server blends worker models into the global one (Hermes Alg. 2, FedAsync).
     update_from_baseline: ClassVar[bool] = False
-    # Aggregation weights come from each update's staleness (FedBuff's s(tau)).
-    weighs_by_staleness: ClassVar[bool] = False
     # The agent measures a validation loss after every cycle (Hermes Alg. 1).
     needs_validation_loss: ClassVar[bool] = False
     # Aggregation weights come from the allocator's per-worker compute power (EDP-SGD).

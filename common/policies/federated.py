@@ -177,7 +177,6 @@ class FedBuff(AggregationRule):
     requires: ClassVar[dict[str, str]] = {
         "buffered": "steps once per K buffered updates (FedBuff Alg. 1); it needs sync {providers}, not {sync}",
     }
-    weighs_by_staleness: ClassVar[bool] = True
 
     def __init__(self, params: FedBuffParams) -> None:
         self.params = params
