@@ -106,6 +106,8 @@ class Policy:
     # Not inherited in spirit: a subclass that does not read them declares () (hermes of asp).
     exclusive_params: ClassVar[tuple[str, ...]] = ()
 
+    # ``*args`` in these signatures lets a subclass name its sections as keyword-only parameters
+    # (``zscore: GateParams``) and still override them (mypy treats *args/**kwargs: Any as any call).
     @classmethod
     def build(cls, core: Core, *args: Any, **params: Any) -> Any:
         """The run's policy object from ``core``, the declared ``sections`` and what only the engine knows
