@@ -39,7 +39,7 @@ from machine import cpu_model, loadavg
 from hermes.client.trainer import LocalTrainer
 from hermes.common.datasets import load_dataset
 from hermes.common.models import build_model, count_parameters
-from hermes.common.sizing import CostModel, constant_k_model, fit_cost_model
+from hermes.common.policies.allocation.cost_model import CostModel, constant_k_model, fit_cost_model
 
 
 def machine_line() -> str:

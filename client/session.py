@@ -38,7 +38,6 @@ from hermes.client.trainer import LocalTrainer, resolve_precision
 from hermes.client.transport import ControlClient, DataClient, TrafficCounter
 from hermes.common.config import RunConfig
 from hermes.common.control_messages import CollectiveRendezvous, HeartbeatReply, RegisterResponse
-from hermes.common.gate import ZScoreGate
 from hermes.common.messages import (
     MAX_CYCLES_PER_MESSAGE,
     CycleReport,
@@ -51,7 +50,7 @@ from hermes.common.messages import (
     parse_reply,
     request_body,
 )
-from hermes.common.policies import base as registry
+from hermes.common.policies.gate import ZScoreGate
 from hermes.common.signing import ServerClock
 from hermes.common.task import Task
 from hermes.common.task_registry import example_batch
@@ -136,9 +135,9 @@ class Job:
             weight_decay=config.weight_decay, device=device, precision=precision,
             slowdown=slowdown, seed=zlib.crc32(worker_id.encode()), loss=task.loss, optimizer=task.optimizer,
         )
-        gate: ZScoreGate | None = registry.make("gate", config)
+        gate: ZScoreGate | None = config.build_policy("gate")
         return cls(spec=spec, config=config, precision=precision, wire_dtype=dtype_from_name(config.wire_dtype),
-                   trainer=trainer, gate=gate, from_baseline=registry.get("aggregation", config.aggregation).pushes_from_baseline(config),
+                   trainer=trainer, gate=gate, from_baseline=config.pushes_from_baseline(),
                    validation_shards=list(reg.validation_shards),
                    data_source=reg.source(), precision_choice=choice,
                    task=task, local_data=local_data)

@@ -40,7 +40,7 @@ from hermes.client.session import Job, Session, finite_or_none
 from hermes.client.trainer import CycleResult, GradHook
 from hermes.client.transport import ControlClient, DataClient, RemoteError, ServerUnreachable, StopRequested
 from hermes.common.messages import IN_FLIGHT, CycleReport, PullModel, PushReply, PushUpdate, parse_reply, request_body
-from hermes.common.policies import base as registry
+from hermes.common.policies.aggregation import AggregationRule
 from hermes.common.wire import Message, MsgType
 
 log = logging.getLogger(__name__)
@@ -224,8 +224,9 @@ class AllReduce:
         self.first = rendezvous
         self.rank = self.first.rank
         config = job.config
-        rule = registry.get("aggregation", config.aggregation)
-        self.weighting = getattr(rule, "gradient_weighting", "samples")
+        rule = config.policy("aggregation")
+        assert issubclass(rule, AggregationRule)
+        self.weighting = rule.gradient_weighting
         # One hook for the session's generations: the rank's compute power (EDP-SGD's
         # weight) and its wish to stop outlive a broken group.
         self.hook: GradientAllReduce | None = None

@@ -14,26 +14,26 @@ from __future__ import annotations
 import json
 import math
 import tomllib
-import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
 
-from hermes.common.config_keys import ALIASES, normalise
+from hermes.common.config_keys import normalise
 from hermes.common.policies import base as policies
 from hermes.common.policies.aggregation import LossParams
 from hermes.common.policies.allocation._common import BatchBounds, RebalanceParams
 from hermes.common.policies.allocation.dynamic_partitioning import PartitionParams
-from hermes.common.policies.allocation.hermes_sizing import DualSearchParams
-from hermes.common.policies.allocation.pcontrol import PControlParams
+from hermes.common.policies.allocation.proportional_control import PControlParams
+from hermes.common.policies.allocation.straggler import DualSearchParams
 from hermes.common.policies.allocation.task_allocation import AdaptiveParams
 from hermes.common.policies.base import UnknownPolicy
 from hermes.common.policies.federated import FedAsyncParams, FedBuffParams
@@ -84,24 +84,25 @@ class RunConfig(BaseModel):
     preset: str = Field(default=DEFAULT_PRESET, description="The preset the run starts from: its policy choices and parameters, then the "
                                     "overrides (see Presets).")
 
-    # ---- policy names (one per kind; their parameters are the sections below)
+    # ---- policy names (one per kind; their parameters are the sections below). The registry
+    # (policies.base) is the one table of names: each is checked there and an alias is
+    # stored as the name it stands for.
     sync: str = Field(default="asp", description="Sync policy: hermes (gated async), asp, bsp, ssp, ebsp, "
                                                      "fedbuff (buffered async).")
-    aggregation: Literal["mean", "samples", "loss", "power", "fedasync", "fedbuff", "median", "trimmed-mean",
-                         "krum"] = Field(
+    aggregation: str = Field(
         default="mean", description="How a step's updates count: mean, samples (OmniLearn Eq. 4b), loss (Hermes "
                                     "Alg. 2), power (EDP-SGD), fedasync (staleness-weighted mixing, Xie et al. "
                                     "2019), fedbuff (buffered mean with a server lr, Nguyen et al. 2022), or, "
                                     "robust under a barrier, median / trimmed-mean (coordinate-wise, Yin et al. "
                                     "2018) and krum (Krum / Multi-Krum, Blanchard et al. 2017).")
-    lr_scaling: Literal["none", "batch-scaled"] = Field(
+    lr_scaling: str = Field(
         default="none", description="'batch-scaled': eta_k = eta * b_k / sum(b) for asynchronous pushes (OmniLearn Eq. 5b).")
-    topology: Literal["ps", "collective"] = Field(
+    topology: str = Field(
         default="ps", description="'ps': the server folds pushed updates; 'collective': workers all-reduce "
                                   "(torch.distributed), the server only coordinates, evaluates and reports.")
-    gate: Literal["always", "zscore"] = Field(
+    gate: str = Field(
         default="always", description="Update gate: 'always' pushes every cycle; 'zscore' is HermesGUP (Hermes Alg. 1).")
-    allocation: Literal["uniform", "dual-search", "static", "pcontrol", "adaptive", "partition"] = Field(
+    allocation: str = Field(
         default="uniform", description="Who gets how much work: uniform, static (OmniLearn Eq. 4a), pcontrol "
                                        "(OmniLearn Eq. 6-8, ACSOS), adaptive (Chao Eq. 10), partition (DP-SGD), "
                                        "dual-search (Hermes Sec. IV-A).")
@@ -213,23 +214,6 @@ class RunConfig(BaseModel):
         # Flat aliases and dotted keys -> sections; unknown keys refused with the closest known one.
         return normalise(data, SECTIONS) if isinstance(data, dict) else data
 
-    if not TYPE_CHECKING:
-        # Invisible to mypy, so that old names fail type checks where they are still written.
-        def __getattr__(self, name: str) -> Any:
-            """``getattr(cfg, "zscore.alpha")``, and the old flat names (deprecated) while callers migrate."""
-            path = ALIASES.get(name)
-            if path is not None:
-                warnings.warn(f"RunConfig.{name} is now .{path} (tools/migrate_config_access.py rewrites it)",
-                              DeprecationWarning, stacklevel=2)
-            elif "." in name:
-                path = name
-            else:
-                return super().__getattr__(name)
-            obj: Any = self
-            for part in path.split("."):
-                obj = getattr(obj, part)
-            return obj
-
     @field_validator("sync")
     @classmethod
     def _known_sync(cls, v: str) -> str:
@@ -237,6 +221,13 @@ class RunConfig(BaseModel):
             return policies.canonical("sync", v)
         except UnknownPolicy:
             raise ValueError(f"unknown sync strategy {v!r}; known: {sorted(policies.names('sync'))}") from None
+
+    @field_validator("topology", "gate", "aggregation", "lr_scaling", "allocation")
+    @classmethod
+    def _known_policy(cls, v: str, info: ValidationInfo) -> str:
+        # UnknownPolicy is a ValueError whose one line lists the known names and aliases.
+        assert info.field_name is not None
+        return policies.canonical(info.field_name, v)
 
     @field_validator("target_accuracy")
     @classmethod
@@ -277,17 +268,16 @@ class RunConfig(BaseModel):
     def _coherent(self) -> RunConfig:
         # Parameters of a policy the run did not choose (max_staleness, global_batch) would be silently ignored.
         for kind in policies.KINDS:
-            chosen = policies.selected_name(self, kind)
+            chosen = self.policy_name(kind)
             for name in policies.names(kind):
-                # Declared on the class itself: a subclass (hermes of asp) does not inherit the parameter.
-                for field in vars(policies.get(kind, name)).get("exclusive_params", ()):
+                for field in policies.get(kind, name).exclusive_params:
                     if name != chosen and self.get(field) is not None:
                         raise ValueError(f"{field} applies to {kind} {name!r} only, not {chosen!r}")
         if self.target is not None and self.target_accuracy is not None:
             raise ValueError(f"target ({self.target}) and target_accuracy ({self.target_accuracy}) both set: "
                              "give one (target_accuracy=V is target=accuracy=V)")
         # Each policy declares what it needs (policies.base); this checks every declaration.
-        policies.check_compatible(self)
+        policies.check_compatible(self.chosen_policies(), self.core, self.sections())
         if self.overlap_push:
             self._check_overlap()
         if self.dataset in ("mnist", "cifar10") and not self.dataset_root:
@@ -309,11 +299,39 @@ class RunConfig(BaseModel):
         return "barrier" in policies.get("sync", self.sync).provides
 
     @property
-    def fixed_global_batch(self) -> bool:
-        """OmniLearn Eq. 8 holds: set by pcontrol.global_batch, else fixed exactly under a barrier."""
-        if self.pcontrol.global_batch is not None:
-            return self.pcontrol.global_batch == "fixed"
-        return self.barrier_sync
+    def core(self) -> policies.Core:
+        """The run-wide values a policy is built from besides its own sections."""
+        return policies.Core(lr=self.lr, batch_size=self.batch_size, cycle_samples=self.cycle_samples,
+                             shard_size=self.shard_size, seed=self.seed, sync=self.sync, barrier=self.barrier_sync)
+
+    def policy_name(self, kind: str) -> str:
+        """The name of the policy this run chose for ``kind`` (canonical: validation stored it so)."""
+        return str(getattr(self, kind))
+
+    def policy(self, kind: str) -> type[policies.Policy]:
+        """The class of the policy this run chose for ``kind``."""
+        return policies.get(kind, self.policy_name(kind))
+
+    def chosen_policies(self) -> dict[str, type[policies.Policy]]:
+        """The run's policy class of every kind."""
+        return {kind: self.policy(kind) for kind in policies.KINDS}
+
+    def sections(self) -> dict[str, BaseModel]:
+        """Every parameter section, by name (what ``policies.build`` hands each policy the ones it declares of)."""
+        return {name: getattr(self, name) for name, model in SECTIONS.items() if model is not None}
+
+    def section_args(self, cls: type[policies.Policy]) -> dict[str, Any]:
+        """The sections ``cls`` declares, by name: the keyword arguments of its classmethods."""
+        return {name: getattr(self, name) for name in cls.sections}
+
+    def build_policy(self, kind: str, name: str | None = None, **context: Any) -> Any:
+        """The run's policy of ``kind`` (or policy ``name`` of it), built from the core and its own sections."""
+        return policies.build(kind, name or self.policy_name(kind), self.core, self.sections(), **context)
+
+    def pushes_from_baseline(self) -> bool:
+        """Whether this run's agents push w - w0 (the aggregation rule decides, from its own section)."""
+        rule = self.policy("aggregation")
+        return rule.pushes_from_baseline(**self.section_args(rule))
 
     def get(self, key: str) -> Any:
         """The value at a dotted key (``"zscore.alpha"``) or a top-level one."""

@@ -4,8 +4,8 @@ Inputs (``build_config`` keywords, presets, JSON/TOML files, ``--set``) may
 name a parameter three ways: nested (``{"zscore": {"alpha": -1.0}}``),
 dotted (``zscore.alpha``) or by its flat name before sections existed
 (``gate_alpha``). ``normalise`` turns any mix into the nested form
-``RunConfig`` is made of; a later value for the same leaf wins. The migration
-tool (``tools/migrate_config_access.py``) reads ``ALIASES`` too.
+``RunConfig`` is made of; a later value for the same leaf wins. The flat
+names are input spellings only: attributes are read by the nested name.
 """
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-# Flat name (the config before sections) -> dotted name. One source for
-# the input aliases, attribute fallbacks and the migration tool.
+# Flat name (the config before sections) -> dotted name: the input aliases and the doc's "old flat name" column.
 ALIASES: dict[str, str] = {
     "max_staleness": "asp.max_staleness",
     "ssp_staleness": "ssp.staleness",

@@ -1,11 +1,17 @@
-"""Aggregation rules: how much each update in a step counts.
+"""Aggregation rules: how much each update in a step counts, and how the model folds it.
 
-Delta rules (``mean``, ``samples``) answer the weights of
-``w <- w + sum_k weight_k * delta_k``. The ``loss`` rule (Hermes Alg. 2)
-answers the share of a worker's model in a convex blend with the global one.
-Each rule is a registered policy (``mean``, ``samples``, ``power``, ``loss``)
-whose ``weights`` the engine calls for a step's updates; what a rule needs
-(a barrier, compute powers, a candidate loss) is declared on its class.
+Each rule is a registered policy and the ONE place its arithmetic lives: it
+declares how the server's model state folds its weights (``op``) and what
+each update must carry for it to weigh (a candidate loss, a compute power,
+the updates themselves), and answers the weights as a pure function of
+those facts (``weigh``). The engine (``server/engine/policies.py``) only
+gathers the facts the rule declares and applies the step.
+
+Delta rules (``mean``, ``samples``, ``power``, ``fedbuff``) answer the weights of
+``w <- w + sum_k weight_k * delta_k`` (op "apply"). ``loss`` (Hermes Alg. 2)
+and ``fedasync`` answer a worker's share in a blend with the global model
+(op "blend"); the robust rules (``robust.py``) combine or select a barrier's
+updates.
 """
 
 from __future__ import annotations
@@ -13,20 +19,18 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from hermes.common.policies.base import Policy, register
+from hermes.common.policies.base import Core, Policy, register
 from hermes.common.policies.lr_scaling import batch_scaled_lr
-
-if TYPE_CHECKING:
-    from hermes.common.config import RunConfig
 
 log = logging.getLogger(__name__)
 
-__all__ = ["aggregation_weights", "batch_scaled_lr", "loss_blend_weight", "mean_weights", "power_weights",
-           "sample_weights", "LossParams"]
+__all__ = ["AggregationRule", "Step", "Update", "Weighing", "aggregation_weights", "batch_scaled_lr",
+           "loss_blend_weight", "mean_weights", "power_weights", "sample_weights", "LossParams"]
 
 
 class LossParams(BaseModel):
@@ -84,9 +88,9 @@ def aggregation_weights(rule: str, samples: Sequence[int]) -> list[float]:
         cls = get("aggregation", rule)
     except UnknownPolicy:
         cls = None
-    if cls is None or not issubclass(cls, DeltaRule) or cls.needs_compute_power or cls.needs_candidate_loss:
+    if cls is None or not issubclass(cls, (Mean, Samples)):
         raise ValueError(f"unknown aggregation rule {rule!r}; known: mean, samples")
-    return cls.weights(samples, None)
+    return cls.weights(samples)
 
 
 def loss_blend_weight(global_loss: float, candidate_loss: float, *, floor: float = 1e-12,
@@ -112,20 +116,71 @@ def loss_blend_weight(global_loss: float, candidate_loss: float, *, floor: float
     return g / (g + c)
 
 
-class DeltaRule(Policy):
-    """An aggregation policy: the weights of one step's updates."""
+@dataclass(frozen=True)
+class Update:
+    """One update of a step, as a rule weighs it: the facts the engine gathered for the rule's declarations."""
 
+    samples: int  # samples the worker trained on for it (b_k of OmniLearn Eq. 4b)
+    staleness: int = 0  # server steps since the worker pulled the model it trained from
+    power: float | None = None  # the worker's compute power (rules with needs_compute_power)
+    candidate_loss: float | None = None  # loss of the candidate model (rules with needs_candidate_loss)
+
+
+@dataclass(frozen=True)
+class Step:
+    """The model the step folds into."""
+
+    version: int  # the global model's version before the step (0: nothing folded yet)
+    global_loss: float | None = None  # its probe loss (rules with needs_candidate_loss, version > 0)
+
+
+@dataclass(frozen=True)
+class Weighing:
+    """A rule's answer: one weight per update and the facts worth logging beside them."""
+
+    weights: list[float]
+    facts: dict[str, Any] = field(default_factory=dict)
+    # The Eq. 5-6 share before any server lr (the loss rule), for the blend-weight metric.
+    share: float | None = None
+
+
+class AggregationRule(Policy):
+    """An aggregation policy: how a step's updates fold into the model, and their weights."""
+
+    # How the model state folds the weights: "apply" (w += sum_k lambda_k G_k), "blend"
+    # (w <- (1 - a) w + a (w0 + G), one update; both also the journal's op) or "combine" (the
+    # rule's combine() of the stacked updates is applied with weight 1, journaled as "apply").
+    op: str = "apply"
+    # weigh() needs the step's updates themselves, stacked as rows of one fp32 matrix (Krum).
+    needs_update_stack: ClassVar[bool] = False
+    # A candidate is scored as the current model plus the delta (True) or as w0 + G (False).
+    candidate_from_current: bool = False
     # Topology 'collective': each rank's weight in the all-reduced gradient
     # (client/collective.py GradientAllReduce): its samples, 1, or its compute power.
     gradient_weighting: ClassVar[str] = "samples"
 
-    @classmethod
-    def from_config(cls, config: RunConfig, **context: Any) -> type[DeltaRule]:
-        return cls
+    def weigh(self, updates: Sequence[Update], step: Step, stack: Any = None) -> Weighing:
+        """The weights of ``updates`` folded into the model of ``step`` (``stack`` for needs_update_stack)."""
+        raise NotImplementedError
+
+    def combine(self, stack: Any) -> Any:
+        """The step's one delta from the stacked updates (rules whose op is "combine")."""
+        raise NotImplementedError(f"aggregation {self.name!r} weighs updates, it does not combine them")
+
+
+class DeltaRule(AggregationRule):
+    """A rule whose weights come from the updates' sample counts alone (and powers): no state, no parameters."""
 
     @classmethod
-    def weights(cls, samples: Sequence[int], powers: Sequence[float] | None) -> list[float]:
+    def weights(cls, samples: Sequence[int]) -> list[float]:
         raise NotImplementedError
+
+    def weigh(self, updates: Sequence[Update], step: Step, stack: Any = None) -> Weighing:
+        return Weighing(self.weights([u.samples for u in updates]))
+
+    @classmethod
+    def build(cls, core: Core, *args: Any, **params: Any) -> DeltaRule:
+        return cls()
 
 
 @register("aggregation", "mean")
@@ -135,7 +190,7 @@ class Mean(DeltaRule):
     gradient_weighting: ClassVar[str] = "mean"
 
     @classmethod
-    def weights(cls, samples: Sequence[int], powers: Sequence[float] | None) -> list[float]:
+    def weights(cls, samples: Sequence[int]) -> list[float]:
         return mean_weights(len(samples))
 
 
@@ -144,12 +199,12 @@ class Samples(DeltaRule):
     """lambda_k = b_k / sum(b) (OmniLearn Eq. 4b)."""
 
     @classmethod
-    def weights(cls, samples: Sequence[int], powers: Sequence[float] | None) -> list[float]:
+    def weights(cls, samples: Sequence[int]) -> list[float]:
         return sample_weights(samples)
 
 
 @register("aggregation", "power")
-class Power(DeltaRule):
+class Power(AggregationRule):
     """EDP-SGD (DP paper Sec. 4.2): weights CP_m / sum(CP) from the allocator's measured compute powers."""
 
     requires: ClassVar[dict[str, str]] = {
@@ -160,15 +215,23 @@ class Power(DeltaRule):
     gradient_weighting: ClassVar[str] = "power"
 
     @classmethod
-    def weights(cls, samples: Sequence[int], powers: Sequence[float] | None) -> list[float]:
-        if powers is None:
-            raise ValueError("aggregation 'power' needs one compute power per update")
-        return power_weights(powers)
+    def build(cls, core: Core, *args: Any, **params: Any) -> Power:
+        return cls()
+
+    def weigh(self, updates: Sequence[Update], step: Step, stack: Any = None) -> Weighing:
+        # Before any measurement every worker counts alike (DP-SGD Alg. 1 line 5).
+        return Weighing(power_weights([u.power or 1.0 for u in updates]))
 
 
 @register("aggregation", "loss", "loss-weighted")
-class LossWeighted(DeltaRule):
-    """Hermes Alg. 2: each update is blended with the global model by inverse validation loss (Eq. 5-6)."""
+class LossWeighted(AggregationRule):
+    """Hermes Alg. 2: blend one worker's model in by the inverse losses of both models (Eq. 5-6).
+
+    ``reference`` "baseline" is the paper's: the push is G = w_worker - w0 and the
+    model becomes (1 - a) w + a (w0 + G). "pull" (a deviation, ``loss.reference``):
+    the push is the worker's change since its last pull and the model becomes
+    w + server_lr * a * delta, a from the same Eq. 5-6 losses with w + delta as the candidate.
+    """
 
     requires: ClassVar[dict[str, str]] = {
         "free_running": "folds one update at a time against the global model (Hermes Alg. 2); "
@@ -177,17 +240,43 @@ class LossWeighted(DeltaRule):
     }
     needs_candidate_loss: ClassVar[bool] = True
     update_from_baseline: ClassVar[bool] = True
+    op = "blend"
+    sections: ClassVar[tuple[str, ...]] = ("loss",)
+
+    def __init__(self, params: LossParams) -> None:
+        self.params = params
+        # Instance attributes over the class's: loss.reference decides how a push folds.
+        self.candidate_from_current = params.reference == "pull"
+        self.op = "apply" if self.candidate_from_current else "blend"
 
     @classmethod
-    def pushes_from_baseline(cls, config: RunConfig) -> bool:
-        return config.loss.reference == "baseline"
+    def build(cls, core: Core, *, loss: LossParams, **params: Any) -> LossWeighted:
+        return cls(loss)
 
     @classmethod
-    def check_params(cls, config: RunConfig) -> None:
-        if config.loss.server_lr != 1.0 and config.loss.reference != "pull":
+    def pushes_from_baseline(cls, *, loss: LossParams, **sections: Any) -> bool:
+        return loss.reference == "baseline"
+
+    @classmethod
+    def check_params(cls, core: Core, *, loss: LossParams, **sections: Any) -> None:
+        if loss.server_lr != 1.0 and loss.reference != "pull":
             raise ValueError("loss.server_lr scales since-pull deltas: it needs loss.reference 'pull'")
 
-    @classmethod
-    def weights(cls, samples: Sequence[int], powers: Sequence[float] | None) -> list[float]:
-        # One update at a time, blended by loss_blend_weight: within the step it counts fully.
-        return mean_weights(len(samples))
+    def weigh(self, updates: Sequence[Update], step: Step, stack: Any = None) -> Weighing:
+        (update,) = updates  # config validation keeps ``loss`` to one-at-a-time strategies
+        assert update.candidate_loss is not None
+        facts: dict[str, Any] = {}
+        if step.version == 0:
+            weight = 1.0  # Hermes Alg. 2 initial step: sigma <- G
+        else:
+            assert step.global_loss is not None
+            # Screening refuses non-finite candidates; a global model whose loss
+            # overflows is worse than any finite candidate, so it takes the step whole.
+            weight = (loss_blend_weight(step.global_loss, update.candidate_loss, sharpness=self.params.sharpness)
+                      if math.isfinite(step.global_loss) else 1.0)
+            facts = {"global_loss": round(step.global_loss, 6)}
+        facts["candidate_loss"] = round(update.candidate_loss, 6)
+        share = weight
+        if self.candidate_from_current and step.version > 0:
+            weight *= self.params.server_lr  # w <- w + server_lr * a * delta
+        return Weighing([weight], facts, share=share)

@@ -18,6 +18,11 @@ and declares, as class attributes, what it offers and what it needs:
 - ``needs_*`` flags that tell the engine and the agent what to build for the
   policy (a candidate-model loss, a validation loss on the agent, compute
   powers from the allocator), so nobody recognises a policy by its name.
+- ``sections``: the run-config sections the policy is built from. A policy is
+  built (``build``) and checked (``check_params``) from a small ``Core``
+  record of run-wide values plus those sections, passed by name, never from
+  the whole run config: a policy can be built and tested without one, and
+  this package does not import the config module (which imports it).
 
 Nothing outside this registry compares a policy name with a string: code
 asks ``get(kind, name)`` for the class and reads its declarations.
@@ -28,10 +33,8 @@ from __future__ import annotations
 import importlib
 import logging
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
-
-if TYPE_CHECKING:
-    from hermes.common.config import RunConfig
+from dataclasses import dataclass
+from typing import Any, ClassVar, TypeVar
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +58,25 @@ _BUILTIN_MODULES: dict[str, tuple[str, ...]] = {
 }
 
 
+@dataclass(frozen=True)
+class Core:
+    """The run-wide values a policy may read besides its own sections (the run config's core; no defaults
+    here: each has its one default on the run config)."""
+
+    lr: float
+    batch_size: int  # the run's mini-batch size (MBS) before any allocator scales it
+    cycle_samples: int  # samples per cycle between two pushes (DSS)
+    shard_size: int  # samples per data shard, the unit of DSS
+    seed: int
+    sync: str  # the run's sync policy, for messages
+    barrier: bool  # the sync policy aggregates one step's updates together (it provides "barrier")
+
+    @property
+    def local_steps(self) -> int:
+        """Optimizer steps per cycle at the run's batch: ``cycle_samples // batch_size``, at least 1."""
+        return max(1, self.cycle_samples // self.batch_size)
+
+
 class Policy:
     """What every registered policy declares; subclasses override the class attributes."""
 
@@ -69,22 +91,37 @@ class Policy:
     # The agent sends its model's change since the first model (w - w0), not since its last
     # pull: the server blends worker models into the global one (Hermes Alg. 2, FedAsync).
     update_from_baseline: ClassVar[bool] = False
-    # Aggregation weights come from each update's staleness (FedBuff's s(tau)).
-    weighs_by_staleness: ClassVar[bool] = False
     # The agent measures a validation loss after every cycle (Hermes Alg. 1).
     needs_validation_loss: ClassVar[bool] = False
     # Aggregation weights come from the allocator's per-worker compute power (EDP-SGD).
     needs_compute_power: ClassVar[bool] = False
     # The allocator caps each worker's batch by its measured memory (OmniLearn Eq. 9): agents send a memory profile.
     needs_memory_profile: ClassVar[bool] = False
+    # The allocator deals each epoch of the server's train set out among the workers (DP-SGD Alg. 1),
+    # so it cannot run on device-local data, of which the server holds none.
+    deals_server_data: ClassVar[bool] = False
+    # The run-config sections (``zscore``, ``batch_bounds`` ...) passed by name to build/check_params/pushes_from_baseline.
+    sections: ClassVar[tuple[str, ...]] = ()
+    # Dotted parameters that only this policy may set: another choice of its kind refuses a value there.
+    # Not inherited in spirit: a subclass that does not read them declares () (hermes of asp).
+    exclusive_params: ClassVar[tuple[str, ...]] = ()
+
+    # ``*args`` in these signatures lets a subclass name its sections as keyword-only parameters
+    # (``zscore: GateParams``) and still override them (mypy treats *args/**kwargs: Any as any call).
+    @classmethod
+    def build(cls, core: Core, *args: Any, **params: Any) -> Any:
+        """The run's policy object from ``core``, the declared ``sections`` and what only the engine knows
+        (``dss_max``, ``epoch_samples`` for allocators). The class itself by default: rules whose answers
+        need no state."""
+        return cls
 
     @classmethod
-    def pushes_from_baseline(cls, config: RunConfig) -> bool:
+    def pushes_from_baseline(cls, *args: Any, **sections: Any) -> bool:
         """Whether this run's agents push w - w0 (``update_from_baseline``, unless a parameter says otherwise)."""
         return cls.update_from_baseline
 
     @classmethod
-    def check_params(cls, config: RunConfig) -> None:
+    def check_params(cls, core: Core, *args: Any, **sections: Any) -> None:
         """Refuse (ValueError naming the field) parameters this policy cannot run with; called only when chosen."""
 
 
@@ -149,26 +186,13 @@ def get(kind: str, name: str) -> type[Policy]:
     return _REGISTRY[kind][canonical(kind, name)]
 
 
-def chosen(config: RunConfig) -> dict[str, type[Policy]]:
-    """The run's policy class of every kind."""
-    return {kind: get(kind, selected_name(config, kind)) for kind in KINDS}
+def build(kind: str, name: str, core: Core, sections: Mapping[str, Any], **context: Any) -> Any:
+    """Build policy ``name`` of ``kind`` from ``core`` and its declared ``sections`` (section name -> parameters).
 
-
-def selected_name(config: RunConfig, kind: str) -> str:
-    """The name of the policy ``config`` selects for ``kind`` (sections hold it in ``policy``)."""
-    section = getattr(config, kind)
-    return str(section if isinstance(section, str) else section.policy)
-
-
-def make(kind: str, config: RunConfig, name: str | None = None, **context: Any) -> Any:
-    """Build the run's policy of ``kind`` (or policy ``name``) from ``config``.
-
-    Every registered class has ``from_config(config, **context)``; ``context``
-    carries what only the engine knows (``dss_max``, ``epoch_samples`` for
-    allocators).
+    ``context`` carries what only the engine knows (``dss_max``, ``epoch_samples`` for allocators).
     """
-    cls: Any = get(kind, name or selected_name(config, kind))
-    return cls.from_config(config, **context)
+    cls = get(kind, name)
+    return cls.build(core, **{s: sections[s] for s in cls.sections}, **context)
 
 
 def quoted_names(items: Iterable[str]) -> str:
@@ -185,21 +209,19 @@ def providers(capability: str, kind: str | None = None) -> tuple[str, ...]:
     return tuple(out)
 
 
-def check_compatible(config: RunConfig) -> None:
+def check_compatible(chosen: Mapping[str, type[Policy]], core: Core, sections: Mapping[str, Any]) -> None:
     """Refuse a run in which a chosen policy requires what none provides; then each policy's own parameter checks.
 
-    The message is the requiring policy's own reason, e.g. "allocation
-    'adaptive' splits one synchronous round's work ...: it needs sync 'bsp',
-    not 'asp'".
+    ``chosen`` is the run's policy class of every kind. The message is the
+    requiring policy's own reason, e.g. "allocation 'adaptive' splits one
+    synchronous round's work ...: it needs sync 'bsp', not 'asp'".
     """
-    policies = chosen(config)
-    offered: set[str] = set().union(*(c.provides for c in policies.values()))
-    sync = selected_name(config, "sync")
+    offered: set[str] = set().union(*(c.provides for c in chosen.values()))
     for kind in CHECK_ORDER:
-        cls = policies[kind]
+        cls = chosen[kind]
         for capability, reason in cls.requires.items():
             if capability not in offered:
-                text = reason.format(sync=repr(sync), providers=quoted_names(providers(capability, "sync")))
+                text = reason.format(sync=repr(core.sync), providers=quoted_names(providers(capability, "sync")))
                 raise ValueError(f"{kind} {cls.name!r} {text}")
-    for cls in policies.values():
-        cls.check_params(config)
+    for cls in chosen.values():
+        cls.check_params(core, **{s: sections[s] for s in cls.sections})

@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
-from hermes.common.policies.base import register
-from hermes.common.policies.sync import _EBSP, Decision, PushInfo, Release, SyncStrategy, Verdict
-
-if TYPE_CHECKING:
-    from hermes.common.config import RunConfig
+from hermes.common.policies.base import Core, register
+from hermes.common.policies.sync import _EBSP, Decision, EbspParams, PushInfo, Release, SyncStrategy, Verdict
 
 
 def predict_push_times(last_at: float, intervals: list[float], until: float) -> list[float]:
@@ -170,6 +167,8 @@ class ElasticBarrierStrategy(SyncStrategy):
         self.last_barrier, self.quota = choose_barrier(predicted, self.lookahead)
         self.done = {w: 0 for w in workers}
 
+    sections: ClassVar[tuple[str, ...]] = ("ebsp",)
+
     @classmethod
-    def from_config(cls, config: RunConfig, **context: Any) -> SyncStrategy:
-        return cls(lookahead=config.ebsp.lookahead, history=config.ebsp.history)
+    def build(cls, core: Core, *, ebsp: EbspParams, **params: Any) -> SyncStrategy:
+        return cls(lookahead=ebsp.lookahead, history=ebsp.history)

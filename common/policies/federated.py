@@ -37,15 +37,13 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from hermes.common.policies.base import Policy, register
+from hermes.common.policies.aggregation import AggregationRule, Step, Update, Weighing
+from hermes.common.policies.base import Core, register
 from hermes.common.policies.sync import Decision, PushInfo, Release, SyncStrategy, Verdict
-
-if TYPE_CHECKING:
-    from hermes.common.config import RunConfig
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +81,7 @@ def staleness_weight(function: StalenessFunction, staleness: int, a: float, b: i
 
 
 @register("aggregation", "fedasync")
-class FedAsync(Policy):
+class FedAsync(AggregationRule):
     """FedAsync (Xie et al. 2019): each update mixed in with alpha_t = alpha * s(t - tau)."""
 
     requires: ClassVar[dict[str, str]] = {
@@ -92,15 +90,17 @@ class FedAsync(Policy):
         "server_model": "mixes models on the server; topology 'collective' has no server model",
     }
     update_from_baseline: ClassVar[bool] = True
-    # Topology 'collective' is refused (server_model), but the agent reads it for every rule.
-    gradient_weighting: ClassVar[str] = "samples"
+    # The blend step is the one Hermes' loss rule uses, with alpha_t in place of the loss share.
+    op = "blend"
 
     def __init__(self, params: FedAsyncParams) -> None:
         self.params = params
 
+    sections: ClassVar[tuple[str, ...]] = ("fedasync",)
+
     @classmethod
-    def from_config(cls, config: RunConfig, **context: Any) -> FedAsync:
-        return cls(config.fedasync)
+    def build(cls, core: Core, *, fedasync: FedAsyncParams, **params: Any) -> FedAsync:
+        return cls(fedasync)
 
     def mixing_weight(self, versions_behind: int) -> float:
         """alpha_t = alpha * s(t - tau) for an update trained from a model ``versions_behind`` versions old.
@@ -113,6 +113,11 @@ class FedAsync(Policy):
         weight = p.alpha * staleness_weight(p.staleness, versions_behind + 1, p.a, p.b)
         assert 0.0 < weight <= 1.0 and math.isfinite(weight), weight
         return weight
+
+    def weigh(self, updates: Sequence[Update], step: Step, stack: Any = None) -> Weighing:
+        (update,) = updates  # the policy requires a one-at-a-time strategy
+        weight = self.mixing_weight(update.staleness)
+        return Weighing([weight], {"alpha_t": round(weight, 6)})
 
 
 class FedBuffParams(BaseModel):
@@ -148,9 +153,11 @@ class FedBuffer(SyncStrategy):
         self.buffer_size = buffer_size
         self.count = 0
 
+    sections: ClassVar[tuple[str, ...]] = ("fedbuff",)
+
     @classmethod
-    def from_config(cls, config: RunConfig, **context: Any) -> SyncStrategy:
-        return cls(buffer_size=config.fedbuff.buffer_size)
+    def build(cls, core: Core, *, fedbuff: FedBuffParams, **params: Any) -> SyncStrategy:
+        return cls(buffer_size=fedbuff.buffer_size)
 
     def on_push(self, push: PushInfo) -> Verdict:
         self.count += 1
@@ -164,20 +171,25 @@ class FedBuffer(SyncStrategy):
 
 
 @register("aggregation", "fedbuff")
-class FedBuff(Policy):
+class FedBuff(AggregationRule):
     """FedBuff (Nguyen et al. 2022): one server step from K buffered deltas, eta_g * s(tau_k) / K each."""
 
     requires: ClassVar[dict[str, str]] = {
         "buffered": "steps once per K buffered updates (FedBuff Alg. 1); it needs sync {providers}, not {sync}",
     }
-    weighs_by_staleness: ClassVar[bool] = True
 
     def __init__(self, params: FedBuffParams) -> None:
         self.params = params
 
+    sections: ClassVar[tuple[str, ...]] = ("fedbuff",)
+
     @classmethod
-    def from_config(cls, config: RunConfig, **context: Any) -> FedBuff:
-        return cls(config.fedbuff)
+    def build(cls, core: Core, *, fedbuff: FedBuffParams, **params: Any) -> FedBuff:
+        return cls(fedbuff)
 
     def weights(self, staleness: Sequence[int]) -> list[float]:
         return fedbuff_weights(staleness, self.params.server_lr, self.params.staleness_scaling)
+
+    def weigh(self, updates: Sequence[Update], step: Step, stack: Any = None) -> Weighing:
+        # The model moves only at a release, so the staleness at push time is the staleness now.
+        return Weighing(self.weights([u.staleness for u in updates]))

@@ -64,14 +64,11 @@ import math
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from hermes.common.policies.base import Policy, register
-
-if TYPE_CHECKING:
-    from hermes.common.config import RunConfig
+from hermes.common.policies.base import Core, Policy, register
 
 log = logging.getLogger(__name__)
 
@@ -87,18 +84,22 @@ def _is_int(v: object) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-RELAXATIONS = ("step", "paper", "multiplicative")
-
-
 class GateParams(BaseModel):
-    """The run config's ``zscore`` section; defaults are Hermes Table I (w = 10, alpha = -1.3, beta = 0.1, lambda = 5)."""
+    """HermesGUP's hyper-parameters, the run config's ``zscore`` section; defaults are Hermes Table I
+    (w = 10, alpha = -1.3, beta = 0.1, lambda = 5). Validated here and nowhere else."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
-    window: int = Field(default=10, ge=2, description="W, validation losses in the gate's window (Hermes Table I).")
+    # strict: a window or lambda of 2.0 is a mistake to report, not an int to coerce. A spread
+    # needs two previous losses (rule 2), so a smaller window would never leave warm-up.
+    window: int = Field(default=10, ge=2, strict=True,
+                        description="W, validation losses in the gate's window (Hermes Table I).")
     alpha: float = Field(default=-1.3, allow_inf_nan=False,
                          description="Push when the loss's z-score is <= alpha (Hermes Eq. 4, Table I).")
-    beta: float = Field(default=0.1, ge=0.0, description="Relaxation step of alpha (Hermes Alg. 1 line 12).")
-    lam: int = Field(default=5, ge=1, description="Lambda, silent cycles before alpha relaxes (Hermes Alg. 1 line 11).")
+    # A negative beta would tighten the threshold while silent and could starve the worker.
+    beta: float = Field(default=0.1, ge=0.0, allow_inf_nan=False,
+                        description="Relaxation step of alpha (Hermes Alg. 1 line 12).")
+    lam: int = Field(default=5, ge=1, strict=True,
+                     description="Lambda, silent cycles before alpha relaxes (Hermes Alg. 1 line 11).")
     relaxation: Literal["step", "paper", "multiplicative"] = Field(
         default="step", description="How alpha relaxes while silent: 'step' (ours, +beta every lambda cycles), "
                                     "'paper' (+beta every cycle once N_iter >= lambda), 'multiplicative' (*(1-beta)).")
@@ -108,45 +109,9 @@ class GateParams(BaseModel):
     # worker's model went from loss 0.03 to chance (2.30) in 3 s of skipped cycles, and its next push
     # was refused by screening (norm 77 > 32 x median); 4 of 139 honest pushes were.
     resync_factor: float | None = Field(
-        default=None, gt=1.0, description="When a validation loss exceeds this many times the lowest loss in "
-        "the gate's window (or is not finite), the local model has diverged: the agent takes the global model "
-        "again instead of training on from it. Unset: Hermes Alg. 1, which never resyncs.")
-
-
-_DEFAULTS = GateParams()
-
-
-@dataclass(frozen=True)
-class GateConfig:
-    """Hyper-parameters of HermesGUP; defaults are the config's (``GateParams``, Hermes Table I)."""
-
-    window: int = _DEFAULTS.window  # w
-    alpha: float = _DEFAULTS.alpha  # z threshold (Hermes Sec. IV-B2, "e.g. -1.3")
-    beta: float = _DEFAULTS.beta  # relaxation step of alpha
-    lam: int = _DEFAULTS.lam  # lambda: silent cycles per relaxation step
-    relaxation: str = _DEFAULTS.relaxation  # rule 5
-    resync_factor: float | None = _DEFAULTS.resync_factor  # a deviation: None is Alg. 1
-
-    def __post_init__(self) -> None:
-        if not _is_int(self.window) or self.window < 2:
-            # A spread needs two previous losses (rule 2); a smaller window never leaves warm-up.
-            raise ValueError(f"window must be an integer >= 2, got {self.window!r}")
-        if not _is_int(self.lam) or self.lam < 1:
-            raise ValueError(f"lam must be an integer >= 1, got {self.lam!r}")
-        if isinstance(self.alpha, bool) or not isinstance(self.alpha, (int, float)) or not math.isfinite(self.alpha):
-            raise ValueError(f"alpha must be a finite number, got {self.alpha!r}")
-        if (
-            isinstance(self.beta, bool)
-            or not isinstance(self.beta, (int, float))
-            or not math.isfinite(self.beta)
-            or self.beta < 0
-        ):
-            # A negative beta would tighten the threshold while silent and could starve the worker.
-            raise ValueError(f"beta must be a finite number >= 0, got {self.beta!r}")
-        if self.relaxation not in RELAXATIONS:
-            raise ValueError(f"relaxation must be one of {RELAXATIONS}, got {self.relaxation!r}")
-        if self.resync_factor is not None and not (math.isfinite(self.resync_factor) and self.resync_factor > 1):
-            raise ValueError(f"resync_factor must be a finite number > 1, got {self.resync_factor!r}")
+        default=None, gt=1.0, allow_inf_nan=False, description="When a validation loss exceeds this many times "
+        "the lowest loss in the gate's window (or is not finite), the local model has diverged: the agent takes "
+        "the global model again instead of training on from it. Unset: Hermes Alg. 1, which never resyncs.")
 
 
 @dataclass(frozen=True)
@@ -160,7 +125,7 @@ class GateDecision:
     resync: bool = False
 
 
-def relaxed_alpha(config: GateConfig, silent_cycles: int) -> float:
+def relaxed_alpha(config: GateParams, silent_cycles: int) -> float:
     """The threshold in force after ``silent_cycles`` silent cycles (Hermes Alg. 1 lines 11-12; rule 5).
 
     step: alpha + beta * floor(silent / lambda); paper: alpha + beta * d;
@@ -205,13 +170,13 @@ def inclusive_z_bound(n: int) -> float:
 class ZScoreGate:
     """Per-worker HermesGUP state: the loss window and the silent-cycle count (Hermes Alg. 1)."""
 
-    def __init__(self, config: GateConfig = GateConfig()) -> None:
+    def __init__(self, config: GateParams = GateParams()) -> None:
         self._config = config
         self._window: deque[float] = deque(maxlen=config.window)
         self._silent = 0
 
     @property
-    def config(self) -> GateConfig:
+    def config(self) -> GateParams:
         return self._config
 
     @property
@@ -266,7 +231,7 @@ class ZScoreGate:
         return {"window": list(self._window), "silent_cycles": self._silent}
 
     @classmethod
-    def from_state(cls, config: GateConfig, state: Mapping[str, Any]) -> ZScoreGate:
+    def from_state(cls, config: GateParams, state: Mapping[str, Any]) -> ZScoreGate:
         """Restore a gate; if config.window shrank since the checkpoint, keep the newest losses."""
         if not isinstance(state, Mapping):
             raise ValueError(f"state must be a mapping, got {type(state).__name__}")
@@ -287,19 +252,12 @@ class ZScoreGate:
         return gate
 
 
-def gate_config(config: RunConfig) -> GateConfig:
-    """The gate's hyper-parameters from the run config's ``zscore`` section."""
-    z = config.zscore
-    return GateConfig(window=z.window, alpha=z.alpha, beta=z.beta, lam=z.lam, relaxation=z.relaxation,
-                      resync_factor=z.resync_factor)
-
-
 @register("gate", "always")
 class AlwaysPush(Policy):
     """No gate: every cycle ends with a push (every system but Hermes)."""
 
     @classmethod
-    def from_config(cls, config: RunConfig, **context: Any) -> None:
+    def build(cls, core: Core, *args: Any, **params: Any) -> None:
         # The agent pushes after every cycle when the run has no gate object.
         return None
 
@@ -313,7 +271,8 @@ class ZScorePolicy(Policy):
                         "use an asynchronous sync strategy ({providers})",
     }
     needs_validation_loss: ClassVar[bool] = True
+    sections: ClassVar[tuple[str, ...]] = ("zscore",)
 
     @classmethod
-    def from_config(cls, config: RunConfig, **context: Any) -> ZScoreGate:
-        return ZScoreGate(gate_config(config))
+    def build(cls, core: Core, *, zscore: GateParams, **params: Any) -> ZScoreGate:
+        return ZScoreGate(zscore)

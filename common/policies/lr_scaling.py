@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
-from hermes.common.policies.base import Policy, register
-
-if TYPE_CHECKING:
-    from hermes.common.config import RunConfig
+from hermes.common.policies.base import Core, Policy, register
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +27,7 @@ class LrScaling(Policy):
     needs_global_batch: ClassVar[bool] = False
 
     @classmethod
-    def from_config(cls, config: RunConfig, **context: Any) -> LrScaling:
+    def build(cls, core: Core, *args: Any, **params: Any) -> LrScaling:
         return cls()
 
     def lr(self, base_lr: float, batch: int, global_batch: int) -> float:

@@ -22,18 +22,18 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from hermes.common.policies.base import Policy, register
+from hermes.common.policies.aggregation import AggregationRule, Step, Update, Weighing
+from hermes.common.policies.base import Core, register
 
 if TYPE_CHECKING:
     # Imported where a rule runs: the run config imports this module for its params, and a
     # command that only validates a config (or refuses it) should not pay for torch.
     import torch
-
-    from hermes.common.config import RunConfig
 
 log = logging.getLogger(__name__)
 
@@ -102,21 +102,33 @@ def krum_select(scores: list[float], keep: int) -> list[int]:
     return sorted(range(len(scores)), key=lambda i: (scores[i], i))[:keep]
 
 
-class RobustRule(Policy):
-    """Base of the robust rules: they need a barrier's group of updates and replace its weighted sum."""
+class RobustRule(AggregationRule):
+    """Base of the robust rules: they need a barrier's group of updates and replace its weighted sum.
+
+    Median and trimmed mean combine the step's updates coordinate by coordinate into one delta
+    (op "combine"); Krum answers weights that keep the m chosen updates (mean over them) and
+    drop the others.
+    """
 
     requires: ClassVar[dict[str, str]] = _NEEDS
+    op = "combine"
 
     def __init__(self, params: RobustParams) -> None:
         self.params = params
 
+    sections: ClassVar[tuple[str, ...]] = ("robust",)
+
     @classmethod
-    def from_config(cls, config: RunConfig, **context: Any) -> RobustRule:
-        return cls(config.robust)
+    def build(cls, core: Core, *, robust: RobustParams, **params: Any) -> RobustRule:
+        return cls(robust)
 
     def combine(self, stack: torch.Tensor) -> torch.Tensor:
         """The step's one delta from the updates (rows of ``stack``); Krum selects instead."""
         raise NotImplementedError(f"aggregation {self.name!r} selects updates, it does not combine them")
+
+    def weigh(self, updates: Sequence[Update], step: Step, stack: Any = None) -> Weighing:
+        # Every update counts alike; the step itself is combine() of the stack.
+        return Weighing([1.0 / len(updates)] * len(updates), {"combined": self.name})
 
 
 @register("aggregation", "median")
@@ -139,6 +151,8 @@ class TrimmedMean(RobustRule):
 class Krum(RobustRule):
     """Krum / Multi-Krum (Blanchard et al. 2017): the mean of the m updates closest to their neighbours."""
 
+    op = "apply"
+    needs_update_stack: ClassVar[bool] = True
     _said_small = False
 
     def select(self, stack: torch.Tensor) -> tuple[list[int], list[float]]:
@@ -150,3 +164,9 @@ class Krum(RobustRule):
                         "hold for this cluster", k, 2 * f + 3)
         scores = krum_scores(stack, f)
         return krum_select(scores, min(self.params.keep, k)), scores
+
+    def weigh(self, updates: Sequence[Update], step: Step, stack: Any = None) -> Weighing:
+        assert stack is not None, "krum selects among the stacked updates"
+        chosen, scores = self.select(stack)
+        weights = [1.0 / len(chosen) if i in chosen else 0.0 for i in range(len(updates))]
+        return Weighing(weights, {"krum_scores": [round(s, 6) for s in scores]})

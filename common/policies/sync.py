@@ -21,16 +21,12 @@ from __future__ import annotations
 import enum
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, cast
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from hermes.common.policies.base import Policy, register
-
-if TYPE_CHECKING:
-    from hermes.common.config import RunConfig
+from hermes.common.policies.base import Core, Policy, register
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +97,7 @@ class SyncStrategy(Policy, ABC):
     """Base of the sync policies; ``provides`` says what the run may rely on (see policies.base)."""
 
     @classmethod
-    def from_config(cls, config: RunConfig, **context: Any) -> SyncStrategy:
+    def build(cls, core: Core, *args: Any, **params: Any) -> SyncStrategy:
         return cls()
 
     def __init__(self) -> None:
@@ -136,9 +132,11 @@ class AsyncStrategy(SyncStrategy):
             return Verdict(Decision.REJECT, f"staleness {push.staleness} > max_staleness {self.max_staleness}")
         return Verdict(Decision.APPLY)
 
+    sections: ClassVar[tuple[str, ...]] = ("asp",)
+
     @classmethod
-    def from_config(cls, config: RunConfig, **context: Any) -> SyncStrategy:
-        return cls(max_staleness=config.asp.max_staleness)
+    def build(cls, core: Core, *, asp: AsyncParams, **params: Any) -> SyncStrategy:
+        return cls(max_staleness=asp.max_staleness)
 
     exclusive_params: ClassVar[tuple[str, ...]] = ("asp.max_staleness",)
 
@@ -149,11 +147,15 @@ class GatedAsyncStrategy(AsyncStrategy):
     agent (HermesGUP, Hermes Alg. 1): a push only arrives when the worker's
     validation loss improved significantly, so the server never drops one."""
 
+    # asp.max_staleness is asp's alone: hermes never drops a push.
+    sections: ClassVar[tuple[str, ...]] = ()
+    exclusive_params: ClassVar[tuple[str, ...]] = ()
+
     def __init__(self) -> None:
         super().__init__(max_staleness=None)
 
     @classmethod
-    def from_config(cls, config: RunConfig, **context: Any) -> SyncStrategy:
+    def build(cls, core: Core, *args: Any, **params: Any) -> SyncStrategy:
         return cls()
 
 
@@ -258,29 +260,8 @@ class StaleSynchronousStrategy(SyncStrategy):
         self.waiting = [w for w in self.waiting if w not in go]
         return Release(aggregate=(), wake=go)
 
+    sections: ClassVar[tuple[str, ...]] = ("ssp",)
+
     @classmethod
-    def from_config(cls, config: RunConfig, **context: Any) -> SyncStrategy:
-        return cls(staleness=config.ssp.staleness)
-
-
-def _strategies() -> dict[str, Callable[..., SyncStrategy]]:
-    """Name -> class of every registered sync policy (the registry is the one table)."""
-    from hermes.common.policies.base import get, names
-
-    return {n: cast("Callable[..., SyncStrategy]", get("sync", n)) for n in names("sync")}
-
-
-def __getattr__(name: str) -> Any:
-    # SYNC_STRATEGIES (name -> factory, for callers of the old module) is made on
-    # first use: the registry imports this module, so it cannot be built at load time.
-    if name == "SYNC_STRATEGIES":
-        return _strategies()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def make_strategy(name: str, **params: Any) -> SyncStrategy:
-    try:
-        factory = _strategies()[name]
-    except KeyError:
-        raise ValueError(f"unknown sync strategy {name!r}; known: {sorted(_strategies())}") from None
-    return factory(**params)
+    def build(cls, core: Core, *, ssp: SspParams, **params: Any) -> SyncStrategy:
+        return cls(staleness=ssp.staleness)

@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from hermes.common.policies.base import Policy, register
-
-if TYPE_CHECKING:
-    from hermes.common.config import RunConfig
+from hermes.common.policies.base import Core, Policy, register
 
 log = logging.getLogger(__name__)
 
@@ -42,10 +39,7 @@ class Topology(Policy):
     server_sync: ClassVar[str | None] = None
     # The server hosts the group's rendezvous store and regroups its survivors (server/coordinator.py).
     needs_coordinator: ClassVar[bool] = False
-
-    @classmethod
-    def from_config(cls, config: RunConfig, **context: Any) -> type[Topology]:
-        return cls
+    sections: ClassVar[tuple[str, ...]] = ("collective",)
 
 
 @register("topology", "ps")
@@ -55,8 +49,8 @@ class ParameterServer(Topology):
     provides: ClassVar[frozenset[str]] = frozenset({"server_model", "independent_steps"})
 
     @classmethod
-    def check_params(cls, config: RunConfig) -> None:
-        if config.collective.world_size is not None:
+    def check_params(cls, core: Core, *, collective: CollectiveParams, **sections: object) -> None:
+        if collective.world_size is not None:
             raise ValueError("collective.world_size applies to topology 'collective' only")
 
 
@@ -72,8 +66,8 @@ class Collective(Topology):
     }
 
     @classmethod
-    def check_params(cls, config: RunConfig) -> None:
-        c = config.collective
+    def check_params(cls, core: Core, *, collective: CollectiveParams, **sections: object) -> None:
+        c = collective
         if c.world_size is None:
             raise ValueError("topology 'collective' needs collective.world_size: every rank joins the group before the first step")
         if c.min_world_size > c.world_size:

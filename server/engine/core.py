@@ -25,8 +25,8 @@ import torch
 from hermes.common.clock import SYSTEM_CLOCK, Clock
 from hermes.common.config import RunConfig
 from hermes.common.messages import WorkReply
+from hermes.common.policies.sync import Decision, PushInfo
 from hermes.common.shards import ShardQueue
-from hermes.common.sync import Decision, PushInfo
 from hermes.common.task import Direction, Task
 from hermes.common.task_registry import batch_of, resolve_task
 from hermes.common.tensors import flatten, spec_of

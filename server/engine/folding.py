@@ -11,7 +11,7 @@ import time
 from typing import TYPE_CHECKING
 
 from hermes.server.engine.offload import offload, payload_bytes
-from hermes.server.engine.policies import Contribution, RobustStep
+from hermes.server.engine.policies import Contribution
 
 if TYPE_CHECKING:
     from hermes.server.engine.core import Engine
@@ -24,7 +24,7 @@ async def fold(self: Engine, group: list[Contribution]) -> None:
     weights, extra = await rule.weigh(group, self)
     nbytes = sum(payload_bytes(u.payload) for u in group)
     op, terms = rule.op, [(u.payload, w) for u, w in zip(group, weights)]
-    if isinstance(rule, RobustStep) and rule.op == "combine":
+    if op == "combine":
         # Median / trimmed mean: the step is one delta, applied and journaled as such.
         op, terms = "apply", [(await offload(nbytes, rule.combined, group), 1.0)]
     if op == "blend":

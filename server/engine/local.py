@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from hermes.common.policies.allocation._common import EpochClock
+from hermes.common.policies.allocation._common import CountsEpochs
 
 if TYPE_CHECKING:
     from hermes.common.config import RunConfig
@@ -27,7 +27,7 @@ LOCAL_DSS_MAX = 1 << 20
 
 def local_data_refusal(config: RunConfig) -> str | None:
     """Why this run config cannot train on device-local data, or None when it can."""
-    if config.allocation in ("partition", "dynamic-partitioning"):
+    if config.policy("allocation").deals_server_data:
         return (f"allocation {config.allocation!r} (presets dp-sgd, edp-sgd) deals each epoch of the server's "
                 f"train set out among the workers by compute power, and with local_data the server holds "
                 f"no train set to partition")
@@ -49,10 +49,9 @@ class LocalAccount:
     def declare(self, worker_id: str, samples: int) -> None:
         """A worker's local set size (at registration): the epoch the allocators count grows."""
         self.sizes[worker_id] = samples
-        clock = getattr(self.e.allocator, "clock", None)
-        if isinstance(clock, EpochClock) and self.epoch_samples:
-            clock.epoch_samples = self.epoch_samples
-            clock.epoch = clock.samples // clock.epoch_samples
+        allocator = self.e.allocator
+        if isinstance(allocator, CountsEpochs) and self.epoch_samples:
+            allocator.clock.resize(self.epoch_samples)
 
     def take(self, samples: int) -> int:
         """Hand out ``samples`` (one cycle); returns the epoch it starts in."""

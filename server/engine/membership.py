@@ -6,9 +6,9 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from hermes.common.allocation import AllocatorStateError, CycleObservation, Resize, Workload
-from hermes.common.controllers import fit_memory_model, max_batch_for_memory
 from hermes.common.messages import CycleReport, KafkaRanges, WorkReply
+from hermes.common.policies.allocation import AllocatorStateError, CycleObservation, Resize, Workload
+from hermes.common.policies.allocation.memory_model import fit_memory_model, max_batch_for_memory
 from hermes.common.shards import Assignment, shards_for
 from hermes.server.registry import WorkerRecord
 

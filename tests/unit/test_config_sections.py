@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -102,33 +100,11 @@ def test_dump_is_nested_and_round_trips_through_json():
     assert RunConfig(**dump) == cfg
 
 
-def test_dotted_getattr_and_the_deprecated_flat_names():
+def test_dotted_get_and_no_flat_attribute_names():
+    # The flat names are input aliases only (config_keys.ALIASES); attribute access is by the nested name.
     cfg = build_config("hermes")
-    assert getattr(cfg, "zscore.alpha") == cfg.get("zscore.alpha") == -1.3
-    with pytest.warns(DeprecationWarning, match="now .zscore.alpha"):
-        assert cfg.gate_alpha == -1.3  # type: ignore[attr-defined]
+    assert cfg.get("zscore.alpha") == cfg.zscore.alpha == -1.3
+    with pytest.raises(AttributeError):
+        cfg.gate_alpha  # type: ignore[attr-defined]  # noqa: B018
     with pytest.raises(AttributeError):
         cfg.no_such_field  # type: ignore[attr-defined]  # noqa: B018
-
-
-def test_migration_tool_rewrites_config_accesses_only(tmp_path):
-    src = tmp_path / "m.py"
-    src.write_text(
-        "def f(config, args, ctl, self):\n"
-        "    a = config.gate_alpha + self.config.b_min + build_config('x').max_staleness\n"
-        "    b = args.gate_alpha + ctl.b_max  # cfg.gate_alpha in a comment\n"
-        "    c = run_cfg.world_size, 'cfg.b_max', cfg['b_max']\n"
-    )
-    out = subprocess.run([sys.executable, str(ROOT / "tools" / "migrate_config_access.py"), str(src)],
-                         capture_output=True, text=True, check=True)
-    assert src.read_text() == (
-        "def f(config, args, ctl, self):\n"
-        "    a = config.zscore.alpha + self.config.batch_bounds.b_min + build_config('x').asp.max_staleness\n"
-        "    b = args.gate_alpha + ctl.b_max  # cfg.gate_alpha in a comment\n"
-        "    c = run_cfg.collective.world_size, 'cfg.b_max', cfg['b_max']\n"
-    )
-    assert ".gate_alpha -> .zscore.alpha" in out.stdout
-    assert "string-keyed, not rewritten: cfg['b_max']" in out.stdout
-    again = subprocess.run([sys.executable, str(ROOT / "tools" / "migrate_config_access.py"), str(src)],
-                           capture_output=True, text=True, check=True)
-    assert "0 attribute access(es) rewritten" in again.stderr

@@ -8,16 +8,23 @@ import re
 
 import pytest
 
-from hermes.common.aggregation import batch_scaled_lr, power_weights
-from hermes.common.allocation import make_allocator
 from hermes.common.config import (
     POLICY_FIELDS,
     PRESET_SOURCES,
     PRESETS,
     ConfigError,
+    RunConfig,
     build_config,
     preset_policies,
 )
+from hermes.common.config_keys import ALIASES
+from hermes.common.policies.aggregation import batch_scaled_lr, power_weights
+from hermes.common.policies.allocation.pcontrol import PControlAllocator
+
+
+def fixed_global(cfg: RunConfig) -> bool:
+    """Whether pcontrol would hold the global batch fixed (OmniLearn Eq. 8) in this run."""
+    return PControlAllocator.fixed_global_batch(cfg.core, cfg.pcontrol)
 
 # ---------------------------------------------------------------------------
 # presets
@@ -32,7 +39,7 @@ def test_every_preset_builds_with_a_source_and_an_allocator(name):
     assert tuple(policies) == POLICY_FIELDS
     assert policies == {f: getattr(cfg, f) for f in POLICY_FIELDS}
     # The run can be started from it: its allocation policy builds.
-    alloc = make_allocator(cfg, dss_max=4096, epoch_samples=1024)
+    alloc = cfg.build_policy("allocation", dss_max=4096, epoch_samples=1024)
     assert alloc.workload("nobody").dss >= 1
 
 
@@ -75,14 +82,14 @@ def test_paper_preset_parameters():
 ])
 def test_fixed_global_batch_follows_the_barrier(name, fixed):
     # OmniLearn Eq. 8 fixes sum(b) = K*b for a synchronous step (BSP, EBSP barriers) only.
-    assert build_config(name).fixed_global_batch is fixed
+    assert fixed_global(build_config(name)) is fixed
 
 
 def test_global_batch_override():
-    assert build_config("dynamic-batching", global_batch="free").fixed_global_batch is False
-    assert build_config("omnilearn-bsp", global_batch="fixed").fixed_global_batch is True
-    assert build_config("omnilearn-asp", global_batch="free").fixed_global_batch is False
-    assert build_config("ebsp", allocation="pcontrol", global_batch="fixed").fixed_global_batch is True
+    assert fixed_global(build_config("dynamic-batching", global_batch="free")) is False
+    assert fixed_global(build_config("omnilearn-bsp", global_batch="fixed")) is True
+    assert fixed_global(build_config("omnilearn-asp", global_batch="free")) is False
+    assert fixed_global(build_config("ebsp", allocation="pcontrol", global_batch="fixed")) is True
 
 
 # ---------------------------------------------------------------------------
@@ -141,13 +148,13 @@ def test_incoherent_policy_combinations_are_refused_with_the_reason(preset, over
 def test_legal_combinations_build(preset, overrides):
     cfg = build_config(preset, **overrides)
     for k, v in overrides.items():
-        assert getattr(cfg, k) == v
+        assert cfg.get(ALIASES.get(k, k)) == v
 
 
 def test_ssp_with_pcontrol_runs_without_a_global_batch():
     cfg = build_config("ssp", allocation="pcontrol")
-    assert (cfg.sync, cfg.allocation, cfg.fixed_global_batch) == ("ssp", "pcontrol", False)
-    alloc = make_allocator(cfg, dss_max=4096, epoch_samples=1024)
+    assert (cfg.sync, cfg.allocation, fixed_global(cfg)) == ("ssp", "pcontrol", False)
+    alloc = cfg.build_policy("allocation", dss_max=4096, epoch_samples=1024)
     assert alloc.fixed_global is False and alloc.ctl.global_batch is None
 
 

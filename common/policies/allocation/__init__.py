@@ -31,10 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
-
-if TYPE_CHECKING:
-    from hermes.common.config import RunConfig
+from typing import Any, Protocol, runtime_checkable
 
 # The built-in allocation names in the order the docs list them (the registry is the source of truth).
 ALLOCATIONS = ("uniform", "dual-search", "static", "pcontrol", "adaptive", "partition")
@@ -102,13 +99,20 @@ class Allocator(Protocol):
     def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
 
 
-def local_steps(config: RunConfig) -> int:
-    return max(1, config.cycle_samples // config.batch_size)
+@runtime_checkable
+class PowerMeter(Protocol):
+    """An allocator that measures each worker's compute power (DP-SGD Eq. 2); EDP-SGD's weights read it."""
+
+    def power(self, worker_id: str) -> float | None: ...
 
 
-def make_allocator(config: RunConfig, *, dss_max: int, epoch_samples: int) -> Allocator:
-    """The run's allocation policy, configured from the run config (through the policy registry)."""
-    from hermes.common.policies.base import make
+class _CycleSizes(Protocol):
+    @property
+    def cycle_samples(self) -> int: ...
+    @property
+    def batch_size(self) -> int: ...
 
-    allocator: Allocator = make("allocation", config, dss_max=dss_max, epoch_samples=epoch_samples)
-    return allocator
+
+def local_steps(sizes: _CycleSizes) -> int:
+    """Optimizer steps per cycle at the run's batch (a ``Core`` or anything with its two sizes)."""
+    return max(1, sizes.cycle_samples // sizes.batch_size)

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from hermes.common.policies.allocation import Resize, Workload
 from hermes.common.policies.allocation._state import resize_from_state, resize_state, str_ints
-
-if TYPE_CHECKING:
-    from hermes.common.config import RunConfig
+from hermes.common.policies.base import Core
 
 
 class BatchBounds(BaseModel):
@@ -35,14 +33,13 @@ class RebalanceParams(BaseModel):
     warmup_cycles: int = Field(default=1, ge=0, description="A worker's first cycles, kept out of every measurement.")
 
 
-def check_step_batch(config: RunConfig, policy: str) -> None:
+def check_step_batch(core: Core, b: BatchBounds, policy: str) -> None:
     """The per-step batch policies scale the batch of each of cycle_samples // batch_size steps within [b_min, b_max]."""
-    b = config.batch_bounds
-    if not b.b_min <= config.batch_size <= b.b_max:
-        raise ValueError(f"batch_size={config.batch_size} outside [b_min, b_max]=[{b.b_min}, {b.b_max}]")
-    if config.cycle_samples < config.batch_size:
+    if not b.b_min <= core.batch_size <= b.b_max:
+        raise ValueError(f"batch_size={core.batch_size} outside [b_min, b_max]=[{b.b_min}, {b.b_max}]")
+    if core.cycle_samples < core.batch_size:
         raise ValueError(
-            f"cycle_samples={config.cycle_samples} < batch_size={config.batch_size}: allocation "
+            f"cycle_samples={core.cycle_samples} < batch_size={core.batch_size}: allocation "
             f"{policy!r} scales the batch of each of cycle_samples // batch_size steps"
         )
 
@@ -67,6 +64,11 @@ class EpochClock:
         crossed, self.epoch = epoch > self.epoch, epoch
         return crossed
 
+    def resize(self, epoch_samples: int) -> None:
+        """A new epoch length (device-local data: the agents' declared sets), the samples so far kept."""
+        self.epoch_samples = epoch_samples
+        self.epoch = self.samples // epoch_samples
+
     def state_dict(self) -> dict[str, Any]:
         return {"samples": self.samples, "epoch": self.epoch}
 
@@ -75,6 +77,13 @@ class EpochClock:
         out = EpochClock(self.epoch_samples)
         out.samples, out.epoch = int(state["samples"]), int(state["epoch"])
         return out
+
+
+@runtime_checkable
+class CountsEpochs(Protocol):
+    """An allocator that acts once per epoch of samples (pcontrol, adaptive, partition)."""
+
+    clock: EpochClock
 
 
 class StepBatches:

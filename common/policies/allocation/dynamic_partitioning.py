@@ -13,12 +13,12 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from hermes.common.policies.allocation import CycleObservation, Resize, Workload, local_steps
-from hermes.common.policies.allocation._common import EpochClock, StepBatches, check_step_batch
+from hermes.common.policies.allocation import CycleObservation, Resize, Workload
+from hermes.common.policies.allocation._common import BatchBounds, EpochClock, StepBatches, check_step_batch
 from hermes.common.policies.allocation._state import (
     malformed_as_state_error,
     stamp,
@@ -26,10 +26,7 @@ from hermes.common.policies.allocation._state import (
     unstamp,
 )
 from hermes.common.policies.allocation.rounding import round_preserving_sum
-from hermes.common.policies.base import Policy, register
-
-if TYPE_CHECKING:
-    from hermes.common.config import RunConfig
+from hermes.common.policies.base import Core, Policy, register
 
 POLICY = "partition"
 
@@ -52,14 +49,16 @@ def compute_power(samples: float, seconds: float) -> float:
 @register("allocation", "partition", "dynamic-partitioning")
 class PartitionAllocator(Policy):
     needs_memory_profile: ClassVar[bool] = True
+    sections: ClassVar[tuple[str, ...]] = ("batch_bounds", "partition")
+    deals_server_data: ClassVar[bool] = True
     requires: ClassVar[dict[str, str]] = {
         "lockstep": "splits one synchronous round's work among the workers, so every worker must push exactly "
                     "once per round: it needs sync {providers}, not {sync}",
     }
 
     @classmethod
-    def check_params(cls, config: RunConfig) -> None:
-        check_step_batch(config, cls.name)
+    def check_params(cls, core: Core, *, batch_bounds: BatchBounds, **sections: Any) -> None:
+        check_step_batch(core, batch_bounds, cls.name)
 
 
     def __init__(self, *, steps: int, base: int, b_min: int, b_max: int, window: int, epoch_samples: int) -> None:
@@ -71,10 +70,11 @@ class PartitionAllocator(Policy):
         self.partitions: list[dict[str, int]] = []  # per finished epoch: worker -> samples per round
 
     @classmethod
-    def from_config(cls, config: RunConfig, *, epoch_samples: int, **context: Any) -> PartitionAllocator:
-        b = config.batch_bounds
-        return cls(steps=local_steps(config), base=config.batch_size, b_min=b.b_min, b_max=b.b_max,
-                   window=config.partition.window, epoch_samples=epoch_samples)
+    def build(cls, core: Core, *, batch_bounds: BatchBounds, partition: PartitionParams, epoch_samples: int,
+              **params: Any) -> PartitionAllocator:
+        b = batch_bounds
+        return cls(steps=core.local_steps, base=core.batch_size, b_min=b.b_min, b_max=b.b_max,
+                   window=partition.window, epoch_samples=epoch_samples)
 
     def join(self, worker_id: str, capacity: float | None = None) -> None:
         if worker_id in self._epoch_work:

@@ -1,38 +1,17 @@
-"""``dual-search``: Hermes Sec. IV-A, IQR straggler detection + dual binary search (hermes.common.sizing)."""
+"""``dual-search``: Hermes Sec. IV-A, IQR straggler detection + dual binary search."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
-
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Any, ClassVar
 
 from hermes.common.policies.allocation import CycleObservation, Resize, Workload
+from hermes.common.policies.allocation._common import RebalanceParams
 from hermes.common.policies.allocation._state import malformed_as_state_error, stamp, unstamp
-from hermes.common.policies.allocation.straggler import SearchConfig, StragglerSizer
-from hermes.common.policies.base import Policy, register
-
-if TYPE_CHECKING:
-    from hermes.common.config import RunConfig
+from hermes.common.policies.allocation.straggler import DualSearchParams, StragglerSizer
+from hermes.common.policies.base import Core, Policy, register
 
 POLICY = "dual-search"
-
-
-class DualSearchParams(BaseModel):
-    """The run config's ``dual_search`` section (allocation 'dual-search', Hermes Sec. IV-A)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    mbs_min: int = Field(default=8, gt=0, description="Smallest mini-batch size the search may pick (a power of two).")
-    mbs_max: int = Field(default=256, gt=0, description="Largest mini-batch size the search may pick (a power of two).")
-    tolerance: float = Field(default=0.1, gt=0.0, lt=1.0,
-                             description="A predicted cycle time within this share of the target is on target.")
-    cost_fit: Literal["linear", "constant"] = Field(
-        default="linear", description="Cost model: 'linear' fits K = a + b*MBS; 'constant' is the paper's constant K.")
-    # With 4 workers the IQR fences can sit at ~1.6x the median, so a 1.4-1.7x
-    # straggler went unflagged (benchmarks/compare_presets.py).
-    balance_band: float = Field(
-        default=0.2, ge=0.0, description="Also resize workers further than this share from the median cycle time "
-                                         "(0 = the paper's IQR rule only).")
 
 
 @register("allocation", "dual-search")
@@ -42,15 +21,17 @@ class DualSearchAllocator(Policy):
                              "topology 'collective' needs the same number of optimizer steps on every rank per cycle",
     }
 
+    sections: ClassVar[tuple[str, ...]] = ("dual_search", "rebalance")
+
     @classmethod
-    def check_params(cls, config: RunConfig) -> None:
-        d = config.dual_search
+    def check_params(cls, core: Core, *, dual_search: DualSearchParams, **sections: Any) -> None:
+        d = dual_search
         for name, v in (("dual_search.mbs_min", d.mbs_min), ("dual_search.mbs_max", d.mbs_max),
-                        ("batch_size", config.batch_size)):
+                        ("batch_size", core.batch_size)):
             if v & (v - 1):
                 raise ValueError(f"{name}={v}: dual-search mini-batch sizes are powers of two")
-        if not d.mbs_min <= config.batch_size <= d.mbs_max:
-            raise ValueError(f"batch_size={config.batch_size} outside [mbs_min, mbs_max]=[{d.mbs_min}, {d.mbs_max}]")
+        if not d.mbs_min <= core.batch_size <= d.mbs_max:
+            raise ValueError(f"batch_size={core.batch_size} outside [mbs_min, mbs_max]=[{d.mbs_min}, {d.mbs_max}]")
 
 
     def __init__(self, sizer: StragglerSizer) -> None:
@@ -58,14 +39,10 @@ class DualSearchAllocator(Policy):
         self._last_seconds: dict[str, float] = {}
 
     @classmethod
-    def from_config(cls, config: RunConfig, *, dss_max: int, **context: Any) -> DualSearchAllocator:
-        d, reb = config.dual_search, config.rebalance
-        search = SearchConfig(
-            mbs_min=d.mbs_min, mbs_max=d.mbs_max, tolerance=d.tolerance, fit=d.cost_fit,
-            min_observations=reb.min_observations, balance_band=d.balance_band, warmup_cycles=reb.warmup_cycles,
-        )
-        return cls(StragglerSizer(search, base_dss=config.cycle_samples, base_mbs=config.batch_size,
-                                  dss_step=config.shard_size, dss_max=dss_max))
+    def build(cls, core: Core, *, dual_search: DualSearchParams, rebalance: RebalanceParams, dss_max: int,
+              **params: Any) -> DualSearchAllocator:
+        return cls(StragglerSizer(dual_search, rebalance, base_dss=core.cycle_samples, base_mbs=core.batch_size,
+                                  dss_step=core.shard_size, dss_max=dss_max))
 
     def join(self, worker_id: str, capacity: float | None = None) -> None:
         # Hermes measures; it does not trust declared capacity. A worker

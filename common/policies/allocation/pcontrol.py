@@ -9,63 +9,26 @@ decides when to take a control step.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field
-
-from hermes.common.policies.allocation import CycleObservation, Resize, Workload, local_steps
-from hermes.common.policies.allocation._common import EpochClock, StepBatches, check_step_batch
+from hermes.common.policies.allocation import CycleObservation, Resize, Workload
+from hermes.common.policies.allocation._common import (
+    BatchBounds,
+    EpochClock,
+    RebalanceParams,
+    StepBatches,
+    check_step_batch,
+)
 from hermes.common.policies.allocation._state import (
     malformed_as_state_error,
     stamp,
     str_ints,
     unstamp,
 )
-from hermes.common.policies.allocation.proportional_control import ProportionalController
-from hermes.common.policies.base import Policy, register
-
-if TYPE_CHECKING:
-    from hermes.common.config import RunConfig
+from hermes.common.policies.allocation.proportional_control import PControlParams, ProportionalController
+from hermes.common.policies.base import Core, Policy, register
 
 POLICY = "pcontrol"
-
-
-class PControlParams(BaseModel):
-    """The run config's ``pcontrol`` section: the controller's settings for a run (ours where they differ from the papers)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    deadband: float = Field(default=0.1, ge=0.0, lt=1.0,
-                            description="Dead-band: a batch change counts only if |b' - b| / b' >= this (OmniLearn Eq. 7).")
-    alpha: float = Field(default=0.3, gt=0.0, le=1.0, description="EWMA weight of the newest cycle time (ACSOS smoothing).")
-    interval: Literal["epoch", "round"] = Field(
-        default="epoch", description="When to step: 'epoch' after each data epoch (OmniLearn), 'round' whenever every "
-                                     "worker has new measurements (ACSOS).")
-    # Where cycle times jitter by tens of percent (a shared CPU), restarting
-    # left each step to 2-3 noisy cycles (measured: 400+ adjustments in 50 s at HL8).
-    carry_smoothing: bool = Field(
-        default=True, description="Keep the smoothed time across a batch change, rescaled by b_new/b_old; false "
-                                  "restarts it (ACSOS).")
-    throughput_cap: bool = Field(
-        default=True, description="ACSOS throughput-drop rule: b_max <- b0 when throughput fell after b0 -> b.")
-    # Cycle times on a shared CPU jitter by 10-30%; ACSOS Fig. 5's memory cliff is far steeper.
-    drop_margin: float = Field(
-        default=0.25, ge=0.0, lt=1.0, description="A throughput fall within this share is noise, not a drop "
-                                                   "(0 = the paper's rule).")
-    drop_cap_updates: int = Field(
-        default=10, ge=0, description="Control steps after which a throughput-drop cap is lifted (0 = never, the paper's rule).")
-    # The papers' rules, each one switch away (docs/papers.md, "Deviations from the papers").
-    deadband_order: Literal["after-bounds", "before-bounds"] = Field(
-        default="after-bounds", description="Dead-band tested on the bounded batch (ours, ACSOS) or, 'before-bounds', "
-                                            "on the unbounded Eq. 6 value, then clamped (OmniLearn Alg. 1).")
-    deadband_reference: Literal["new", "old"] = Field(
-        default="new", description="Dead-band relative to the new batch (OmniLearn Eq. 7) or, 'old', to the old one "
-                                   "(ACSOS step 4).")
-    global_rule: Literal["proportional", "uniform"] = Field(
-        default="proportional", description="Fixed global batch by rescaling proportionally, b_k = B*X_k/sum(X) "
-                                            "(ours), or 'uniform': OmniLearn Eq. 8 literally, b_k' - dB/K.")
-    global_batch: Literal["fixed", "free"] | None = Field(
-        default=None, description="Global batch rule (OmniLearn Eq. 8): 'fixed' keeps sum(b) = K*b, 'free' does not; "
-                                  "unset: fixed under a barrier, free for asynchronous pushes.")
 
 
 @register("allocation", "pcontrol", "proportional-control")
@@ -84,29 +47,31 @@ class PControlAllocator(Policy):
     needs_memory_profile: ClassVar[bool] = True
 
     exclusive_params: ClassVar[tuple[str, ...]] = ("pcontrol.global_batch",)
+    sections: ClassVar[tuple[str, ...]] = ("pcontrol", "batch_bounds", "rebalance")
 
     @classmethod
-    def check_params(cls, config: RunConfig) -> None:
-        if config.pcontrol.global_batch == "fixed" and not config.barrier_sync:
+    def check_params(cls, core: Core, *, pcontrol: PControlParams, batch_bounds: BatchBounds,
+                     **sections: Any) -> None:
+        if pcontrol.global_batch == "fixed" and not core.barrier:
             raise ValueError(
                 f"pcontrol.global_batch 'fixed' (OmniLearn Eq. 8) constrains the batches of one synchronous step; "
-                f"{config.sync!r} pushes asynchronously, so there is no global batch to fix"
+                f"{core.sync!r} pushes asynchronously, so there is no global batch to fix"
             )
-        check_step_batch(config, cls.name)
+        check_step_batch(core, batch_bounds, cls.name)
 
-    def __init__(self, *, steps: int, base: int, b_min: int, b_max: int, deadband: float, alpha: float,
-                 global_batch: bool, interval: str, min_observations: int, warmup: int, epoch_samples: int,
-                 drop_margin: float = 0.0, drop_cap_updates: int | None = None,
-                 carry_smoothing: bool = False, deadband_order: str = "after-bounds", deadband_reference: str = "new",
-                 global_rule: str = "proportional") -> None:
+    @staticmethod
+    def fixed_global_batch(core: Core, pcontrol: PControlParams) -> bool:
+        """OmniLearn Eq. 8 holds: set by pcontrol.global_batch, else fixed exactly under a barrier."""
+        if pcontrol.global_batch is not None:
+            return pcontrol.global_batch == "fixed"
+        return core.barrier
+
+    def __init__(self, *, steps: int, base: int, b_min: int, b_max: int, params: PControlParams,
+                 global_batch: bool, min_observations: int, warmup: int, epoch_samples: int) -> None:
         self.b = StepBatches(steps=steps, base=base, b_min=b_min, b_max=b_max)
-        self.ctl = ProportionalController({}, b_min=b_min, b_max=b_max, deadband=deadband, alpha=alpha,
-                                          global_batch=0 if global_batch else None, drop_margin=drop_margin,
-                                          drop_cap_updates=drop_cap_updates, carry_smoothing=carry_smoothing,
-                                          deadband_order=deadband_order, deadband_reference=deadband_reference,
-                                          global_rule=global_rule)
+        self.ctl = ProportionalController({}, params, b_min=b_min, b_max=b_max, global_batch=0 if global_batch else None)
         self.fixed_global = global_batch
-        self.interval = interval
+        self.interval = params.interval
         self.min_observations = min_observations
         self.warmup = warmup
         self.clock = EpochClock(epoch_samples)
@@ -115,19 +80,13 @@ class PControlAllocator(Policy):
         self._epoch_due = False
 
     @classmethod
-    def from_config(cls, config: RunConfig, *, epoch_samples: int, **context: Any) -> PControlAllocator:
-        pc, bounds, reb = config.pcontrol, config.batch_bounds, config.rebalance
+    def build(cls, core: Core, *, pcontrol: PControlParams, batch_bounds: BatchBounds, rebalance: RebalanceParams,
+              epoch_samples: int, **params: Any) -> PControlAllocator:
+        bounds, reb = batch_bounds, rebalance
         return cls(
-            steps=local_steps(config), base=config.batch_size, b_min=bounds.b_min, b_max=bounds.b_max,
-            deadband=pc.deadband, alpha=pc.alpha,
-            global_batch=config.fixed_global_batch, interval=pc.interval,
-            min_observations=reb.min_observations, warmup=reb.warmup_cycles,
-            epoch_samples=epoch_samples,
-            # No throughput-drop cap: a margin no fall can exceed.
-            drop_margin=pc.drop_margin if pc.throughput_cap else 1.0,
-            drop_cap_updates=pc.drop_cap_updates or None,
-            carry_smoothing=pc.carry_smoothing, deadband_order=pc.deadband_order,
-            deadband_reference=pc.deadband_reference, global_rule=pc.global_rule,
+            steps=core.local_steps, base=core.batch_size, b_min=bounds.b_min, b_max=bounds.b_max, params=pcontrol,
+            global_batch=cls.fixed_global_batch(core, pcontrol), min_observations=reb.min_observations,
+            warmup=reb.warmup_cycles, epoch_samples=epoch_samples,
         )
 
     def _resize_global(self) -> None:

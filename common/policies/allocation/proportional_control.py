@@ -12,7 +12,9 @@ import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from hermes.common.policies.allocation.rounding import round_preserving_sum
 
@@ -42,6 +44,44 @@ def deadband_passes(old: int, new: int, proposal: float, *, deadband: float, ord
     return abs(target - old) / (target if reference == "new" else old) >= deadband
 
 
+class PControlParams(BaseModel):
+    """The run config's ``pcontrol`` section: the controller's settings for a run (ours where they differ from the papers)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    deadband: float = Field(default=0.1, ge=0.0, lt=1.0,
+                            description="Dead-band: a batch change counts only if |b' - b| / b' >= this (OmniLearn Eq. 7).")
+    alpha: float = Field(default=0.3, gt=0.0, le=1.0, description="EWMA weight of the newest cycle time (ACSOS smoothing).")
+    interval: Literal["epoch", "round"] = Field(
+        default="epoch", description="When to step: 'epoch' after each data epoch (OmniLearn), 'round' whenever every "
+                                     "worker has new measurements (ACSOS).")
+    # Where cycle times jitter by tens of percent (a shared CPU), restarting
+    # left each step to 2-3 noisy cycles (measured: 400+ adjustments in 50 s at HL8).
+    carry_smoothing: bool = Field(
+        default=True, description="Keep the smoothed time across a batch change, rescaled by b_new/b_old; false "
+                                  "restarts it (ACSOS).")
+    throughput_cap: bool = Field(
+        default=True, description="ACSOS throughput-drop rule: b_max <- b0 when throughput fell after b0 -> b.")
+    # Cycle times on a shared CPU jitter by 10-30%; ACSOS Fig. 5's memory cliff is far steeper.
+    drop_margin: float = Field(
+        default=0.25, ge=0.0, lt=1.0, description="A throughput fall within this share is noise, not a drop "
+                                                   "(0 = the paper's rule).")
+    drop_cap_updates: int = Field(
+        default=10, ge=0, description="Control steps after which a throughput-drop cap is lifted (0 = never, the paper's rule).")
+    # The papers' rules, each one switch away (docs/papers.md, "Deviations from the papers").
+    deadband_order: Literal["after-bounds", "before-bounds"] = Field(
+        default="after-bounds", description="Dead-band tested on the bounded batch (ours, ACSOS) or, 'before-bounds', "
+                                            "on the unbounded Eq. 6 value, then clamped (OmniLearn Alg. 1).")
+    deadband_reference: Literal["new", "old"] = Field(
+        default="new", description="Dead-band relative to the new batch (OmniLearn Eq. 7) or, 'old', to the old one "
+                                   "(ACSOS step 4).")
+    global_rule: Literal["proportional", "uniform"] = Field(
+        default="proportional", description="Fixed global batch by rescaling proportionally, b_k = B*X_k/sum(X) "
+                                            "(ours), or 'uniform': OmniLearn Eq. 8 literally, b_k' - dB/K.")
+    global_batch: Literal["fixed", "free"] | None = Field(
+        default=None, description="Global batch rule (OmniLearn Eq. 8): 'fixed' keeps sum(b) = K*b, 'free' does not; "
+                                  "unset: fixed under a barrier, free for asynchronous pushes.")
+
+
 @dataclass
 class _WorkerState:
     batch: int
@@ -61,8 +101,9 @@ class _WorkerState:
 class ProportionalController:
     """Dynamic batching: equalise per-iteration compute time across workers.
 
-    Bare defaults are the papers' rules where they differ from ours (no drop
-    margin, smoothing restarts); a run's values come from ``PControlParams``.
+    Its settings are the run config's ``pcontrol`` section (``PControlParams``,
+    ours where we differ from the papers); the papers' rules are the presets'
+    values (no drop margin, smoothing restarts, caps never lifted).
 
     Per update (OmniLearn: every epoch; ACSOS: any iteration), for each worker k
     with smoothed compute time t_k at batch b_k:
@@ -105,36 +146,53 @@ class ProportionalController:
     """
 
     batches: Mapping[str, int]
-    b_min: int = 1
-    b_max: int = 1 << 30
-    deadband: float = 0.1
-    alpha: float = 0.3
-    global_batch: int | None = None
-    global_rule: str = "proportional"
-    drop_margin: float = 0.0
-    drop_cap_updates: int | None = None
-    carry_smoothing: bool = False
-    deadband_order: str = "after-bounds"
-    deadband_reference: str = "new"
+    params: PControlParams
+    b_min: int
+    b_max: int
+    global_batch: int | None = None  # B (OmniLearn Eq. 8), or None: no global rule
     workers: dict[str, _WorkerState] = field(init=False)
     adjustments: int = field(init=False, default=0)
 
     def __post_init__(self) -> None:
-        if not 0 < self.alpha <= 1:
-            raise ValueError(f"alpha must be in (0, 1], got {self.alpha}")
-        if self.deadband < 0:
-            raise ValueError(f"deadband must be >= 0, got {self.deadband}")
         if not 1 <= self.b_min <= self.b_max:
             raise ValueError(f"need 1 <= b_min <= b_max, got ({self.b_min}, {self.b_max})")
-        if self.global_rule not in ("proportional", "uniform"):
-            raise ValueError(f"global_rule must be 'proportional' or 'uniform', got {self.global_rule!r}")
-        if self.deadband_order not in DEADBAND_ORDERS:
-            raise ValueError(f"deadband_order must be one of {DEADBAND_ORDERS}, got {self.deadband_order!r}")
-        if self.deadband_reference not in DEADBAND_REFERENCES:
-            raise ValueError(f"deadband_reference must be one of {DEADBAND_REFERENCES}, got {self.deadband_reference!r}")
         self.workers = {}
         for w, b in self.batches.items():
             self.add_worker(w, b)
+
+    # The settings the step reads, from the one parameter object.
+    @property
+    def deadband(self) -> float:
+        return self.params.deadband
+
+    @property
+    def alpha(self) -> float:
+        return self.params.alpha
+
+    @property
+    def drop_margin(self) -> float:
+        # Without the throughput cap: a margin no fall can exceed.
+        return self.params.drop_margin if self.params.throughput_cap else 1.0
+
+    @property
+    def drop_cap_updates(self) -> int | None:
+        return self.params.drop_cap_updates or None  # 0: a cap is never lifted (the paper's rule)
+
+    @property
+    def carry_smoothing(self) -> bool:
+        return self.params.carry_smoothing
+
+    @property
+    def deadband_order(self) -> str:
+        return self.params.deadband_order
+
+    @property
+    def deadband_reference(self) -> str:
+        return self.params.deadband_reference
+
+    @property
+    def global_rule(self) -> str:
+        return self.params.global_rule
 
     # ---- membership and limits -------------------------------------------
 

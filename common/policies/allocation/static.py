@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
-from hermes.common.policies.allocation import CycleObservation, Resize, Workload, local_steps
-from hermes.common.policies.allocation._common import StepBatches, check_step_batch
+from hermes.common.policies.allocation import CycleObservation, Resize, Workload
+from hermes.common.policies.allocation._common import BatchBounds, StepBatches, check_step_batch
 from hermes.common.policies.allocation._state import malformed_as_state_error, stamp, unstamp
 from hermes.common.policies.allocation.rounding import Bound, round_preserving_sum
-from hermes.common.policies.base import Policy, register
-
-if TYPE_CHECKING:
-    from hermes.common.config import RunConfig
+from hermes.common.policies.base import Core, Policy, register
 
 POLICY = "static"
 
@@ -39,19 +36,20 @@ class StaticAllocator(Policy):
     """
 
     needs_memory_profile: ClassVar[bool] = True
+    sections: ClassVar[tuple[str, ...]] = ("batch_bounds",)
 
     @classmethod
-    def check_params(cls, config: RunConfig) -> None:
-        check_step_batch(config, cls.name)
+    def check_params(cls, core: Core, *, batch_bounds: BatchBounds, **sections: Any) -> None:
+        check_step_batch(core, batch_bounds, cls.name)
 
     def __init__(self, *, steps: int, base: int, b_min: int, b_max: int) -> None:
         self.b = StepBatches(steps=steps, base=base, b_min=b_min, b_max=b_max)
         self.capacity: dict[str, float | None] = {}
 
     @classmethod
-    def from_config(cls, config: RunConfig, **context: Any) -> StaticAllocator:
-        b = config.batch_bounds
-        return cls(steps=local_steps(config), base=config.batch_size, b_min=b.b_min, b_max=b.b_max)
+    def build(cls, core: Core, *, batch_bounds: BatchBounds, **params: Any) -> StaticAllocator:
+        b = batch_bounds
+        return cls(steps=core.local_steps, base=core.batch_size, b_min=b.b_min, b_max=b.b_max)
 
     def _declared(self) -> dict[str, float]:
         known = sorted(c for c in self.capacity.values() if c)

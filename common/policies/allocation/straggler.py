@@ -19,10 +19,13 @@ import math
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
 
 from hermes.common.policies.allocation._checks import check_mbs_range, finite_values, is_int, is_pow2
+from hermes.common.policies.allocation._common import RebalanceParams
 from hermes.common.policies.allocation.cost_model import CostModel, constant_k_model, fit_cost_model
 from hermes.common.policies.allocation.dual_search import SizingBounds, SizingResult, dual_binary_search
 
@@ -79,46 +82,25 @@ def iqr_outliers(times: Mapping[str, float]) -> dict[str, str]:
 # Policy
 
 
-FITS = ("linear", "constant")
+# Observations per worker kept for its cost fit.
+HISTORY = 20
 
 
-@dataclass(frozen=True)
-class SearchConfig:
-    """The sizer's settings. Bare defaults are the paper's rules (balance_band 0, no warm-up) for
-    direct use; a run's values come from the config's ``dual_search`` and ``rebalance`` sections
-    (``DualSearchParams``, ``RebalanceParams``), which ``hermes_sizing`` passes in full."""
+class DualSearchParams(BaseModel):
+    """The run config's ``dual_search`` section (allocation 'dual-search', Hermes Sec. IV-A)."""
 
-    mbs_min: int = 8
-    mbs_max: int = 256
-    tolerance: float = 0.1
-    history: int = 20  # observations per worker kept for the cost fit
-    fit: str = "linear"  # "linear": K = a + b*MBS fitted; "constant": the paper's constant K
-    min_observations: int = 2  # per worker before it may be resized
-    # Beyond the paper, from testbed measurements (benchmarks/compare_presets.py):
-    # with 4 workers the IQR fences can sit at ~1.6x the median, so a 1.4-1.7x
-    # straggler went unflagged. A worker further than balance_band * median
-    # from the median is resized too. 0 keeps the paper's IQR-only rule.
-    balance_band: float = 0.0
-    # A worker's first cycles carry one-off costs (allocator warm-up, the
-    # first pull); they are kept out of its cost fit and its detection.
-    warmup_cycles: int = 0
-
-    def __post_init__(self) -> None:
-        check_mbs_range(self.mbs_min, self.mbs_max)
-        t = self.tolerance
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
-            raise ValueError(f"tolerance must be a finite number >= 0, got {t!r}")
-        if not is_int(self.min_observations) or self.min_observations < 1:
-            raise ValueError(f"min_observations must be an integer >= 1, got {self.min_observations!r}")
-        if not is_int(self.history) or self.history < self.min_observations:
-            raise ValueError(f"history must be an integer >= min_observations, got {self.history!r}")
-        if self.fit not in FITS:
-            raise ValueError(f"fit must be one of {FITS}, got {self.fit!r}")
-        b = self.balance_band
-        if isinstance(b, bool) or not isinstance(b, (int, float)) or not math.isfinite(b) or b < 0:
-            raise ValueError(f"balance_band must be a finite number >= 0, got {b!r}")
-        if not is_int(self.warmup_cycles) or self.warmup_cycles < 0:
-            raise ValueError(f"warmup_cycles must be an integer >= 0, got {self.warmup_cycles!r}")
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    mbs_min: int = Field(default=8, gt=0, description="Smallest mini-batch size the search may pick (a power of two).")
+    mbs_max: int = Field(default=256, gt=0, description="Largest mini-batch size the search may pick (a power of two).")
+    tolerance: float = Field(default=0.1, gt=0.0, lt=1.0,
+                             description="A predicted cycle time within this share of the target is on target.")
+    cost_fit: Literal["linear", "constant"] = Field(
+        default="linear", description="Cost model: 'linear' fits K = a + b*MBS; 'constant' is the paper's constant K.")
+    # With 4 workers the IQR fences can sit at ~1.6x the median, so a 1.4-1.7x
+    # straggler went unflagged (benchmarks/compare_presets.py).
+    balance_band: float = Field(
+        default=0.2, ge=0.0, description="Also resize workers further than this share from the median cycle time "
+                                         "(0 = the paper's IQR rule only).")
 
 
 @dataclass(frozen=True)
@@ -145,18 +127,22 @@ class StragglerSizer:
     - the result names only workers whose workload changed.
     """
 
-    def __init__(self, config: SearchConfig, *, base_dss: int, base_mbs: int, dss_step: int, dss_max: int) -> None:
+    def __init__(self, search: DualSearchParams, rebalance: RebalanceParams, *, base_dss: int, base_mbs: int,
+                 dss_step: int, dss_max: int, history: int = HISTORY) -> None:
+        check_mbs_range(search.mbs_min, search.mbs_max)
+        if not is_int(history) or history < rebalance.min_observations:
+            raise ValueError(f"history must be an integer >= min_observations, got {history!r}")
         if not is_int(dss_step) or dss_step < 1:
             raise ValueError(f"dss_step must be an integer >= 1, got {dss_step!r}")
         if not is_int(dss_max) or dss_max < dss_step:
             raise ValueError(f"dss_max must be an integer >= dss_step ({dss_step}), got {dss_max!r}")
         if not is_int(base_dss) or not 1 <= base_dss <= dss_max:
             raise ValueError(f"base_dss must be an integer in [1, dss_max={dss_max}], got {base_dss!r}")
-        if not is_pow2(base_mbs) or not config.mbs_min <= base_mbs <= config.mbs_max:
+        if not is_pow2(base_mbs) or not search.mbs_min <= base_mbs <= search.mbs_max:
             raise ValueError(
-                f"base_mbs must be a power of two in [{config.mbs_min}, {config.mbs_max}], got {base_mbs!r}"
+                f"base_mbs must be a power of two in [{search.mbs_min}, {search.mbs_max}], got {base_mbs!r}"
             )
-        self._config = config
+        self.search, self.rebalance_params, self.history = search, rebalance, history
         self._base = (int(base_dss), int(base_mbs))
         self._dss_step = int(dss_step)
         self._dss_max = int(dss_max)
@@ -164,10 +150,6 @@ class StragglerSizer:
         self._workload: dict[str, tuple[int, int]] = {}
         self._memory_cap: dict[str, int] = {}
         self._seen: dict[str, int] = {}
-
-    @property
-    def config(self) -> SearchConfig:
-        return self._config
 
     def observe(self, worker_id: str, dss: int, mbs: int, seconds: float) -> None:
         """One finished cycle: the workload it actually ran and how long it took."""
@@ -182,9 +164,9 @@ class StragglerSizer:
         if seconds <= 0:
             raise ValueError(f"seconds must be a finite number > 0, got {seconds!r}")
         seen = self._seen[worker_id] = self._seen.get(worker_id, 0) + 1
-        if seen <= self._config.warmup_cycles:
+        if seen <= self.rebalance_params.warmup_cycles:
             return
-        hist = self._history.setdefault(worker_id, deque(maxlen=self._config.history))
+        hist = self._history.setdefault(worker_id, deque(maxlen=self.history))
         hist.append(_Observation(int(dss), int(mbs), float(seconds)))
 
     def forget(self, worker_id: str) -> None:
@@ -206,7 +188,7 @@ class StragglerSizer:
     def load_state_dict(self, state: Mapping) -> None:
         # Everything is parsed before anything is replaced: a bad state leaves the sizer as it was.
         history = {str(w): deque((_Observation(int(d), int(m), float(t)) for d, m, t in h),
-                                 maxlen=self._config.history) for w, h in state["history"].items()}
+                                 maxlen=self.history) for w, h in state["history"].items()}
         workload = {str(w): (int(v[0]), int(v[1])) for w, v in state["workload"].items()}
         memory_cap = {str(w): int(v) for w, v in state["memory_cap"].items()}
         seen = {str(w): int(v) for w, v in state["seen"].items()}
@@ -215,7 +197,7 @@ class StragglerSizer:
     def params(self) -> dict:
         """What a saved workload means: the base workload and the (DSS, MBS) grid it lies on."""
         return {"base_dss": self._base[0], "base_mbs": self._base[1], "dss_step": self._dss_step,
-                "dss_max": self._dss_max, "mbs_min": self._config.mbs_min, "mbs_max": self._config.mbs_max}
+                "dss_max": self._dss_max, "mbs_min": self.search.mbs_min, "mbs_max": self.search.mbs_max}
 
     def _dss_cap(self, worker_id: str) -> int:
         return min(self._dss_max, self._memory_cap.get(worker_id, self._dss_max))
@@ -244,14 +226,14 @@ class StragglerSizer:
 
     def _model(self, worker_id: str) -> CostModel:
         obs = [(o.mbs, o.dss, o.seconds) for o in self._history[worker_id]]
-        if self._config.fit == "constant":
-            return constant_k_model(obs, max_history=self._config.history)
-        return fit_cost_model(obs, max_history=self._config.history)
+        if self.search.cost_fit == "constant":
+            return constant_k_model(obs, max_history=self.history)
+        return fit_cost_model(obs, max_history=self.history)
 
     def rebalance(self) -> dict[str, SizingResult]:
-        cfg = self._config
+        cfg = self.search
         latest = {
-            w: hist[-1] for w, hist in sorted(self._history.items()) if len(hist) >= cfg.min_observations
+            w: hist[-1] for w, hist in sorted(self._history.items()) if len(hist) >= self.rebalance_params.min_observations
         }
         if not latest:
             return {}

@@ -13,12 +13,12 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from hermes.common.policies.allocation import CycleObservation, Resize, Workload, local_steps
-from hermes.common.policies.allocation._common import EpochClock, StepBatches
+from hermes.common.policies.allocation import CycleObservation, Resize, Workload
+from hermes.common.policies.allocation._common import EpochClock, RebalanceParams, StepBatches
 from hermes.common.policies.allocation._state import (
     malformed_as_state_error,
     stamp,
@@ -26,10 +26,7 @@ from hermes.common.policies.allocation._state import (
     unstamp,
 )
 from hermes.common.policies.allocation.rounding import Bound, round_preserving_sum
-from hermes.common.policies.base import Policy, register
-
-if TYPE_CHECKING:
-    from hermes.common.config import RunConfig
+from hermes.common.policies.base import Core, Policy, register
 
 POLICY = "adaptive"
 
@@ -137,7 +134,7 @@ class AdaptiveAllocator(Policy):
         "lockstep": "splits one synchronous round's work among the workers, so every worker must push exactly "
                     "once per round: it needs sync {providers}, not {sync}",
     }
-
+    sections: ClassVar[tuple[str, ...]] = ("adaptive", "rebalance")
 
     def __init__(self, *, mbs: int, w0: int, epsilon: float, patience: int, warmup: int, epoch_samples: int,
                  ratios: Mapping[str, float] | None = None, reallocate: bool = True) -> None:
@@ -154,10 +151,11 @@ class AdaptiveAllocator(Policy):
         self._epoch_due = False
 
     @classmethod
-    def from_config(cls, config: RunConfig, *, epoch_samples: int, **context: Any) -> AdaptiveAllocator:
-        a = config.adaptive
-        return cls(mbs=config.batch_size, w0=local_steps(config), epsilon=a.epsilon,
-                   patience=a.patience, warmup=config.rebalance.warmup_cycles,
+    def build(cls, core: Core, *, adaptive: AdaptiveParams, rebalance: RebalanceParams, epoch_samples: int,
+              **params: Any) -> AdaptiveAllocator:
+        a = adaptive
+        return cls(mbs=core.batch_size, w0=core.local_steps, epsilon=a.epsilon,
+                   patience=a.patience, warmup=rebalance.warmup_cycles,
                    epoch_samples=epoch_samples, ratios=a.ratios, reallocate=a.reallocate)
 
     @property

@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from hermes.common.policies.allocation import CycleObservation, Resize, Workload
 from hermes.common.policies.allocation._state import stamp, unstamp
-from hermes.common.policies.base import Policy, register
-
-if TYPE_CHECKING:
-    from hermes.common.config import RunConfig
+from hermes.common.policies.base import Core, Policy, register
 
 POLICY = "uniform"
 
@@ -20,8 +17,8 @@ class UniformAllocator(Policy):
     """Everyone gets the run's defaults, whatever its speed."""
 
     @classmethod
-    def from_config(cls, config: RunConfig, **context: Any) -> UniformAllocator:
-        return cls(Workload(config.cycle_samples, config.batch_size))
+    def build(cls, core: Core, *args: Any, **params: Any) -> UniformAllocator:
+        return cls(Workload(core.cycle_samples, core.batch_size))
 
 
     def __init__(self, workload: Workload) -> None:

@@ -4,15 +4,22 @@ from __future__ import annotations
 
 import pytest
 
-from hermes.common.sync import (
-    SYNC_STRATEGIES,
+from hermes.common.policies.base import get, names
+from hermes.common.policies.sync import (
     AsyncStrategy,
     BarrierStrategy,
     Decision,
     PushInfo,
     Release,
-    make_strategy,
+    SyncStrategy,
 )
+
+
+def strategy(name: str, **params: object) -> SyncStrategy:
+    """A sync policy by its registered name, built with ``params``."""
+    built = get("sync", name)(**params)
+    assert isinstance(built, SyncStrategy)
+    return built
 
 
 def push(worker: str, base: int = 0, current: int = 0, samples: int = 32, iteration: int = 1) -> PushInfo:
@@ -155,18 +162,18 @@ def test_bsp_rejoin_is_idempotent():
 # registry
 
 
-def test_make_strategy():
-    assert isinstance(make_strategy("asp"), AsyncStrategy)
-    assert make_strategy("asp", max_staleness=4).max_staleness == 4
-    assert isinstance(make_strategy("bsp"), BarrierStrategy)
-    assert set(SYNC_STRATEGIES) >= {"asp", "bsp"}
-    with pytest.raises(ValueError, match="unknown sync strategy 'nope'"):
-        make_strategy("nope")
+def test_strategies_by_registered_name():
+    assert isinstance(strategy("asp"), AsyncStrategy)
+    assert strategy("asp", max_staleness=4).max_staleness == 4
+    assert isinstance(strategy("bsp"), BarrierStrategy)
+    assert set(names("sync")) >= {"asp", "bsp"}
+    with pytest.raises(ValueError, match="unknown sync 'nope'"):
+        strategy("nope")
     with pytest.raises(TypeError):
-        make_strategy("bsp", max_staleness=1)
+        strategy("bsp", max_staleness=1)
 
 
 def test_strategies_are_independent_instances():
-    a, b = make_strategy("bsp"), make_strategy("bsp")
+    a, b = strategy("bsp"), strategy("bsp")
     a.on_join("x")
     assert b.active == set()

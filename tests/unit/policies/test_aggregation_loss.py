@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from hermes.common.aggregation import loss_blend_weight
+from hermes.common.policies.aggregation import loss_blend_weight
 from hermes.common.tensors import ModelSpec
 from hermes.common.wire import Payload
 from hermes.server.state import ModelState
@@ -126,15 +126,18 @@ def _fold(reference: str, version: int, server_lr: float = 1.0,
     import asyncio
     from types import SimpleNamespace
 
-    from hermes.server.engine.policies import Contribution, LossBlend
+    from hermes.common.policies.aggregation import LossParams, LossWeighted
+    from hermes.server.engine.policies import Contribution, RuleFold
     from hermes.server.metrics import ServerMetrics
 
     probe = _FixedProbe(0.5, 0.25)
-    rule = LossBlend(probe, ServerMetrics(), reference, server_lr, sharpness)  # type: ignore[arg-type]
+    params = LossParams(reference=reference, server_lr=server_lr, sharpness=sharpness)
+    rule = RuleFold(LossWeighted(params), probe=probe, metrics=ServerMetrics(), power_of=None)  # type: ignore[arg-type]
 
     async def go() -> list[float]:
         loss = await rule.candidate_loss(_payload([1.0]))
-        weights, _ = await rule.weigh([Contribution(info=None, payload=_payload([1.0]), candidate_loss=loss)],
+        info = SimpleNamespace(samples=32, staleness=0, worker_id="w")
+        weights, _ = await rule.weigh([Contribution(info=info, payload=_payload([1.0]), candidate_loss=loss)],  # type: ignore[arg-type]
                                       SimpleNamespace(version=version))  # type: ignore[arg-type]
         return weights
 
@@ -165,9 +168,12 @@ def test_agents_push_since_pull_only_under_the_pull_reference():
 
     rule = registry.get("aggregation", "loss")
     assert build_config(preset="hermes-paper").loss.reference == "baseline"  # the paper's, the policy's default
-    assert rule.pushes_from_baseline(build_config(preset="hermes-paper")) is True
-    assert rule.pushes_from_baseline(build_config(preset="hermes")) is False
-    assert registry.get("aggregation", "fedasync").pushes_from_baseline(build_config(preset="fedasync")) is True
+    assert rule.pushes_from_baseline(loss=build_config(preset="hermes-paper").loss) is True
+    assert rule.pushes_from_baseline(loss=build_config(preset="hermes").loss) is False
+    assert build_config(preset="hermes-paper").pushes_from_baseline() is True
+    assert build_config(preset="hermes").pushes_from_baseline() is False
+    assert registry.get("aggregation", "fedasync").pushes_from_baseline() is True
+    assert build_config(preset="fedasync").pushes_from_baseline() is True
 
 
 def test_pull_reference_server_lr_scales_the_share():

@@ -17,14 +17,8 @@ import math
 
 import pytest
 
-from hermes.common.allocation import (
-    AllocatorStateError,
-    CycleObservation,
-    Resize,
-    Workload,
-    make_allocator,
-)
 from hermes.common.config import build_config
+from hermes.common.policies.allocation import AllocatorStateError, CycleObservation, Resize, Workload
 
 # OmniLearn Table I, HL8: cores of the 4 workers; speeds proportional, 1000 samples/s for 32 cores.
 CORES = {"w1": 6, "w2": 6, "w3": 4, "w4": 32}
@@ -48,7 +42,7 @@ POLICIES = {
 
 def build(policy: str, **extra):
     preset, overrides = POLICIES[policy]
-    return make_allocator(build_config(preset, **{**overrides, **extra}), dss_max=10_000, epoch_samples=EPOCH)
+    return build_config(preset, **{**overrides, **extra}).build_policy("allocation", dss_max=10_000, epoch_samples=EPOCH)
 
 
 def through_json(state: dict) -> dict:

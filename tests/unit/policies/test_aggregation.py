@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from hermes.common.aggregation import aggregation_weights, mean_weights, sample_weights
+from hermes.common.policies.aggregation import (
+    aggregation_weights,
+    batch_scaled_lr,
+    mean_weights,
+    power_weights,
+    sample_weights,
+)
 
 
 @pytest.mark.parametrize("k", [1, 2, 3, 4, 7])
@@ -60,3 +66,12 @@ def test_aggregation_weights_mean_ignores_samples():
 def test_aggregation_weights_unknown_rule():
     with pytest.raises(ValueError, match="unknown aggregation rule 'median'"):
         aggregation_weights("median", [1, 2])
+
+
+def test_power_weights_and_batch_scaled_lr():
+    assert power_weights([1.0, 3.0]) == [0.25, 0.75]  # EDP-SGD: CP_m / sum(CP)
+    with pytest.raises(ValueError):
+        power_weights([1.0, 0.0])
+    # OmniLearn Eq. 5b at HL8 static batches (16, 16, 11, 85), eta = 0.1, B = 128.
+    assert batch_scaled_lr(0.1, 85, 128) == pytest.approx(0.1 * 85 / 128)
+    assert batch_scaled_lr(0.1, 32, 128) == pytest.approx(0.025)  # uniform: eta / K

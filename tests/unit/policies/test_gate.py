@@ -6,10 +6,11 @@ import math
 import random
 
 import pytest
+from pydantic import ValidationError
 
-from hermes.common.gate import (
-    GateConfig,
+from hermes.common.policies.gate import (
     GateDecision,
+    GateParams,
     ZScoreGate,
     inclusive_z_bound,
     relaxed_alpha,
@@ -17,7 +18,7 @@ from hermes.common.gate import (
 )
 
 
-def gate_with(window: list[float], silent: int = 0, config: GateConfig = GateConfig()) -> ZScoreGate:
+def gate_with(window: list[float], silent: int = 0, config: GateParams = GateParams()) -> ZScoreGate:
     return ZScoreGate.from_state(config, {"window": window, "silent_cycles": silent})
 
 
@@ -59,7 +60,7 @@ def test_z_uses_previous_losses_only():
 
 def test_threshold_is_inclusive():
     # previous [0, 2]: mu = 1, sigma = 1 (exact in binary); x = -0.5 -> z = -1.5 == alpha -> push
-    d = gate_with([0.0, 2.0], config=GateConfig(alpha=-1.5)).observe(-0.5)
+    d = gate_with([0.0, 2.0], config=GateParams(alpha=-1.5)).observe(-0.5)
     assert d.z == -1.5 and d.push
 
 
@@ -195,14 +196,14 @@ def test_push_resets_silence_and_alpha_but_keeps_window():
 
 
 def test_window_evicts_oldest_beyond_w():
-    g = ZScoreGate(GateConfig(window=3))
+    g = ZScoreGate(GateParams(window=3))
     for loss in (5.0, 4.0, 3.0, 2.0, 1.0):
         g.observe(loss)
     assert g.window_losses == (3.0, 2.0, 1.0)
 
 
 def test_relaxed_alpha_function():
-    cfg = GateConfig(alpha=-2.0, beta=0.5, lam=3)
+    cfg = GateParams(alpha=-2.0, beta=0.5, lam=3)
     assert [relaxed_alpha(cfg, s) for s in (0, 2, 3, 5, 6, 9)] == pytest.approx([-2.0, -2.0, -1.5, -1.5, -1.0, -0.5])
     with pytest.raises(ValueError, match="silent_cycles"):
         relaxed_alpha(cfg, -1)
@@ -213,7 +214,7 @@ def test_relaxed_alpha_function():
 
 
 def test_defaults_match_table_one():
-    assert GateConfig() == GateConfig(window=10, alpha=-1.3, beta=0.1, lam=5)
+    assert GateParams() == GateParams(window=10, alpha=-1.3, beta=0.1, lam=5)
 
 
 @pytest.mark.parametrize(
@@ -230,12 +231,12 @@ def test_defaults_match_table_one():
 )
 def test_config_validation_names_the_field(kwargs: dict, field: str):
     with pytest.raises(ValueError, match=field):
-        GateConfig(**kwargs)
+        GateParams(**kwargs)
 
 
 def test_config_is_frozen():
-    with pytest.raises(AttributeError):
-        GateConfig().window = 3  # type: ignore[misc]
+    with pytest.raises(ValidationError, match="frozen"):
+        GateParams().window = 3  # type: ignore[misc]
 
 
 def test_state_round_trip_continues_identically():
@@ -250,7 +251,7 @@ def test_state_round_trip_continues_identically():
 
 
 def test_from_state_keeps_newest_when_window_shrank():
-    g = ZScoreGate.from_state(GateConfig(window=2), {"window": [3.0, 2.0, 1.0], "silent_cycles": 0})
+    g = ZScoreGate.from_state(GateParams(window=2), {"window": [3.0, 2.0, 1.0], "silent_cycles": 0})
     assert g.window_losses == (2.0, 1.0)
 
 
@@ -265,7 +266,7 @@ def test_from_state_keeps_newest_when_window_shrank():
 )
 def test_from_state_rejects_bad_state(state: dict, field: str):
     with pytest.raises(ValueError, match=field):
-        ZScoreGate.from_state(GateConfig(), state)
+        ZScoreGate.from_state(GateParams(), state)
 
 
 @pytest.mark.parametrize("mode,expected", [
@@ -275,7 +276,7 @@ def test_from_state_rejects_bad_state(state: dict, field: str):
     ("multiplicative", [-1.3, -1.3, -1.3, -1.3, -1.3, -1.17, -1.053, -0.9477]),  # alpha * (1 - beta) per such iteration
 ])
 def test_alpha_relaxation_modes_table_i(mode, expected):
-    from hermes.common.policies.gate import GateConfig as GC
+    from hermes.common.policies.gate import GateParams as GC
     from hermes.common.policies.gate import relaxed_alpha as ra
 
     cfg = GC(window=10, alpha=-1.3, beta=0.1, lam=5, relaxation=mode)
@@ -284,12 +285,12 @@ def test_alpha_relaxation_modes_table_i(mode, expected):
 
 def test_gate_policy_from_registry_uses_the_config_switch():
     from hermes.common.config import build_config
-    from hermes.common.policies.base import get, make
+    from hermes.common.policies.base import get
 
     cfg = build_config("hermes", gate_relaxation="paper")
-    gate = make("gate", cfg)
+    gate = cfg.build_policy("gate")
     assert gate.config.relaxation == "paper" and gate.config.alpha == -1.3
-    assert get("gate", "zscore").needs_validation_loss and make("gate", build_config("bsp")) is None
+    assert get("gate", "zscore").needs_validation_loss and build_config("bsp").build_policy("gate") is None
 
 
 # ---------------------------------------------------------------------------
@@ -297,7 +298,7 @@ def test_gate_policy_from_registry_uses_the_config_switch():
 
 
 def test_a_loss_far_above_the_windows_best_says_resync_and_stays_out_of_the_window():
-    config = GateConfig(resync_factor=4.0)
+    config = GateParams(resync_factor=4.0)
     gate = gate_with([0.10, 0.20, 0.15], silent=2, config=config)
     # The window's best is 0.10: 0.4 is 4x it, not above; 0.41 is.
     at = gate.observe(0.4)
@@ -321,4 +322,4 @@ def test_without_resync_factor_a_diverged_loss_is_just_another_skip():
 @pytest.mark.parametrize("factor", [1.0, 0.5, math.inf, math.nan])
 def test_resync_factor_must_be_a_finite_number_above_one(factor):
     with pytest.raises(ValueError, match="resync_factor"):
-        GateConfig(resync_factor=factor)
+        GateParams(resync_factor=factor)

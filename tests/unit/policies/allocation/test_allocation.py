@@ -1,0 +1,150 @@
+"""Allocation policies built from the run config, and cycle observations at a workload."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from hermes.common.config import RunConfig, build_config
+from hermes.common.policies.allocation import (
+    ALLOCATIONS,
+    CycleObservation,
+    Resize,
+    Workload,
+)
+from hermes.common.policies.allocation.dynamic_partitioning import PartitionAllocator
+from hermes.common.policies.allocation.hermes_sizing import DualSearchAllocator
+from hermes.common.policies.allocation.pcontrol import PControlAllocator
+from hermes.common.policies.allocation.static import StaticAllocator
+from hermes.common.policies.allocation.task_allocation import AdaptiveAllocator
+from hermes.common.policies.allocation.uniform import UniformAllocator
+
+# OmniLearn Table I, HL8 (BSP): CPU cores of the 4 workers. Speeds are
+# proportional to cores, normalised to the fastest: 1000 samples/s for 32 cores.
+HL8_CORES = {"w1": 6, "w2": 6, "w3": 4, "w4": 32}
+HL8 = {w: 1000.0 * c / 32 for w, c in HL8_CORES.items()}
+EPOCH = 2048  # samples per data epoch in these simulations: 4 rounds of 4 workers x 128 samples
+
+
+class Cluster:
+    """Simulated workers around one allocator, fed exactly as ``server/engine.py`` feeds it."""
+
+    def __init__(self, alloc, speeds: dict[str, float] | None = None, *, overhead: float = 0.0,
+                 capacities: dict[str, float | None] | None = None) -> None:
+        self.alloc = alloc
+        self.speed: dict[str, float] = {}
+        self.overhead = overhead  # fixed seconds per optimizer step (a per-step cost the law does not model)
+        self.round = 0
+        self.log: list[tuple[int, str, Resize]] = []  # (round, worker, resize)
+        for w, s in (speeds or {}).items():
+            self.join(w, s, (capacities or {}).get(w))
+
+    # -- membership, as engine.register / engine.leave --
+    def join(self, worker: str, speed: float, capacity: float | None = None) -> dict[str, Resize]:
+        self.speed[worker] = speed
+        self.alloc.join(worker, capacity)
+        return self.rebalance()
+
+    def leave(self, worker: str) -> dict[str, Resize]:
+        self.speed.pop(worker)
+        self.alloc.forget(worker)
+        return self.rebalance()
+
+    def rebalance(self) -> dict[str, Resize]:
+        out = self.alloc.rebalance()
+        for w, r in out.items():
+            assert isinstance(r, Resize)
+            # What a Resize announces is what the allocator hands out from now on.
+            assert r.workload == self.alloc.workload(w), (w, r)
+            self.log.append((self.round, w, r))
+        return out
+
+    # -- the data plane --
+    def seconds(self, worker: str, wl: Workload) -> float:
+        steps = math.ceil(wl.dss / wl.step_batch)
+        return wl.dss / self.speed[worker] + self.overhead * steps
+
+    def report(self, worker: str, wl: Workload, seconds: float | None = None) -> dict[str, Resize]:
+        secs = self.seconds(worker, wl) if seconds is None else seconds
+        self.alloc.observe(worker, CycleObservation(wl.dss, wl.mbs, secs, wl.accumulation))
+        return self.rebalance()
+
+    def run_round(self) -> dict[str, Resize]:
+        """Every worker runs one cycle at the workload it holds when the round starts."""
+        self.round += 1
+        assigned = {w: self.alloc.workload(w) for w in sorted(self.speed)}
+        out: dict[str, Resize] = {}
+        for w, wl in assigned.items():
+            out.update(self.report(w, wl))
+        return out
+
+    def run(self, rounds: int) -> None:
+        for _ in range(rounds):
+            self.run_round()
+
+    # -- what the tests look at --
+    def batches(self) -> dict[str, int]:
+        return {w: self.alloc.workload(w).step_batch for w in sorted(self.speed)}
+
+    def times(self) -> dict[str, float]:
+        return {w: self.seconds(w, self.alloc.workload(w)) for w in sorted(self.speed)}
+
+    def imbalance(self) -> float:
+        t = self.times().values()
+        return max(t) / min(t)
+
+    def step_rounds(self) -> list[int]:
+        return sorted({r for r, _, _ in self.log})
+
+
+def alloc_for(preset: str, *, epoch_samples: int = EPOCH, **overrides):
+    cfg = build_config(preset, **overrides)
+    return cfg.build_policy("allocation", dss_max=10_000, epoch_samples=epoch_samples), cfg
+
+
+@pytest.mark.parametrize("preset,overrides,cls", [
+    ("bsp", {}, UniformAllocator),
+    ("hermes", {}, DualSearchAllocator),
+    ("variable-batching", {}, StaticAllocator),
+    ("omnilearn-bsp", {}, PControlAllocator),
+    ("task-allocation", {}, AdaptiveAllocator),
+    ("dp-sgd", {}, PartitionAllocator),
+    ("bsp", {"allocation": "pcontrol"}, PControlAllocator),
+])
+def test_build_policy_builds_the_configured_allocator(preset, overrides, cls):
+    alloc, _cfg = alloc_for(preset, **overrides)
+    assert type(alloc) is cls
+
+
+def test_build_policy_covers_every_allocation_and_passes_the_config_on():
+    built = set()
+    for name in ALLOCATIONS:
+        cfg = build_config("bsp", allocation=name) if name != "dual-search" else build_config("hermes")
+        built.add(type(cfg.build_policy("allocation", dss_max=4096, epoch_samples=EPOCH)))
+    assert len(built) == len(ALLOCATIONS)
+    p, _ = alloc_for("omnilearn-asp", pcontrol_deadband=0.2, pcontrol_alpha=0.5, rebalance_warmup_cycles=3,
+                     rebalance_min_observations=4, b_min=8, b_max=64, epoch_samples=777)
+    assert (p.ctl.deadband, p.ctl.alpha, p.warmup, p.min_observations) == (0.2, 0.5, 3, 4)
+    assert (p.b.b_min, p.b.b_max, p.b.base, p.b.steps, p.clock.epoch_samples) == (8, 64, 32, 4, 777)
+    assert p.fixed_global is False and p.interval == "epoch"
+    f, _ = alloc_for("omnilearn-asp", global_batch="free", sync="ssp", lr_scaling="none")
+    assert f.fixed_global is False
+    q, _ = alloc_for("dynamic-batching", global_batch="free")
+    assert q.fixed_global is False
+    part, _ = alloc_for("edp-sgd", partition_window=3)
+    assert part.window == 3
+    ad, _ = alloc_for("task-allocation", adaptive_epsilon=0.01, adaptive_patience=3, cycle_samples=256,
+                      batch_size=16)
+    assert (ad.epsilon, ad.patience, ad.w0, ad.b.base) == (0.01, 3, 16, 16)
+    with pytest.raises(ValueError, match="unknown allocation"):
+        RunConfig.model_construct(allocation="nope").build_policy("allocation", dss_max=1, epoch_samples=1)
+
+
+def test_a_cycle_cut_short_counts_scaled_and_another_batch_not_at_all():
+    wl = Workload(dss=1352, mbs=338)
+    # A workload bigger than an epoch of data ran 1293 samples at the right batch: scaled up.
+    assert CycleObservation(1293, 338, 1.0).seconds_at(wl) == pytest.approx(1352 / 1293)
+    assert CycleObservation(1352, 338, 2.0).seconds_at(wl) == 2.0
+    assert CycleObservation(1352, 300, 2.0).seconds_at(wl) is None  # assigned before a resize
+    assert CycleObservation(1352, 338, 2.0, accumulation=2).seconds_at(wl) is None

@@ -1,0 +1,161 @@
+"""Static batches from declared cores (OmniLearn Eq. 4a), the allocator and the split."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from hermes.common.config import build_config
+from hermes.common.policies.allocation import (
+    CycleObservation,
+    Resize,
+    Workload,
+    local_steps,
+)
+from hermes.common.policies.allocation.static import StaticAllocator, static_batches
+
+# OmniLearn Table I, HL8 (BSP): CPU cores of the 4 workers. Speeds are
+# proportional to cores, normalised to the fastest: 1000 samples/s for 32 cores.
+HL8_CORES = {"w1": 6, "w2": 6, "w3": 4, "w4": 32}
+HL8 = {w: 1000.0 * c / 32 for w, c in HL8_CORES.items()}
+EPOCH = 2048  # samples per data epoch in these simulations: 4 rounds of 4 workers x 128 samples
+
+
+class Cluster:
+    """Simulated workers around one allocator, fed exactly as ``server/engine.py`` feeds it."""
+
+    def __init__(self, alloc, speeds: dict[str, float] | None = None, *, overhead: float = 0.0,
+                 capacities: dict[str, float | None] | None = None) -> None:
+        self.alloc = alloc
+        self.speed: dict[str, float] = {}
+        self.overhead = overhead  # fixed seconds per optimizer step (a per-step cost the law does not model)
+        self.round = 0
+        self.log: list[tuple[int, str, Resize]] = []  # (round, worker, resize)
+        for w, s in (speeds or {}).items():
+            self.join(w, s, (capacities or {}).get(w))
+
+    # -- membership, as engine.register / engine.leave --
+    def join(self, worker: str, speed: float, capacity: float | None = None) -> dict[str, Resize]:
+        self.speed[worker] = speed
+        self.alloc.join(worker, capacity)
+        return self.rebalance()
+
+    def leave(self, worker: str) -> dict[str, Resize]:
+        self.speed.pop(worker)
+        self.alloc.forget(worker)
+        return self.rebalance()
+
+    def rebalance(self) -> dict[str, Resize]:
+        out = self.alloc.rebalance()
+        for w, r in out.items():
+            assert isinstance(r, Resize)
+            # What a Resize announces is what the allocator hands out from now on.
+            assert r.workload == self.alloc.workload(w), (w, r)
+            self.log.append((self.round, w, r))
+        return out
+
+    # -- the data plane --
+    def seconds(self, worker: str, wl: Workload) -> float:
+        steps = math.ceil(wl.dss / wl.step_batch)
+        return wl.dss / self.speed[worker] + self.overhead * steps
+
+    def report(self, worker: str, wl: Workload, seconds: float | None = None) -> dict[str, Resize]:
+        secs = self.seconds(worker, wl) if seconds is None else seconds
+        self.alloc.observe(worker, CycleObservation(wl.dss, wl.mbs, secs, wl.accumulation))
+        return self.rebalance()
+
+    def run_round(self) -> dict[str, Resize]:
+        """Every worker runs one cycle at the workload it holds when the round starts."""
+        self.round += 1
+        assigned = {w: self.alloc.workload(w) for w in sorted(self.speed)}
+        out: dict[str, Resize] = {}
+        for w, wl in assigned.items():
+            out.update(self.report(w, wl))
+        return out
+
+    def run(self, rounds: int) -> None:
+        for _ in range(rounds):
+            self.run_round()
+
+    # -- what the tests look at --
+    def batches(self) -> dict[str, int]:
+        return {w: self.alloc.workload(w).step_batch for w in sorted(self.speed)}
+
+    def times(self) -> dict[str, float]:
+        return {w: self.seconds(w, self.alloc.workload(w)) for w in sorted(self.speed)}
+
+    def imbalance(self) -> float:
+        t = self.times().values()
+        return max(t) / min(t)
+
+    def step_rounds(self) -> list[int]:
+        return sorted({r for r, _, _ in self.log})
+
+
+def alloc_for(preset: str, *, epoch_samples: int = EPOCH, **overrides):
+    cfg = build_config(preset, **overrides)
+    return cfg.build_policy("allocation", dss_max=10_000, epoch_samples=epoch_samples), cfg
+
+
+def test_static_batches_from_declared_cores_hl8():
+    alloc, cfg = alloc_for("variable-batching")
+    assert isinstance(alloc, StaticAllocator)
+    c = Cluster(alloc, HL8, capacities=HL8_CORES)
+    # Eq. 4a: b_k = c_k / sum(c) * K*b = 128 * (6, 6, 4, 32) / 48, exact sum 128.
+    assert c.batches() == {"w1": 16, "w2": 16, "w3": 11, "w4": 85}
+    for w in HL8:
+        wl = alloc.workload(w)
+        assert wl.dss == local_steps(cfg) * wl.mbs and wl.accumulation == 1
+
+
+@pytest.mark.parametrize("undeclared", [None, 0])
+def test_static_undeclared_capacity_counts_as_the_median(undeclared):
+    alloc, _ = alloc_for("variable-batching")
+    # Declared (6, ?, 4, 32): the median of (4, 6, 32) is 6, so w2 counts as 6 cores.
+    c = Cluster(alloc, HL8, capacities={**HL8_CORES, "w2": undeclared})
+    assert c.batches() == {"w1": 16, "w2": 16, "w3": 11, "w4": 85}
+
+
+def test_static_membership_changes_resplit_with_membership_kind():
+    alloc, _ = alloc_for("variable-batching")
+    c = Cluster(alloc, HL8, capacities=HL8_CORES)
+    out = c.join("w5", 500.0, capacity=16)
+    # K*b = 160 over (6, 6, 4, 32, 16) / 64: (15, 15, 10, 80, 40).
+    assert c.batches() == {"w1": 15, "w2": 15, "w3": 10, "w4": 80, "w5": 40}
+    assert set(out) == {"w1", "w2", "w3", "w4", "w5"}
+    assert {r.kind for r in out.values()} == {"membership"}
+    assert out["w5"].detail["global_batch"] == 160
+    out = c.leave("w4")
+    # K*b = 128 over (6, 6, 4, 16) / 32: (24, 24, 16, 64).
+    assert c.batches() == {"w1": 24, "w2": 24, "w3": 16, "w5": 64}
+    assert {r.kind for r in out.values()} == {"membership"} and "w4" not in out
+
+
+def test_static_measurements_never_move_batches():
+    alloc, _ = alloc_for("variable-batching")
+    c = Cluster(alloc, HL8, capacities=HL8_CORES)
+    before = c.batches()
+    c.log.clear()
+    c.speed["w4"] /= 20  # the declared cores are now badly wrong: static does not care
+    c.run(12)
+    assert c.log == [] and c.batches() == before
+
+
+def test_static_batch_limit_resplits_within_the_cap():
+    alloc, _ = alloc_for("variable-batching")
+    c = Cluster(alloc, HL8, capacities=HL8_CORES)
+    alloc.set_batch_limit("w4", 64)
+    c.rebalance()
+    b = c.batches()
+    assert b["w4"] == 64 and sum(b.values()) == 128  # the rest (64) split (6, 6, 4): (24, 24, 16)
+    assert (b["w1"], b["w2"], b["w3"]) == (24, 24, 16)
+
+
+HL8_BSP_CORES = [6, 6, 4, 32]  # OmniLearn Table I, HL8, BSP
+
+
+def test_static_batches_hl8():
+    # 128 * (6, 6, 4, 32) / 48 = (16, 16, 10.67, 85.33): largest remainder gives the unit to 10.67.
+    assert static_batches(HL8_BSP_CORES, 128) == [16, 16, 11, 85]
+    assert static_batches([12, 12, 12, 12], 128) == [32, 32, 32, 32]  # HL1 is uniform batching
