@@ -102,6 +102,7 @@ def create_app(settings: ServerSettings | None = None, task: Task | None = None)
             replay_window_seconds=settings.replay_window_seconds,
             screening=settings.screening,
             task=task,
+            takeover_after=3 * settings.heartbeat_interval_seconds,
         )
         if settings.exit_when_done:
             engine.on_stop.append(lambda reason: exit_when_done(app, engine, reason))
@@ -116,7 +117,7 @@ def create_app(settings: ServerSettings | None = None, task: Task | None = None)
                 log.error("cannot start: %s", exc)
                 events.close()
                 raise
-            engine.checkpoints = checkpoints
+            engine.attach_checkpoints(checkpoints)
         if settings.kafka_bootstrap:
             # Blocking kafka-python calls: off the event loop, before serving.
             opts = KafkaOptions(settings.kafka_bootstrap, partitions=settings.kafka_partitions,
@@ -142,7 +143,6 @@ def create_app(settings: ServerSettings | None = None, task: Task | None = None)
             raise
         engine.start()
         monitor = HeartbeatMonitor(engine, settings.heartbeat_timeout_seconds)
-        engine.membership.takeover_after = 3 * settings.heartbeat_interval_seconds
         monitor.start()
         if checkpoints is not None:
             checkpoints.start()
