@@ -136,7 +136,7 @@ class Header:
     def pack(self, *, nonce: str | None = None, mac: str | None = None) -> bytes:
         """The msgpack map; ``nonce`` / ``mac``: packed in place of the fields (the signer's, without
         a copy of the header)."""
-        return msgpack.packb(
+        packed: bytes = msgpack.packb(
             {
                 "type": self.type.value,
                 "proto": self.proto,
@@ -155,6 +155,7 @@ class Header:
             },
             use_bin_type=True,
         )
+        return packed
 
     @classmethod
     def unpack(cls, raw: bytes | memoryview) -> Header:
@@ -207,7 +208,7 @@ class Header:
 _MISSING = object()
 
 
-def _field(obj: dict, key: str, kind: type, default: Any = _MISSING) -> Any:
+def _field(obj: dict[str, Any], key: str, kind: type, default: Any = _MISSING) -> Any:
     if key not in obj:
         if default is _MISSING:
             raise ProtocolError(ErrorCode.MALFORMED, f"header field {key!r} is missing")

@@ -22,12 +22,15 @@ offsets agents were assigned stay valid.
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 TOPIC_PREFIX = "hermes"
 _TOPIC_SAFE = re.compile(r"[^A-Za-z0-9_-]+")
+_T = TypeVar("_T")
 
 
 class KafkaUnavailable(ConnectionError):
@@ -134,7 +137,7 @@ class TopicLayout:
                 raise ValueError(f"shard {s} out of range [0, {self.num_shards})")
         return coalesce(location(s, self.partitions) for s in {int(s) for s in shards})
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         return {
             "topic": self.topic, "partitions": self.partitions, "shards": self.num_shards,
             "fingerprint": self.fingerprint, "max_record_bytes": self.max_record_bytes,
@@ -142,8 +145,9 @@ class TopicLayout:
         }
 
 
-def connect_with_retries(bootstrap: str, factory, *, retries: int, backoff: float, what: str = "connect",
-                         max_backoff: float = 8.0, log=None, should_stop=None):
+def connect_with_retries(bootstrap: str, factory: Callable[[], _T], *, retries: int, backoff: float,
+                         what: str = "connect", max_backoff: float = 8.0, log: logging.Logger | None = None,
+                         should_stop: Callable[[], bool] | None = None) -> _T:
     """``factory()`` until it returns, at most ``retries + 1`` times, sleeping
     ``backoff, 2*backoff, ...`` (capped at ``max_backoff``) between attempts.
 

@@ -136,7 +136,8 @@ class _CNN(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.classifier(self.features(self.reshape(x)))
+        out: torch.Tensor = self.classifier(self.features(self.reshape(x)))
+        return out
 
 
 def _build_cnn(shape: tuple[int, ...], num_classes: int, **kwargs: Any) -> nn.Module:
@@ -203,7 +204,8 @@ class _AlexNet(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.classifier(self.features(x))
+        out: torch.Tensor = self.classifier(self.features(x))
+        return out
 
 
 def _build_alexnet(shape: tuple[int, ...], num_classes: int, **kwargs: Any) -> nn.Module:
@@ -231,9 +233,10 @@ class _BasicBlock(nn.Module):
             )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.relu(self.bn1(self.conv1(x)))
+        out: torch.Tensor = self.relu(self.bn1(self.conv1(x)))
         out = self.bn2(self.conv2(out))
-        return self.relu(out + self.shortcut(x))
+        out = self.relu(out + self.shortcut(x))
+        return out
 
 
 class _ResNet18(nn.Module):
@@ -263,7 +266,8 @@ class _ResNet18(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.pool(self.stages(self.stem(x)))
-        return self.fc(torch.flatten(out, 1))
+        logits: torch.Tensor = self.fc(torch.flatten(out, 1))
+        return logits
 
 
 def _build_resnet18(shape: tuple[int, ...], num_classes: int, **kwargs: Any) -> nn.Module:

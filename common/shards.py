@@ -28,6 +28,7 @@ import math
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import crc32c
 import msgpack
@@ -92,7 +93,7 @@ def encode_record(dataset: str, shard: int, x: np.ndarray, y: np.ndarray, *,
         blobs.append(blob)
         offset += len(blob)
     body = b"".join(blobs)
-    header = msgpack.packb(
+    header: bytes = msgpack.packb(
         {
             "format": RECORD_FORMAT,
             "dataset": dataset,
@@ -226,7 +227,7 @@ class ShardQueue:
                 raise ValueError(f"shard {shard} out of range [0, {self.num_shards})")
             self._requeued.append((int(shard), self.epoch))
 
-    def restore(self, state: dict) -> None:
+    def restore(self, state: dict[str, Any]) -> None:
         """Continue from ``state()`` (a checkpoint): same permutation, same position."""
         if state.get("num_shards") != self.num_shards or state.get("seed") != self.seed:
             raise ValueError(f"queue state {state} does not fit {self.num_shards} shards with seed {self.seed}")
@@ -239,7 +240,7 @@ class ShardQueue:
         """Epochs handed out so far, fractional."""
         return self.epoch + self._next / self.num_shards
 
-    def state(self) -> dict:
+    def state(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "next": self._next, "seed": self.seed, "num_shards": self.num_shards,
                 "requeued": [list(p) for p in self._requeued]}
 

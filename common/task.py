@@ -93,7 +93,7 @@ def fingerprint(model: nn.Module) -> str:
     return h.hexdigest()[:16]
 
 
-class ArrayPairDataset(torch.utils.data.Dataset):
+class ArrayPairDataset(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tensor]]):
     """A pair of arrays (numpy or torch) seen as a Dataset of tensor pairs."""
 
     def __init__(self, inputs: Any, targets: Any) -> None:
@@ -114,6 +114,11 @@ def as_dataset(data: DataLike) -> torch.utils.data.Dataset[Any]:
     if isinstance(data, tuple) and len(data) == 2 and not isinstance(data, torch.utils.data.Dataset):
         return ArrayPairDataset(*data)
     return data
+
+
+def dataset_len(ds: torch.utils.data.Dataset[Any]) -> int:
+    """len() of a map-style Dataset: the task contract requires ``__len__``; torch's ``Dataset`` does not declare it."""
+    return len(ds)  # type: ignore[arg-type]
 
 
 def task_names(tasks: Sequence[str]) -> str:

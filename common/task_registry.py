@@ -34,7 +34,7 @@ from torch import nn
 
 from hermes.common.config import parse_target
 from hermes.common.lean_sgd import LeanSGD
-from hermes.common.task import Task, TaskError, as_dataset
+from hermes.common.task import Task, TaskError, as_dataset, dataset_len
 
 if TYPE_CHECKING:
     from hermes.common.config import RunConfig
@@ -219,7 +219,7 @@ def example_batch(task: Task, n: int, data: Any = None) -> tuple[torch.Tensor, t
         raise TaskError(f"task {task.name}: example: no data to draw a batch from (set example, test_data or "
                         "train_data)")
     ds = as_dataset(source)
-    return batch_of(ds, range(min(n, len(ds))))
+    return batch_of(ds, range(min(n, dataset_len(ds))))
 
 
 # ---------------------------------------------------------------- the start-up check

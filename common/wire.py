@@ -228,7 +228,7 @@ def encode(
     *,
     max_frame_bytes: int = MAX_FRAME_BYTES,
     key: bytes | None = None,
-) -> list:
+) -> list[Any]:
     """Build the frames of one message. ``flat`` is sent zero-copy.
 
     With ``key`` the header carries a fresh nonce and the MAC of header and
@@ -290,7 +290,8 @@ def verify_mac(header_frame: Any, header: Header, payload_frames: Sequence[Any],
 def _buffer(frame: Any) -> memoryview:
     if isinstance(frame, (bytes, bytearray, memoryview)):
         return memoryview(frame)
-    return frame.buffer  # zmq.Frame received with copy=False
+    view: memoryview = frame.buffer  # zmq.Frame received with copy=False
+    return view
 
 
 def decode(frames: Sequence[Any], *, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,

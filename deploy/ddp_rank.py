@@ -42,7 +42,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from hermes.common.config import build_config
 from hermes.common.models import count_parameters
-from hermes.common.task import Task, as_dataset
+from hermes.common.task import Task, as_dataset, dataset_len
 from hermes.common.task_registry import batch_of, resolve_task
 
 log = logging.getLogger(__name__)
@@ -132,11 +132,11 @@ def main(argv: list[str] | None = None) -> None:
     opt = (task.optimizer(ddp.parameters()) if task.optimizer is not None else
            torch.optim.SGD(ddp.parameters(), lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay))
     slowdown = float(a.slowdowns.split(",")[rank])
-    x_all, y_all = batch_of(train, range(len(train)))
-    n_eval = min(len(test), cfg.eval_max_samples)
+    x_all, y_all = batch_of(train, range(dataset_len(train)))
+    n_eval = min(dataset_len(test), cfg.eval_max_samples)
     x_test, y_test = batch_of(test, range(n_eval))
     rng = np.random.default_rng(cfg.seed + rank)
-    mine = np.arange(rank, len(train), world)  # this rank's share, as DistributedSampler deals it
+    mine = np.arange(rank, dataset_len(train), world)  # this rank's share, as DistributedSampler deals it
     dist.barrier()
     t0 = time.time()
     eval_seconds = compute = waited = 0.0
@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> None:
     reached_at: float | None = None
     stop = torch.zeros(1)
     # Every rank the same number of steps per epoch: DDP all-reduces in lockstep.
-    per_epoch = len(train) // world // cfg.batch_size
+    per_epoch = dataset_len(train) // world // cfg.batch_size
     while True:
         order = mine[rng.permutation(len(mine))]
         for step in range(per_epoch):

@@ -47,8 +47,9 @@ Host keys are checked against known_hosts; an unknown key is refused unless
 """
 
 
-def _common() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(add_help=False)
+def _common() -> HermesParser:
+    # A HermesParser like the subcommands it is a parent of (their add_parser takes parents of their type).
+    p = HermesParser(add_help=False)
     g = p.add_argument_group("common options")
     g.add_argument("-i", "--inventory", default=None,
                    help="inventory file, TOML (or YAML with PyYAML) [HERMES_DEPLOY_INVENTORY]")

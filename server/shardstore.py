@@ -22,7 +22,7 @@ from hermes.common.config import RunConfig
 from hermes.common.datasets import ArrayDataset, split_validation, validation_indices
 from hermes.common.datasource import DataError, SampleSource, check_dtypes, rows_as_arrays
 from hermes.common.shards import encode_record, shard_bounds
-from hermes.common.task import Task, as_dataset
+from hermes.common.task import Task, as_dataset, dataset_len
 from hermes.common.task_registry import resolve_task
 
 # Encoded records kept per store. 64 MiB holds every built-in set whole (CIFAR-10's
@@ -61,13 +61,13 @@ def load_splits(config: RunConfig, task: Task | None = None) -> tuple[Dataset, D
     if task.train_data is None:
         if task.local_data is None:
             raise DataError(f"task {task.name or '?'}: train_data or local_data is required")
-        keep, held = validation_indices(len(test_ds), config.validation_fraction, config.seed)
+        keep, held = validation_indices(dataset_len(test_ds), config.validation_fraction, config.seed)
         return _Empty(), Subset(test_ds, held.tolist()), Subset(test_ds, np.sort(keep).tolist())
     full = as_dataset(task.train_data)
     if isinstance(full, ArrayDataset):
         train, validation = split_validation(full, config.validation_fraction, config.seed)
-        return train, validation, test_ds
-    train_idx, val_idx = validation_indices(len(full), config.validation_fraction, config.seed)
+        return train, validation, test_ds  # type: ignore[return-value]  # ArrayDataset: indexed and sized like one
+    train_idx, val_idx = validation_indices(dataset_len(full), config.validation_fraction, config.seed)
     return Subset(full, train_idx.tolist()), Subset(full, val_idx.tolist()), test_ds
 
 

@@ -93,8 +93,7 @@ def time_to_target(results: dict[str, Any]) -> Figure | None:
     colors = _colors(results)
     fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(labels) * len(profiles)), 4.2))
     width = 0.8 / len(labels)
-    top = max((g.metrics["seconds_to_target"].max for g in gs.values() if g.metrics.get("seconds_to_target")),
-              default=1.0)
+    top = max((sp.max for g in gs.values() if (sp := g.metrics.get("seconds_to_target"))), default=1.0)
     # x in data units, y as a fraction of the axes: a label stays inside whatever the bars' scale.
     marks = blended_transform_factory(ax.transData, ax.transAxes)
     for j, label in enumerate(labels):

@@ -222,6 +222,7 @@ def _statement(label: str, g: Group, sp: Speedup, base: Group, baseline: str, ta
     if sp.status != "ok" or t is None:
         return f"`{label}`: no finished runs."
     bt = base.metrics[key]
+    assert bt is not None  # status "ok": speedup() found the baseline's time under this key
     what = "training time" if key == "train_seconds_to_target" else "time"
     spread_txt = f" (range {sp.min:.2f}–{sp.max:.2f}× over {sp.n} repeats)" if sp.n > 1 else " (one run: no spread)"
     partial = f"; only {g.reached} of {g.ok} runs reached the target" if g.reached < g.ok else ""

@@ -1,0 +1,1 @@
+../../hermes/__init__.py

@@ -1,0 +1,1 @@
+../../hermes/api.py
