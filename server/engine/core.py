@@ -24,13 +24,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.utils.data import Dataset
 
+from hermes.common.allocation import Allocator
 from hermes.common.clock import SYSTEM_CLOCK, Clock
 from hermes.common.config import RunConfig
 from hermes.common.messages import WorkReply
 from hermes.common.shards import ShardQueue
-from hermes.common.sync import Decision, PushInfo
-from hermes.common.task import Direction, Task
+from hermes.common.sync import Decision, PushInfo, SyncStrategy
+from hermes.common.task import Direction, Task, dataset_len
 from hermes.common.task_registry import batch_of, resolve_task
 from hermes.common.tensors import flatten, spec_of
 from hermes.common.wire import Header, Payload
@@ -52,6 +54,7 @@ from hermes.server.engine.start_gate import StartGate
 from hermes.server.engine.telemetry import Telemetry
 from hermes.server.evaluator import Evaluation, Evaluator, TargetReached
 from hermes.server.events import EventLog
+from hermes.server.kafka_publish import KafkaOptions
 from hermes.server.metrics import ServerMetrics
 from hermes.server.registry import Registry, WorkerRecord
 from hermes.server.shardstore import load_splits, split_stores
@@ -96,12 +99,15 @@ class Engine:
         self.local_data = self.task.local_data is not None
         if self.local_data and (why := local_data_refusal(config)) is not None:
             raise ValueError(f"preset {config.preset!r} cannot train on device-local data: {why}")
+        self.train: Dataset[Any]
+        self.validation: Dataset[Any]
+        self.test: Dataset[Any]
         self.train, self.validation, self.test = splits if splits is not None else load_splits(config, self.task)
         self.state = state if state is not None else self._initial_state()
         self.spec = self.state.spec
         self.policies = policies if policies is not None else build_policies(
             config, spec=self.spec, state=self.state,
-            train_samples=LOCAL_DSS_MAX if self.local_data else len(self.train), validation=self.validation,
+            train_samples=LOCAL_DSS_MAX if self.local_data else dataset_len(self.train), validation=self.validation,
             metrics=metrics, task=self.task)
         self.registry = Registry(max_workers, clock=clock)
         metrics.watch_workers(self.registry.all)
@@ -134,7 +140,7 @@ class Engine:
         self.replay = ReplayGuard(replay_window_seconds, clock=clock)
         # Set when checkpoints are on (attach_checkpoints; hermes.server.checkpoint): record_fold journals each fold.
         self.checkpoints: CheckpointView | None = None
-        self._background: set[asyncio.Task] = set()
+        self._background: set[asyncio.Task[int | None]] = set()
         self.held: dict[str, Held] = {}
         self.buffered: list[Contribution] = []  # BUFFER_AND_REPLY: acknowledged, folded by the next release
         # One model step at a time; a checkpoint holds it so model, version and queue agree.
@@ -174,7 +180,7 @@ class Engine:
         model = self.task.model()
         # A label for people: the built-in model's config name, else the model's class.
         label = self.config.model if self.task.name == "builtin" else type(model).__name__
-        sample = batch_of(self.test, [0])[0] if len(self.test) else torch.empty(0)
+        sample = batch_of(self.test, [0])[0] if dataset_len(self.test) else torch.empty(0)
         spec = spec_of(model, label, task=self.task.name, input_shape=tuple(sample.shape[1:]))
         return ModelState(spec, flatten(model))
 
@@ -194,11 +200,11 @@ class Engine:
 
     # The policies, by the names the rooms use.
     @property
-    def strategy(self):
+    def strategy(self) -> SyncStrategy:
         return self.policies.sync
 
     @property
-    def allocator(self):
+    def allocator(self) -> Allocator:
         return self.policies.allocator
 
     @property
@@ -270,7 +276,7 @@ class Engine:
         self.telemetry.emit(
             "run_start", config=self.config.model_dump(), model_numel=self.spec.numel, task=self.task.name,
             fingerprint=self.spec.fingerprint,
-            train_samples=len(self.train), test_samples=len(self.test), shards=self.shards.num_shards,
+            train_samples=dataset_len(self.train), test_samples=dataset_len(self.test), shards=self.shards.num_shards,
         )
 
     def request_stop(self, reason: str) -> None:
@@ -461,7 +467,7 @@ class Engine:
 
     # ---- the public surface of the rooms ---------------------------------------
 
-    async def handle(self, frames: Sequence[Any], header: Header | None = None) -> list:
+    async def handle(self, frames: Sequence[Any], header: Header | None = None) -> list[Any]:
         """Reply frames for one request; ``header``: its first frame, when the data plane already unpacked it."""
         return await self.handlers.handle(frames, header)
 
@@ -486,7 +492,7 @@ class Engine:
     async def regroup(self, worker_id: str, failed_generation: int) -> dict[str, Any]:
         return await self.collective.regroup(worker_id, failed_generation)
 
-    def publish_to_kafka(self, opts) -> None:
+    def publish_to_kafka(self, opts: KafkaOptions) -> None:
         if self.local_data:
             log.info("device-local data: no shard records to publish to Kafka")
             return

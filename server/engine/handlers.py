@@ -57,6 +57,9 @@ _request: contextvars.ContextVar[Header] = contextvars.ContextVar("hermes_reques
 
 _MODEL_DTYPES = ("float32", "float16", "bfloat16")
 
+# A message's ZeroMQ frames (hermes.common.wire.encode).
+Frames = list[Any]
+
 
 class Handlers:
     def __init__(self, step: Stepper, *, state: ModelState, registry: Registry, membership: Membership,
@@ -78,7 +81,7 @@ class Handlers:
         self.metrics = metrics
         self.clock = clock
         self.max_message_bytes = max_message_bytes
-        self._by_type: dict[MsgType, Callable[[WorkerRecord, Message], Awaitable[list]]] = {
+        self._by_type: dict[MsgType, Callable[[WorkerRecord, Message], Awaitable[Frames]]] = {
             MsgType.PUSH_UPDATE: self.on_push,
             MsgType.PULL_MODEL: self.on_pull,
             MsgType.REQUEST_WORK: self.on_request_work,
@@ -90,7 +93,7 @@ class Handlers:
     def going_away() -> ProtocolError:
         return ProtocolError(ErrorCode.UNAVAILABLE, "server is shutting down; retry after it restarts")
 
-    async def handle(self, frames: Sequence[Any], header: Header | None = None) -> list:
+    async def handle(self, frames: Sequence[Any], header: Header | None = None) -> Frames:
         """Reply frames for one request; raises ProtocolError for bad input. ``header``: the
         first frame already unpacked (by the data plane's admission), not unpacked again."""
         size = sum(len(f.buffer) if hasattr(f, "buffer") else len(f) for f in frames)
@@ -121,13 +124,14 @@ class Handlers:
         self.metrics.bytes_out.inc(out)
         return reply
 
-    def reply(self, type_: MsgType, worker: WorkerRecord, seq: int, body: dict, payload=None) -> list:
+    def reply(self, type_: MsgType, worker: WorkerRecord, seq: int, body: dict[str, Any],
+              payload: bytes | None = None) -> Frames:
         body = {**body, "stop": self.step.stopping}
         header = Header(type=type_, worker=worker.id, seq=seq, model_version=self.state.version, body=body,
                         session=_request.get().session)
         return encode(header, payload, key=worker.key)
 
-    async def on_push(self, worker: WorkerRecord, msg: Message) -> list:
+    async def on_push(self, worker: WorkerRecord, msg: Message) -> Frames:
         h = msg.header
         body = parse_body(PushUpdate, h.body)
         if h.model_version < 0 or h.model_version > self.state.version:
@@ -152,7 +156,7 @@ class Handlers:
             return self.reply(MsgType.PUSH_REPLY, worker, h.seq, {**reply, "model": "unchanged"})
         return await self._model_reply(MsgType.PUSH_REPLY, worker, h, body.pull_dtype, {**reply, "model": "included"})
 
-    async def on_pull(self, worker: WorkerRecord, msg: Message) -> list:
+    async def on_pull(self, worker: WorkerRecord, msg: Message) -> Frames:
         h = msg.header
         body = parse_body(PullModel, h.body)
         worker.pulls += 1
@@ -163,7 +167,7 @@ class Handlers:
         return await self._model_reply(MsgType.MODEL, worker, h, body.dtype, {"unchanged": False})
 
     async def _model_reply(self, type_: MsgType, worker: WorkerRecord, h: Header, dtype: str,
-                           body: dict[str, Any]) -> list:
+                           body: dict[str, Any]) -> Frames:
         """A reply carrying the current model in ``dtype`` (a pull, or a push that answered one)."""
         torch_dtype = dtype_from_name(dtype)
         nbytes = self.spec.numel * torch.empty(0, dtype=torch_dtype).element_size()
@@ -172,7 +176,7 @@ class Handlers:
                         shapes=self.spec.shapes, body={**body, "stop": self.step.stopping})
         return await offload(nbytes, encode, header, flat, key=worker.key)
 
-    async def on_request_work(self, worker: WorkerRecord, msg: Message) -> list:
+    async def on_request_work(self, worker: WorkerRecord, msg: Message) -> Frames:
         body = parse_body(RequestWork, msg.header.body)
         self._carried(worker, body.cycles, body.stats)
         if not self.start_gate.is_open:
@@ -204,14 +208,14 @@ class Handlers:
             self.apply_stats(worker, stats)
             self.counters.count_carried("report_stats")
 
-    async def _records(self, store, ids: Sequence[int]) -> list[bytes]:
+    async def _records(self, store: ShardStore, ids: list[int]) -> list[bytes]:
         if store.all_cached(ids):
             return [store.record(i) for i in ids]
         # Reading a Dataset (a lazy one generates or loads each sample) is not
         # for the event loop: the other workers' pushes and pulls go on meanwhile.
         return await asyncio.to_thread(lambda: [store.record(i) for i in ids])
 
-    async def on_fetch_shard(self, worker: WorkerRecord, msg: Message) -> list:
+    async def on_fetch_shard(self, worker: WorkerRecord, msg: Message) -> Frames:
         """One shard record (body ``shard``), or several in one reply (body ``shards``).
 
         Several: the payload is the records back to back and ``lengths`` cuts
@@ -233,7 +237,7 @@ class Handlers:
         reply = ShardReply(shards=ids, lengths=[len(r) for r in records])
         return self.reply(MsgType.SHARD, worker, msg.header.seq, reply.body(), payload=b"".join(records))
 
-    async def on_report(self, worker: WorkerRecord, msg: Message) -> list:
+    async def on_report(self, worker: WorkerRecord, msg: Message) -> Frames:
         self.apply_stats(worker, parse_body(ReportStats, msg.header.body))
         return self.reply(MsgType.STATS_ACK, worker, msg.header.seq, {})
 
@@ -247,9 +251,9 @@ class Handlers:
         if b.prefetch_wait_steady_seconds is not None:
             worker.prefetch_wait_steady_seconds = b.prefetch_wait_steady_seconds
         if b.shard_bytes is not None:
-            worker.shard_bytes = dict(b.shard_bytes)
+            worker.shard_bytes = {str(k): v for k, v in b.shard_bytes.items()}
         if b.shard_records is not None:
-            worker.shard_records = dict(b.shard_records)
+            worker.shard_records = {str(k): v for k, v in b.shard_records.items()}
         for k, n in b.shard_counters().items():
             setattr(worker, k, n)
         if b.data_source is not None:

@@ -32,7 +32,7 @@ class Held:
 
     info: PushInfo
     payload: Payload | None
-    reply: asyncio.Future
+    reply: asyncio.Future[None]
     candidate_loss: float | None = None
 
 
