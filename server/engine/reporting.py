@@ -58,9 +58,6 @@ class Reporting:
         # The checkpointer, once the app has opened one (Engine.attach_checkpoints).
         self.checkpoints: CheckpointView | None = None
 
-    def outcome(self) -> str:
-        return self.goals.outcome(self.run.stopping)
-
     def status(self) -> dict[str, Any]:
         ev = self.evaluator.latest
         best = self.evaluator.best
