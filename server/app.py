@@ -136,6 +136,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         replay_window_seconds=settings.replay_window_seconds,
         screening=settings.screening,
         task=ctx.task,
+        takeover_after=3 * settings.heartbeat_interval_seconds,
     )
     if settings.exit_when_done:
         engine.on_stop.append(lambda reason: exit_when_done(app, engine, reason))
@@ -149,7 +150,6 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     port = await _start_data_plane(plane, settings, events)
     engine.start()
     monitor = HeartbeatMonitor(engine, settings.heartbeat_timeout_seconds)
-    engine.membership.takeover_after = 3 * settings.heartbeat_interval_seconds
     monitor.start()
     if checkpoints is not None:
         checkpoints.start()
@@ -193,7 +193,7 @@ def _open_checkpoints(engine: Engine, settings: ServerSettings, events: EventLog
         log.error("cannot start: %s", exc)
         events.close()
         raise
-    engine.checkpoints = checkpoints
+    engine.attach_checkpoints(checkpoints)
     return checkpoints
 
 

@@ -37,15 +37,18 @@ import os
 import struct
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import crc32c
 import torch
 
+from hermes.common.config import RunConfig
 from hermes.common.wire import Payload, ProtocolError, dtype_from_name, dtype_name
 from hermes.server.aio import cancel_and_wait
+from hermes.server.engine.run_clock import RunClock
+from hermes.server.engine.telemetry import Telemetry
 from hermes.server.state import ModelState
 
 # The tensor-file layer (server/tensorfile.py).
@@ -56,9 +59,6 @@ from hermes.server.tensorfile import (
     write_atomic,
     write_tensors,
 )
-
-if TYPE_CHECKING:
-    from hermes.server.engine import Engine
 
 log = logging.getLogger(__name__)
 
@@ -149,6 +149,24 @@ def read_journal(path: Path) -> list[tuple[dict[str, Any], list[torch.Tensor]]]:
 # the checkpointer
 
 
+class Checkpointed(Protocol):
+    """What the checkpointer saves and restores: the engine (hermes.server.engine.Engine) satisfies it."""
+
+    config: RunConfig
+    state: ModelState
+    telemetry: Telemetry
+    run_clock: RunClock
+    step_lock: asyncio.Lock
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: Mapping[str, Any], *, best_flat: torch.Tensor | None = None,
+                        alive: tuple[float, float] | None = None) -> float: ...
+
+    def best_flat(self) -> torch.Tensor | None: ...
+
+
+
 def check_directory(directory: str | Path, *, resume: bool, overwrite: bool = False) -> dict[str, Any] | None:
     """Create the directory (mode 0700) and return the checkpoint to resume, if resuming.
 
@@ -184,7 +202,7 @@ def check_directory(directory: str | Path, *, resume: bool, overwrite: bool = Fa
 
 
 class Checkpointer:
-    def __init__(self, engine: Engine, directory: str | Path, *, interval: float, durable_acks: bool) -> None:
+    def __init__(self, engine: Checkpointed, directory: str | Path, *, interval: float, durable_acks: bool) -> None:
         self.engine = engine
         self.dir = Path(directory)
         self.interval = interval
@@ -195,6 +213,8 @@ class Checkpointer:
         self.last_alive: tuple[float, float] = (0.0, 0.0)
         self.last_seconds = 0.0
         self.written = 0
+        # What the resume restored (checkpoint version, journaled updates replayed, downtime); None on a fresh run.
+        self.resumed_from: dict[str, Any] | None = None
         self._task: asyncio.Task | None = None
 
     def _model_path(self, version: int) -> Path:
@@ -248,9 +268,9 @@ class Checkpointer:
     def record_fold(self, version: int, op: str, payloads: Sequence[Payload], weights: Sequence[float]) -> None:
         """Called by the engine after each fold and before any reply: durable first, then acknowledged."""
         if self.journal is not None:
-            e = self.engine
-            now = e.clock.time()
-            self.journal.append(version, op, payloads, weights, elapsed=now - e.started_at, at=now)
+            clock = self.engine.run_clock
+            now = clock.clock.time()
+            self.journal.append(version, op, payloads, weights, elapsed=clock.seconds(now), at=now)
 
     # -- saving --
     async def save(self, reason: str) -> int:
@@ -260,12 +280,12 @@ class Checkpointer:
         async with engine.step_lock:  # no fold in between: model, version and queue agree
             version, flat = engine.state.snapshot(torch.float32)
             meta = self._metadata(version, engine.state_dict())
-            best = engine.evaluator.best_model()
+            best = engine.best_flat()
             old_journal = self.journal
             # Folds after this point belong to the new checkpoint's journal.
             self.journal = Journal(self._journal_path(version), fsync=True) if self.durable_acks else None
         try:
-            await asyncio.to_thread(self._write, version, flat, meta, None if best is None else best[1])
+            await asyncio.to_thread(self._write, version, flat, meta, best)
         finally:
             if old_journal is not None and old_journal is not self.journal:
                 old_journal.close()
@@ -279,7 +299,7 @@ class Checkpointer:
         return {
             "format": FORMAT,
             "version": version,
-            "created": self.engine.clock.time(),
+            "created": self.engine.run_clock.clock.time(),
             "model_file": self._model_path(version).name,
             "journal_file": self._journal_path(version).name,
             **parts,
@@ -327,27 +347,24 @@ class Checkpointer:
 
     def _restore(self, meta: dict[str, Any]) -> None:
         e = self.engine
-        if meta["model"] != {"name": e.spec.name, "numel": e.spec.numel}:
+        spec = e.state.spec
+        if meta["model"] != {"name": spec.name, "numel": spec.numel}:
             raise CheckpointError(f"checkpoint model {meta['model']} does not match this run's "
-                                  f"{e.spec.name} ({e.spec.numel} parameters)")
+                                  f"{spec.name} ({spec.numel} parameters)")
         differing = sorted(k for k, v in meta["config"].items() if e.config.model_dump().get(k) != v)
         if differing:
             log.warning("resuming with run-config changes: %s", ", ".join(differing))
         tensors = read_tensors(self.dir / meta["model_file"])
         version = int(meta["version"])
         e.state.load(tensors["model"], version, baseline=tensors["baseline"])
-        self.last_alive = (float(meta.get("elapsed_seconds", 0.0)), float(meta.get("created", e.clock.time())))
+        self.last_alive = (float(meta.get("elapsed_seconds", 0.0)),
+                           float(meta.get("created", e.run_clock.clock.time())))
         replayed = self._replay(e.state)
-        e.load_state_dict(meta, best_flat=tensors.get("best"))
         # The run's clock goes on from the last moment the old server was known alive (its
         # last journaled fold, else the checkpoint); the gap since is downtime, counted apart.
-        elapsed, alive_at = self.last_alive
-        now = e.clock.time()
-        down = max(0.0, now - alive_at)
-        e.started_at = now - elapsed
-        e.downtime_seconds += down
-        e.resumed_from = {"checkpoint_version": version, "replayed_updates": replayed, "version": e.state.version,
-                          "downtime_seconds": round(down, 3)}
-        e.telemetry.emit("resumed", directory=str(self.dir), **e.resumed_from)
+        down = e.load_state_dict(meta, best_flat=tensors.get("best"), alive=self.last_alive)
+        self.resumed_from = {"checkpoint_version": version, "replayed_updates": replayed,
+                             "version": e.state.version, "downtime_seconds": round(down, 3)}
+        e.telemetry.emit("resumed", directory=str(self.dir), **self.resumed_from)
         log.info("resumed from %s: checkpoint version %d + %d journaled updates = version %d",
                  self.dir, version, replayed, e.state.version)

@@ -2,11 +2,15 @@
 
 The data plane hands it decoded-but-untrusted messages (``handlers``); it
 consults the sync strategy and the aggregation rule, folds, and wakes held
-replies. The other rooms: ``membership`` (who trains, with how much work),
-``collective`` (the all-reduce group's coordinator), ``kafka`` (shard
-records in a broker), ``reporting`` (status, summary, the run's end files),
-``telemetry`` (one ``emit`` per fact), ``policies`` (the one factory). It
-never touches a socket. Tensor work (checksums, finiteness, axpy,
+replies. The other parts, each built here with its collaborators (none sees
+the engine, only the narrow views of ``ports``): ``membership`` (who trains,
+with how much work), ``collective`` (the all-reduce group's coordinator),
+``kafka`` (shard records in a broker), ``run_clock`` (training seconds and
+downtime), ``goals`` (target and budgets), ``counters`` (requests by type),
+``start_gate`` (min_workers), ``reporting`` (status, summary, the run's end
+files), ``telemetry`` (one ``emit`` per fact), ``policies`` (the one
+factory). The parts that hold state have ``state_dict``/``load_state_dict``;
+a checkpoint is made of theirs. It never touches a socket. Tensor work (checksums, finiteness, axpy,
 snapshots) runs in executor threads when it is big, so the event loop keeps
 serving.
 """
@@ -16,36 +20,41 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch.utils.data import Dataset
 
 from hermes.common.clock import SYSTEM_CLOCK, Clock
 from hermes.common.config import RunConfig
 from hermes.common.messages import WorkReply
-from hermes.common.policies.sync import Decision, PushInfo
+from hermes.common.policies.allocation import Allocator
+from hermes.common.policies.sync import Decision, PushInfo, SyncStrategy
 from hermes.common.shards import ShardQueue
-from hermes.common.task import Direction, Task
+from hermes.common.task import Direction, Task, dataset_len
 from hermes.common.task_registry import batch_of, resolve_task
 from hermes.common.tensors import flatten, spec_of
-from hermes.common.wire import Header, Payload, dtype_from_name
+from hermes.common.wire import Header, Payload
 from hermes.server.auth import ReplayGuard
-from hermes.server.engine import folding, persist
+from hermes.server.engine import folding
 from hermes.server.engine.collective import Collective
+from hermes.server.engine.counters import Counters
+from hermes.server.engine.goals import Goals, primary_metric
 from hermes.server.engine.handlers import Handlers
 from hermes.server.engine.kafka import KafkaPublisher
 from hermes.server.engine.local import LOCAL_DSS_MAX, LocalAccount, local_data_refusal
-from hermes.server.engine.membership import Membership
-from hermes.server.engine.offload import offload
+from hermes.server.engine.membership import TAKEOVER_AFTER, Membership
 from hermes.server.engine.policies import Contribution, Policies, build_policies
+from hermes.server.engine.ports import CheckpointView, Held
 from hermes.server.engine.reporting import Reporting
+from hermes.server.engine.run_clock import RunClock
 from hermes.server.engine.screening import Screening, ScreeningSettings
 from hermes.server.engine.start_gate import StartGate
 from hermes.server.engine.telemetry import Telemetry
 from hermes.server.evaluator import Evaluation, Evaluator, TargetReached
 from hermes.server.events import EventLog
+from hermes.server.kafka_publish import KafkaOptions
 from hermes.server.metrics import ServerMetrics
 from hermes.server.registry import Registry, WorkerRecord
 from hermes.server.shardstore import load_splits, split_stores
@@ -53,15 +62,7 @@ from hermes.server.state import ModelState
 
 log = logging.getLogger(__name__)
 
-
-@dataclass
-class Held:
-    """A push whose reply waits for a barrier (and, buffered, whose update waits to be folded)."""
-
-    info: PushInfo
-    payload: Payload | None
-    reply: asyncio.Future
-    candidate_loss: float | None = None
+__all__ = ["Engine", "Held"]
 
 
 class Engine:
@@ -79,9 +80,10 @@ class Engine:
         task: Task | None = None,
         state: ModelState | None = None,
         policies: Policies | None = None,
-        checkpoints: Any = None,
+        checkpoints: CheckpointView | None = None,
         clock: Clock = SYSTEM_CLOCK,
         screening: ScreeningSettings | None = None,
+        takeover_after: float = TAKEOVER_AFTER,
     ) -> None:
         """Everything but the config can be injected (tests); by default the run config builds it."""
         self.config = config
@@ -90,7 +92,6 @@ class Engine:
         self.metrics = metrics
         self.events = events
         self.max_message_bytes = max_message_bytes
-        self.out_dir = Path(out_dir) if out_dir else None
         # The task (resolved and checked by the app factory, or here from the config).
         self.task = task if task is not None else resolve_task(config.task, config)
         # Device-local data (task.local_data): agents train on their own samples, the server
@@ -98,12 +99,15 @@ class Engine:
         self.local_data = self.task.local_data is not None
         if self.local_data and (why := local_data_refusal(config)) is not None:
             raise ValueError(f"preset {config.preset!r} cannot train on device-local data: {why}")
+        self.train: Dataset[Any]
+        self.validation: Dataset[Any]
+        self.test: Dataset[Any]
         self.train, self.validation, self.test = splits if splits is not None else load_splits(config, self.task)
         self.state = state if state is not None else self._initial_state()
         self.spec = self.state.spec
         self.policies = policies if policies is not None else build_policies(
             config, spec=self.spec, state=self.state,
-            train_samples=LOCAL_DSS_MAX if self.local_data else len(self.train), validation=self.validation,
+            train_samples=LOCAL_DSS_MAX if self.local_data else dataset_len(self.train), validation=self.validation,
             metrics=metrics, task=self.task)
         self.registry = Registry(max_workers, clock=clock)
         metrics.watch_workers(self.registry.all)
@@ -113,26 +117,20 @@ class Engine:
         # Local data: no shard ids to hand out, but the queue still keeps the epoch account
         # (one "shard" per shard_size samples assigned; see Membership.assign).
         self.queue = ShardQueue(self.shards.num_shards or 1, seed=config.seed)
-        # Shard record bytes the data plane sent, by split (0 with local data: nothing is served).
-        self.shard_bytes_served = {"train": 0, "validation": 0}
-        self.local = LocalAccount(self)
+        self.counters = Counters()
+        self.local = LocalAccount(self.policies.allocator)
+        self.run_clock = RunClock(clock)
+        self.goals = Goals(config, self.task, self.run_clock, self.telemetry)
         self.evaluator = Evaluator(
             self.task, self.spec, self.state, self.test, max_samples=config.eval_max_samples,
             interval=config.eval_interval_seconds, seed=config.seed, on_result=self._evaluated, clock=clock,
             primary=self.primary_metric(),
         )
-        # The run's clock: started_at moves forward by the downtime on a resume, so
-        # clock.time() - started_at counts training seconds only (downtime_seconds apart).
-        self.started_at = clock.time()
-        self.downtime_seconds = 0.0
         self.stopping = False
         self.stop_reason = ""
         # Called with the reason once the run stops (not on SIGTERM's shutdown): --exit-when-done.
         self.on_stop: list[Callable[[str], None]] = []
         self._budget_timer: asyncio.TimerHandle | None = None
-        # The budget that stopped the run (max_updates, max_epochs, max_seconds), if one did.
-        self.budget_reached: str | None = None
-        self.target_reached: TargetReached | None = None
         # The loop that owns the held replies: evaluations run in the
         # evaluator's thread and must hand a stop over to it (set in start()).
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -140,27 +138,39 @@ class Engine:
         # are told "unavailable" (retry) rather than "stop".
         self.shutting_down = False
         self.replay = ReplayGuard(replay_window_seconds, clock=clock)
-        # Set by the app when checkpoints are on (hermes.server.checkpoint): record_fold journals each fold.
-        self.checkpoints: Any = checkpoints
-        self.resumed_from: dict[str, Any] | None = None
+        # Set when checkpoints are on (attach_checkpoints; hermes.server.checkpoint): record_fold journals each fold.
+        self.checkpoints: CheckpointView | None = None
+        self._background: set[asyncio.Task[int | None]] = set()
         self.held: dict[str, Held] = {}
         self.buffered: list[Contribution] = []  # BUFFER_AND_REPLY: acknowledged, folded by the next release
-        # Every request a worker sends, by type: the "API calls" of Hermes Table III. Data-plane
-        # types (authenticated) and the control plane's (register, heartbeat, leave, regroup).
-        self.message_counts: dict[str, int] = {}
-        # Requests that did not need sending (combine_messages): what rode on another, by the type it replaced.
-        self.carried_counts: dict[str, int] = {}
         # One model step at a time; a checkpoint holds it so model, version and queue agree.
         self.step_lock = asyncio.Lock()
-        self.membership = Membership(self)
-        self.collective = Collective(self)
-        self.kafka = KafkaPublisher(self)
-        self.reporting = Reporting(self)
-        self.handlers = Handlers(self)
+        self.start_gate = StartGate(config.min_workers, config.min_workers_timeout_seconds,
+                                    registry=self.registry, telemetry=self.telemetry)
+        self.kafka = KafkaPublisher(self.shards, self.validation_shards, dataset=config.dataset,
+                                    telemetry=self.telemetry, clock=clock)
+        self.collective = Collective(config.collective, registry=self.registry, telemetry=self.telemetry, clock=clock,
+                                     run=self, drop=self._drop)
+        self.membership = Membership(
+            config, policies=self.policies, registry=self.registry, queue=self.queue, shards=self.shards,
+            validation_shards=self.validation_shards, local=self.local if self.local_data else None,
+            kafka=self.kafka, collective=self.collective, replay=self.replay, telemetry=self.telemetry,
+            metrics=metrics, run_clock=self.run_clock, run=self, takeover_after=takeover_after)
         self.screening = Screening(screening or ScreeningSettings(), self.state, self.telemetry,
                                    self.policies.aggregation.reference_loss,
                                    blend=self.policies.aggregation.op == "blend")
-        self.start_gate = StartGate(self)
+        self.handlers = Handlers(
+            self, state=self.state, registry=self.registry, membership=self.membership, start_gate=self.start_gate,
+            shards=self.shards, validation_shards=self.validation_shards, kafka=self.kafka, counters=self.counters,
+            replay=self.replay, metrics=metrics, clock=clock, max_message_bytes=max_message_bytes)
+        self.reporting = Reporting(
+            config, self.task, state=self.state, run_clock=self.run_clock, goals=self.goals,
+            evaluator=self.evaluator, registry=self.registry, start_gate=self.start_gate, screening=self.screening,
+            counters=self.counters, kafka=self.kafka, telemetry=self.telemetry, run=self,
+            epoch_progress=lambda: self.epoch_progress, local_data=self.local_data,
+            out_dir=Path(out_dir) if out_dir else None)
+        if checkpoints is not None:
+            self.attach_checkpoints(checkpoints)
         self.metrics.model_version.set(0)
 
     def _initial_state(self) -> ModelState:
@@ -170,21 +180,31 @@ class Engine:
         model = self.task.model()
         # A label for people: the built-in model's config name, else the model's class.
         label = self.config.model if self.task.name == "builtin" else type(model).__name__
-        sample = batch_of(self.test, [0])[0] if len(self.test) else torch.empty(0)
+        sample = batch_of(self.test, [0])[0] if dataset_len(self.test) else torch.empty(0)
         spec = spec_of(model, label, task=self.task.name, input_shape=tuple(sample.shape[1:]))
         return ModelState(spec, flatten(model))
 
     def primary_metric(self) -> tuple[str, Direction]:
-        """What "best" means for this run (Reporting.primary_metric)."""
-        return Reporting.primary_metric(self.config, self.task)
+        """What "best" means for this run (goals.primary_metric)."""
+        return primary_metric(self.config, self.task)
+
+    def best_flat(self) -> torch.Tensor | None:
+        """The best evaluated model's weights (kept beside the model in a checkpoint), None before any."""
+        best = self.evaluator.best_model()
+        return None if best is None else best[1]
+
+    def attach_checkpoints(self, checkpoints: CheckpointView) -> None:
+        """Checkpoints are on (hermes.server.checkpoint): each fold is journaled, status names the last one."""
+        self.checkpoints = checkpoints
+        self.reporting.checkpoints = checkpoints
 
     # The policies, by the names the rooms use.
     @property
-    def strategy(self):
+    def strategy(self) -> SyncStrategy:
         return self.policies.sync
 
     @property
-    def allocator(self):
+    def allocator(self) -> Allocator:
         return self.policies.allocator
 
     @property
@@ -198,7 +218,44 @@ class Engine:
 
     def elapsed(self) -> float:
         """Seconds since the run started, as events and workload histories stamp them."""
-        return round(self.clock.time() - self.started_at, 3)
+        return self.run_clock.elapsed()
+
+    # Read-only views of the parts' state, by the names readers outside the engine use.
+    @property
+    def out_dir(self) -> Path | None:
+        return self.reporting.out_dir
+
+    @property
+    def started_at(self) -> float:
+        return self.run_clock.started_at
+
+    @property
+    def downtime_seconds(self) -> float:
+        return self.run_clock.downtime_seconds
+
+    @property
+    def budget_reached(self) -> str | None:
+        return self.goals.budget_reached
+
+    @property
+    def target_reached(self) -> TargetReached | None:
+        return self.goals.target_reached
+
+    @property
+    def resumed_from(self) -> dict[str, Any] | None:
+        return None if self.checkpoints is None else self.checkpoints.resumed_from
+
+    @property
+    def message_counts(self) -> dict[str, int]:
+        return self.counters.messages
+
+    @property
+    def carried_counts(self) -> dict[str, int]:
+        return self.counters.carried
+
+    @property
+    def shard_bytes_served(self) -> dict[str, int]:
+        return self.counters.shard_bytes
 
     def throughput(self, worker_id: str) -> float | None:
         rec = self.registry.get(worker_id)
@@ -212,14 +269,14 @@ class Engine:
         except RuntimeError:  # started outside a loop (tests): stops run inline
             self._loop = None
         self.evaluator.start()
-        self.start_gate.start(self._loop)
+        self.start_gate.start(self._loop, resumed=self.state.version > 0)
         if self.config.max_seconds is not None and self._loop is not None:
-            left = self.config.max_seconds - (self.clock.time() - self.started_at)
+            left = self.config.max_seconds - self.run_clock.seconds()
             self._budget_timer = self._loop.call_later(max(0.0, left), self.check_budgets)
         self.telemetry.emit(
             "run_start", config=self.config.model_dump(), model_numel=self.spec.numel, task=self.task.name,
             fingerprint=self.spec.fingerprint,
-            train_samples=len(self.train), test_samples=len(self.test), shards=self.shards.num_shards,
+            train_samples=dataset_len(self.train), test_samples=dataset_len(self.test), shards=self.shards.num_shards,
         )
 
     def request_stop(self, reason: str) -> None:
@@ -242,7 +299,11 @@ class Engine:
 
     def check_budgets(self) -> None:
         """Stop the run at the first budget reached (max_updates, max_epochs, max_seconds)."""
-        self.reporting.check_budgets()
+        if self.stopping:
+            return
+        reason = self.goals.check_budgets(self.state.version, self.epoch_progress)
+        if reason is not None:
+            self.request_stop(reason)
 
     def begin_shutdown(self) -> None:
         """The server process is going away (SIGTERM); the run is not over."""
@@ -262,7 +323,30 @@ class Engine:
         return self.reporting.finish()
 
     def _evaluated(self, ev: Evaluation) -> None:
-        self.reporting.on_evaluation(ev)
+        """An evaluation finished (in the evaluator's thread): report it; a target reached stops the run."""
+        self.telemetry.emit(
+            "evaluation", version=ev.version, accuracy=ev.accuracy, loss=ev.loss, metrics=ev.metrics,
+            seconds=round(ev.seconds, 6), elapsed=round(ev.at - self.run_clock.started_at, 3),
+        )
+        # Not once the run is stopping: the shutdown evaluation must not turn an
+        # operator's stop into a reached target after the fact.
+        if self.stopping or (reason := self.goals.check_target(ev)) is None:
+            return
+        self.on_loop(self.request_stop, reason)
+        if self.checkpoints is not None:
+            # The outcome and the best model are durable at once: a server killed before its
+            # shutdown checkpoint resumes as a finished run, not as one that trains on.
+            self.on_loop(self._checkpoint_soon, "target reached")
+
+    def _checkpoint_soon(self, reason: str) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop (engine driven by hand in tests): the shutdown checkpoint will do
+            return
+        assert self.checkpoints is not None
+        task = loop.create_task(self.checkpoints.save_or_report(reason))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     def on_loop(self, fn: Callable[..., object], *args: Any) -> None:
         """Run ``fn`` on the engine's event loop: held replies are futures of that loop."""
@@ -333,17 +417,11 @@ class Engine:
         """Fold and wake whatever the strategy releases. Caller holds step_lock."""
         await folding.process_releases(self)
 
-    async def model(self, dtype_name: str):
-        """(version, prepared payload) of the current model in ``dtype_name`` (already checked)."""
-        dtype = dtype_from_name(dtype_name)
-        nbytes = self.spec.numel * torch.empty(0, dtype=dtype).element_size()
-        return nbytes, await offload(nbytes, self.state.prepared, dtype)
-
     def count_message(self, kind: str) -> None:
-        self.message_counts[kind] = self.message_counts.get(kind, 0) + 1
+        self.counters.count_message(kind)
 
     def count_carried(self, kind: str, n: int = 1) -> None:
-        self.carried_counts[kind] = self.carried_counts.get(kind, 0) + n
+        self.counters.count_carried(kind, n)
 
     def assign(self, worker: WorkerRecord, keep: int = 2) -> WorkReply:
         return self.membership.assign(worker, keep)
@@ -351,24 +429,62 @@ class Engine:
     # ---- checkpoints ----------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """The engine's parts, as a checkpoint keeps them (server/engine/persist.py)."""
-        return persist.state_dict(self)
+        """The parts' state dicts, side by side (JSON; the model's tensors are written apart).
 
-    def load_state_dict(self, state: Mapping[str, Any], *, best_flat: torch.Tensor | None = None) -> None:
-        """Resume the parts from ``state_dict()`` (the model itself is loaded by the checkpointer)."""
-        persist.load_state_dict(self, state, best_flat)
+        Each part owns its top-level keys, the layout checkpoints have always had
+        (checkpoint.json), so a checkpoint of an older server loads. Taken under
+        step_lock (by the checkpointer), so model, version and queue agree.
+        """
+        return {
+            "config": self.config.model_dump(),
+            "model": {"name": self.spec.name, "numel": self.spec.numel},
+            **self.membership.state_dict(),  # queue, outstanding, allocator, workers
+            **self.local.state_dict(),  # local
+            **self.evaluator.state_dict(),  # evaluations, best_evaluation
+            **self.goals.state_dict(),  # target_reached
+            **self.counters.state_dict(),  # message_counts, carried_counts
+            **self.run_clock.state_dict(),  # elapsed_seconds, downtime_seconds
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any], *, best_flat: torch.Tensor | None = None,
+                        alive: tuple[float, float] | None = None) -> float:
+        """Resume the parts from ``state_dict()``; returns the restart's downtime in seconds.
+
+        The model itself is loaded by the checkpointer, which passes the best model's
+        weights (``best_flat``) and when the previous server was last known alive
+        (``alive``: training seconds and wall-clock time; RunClock.load_state_dict).
+        """
+        self.membership.load_state_dict(state)
+        self.local.load_state_dict(dict(state))
+        self.evaluator.load_state_dict(state, best_flat)
+        self.counters.load_state_dict(state)
+        down = self.run_clock.load_state_dict(state, alive=alive)
+        self.metrics.model_version.set(self.state.version)
+        # Last: a run whose target was reached before the restart stops again, with every part restored.
+        if (reason := self.goals.load_state_dict(state)) is not None:
+            self.request_stop(reason)
+        return down
 
     # ---- the public surface of the rooms ---------------------------------------
 
-    async def handle(self, frames: Sequence[Any], header: Header | None = None) -> list:
+    async def handle(self, frames: Sequence[Any], header: Header | None = None) -> list[Any]:
         """Reply frames for one request; ``header``: its first frame, when the data plane already unpacked it."""
         return await self.handlers.handle(frames, header)
 
     def register(self, name: str, **info: Any) -> tuple[WorkerRecord, bool]:
-        return self.membership.register(name, **info)
+        rec, rejoined = self.membership.register(name, **info)
+        self.start_gate.on_join()
+        return rec, rejoined
 
     async def leave(self, worker_id: str, reason: str, *, state: str = "left") -> None:
-        await self.membership.leave(worker_id, reason, state=state)
+        if await self.membership.leave(worker_id, reason, state=state):
+            # A barrier need not wait for it any more.
+            async with self.step_lock:
+                await self.process_releases()
+
+    async def _drop(self, worker_id: str, reason: str) -> None:
+        """A member the collective group dropped: lost to the run."""
+        await self.leave(worker_id, reason, state="lost")
 
     def start_coordinator(self, *, bind_host: str, port: int, advertise_host: str) -> None:
         self.collective.start(bind_host=bind_host, port=port, advertise_host=advertise_host)
@@ -376,7 +492,7 @@ class Engine:
     async def regroup(self, worker_id: str, failed_generation: int) -> dict[str, Any]:
         return await self.collective.regroup(worker_id, failed_generation)
 
-    def publish_to_kafka(self, opts) -> None:
+    def publish_to_kafka(self, opts: KafkaOptions) -> None:
         if self.local_data:
             log.info("device-local data: no shard records to publish to Kafka")
             return
@@ -390,7 +506,7 @@ class Engine:
 
     @property
     def outcome(self) -> str:
-        return self.reporting.outcome()
+        return self.goals.outcome(self.stopping)
 
     def status(self) -> dict[str, Any]:
         return self.reporting.status()

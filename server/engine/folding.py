@@ -14,10 +14,10 @@ from hermes.server.engine.offload import offload, payload_bytes
 from hermes.server.engine.policies import Contribution
 
 if TYPE_CHECKING:
-    from hermes.server.engine.core import Engine
+    from hermes.server.engine.ports import FoldHost
 
 
-async def fold(self: Engine, group: list[Contribution]) -> None:
+async def fold(self: FoldHost, group: list[Contribution]) -> None:
     """One model step from a group of updates. Caller holds step_lock."""
     t0 = time.perf_counter()
     rule = self.policies.aggregation
@@ -52,7 +52,7 @@ async def fold(self: Engine, group: list[Contribution]) -> None:
     if self.config.max_updates is not None or self.config.max_epochs is not None:
         self.check_budgets()
 
-async def process_releases(self: Engine) -> None:
+async def process_releases(self: FoldHost) -> None:
     """Fold and wake whatever the strategy releases. Caller holds step_lock."""
     while (release := self.strategy.take_release()) is not None:
         group = [

@@ -10,8 +10,11 @@ import asyncio
 import contextvars
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import torch
+
+from hermes.common.clock import Clock
 from hermes.common.messages import (
     MAX_SHARDS_PER_FETCH,
     CycleReport,
@@ -30,15 +33,21 @@ from hermes.common.wire import (
     MsgType,
     ProtocolError,
     decode,
+    dtype_from_name,
     encode,
     verify_mac,
 )
+from hermes.server.auth import ReplayGuard
+from hermes.server.engine.counters import Counters
+from hermes.server.engine.kafka import KafkaPublisher
+from hermes.server.engine.membership import Membership
 from hermes.server.engine.offload import offload, payload_bytes
-from hermes.server.registry import WorkerRecord
-from hermes.server.state import validate_update
-
-if TYPE_CHECKING:
-    from hermes.server.engine.core import Engine
+from hermes.server.engine.ports import Stepper
+from hermes.server.engine.start_gate import StartGate
+from hermes.server.metrics import ServerMetrics
+from hermes.server.registry import Registry, WorkerRecord
+from hermes.server.shardstore import ShardStore
+from hermes.server.state import ModelState, validate_update
 
 log = logging.getLogger(__name__)
 
@@ -48,11 +57,31 @@ _request: contextvars.ContextVar[Header] = contextvars.ContextVar("hermes_reques
 
 _MODEL_DTYPES = ("float32", "float16", "bfloat16")
 
+# A message's ZeroMQ frames (hermes.common.wire.encode).
+Frames = list[Any]
+
 
 class Handlers:
-    def __init__(self, engine: Engine) -> None:
-        self.e = engine
-        self._by_type: dict[MsgType, Callable[[WorkerRecord, Message], Awaitable[list]]] = {
+    def __init__(self, step: Stepper, *, state: ModelState, registry: Registry, membership: Membership,
+                 start_gate: StartGate, shards: ShardStore, validation_shards: ShardStore, kafka: KafkaPublisher,
+                 counters: Counters, replay: ReplayGuard, metrics: ServerMetrics, clock: Clock,
+                 max_message_bytes: int) -> None:
+        # The model step (push) and the run's stop: the engine.
+        self.step = step
+        self.state = state
+        self.spec = state.spec
+        self.registry = registry
+        self.membership = membership
+        self.start_gate = start_gate
+        self.shards = shards
+        self.validation_shards = validation_shards
+        self.kafka = kafka
+        self.counters = counters
+        self.replay = replay
+        self.metrics = metrics
+        self.clock = clock
+        self.max_message_bytes = max_message_bytes
+        self._by_type: dict[MsgType, Callable[[WorkerRecord, Message], Awaitable[Frames]]] = {
             MsgType.PUSH_UPDATE: self.on_push,
             MsgType.PULL_MODEL: self.on_pull,
             MsgType.REQUEST_WORK: self.on_request_work,
@@ -64,157 +93,156 @@ class Handlers:
     def going_away() -> ProtocolError:
         return ProtocolError(ErrorCode.UNAVAILABLE, "server is shutting down; retry after it restarts")
 
-    async def handle(self, frames: Sequence[Any], header: Header | None = None) -> list:
+    async def handle(self, frames: Sequence[Any], header: Header | None = None) -> Frames:
         """Reply frames for one request; raises ProtocolError for bad input. ``header``: the
         first frame already unpacked (by the data plane's admission), not unpacked again."""
-        e = self.e
         size = sum(len(f.buffer) if hasattr(f, "buffer") else len(f) for f in frames)
-        e.metrics.bytes_in.inc(size)
-        if e.shutting_down:
+        self.metrics.bytes_in.inc(size)
+        if self.step.shutting_down:
             raise self.going_away()
-        msg = await offload(size, decode, frames, max_message_bytes=e.max_message_bytes, header=header)
+        msg = await offload(size, decode, frames, max_message_bytes=self.max_message_bytes, header=header)
         h = msg.header
         handler = self._by_type.get(h.type)
         if handler is None:
             raise ProtocolError(ErrorCode.BAD_REQUEST, f"{h.type.value} is a reply type, not a request")
-        worker = e.registry.lookup(h.worker)
+        worker = self.registry.lookup(h.worker)
         # Signature first: nothing unauthenticated may move the replay counters.
         if not await offload(size, verify_mac, frames[0], h, frames[1:], worker.key):
             raise ProtocolError(ErrorCode.UNAUTHORIZED, f"bad signature from worker {h.worker!r}")
-        e.replay.check(h)
+        self.replay.check(h)
         if worker.state != "active":
             raise ProtocolError(ErrorCode.UNAUTHORIZED, f"worker {worker.id} is {worker.state}; register again")
-        worker.last_seen = e.clock.time()
+        worker.last_seen = self.clock.time()
         _request.set(h)
         worker.server_bytes_in += size
         worker.messages += 1
-        e.count_message(h.type.value)
-        e.metrics.messages.labels(type=h.type.value).inc()
+        self.counters.count_message(h.type.value)
+        self.metrics.messages.labels(type=h.type.value).inc()
         reply = await handler(worker, msg)
         out = sum(len(f) for f in reply)
         worker.server_bytes_out += out
-        e.metrics.bytes_out.inc(out)
+        self.metrics.bytes_out.inc(out)
         return reply
 
-    def reply(self, type_: MsgType, worker: WorkerRecord, seq: int, body: dict, payload=None) -> list:
-        body = {**body, "stop": self.e.stopping}
-        header = Header(type=type_, worker=worker.id, seq=seq, model_version=self.e.state.version, body=body,
+    def reply(self, type_: MsgType, worker: WorkerRecord, seq: int, body: dict[str, Any],
+              payload: bytes | None = None) -> Frames:
+        body = {**body, "stop": self.step.stopping}
+        header = Header(type=type_, worker=worker.id, seq=seq, model_version=self.state.version, body=body,
                         session=_request.get().session)
         return encode(header, payload, key=worker.key)
 
-    async def on_push(self, worker: WorkerRecord, msg: Message) -> list:
-        e, h = self.e, msg.header
+    async def on_push(self, worker: WorkerRecord, msg: Message) -> Frames:
+        h = msg.header
         body = parse_body(PushUpdate, h.body)
-        if h.model_version < 0 or h.model_version > e.state.version:
+        if h.model_version < 0 or h.model_version > self.state.version:
             raise ProtocolError(
-                ErrorCode.BAD_REQUEST, f"base model_version {h.model_version} not in [0, {e.state.version}]"
+                ErrorCode.BAD_REQUEST, f"base model_version {h.model_version} not in [0, {self.state.version}]"
             )
-        await offload(payload_bytes(msg.payload), validate_update, e.spec, msg.payload)
+        await offload(payload_bytes(msg.payload), validate_update, self.spec, msg.payload)
         assert msg.payload is not None  # validate_update refuses a push without one
         worker.pushes += 1
         # The skipped cycles came before this one; the stats are as of the push.
         self._carried(worker, body.cycles, body.stats)
         if body.cycle is not None:
-            e.membership.observe_cycle(worker, body.cycle)
-        status, fields = await e.push(worker, h.model_version, body.samples, msg.payload)
+            self.membership.observe_cycle(worker, body.cycle)
+        status, fields = await self.step.push(worker, h.model_version, body.samples, msg.payload)
         reply = {"status": status, **fields}
         if not body.pull:
             return self.reply(MsgType.PUSH_REPLY, worker, h.seq, reply)
         # The pull that would follow, answered now (if_newer against the push's base).
         worker.pulls += 1
-        e.count_carried("pull_model")
-        if h.model_version == e.state.version:
+        self.counters.count_carried("pull_model")
+        if h.model_version == self.state.version:
             return self.reply(MsgType.PUSH_REPLY, worker, h.seq, {**reply, "model": "unchanged"})
         return await self._model_reply(MsgType.PUSH_REPLY, worker, h, body.pull_dtype, {**reply, "model": "included"})
 
-    async def on_pull(self, worker: WorkerRecord, msg: Message) -> list:
-        e, h = self.e, msg.header
+    async def on_pull(self, worker: WorkerRecord, msg: Message) -> Frames:
+        h = msg.header
         body = parse_body(PullModel, h.body)
         worker.pulls += 1
-        if body.if_newer and h.model_version == e.state.version:
+        if body.if_newer and h.model_version == self.state.version:
             return self.reply(MsgType.MODEL, worker, h.seq, {"unchanged": True})
         if body.dtype not in _MODEL_DTYPES:
             raise ProtocolError(ErrorCode.BAD_DTYPE, f"models are served as float32/float16/bfloat16, not {body.dtype!r}")
         return await self._model_reply(MsgType.MODEL, worker, h, body.dtype, {"unchanged": False})
 
     async def _model_reply(self, type_: MsgType, worker: WorkerRecord, h: Header, dtype: str,
-                           body: dict[str, Any]) -> list:
+                           body: dict[str, Any]) -> Frames:
         """A reply carrying the current model in ``dtype`` (a pull, or a push that answered one)."""
-        e = self.e
-        nbytes, (version, flat) = await e.model(dtype)
+        torch_dtype = dtype_from_name(dtype)
+        nbytes = self.spec.numel * torch.empty(0, dtype=torch_dtype).element_size()
+        version, flat = await offload(nbytes, self.state.prepared, torch_dtype)
         header = Header(type=type_, worker=worker.id, seq=h.seq, model_version=version, session=h.session,
-                        shapes=e.spec.shapes, body={**body, "stop": e.stopping})
+                        shapes=self.spec.shapes, body={**body, "stop": self.step.stopping})
         return await offload(nbytes, encode, header, flat, key=worker.key)
 
-    async def on_request_work(self, worker: WorkerRecord, msg: Message) -> list:
+    async def on_request_work(self, worker: WorkerRecord, msg: Message) -> Frames:
         body = parse_body(RequestWork, msg.header.body)
         self._carried(worker, body.cycles, body.stats)
-        if not self.e.start_gate.is_open:
-            await self.e.start_gate.wait()  # min_workers (engine/start_gate.py)
-            if self.e.shutting_down:
+        if not self.start_gate.is_open:
+            await self.start_gate.wait()  # min_workers (engine/start_gate.py)
+            if self.step.shutting_down:
                 raise self.going_away()
-        works = [self.e.assign(worker, keep=max(2, body.assignments + 1)) for _ in range(body.assignments)]
+        works = [self.membership.assign(worker, keep=max(2, body.assignments + 1)) for _ in range(body.assignments)]
         work = works[0].model_copy(update={"then": works[1:] or None})
         if len(works) > 1:
-            self.e.count_carried("request_work", len(works) - 1)
+            self.counters.count_carried("request_work", len(works) - 1)
         shards = [s for w in works for s in w.shards]
         if not (body.inline_shards and shards and all(w.data.source == "zmq" for w in works)
                 and len(shards) <= MAX_SHARDS_PER_FETCH):
             return self.reply(MsgType.WORK, worker, msg.header.seq, work.body())
         # The FETCH_SHARDs that would follow, answered now: one round trip per request.
-        records = await self._records(self.e.shards, shards)
-        self.e.shard_bytes_served["train"] += sum(len(r) for r in records)
-        self.e.count_carried("fetch_shard", sum(1 for w in works if w.shards))
+        records = await self._records(self.shards, shards)
+        self.counters.served("train", sum(len(r) for r in records))
+        self.counters.count_carried("fetch_shard", sum(1 for w in works if w.shards))
         work = work.model_copy(update={"lengths": [len(r) for r in records]})
         return self.reply(MsgType.WORK, worker, msg.header.seq, work.body(), payload=b"".join(records))
 
     def _carried(self, worker: WorkerRecord, cycles: list[CycleReport] | None, stats: ReportStats | None) -> None:
         """What a push or work request brings along (combine_messages): skipped cycles, then stats."""
         for cycle in cycles or ():
-            self.e.membership.observe_cycle(worker, cycle)
+            self.membership.observe_cycle(worker, cycle)
         if cycles:
-            self.e.count_carried("report_stats:cycle", len(cycles))
+            self.counters.count_carried("report_stats:cycle", len(cycles))
         if stats is not None:
             self.apply_stats(worker, stats)
-            self.e.count_carried("report_stats")
+            self.counters.count_carried("report_stats")
 
-    async def _records(self, store, ids: Sequence[int]) -> list[bytes]:
+    async def _records(self, store: ShardStore, ids: list[int]) -> list[bytes]:
         if store.all_cached(ids):
             return [store.record(i) for i in ids]
         # Reading a Dataset (a lazy one generates or loads each sample) is not
         # for the event loop: the other workers' pushes and pulls go on meanwhile.
         return await asyncio.to_thread(lambda: [store.record(i) for i in ids])
 
-    async def on_fetch_shard(self, worker: WorkerRecord, msg: Message) -> list:
+    async def on_fetch_shard(self, worker: WorkerRecord, msg: Message) -> Frames:
         """One shard record (body ``shard``), or several in one reply (body ``shards``).
 
         Several: the payload is the records back to back and ``lengths`` cuts
         it; one request per assignment instead of one per shard (a fast
         worker's 25-shard cycle made 25 requests).
         """
-        e = self.e
         body = parse_body(FetchShard, msg.header.body)
-        store = e.shards if body.split == "train" else e.validation_shards
+        store = self.shards if body.split == "train" else self.validation_shards
         ids = body.ids()
         for shard in ids:
             if not 0 <= shard < store.num_shards:
                 raise ProtocolError(ErrorCode.BAD_REQUEST,
                                     f"{body.split} shard {shard} out of range [0, {store.num_shards})")
         records = await self._records(store, ids)
-        e.shard_bytes_served[body.split] += sum(len(r) for r in records)
+        self.counters.served(body.split, sum(len(r) for r in records))
         if body.shards is None:
             return self.reply(MsgType.SHARD, worker, msg.header.seq, ShardReply(shard=ids[0]).body(),
                               payload=records[0])
         reply = ShardReply(shards=ids, lengths=[len(r) for r in records])
         return self.reply(MsgType.SHARD, worker, msg.header.seq, reply.body(), payload=b"".join(records))
 
-    async def on_report(self, worker: WorkerRecord, msg: Message) -> list:
+    async def on_report(self, worker: WorkerRecord, msg: Message) -> Frames:
         self.apply_stats(worker, parse_body(ReportStats, msg.header.body))
         return self.reply(MsgType.STATS_ACK, worker, msg.header.seq, {})
 
     def apply_stats(self, worker: WorkerRecord, b: ReportStats) -> None:
         """A stats report, sent alone (REPORT_STATS) or carried by a push or work request."""
-        e = self.e
         for k, v in b.counters().items():
             setattr(worker, k, v)
         if b.collective_bytes is not None:  # topology collective: the all-reduce traffic the agent sent
@@ -223,20 +251,20 @@ class Handlers:
         if b.prefetch_wait_steady_seconds is not None:
             worker.prefetch_wait_steady_seconds = b.prefetch_wait_steady_seconds
         if b.shard_bytes is not None:
-            worker.shard_bytes = dict(b.shard_bytes)
+            worker.shard_bytes = {str(k): v for k, v in b.shard_bytes.items()}
         if b.shard_records is not None:
-            worker.shard_records = dict(b.shard_records)
+            worker.shard_records = {str(k): v for k, v in b.shard_records.items()}
         for k, n in b.shard_counters().items():
             setattr(worker, k, n)
         if b.data_source is not None:
             worker.data_source = b.data_source
         if worker.kafka_data_missing > missing_before:
-            e.kafka.republish(f"worker {worker.id} found shard records missing from Kafka")
+            self.kafka.republish(f"worker {worker.id} found shard records missing from Kafka")
         if b.precision is not None:
             worker.precision = b.precision
         if b.precision_timings_ms is not None:
             worker.precision_timings_ms = {k: round(v, 3) for k, v in b.precision_timings_ms.items()}
         if b.memory_profile is not None:
-            e.membership.set_memory_profile(worker, [list(p) for p in b.memory_profile])
+            self.membership.set_memory_profile(worker, [list(p) for p in b.memory_profile])
         if b.cycle is not None:
-            e.membership.observe_cycle(worker, b.cycle)
+            self.membership.observe_cycle(worker, b.cycle)

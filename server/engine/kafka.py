@@ -6,20 +6,25 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from hermes.common.clock import Clock
 from hermes.common.messages import KafkaRanges
+from hermes.server.engine.telemetry import Telemetry
 from hermes.server.kafka_publish import KafkaOptions, publish_stores
-
-if TYPE_CHECKING:
-    from hermes.server.engine.core import Engine
+from hermes.server.shardstore import ShardStore
 
 log = logging.getLogger(__name__)
 
 
 class KafkaPublisher:
-    def __init__(self, engine: Engine) -> None:
-        self.e = engine
+    def __init__(self, train: ShardStore, validation: ShardStore, *, dataset: str, telemetry: Telemetry,
+                 clock: Clock) -> None:
+        self.train = train
+        self.validation = validation
+        self.dataset = dataset
+        self.telemetry = telemetry
+        self.clock = clock
         # Set by publish when a broker is configured: shard records then
         # travel through Kafka and the ZeroMQ data plane is the fallback.
         self.published: dict[str, Any] | None = None
@@ -35,10 +40,9 @@ class KafkaPublisher:
             raise RuntimeError(
                 f"the Kafka data plane needs kafka-python: pip install 'hermes-edge[kafka]' ({exc})"
             ) from None
-        e = self.e
-        published = publish_stores(e.shards, e.validation_shards, dataset=e.config.dataset, opts=opts)
+        published = publish_stores(self.train, self.validation, dataset=self.dataset, opts=opts)
         self.opts = opts
-        self._last_publish = e.clock.monotonic()
+        self._last_publish = self.clock.monotonic()
         self.published = {
             "bootstrap": opts.bootstrap,
             "train": published["train"].layout,
@@ -46,7 +50,7 @@ class KafkaPublisher:
             "reused": {k: v.reused for k, v in published.items()},
             "publish_seconds": round(sum(v.seconds for v in published.values()), 6),
         }
-        e.telemetry.emit(
+        self.telemetry.emit(
             "shards_published", bootstrap=opts.bootstrap, publish_seconds=self.published["publish_seconds"],
             **{split: v.layout.describe() | {"reused": v.reused} for split, v in published.items()},
         )
@@ -57,9 +61,8 @@ class KafkaPublisher:
         shard returns to the offset already assigned: agents read from Kafka again as soon as
         it is back, and the data plane serves meanwhile. False when not started (no Kafka,
         already running, or the last publish was less than ``min_interval`` seconds ago)."""
-        e = self.e
         opts, published_before = self.opts, self.published
-        if opts is None or published_before is None or e.clock.monotonic() - self._last_publish < min_interval:
+        if opts is None or published_before is None or self.clock.monotonic() - self._last_publish < min_interval:
             return False
         if not self._republishing.acquire(blocking=False):
             return False
@@ -67,16 +70,16 @@ class KafkaPublisher:
         def run() -> None:
             t0 = time.perf_counter()
             try:
-                published = publish_stores(e.shards, e.validation_shards, dataset=e.config.dataset, opts=opts)
+                published = publish_stores(self.train, self.validation, dataset=self.dataset, opts=opts)
                 same = all(published[k].layout == published_before[k] for k in ("train", "validation"))
-                e.telemetry.emit("shards_republished", reason=reason, bootstrap=opts.bootstrap,
+                self.telemetry.emit("shards_republished", reason=reason, bootstrap=opts.bootstrap,
                                  seconds=round(time.perf_counter() - t0, 6), same_layout=same,
                                  reused={k: v.reused for k, v in published.items()})
             except Exception as exc:  # the broker may still be down; the next report tries again
-                e.telemetry.emit("shards_republish_failed", reason=reason, bootstrap=opts.bootstrap,
+                self.telemetry.emit("shards_republish_failed", reason=reason, bootstrap=opts.bootstrap,
                                  error=str(exc)[:500])
             finally:
-                self._last_publish = e.clock.monotonic()
+                self._last_publish = self.clock.monotonic()
                 self._republishing.release()
 
         threading.Thread(target=run, name="hermes-kafka-republish", daemon=True).start()

@@ -18,7 +18,7 @@ from hermes.common.policies.allocation._common import CountsEpochs
 
 if TYPE_CHECKING:
     from hermes.common.config import RunConfig
-    from hermes.server.engine.core import Engine
+    from hermes.common.policies.allocation import Allocator
 
 # The allocators' cap on one cycle's samples (dss_max; a shard-fed run's is the train set) and
 # their epoch until the first agent declares its local set (the clocks refuse 0).
@@ -37,8 +37,8 @@ def local_data_refusal(config: RunConfig) -> str | None:
 class LocalAccount:
     """Samples handed out as local cycles, and the cluster's epoch (the declared local sets)."""
 
-    def __init__(self, engine: Engine) -> None:
-        self.e = engine
+    def __init__(self, allocator: Allocator) -> None:
+        self.allocator = allocator
         self.assigned = 0
         self.sizes: dict[str, int] = {}
 
@@ -49,7 +49,7 @@ class LocalAccount:
     def declare(self, worker_id: str, samples: int) -> None:
         """A worker's local set size (at registration): the epoch the allocators count grows."""
         self.sizes[worker_id] = samples
-        allocator = self.e.allocator
+        allocator = self.allocator
         if isinstance(allocator, CountsEpochs) and self.epoch_samples:
             allocator.clock.resize(self.epoch_samples)
 

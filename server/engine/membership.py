@@ -6,62 +6,96 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from hermes.common.config import RunConfig
 from hermes.common.messages import CycleReport, KafkaRanges, WorkReply
-from hermes.common.policies.allocation import AllocatorStateError, CycleObservation, Resize, Workload
+from hermes.common.policies.allocation import Allocator, AllocatorStateError, CycleObservation, Resize, Workload
 from hermes.common.policies.allocation.memory_model import fit_memory_model, max_batch_for_memory
-from hermes.common.shards import Assignment, shards_for
-from hermes.server.registry import WorkerRecord
+from hermes.common.shards import Assignment, ShardQueue, shards_for
+from hermes.server.auth import ReplayGuard
+from hermes.server.engine.collective import Collective
+from hermes.server.engine.kafka import KafkaPublisher
+from hermes.server.engine.local import LocalAccount
+from hermes.server.engine.ports import RunControl
+from hermes.server.engine.run_clock import RunClock
+from hermes.server.engine.telemetry import Telemetry
+from hermes.server.metrics import ServerMetrics
+from hermes.server.registry import Registry, WorkerRecord
+from hermes.server.shardstore import ShardStore
 
 if TYPE_CHECKING:
-    from hermes.server.engine.core import Engine
+    from hermes.server.engine.policies import Policies
 
 log = logging.getLogger(__name__)
 
+# A worker name held by another agent process that was heard from this
+# recently is refused (registry.NameInUse); the server sets it to a few
+# heartbeat intervals, so a crashed agent's restart takes its name back soon.
+TAKEOVER_AFTER = 15.0
+
 
 class Membership:
-    def __init__(self, engine: Engine) -> None:
-        self.e = engine
+    """Built with what it moves: the registry, the shard queue (or the local account), the policies."""
+
+    def __init__(self, config: RunConfig, *, policies: Policies, registry: Registry, queue: ShardQueue,
+                 shards: ShardStore, validation_shards: ShardStore, local: LocalAccount | None,
+                 kafka: KafkaPublisher, collective: Collective, replay: ReplayGuard, telemetry: Telemetry,
+                 metrics: ServerMetrics, run_clock: RunClock, run: RunControl,
+                 takeover_after: float = TAKEOVER_AFTER) -> None:
+        self.config = config
+        self.policies = policies
+        self.registry = registry
+        self.queue = queue
+        self.shards = shards
+        self.validation_shards = validation_shards
+        # Device-local data (task.local_data): None when the server's shards feed the run.
+        self.local = local
+        self.kafka = kafka
+        self.collective = collective
+        self.replay = replay
+        self.telemetry = telemetry
+        self.metrics = metrics
+        self.run_clock = run_clock
+        self.run = run
         # The last assignments handed to each worker (the one it trains and the
         # one it prefetched): requeued if the worker is lost.
         self.outstanding: dict[str, list[tuple[int, ...]]] = {}
         # Workers a resumed checkpoint's allocator state still counts, until they register again.
         self.awaiting_rejoin: set[str] = set()
         self.awaiting_since = 0.0
-        # A worker name held by another agent process that was heard from this
-        # recently is refused (registry.NameInUse); the server sets it to a few
-        # heartbeat intervals, so a crashed agent's restart takes its name back soon.
-        self.takeover_after = 15.0
+        self.takeover_after = takeover_after
+
+    @property
+    def allocator(self) -> Allocator:
+        return self.policies.allocator
 
     def register(self, name: str, **info: Any) -> tuple[WorkerRecord, bool]:
-        e = self.e
-        if e.collective.coordinator is not None:
-            e.collective.coordinator.assign(name)  # GroupFull before anything is recorded
-        rec, rejoined = e.registry.register(name, takeover_after=self.takeover_after, **info)
-        if e.local_data:
-            e.local.declare(rec.id, rec.local_samples)
+        self.collective.admit(name)  # GroupFull before anything is recorded
+        rec, rejoined = self.registry.register(name, takeover_after=self.takeover_after, **info)
+        if self.local is not None:
+            self.local.declare(rec.id, rec.local_samples)
         self.awaiting_rejoin.discard(rec.id)
         # A new secret: sessions signed with the old one are gone, and a previous
         # incarnation's unfinished shards will not be finished by it.
-        e.replay.forget(rec.id)
+        self.replay.forget(rec.id)
         self.requeue_outstanding(rec.id)
-        e.strategy.on_join(rec.id)
-        e.allocator.join(rec.id, rec.declared_capacity)
+        self.policies.sync.on_join(rec.id)
+        self.allocator.join(rec.id, rec.declared_capacity)
         self.apply_memory_limits(rec)
-        elapsed = e.elapsed()
-        self.record_workload(rec, elapsed, e.allocator.workload(rec.id))
+        elapsed = self.run_clock.elapsed()
+        self.record_workload(rec, elapsed, self.allocator.workload(rec.id))
         self.refresh_worker_gauge()
         # Hints by key only: nothing a client sends is written verbatim to the event log.
         facts = {k: v for k, v in info.items() if k != "hints"}
-        e.telemetry.emit("join", worker=rec.id, name=name, rejoined=rejoined, hints=sorted(rec.hints)[:32], **facts)
+        self.telemetry.emit("join", worker=rec.id, name=name, rejoined=rejoined, hints=sorted(rec.hints)[:32],
+                            **facts)
         # Policies that split a fixed total (static, the global batch) move the others too.
-        self.apply_resizes(e.allocator.rebalance(), elapsed)
-        e.start_gate.on_join()
+        self.apply_resizes(self.allocator.rebalance(), elapsed)
         return rec, rejoined
 
     def expect_rejoin(self, worker_ids: Iterable[str]) -> None:
         """Workers whose allocation a resumed checkpoint restored: they hold it until they register again."""
         self.awaiting_rejoin = set(worker_ids)
-        self.awaiting_since = self.e.clock.time()
+        self.awaiting_since = self.run_clock.clock.time()
 
     def forget_unreturned(self, timeout: float, now: float | None = None) -> list[str]:
         """Restored workers not registered again ``timeout`` seconds after the resume: the allocator forgets them.
@@ -71,74 +105,71 @@ class Membership:
         would otherwise hold the policies that wait for every member's
         measurements, and its share of a global batch, for good.
         """
-        e = self.e
-        now = e.clock.time() if now is None else now
+        now = self.run_clock.clock.time() if now is None else now
         if not self.awaiting_rejoin or now - self.awaiting_since <= timeout:
             return []
         gone, self.awaiting_rejoin = sorted(self.awaiting_rejoin), set()
         for wid in gone:
-            e.allocator.forget(wid)
-        self.apply_resizes(e.allocator.rebalance(), round(now - e.started_at, 3))
-        e.telemetry.emit("restored_workers_forgotten", workers=gone, timeout=timeout)
+            self.allocator.forget(wid)
+        self.apply_resizes(self.allocator.rebalance(), self.run_clock.elapsed(now))
+        self.telemetry.emit("restored_workers_forgotten", workers=gone, timeout=timeout)
         return gone
 
-    async def leave(self, worker_id: str, reason: str, *, state: str = "left") -> None:
-        """The worker said goodbye (``left``) or went silent (``lost``)."""
-        e = self.e
-        rec = e.registry.get(worker_id)
+    async def leave(self, worker_id: str, reason: str, *, state: str = "left") -> bool:
+        """The worker said goodbye (``left``) or went silent (``lost``); False when it was not active.
+
+        The caller then folds what the strategy releases (a barrier need not wait for it).
+        """
+        rec = self.registry.get(worker_id)
         if rec is None or rec.state != "active":
-            return
+            return False
         rec.state = state
-        await e.collective.member_gone(rec)
+        await self.collective.member_gone(rec)
         requeued = self.requeue_outstanding(worker_id)
-        e.strategy.on_leave(worker_id)
+        self.policies.sync.on_leave(worker_id)
         # Its cycle times no longer describe the cluster the median is taken over.
-        e.allocator.forget(worker_id)
-        self.apply_resizes(e.allocator.rebalance(), e.elapsed())
+        self.allocator.forget(worker_id)
+        self.apply_resizes(self.allocator.rebalance(), self.run_clock.elapsed())
         self.refresh_worker_gauge()
-        e.telemetry.emit("leave", worker=worker_id, reason=reason, state=state, requeued_shards=requeued)
-        async with e.step_lock:
-            await e.process_releases()
+        self.telemetry.emit("leave", worker=worker_id, reason=reason, state=state, requeued_shards=requeued)
+        return True
 
     def learning_rate(self, step_batch: int) -> float:
-        e = self.e
-        return e.policies.lr.rate(step_batch, lambda: sum(
-            e.allocator.workload(w).step_batch for w in e.registry.active_ids()))
+        return self.policies.lr.rate(step_batch, lambda: sum(
+            self.allocator.workload(w).step_batch for w in self.registry.active_ids()))
 
     def assign(self, worker: WorkerRecord, keep: int = 2) -> WorkReply:
         """The next assignment of a worker: its workload, and whole shards for what its carry does not cover."""
-        e = self.e
-        wl = e.allocator.workload(worker.id)
-        if e.local_data:
-            return self._assign_local(worker, wl)
+        wl = self.allocator.workload(worker.id)
+        if self.local is not None:
+            return self._assign_local(worker, self.local, wl)
         # Whole shards, while a workload is any number of samples: the agent
         # trains exactly ``cycle_samples`` and carries the rest into its next
         # cycle. The server keeps the same account (the credit), so it hands
         # out only what the carry does not cover and no sample is skipped.
         need = wl.dss - worker.sample_credit
         if need > 0:
-            assignment = e.queue.take(shards_for(need, e.config.shard_size))
+            assignment = self.queue.take(shards_for(need, self.config.shard_size))
         else:
-            assignment = Assignment(epoch=e.queue.epoch, shards=())
-        given = sum(e.shards.samples(s) for s in assignment.shards)
+            assignment = Assignment(epoch=self.queue.epoch, shards=())
+        given = sum(self.shards.samples(s) for s in assignment.shards)
         # Never negative: short of data the agent trains what it has and carries nothing.
         worker.sample_credit = max(0, worker.sample_credit + given - wl.dss)
         self.note_assignment(worker.id, assignment.shards, keep)
         work = WorkReply(epoch=assignment.epoch, shards=list(assignment.shards), batch_size=wl.mbs,
                          cycle_samples=wl.dss, accumulation=wl.accumulation,
-                         lr=self.learning_rate(wl.step_batch), data=e.kafka.ranges("train", assignment.shards))
-        e.telemetry.emit("assignment", worker=worker.id, epoch=assignment.epoch, shards=list(assignment.shards),
+                         lr=self.learning_rate(wl.step_batch), data=self.kafka.ranges("train", assignment.shards))
+        self.telemetry.emit("assignment", worker=worker.id, epoch=assignment.epoch, shards=list(assignment.shards),
                          dss=wl.dss, mbs=wl.mbs, accumulation=wl.accumulation, lr=work.lr)
         return work
 
-    def _assign_local(self, worker: WorkerRecord, wl: Workload) -> WorkReply:
+    def _assign_local(self, worker: WorkerRecord, local: LocalAccount, wl: Workload) -> WorkReply:
         """Device-local data: the same workload, as a count of samples the agent draws from its own set."""
-        e = self.e
-        epoch = e.local.take(wl.dss)
+        epoch = local.take(wl.dss)
         work = WorkReply(epoch=epoch, shards=[], local_samples=wl.dss, batch_size=wl.mbs, cycle_samples=wl.dss,
                          accumulation=wl.accumulation, lr=self.learning_rate(wl.step_batch),
                          data=KafkaRanges(source="local"))
-        e.telemetry.emit("assignment", worker=worker.id, epoch=epoch, shards=[], local_samples=wl.dss,
+        self.telemetry.emit("assignment", worker=worker.id, epoch=epoch, shards=[], local_samples=wl.dss,
                          dss=wl.dss, mbs=wl.mbs, accumulation=wl.accumulation, lr=work.lr)
         return work
 
@@ -153,64 +184,61 @@ class Membership:
         """A departed worker's unfinished shards go back to the front of the queue."""
         shards = [s for a in self.outstanding.pop(worker_id, []) for s in a]
         if shards:
-            self.e.queue.requeue(shards)
+            self.queue.requeue(shards)
         return shards
 
     def observe_cycle(self, worker: WorkerRecord, report: CycleReport) -> None:
         """Record one local training cycle; feed the allocator; resize stragglers."""
-        e = self.e
-        elapsed = e.elapsed()
+        elapsed = self.run_clock.elapsed()
         cycle = report.fields()
         worker.record_cycle(elapsed, cycle)
         wid = worker.id
-        e.telemetry.emit("cycle", worker=wid, elapsed=elapsed, **cycle)
-        e.allocator.observe(wid, CycleObservation(report.dss, report.batch_size, report.compute_seconds,
-                                                  report.accumulation))
-        self.apply_resizes(e.allocator.rebalance(), elapsed)
+        self.telemetry.emit("cycle", worker=wid, elapsed=elapsed, **cycle)
+        self.allocator.observe(wid, CycleObservation(report.dss, report.batch_size, report.compute_seconds,
+                                                     report.accumulation))
+        self.apply_resizes(self.allocator.rebalance(), elapsed)
 
     def set_memory_profile(self, worker: WorkerRecord, profile: list[list[int | float]]) -> None:
         """A worker's measured [batch, bytes] pairs: its batch cap follows, and so may the others' sizes."""
         worker.hints["memory_profile"] = profile
         self.apply_memory_limits(worker)
-        self.apply_resizes(self.e.allocator.rebalance(), self.e.elapsed())
+        self.apply_resizes(self.allocator.rebalance(), self.run_clock.elapsed())
 
     def apply_memory_limits(self, rec: WorkerRecord) -> None:
         """Caps from the memory a worker declared at registration."""
-        e = self.e
         memory = rec.hints.get("memory_available_bytes")
         if not isinstance(memory, int) or memory <= 0:
             return
         # A quarter of the device's free memory for the samples of one
         # cycle (two buffers with prefetching): the DSS cap of Hermes Sec. IV-A.
         # Local data: the server's validation samples (held out of its test data) have the same shapes.
-        per_sample = (e.validation_shards if e.local_data else e.shards).sample_bytes() or 1
-        e.allocator.set_memory_limit(rec.id, max(e.config.shard_size, memory // (8 * per_sample)))
+        per_sample = (self.validation_shards if self.local is not None else self.shards).sample_bytes() or 1
+        self.allocator.set_memory_limit(rec.id, max(self.config.shard_size, memory // (8 * per_sample)))
         profile = rec.hints.get("memory_profile")
         if not profile:
             return
         try:
             # OmniLearn Eq. 9: training memory is m0 + m1*b, fitted on the worker's own measurements.
             m0, m1 = fit_memory_model([(int(b), float(m)) for b, m in profile])
-            b_max = max_batch_for_memory(m0, m1, memory * e.config.batch_bounds.memory_fraction)
+            b_max = max_batch_for_memory(m0, m1, memory * self.config.batch_bounds.memory_fraction)
         except (TypeError, ValueError) as exc:
             # The profile is logged here, not in the event: it is the worker's own input.
             log.warning("worker %s: unusable memory profile %r: %s", rec.id, profile, exc)
-            e.telemetry.emit("memory_profile_rejected", worker=rec.id, error=str(exc)[:200])
+            self.telemetry.emit("memory_profile_rejected", worker=rec.id, error=str(exc)[:200])
             return
-        e.allocator.set_batch_limit(rec.id, b_max)
-        e.telemetry.emit("memory_model", worker=rec.id, m0=round(m0), m1=round(m1, 3), b_max=b_max,
-                         budget=int(memory * e.config.batch_bounds.memory_fraction))
+        self.allocator.set_batch_limit(rec.id, b_max)
+        self.telemetry.emit("memory_model", worker=rec.id, m0=round(m0), m1=round(m1, 3), b_max=b_max,
+                            budget=int(memory * self.config.batch_bounds.memory_fraction))
 
     def record_workload(self, rec: WorkerRecord, elapsed: float, wl: Workload) -> None:
         rec.workload_history.append((elapsed, wl.dss, wl.mbs))
         rec.accumulation = wl.accumulation
 
     def apply_resizes(self, resizes: dict[str, Resize], elapsed: float) -> None:
-        e = self.e
-        if e.stopping:
+        if self.run.stopping:
             return  # at shutdown everyone leaves: there is no work left to re-split
         for resized_id, resize in resizes.items():
-            rec = e.registry.get(resized_id)
+            rec = self.registry.get(resized_id)
             if rec is None or rec.state != "active":
                 continue
             wl = resize.workload
@@ -218,46 +246,52 @@ class Membership:
                     and rec.accumulation == wl.accumulation:
                 continue  # e.g. a joining worker, recorded at registration
             self.record_workload(rec, elapsed, wl)
-            e.telemetry.emit("resize", worker=resized_id, name=rec.name, kind=resize.kind, dss=wl.dss, mbs=wl.mbs,
-                             accumulation=wl.accumulation, **resize.detail)
+            self.telemetry.emit("resize", worker=resized_id, name=rec.name, kind=resize.kind, dss=wl.dss,
+                                mbs=wl.mbs, accumulation=wl.accumulation, **resize.detail)
 
     def validation_shards_for(self, worker: WorkerRecord) -> list[int]:
         """A fixed local validation split per worker (its gate's data), spread over the validation set."""
-        e = self.e
-        if e.local_data:
+        if self.local is not None:
             return []  # the agent holds its gate's validation out of its own data
-        n = e.validation_shards.num_shards
-        k = min(n, shards_for(e.config.zscore.validation_samples, e.config.shard_size))
+        n = self.validation_shards.num_shards
+        k = min(n, shards_for(self.config.zscore.validation_samples, self.config.shard_size))
         start = (int(worker.id.lstrip("w") or 0) * k) % n
         return [(start + i) % n for i in range(k)]
 
     def refresh_worker_gauge(self) -> None:
-        workers = self.e.registry.all()
+        workers = self.registry.all()
         for state in ("active", "left", "lost"):
-            self.e.metrics.workers.labels(state=state).set(sum(1 for w in workers if w.state == state))
+            self.metrics.workers.labels(state=state).set(sum(1 for w in workers if w.state == state))
 
     # ---- checkpoints ----------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        return {"outstanding": {w: [list(a) for a in lst] for w, lst in self.outstanding.items()}}
+        """The shard queue, the shards each worker holds, the allocator's workloads, the workers' identities."""
+        return {
+            "queue": self.queue.state(),
+            "outstanding": {w: [list(a) for a in lst] for w, lst in self.outstanding.items()},
+            "allocator": self.allocator.state_dict(),
+            "workers": self.registry.identities(),
+        }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Shards outstanding at the checkpoint go back to the queue; the allocator keeps its workloads."""
+        self.queue.restore(state["queue"])
         for shards in state.get("outstanding", {}).values():
-            self.e.queue.requeue([s for a in shards for s in a])
+            self.queue.requeue([s for a in shards for s in a])
         self._load_allocator(state.get("allocator"), state["workers"])
+        self.registry.restore(state["workers"])
 
     def _load_allocator(self, state: Mapping[str, Any] | None, workers: list[dict[str, Any]]) -> None:
-        e = self.e
         if state is None:  # checkpoints of older servers saved no state for most policies
             return
         try:
-            e.allocator.load_state_dict(state)
+            self.allocator.load_state_dict(state)
         except AllocatorStateError as exc:
             # The run config may change on resume (another policy, other bounds):
             # the saved workloads then mean nothing here, and allocation starts afresh.
             log.warning("allocator state not restored, allocation starts afresh: %s", exc)
-            e.telemetry.emit("allocator_state_discarded", error=str(exc)[:500])
+            self.telemetry.emit("allocator_state_discarded", error=str(exc)[:500])
             return
         # Every known id, not only those active at the checkpoint: one restored by an
         # earlier resume may be a member still, and forgetting a stranger is a no-op.

@@ -40,7 +40,7 @@ import torch
 
 from hermes.common.wire import Payload
 from hermes.server.engine.offload import offload, payload_bytes
-from hermes.server.screening_params import ScreeningSettings  # torch-free, for the settings; re-exported
+from hermes.server.screening_params import ScreeningSettings as ScreeningSettings  # torch-free; re-exported
 
 if TYPE_CHECKING:
     from hermes.server.engine.telemetry import Telemetry

@@ -15,21 +15,24 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from hermes.server.engine.core import Engine
+from hermes.server.engine.telemetry import Telemetry
+from hermes.server.registry import Registry
 
 log = logging.getLogger(__name__)
 
 
 class StartGate:
-    def __init__(self, engine: Engine) -> None:
-        self.e = engine
+    def __init__(self, min_workers: int, timeout_seconds: float, *, registry: Registry, telemetry: Telemetry) -> None:
+        self.min_workers = min_workers
+        self.timeout_seconds = timeout_seconds
+        self.registry = registry
+        self.telemetry = telemetry
         self._open = asyncio.Event()
         self._timer: asyncio.TimerHandle | None = None
         self.reason: str | None = None
-        if engine.config.min_workers <= 1:
+        if min_workers <= 1:
             self._open.set()
             self.reason = "min_workers 1"
 
@@ -37,16 +40,17 @@ class StartGate:
     def is_open(self) -> bool:
         return self._open.is_set()
 
-    def start(self, loop: asyncio.AbstractEventLoop | None) -> None:
+    def start(self, loop: asyncio.AbstractEventLoop | None, *, resumed: bool = False) -> None:
+        """``resumed``: the run is past its start (a resumed model's version is above 0)."""
         if self.is_open:
             return
-        if self.e.state.version > 0:  # a resumed run is past its start
+        if resumed:
             self.open("resumed")
         elif loop is not None:
-            self._timer = loop.call_later(self.e.config.min_workers_timeout_seconds, self._timed_out)
+            self._timer = loop.call_later(self.timeout_seconds, self._timed_out)
 
     def on_join(self) -> None:
-        if not self.is_open and len(self.e.registry.active_ids()) >= self.e.config.min_workers:
+        if not self.is_open and len(self.registry.active_ids()) >= self.min_workers:
             self.open("min_workers")
 
     def open(self, reason: str) -> None:
@@ -56,19 +60,18 @@ class StartGate:
         self.reason = reason
         if self._timer is not None:
             self._timer.cancel()
-        self.e.telemetry.emit("start_gate_open", reason=reason, workers=len(self.e.registry.active_ids()),
-                              min_workers=self.e.config.min_workers)
+        self.telemetry.emit("start_gate_open", reason=reason, workers=len(self.registry.active_ids()),
+                            min_workers=self.min_workers)
 
     def _timed_out(self) -> None:
         if not self.is_open:
             log.warning("only %d of min_workers=%d workers registered within %gs: starting with them",
-                        len(self.e.registry.active_ids()), self.e.config.min_workers,
-                        self.e.config.min_workers_timeout_seconds)
+                        len(self.registry.active_ids()), self.min_workers, self.timeout_seconds)
             self.open("timeout")
 
     async def wait(self) -> None:
         await self._open.wait()
 
     def status(self) -> dict[str, Any]:
-        return {"open": self.is_open, "reason": self.reason, "min_workers": self.e.config.min_workers,
-                "workers": len(self.e.registry.active_ids())}
+        return {"open": self.is_open, "reason": self.reason, "min_workers": self.min_workers,
+                "workers": len(self.registry.active_ids())}

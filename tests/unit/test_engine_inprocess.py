@@ -35,14 +35,14 @@ def _split(name: str, n: int, seed: int) -> ArrayDataset:
     return ArrayDataset(name, x, rng.integers(0, 3, n).astype(np.int64), num_classes=3)
 
 
-def _engine(clock: ManualClock, **overrides) -> Engine:
+def _engine(clock: ManualClock, *, out_dir: str | None = None, **overrides) -> Engine:
     config = build_config(overrides.pop("preset", "asp"), model="mlp", shard_size=SHARD, eval_max_samples=32,
                           **overrides)
     splits = (_split("toy", 128, 0), _split("toy-validation", 64, 1), _split("toy-test", 32, 2))
     # Screening off: these pushes are synthetic constant deltas that check the
     # fold's arithmetic; the screening's own tests use realistic ones.
     return Engine(config, metrics=ServerMetrics(), events=EventLog(None, clock=clock), max_workers=8,
-                  max_message_bytes=1 << 24, splits=splits, clock=clock,
+                  max_message_bytes=1 << 24, splits=splits, clock=clock, out_dir=out_dir,
                   screening=ScreeningSettings(enabled=False),
                   task=Task(model=lambda: build_model("mlp", input_shape=(8,), num_classes=3), name="toy"))
 

@@ -53,8 +53,7 @@ def test_a_flat_model_of_the_wrong_size_is_refused():
 
 
 def test_the_engine_writes_final_and_best_models_at_the_end(tmp_path):
-    engine = _engine(ManualClock())
-    engine.out_dir = tmp_path
+    engine = _engine(ManualClock(), out_dir=str(tmp_path))
     engine.evaluator.evaluate_now()
     summary = engine.reporting.finish()
     assert summary["final_model_file"] == "model-final.safetensors"
