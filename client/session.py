@@ -247,7 +247,7 @@ class Session:
         Shards are whole while workloads are not; what is left over is trained
         next cycle (the server counts it the same way and sends less).
         """
-        parts = [p for p in (self.carry, (work.x, work.y) if work.x is not None else None) if p is not None]
+        parts = [p for p in (self.carry, (work.x, work.y) if work.x is not None and work.y is not None else None) if p is not None]
         if not parts:
             return torch.zeros((0,)), torch.zeros((0,), dtype=torch.int64)
         x = torch.cat([p[0] for p in parts]) if len(parts) > 1 else parts[0][0]

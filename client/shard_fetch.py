@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -18,6 +19,9 @@ from hermes.common.kafka_layout import shards_in, validate_ranges
 from hermes.common.messages import FetchShard, KafkaRanges, ShardReply, Split, parse_reply, request_body
 from hermes.common.shards import RecordError, ShardRecord, decode_record
 from hermes.common.wire import MsgType
+
+if TYPE_CHECKING:
+    from hermes.client.kafka_source import KafkaShardReader
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +95,7 @@ class ShardFetcher:
         self.kafka_cooldown = kafka_cooldown
         self.reader_options = dict(reader_options or {})
         self.should_stop = should_stop or (lambda: False)
-        self._reader = None
+        self._reader: KafkaShardReader | None = None
         self._kafka_off_until = 0.0
         self._kafka_broken: str | None = None  # kafka-python missing
 
@@ -218,7 +222,7 @@ class ShardFetcher:
             raw = reply.payload.flat().numpy() if reply.payload is not None else b""
             nbytes += len(raw)
             try:
-                record = decode_record(memoryview(raw))
+                record = decode_record(memoryview(raw) if isinstance(raw, bytes) else raw.data)
                 if record.shard != shard:
                     raise RecordError(f"asked for shard {shard}, got shard {record.shard}")
                 break

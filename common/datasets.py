@@ -119,7 +119,8 @@ def _approximate_mode(counts: np.ndarray, draws: int, rng: np.random.RandomState
             need -= add
             if need == 0:
                 break
-    return floored.astype(int)
+    out: np.ndarray = floored.astype(int)
+    return out
 
 
 # ---------------------------------------------------------------- digits

@@ -32,6 +32,7 @@ from fastapi.responses import JSONResponse
 from hermes.common.datasource import SampleSource, check_dtypes
 from hermes.common.kafka_layout import KafkaUnavailable
 from hermes.common.policies import base as registry
+from hermes.common.policies.topology import Topology
 from hermes.common.task import Task, as_dataset
 from hermes.common.task_registry import check_task, resolve_task
 from hermes.server.auth import RateLimiter
@@ -71,7 +72,7 @@ def create_app(settings: ServerSettings | None = None, task: Task | None = None)
     app.add_middleware(BodyLimits, read_timeout=ctx.settings.http_read_timeout_seconds)
     # Tasks started on the loop outside any request (--exit-when-done's wait), kept from the GC.
     app.state.background = set()
-    app.add_exception_handler(RequestValidationError, _invalid)
+    app.add_exception_handler(RequestValidationError, _invalid)  # type: ignore[arg-type]
     # In this order: it is the order of the paths in /openapi.json.
     app.include_router(build_router(readable))
     for router in (probes.router, workers.router, reads.router, admin.router):
@@ -143,7 +144,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     app.state.history, tensorboard = watch_run(engine, settings)
     checkpoints = _open_checkpoints(engine, settings, events)
     await _publish_shards(engine, settings, events)
-    if registry.get("topology", config.topology).needs_coordinator:
+    topology = registry.get("topology", config.topology)
+    if issubclass(topology, Topology) and topology.needs_coordinator:
         engine.start_coordinator(bind_host=settings.data_host, port=settings.collective_port,
                                  advertise_host=settings.advertise_host)
     plane = DataPlane(engine, settings.data_host, settings.data_port)

@@ -147,15 +147,17 @@ class PControlAllocator(Policy):
     def rebalance(self) -> dict[str, Resize]:
         if self._due():
             self._epoch_due = False
-            times = {w: self.ctl.smoothed(w) for w in self.ctl.workers}
+            # A worker not yet timed has no smoothed time; it is logged as None rather than failing the epoch.
+            times = {w: t for w in self.ctl.workers if (t := self.ctl.smoothed(w)) is not None}
             old = {w: self.ctl.batch(w) for w in self.ctl.workers}
             self._resize_global()
             new = self.ctl.update()
-            t_bar = sum(times.values()) / len(times)
+            t_bar = round(sum(times.values()) / len(times), 6) if times else None
             for w, b in new.items():
                 if b != old[w]:
                     self._counted[w] = 0
-                    self.b.set(w, b, smoothed_seconds=round(times[w], 6), mean_seconds=round(t_bar, 6),
+                    t_w = times.get(w)
+                    self.b.set(w, b, smoothed_seconds=None if t_w is None else round(t_w, 6), mean_seconds=t_bar,
                                b_max=self.ctl.b_max_of(w), adjustment=self.ctl.adjustments)
         return self.b.take_pending()
 

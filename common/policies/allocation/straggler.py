@@ -19,7 +19,7 @@ import math
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -176,7 +176,7 @@ class StragglerSizer:
         self._memory_cap.pop(worker_id, None)
         self._seen.pop(worker_id, None)
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         """Plain JSON-able state for a server checkpoint."""
         return {
             "history": {w: [[o.dss, o.mbs, o.seconds] for o in h] for w, h in self._history.items()},
@@ -185,7 +185,7 @@ class StragglerSizer:
             "seen": dict(self._seen),
         }
 
-    def load_state_dict(self, state: Mapping) -> None:
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         # Everything is parsed before anything is replaced: a bad state leaves the sizer as it was.
         history = {str(w): deque((_Observation(int(d), int(m), float(t)) for d, m, t in h),
                                  maxlen=self.history) for w, h in state["history"].items()}
@@ -194,7 +194,7 @@ class StragglerSizer:
         seen = {str(w): int(v) for w, v in state["seen"].items()}
         self._history, self._workload, self._memory_cap, self._seen = history, workload, memory_cap, seen
 
-    def params(self) -> dict:
+    def params(self) -> dict[str, Any]:
         """What a saved workload means: the base workload and the (DSS, MBS) grid it lies on."""
         return {"base_dss": self._base[0], "base_mbs": self._base[1], "dss_step": self._dss_step,
                 "dss_max": self._dss_max, "mbs_min": self.search.mbs_min, "mbs_max": self.search.mbs_max}
