@@ -16,6 +16,8 @@ import signal
 import sys
 
 from hermes.common.cli_env import HermesParser, deprecated_alias
+from hermes.common.policies.base import names
+from hermes.common.policies.topology import topology_of
 from hermes.deploy.links import LinkError, agent_links
 from hermes.deploy.procs import terminate_group
 from hermes.deploy.profiles import PROFILE_CORES, parse_speed_schedule
@@ -53,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="change the profile mid-run, e.g. '0:hl1,30:hl8,60:hl1' (OmniLearn's HL steps)")
     p.add_argument("--threads", dest="max_threads", type=int, default=1,
                    help="torch threads of the fastest agent; the slower ones get proportionally fewer (default 1)")
-    p.add_argument("--topology", choices=("ps", "collective"), default="ps",
+    p.add_argument("--topology", choices=names("topology"), default="ps",
                    help="ps: the server holds the model (default); collective: the agents all-reduce "
                         "gradients among themselves (torch.distributed gloo) and the server coordinates")
     p.add_argument("--pace", type=float, default=1.0,
@@ -144,10 +146,11 @@ def main(argv: list[str] | None = None) -> int:
     except LinkError as exc:
         print(f"hermes-testbed: {exc}", file=sys.stderr)
         return 2
-    if args.topology == "collective" and any(link.shaped for link in links):
+    collective = topology_of(args.topology).needs_coordinator
+    if collective and any(link.shaped for link in links):
         print("hermes-testbed: --link/--links: emulated links are for --topology ps only", file=sys.stderr)
         return 2
-    if args.topology == "collective" and args.device.startswith("cuda"):
+    if collective and args.device.startswith("cuda"):
         # cuda: one GPU per agent, cuda:N: every agent on that one.
         gpus = cuda_device_count() if args.device == "cuda" else 1
         if args.clients > gpus:

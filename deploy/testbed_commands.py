@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from hermes.common.policies.topology import topology_of
+
 if TYPE_CHECKING:
     import argparse
 
@@ -29,7 +31,7 @@ def server_command(a: argparse.Namespace, *, port: int, data_port: int, advertis
         "--preset", a.preset, "--out", str(out), "--log-level", "warning",
         "--set", f"dataset={a.dataset}", "--set", f"model={a.model}", "--set", f"seed={a.seed}",
     ]
-    if a.topology == "collective":
+    if topology_of(a.topology).needs_coordinator:
         cmd += ["--set", "topology=collective", "--set", f"world_size={a.clients}"]
     # The run starts once every agent has registered: a fast agent must not finish a small
     # run before the slow ones have imported torch (an own --set min_workers=... wins).
@@ -66,7 +68,7 @@ def server_command(a: argparse.Namespace, *, port: int, data_port: int, advertis
 
 def agent_device(a: argparse.Namespace, index: int) -> str:
     """A collective run on ``cuda`` gives each agent its own GPU (nccl refuses two ranks on one)."""
-    if a.device == "cuda" and a.topology == "collective":
+    if a.device == "cuda" and topology_of(a.topology).needs_coordinator:
         return f"cuda:{index}"
     return a.device
 

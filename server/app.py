@@ -31,8 +31,7 @@ from fastapi.responses import JSONResponse
 
 from hermes.common.datasource import SampleSource, check_dtypes
 from hermes.common.kafka_layout import KafkaUnavailable
-from hermes.common.policies import base as registry
-from hermes.common.policies.topology import Topology
+from hermes.common.policies.topology import topology_of
 from hermes.common.task import Task, as_dataset
 from hermes.common.task_registry import check_task, resolve_task
 from hermes.server.auth import RateLimiter
@@ -144,8 +143,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     app.state.history, tensorboard = watch_run(engine, settings)
     checkpoints = _open_checkpoints(engine, settings, events)
     await _publish_shards(engine, settings, events)
-    topology = registry.get("topology", config.topology)
-    if issubclass(topology, Topology) and topology.needs_coordinator:
+    if topology_of(config.topology).needs_coordinator:
         engine.start_coordinator(bind_host=settings.data_host, port=settings.collective_port,
                                  advertise_host=settings.advertise_host)
     plane = DataPlane(engine, settings.data_host, settings.data_port)

@@ -7,7 +7,7 @@ from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from hermes.common.policies.base import Core, Policy, register
+from hermes.common.policies.base import Core, Policy, get, register
 
 log = logging.getLogger(__name__)
 
@@ -74,3 +74,10 @@ class Collective(Topology):
             # The flat names (still accepted) keep the message that tests and runbooks match.
             raise ValueError(f"collective_min_world_size {c.min_world_size} exceeds world_size "
                              f"{c.world_size} (collective.min_world_size > collective.world_size): the group would be too small from the start")
+
+
+def topology_of(name: str) -> type[Topology]:
+    """The registered topology ``name`` (an alias too): its traits, for code outside the registry."""
+    cls = get("topology", name)
+    assert issubclass(cls, Topology), cls
+    return cls
