@@ -82,7 +82,7 @@ def worker_figures(summary: dict[str, Any], window: tuple[float, float]) -> list
         cycles = [dict(zip(fields, c)) for c in w["cycle_log"] if lo < c[0] <= hi]
         step_times = [c["compute_seconds"] / steps for c in cycles]
         out.append({
-            "name": w["name"], "speed": w["speed"], "slowdown": w["slowdown"], "batch": w["mbs"],
+            "name": w["name"], "speed": w["speed"], "slowdown": w["slowdown"], "batch": w.get("batch_size", w.get("mbs")),
             "cycles_in_window": len(cycles), "samples_in_window": sum(c["dss"] for c in cycles),
             "mean_step_seconds": statistics.fmean(step_times) if step_times else None,
             "wait_fraction": w["wait_seconds"] / max(1e-9, summary["wall_seconds"]),

@@ -143,7 +143,7 @@ def run_figures(s: dict[str, Any], tail: int) -> dict[str, Any]:
             "gate_skips": w.get("gate_skips", 0),
             "wi": w.get("wi"),
             "dss": final_dss,
-            "mbs": w.get("mbs"),
+            "batch_size": w.get("batch_size", w.get("mbs")),  # mbs: summaries before issue 26
             "resizes": max(0, len(w.get("workload_history") or []) - 1),
             "samples": w.get("samples", 0),
             "compute_seconds": w.get("compute_seconds", 0.0),
@@ -343,7 +343,7 @@ def print_workers(preset: str, runs: list[dict[str, Any]], tail: int, tolerance:
         for w in sorted(r.get("workers", []), key=lambda w: (-(w["speed"] or 0), w["name"] or "")):
             rows.append([
                 str(w["name"]), fmt(w["speed"], 3), str(w["cycles"]), str(w["pushes"]), str(w["gate_skips"]),
-                fmt(w["wi"]), f"{fmt(w['dss'])}/{fmt(w['mbs'])}", str(w["resizes"]),
+                fmt(w["wi"]), f"{fmt(w['dss'])}/{fmt(w['batch_size'])}", str(w["resizes"]),
                 "-" if w["tail_cycle_seconds"] is None else f"{w['tail_cycle_seconds'] * 1e3:.1f}",
                 f"{w['tail_at_final_dss']}/{w['tail_cycles']}",
                 "-" if w["ratio_to_median"] is None else f"{w['ratio_to_median']:.2f}",

@@ -58,6 +58,11 @@ def gate_outcome(decision: str, pushed: bool) -> str | None:
     return "push" if pushed else "skip"
 
 
+def batch_size_of(record: Mapping[str, Any]) -> Any:
+    """A worker or cycle record's batch size: ``batch_size``, or ``mbs`` in files written before issue 26."""
+    return record["batch_size"] if "batch_size" in record else record.get("mbs")
+
+
 def _number(v: Any) -> Any:
     # A bool is an int to Python and a numeric string is a float to pydantic's lax mode: neither is a measurement.
     if isinstance(v, bool) or not isinstance(v, (int, float)):
@@ -159,12 +164,8 @@ class CycleReport(BaseModel):
     decision: Annotated[str, Field(max_length=32, strict=True)] = "always"
 
     def fields(self) -> dict[str, Any]:
-        """The report as the registry and the event log keep it.
-
-        Their column is still ``mbs`` (the allocators' ``Workload.mbs``, the
-        dashboards and the bench read it): renamed here, in field order.
-        """
-        return {("mbs" if k == "batch_size" else k): v for k, v in self.model_dump().items()}
+        """The report as the registry and the event log keep it (``batch_size`` since issue 26, ``mbs`` before)."""
+        return self.model_dump()
 
 
 ShardSource = Literal["kafka", "zmq"]

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from hermes.common.messages import batch_size_of
+
 if TYPE_CHECKING:
     import argparse
     from pathlib import Path
@@ -67,7 +69,7 @@ def build_summary(a: argparse.Namespace, srv: dict[str, Any], *, outcome: str, w
             "gate_skips": w.get("gate_skips", 0),
             "in_flight_cycles": w.get("in_flight_cycles", 0),
             "dss": w.get("dss"),
-            "mbs": w.get("mbs"),
+            "batch_size": batch_size_of(w),
             "accumulation": w.get("accumulation", 1),
             "throughput": w.get("throughput"),
             "workload_history": w.get("workload_history", []),
@@ -156,13 +158,13 @@ class WorkloadWatch:
     def changes(self, elapsed: float, workloads: dict[str, dict[str, Any]]) -> list[str]:
         lines = []
         for wid, w in sorted(workloads.items()):
-            now = (w["dss"], w["mbs"], w.get("accumulation", 1))
+            now = (w["dss"], batch_size_of(w), w.get("accumulation", 1))
             before = self.last.get(wid)
             self.last[wid] = now
             if before is None or before == now:
                 continue
             self.log.append({"elapsed": round(elapsed, 3), "worker": wid, "name": w.get("name"),
-                             "dss": now[0], "mbs": now[1], "accumulation": now[2]})
+                             "dss": now[0], "batch_size": now[1], "accumulation": now[2]})
             acc = f" accumulation {before[2]} -> {now[2]}" if before[2] != now[2] else ""
             lines.append(f"[testbed {elapsed:6.1f}s] workload {w.get('name', wid)}: batch {before[1]} -> {now[1]}, "
                          f"samples/cycle {before[0]} -> {now[0]}{acc}")
@@ -198,7 +200,7 @@ def format_summary(s: dict[str, Any], out: Path) -> str:
         lines.append(
             f"   {w['name']:<10} {w['speed']:>6.2f} {w['samples']:>8} {w['cycles']:>6} {w['compute_seconds']:>7.1f}s "
             f"{w['wait_seconds']:>6.1f}s {w['utilization']:>5.0%} {w['pushes']:>5} {w['pulls']:>5} {wi:>5} "
-            f"{str(w['dss']):>5} {str(w['mbs']):>4} {w['bytes_sent'] / 1e6:>8.2f} {w['bytes_received'] / 1e6:>8.2f} "
+            f"{str(w['dss']):>5} {str(batch_size_of(w)):>4} {w['bytes_sent'] / 1e6:>8.2f} {w['bytes_received'] / 1e6:>8.2f} "
             f"{str(w['exit_code']):>4}"
         )
     kafka = s.get("kafka") or {}

@@ -80,7 +80,7 @@ class History:
         elif fact == "cycle":
             wid = fields["worker"]
             point = {"elapsed": fields["elapsed"], "worker_id": wid, "worker": self.name_of(wid),
-                     "compute_seconds": fields["compute_seconds"], "dss": fields["dss"], "mbs": fields["mbs"],
+                     "compute_seconds": fields["compute_seconds"], "dss": fields["dss"], "batch_size": fields["batch_size"],
                      "pushed": fields["pushed"], "decision": fields["decision"], "z": fields["z"]}
             target = self.cycles
         else:

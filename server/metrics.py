@@ -133,7 +133,7 @@ class WorkerSeries(Collector):
                                    labels=[*labels, "decision"])
         gauges = {
             "dss": GaugeMetricFamily("hermes_worker_dataset_size", "Samples per cycle (DSS) assigned", labels=labels),
-            "mbs": GaugeMetricFamily("hermes_worker_batch_size", "Mini-batch size (MBS) assigned", labels=labels),
+            "batch_size": GaugeMetricFamily("hermes_worker_batch_size", "Mini-batch size (MBS) assigned", labels=labels),
             "cycle": GaugeMetricFamily("hermes_worker_cycle_seconds", "Compute seconds of the last training cycle",
                                        labels=labels),
             "wi": GaugeMetricFamily("hermes_worker_independence",
@@ -150,7 +150,7 @@ class WorkerSeries(Collector):
                 gate.add_metric([*ident, "skip"], float(w.gate_skips))
             if w.workload_history:
                 gauges["dss"].add_metric(ident, float(w.workload_history[-1][1]))
-                gauges["mbs"].add_metric(ident, float(w.workload_history[-1][2]))
+                gauges["batch_size"].add_metric(ident, float(w.workload_history[-1][2]))
             if w.cycles:
                 gauges["cycle"].add_metric(ident, float(w.last_cycle_seconds))
                 gauges["wi"].add_metric(ident, float(w.worker_independence))

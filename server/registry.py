@@ -85,9 +85,9 @@ class WorkerRecord:
     # overlap_push: cycles that ended with the worker's push still in flight (the gate was not asked).
     in_flight_cycles: int = 0
     last_cycle_seconds: float = 0.0
-    # (elapsed, dss, mbs, compute seconds, z, pushed): bounded, see CYCLE_LOG.
+    # (elapsed, dss, batch_size, compute seconds, z, pushed): bounded, see CYCLE_LOG.
     cycle_log: list[tuple] = field(default_factory=list)
-    # (elapsed, dss, mbs) whenever the allocator changed this worker's workload.
+    # (elapsed, dss, batch_size) whenever the allocator changed this worker's workload.
     workload_history: list[tuple[float, int, int]] = field(default_factory=list)
     accumulation: int = 1
     # Topology collective: all-reduce bytes through this worker (ring estimate, as the agent reports).
@@ -119,7 +119,7 @@ class WorkerRecord:
         outcome = gate_outcome(cycle["decision"], cycle["pushed"])
         self.gate_pushes += outcome == "push"
         self.gate_skips += outcome == "skip"
-        self.cycle_log.append((elapsed, cycle["dss"], cycle["mbs"], round(cycle["compute_seconds"], 6),
+        self.cycle_log.append((elapsed, cycle["dss"], cycle["batch_size"], round(cycle["compute_seconds"], 6),
                                None if cycle["z"] is None else round(cycle["z"], 4), cycle["pushed"]))
         if len(self.cycle_log) > CYCLE_LOG:
             del self.cycle_log[: len(self.cycle_log) - CYCLE_LOG]
@@ -182,12 +182,12 @@ class WorkerRecord:
             "gate_skips": self.gate_skips,
             "in_flight_cycles": self.in_flight_cycles,
             "dss": self.workload_history[-1][1] if self.workload_history else None,
-            "mbs": self.workload_history[-1][2] if self.workload_history else None,
+            "batch_size": self.workload_history[-1][2] if self.workload_history else None,
             "accumulation": self.accumulation,
             "declared_capacity": self.declared_capacity,
             "throughput": None if (x := self.throughput()) is None else round(x, 3),
             "workload_history": [list(t) for t in self.workload_history],
-            "cycle_log_fields": ["elapsed", "dss", "mbs", "compute_seconds", "z", "pushed"],
+            "cycle_log_fields": ["elapsed", "dss", "batch_size", "compute_seconds", "z", "pushed"],
             "cycle_log": [list(t) for t in self.cycle_log],
             "server_bytes_in": self.server_bytes_in,
             "server_bytes_out": self.server_bytes_out,

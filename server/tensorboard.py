@@ -10,7 +10,7 @@ files back with TensorBoard's own ``EventAccumulator``.
 
 Tags, one chart each (TensorBoard groups them by the part before ``/``):
 ``test/accuracy`` and ``test/loss`` by model version; per worker (by name)
-``cycle_seconds/``, ``mbs/``, ``dss/``, ``gate_pushes/``, ``gate_skips/`` by
+``cycle_seconds/``, ``batch_size/``, ``dss/``, ``gate_pushes/``, ``gate_skips/`` by
 the worker's cycle number; ``messages/total``, ``bytes/received`` and
 ``bytes/sent`` by model version, sampled at each evaluation and at the end.
 """
@@ -116,7 +116,7 @@ class TensorBoardSink:
                 gate[1] += outcome == "skip"
                 pushes, skips = gate
             self._scalars(step, {
-                f"cycle_seconds/{name}": fields["compute_seconds"], f"mbs/{name}": fields["mbs"],
+                f"cycle_seconds/{name}": fields["compute_seconds"], f"batch_size/{name}": fields["batch_size"],
                 f"dss/{name}": fields["dss"], f"gate_pushes/{name}": pushes, f"gate_skips/{name}": skips,
             })
 

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hermes.common.messages import batch_size_of
+
 # Metrics per run, in the order the main table shows them.
 METRICS = ("seconds_to_target", "train_seconds_to_target", "wall_seconds", "iterations", "model_updates",
            "messages_total", "model_messages", "mb_total", "wi_mean", "final_accuracy", "best_accuracy")
@@ -126,7 +128,8 @@ def run_metrics(record: dict[str, Any]) -> dict[str, Any]:
 
 def cycle_seconds(worker: dict[str, Any]) -> list[float]:
     """Compute seconds of each local cycle a worker logged (slowdown included)."""
-    fields = worker.get("cycle_log_fields") or ["elapsed", "dss", "mbs", "compute_seconds"]
+    # Files without the field list predate it; their third column was the batch size.
+    fields = worker.get("cycle_log_fields") or ["elapsed", "dss", "batch_size", "compute_seconds"]
     i = fields.index("compute_seconds")
     return [row[i] for row in worker.get("cycle_log") or [] if len(row) > i and row[i] is not None]
 
@@ -222,18 +225,18 @@ def speedups(results: dict[str, Any], gs: dict[tuple[str, str], Group] | None = 
 
 
 def worker_cycle_stats(results: dict[str, Any], profile: str, label: str) -> list[dict[str, Any]]:
-    """Per worker (by name) of one group: its cycle compute seconds pooled over repeats, and final DSS/MBS."""
+    """Per worker (by name) of one group: its cycle compute seconds pooled over repeats, and final DSS/batch size."""
     by_name: dict[str, dict[str, Any]] = {}
     for r in ok_runs(results):
         if r["profile"] != profile or r["variant"] != label:
             continue
         for w in r["summary"].get("workers") or []:
             d = by_name.setdefault(w["name"], {"name": w["name"], "speed": w.get("speed"), "cycle_seconds": [],
-                                               "dss": [], "mbs": [], "cycles": []})
+                                               "dss": [], "batch_size": [], "cycles": []})
             d["cycle_seconds"].extend(cycle_seconds(w))
             d["cycles"].append(w.get("cycles", 0))
             d["dss"].append(w.get("dss"))
-            d["mbs"].append(w.get("mbs"))
+            d["batch_size"].append(batch_size_of(w))
     return sorted(by_name.values(), key=lambda d: natural_key(d["name"]))
 
 

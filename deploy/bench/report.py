@@ -162,9 +162,9 @@ def render_report(results: dict[str, Any]) -> str:
                 wrows.append([f"`{v['label']}`", w["name"], fmt(w["speed"], 2),
                               fmt(statistics.median(w["cycles"]), 0) if w["cycles"] else "-",
                               fmt(q[1], 3), f"{fmt(q[0], 3)}–{fmt(q[2], 3)}" if cs else "-",
-                              _values(w["dss"]), _values(w["mbs"])])
+                              _values(w["dss"]), _values(w["batch_size"])])
         out += _table(["variant", "worker", "relative speed", "cycles (median)", "compute s / cycle (median)",
-                       "IQR", "final DSS", "final MBS"], wrows, ["l", "l", "r", "r", "r", "r", "r", "r"])
+                       "IQR", "final DSS", "final batch size"], wrows, ["l", "l", "r", "r", "r", "r", "r", "r"])
         wl = f"workload_{profile}.png"
         if wl in plot_names(results):
             out += ["", f"![{profile.upper()}: dataset size and mini-batch size per worker over time]({wl})"]

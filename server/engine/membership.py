@@ -134,9 +134,9 @@ class Membership:
         self.telemetry.emit("leave", worker=worker_id, reason=reason, state=state, requeued_shards=requeued)
         return True
 
-    def learning_rate(self, step_batch: int) -> float:
-        return self.policies.lr.rate(step_batch, lambda: sum(
-            self.allocator.workload(w).step_batch for w in self.registry.active_ids()))
+    def learning_rate(self, effective_batch_size: int) -> float:
+        return self.policies.lr.rate(effective_batch_size, lambda: sum(
+            self.allocator.workload(w).effective_batch_size for w in self.registry.active_ids()))
 
     def assign(self, worker: WorkerRecord, keep: int = 2) -> WorkReply:
         """The next assignment of a worker: its workload, and whole shards for what its carry does not cover."""
@@ -156,21 +156,21 @@ class Membership:
         # Never negative: short of data the agent trains what it has and carries nothing.
         worker.sample_credit = max(0, worker.sample_credit + given - wl.dss)
         self.note_assignment(worker.id, assignment.shards, keep)
-        work = WorkReply(epoch=assignment.epoch, shards=list(assignment.shards), batch_size=wl.mbs,
+        work = WorkReply(epoch=assignment.epoch, shards=list(assignment.shards), batch_size=wl.batch_size,
                          cycle_samples=wl.dss, accumulation=wl.accumulation,
-                         lr=self.learning_rate(wl.step_batch), data=self.kafka.ranges("train", assignment.shards))
+                         lr=self.learning_rate(wl.effective_batch_size), data=self.kafka.ranges("train", assignment.shards))
         self.telemetry.emit("assignment", worker=worker.id, epoch=assignment.epoch, shards=list(assignment.shards),
-                         dss=wl.dss, mbs=wl.mbs, accumulation=wl.accumulation, lr=work.lr)
+                         dss=wl.dss, batch_size=wl.batch_size, accumulation=wl.accumulation, lr=work.lr)
         return work
 
     def _assign_local(self, worker: WorkerRecord, local: LocalAccount, wl: Workload) -> WorkReply:
         """Device-local data: the same workload, as a count of samples the agent draws from its own set."""
         epoch = local.take(wl.dss)
-        work = WorkReply(epoch=epoch, shards=[], local_samples=wl.dss, batch_size=wl.mbs, cycle_samples=wl.dss,
-                         accumulation=wl.accumulation, lr=self.learning_rate(wl.step_batch),
+        work = WorkReply(epoch=epoch, shards=[], local_samples=wl.dss, batch_size=wl.batch_size, cycle_samples=wl.dss,
+                         accumulation=wl.accumulation, lr=self.learning_rate(wl.effective_batch_size),
                          data=KafkaRanges(source="local"))
         self.telemetry.emit("assignment", worker=worker.id, epoch=epoch, shards=[], local_samples=wl.dss,
-                         dss=wl.dss, mbs=wl.mbs, accumulation=wl.accumulation, lr=work.lr)
+                         dss=wl.dss, batch_size=wl.batch_size, accumulation=wl.accumulation, lr=work.lr)
         return work
 
     def note_assignment(self, worker_id: str, shards: tuple[int, ...], keep: int = 2) -> None:
@@ -231,7 +231,7 @@ class Membership:
                             budget=int(memory * self.config.batch_bounds.memory_fraction))
 
     def record_workload(self, rec: WorkerRecord, elapsed: float, wl: Workload) -> None:
-        rec.workload_history.append((elapsed, wl.dss, wl.mbs))
+        rec.workload_history.append((elapsed, wl.dss, wl.batch_size))
         rec.accumulation = wl.accumulation
 
     def apply_resizes(self, resizes: dict[str, Resize], elapsed: float) -> None:
@@ -242,12 +242,12 @@ class Membership:
             if rec is None or rec.state != "active":
                 continue
             wl = resize.workload
-            if rec.workload_history and rec.workload_history[-1][1:] == (wl.dss, wl.mbs) \
+            if rec.workload_history and rec.workload_history[-1][1:] == (wl.dss, wl.batch_size) \
                     and rec.accumulation == wl.accumulation:
                 continue  # e.g. a joining worker, recorded at registration
             self.record_workload(rec, elapsed, wl)
             self.telemetry.emit("resize", worker=resized_id, name=rec.name, kind=resize.kind, dss=wl.dss,
-                                mbs=wl.mbs, accumulation=wl.accumulation, **resize.detail)
+                                batch_size=wl.batch_size, accumulation=wl.accumulation, **resize.detail)
 
     def validation_shards_for(self, worker: WorkerRecord) -> list[int]:
         """A fixed local validation split per worker (its gate's data), spread over the validation set."""

@@ -117,8 +117,11 @@ class RuleFold:
 
 
 class LearningRate(Protocol):
-    def rate(self, step_batch: int, cluster_batch: Callable[[], int]) -> float:
-        """The lr for a worker stepping on ``step_batch`` samples; ``cluster_batch()`` sums the active workers'."""
+    def rate(self, effective_batch_size: int, cluster_batch_size: Callable[[], int]) -> float:
+        """The lr for a worker stepping on ``effective_batch_size`` samples.
+
+        ``cluster_batch_size()`` sums the active workers' (B of OmniLearn Eq. 5b).
+        """
         ...
 
 
@@ -129,10 +132,10 @@ class ScaledRate:
     lr: float
     scaling: LrScaling
 
-    def rate(self, step_batch: int, cluster_batch: Callable[[], int]) -> float:
+    def rate(self, effective_batch_size: int, cluster_batch_size: Callable[[], int]) -> float:
         # Summed only for rules that read it: every work request asks for a rate.
-        total = cluster_batch() if self.scaling.needs_global_batch else step_batch
-        return self.scaling.lr(self.lr, step_batch, total)
+        total = cluster_batch_size() if self.scaling.needs_global_batch else effective_batch_size
+        return self.scaling.lr(self.lr, effective_batch_size, total)
 
 
 @dataclass(frozen=True)

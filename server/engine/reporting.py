@@ -84,7 +84,7 @@ class Reporting:
             "start_gate": self.start_gate.status(),
             "heterogeneity": self.registry.heterogeneity(),
             "workloads": {
-                r.id: {"name": r.name, "dss": r.workload_history[-1][1], "mbs": r.workload_history[-1][2],
+                r.id: {"name": r.name, "dss": r.workload_history[-1][1], "batch_size": r.workload_history[-1][2],
                        "accumulation": r.accumulation}
                 for r in self.registry.all() if r.state == "active" and r.workload_history
             },

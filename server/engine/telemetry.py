@@ -50,7 +50,7 @@ _METRICS: dict[str, Callable[[ServerMetrics, Fields], None]] = {
     "model_restored": lambda m, f: m.model_restores.inc(),
 }
 
-_RESIZE_KEYS = ("worker", "name", "kind", "dss", "mbs", "accumulation")
+_RESIZE_KEYS = ("worker", "name", "kind", "dss", "batch_size", "accumulation")
 
 # fact -> (level, message, arguments from the fields); %-style, formatted only if logged.
 _LINES: dict[str, tuple[int, str, Callable[[Fields], tuple[Any, ...]]]] = {
@@ -64,8 +64,8 @@ _LINES: dict[str, tuple[int, str, Callable[[Fields], tuple[Any, ...]]]] = {
     "join": (logging.INFO, "worker %s (%s) %s",
              lambda f: (f["worker"], f["name"], "rejoined" if f["rejoined"] else "joined")),
     "leave": (logging.INFO, "worker %s %s: %s", lambda f: (f["worker"], f["state"], f["reason"])),
-    "resize": (logging.INFO, "worker %s resized (%s): dss=%d mbs=%d accumulation=%d %s",
-               lambda f: (f["worker"], f["kind"], f["dss"], f["mbs"], f["accumulation"],
+    "resize": (logging.INFO, "worker %s resized (%s): dss=%d batch_size=%d accumulation=%d %s",
+               lambda f: (f["worker"], f["kind"], f["dss"], f["batch_size"], f["accumulation"],
                           {k: v for k, v in f.items() if k not in _RESIZE_KEYS})),
     "restored_workers_forgotten": (
         logging.INFO, "%d worker(s) of the resumed checkpoint did not register again within %.1fs; "

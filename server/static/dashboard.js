@@ -170,7 +170,9 @@ function renderWorkers(workers) {
     cell(tr, fmt(w.speed, 2));
     cell(tr, fmt(w.throughput, 1));
     cell(tr, w.dss === null ? "-" : String(w.dss), "dss");
-    cell(tr, w.mbs === null ? "-" : String(w.mbs), "mbs");
+    // ``mbs`` before issue 26: an older server's workers still show theirs.
+    const batchSize = w.batch_size !== undefined ? w.batch_size : w.mbs;
+    cell(tr, batchSize === null || batchSize === undefined ? "-" : String(batchSize), "batch_size");
     cell(tr, String(w.accumulation));
     cell(tr, fmt(100 * w.utilization, 1) + "%");
     cell(tr, String(w.cycles));

@@ -20,7 +20,7 @@ def _events(out: Path, kind: str) -> list[dict]:
 
 
 def _final_batches(s: dict) -> dict[str, int]:
-    return {w["name"]: w["mbs"] for w in s["workers"]}
+    return {w["name"]: w["batch_size"] for w in s["workers"]}
 
 
 # The default suite keeps one run per policy family (OmniLearn in BSP and ASP, Chao's dynamic batching);
@@ -69,7 +69,7 @@ def test_preset_reaches_target_at_hl8(preset: str, tmp_path: Path) -> None:
     if preset == "omnilearn-asp":
         # OmniLearn Eq. 5b: eta_k = eta * b_k / sum(b); the agents log the lr they were given.
         given = [e for e in _events(out, "assignment")]
-        ratios = {round(e["lr"] / e["mbs"], 9) for e in given}
+        ratios = {round(e["lr"] / e["batch_size"], 9) for e in given}
         assert len({e["lr"] for e in given}) > 1  # batches moved, and the learning rate with them
         # lr / b_k = eta / sum(b): one value while the batch sum stays put; a handful across changes.
         assert len(ratios) < len(given) / 4
@@ -82,7 +82,7 @@ def _batches_at(s: dict, t: float) -> dict[str, int]:
     out = {w["name"]: s["config"]["batch_size"] for w in s["workers"]}
     for c in s["workload_changes"]:
         if c["elapsed"] <= t:
-            out[c["name"]] = c["mbs"]
+            out[c["name"]] = c["batch_size"]
     return out
 
 
@@ -100,7 +100,7 @@ def test_batches_follow_dynamic_heterogeneity(tmp_path: Path) -> None:
                           "--set", "cycle_samples=512", "--set", "b_max=512",
                           "--speed-schedule", "0:hl1,12:hl4,30:hl8,48:hl1", "--max-seconds", "70")
     assert "workload worker-" in proc.stdout  # every adjustment printed as it happens
-    assert s["workload_changes"] and all({"elapsed", "name", "mbs"} <= c.keys() for c in s["workload_changes"])
+    assert s["workload_changes"] and all({"elapsed", "name", "batch_size"} <= c.keys() for c in s["workload_changes"])
     hl4, hl8 = _batches_at(s, 29), _batches_at(s, 47)
     # worker-4 is the fastest at HL4 and HL8 (speeds 1 : 0.25 at HL4, 1 : 0.125 at HL8).
     assert hl4["worker-4"] > 1.5 * hl4["worker-3"], hl4

@@ -39,7 +39,7 @@ def test_memory_model_caps_the_batch_and_carried_samples_are_not_refetched(omnil
                                                 "memory_profile": profile})
     assert ack.header.type is MsgType.STATS_ACK
     rec = server.workers()[w.id]
-    assert rec["mbs"] == 8 and rec["dss"] == 4 * 8  # cycle_samples // batch_size = 4 steps of b = 8
+    assert rec["batch_size"] == 8 and rec["dss"] == 4 * 8  # cycle_samples // batch_size = 4 steps of b = 8
 
     # Shards hold 64 samples, a cycle now 32: one shard covers two cycles. The server hands
     # out only what the agent's carry does not cover, so no sample is fetched twice or skipped.
@@ -64,13 +64,13 @@ def test_bad_memory_profiles_are_refused_and_change_nothing(omnilearn_server, pr
         assert reply.header.body["code"] == "bad_request"
     else:  # well-formed but unusable: logged, the batch stays
         assert "unusable memory profile" in server.log_text()
-    assert server.workers()[w.id]["mbs"] == 32
+    assert server.workers()[w.id]["batch_size"] == 32
     assert server.healthz()["status"] == "ok"
     _leave(server, w)
 
 
 def _push(worker, delta, base, samples, seconds, out):
-    cycle = {"dss": samples, "mbs": 32, "compute_seconds": seconds}
+    cycle = {"dss": samples, "batch_size": 32, "compute_seconds": seconds}
     out[worker.id] = worker.push(delta, base_version=base, samples=samples, cycle=cycle)
 
 
@@ -113,8 +113,8 @@ def test_status_reports_heterogeneity_and_workloads(server_factory):
     assert status["heterogeneity"]["declared"] == 8.0  # OmniLearn Eq. 3: 32 / 4
     loads = status["workloads"]
     # OmniLearn Eq. 4a: b_k = c_k / sum(c) * K*b = 4/36 * 64 and 32/36 * 64, rounded keeping the sum.
-    assert (loads[a.id]["mbs"], loads[b.id]["mbs"]) == (7, 57)
+    assert (loads[a.id]["batch_size"], loads[b.id]["batch_size"]) == (7, 57)
     _leave(server, a)
     # The survivor gets the whole K*b = 32 again.
-    assert server.get_json("/v1/status")["workloads"][b.id]["mbs"] == 32
+    assert server.get_json("/v1/status")["workloads"][b.id]["batch_size"] == 32
     _leave(server, b)

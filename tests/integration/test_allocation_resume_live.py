@@ -32,15 +32,15 @@ FLAGS = ("--preset", "dynamic-batching", "--heartbeat-interval", "0.5", "--heart
 
 def _workloads(server) -> dict[str, tuple[int, int, int]]:
     loads = server.get_json("/v1/status")["workloads"]
-    return {v["name"]: (v["dss"], v["mbs"], v["accumulation"]) for v in loads.values()}
+    return {v["name"]: (v["dss"], v["batch_size"], v["accumulation"]) for v in loads.values()}
 
 
 def _report_round(server, workers: dict) -> None:
     """Every worker reports one cycle at its current workload, taking samples / speed seconds."""
     loads = _workloads(server)
     for name, w in workers.items():
-        dss, mbs, acc = loads[name]
-        cycle = {"dss": dss, "mbs": mbs, "accumulation": acc, "compute_seconds": dss / SPEEDS[name]}
+        dss, batch_size, acc = loads[name]
+        cycle = {"dss": dss, "batch_size": batch_size, "accumulation": acc, "compute_seconds": dss / SPEEDS[name]}
         ack = w.request(MsgType.REPORT_STATS, body={"samples": 0, "bytes_sent": 0, "bytes_received": 0,
                                                     "cycle": cycle})
         assert ack.header.type is MsgType.STATS_ACK, ack.header.body
@@ -68,7 +68,7 @@ def test_pcontrol_batches_survive_a_resume_and_a_missing_worker_is_forgotten(tmp
     assert {n: wl[1] for n, wl in before.items()} == {"dyn-fast": 55, "dyn-mid": 27, "dyn-slow": 14}
     saved = _allocator_state(ckpt)
     assert saved["policy"] == "pcontrol"
-    assert saved["batches"]["batch"] == {ids[n]: wl[1] for n, wl in before.items()}
+    assert saved["batches"]["batch_size_of"] == {ids[n]: wl[1] for n, wl in before.items()}
 
     with running_server(tmp_path / "second", "--resume", str(ckpt), *FLAGS) as second:
         assert second.get_json("/v1/status")["resumed_from"] is not None

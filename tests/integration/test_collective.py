@@ -44,7 +44,7 @@ def _rank_main(rank: int, port: int, out: str, lr: float) -> None:
     torch.set_num_threads(1)
     x, y = _data()
     start = sum(n for n, _, _ in RANKS[:rank])
-    n, mbs, acc = RANKS[rank]
+    n, batch_size, acc = RANKS[rank]
     model = _model()
     if rank != 0:  # replicas must start from rank 0's weights, whatever they built
         with torch.no_grad():
@@ -55,7 +55,7 @@ def _rank_main(rank: int, port: int, out: str, lr: float) -> None:
         group.broadcast_model(model)
         trainer = LocalTrainer(model, lr=lr, momentum=0.0, weight_decay=0.0, device=torch.device("cpu"),
                                precision="fp32")
-        result = trainer.train_cycle(x[start:start + n], y[start:start + n], mbs, acc, steps=1,
+        result = trainer.train_cycle(x[start:start + n], y[start:start + n], batch_size, acc, steps=1,
                                      grad_hook=GradientAllReduce(group))
         assert result.steps == 1 and not result.stopped
         torch.save({"flat": trainer.flat(), "bytes": group.reduced_bytes}, out)

@@ -137,15 +137,15 @@ def _rank_main(rank: int, port: int, out: str, lr: float) -> None:
     rv = Rendezvous(rank=rank, world_size=len(RANKS), master_addr="127.0.0.1", master_port=port, timeout_seconds=5.0, generation=0, store_prefix="gen0/")
     group = CollectiveGroup(rv, torch.device("cpu"))
     start = sum(n for n, _, _ in RANKS[:rank])
-    n, mbs, acc = RANKS[rank]
+    n, batch_size, acc = RANKS[rank]
     group.broadcast_model(model)
-    trainer.train_cycle(x[start:start + n], y[start:start + n], mbs, acc, steps=1,
+    trainer.train_cycle(x[start:start + n], y[start:start + n], batch_size, acc, steps=1,
                         grad_hook=GradientAllReduce(group))
     torch.save({"flat": trainer.flat()}, d / f"{name}-gen0.pt")
     if rank == 2:
         os.kill(os.getpid(), signal.SIGKILL)  # mid-run, no goodbye
     try:
-        trainer.train_cycle(x[start:start + n], y[start:start + n], mbs, acc, steps=1,
+        trainer.train_cycle(x[start:start + n], y[start:start + n], batch_size, acc, steps=1,
                         grad_hook=GradientAllReduce(group))
         raise AssertionError("the all-reduce with a dead peer succeeded")
     except CollectiveError as exc:
@@ -165,8 +165,8 @@ def _rank_main(rank: int, port: int, out: str, lr: float) -> None:
         before = trainer.flat()
         # The survivors' new ranks train on the first len(survivors) slices of the union batch.
         start = sum(n for n, _, _ in RANKS[:rv.rank])
-        n, mbs, acc = RANKS[rv.rank]
-        result = trainer.train_cycle(x[start:start + n], y[start:start + n], mbs, acc, steps=1,
+        n, batch_size, acc = RANKS[rv.rank]
+        result = trainer.train_cycle(x[start:start + n], y[start:start + n], batch_size, acc, steps=1,
                                      grad_hook=GradientAllReduce(group))
         assert result.steps == 1 and not result.stopped
         torch.save({"before": before, "after": trainer.flat(), "rank": rv.rank, "world": rv.world_size,

@@ -248,7 +248,7 @@ def test_browser_matches_status_once_the_run_is_over(run: Run) -> None:
             continue  # the fixture's probe
         row = page.rows[w["name"]]
         assert row[STATE] == w["state"] == "left"
-        assert (row[DSS], row[MBS], row[CYCLES]) == (str(w["dss"]), str(w["mbs"]), str(w["cycles"]))
+        assert (row[DSS], row[MBS], row[CYCLES]) == (str(w["dss"]), str(w["batch_size"]), str(w["cycles"]))
         assert (row[PUSHED], row[SKIPPED], row[MESSAGES]) == (str(w["gate_pushes"]), str(w["gate_skips"]),
                                                               str(w["messages"]))
     shown = [w for w in workers if w["name"] in page.rows]
@@ -265,7 +265,7 @@ def test_tensorboard_files_hold_the_runs_scalars(run: Run) -> None:
     acc = event_accumulator.EventAccumulator(str(run.tensorboard))
     acc.Reload()
     tags = set(acc.Tags()["scalars"])
-    per_worker = ("cycle_seconds", "mbs", "dss", "gate_pushes", "gate_skips")
+    per_worker = ("cycle_seconds", "batch_size", "dss", "gate_pushes", "gate_skips")
     assert {"test/accuracy", "test/loss", "messages/total", "bytes/received", "bytes/sent"} <= tags
     assert {f"{kind}/{name}" for kind in per_worker for name in AGENTS} <= tags
 
@@ -282,9 +282,9 @@ def test_tensorboard_files_hold_the_runs_scalars(run: Run) -> None:
             continue
         cycle_seconds = acc.Scalars(f"cycle_seconds/{w['name']}")
         assert [s.step for s in cycle_seconds] == list(range(1, w["cycles"] + 1))
-        tail = w["cycle_log"]  # the registry's last cycles, oldest first: elapsed, dss, mbs, compute_seconds, ...
+        tail = w["cycle_log"]  # the registry's last cycles, oldest first: elapsed, dss, batch_size, compute_seconds, ...
         assert [s.value for s in acc.Scalars(f"dss/{w['name']}")][-len(tail):] == [c[1] for c in tail]
-        assert [s.value for s in acc.Scalars(f"mbs/{w['name']}")][-len(tail):] == [c[2] for c in tail]
+        assert [s.value for s in acc.Scalars(f"batch_size/{w['name']}")][-len(tail):] == [c[2] for c in tail]
         # The cycle log keeps seconds rounded to 1e-6 (registry), the event file float32 of the raw value.
         assert [s.value for s in cycle_seconds][-len(tail):] == pytest.approx([c[3] for c in tail], abs=1e-6)
         assert acc.Scalars(f"gate_pushes/{w['name']}")[-1].value == w["gate_pushes"]

@@ -16,8 +16,8 @@ from tests.conftest import kill_agents, running_server, start_agent
 pytestmark = pytest.mark.integration
 
 
-def _cycle(dss: int, mbs: int, seconds: float, pushed: bool, z: float | None = -2.0) -> dict:
-    return {"dss": dss, "mbs": mbs, "compute_seconds": seconds, "val_loss": 1.0, "z": z, "alpha": -1.3,
+def _cycle(dss: int, batch_size: int, seconds: float, pushed: bool, z: float | None = -2.0) -> dict:
+    return {"dss": dss, "batch_size": batch_size, "compute_seconds": seconds, "val_loss": 1.0, "z": z, "alpha": -1.3,
             "pushed": pushed, "decision": "zscore" if pushed else "above_threshold"}
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-FIELDS = ["elapsed", "dss", "mbs", "compute_seconds", "z", "pushed"]
+FIELDS = ["elapsed", "dss", "batch_size", "compute_seconds", "z", "pushed"]
 
 # seconds to target per repeat (None: missed), per variant
 TIMES = {
@@ -32,7 +32,7 @@ def summary(preset: str, seed: int, seconds: float | None) -> dict[str, Any]:
                for c in range(5 + i)]
         workers.append({
             "id": f"w{i + 1:04d}", "name": f"worker-{i + 1}", "speed": speed, "cycles": len(log),
-            "wi": 1.0 + 0.5 * i, "dss": 128 + 64 * i, "mbs": 32, "pushes": 4, "pulls": 4,
+            "wi": 1.0 + 0.5 * i, "dss": 128 + 64 * i, "batch_size": 32, "pushes": 4, "pulls": 4,
             "bytes_sent": 1_000_000, "bytes_received": 2_000_000, "compute_seconds": sum(r[3] for r in log),
             "workload_history": [[0.5, 128, 32], [3.0, 128 + 64 * i, 32]],
             "cycle_log_fields": FIELDS, "cycle_log": log,

@@ -117,6 +117,22 @@ def test_worker_cycle_seconds_pool_repeats_per_worker():
     assert cycle_seconds(w) == [row[3] for row in w["cycle_log"]]
 
 
+def test_worker_stats_read_results_written_before_the_batch_size_had_one_name():
+    # Before issue 26 the worker records and their cycle logs called the batch size ``mbs``.
+    res = make_results()
+    for r in res["runs"]:
+        for w in r["summary"]["workers"]:
+            w["mbs"] = w.pop("batch_size")
+            w["cycle_log_fields"] = ["elapsed", "dss", "mbs", *w["cycle_log_fields"][3:]]
+    stats = worker_cycle_stats(res, "hl8", "bsp")
+    assert [w["batch_size"] for w in stats] == [[32, 32, 32]] * 4
+    assert stats == worker_cycle_stats(make_results(), "hl8", "bsp")
+    # The oldest files have no field list: compute seconds are the fourth column.
+    w = res["runs"][0]["summary"]["workers"][0]
+    del w["cycle_log_fields"]
+    assert cycle_seconds(w) == [row[3] for row in w["cycle_log"]]
+
+
 def test_training_time_runs_from_the_last_agents_first_join_to_the_evaluation_that_reached_the_target(tmp_path):
     # Issue 17's "seconds of training": from the last agent's join. A rejoin (w0001 restarted at 109)
     # does not move the start; the evaluation that reached the target (not the later event) ends it.

@@ -20,7 +20,7 @@ STATS = {"samples": 40, "bytes_sent": 7, "bytes_received": 9, "compute_seconds":
 
 
 def _cycle(pushed: bool, dss: int = 32) -> dict:
-    return {"dss": dss, "mbs": 8, "compute_seconds": 0.5, "decision": "improved" if pushed else "no_improvement",
+    return {"dss": dss, "batch_size": 8, "compute_seconds": 0.5, "decision": "improved" if pushed else "no_improvement",
             "pushed": pushed, "val_loss": 1.0, "z": -2.0 if pushed else 0.1, "alpha": -1.3}
 
 
@@ -133,7 +133,7 @@ def test_one_work_request_hands_out_several_assignments_with_all_their_shards(cl
     assert len(works) == 3 and all("then" not in w for w in first["then"])
     shards = [s for w in works for s in w["shards"]]
     wl = engine.allocator.workload(agent.rec.id)
-    assert all(w["cycle_samples"] == wl.dss and w["batch_size"] == wl.mbs for w in works)
+    assert all(w["cycle_samples"] == wl.dss and w["batch_size"] == wl.batch_size for w in works)
     # Three assignments' worth of shards, each handed out once, in the order they are to be trained.
     assert len(shards) == len(set(shards)) == 6
     assert engine.membership.outstanding[agent.rec.id] == [tuple(w["shards"]) for w in works]

@@ -113,7 +113,7 @@ def test_request_work_assigns_shards_of_the_workload(clock):
     assert reply.header.type is MsgType.WORK
     body = reply.header.body
     wl = engine.allocator.workload(agent.rec.id)
-    assert (body["batch_size"], body["cycle_samples"], body["accumulation"]) == (wl.mbs, wl.dss, wl.accumulation)
+    assert (body["batch_size"], body["cycle_samples"], body["accumulation"]) == (wl.batch_size, wl.dss, wl.accumulation)
     assert len(body["shards"]) == math.ceil(wl.dss / SHARD) and body["source"] == "zmq"
     assert body["lr"] == engine.config.lr and body["stop"] is False
     assert engine.membership.outstanding[agent.rec.id] == [tuple(body["shards"])]

@@ -12,7 +12,7 @@ from hermes.server.tensorboard import TensorBoardSink, _masked_crc, encode_event
 
 
 def _cycle(worker: str, i: int) -> dict:
-    return {"worker": worker, "elapsed": float(i), "compute_seconds": 0.1 * i, "dss": 64 * i, "mbs": 16,
+    return {"worker": worker, "elapsed": float(i), "compute_seconds": 0.1 * i, "dss": 64 * i, "batch_size": 16,
             "pushed": i % 2 == 0, "decision": "zscore", "z": -1.0}
 
 

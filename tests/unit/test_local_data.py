@@ -151,7 +151,7 @@ def test_work_replies_carry_a_sample_count_and_no_shards():
     body = reply.header.body
     wl = engine.allocator.workload(agent.rec.id)
     assert body["source"] == "local" and body["shards"] == []
-    assert body["local_samples"] == body["cycle_samples"] == wl.dss and body["batch_size"] == wl.mbs
+    assert body["local_samples"] == body["cycle_samples"] == wl.dss and body["batch_size"] == wl.batch_size
     assert engine.status()["shard_bytes"] == 0 and engine.status()["data_location"] == "local"
     assert engine.epoch_progress == pytest.approx(wl.dss / 300)
     # No validation shards either: the gate's split is held out of the agent's own data.
@@ -174,13 +174,13 @@ def test_the_dual_search_sizes_local_cycles_until_cycle_times_equalise():
             for name, agent in agents.items():
                 body = (await agent.request(MsgType.REQUEST_WORK, {})).header.body
                 assert body["shards"] == [] and body["source"] == "local"
-                dss, mbs = body["local_samples"], body["batch_size"]
+                dss, batch_size = body["local_samples"], body["batch_size"]
                 seconds = dss * per_sample * slowdowns[name]
                 times[name].append(seconds)
                 clock.advance(seconds / 4)
                 await agent.request(MsgType.REPORT_STATS, {
                     "samples": dss, "bytes_sent": 0, "bytes_received": 0,
-                    "cycle": {"dss": dss, "mbs": mbs, "compute_seconds": seconds, "accumulation": 1}})
+                    "cycle": {"dss": dss, "batch_size": batch_size, "compute_seconds": seconds, "accumulation": 1}})
         return times
 
     times = asyncio.run(rounds(40))

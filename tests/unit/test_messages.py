@@ -12,6 +12,7 @@ from hermes.common.messages import (
     PushReply,
     PushUpdate,
     WorkReply,
+    batch_size_of,
     parse_body,
     parse_reply,
     request_body,
@@ -78,8 +79,8 @@ def test_the_batch_size_has_one_name_on_the_wire_and_agents_that_said_mbs_still_
     assert parse_body(PushUpdate, body) == update
     old = parse_body(CycleReport, {"dss": 4, "mbs": 2})
     assert old.batch_size == 2
-    # The event log and the allocators keep their column name.
-    assert list(old.fields())[:2] == ["dss", "mbs"] and old.fields()["mbs"] == 2
+    # The event log and the registry keep it under the same one name.
+    assert list(old.fields())[:2] == ["dss", "batch_size"] and old.fields()["batch_size"] == 2
 
 
 class _Client:
@@ -119,3 +120,9 @@ def test_hermes_client_says_a_malformed_reply_in_one_line(capsys: pytest.Capture
     err = capsys.readouterr().err
     assert err.startswith("hermes-client: server's WORK reply: body field 'shards': Field required (and ")
     assert err.count("\n") == 1
+
+
+def test_a_record_written_before_the_batch_size_had_one_name_still_reads() -> None:
+    assert batch_size_of({"dss": 64, "mbs": 16}) == 16  # an events.jsonl / summary.json line before issue 26
+    assert batch_size_of({"dss": 64, "batch_size": 32, "mbs": 16}) == 32
+    assert batch_size_of({"dss": 64}) is None

@@ -8,7 +8,7 @@ from hermes.server.registry import SERVER_COUNTERS, Registry
 
 
 def _cycle(dss: int, seconds: float) -> dict:
-    return {"dss": dss, "mbs": 32, "compute_seconds": seconds, "z": 0.5, "pushed": True, "decision": "gate"}
+    return {"dss": dss, "batch_size": 32, "compute_seconds": seconds, "z": 0.5, "pushed": True, "decision": "gate"}
 
 
 def test_counts_and_logs_survive_a_checkpoint_round_trip():

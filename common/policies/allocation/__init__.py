@@ -40,16 +40,16 @@ ALLOCATIONS = ("uniform", "dual-search", "static", "pcontrol", "adaptive", "part
 @dataclass(frozen=True)
 class Workload:
     dss: int  # samples per cycle (between two pushes)
-    mbs: int  # micro-batch size
+    batch_size: int  # micro-batch size
     accumulation: int = 1  # micro-batches per optimizer step
 
     def __post_init__(self) -> None:
-        if self.dss < 1 or self.mbs < 1 or self.accumulation < 1:
+        if self.dss < 1 or self.batch_size < 1 or self.accumulation < 1:
             raise ValueError(f"workload fields must be >= 1, got {self}")
 
     @property
-    def step_batch(self) -> int:
-        return self.mbs * self.accumulation
+    def effective_batch_size(self) -> int:
+        return self.batch_size * self.accumulation
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ class CycleObservation:
     """One finished cycle as the agent ran it."""
 
     dss: int
-    mbs: int
+    batch_size: int
     seconds: float
     accumulation: int = 1
 
@@ -69,7 +69,7 @@ class CycleObservation:
         an epoch of data, the end of the data) ran the right batch on fewer
         samples: its time is scaled up, steps taking equal time at equal batch.
         """
-        if (self.mbs, self.accumulation) != (workload.mbs, workload.accumulation) or self.dss <= 0:
+        if (self.batch_size, self.accumulation) != (workload.batch_size, workload.accumulation) or self.dss <= 0:
             return None
         return self.seconds * workload.dss / self.dss
 

@@ -8,7 +8,7 @@ from typing import Any, Protocol, runtime_checkable
 from pydantic import BaseModel, ConfigDict, Field
 
 from hermes.common.policies.allocation import Resize, Workload
-from hermes.common.policies.allocation._state import resize_from_state, resize_state, str_ints
+from hermes.common.policies.allocation._state import renamed, resize_from_state, resize_state, str_ints
 from hermes.common.policies.base import Core
 
 
@@ -87,50 +87,51 @@ class CountsEpochs(Protocol):
 
 
 class StepBatches:
-    """Per-worker step batch b (and accumulation count), caps, and resizes not yet reported.
+    """Per-worker batch size (and accumulation count), caps, and resizes not yet reported.
 
-    A worker's workload is ``steps`` optimizer steps of ``b * accumulation``
-    samples, in micro-batches of ``b``.
+    A worker's workload is ``steps`` optimizer steps of ``batch_size * accumulation``
+    samples, in micro-batches of ``batch_size`` (b_k of OmniLearn Eq. 4a-8).
+    ``batch_size`` is the run's, every worker's until an allocator sets its own.
     """
 
-    def __init__(self, *, steps: int, base: int, b_min: int, b_max: int) -> None:
-        self.steps, self.base, self.b_min, self.b_max = steps, base, b_min, b_max
-        self.batch: dict[str, int] = {}
+    def __init__(self, *, steps: int, batch_size: int, b_min: int, b_max: int) -> None:
+        self.steps, self.batch_size, self.b_min, self.b_max = steps, batch_size, b_min, b_max
+        self.batch_size_of: dict[str, int] = {}
         self.accumulation: dict[str, int] = {}
         self.caps: dict[str, int] = {}
         self._pending: dict[str, Resize] = {}
 
     def workers(self) -> list[str]:
-        return sorted(self.batch)
+        return sorted(self.batch_size_of)
 
     def cap(self, worker_id: str) -> int:
         return max(self.b_min, min(self.b_max, self.caps.get(worker_id, self.b_max)))
 
-    def add(self, worker_id: str, batch: int | None = None, accumulation: int = 1) -> None:
-        self.batch[worker_id] = min(batch or self.base, self.cap(worker_id))
+    def add(self, worker_id: str, batch_size: int | None = None, accumulation: int = 1) -> None:
+        self.batch_size_of[worker_id] = min(batch_size or self.batch_size, self.cap(worker_id))
         self.accumulation[worker_id] = accumulation
 
     def remove(self, worker_id: str) -> None:
-        for d in (self.batch, self.accumulation, self.caps, self._pending):
+        for d in (self.batch_size_of, self.accumulation, self.caps, self._pending):
             d.pop(worker_id, None)
 
     def workload(self, worker_id: str) -> Workload:
-        b = self.batch.get(worker_id, self.base)
+        batch_size = self.batch_size_of.get(worker_id, self.batch_size)
         acc = self.accumulation.get(worker_id, 1)
-        return Workload(dss=self.steps * b * acc, mbs=b, accumulation=acc)
+        return Workload(dss=self.steps * batch_size * acc, batch_size=batch_size, accumulation=acc)
 
     def limit(self, worker_id: str, max_batch: int) -> bool:
         """Lower a worker's cap; True when its current batch had to shrink to it."""
         self.caps[worker_id] = min(self.caps.get(worker_id, self.b_max), max(self.b_min, int(max_batch)))
-        if self.batch.get(worker_id, 0) > self.cap(worker_id):
+        if self.batch_size_of.get(worker_id, 0) > self.cap(worker_id):
             self.set(worker_id, self.cap(worker_id), "memory", cap=self.cap(worker_id))
             return True
         return False
 
-    def set(self, worker_id: str, batch: int, kind: str | None = None, accumulation: int | None = None,
+    def set(self, worker_id: str, batch_size: int, kind: str | None = None, accumulation: int | None = None,
             **detail: Any) -> None:
         old = self.workload(worker_id)
-        self.batch[worker_id] = int(batch)
+        self.batch_size_of[worker_id] = int(batch_size)
         if accumulation is not None:
             self.accumulation[worker_id] = int(accumulation)
         new = self.workload(worker_id)
@@ -146,20 +147,20 @@ class StepBatches:
     def state_dict(self) -> dict[str, Any]:
         # Resizes not yet taken are kept too: the engine takes them after
         # every call, but a restored allocator must answer exactly as this one.
-        return {"batch": dict(self.batch), "accumulation": dict(self.accumulation), "caps": dict(self.caps),
+        return {"batch_size_of": dict(self.batch_size_of), "accumulation": dict(self.accumulation), "caps": dict(self.caps),
                 "pending": {w: resize_state(r) for w, r in self._pending.items()}}
 
     def restored(self, state: Mapping[str, Any]) -> StepBatches:
         """These bounds with the saved batches (a new object: a bad state leaves this one alone)."""
-        out = StepBatches(steps=self.steps, base=self.base, b_min=self.b_min, b_max=self.b_max)
-        out.batch = str_ints(state["batch"])
+        out = StepBatches(steps=self.steps, batch_size=self.batch_size, b_min=self.b_min, b_max=self.b_max)
+        out.batch_size_of = str_ints(renamed(state, "batch_size_of", "batch"))
         out.accumulation = str_ints(state["accumulation"])
         out.caps = str_ints(state["caps"])
         out._pending = {str(w): resize_from_state(r) for w, r in state["pending"].items()}
-        if set(out.accumulation) != set(out.batch):
+        if set(out.accumulation) != set(out.batch_size_of):
             raise ValueError("batch and accumulation name different workers")
         return out
 
     def params(self) -> dict[str, int]:
-        """What a saved batch means: steps per cycle, base batch and bounds."""
-        return {"steps": self.steps, "base": self.base, "b_min": self.b_min, "b_max": self.b_max}
+        """What a saved batch means: steps per cycle, the run's batch size and bounds."""
+        return {"steps": self.steps, "batch_size": self.batch_size, "b_min": self.b_min, "b_max": self.b_max}

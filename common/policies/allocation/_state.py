@@ -19,6 +19,11 @@ from hermes.common.policies.allocation import AllocatorStateError, Resize, Workl
 
 STATE_FORMAT = 1
 
+# Keys the batch size had before it got one name (issue 26), old -> new. A
+# checkpoint written then still loads: its parameters are read under the new
+# names (no current parameter uses an old one), its body through ``renamed``.
+RENAMED_PARAMS = {"base": "batch_size", "mbs": "batch_size", "base_mbs": "base_batch_size"}
+
 
 def stamp(policy: str, params: Mapping[str, Any], **body: Any) -> dict[str, Any]:
     return {"policy": policy, "format": STATE_FORMAT, "params": dict(params), **body}
@@ -38,6 +43,7 @@ def unstamp(policy: str, state: Any, params: Mapping[str, Any]) -> Mapping[str, 
     saved = state.get("params")
     if not isinstance(saved, Mapping):
         raise AllocatorStateError(f"{policy!r} allocator state lacks its parameters")
+    saved = {RENAMED_PARAMS.get(k, k): v for k, v in saved.items()}
     differing = sorted(k for k in set(saved) | set(params) if saved.get(k) != params.get(k))
     if differing:
         changes = ", ".join(f"{k} {saved.get(k)!r} -> {params.get(k)!r}" for k in differing)
@@ -56,14 +62,19 @@ def malformed_as_state_error(policy: str) -> Iterator[None]:
         raise AllocatorStateError(f"{policy!r} allocator state is malformed: {exc!r}") from None
 
 
+def renamed(state: Mapping[str, Any], key: str, old: str) -> Any:
+    """``state[key]``, or ``state[old]`` in a checkpoint written before the key was renamed."""
+    return state[key] if key in state or old not in state else state[old]
+
+
 def resize_state(r: Resize) -> dict[str, Any]:
     w = r.workload
-    return {"workload": [w.dss, w.mbs, w.accumulation], "kind": r.kind, "detail": dict(r.detail)}
+    return {"workload": [w.dss, w.batch_size, w.accumulation], "kind": r.kind, "detail": dict(r.detail)}
 
 
 def resize_from_state(state: Mapping[str, Any]) -> Resize:
-    dss, mbs, acc = (int(v) for v in state["workload"])
-    return Resize(Workload(dss, mbs, acc), str(state["kind"]), dict(state["detail"]))
+    dss, batch_size, acc = (int(v) for v in state["workload"])
+    return Resize(Workload(dss, batch_size, acc), str(state["kind"]), dict(state["detail"]))
 
 
 def str_ints(d: Mapping[Any, Any]) -> dict[str, int]:

@@ -38,19 +38,19 @@ class CostModel:
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
                 raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
 
-    def per_batch(self, mbs: int) -> float:
-        if not is_int(mbs) or mbs < 1:
-            raise ValueError(f"mbs must be an integer >= 1, got {mbs!r}")
-        return self.a + self.b * mbs
+    def per_batch(self, batch_size: int) -> float:
+        if not is_int(batch_size) or batch_size < 1:
+            raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+        return self.a + self.b * batch_size
 
-    def cycle_seconds(self, dss: int, mbs: int) -> float:
+    def cycle_seconds(self, dss: int, batch_size: int) -> float:
         """t = K(MBS) * E * DSS / MBS with E = 1 (Hermes Eq. 3).
 
         The batch count is ceil(DSS / MBS): a last, partial mini-batch is still one step.
         """
         if not is_int(dss) or dss < 1:
             raise ValueError(f"dss must be an integer >= 1, got {dss!r}")
-        return self.per_batch(mbs) * (-(-dss // mbs))
+        return self.per_batch(batch_size) * (-(-dss // batch_size))
 
 
 def _per_batch_observations(
@@ -61,45 +61,45 @@ def _per_batch_observations(
     obs = list(observations)[-max_history:]
     if not obs:
         raise ValueError("observations must not be empty")
-    mbs = np.empty(len(obs))
+    batch_sizes = np.empty(len(obs))
     y = np.empty(len(obs))
     for i, item in enumerate(obs):
         if len(item) != 3:
-            raise ValueError(f"observations[{i}] must be (mbs, dss, seconds), got {item!r}")
+            raise ValueError(f"observations[{i}] must be (batch_size, dss, seconds), got {item!r}")
         m, d, s = item
         if not is_int(m) or m < 1:
-            raise ValueError(f"observations[{i}] mbs must be an integer >= 1, got {m!r}")
+            raise ValueError(f"observations[{i}] batch_size must be an integer >= 1, got {m!r}")
         if not is_int(d) or d < 1:
             raise ValueError(f"observations[{i}] dss must be an integer >= 1, got {d!r}")
         if isinstance(s, bool) or not isinstance(s, (int, float)) or not math.isfinite(s) or s <= 0:
             raise ValueError(f"observations[{i}] seconds must be a finite number > 0, got {s!r}")
-        mbs[i] = m
+        batch_sizes[i] = m
         y[i] = s / (-(-d // m))  # per-batch time, inverting Hermes Eq. 3
-    return mbs, y
+    return batch_sizes, y
 
 
 def fit_cost_model(observations: Sequence[tuple[int, int, float]], *, max_history: int = 20) -> CostModel:
     """Least-squares fit of per-batch time y = a + b * MBS (K of Hermes Eq. 3, made MBS-dependent).
 
-    ``observations`` are (mbs, dss, cycle_seconds), most recent last; only the
+    ``observations`` are (batch_size, dss, cycle_seconds), most recent last; only the
     last ``max_history`` are used so the model follows a device whose speed
-    changes. Per-batch time is y = seconds / ceil(dss / mbs).
+    changes. Per-batch time is y = seconds / ceil(dss / batch_size).
     """
-    mbs, y = _per_batch_observations(observations, max_history)
-    if np.unique(mbs).size < 2:
+    batch_sizes, y = _per_batch_observations(observations, max_history)
+    if np.unique(batch_sizes).size < 2:
         # One MBS cannot separate the per-step cost a from the per-sample cost b.
         # Assume cost proportional to samples (a = 0): it predicts the same
         # per-sample speed at any MBS, the neutral guess; a constant K instead
         # would claim that doubling MBS halves the cycle time. Once the worker
         # has run at a second MBS the fit separates a and b.
-        return CostModel(a=0.0, b=float(np.mean(y) / mbs[0]))
-    m_mean, y_mean = float(np.mean(mbs)), float(np.mean(y))
-    b = float(np.sum((mbs - m_mean) * (y - y_mean)) / np.sum((mbs - m_mean) ** 2))
+        return CostModel(a=0.0, b=float(np.mean(y) / batch_sizes[0]))
+    m_mean, y_mean = float(np.mean(batch_sizes)), float(np.mean(y))
+    b = float(np.sum((batch_sizes - m_mean) * (y - y_mean)) / np.sum((batch_sizes - m_mean) ** 2))
     a = y_mean - b * m_mean
     # Negative costs are noise, not physics; refit the other coefficient alone.
     # a < 0 and b < 0 cannot both happen: y_mean = a + b * m_mean > 0.
     if a < 0:
-        a, b = 0.0, float(np.sum(mbs * y) / np.sum(mbs * mbs))
+        a, b = 0.0, float(np.sum(batch_sizes * y) / np.sum(batch_sizes * batch_sizes))
     elif b < 0:
         a, b = y_mean, 0.0
     return CostModel(a=max(a, 0.0), b=max(b, 0.0))

@@ -54,29 +54,29 @@ class SizingBounds:
         return range(self.dss_first, (self.dss_max // self.dss_step) * self.dss_step + 1, self.dss_step)
 
     @property
-    def mbs_grid(self) -> tuple[int, ...]:
+    def batch_size_grid(self) -> tuple[int, ...]:
         out, m = [], self.mbs_min
         while m <= self.mbs_max:
             out.append(m)
             m *= 2
         return tuple(out)
 
-    def clamp_mbs(self, mbs: int) -> int:
-        """Largest power of two <= mbs, held inside [mbs_min, mbs_max]."""
-        if not is_int(mbs) or mbs < 1:
-            raise ValueError(f"preferred_mbs must be an integer >= 1, got {mbs!r}")
-        p = 1 << (int(mbs).bit_length() - 1)
+    def clamp_batch_size(self, batch_size: int) -> int:
+        """Largest power of two <= batch_size, held inside [mbs_min, mbs_max]."""
+        if not is_int(batch_size) or batch_size < 1:
+            raise ValueError(f"preferred_batch_size must be an integer >= 1, got {batch_size!r}")
+        p = 1 << (int(batch_size).bit_length() - 1)
         return min(max(p, self.mbs_min), self.mbs_max)
 
 
 @dataclass(frozen=True)
 class SizingResult:
     dss: int
-    mbs: int
+    batch_size: int
     predicted_seconds: float
     target_seconds: float
     within_tolerance: bool
-    steps: int  # cost-model probes made (distinct (dss, mbs) pairs evaluated)
+    steps: int  # cost-model probes made (distinct (dss, batch_size) pairs evaluated)
 
     @property
     def relative_error(self) -> float:
@@ -90,10 +90,10 @@ class _Prober:
         self._model = model
         self._seen: dict[tuple[int, int], float] = {}
 
-    def __call__(self, dss: int, mbs: int) -> float:
-        key = (dss, mbs)
+    def __call__(self, dss: int, batch_size: int) -> float:
+        key = (dss, batch_size)
         if key not in self._seen:
-            self._seen[key] = self._model.cycle_seconds(dss, mbs)
+            self._seen[key] = self._model.cycle_seconds(dss, batch_size)
         return self._seen[key]
 
     @property
@@ -107,20 +107,20 @@ def _closest(probe: _Prober, pairs: list[tuple[int, int]], target: float) -> tup
     return best[0], best[1], probe(*best)
 
 
-def _search_dss(probe: _Prober, grid: range, mbs: int, target: float) -> tuple[int, int, float]:
+def _search_dss(probe: _Prober, grid: range, batch_size: int, target: float) -> tuple[int, int, float]:
     """Closest-to-target DSS at a fixed MBS; Eq. 3 is non-decreasing in DSS, so this is exact."""
     lo, hi = 0, len(grid) - 1
     while lo < hi:  # first index whose time reaches the target (or the last index)
         mid = (lo + hi) // 2
-        if probe(grid[mid], mbs) >= target:
+        if probe(grid[mid], batch_size) >= target:
             hi = mid
         else:
             lo = mid + 1
-    pairs = [(grid[lo], mbs)] + ([(grid[lo - 1], mbs)] if lo > 0 else [])
+    pairs = [(grid[lo], batch_size)] + ([(grid[lo - 1], batch_size)] if lo > 0 else [])
     return _closest(probe, pairs, target)
 
 
-def _choose_mbs(probe: _Prober, grid: Sequence[int], dss: int, target: float, want: str, mbs0: int) -> int:
+def _choose_batch_size(probe: _Prober, grid: Sequence[int], dss: int, target: float, want: str, batch_size0: int) -> int:
     """Pick an MBS from ``grid`` (sorted powers of two) at a fixed DSS.
 
     A larger MBS means fewer steps, so time FALLS as the MBS index RISES. Over
@@ -131,11 +131,11 @@ def _choose_mbs(probe: _Prober, grid: Sequence[int], dss: int, target: float, wa
     divisor), so each is probed.
 
     want = "faster": of the MBS whose time is <= target (the target is then
-    reachable by growing DSS), the one nearest ``mbs0``; else the fastest.
-    Among divisors these lie ABOVE a too-slow mbs0.
+    reachable by growing DSS), the one nearest ``batch_size0``; else the fastest.
+    Among divisors these lie ABOVE a too-slow batch_size0.
     want = "slower": of the MBS whose time is >= target (reachable by
-    shrinking DSS), the one nearest ``mbs0``; else the slowest. Among
-    divisors these lie BELOW a too-fast mbs0.
+    shrinking DSS), the one nearest ``batch_size0``; else the slowest. Among
+    divisors these lie BELOW a too-fast batch_size0.
     want = "closest": the MBS whose time is closest to the target.
     """
     n_div = sum(1 for m in grid if dss % m == 0)  # grid[:n_div] divide dss
@@ -173,7 +173,7 @@ def _choose_mbs(probe: _Prober, grid: Sequence[int], dss: int, target: float, wa
 
     def distance(i: int) -> tuple[int, int]:
         # Nearest to the preferred MBS in index; ties go up (the faster side).
-        return abs(grid[i].bit_length() - mbs0.bit_length()), -i
+        return abs(grid[i].bit_length() - batch_size0.bit_length()), -i
 
     if want == "faster":
         ok = [i for i in idx if t[i] <= target]
@@ -189,12 +189,12 @@ def dual_binary_search(
     target_seconds: float,
     bounds: SizingBounds,
     *,
-    preferred_mbs: int,
+    preferred_batch_size: int,
     tolerance: float = 0.1,
 ) -> SizingResult:
     """(DSS, MBS) whose predicted cycle time (Hermes Eq. 3) is closest to the target (Hermes Sec. IV-A).
 
-    1. MBS stays at ``preferred_mbs`` (clamped to the powers of two in bounds);
+    1. MBS stays at ``preferred_batch_size`` (clamped to the powers of two in bounds);
        binary-search DSS over the multiples of ``dss_step`` in [dss_min,
        dss_max] for the time closest to the target, checking both neighbours
        of the final probe. Within ``tolerance * target``: done.
@@ -212,7 +212,7 @@ def dual_binary_search(
          MBS): the MBS whose time is closest to the target at step 1's DSS.
        The powers of two that divide that DSS are binary-searched (Eq. 3 is
        exactly monotone there); the few larger ones, which leave a partial
-       last batch, are probed one by one (see ``_choose_mbs``). MBS above the
+       last batch, are probed one by one (see ``_choose_batch_size``). MBS above the
        smallest power of two >= DSS are never considered: the share is then
        one batch and a larger MBS only costs more.
        Then redo step 1's DSS search at the chosen MBS.
@@ -236,41 +236,41 @@ def dual_binary_search(
         raise ValueError(f"tolerance must be a finite number >= 0, got {tolerance!r}")
     if not math.isfinite(tolerance) or tolerance < 0:
         raise ValueError(f"tolerance must be a finite number >= 0, got {tolerance!r}")
-    mbs0 = bounds.clamp_mbs(preferred_mbs)
+    batch_size0 = bounds.clamp_batch_size(preferred_batch_size)
     probe = _Prober(model)
     dss_grid = bounds.dss_grid
     limit = tolerance * target_seconds
 
-    def result(dss: int, mbs: int, pred: float) -> SizingResult:
+    def result(dss: int, batch_size: int, pred: float) -> SizingResult:
         return SizingResult(
             dss=dss,
-            mbs=mbs,
+            batch_size=batch_size,
             predicted_seconds=pred,
             target_seconds=float(target_seconds),
             within_tolerance=abs(pred - target_seconds) <= limit,
             steps=probe.steps,
         )
 
-    first = _search_dss(probe, dss_grid, mbs0, target_seconds)
+    first = _search_dss(probe, dss_grid, batch_size0, target_seconds)
     dss1, _, pred1 = first
     if abs(pred1 - target_seconds) <= limit:
         return result(*first)
 
     cap = 1 << max(dss1 - 1, 0).bit_length()  # smallest power of two >= dss1
-    grid = tuple(m for m in bounds.mbs_grid if m <= cap) or (bounds.mbs_min,)
+    grid = tuple(m for m in bounds.batch_size_grid if m <= cap) or (bounds.mbs_min,)
     if pred1 > target_seconds and dss1 == dss_grid[0]:
-        # Too slow even at dss_min: a faster MBS (larger, unless mbs0 pads a partial batch).
-        mbs1 = _choose_mbs(probe, grid, dss1, target_seconds, "faster", mbs0)
+        # Too slow even at dss_min: a faster MBS (larger, unless batch_size0 pads a partial batch).
+        batch_size1 = _choose_batch_size(probe, grid, dss1, target_seconds, "faster", batch_size0)
     elif pred1 < target_seconds and dss1 == dss_grid[-1]:
         # Too fast even at dss_max: a slower MBS (smaller).
-        mbs1 = _choose_mbs(probe, grid, dss1, target_seconds, "slower", mbs0)
+        batch_size1 = _choose_batch_size(probe, grid, dss1, target_seconds, "slower", batch_size0)
     else:
         # The dss_step grid is too coarse around the target at this MBS.
-        mbs1 = _choose_mbs(probe, grid, dss1, target_seconds, "closest", mbs0)
+        batch_size1 = _choose_batch_size(probe, grid, dss1, target_seconds, "closest", batch_size0)
 
     candidates = [first]
-    if mbs1 != mbs0:
-        candidates.append(_search_dss(probe, dss_grid, mbs1, target_seconds))
+    if batch_size1 != batch_size0:
+        candidates.append(_search_dss(probe, dss_grid, batch_size1, target_seconds))
     # Stable min: ties keep the preferred MBS (candidates[0]).
     best = min(candidates, key=lambda c: abs(c[2] - target_seconds))
     return result(*best)

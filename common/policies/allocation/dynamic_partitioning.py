@@ -61,8 +61,8 @@ class PartitionAllocator(Policy):
         check_step_batch(core, batch_bounds, cls.name)
 
 
-    def __init__(self, *, steps: int, base: int, b_min: int, b_max: int, window: int, epoch_samples: int) -> None:
-        self.b = StepBatches(steps=steps, base=base, b_min=b_min, b_max=b_max)
+    def __init__(self, *, steps: int, batch_size: int, b_min: int, b_max: int, window: int, epoch_samples: int) -> None:
+        self.sizes = StepBatches(steps=steps, batch_size=batch_size, b_min=b_min, b_max=b_max)
         self.window = window
         self.clock = EpochClock(epoch_samples)
         self._epoch_work: dict[str, list[float]] = {}  # worker -> [samples, seconds] this epoch
@@ -72,19 +72,19 @@ class PartitionAllocator(Policy):
     @classmethod
     def build(cls, core: Core, *, batch_bounds: BatchBounds, partition: PartitionParams, epoch_samples: int,
               **params: Any) -> PartitionAllocator:
-        b = batch_bounds
-        return cls(steps=core.local_steps, base=core.batch_size, b_min=b.b_min, b_max=b.b_max,
+        bounds = batch_bounds
+        return cls(steps=core.local_steps, batch_size=core.batch_size, b_min=bounds.b_min, b_max=bounds.b_max,
                    window=partition.window, epoch_samples=epoch_samples)
 
     def join(self, worker_id: str, capacity: float | None = None) -> None:
         if worker_id in self._epoch_work:
             return  # registering again: its partition and power history stand
-        self.b.add(worker_id)
+        self.sizes.add(worker_id)
         self._epoch_work[worker_id] = [0.0, 0.0]
         self._powers[worker_id] = deque(maxlen=self.window)
 
     def forget(self, worker_id: str) -> None:
-        self.b.remove(worker_id)
+        self.sizes.remove(worker_id)
         self._epoch_work.pop(worker_id, None)
         self._powers.pop(worker_id, None)
 
@@ -107,7 +107,7 @@ class PartitionAllocator(Policy):
             if samples > 0 and seconds > 0:
                 self._powers[w].append(compute_power(samples, seconds))  # DP-SGD Eq. 2
             self._epoch_work[w] = [0.0, 0.0]
-        ws = self.b.workers()
+        ws = self.sizes.workers()
         known = [p for w in ws if (p := self.power(w)) is not None]
         if not known:
             return
@@ -117,31 +117,31 @@ class PartitionAllocator(Policy):
         # Alg. 1 lines 8-10, |D_m| = CP_m / sum(CP) * |D|, on one round: its
         # K*b samples per step cut in proportion to CP, whole and within each
         # worker's bounds (what a capped worker cannot take goes to the others).
-        caps = [self.b.cap(w) for w in ws]
-        total = min(len(ws) * self.b.base, sum(caps))
-        batches = round_preserving_sum(powers, total, min(self.b.b_min, total // len(ws)), caps)
-        self.partitions.append(dict(zip(ws, (self.b.steps * b for b in batches))))
-        for w, batch, p in zip(ws, batches, powers):
-            self.b.set(w, batch, compute_power=round(p, 3), epoch=self.clock.epoch)
+        caps = [self.sizes.cap(w) for w in ws]
+        total = min(len(ws) * self.sizes.batch_size, sum(caps))
+        batch_sizes = round_preserving_sum(powers, total, min(self.sizes.b_min, total // len(ws)), caps)
+        self.partitions.append(dict(zip(ws, (self.sizes.steps * batch_size for batch_size in batch_sizes))))
+        for w, batch_size, p in zip(ws, batch_sizes, powers):
+            self.sizes.set(w, batch_size, compute_power=round(p, 3), epoch=self.clock.epoch)
 
     def workload(self, worker_id: str) -> Workload:
-        return self.b.workload(worker_id)
+        return self.sizes.workload(worker_id)
 
     def set_memory_limit(self, worker_id: str, max_dss: int) -> None:
-        self.b.limit(worker_id, max_dss // self.b.steps)
+        self.sizes.limit(worker_id, max_dss // self.sizes.steps)
 
     def set_batch_limit(self, worker_id: str, max_batch: int) -> None:
-        self.b.limit(worker_id, max_batch)
+        self.sizes.limit(worker_id, max_batch)
 
     def rebalance(self) -> dict[str, Resize]:
-        return self.b.take_pending()
+        return self.sizes.take_pending()
 
     def _params(self) -> dict[str, Any]:
-        return {**self.b.params(), "epoch_samples": self.clock.epoch_samples}
+        return {**self.sizes.params(), "epoch_samples": self.clock.epoch_samples}
 
     def state_dict(self) -> dict[str, Any]:
         # The window is not a parameter of the state: a changed one keeps the newest powers that fit.
-        return stamp(POLICY, self._params(), batches=self.b.state_dict(), clock=self.clock.state_dict(),
+        return stamp(POLICY, self._params(), batches=self.sizes.state_dict(), clock=self.clock.state_dict(),
                      epoch_work={w: list(v) for w, v in self._epoch_work.items()},
                      powers={w: list(h) for w, h in self._powers.items()},
                      partitions=[dict(p) for p in self.partitions])
@@ -149,11 +149,11 @@ class PartitionAllocator(Policy):
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         body = unstamp(POLICY, state, self._params())
         with malformed_as_state_error(POLICY):
-            b = self.b.restored(body["batches"])
+            sizes = self.sizes.restored(body["batches"])
             clock = self.clock.restored(body["clock"])
             work = {str(w): [float(v[0]), float(v[1])] for w, v in body["epoch_work"].items()}
             powers = {str(w): deque((float(p) for p in h), maxlen=self.window) for w, h in body["powers"].items()}
             partitions = [str_ints(p) for p in body["partitions"]]
-            if not set(b.batch) == set(work) == set(powers):
+            if not set(sizes.batch_size_of) == set(work) == set(powers):
                 raise ValueError("batches, epoch work and powers name different workers")
-        self.b, self.clock, self._epoch_work, self._powers, self.partitions = b, clock, work, powers, partitions
+        self.sizes, self.clock, self._epoch_work, self._powers, self.partitions = sizes, clock, work, powers, partitions

@@ -41,7 +41,7 @@ class DualSearchAllocator(Policy):
     @classmethod
     def build(cls, core: Core, *, dual_search: DualSearchParams, rebalance: RebalanceParams, dss_max: int,
               **params: Any) -> DualSearchAllocator:
-        return cls(StragglerSizer(dual_search, rebalance, base_dss=core.cycle_samples, base_mbs=core.batch_size,
+        return cls(StragglerSizer(dual_search, rebalance, base_dss=core.cycle_samples, base_batch_size=core.batch_size,
                                   dss_step=core.shard_size, dss_max=dss_max))
 
     def join(self, worker_id: str, capacity: float | None = None) -> None:
@@ -54,7 +54,7 @@ class DualSearchAllocator(Policy):
         self._last_seconds.pop(worker_id, None)
 
     def observe(self, worker_id: str, cycle: CycleObservation) -> None:
-        self.sizer.observe(worker_id, cycle.dss, cycle.mbs, cycle.seconds)
+        self.sizer.observe(worker_id, cycle.dss, cycle.batch_size, cycle.seconds)
         self._last_seconds[worker_id] = cycle.seconds
 
     def workload(self, worker_id: str) -> Workload:
@@ -91,7 +91,7 @@ class DualSearchAllocator(Policy):
         out = {}
         for w, res in self.sizer.rebalance().items():
             kind = "slow" if res.target_seconds < self._last_seconds.get(w, res.target_seconds) else "fast"
-            out[w] = Resize(Workload(res.dss, res.mbs), kind, {
+            out[w] = Resize(Workload(res.dss, res.batch_size), kind, {
                 "predicted_seconds": round(res.predicted_seconds, 6),
                 "target_seconds": round(res.target_seconds, 6),
                 "within_tolerance": res.within_tolerance,

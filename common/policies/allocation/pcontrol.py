@@ -66,9 +66,9 @@ class PControlAllocator(Policy):
             return pcontrol.global_batch == "fixed"
         return core.barrier
 
-    def __init__(self, *, steps: int, base: int, b_min: int, b_max: int, params: PControlParams,
+    def __init__(self, *, steps: int, batch_size: int, b_min: int, b_max: int, params: PControlParams,
                  global_batch: bool, min_observations: int, warmup: int, epoch_samples: int) -> None:
-        self.b = StepBatches(steps=steps, base=base, b_min=b_min, b_max=b_max)
+        self.sizes = StepBatches(steps=steps, batch_size=batch_size, b_min=b_min, b_max=b_max)
         self.ctl = ProportionalController({}, params, b_min=b_min, b_max=b_max, global_batch=0 if global_batch else None)
         self.fixed_global = global_batch
         self.interval = params.interval
@@ -84,7 +84,7 @@ class PControlAllocator(Policy):
               epoch_samples: int, **params: Any) -> PControlAllocator:
         bounds, reb = batch_bounds, rebalance
         return cls(
-            steps=core.local_steps, base=core.batch_size, b_min=bounds.b_min, b_max=bounds.b_max, params=pcontrol,
+            steps=core.local_steps, batch_size=core.batch_size, b_min=bounds.b_min, b_max=bounds.b_max, params=pcontrol,
             global_batch=cls.fixed_global_batch(core, pcontrol), min_observations=reb.min_observations,
             warmup=reb.warmup_cycles, epoch_samples=epoch_samples,
         )
@@ -93,19 +93,19 @@ class PControlAllocator(Policy):
         if self.fixed_global:
             # K*b, unless memory caps and throughput-drop caps cannot hold it together.
             caps = sum(st.b_max for st in self.ctl.workers.values())
-            self.ctl.global_batch = min(len(self.ctl.workers) * self.b.base, caps)
+            self.ctl.global_batch = min(len(self.ctl.workers) * self.sizes.batch_size, caps)
 
     def join(self, worker_id: str, capacity: float | None = None) -> None:
         if worker_id in self.ctl.workers:
             return  # registering again: its batch, smoothed time and caps stand
-        self.b.add(worker_id)
-        self.ctl.add_worker(worker_id, self.b.batch[worker_id])
-        self.ctl.set_b_max(worker_id, self.b.cap(worker_id))
+        self.sizes.add(worker_id)
+        self.ctl.add_worker(worker_id, self.sizes.batch_size_of[worker_id])
+        self.ctl.set_b_max(worker_id, self.sizes.cap(worker_id))
         self._seen[worker_id] = self._counted[worker_id] = 0
         self._resize_global()
 
     def forget(self, worker_id: str) -> None:
-        self.b.remove(worker_id)
+        self.sizes.remove(worker_id)
         self.ctl.remove_worker(worker_id)
         self._seen.pop(worker_id, None)
         self._counted.pop(worker_id, None)
@@ -117,26 +117,26 @@ class PControlAllocator(Policy):
         if self.clock.add(cycle.dss):
             self._epoch_due = True
         self._seen[worker_id] += 1
-        seconds = cycle.seconds_at(self.b.workload(worker_id))
+        seconds = cycle.seconds_at(self.sizes.workload(worker_id))
         if self._seen[worker_id] <= self.warmup or seconds is None:
             return
         self.ctl.observe(worker_id, seconds)
         self._counted[worker_id] += 1
 
     def workload(self, worker_id: str) -> Workload:
-        return self.b.workload(worker_id)
+        return self.sizes.workload(worker_id)
 
     def set_memory_limit(self, worker_id: str, max_dss: int) -> None:
-        self.set_batch_limit(worker_id, max_dss // self.b.steps)
+        self.set_batch_limit(worker_id, max_dss // self.sizes.steps)
 
     def set_batch_limit(self, worker_id: str, max_batch: int) -> None:
         """b_max from the worker's memory (OmniLearn Eq. 9); a batch above it shrinks now."""
-        if self.b.limit(worker_id, max_batch):
-            self.ctl.workers[worker_id].batch = self.b.batch[worker_id]
+        if self.sizes.limit(worker_id, max_batch):
+            self.ctl.workers[worker_id].batch_size = self.sizes.batch_size_of[worker_id]
             self.ctl.workers[worker_id].ewma = None
             self._counted[worker_id] = 0
         if worker_id in self.ctl.workers:
-            self.ctl.set_b_max(worker_id, self.b.cap(worker_id))
+            self.ctl.set_b_max(worker_id, self.sizes.cap(worker_id))
 
     def _due(self) -> bool:
         ws = list(self.ctl.workers)
@@ -149,35 +149,35 @@ class PControlAllocator(Policy):
             self._epoch_due = False
             # A worker not yet timed has no smoothed time; it is logged as None rather than failing the epoch.
             times = {w: t for w in self.ctl.workers if (t := self.ctl.smoothed(w)) is not None}
-            old = {w: self.ctl.batch(w) for w in self.ctl.workers}
+            old = {w: self.ctl.batch_size(w) for w in self.ctl.workers}
             self._resize_global()
             new = self.ctl.update()
             t_bar = round(sum(times.values()) / len(times), 6) if times else None
-            for w, b in new.items():
-                if b != old[w]:
+            for w, batch_size in new.items():
+                if batch_size != old[w]:
                     self._counted[w] = 0
                     t_w = times.get(w)
-                    self.b.set(w, b, smoothed_seconds=None if t_w is None else round(t_w, 6), mean_seconds=t_bar,
+                    self.sizes.set(w, batch_size, smoothed_seconds=None if t_w is None else round(t_w, 6), mean_seconds=t_bar,
                                b_max=self.ctl.b_max_of(w), adjustment=self.ctl.adjustments)
-        return self.b.take_pending()
+        return self.sizes.take_pending()
 
     def _params(self) -> dict[str, Any]:
-        return {**self.b.params(), "global_batch": self.fixed_global, "epoch_samples": self.clock.epoch_samples}
+        return {**self.sizes.params(), "global_batch": self.fixed_global, "epoch_samples": self.clock.epoch_samples}
 
     def state_dict(self) -> dict[str, Any]:
-        return stamp(POLICY, self._params(), batches=self.b.state_dict(), controller=self.ctl.state_dict(),
+        return stamp(POLICY, self._params(), batches=self.sizes.state_dict(), controller=self.ctl.state_dict(),
                      clock=self.clock.state_dict(), seen=dict(self._seen), counted=dict(self._counted),
                      epoch_due=self._epoch_due)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         body = unstamp(POLICY, state, self._params())
         with malformed_as_state_error(POLICY):
-            b = self.b.restored(body["batches"])
+            sizes = self.sizes.restored(body["batches"])
             ctl = self.ctl.restored(body["controller"])
             clock = self.clock.restored(body["clock"])
             seen, counted = str_ints(body["seen"]), str_ints(body["counted"])
-            if not set(b.batch) == set(ctl.workers) == set(seen) == set(counted):
+            if not set(sizes.batch_size_of) == set(ctl.workers) == set(seen) == set(counted):
                 raise ValueError("batches, controller and counts name different workers")
             epoch_due = bool(body["epoch_due"])
-        self.b, self.ctl, self.clock = b, ctl, clock
+        self.sizes, self.ctl, self.clock = sizes, ctl, clock
         self._seen, self._counted, self._epoch_due = seen, counted, epoch_due

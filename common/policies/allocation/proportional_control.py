@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from hermes.common.policies.allocation._state import renamed
 from hermes.common.policies.allocation.rounding import round_preserving_sum
 
 DEADBAND_ORDERS = ("after-bounds", "before-bounds")
@@ -84,7 +85,7 @@ class PControlParams(BaseModel):
 
 @dataclass
 class _WorkerState:
-    batch: int
+    batch_size: int
     hard_max: int  # configured bound and memory model: never lifted
     ewma: float | None = None
     # For the ACSOS throughput-drop rule: batch and throughput before the last increase.
@@ -145,7 +146,7 @@ class ProportionalController:
     ``update`` changes nothing.
     """
 
-    batches: Mapping[str, int]
+    batch_sizes: Mapping[str, int]
     params: PControlParams
     b_min: int
     b_max: int
@@ -157,8 +158,8 @@ class ProportionalController:
         if not 1 <= self.b_min <= self.b_max:
             raise ValueError(f"need 1 <= b_min <= b_max, got ({self.b_min}, {self.b_max})")
         self.workers = {}
-        for w, b in self.batches.items():
-            self.add_worker(w, b)
+        for w, batch_size in self.batch_sizes.items():
+            self.add_worker(w, batch_size)
 
     # The settings the step reads, from the one parameter object.
     @property
@@ -196,8 +197,8 @@ class ProportionalController:
 
     # ---- membership and limits -------------------------------------------
 
-    def add_worker(self, worker: str, batch: int) -> None:
-        self.workers[worker] = _WorkerState(batch=int(batch), hard_max=self.b_max)
+    def add_worker(self, worker: str, batch_size: int) -> None:
+        self.workers[worker] = _WorkerState(batch_size=int(batch_size), hard_max=self.b_max)
 
     def remove_worker(self, worker: str) -> None:
         self.workers.pop(worker, None)
@@ -207,8 +208,8 @@ class ProportionalController:
         st = self.workers[worker]
         st.hard_max = max(self.b_min, min(st.hard_max, int(b_max)))
 
-    def batch(self, worker: str) -> int:
-        return self.workers[worker].batch
+    def batch_size(self, worker: str) -> int:
+        return self.workers[worker].batch_size
 
     def b_max_of(self, worker: str) -> int:
         return self.workers[worker].b_max
@@ -229,7 +230,7 @@ class ProportionalController:
 
     def state_dict(self) -> dict[str, Any]:
         """Plain JSON-able: per-worker batch, caps, smoothed time and throughput-drop memory."""
-        workers = {w: {"batch": st.batch, "hard_max": st.hard_max, "ewma": st.ewma,
+        workers = {w: {"batch_size": st.batch_size, "hard_max": st.hard_max, "ewma": st.ewma,
                        "before_increase": None if st.before_increase is None else list(st.before_increase),
                        "drop_cap": st.drop_cap, "drop_cap_age": st.drop_cap_age}
                    for w, st in self.workers.items()}
@@ -237,11 +238,11 @@ class ProportionalController:
 
     def restored(self, state: Mapping[str, Any]) -> ProportionalController:
         """A controller with these settings in the saved state (a new object: a bad state leaves this one alone)."""
-        out = dataclasses.replace(self, batches={})
+        out = dataclasses.replace(self, batch_sizes={})
         for w, st in state["workers"].items():
             before = st["before_increase"]
             out.workers[str(w)] = _WorkerState(
-                batch=int(st["batch"]), hard_max=int(st["hard_max"]),
+                batch_size=int(renamed(st, "batch_size", "batch")), hard_max=int(st["hard_max"]),
                 ewma=None if st["ewma"] is None else float(st["ewma"]),
                 before_increase=None if before is None else (int(before[0]), float(before[1])),
                 drop_cap=None if st["drop_cap"] is None else int(st["drop_cap"]),
@@ -256,11 +257,11 @@ class ProportionalController:
     def update(self) -> dict[str, int]:
         ws = sorted(self.workers)
         if not ws or any(self.workers[w].ewma is None for w in ws):
-            return {w: self.workers[w].batch for w in ws}
+            return {w: self.workers[w].batch_size for w in ws}
         st = {w: self.workers[w] for w in ws}
         # Checked above: every worker has a smoothed time.
         t: dict[str, float] = {w: float(st[w].ewma or 0.0) for w in ws}
-        x = {w: st[w].batch / t[w] for w in ws}  # throughput X_k, OmniLearn Eq. 6a
+        x = {w: st[w].batch_size / t[w] for w in ws}  # throughput X_k, OmniLearn Eq. 6a
         # ACSOS throughput-drop rule: b_max <- b0 when X fell after b0 -> b.
         # A fall within ``drop_margin`` is measurement noise: one noisy cycle
         # on a shared machine would otherwise cap a fast worker for good.
@@ -277,10 +278,10 @@ class ProportionalController:
                 st[w].before_increase = None
         t_bar = sum(t.values()) / len(ws)
         # OmniLearn Eq. 6b / ACSOS Eq. 4-5: b' = b - X*(t - t_bar) = X * t_bar.
-        proposal = {w: st[w].batch - x[w] * (t[w] - t_bar) for w in ws}
+        proposal = {w: st[w].batch_size - x[w] * (t[w] - t_bar) for w in ws}
         lo = [self.b_min] * len(ws)
         hi = [st[w].b_max for w in ws]
-        old = {w: st[w].batch for w in ws}
+        old = {w: st[w].batch_size for w in ws}
         if self.global_batch is None:
             new = {w: int(min(max(math.floor(proposal[w] + 0.5), self.b_min), st[w].b_max)) for w in ws}
         else:
@@ -300,7 +301,7 @@ class ProportionalController:
         for w in changed:
             if new[w] > old[w]:
                 st[w].before_increase = (old[w], x[w])
-            st[w].batch = new[w]
+            st[w].batch_size = new[w]
             if self.carry_smoothing:
                 # The prior at the new batch is the old estimate scaled by the
                 # proportional model (t ∝ b); the new batch's cycles then blend in.
@@ -309,7 +310,7 @@ class ProportionalController:
                 st[w].ewma = None  # ACSOS: smoothing restarts at the new batch
         if changed:
             self.adjustments += 1
-        return {w: st[w].batch for w in ws}
+        return {w: st[w].batch_size for w in ws}
 
     def _global(self, ws: list[str], proposal: list[float], total: int, lo: list[int], hi: list[int]) -> list[int]:
         # Caps lowered by the throughput-drop rule (or memory) may no longer

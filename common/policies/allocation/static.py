@@ -42,14 +42,14 @@ class StaticAllocator(Policy):
     def check_params(cls, core: Core, *, batch_bounds: BatchBounds, **sections: Any) -> None:
         check_step_batch(core, batch_bounds, cls.name)
 
-    def __init__(self, *, steps: int, base: int, b_min: int, b_max: int) -> None:
-        self.b = StepBatches(steps=steps, base=base, b_min=b_min, b_max=b_max)
+    def __init__(self, *, steps: int, batch_size: int, b_min: int, b_max: int) -> None:
+        self.sizes = StepBatches(steps=steps, batch_size=batch_size, b_min=b_min, b_max=b_max)
         self.capacity: dict[str, float | None] = {}
 
     @classmethod
     def build(cls, core: Core, *, batch_bounds: BatchBounds, **params: Any) -> StaticAllocator:
-        b = batch_bounds
-        return cls(steps=core.local_steps, base=core.batch_size, b_min=b.b_min, b_max=b.b_max)
+        bounds = batch_bounds
+        return cls(steps=core.local_steps, batch_size=core.batch_size, b_min=bounds.b_min, b_max=bounds.b_max)
 
     def _declared(self) -> dict[str, float]:
         known = sorted(c for c in self.capacity.values() if c)
@@ -61,10 +61,10 @@ class StaticAllocator(Policy):
         if not caps:
             return
         ws = list(caps)
-        upper = [self.b.cap(w) for w in ws]
-        total = min(len(ws) * self.b.base, sum(upper))  # K*b, unless the caps cannot hold it
-        for w, batch in zip(ws, static_batches([caps[w] for w in ws], total, lower=self.b.b_min, upper=upper)):
-            self.b.set(w, batch, "membership", capacity=caps[w], global_batch=total)
+        upper = [self.sizes.cap(w) for w in ws]
+        total = min(len(ws) * self.sizes.batch_size, sum(upper))  # K*b, unless the caps cannot hold it
+        for w, batch_size in zip(ws, static_batches([caps[w] for w in ws], total, lower=self.sizes.b_min, upper=upper)):
+            self.sizes.set(w, batch_size, "membership", capacity=caps[w], global_batch=total)
 
     def join(self, worker_id: str, capacity: float | None = None) -> None:
         declared = capacity if capacity and capacity > 0 else None
@@ -76,38 +76,38 @@ class StaticAllocator(Policy):
                 self._reallocate()
             return
         self.capacity[worker_id] = declared
-        self.b.add(worker_id)
+        self.sizes.add(worker_id)
         self._reallocate()
 
     def forget(self, worker_id: str) -> None:
         self.capacity.pop(worker_id, None)
-        self.b.remove(worker_id)
+        self.sizes.remove(worker_id)
         self._reallocate()
 
     def observe(self, worker_id: str, cycle: CycleObservation) -> None:
         pass
 
     def workload(self, worker_id: str) -> Workload:
-        return self.b.workload(worker_id)
+        return self.sizes.workload(worker_id)
 
     def set_memory_limit(self, worker_id: str, max_dss: int) -> None:
-        self.set_batch_limit(worker_id, max_dss // self.b.steps)
+        self.set_batch_limit(worker_id, max_dss // self.sizes.steps)
 
     def set_batch_limit(self, worker_id: str, max_batch: int) -> None:
-        self.b.limit(worker_id, max_batch)
+        self.sizes.limit(worker_id, max_batch)
         self._reallocate()
 
     def rebalance(self) -> dict[str, Resize]:
-        return self.b.take_pending()
+        return self.sizes.take_pending()
 
     def state_dict(self) -> dict[str, Any]:
-        return stamp(POLICY, self.b.params(), batches=self.b.state_dict(), capacity=dict(self.capacity))
+        return stamp(POLICY, self.sizes.params(), batches=self.sizes.state_dict(), capacity=dict(self.capacity))
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        body = unstamp(POLICY, state, self.b.params())
+        body = unstamp(POLICY, state, self.sizes.params())
         with malformed_as_state_error(POLICY):
-            b = self.b.restored(body["batches"])
+            sizes = self.sizes.restored(body["batches"])
             capacity = {str(w): (None if c is None else float(c)) for w, c in body["capacity"].items()}
-            if set(capacity) != set(b.batch):
+            if set(capacity) != set(sizes.batch_size_of):
                 raise ValueError("capacities and batches name different workers")
-        self.b, self.capacity = b, capacity
+        self.sizes, self.capacity = sizes, capacity

@@ -106,7 +106,7 @@ class DualSearchParams(BaseModel):
 @dataclass(frozen=True)
 class _Observation:
     dss: int
-    mbs: int
+    batch_size: int
     seconds: float
 
 
@@ -127,7 +127,7 @@ class StragglerSizer:
     - the result names only workers whose workload changed.
     """
 
-    def __init__(self, search: DualSearchParams, rebalance: RebalanceParams, *, base_dss: int, base_mbs: int,
+    def __init__(self, search: DualSearchParams, rebalance: RebalanceParams, *, base_dss: int, base_batch_size: int,
                  dss_step: int, dss_max: int, history: int = HISTORY) -> None:
         check_mbs_range(search.mbs_min, search.mbs_max)
         if not is_int(history) or history < rebalance.min_observations:
@@ -138,12 +138,12 @@ class StragglerSizer:
             raise ValueError(f"dss_max must be an integer >= dss_step ({dss_step}), got {dss_max!r}")
         if not is_int(base_dss) or not 1 <= base_dss <= dss_max:
             raise ValueError(f"base_dss must be an integer in [1, dss_max={dss_max}], got {base_dss!r}")
-        if not is_pow2(base_mbs) or not search.mbs_min <= base_mbs <= search.mbs_max:
+        if not is_pow2(base_batch_size) or not search.mbs_min <= base_batch_size <= search.mbs_max:
             raise ValueError(
-                f"base_mbs must be a power of two in [{search.mbs_min}, {search.mbs_max}], got {base_mbs!r}"
+                f"base_batch_size must be a power of two in [{search.mbs_min}, {search.mbs_max}], got {base_batch_size!r}"
             )
         self.search, self.rebalance_params, self.history = search, rebalance, history
-        self._base = (int(base_dss), int(base_mbs))
+        self._base = (int(base_dss), int(base_batch_size))
         self._dss_step = int(dss_step)
         self._dss_max = int(dss_max)
         self._history: dict[str, deque[_Observation]] = {}
@@ -151,14 +151,14 @@ class StragglerSizer:
         self._memory_cap: dict[str, int] = {}
         self._seen: dict[str, int] = {}
 
-    def observe(self, worker_id: str, dss: int, mbs: int, seconds: float) -> None:
+    def observe(self, worker_id: str, dss: int, batch_size: int, seconds: float) -> None:
         """One finished cycle: the workload it actually ran and how long it took."""
         if not isinstance(worker_id, str) or not worker_id:
             raise ValueError(f"worker_id must be a non-empty string, got {worker_id!r}")
         if not is_int(dss) or dss < 1:
             raise ValueError(f"dss must be an integer >= 1, got {dss!r}")
-        if not is_int(mbs) or mbs < 1:
-            raise ValueError(f"mbs must be an integer >= 1, got {mbs!r}")
+        if not is_int(batch_size) or batch_size < 1:
+            raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
         if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds):
             raise ValueError(f"seconds must be a finite number > 0, got {seconds!r}")
         if seconds <= 0:
@@ -167,7 +167,7 @@ class StragglerSizer:
         if seen <= self.rebalance_params.warmup_cycles:
             return
         hist = self._history.setdefault(worker_id, deque(maxlen=self.history))
-        hist.append(_Observation(int(dss), int(mbs), float(seconds)))
+        hist.append(_Observation(int(dss), int(batch_size), float(seconds)))
 
     def forget(self, worker_id: str) -> None:
         """A worker left: drop its history, workload and memory cap."""
@@ -179,7 +179,7 @@ class StragglerSizer:
     def state_dict(self) -> dict[str, Any]:
         """Plain JSON-able state for a server checkpoint."""
         return {
-            "history": {w: [[o.dss, o.mbs, o.seconds] for o in h] for w, h in self._history.items()},
+            "history": {w: [[o.dss, o.batch_size, o.seconds] for o in h] for w, h in self._history.items()},
             "workload": {w: list(v) for w, v in self._workload.items()},
             "memory_cap": dict(self._memory_cap),
             "seen": dict(self._seen),
@@ -196,21 +196,21 @@ class StragglerSizer:
 
     def params(self) -> dict[str, Any]:
         """What a saved workload means: the base workload and the (DSS, MBS) grid it lies on."""
-        return {"base_dss": self._base[0], "base_mbs": self._base[1], "dss_step": self._dss_step,
+        return {"base_dss": self._base[0], "base_batch_size": self._base[1], "dss_step": self._dss_step,
                 "dss_max": self._dss_max, "mbs_min": self.search.mbs_min, "mbs_max": self.search.mbs_max}
 
     def _dss_cap(self, worker_id: str) -> int:
         return min(self._dss_max, self._memory_cap.get(worker_id, self._dss_max))
 
     def workload(self, worker_id: str) -> tuple[int, int]:
-        """Current (dss, mbs); the base workload (under the memory cap) for workers never resized."""
+        """Current (dss, batch_size); the base workload (under the memory cap) for workers never resized."""
         if worker_id in self._workload:
             return self._workload[worker_id]
-        dss, mbs = self._base
+        dss, batch_size = self._base
         cap = self._dss_cap(worker_id)
         if dss > cap:
             dss = (cap // self._dss_step) * self._dss_step
-        return dss, mbs
+        return dss, batch_size
 
     def set_memory_limit(self, worker_id: str, max_dss: int) -> None:
         """Per-worker DSS cap from its memory; a current workload above it is cut down at once."""
@@ -218,14 +218,14 @@ class StragglerSizer:
             raise ValueError(f"max_dss must be an integer >= dss_step ({self._dss_step}), got {max_dss!r}")
         self._memory_cap[worker_id] = int(max_dss)
         if worker_id in self._workload:
-            dss, mbs = self._workload[worker_id]
+            dss, batch_size = self._workload[worker_id]
             cap = self._dss_cap(worker_id)
             if dss > cap:
                 # Memory is a hard limit: shrink now rather than wait for the next rebalance.
-                self._workload[worker_id] = ((cap // self._dss_step) * self._dss_step, mbs)
+                self._workload[worker_id] = ((cap // self._dss_step) * self._dss_step, batch_size)
 
     def _model(self, worker_id: str) -> CostModel:
-        obs = [(o.mbs, o.dss, o.seconds) for o in self._history[worker_id]]
+        obs = [(o.batch_size, o.dss, o.seconds) for o in self._history[worker_id]]
         if self.search.cost_fit == "constant":
             return constant_k_model(obs, max_history=self.history)
         return fit_cost_model(obs, max_history=self.history)
@@ -248,7 +248,7 @@ class StragglerSizer:
         resized: dict[str, SizingResult] = {}
         for w, side in sorted(candidates.items()):
             current = self.workload(w)
-            if w in self._workload and (latest[w].dss, latest[w].mbs) != current:
+            if w in self._workload and (latest[w].dss, latest[w].batch_size) != current:
                 continue  # resized, not reported since: its time predates the new workload
             if abs(times[w] - target) <= cfg.tolerance * target:
                 continue  # deadband: already as close as the search would aim for
@@ -260,16 +260,16 @@ class StragglerSizer:
                 dss_step=self._dss_step,
             )
             model = self._model(w)
-            res = dual_binary_search(model, target, bounds, preferred_mbs=current[1], tolerance=cfg.tolerance)
+            res = dual_binary_search(model, target, bounds, preferred_batch_size=current[1], tolerance=cfg.tolerance)
             log.debug(
                 "worker %s %s (%.4gs vs median %.4gs): (%d, %d) -> (%d, %d), predicted %.4gs",
-                w, side, times[w], target, *current, res.dss, res.mbs, res.predicted_seconds,
+                w, side, times[w], target, *current, res.dss, res.batch_size, res.predicted_seconds,
             )
             before = model.cycle_seconds(*current)
             # A noisy last cycle or a stale fit must never move a straggler the wrong way.
             wrong_way = res.predicted_seconds > before if side == "slow" else res.predicted_seconds < before
-            if (res.dss, res.mbs) != current and not wrong_way:
-                self._workload[w] = (res.dss, res.mbs)
+            if (res.dss, res.batch_size) != current and not wrong_way:
+                self._workload[w] = (res.dss, res.batch_size)
                 resized[w] = res
         return resized
 
@@ -280,7 +280,7 @@ class StragglerSizer:
         ran fewer samples than assigned; judging it raw would call a loaded
         worker fast. Time is taken as proportional to samples at equal MBS.
         """
-        dss, mbs = self.workload(worker_id)
-        if obs.mbs == mbs and obs.dss != dss:
+        dss, batch_size = self.workload(worker_id)
+        if obs.batch_size == batch_size and obs.dss != dss:
             return obs.seconds * dss / obs.dss
         return obs.seconds

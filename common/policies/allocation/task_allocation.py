@@ -136,10 +136,10 @@ class AdaptiveAllocator(Policy):
     }
     sections: ClassVar[tuple[str, ...]] = ("adaptive", "rebalance")
 
-    def __init__(self, *, mbs: int, w0: int, epsilon: float, patience: int, warmup: int, epoch_samples: int,
+    def __init__(self, *, batch_size: int, w0: int, epsilon: float, patience: int, warmup: int, epoch_samples: int,
                  ratios: Mapping[str, float] | None = None, reallocate: bool = True) -> None:
-        # One optimizer step per cycle: the cycle is w_i micro-batches of ``mbs``.
-        self.b = StepBatches(steps=1, base=mbs, b_min=mbs, b_max=mbs)
+        # One optimizer step per cycle: the cycle is w_i micro-batches of ``batch_size``.
+        self.sizes = StepBatches(steps=1, batch_size=batch_size, b_min=batch_size, b_max=batch_size)
         self.w0 = w0
         self.epsilon, self.patience, self.warmup = epsilon, patience, warmup
         self.ratios, self.reallocate = (dict(ratios) if ratios else None), reallocate
@@ -154,7 +154,7 @@ class AdaptiveAllocator(Policy):
     def build(cls, core: Core, *, adaptive: AdaptiveParams, rebalance: RebalanceParams, epoch_samples: int,
               **params: Any) -> AdaptiveAllocator:
         a = adaptive
-        return cls(mbs=core.batch_size, w0=core.local_steps, epsilon=a.epsilon,
+        return cls(batch_size=core.batch_size, w0=core.local_steps, epsilon=a.epsilon,
                    patience=a.patience, warmup=rebalance.warmup_cycles,
                    epoch_samples=epoch_samples, ratios=a.ratios, reallocate=a.reallocate)
 
@@ -164,7 +164,7 @@ class AdaptiveAllocator(Policy):
 
     def _restart(self) -> None:
         """After a join, leave or memory cap: keep the current shares, rescaled so sum(w) = K*w0 again."""
-        ws = self.b.workers()
+        ws = self.sizes.workers()
         self._alg = None
         if not ws:
             return
@@ -173,10 +173,10 @@ class AdaptiveAllocator(Policy):
         # The operator's ratios, when set, are the basis of every split (Chao Sec. III-A);
         # otherwise the current shares are kept.
         weights = (ratio_weights(ws, self.ratios) if self.ratios
-                   else [float(self.b.accumulation[w]) for w in ws])
+                   else [float(self.sizes.accumulation[w]) for w in ws])
         counts = round_preserving_sum(weights, min(total, sum(upper)), 1, upper)
         for w, wi in zip(ws, counts):
-            self.b.set(w, self.b.base, "membership", accumulation=wi)
+            self.sizes.set(w, self.sizes.batch_size, "membership", accumulation=wi)
             self._times[w] = []
         # Static allocation: an algorithm that has stopped before it started never re-allocates.
         self._alg = AdaptiveAccumulation(counts, epsilon=self.epsilon, patience=self.patience,
@@ -185,13 +185,13 @@ class AdaptiveAllocator(Policy):
     def join(self, worker_id: str, capacity: float | None = None) -> None:
         if worker_id in self._seen:
             return  # registering again: no restart, its count and the stop rule's progress stand
-        self.b.add(worker_id, accumulation=min(self.w0, self.max_w.get(worker_id, self.w0)))
+        self.sizes.add(worker_id, accumulation=min(self.w0, self.max_w.get(worker_id, self.w0)))
         self._seen[worker_id] = 0
         self._restart()
 
     def forget(self, worker_id: str) -> None:
         known = worker_id in self._seen
-        self.b.remove(worker_id)
+        self.sizes.remove(worker_id)
         for d in (self.max_w, self._times, self._seen):
             d.pop(worker_id, None)
         if known:  # for a stranger, a restart would throw away the others' measurements for nothing
@@ -203,26 +203,26 @@ class AdaptiveAllocator(Policy):
         if self.clock.add(cycle.dss):
             self._epoch_due = True
         self._seen[worker_id] += 1
-        seconds = cycle.seconds_at(self.b.workload(worker_id))
+        seconds = cycle.seconds_at(self.sizes.workload(worker_id))
         if self._seen[worker_id] > self.warmup and seconds is not None:
             self._times[worker_id].append(seconds)
 
     def workload(self, worker_id: str) -> Workload:
-        return self.b.workload(worker_id)
+        return self.sizes.workload(worker_id)
 
     def set_memory_limit(self, worker_id: str, max_dss: int) -> None:
         # Accumulation keeps activation memory at one micro-batch; the samples
         # of a cycle still have to fit, which caps w_i.
-        self.max_w[worker_id] = max(1, max_dss // self.b.base)
-        if self.b.accumulation.get(worker_id, 0) > self.max_w[worker_id]:
-            self.b.set(worker_id, self.b.base, "memory", accumulation=self.max_w[worker_id])
+        self.max_w[worker_id] = max(1, max_dss // self.sizes.batch_size)
+        if self.sizes.accumulation.get(worker_id, 0) > self.max_w[worker_id]:
+            self.sizes.set(worker_id, self.sizes.batch_size, "memory", accumulation=self.max_w[worker_id])
             self._restart()  # the others take up what the capped worker cannot
 
     def set_batch_limit(self, worker_id: str, max_batch: int) -> None:
         pass  # the micro-batch is the run's, for every worker
 
     def rebalance(self) -> dict[str, Resize]:
-        ws = self.b.workers()
+        ws = self.sizes.workers()
         if self._alg is not None and self._epoch_due and all(self._times.get(w) for w in ws):
             self._epoch_due = False
             if not self._alg.stopped:
@@ -231,17 +231,17 @@ class AdaptiveAllocator(Policy):
                 # Chao et al. Eq. 10 with the stop rule of Algorithm 1.
                 new = self._alg.update(means, upper=upper)
                 for w, wi, t in zip(ws, new, means):
-                    if wi != self.b.accumulation[w]:
+                    if wi != self.sizes.accumulation[w]:
                         self._times[w] = []
-                    self.b.set(w, self.b.base, accumulation=wi, mean_seconds=round(t, 6),
+                    self.sizes.set(w, self.sizes.batch_size, accumulation=wi, mean_seconds=round(t, 6),
                                stopped=self._alg.stopped)
-        return self.b.take_pending()
+        return self.sizes.take_pending()
 
     def _params(self) -> dict[str, Any]:
-        return {"mbs": self.b.base, "w0": self.w0, "epoch_samples": self.clock.epoch_samples}
+        return {"batch_size": self.sizes.batch_size, "w0": self.w0, "epoch_samples": self.clock.epoch_samples}
 
     def state_dict(self) -> dict[str, Any]:
-        return stamp(POLICY, self._params(), batches=self.b.state_dict(), clock=self.clock.state_dict(),
+        return stamp(POLICY, self._params(), batches=self.sizes.state_dict(), clock=self.clock.state_dict(),
                      max_w=dict(self.max_w), times={w: list(t) for w, t in self._times.items()},
                      seen=dict(self._seen), epoch_due=self._epoch_due,
                      algorithm=None if self._alg is None else self._alg.state_dict())
@@ -249,17 +249,17 @@ class AdaptiveAllocator(Policy):
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         body = unstamp(POLICY, state, self._params())
         with malformed_as_state_error(POLICY):
-            b = self.b.restored(body["batches"])
+            sizes = self.sizes.restored(body["batches"])
             clock = self.clock.restored(body["clock"])
             max_w, seen = str_ints(body["max_w"]), str_ints(body["seen"])
             times = {str(w): [float(t) for t in ts] for w, ts in body["times"].items()}
             alg = body["algorithm"]
             alg = None if alg is None else AdaptiveAccumulation.from_state(alg, epsilon=self.epsilon,
                                                                            patience=self.patience)
-            if not set(b.batch) == set(seen) == set(times):
+            if not set(sizes.batch_size_of) == set(seen) == set(times):
                 raise ValueError("batches, counts and times name different workers")
-            if alg is not None and len(alg.current) != len(b.batch):
+            if alg is not None and len(alg.current) != len(sizes.batch_size_of):
                 raise ValueError("the algorithm's counts do not match the workers")
             epoch_due = bool(body["epoch_due"])
-        self.b, self.clock, self.max_w, self._times, self._seen = b, clock, max_w, times, seen
+        self.sizes, self.clock, self.max_w, self._times, self._seen = sizes, clock, max_w, times, seen
         self._alg, self._epoch_due = alg, epoch_due

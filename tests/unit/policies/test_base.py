@@ -44,4 +44,4 @@ def test_a_policy_is_built_from_the_core_and_its_own_sections_without_a_run_conf
     core = registry.Core(lr=0.1, batch_size=32, cycle_samples=128, shard_size=64, seed=0, sync="bsp", barrier=True)
     sections = {"pcontrol": PControlParams(), "batch_bounds": BatchBounds(), "rebalance": RebalanceParams()}
     alloc = registry.build("allocation", "pcontrol", core, sections, epoch_samples=1000)
-    assert isinstance(alloc, PControlAllocator) and alloc.fixed_global and alloc.b.steps == 4
+    assert isinstance(alloc, PControlAllocator) and alloc.fixed_global and alloc.sizes.steps == 4

@@ -62,12 +62,12 @@ class Cluster:
 
     # -- the data plane --
     def seconds(self, worker: str, wl: Workload) -> float:
-        steps = math.ceil(wl.dss / wl.step_batch)
+        steps = math.ceil(wl.dss / wl.effective_batch_size)
         return wl.dss / self.speed[worker] + self.overhead * steps
 
     def report(self, worker: str, wl: Workload, seconds: float | None = None) -> dict[str, Resize]:
         secs = self.seconds(worker, wl) if seconds is None else seconds
-        self.alloc.observe(worker, CycleObservation(wl.dss, wl.mbs, secs, wl.accumulation))
+        self.alloc.observe(worker, CycleObservation(wl.dss, wl.batch_size, secs, wl.accumulation))
         return self.rebalance()
 
     def run_round(self) -> dict[str, Resize]:
@@ -85,7 +85,7 @@ class Cluster:
 
     # -- what the tests look at --
     def batches(self) -> dict[str, int]:
-        return {w: self.alloc.workload(w).step_batch for w in sorted(self.speed)}
+        return {w: self.alloc.workload(w).effective_batch_size for w in sorted(self.speed)}
 
     def times(self) -> dict[str, float]:
         return {w: self.seconds(w, self.alloc.workload(w)) for w in sorted(self.speed)}
@@ -126,7 +126,7 @@ def test_build_policy_covers_every_allocation_and_passes_the_config_on():
     p, _ = alloc_for("omnilearn-asp", pcontrol_deadband=0.2, pcontrol_alpha=0.5, rebalance_warmup_cycles=3,
                      rebalance_min_observations=4, b_min=8, b_max=64, epoch_samples=777)
     assert (p.ctl.deadband, p.ctl.alpha, p.warmup, p.min_observations) == (0.2, 0.5, 3, 4)
-    assert (p.b.b_min, p.b.b_max, p.b.base, p.b.steps, p.clock.epoch_samples) == (8, 64, 32, 4, 777)
+    assert (p.sizes.b_min, p.sizes.b_max, p.sizes.batch_size, p.sizes.steps, p.clock.epoch_samples) == (8, 64, 32, 4, 777)
     assert p.fixed_global is False and p.interval == "epoch"
     f, _ = alloc_for("omnilearn-asp", global_batch="free", sync="ssp", lr_scaling="none")
     assert f.fixed_global is False
@@ -136,13 +136,13 @@ def test_build_policy_covers_every_allocation_and_passes_the_config_on():
     assert part.window == 3
     ad, _ = alloc_for("task-allocation", adaptive_epsilon=0.01, adaptive_patience=3, cycle_samples=256,
                       batch_size=16)
-    assert (ad.epsilon, ad.patience, ad.w0, ad.b.base) == (0.01, 3, 16, 16)
+    assert (ad.epsilon, ad.patience, ad.w0, ad.sizes.batch_size) == (0.01, 3, 16, 16)
     with pytest.raises(ValueError, match="unknown allocation"):
         RunConfig.model_construct(allocation="nope").build_policy("allocation", dss_max=1, epoch_samples=1)
 
 
 def test_a_cycle_cut_short_counts_scaled_and_another_batch_not_at_all():
-    wl = Workload(dss=1352, mbs=338)
+    wl = Workload(dss=1352, batch_size=338)
     # A workload bigger than an epoch of data ran 1293 samples at the right batch: scaled up.
     assert CycleObservation(1293, 338, 1.0).seconds_at(wl) == pytest.approx(1352 / 1293)
     assert CycleObservation(1352, 338, 2.0).seconds_at(wl) == 2.0

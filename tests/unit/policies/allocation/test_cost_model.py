@@ -32,14 +32,14 @@ def test_cost_model_validation(kwargs: dict, field: str):
 
 
 def test_cost_model_rejects_bad_sizes():
-    with pytest.raises(ValueError, match="mbs"):
+    with pytest.raises(ValueError, match="batch_size"):
         CostModel(0.1, 0.1).per_batch(0)
     with pytest.raises(ValueError, match="dss"):
         CostModel(0.1, 0.1).cycle_seconds(0, 8)
 
 
 def true_obs(model: CostModel, pairs: list[tuple[int, int]]) -> list[tuple[int, int, float]]:
-    return [(mbs, dss, model.cycle_seconds(dss, mbs)) for dss, mbs in pairs]
+    return [(batch_size, dss, model.cycle_seconds(dss, batch_size)) for dss, batch_size in pairs]
 
 
 def test_fit_recovers_a_and_b_from_three_mbs():
@@ -89,7 +89,7 @@ def test_constant_k_is_the_papers_model():
     "obs, field",
     [
         ([], "observations"),
-        ([(0, 10, 1.0)], "mbs"),
+        ([(0, 10, 1.0)], "batch_size"),
         ([(8, 0, 1.0)], "dss"),
         ([(8, 10, -1.0)], "seconds"),
         ([(8, 10, math.inf)], "seconds"),
@@ -109,4 +109,4 @@ def paper_sizer(*, fit: str = "linear", balance_band: float = 0.0, min_observati
 
 
 def sizer(**cfg) -> StragglerSizer:
-    return paper_sizer(**cfg, base_dss=256, base_mbs=32, dss_step=64, dss_max=1437)
+    return paper_sizer(**cfg, base_dss=256, base_batch_size=32, dss_step=64, dss_max=1437)

@@ -57,12 +57,12 @@ class Cluster:
 
     # -- the data plane --
     def seconds(self, worker: str, wl: Workload) -> float:
-        steps = math.ceil(wl.dss / wl.step_batch)
+        steps = math.ceil(wl.dss / wl.effective_batch_size)
         return wl.dss / self.speed[worker] + self.overhead * steps
 
     def report(self, worker: str, wl: Workload, seconds: float | None = None) -> dict[str, Resize]:
         secs = self.seconds(worker, wl) if seconds is None else seconds
-        self.alloc.observe(worker, CycleObservation(wl.dss, wl.mbs, secs, wl.accumulation))
+        self.alloc.observe(worker, CycleObservation(wl.dss, wl.batch_size, secs, wl.accumulation))
         return self.rebalance()
 
     def run_round(self) -> dict[str, Resize]:
@@ -80,7 +80,7 @@ class Cluster:
 
     # -- what the tests look at --
     def batches(self) -> dict[str, int]:
-        return {w: self.alloc.workload(w).step_batch for w in sorted(self.speed)}
+        return {w: self.alloc.workload(w).effective_batch_size for w in sorted(self.speed)}
 
     def times(self) -> dict[str, float]:
         return {w: self.seconds(w, self.alloc.workload(w)) for w in sorted(self.speed)}
@@ -123,7 +123,7 @@ def test_pcontrol_bsp_equalises_hl8_in_a_few_steps_with_exact_global_batch(overh
     first = [(w, r) for rnd, w, r in c.log if rnd == c.step_rounds()[0]]
     assert {w: r.kind for w, r in first} == {"w1": "slow", "w2": "slow", "w3": "slow", "w4": "fast"}
     for _, r in first:
-        assert r.workload.dss == local_steps(cfg) * r.workload.mbs and r.workload.accumulation == 1
+        assert r.workload.dss == local_steps(cfg) * r.workload.batch_size and r.workload.accumulation == 1
         assert r.detail["mean_seconds"] > 0 and r.detail["smoothed_seconds"] > 0
 
 
@@ -264,7 +264,7 @@ def test_pcontrol_batch_limit_shrinks_now_and_caps_later_steps():
     alloc, cfg = alloc_for("dynamic-batching")
     c = Cluster(alloc, HL8)
     c.run(3)
-    assert alloc.workload("w4").mbs == 85
+    assert alloc.workload("w4").batch_size == 85
     alloc.set_batch_limit("w4", 60)
     out = c.rebalance()
     assert set(out) == {"w4"}
@@ -273,7 +273,7 @@ def test_pcontrol_batch_limit_shrinks_now_and_caps_later_steps():
     assert alloc.ctl.b_max_of("w4") == 60
     for _ in range(4):  # up to the next control step
         c.run_round()
-        assert alloc.workload("w4").mbs <= 60
+        assert alloc.workload("w4").batch_size <= 60
         if c.step_rounds()[-1] > 3:
             break
     assert c.step_rounds() == [3, 5]  # w4 needs min_observations at its new batch
@@ -294,7 +294,7 @@ def test_pcontrol_batch_limit_above_the_current_batch_only_caps():
     # set_memory_limit caps the samples of a cycle: dss // steps is the batch cap.
     alloc.set_memory_limit("w4", 4 * 40 + 3)
     out = c.rebalance()
-    assert out["w4"].kind == "memory" and alloc.workload("w4").mbs == 40
+    assert out["w4"].kind == "memory" and alloc.workload("w4").batch_size == 40
 
 
 def test_pcontrol_epoch_interval_waits_for_a_data_epoch():

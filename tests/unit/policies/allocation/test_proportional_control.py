@@ -30,7 +30,7 @@ def simulate(ctrl: ProportionalController, speeds: dict[str, float], epochs: int
     for _ in range(epochs):
         for _ in range(iterations):
             for w, s in speeds.items():
-                ctrl.observe(w, overhead + ctrl.batch(w) / s)
+                ctrl.observe(w, overhead + ctrl.batch_size(w) / s)
         history.append(ctrl.update())
     return history
 
@@ -231,7 +231,7 @@ def test_drop_margin_zero_is_the_acsos_rule():
     def run(margin: float) -> int:
         ctl = controller({"a": 32, "b": 32}, b_min=4, b_max=96, deadband=0.0, drop_margin=margin)
         _step(ctl, {"a": 1.0, "b": 2.0})  # a grows from 32 (throughput 32/s)
-        grown = ctl.batch("a")
+        grown = ctl.batch_size("a")
         _step(ctl, {"a": grown / 31.0, "b": 2.0})  # ... and then runs at 31/s: a 3% fall
         return ctl.b_max_of("a")
     assert run(0.0) == 32  # the paper: capped at b0

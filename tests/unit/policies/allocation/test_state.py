@@ -68,9 +68,9 @@ def drive(allocs: list, speeds: dict[str, float], rounds: int) -> list[dict[str,
             wls = [a.workload(w) for a in allocs]
             assert all(wl == wls[0] for wl in wls), (w, wls)
             wl = wls[0]
-            seconds = wl.dss / speeds[w] + 0.002 * math.ceil(wl.dss / wl.step_batch)
+            seconds = wl.dss / speeds[w] + 0.002 * math.ceil(wl.dss / wl.effective_batch_size)
             for a in allocs:
-                a.observe(w, CycleObservation(wl.dss, wl.mbs, seconds, wl.accumulation))
+                a.observe(w, CycleObservation(wl.dss, wl.batch_size, seconds, wl.accumulation))
             answers = [a.rebalance() for a in allocs]
             assert all(ans == answers[0] for ans in answers), (w, answers)
             decisions.append(answers[0])
@@ -170,7 +170,7 @@ def test_a_worker_that_left_and_joins_again_starts_like_a_new_one(policy):
     assert all(b.workload(w) == c.workload(w) for w in ("w1", "w2", "w4"))
     if policy in ("dual-search", "pcontrol-bsp", "pcontrol-asp", "partition"):
         assert b.workload("w3") != restored_w3  # its measured workload did not survive the leave
-        assert b.workload("w3").mbs == build_config(*POLICIES[policy][:1], **POLICIES[policy][1]).batch_size
+        assert b.workload("w3").batch_size == build_config(*POLICIES[policy][:1], **POLICIES[policy][1]).batch_size
 
 
 @pytest.mark.parametrize("policy", sorted(POLICIES))
@@ -225,12 +225,41 @@ def test_a_dual_search_state_from_before_states_were_stamped_still_loads():
     assert workloads(b) == workloads(a)
 
 
+def _before_one_name(state: dict) -> dict:
+    """``state`` as servers wrote it before the batch size had one name (issue 26)."""
+    old = json.loads(json.dumps(state))
+    params = old["params"]
+    if "batch_size" in params:  # adaptive called it mbs, the per-step batch policies base
+        params["mbs" if "w0" in params else "base"] = params.pop("batch_size")
+    if "base_batch_size" in params:
+        params["base_mbs"] = params.pop("base_batch_size")
+    if "batches" in old:
+        old["batches"]["batch"] = old["batches"].pop("batch_size_of")
+    for st in (old.get("controller") or {}).get("workers", {}).values():
+        st["batch"] = st.pop("batch_size")
+    return old
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_a_state_written_before_the_batch_size_had_one_name_still_loads(policy):
+    a = trained(policy)
+    state = through_json(a.state_dict())
+    old = _before_one_name(state)
+    if policy != "uniform":
+        assert old != state  # the old layout really differs
+    b = build(policy)
+    b.load_state_dict(old)
+    assert workloads(b) == workloads(a)
+    assert through_json(b.state_dict()) == state  # and is saved again in the new one
+    assert drive([a, b], SHIFTED, 4) is not None  # the same decisions from here on (drive asserts it)
+
+
 def test_epoch_clock_and_global_batch_survive_for_pcontrol():
     a = trained("pcontrol-bsp")
     b = build("pcontrol-bsp")
     b.load_state_dict(through_json(a.state_dict()))
     assert (b.clock.samples, b.clock.epoch) == (a.clock.samples, a.clock.epoch)
-    assert b.ctl.global_batch == a.ctl.global_batch == sum(wl.mbs for wl in workloads(a).values())
+    assert b.ctl.global_batch == a.ctl.global_batch == sum(wl.batch_size for wl in workloads(a).values())
     assert b.ctl.adjustments == a.ctl.adjustments >= 1
     assert {w: b.ctl.b_max_of(w) for w in CORES} == {w: a.ctl.b_max_of(w) for w in CORES}
     assert b.ctl.b_max_of("w4") == 80

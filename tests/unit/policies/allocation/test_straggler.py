@@ -86,7 +86,7 @@ def paper_sizer(*, fit: str = "linear", balance_band: float = 0.0, min_observati
 
 
 def sizer(**cfg) -> StragglerSizer:
-    return paper_sizer(**cfg, base_dss=256, base_mbs=32, dss_step=64, dss_max=1437)
+    return paper_sizer(**cfg, base_dss=256, base_batch_size=32, dss_step=64, dss_max=1437)
 
 
 def feed(s: StragglerSizer, times: dict[str, float], rounds: int = 2) -> None:
@@ -104,17 +104,17 @@ def test_search_config_validation(kwargs: dict, field: str):
     search = {k: v for k, v in kwargs.items() if k in DualSearchParams.model_fields}
     rebalance = {k: v for k, v in kwargs.items() if k in RebalanceParams.model_fields}
     with pytest.raises(ValueError, match=field):
-        StragglerSizer(DualSearchParams(**search), RebalanceParams(**rebalance), base_dss=256, base_mbs=32,
+        StragglerSizer(DualSearchParams(**search), RebalanceParams(**rebalance), base_dss=256, base_batch_size=32,
                        dss_step=64, dss_max=1437, **({"history": kwargs["history"]} if "history" in kwargs else {}))
 
 
 @pytest.mark.parametrize(
     "kwargs, field",
-    [({"base_dss": 0}, "base_dss"), ({"base_dss": 2000}, "base_dss"), ({"base_mbs": 48}, "base_mbs"),
+    [({"base_dss": 0}, "base_dss"), ({"base_dss": 2000}, "base_dss"), ({"base_batch_size": 48}, "base_batch_size"),
      ({"dss_step": 0}, "dss_step"), ({"dss_max": 10}, "dss_max")],
 )
 def test_sizer_validation(kwargs: dict, field: str):
-    args = dict(base_dss=256, base_mbs=32, dss_step=64, dss_max=1437) | kwargs
+    args = dict(base_dss=256, base_batch_size=32, dss_step=64, dss_max=1437) | kwargs
     with pytest.raises(ValueError, match=field):
         paper_sizer(**args)
 
@@ -145,7 +145,7 @@ def test_rebalance_resizes_only_outliers_toward_the_median():
     assert set(out) == {"a"}
     # "a": 1.0 s for 8 batches of 32 -> 0.125 s per batch (a = 0 fallback); median 5.33 -> 42.6 batches
     # -> DSS 1344 (42 batches, 5.25 s, -1.5%)
-    assert (out["a"].dss, out["a"].mbs) == (1344, 32)
+    assert (out["a"].dss, out["a"].batch_size) == (1344, 32)
     assert out["a"].target_seconds == pytest.approx(5.33)
     assert s.workload("a") == (1344, 32)
     assert s.workload("d") == (256, 32)  # not an outlier: untouched
@@ -163,7 +163,7 @@ def test_resized_worker_is_not_resized_again_before_it_reports():
     s.observe("a", *s.workload("a"), 1.0 * 1344 / 256)  # now it reports at the new one
     # 5.25 s against 4.5 s is now a fresh, slow outlier: 0.125 s per batch -> 36 batches = 1152
     out = s.rebalance()
-    assert (out["a"].dss, out["a"].mbs) == (1152, 32)
+    assert (out["a"].dss, out["a"].batch_size) == (1152, 32)
 
 
 def test_rebalance_is_deterministic():
@@ -185,7 +185,7 @@ def test_memory_limit_caps_resizes_and_current_workload():
     assert r.dss == 448  # largest multiple of 64 under 500, though the median asks for more
     assert not r.within_tolerance
     s.set_memory_limit("a", 200)
-    assert s.workload("a") == (192, r.mbs)  # cut at once
+    assert s.workload("a") == (192, r.batch_size)  # cut at once
     with pytest.raises(ValueError, match="max_dss"):
         s.set_memory_limit("a", 10)
 
@@ -210,14 +210,14 @@ def hl8_truth(a0: float = 0.004, b0: float = 0.0005) -> dict[str, CostModel]:
 
 def simulate(rounds: int, fit: str = "linear") -> list[tuple[dict[str, float], float]]:
     truth = hl8_truth()
-    s = paper_sizer(fit=fit, base_dss=256, base_mbs=32, dss_step=64, dss_max=1437)
+    s = paper_sizer(fit=fit, base_dss=256, base_batch_size=32, dss_step=64, dss_max=1437)
     history = []
     for _ in range(rounds):
         times = {}
         for w, model in truth.items():
-            dss, mbs = s.workload(w)
-            times[w] = model.cycle_seconds(dss, mbs)
-            s.observe(w, dss, mbs, times[w])
+            dss, batch_size = s.workload(w)
+            times[w] = model.cycle_seconds(dss, batch_size)
+            s.observe(w, dss, batch_size, times[w])
         history.append((times, float(np.median(list(times.values())))))
         s.rebalance()
     return history
@@ -239,7 +239,7 @@ def test_linear_fit_predicts_a_new_mbs_constant_k_does_not():
     truth = CostModel(a=0.05, b=0.0005)
     results = {}
     for fit in ("linear", "constant"):
-        s = paper_sizer(fit=fit, base_dss=512, base_mbs=32, dss_step=256, dss_max=1437)
+        s = paper_sizer(fit=fit, base_dss=512, base_batch_size=32, dss_step=256, dss_max=1437)
         for w in ("f1", "f2", "f3"):
             s.observe(w, 512, 32, 0.2)
             s.observe(w, 512, 32, 0.2)
@@ -248,22 +248,22 @@ def test_linear_fit_predicts_a_new_mbs_constant_k_does_not():
         results[fit] = s.rebalance()["slow"]
     errors = {}
     for fit, r in results.items():
-        assert r.mbs not in (32, 64)  # resized to an MBS it has never run
-        actual = truth.cycle_seconds(r.dss, r.mbs)
+        assert r.batch_size not in (32, 64)  # resized to an MBS it has never run
+        actual = truth.cycle_seconds(r.dss, r.batch_size)
         errors[fit] = abs(r.predicted_seconds - actual) / actual
     # linear: a = 0.05, b = 0.0005 recovered; picks (256, 256): 0.178 s predicted and actual.
     # constant: K = mean(0.066, 0.082) = 0.074; picks (256, 128): predicts 2 * 0.074 = 0.148,
     # actual 2 * 0.114 = 0.228 -> 35% off.
-    assert (results["linear"].dss, results["linear"].mbs) == (256, 256)
-    assert (results["constant"].dss, results["constant"].mbs) == (256, 128)
+    assert (results["linear"].dss, results["linear"].batch_size) == (256, 256)
+    assert (results["constant"].dss, results["constant"].batch_size) == (256, 128)
     assert errors["linear"] < 0.03, errors
     assert errors["constant"] > 0.25, errors
 
 
-def _feed(sizer, rounds, times, dss=128, mbs=32):
+def _feed(sizer, rounds, times, dss=128, batch_size=32):
     for _ in range(rounds):
         for w, t in times.items():
-            sizer.observe(w, dss, mbs, t)
+            sizer.observe(w, dss, batch_size, t)
 
 
 def test_iqr_alone_misses_a_moderate_straggler_that_the_balance_band_catches():
@@ -272,10 +272,10 @@ def test_iqr_alone_misses_a_moderate_straggler_that_the_balance_band_catches():
     # 30.95 ms median) is not an IQR outlier.
     times = {"a": 0.0214, "b": 0.0237, "c": 0.0382, "d": 0.0518}
     assert iqr_outliers(times) == {}
-    paper = paper_sizer(base_dss=128, base_mbs=32, dss_step=32, dss_max=4096)
+    paper = paper_sizer(base_dss=128, base_batch_size=32, dss_step=32, dss_max=4096)
     _feed(paper, 2, times)
     assert paper.rebalance() == {}
-    banded = paper_sizer(balance_band=0.2, base_dss=128, base_mbs=32, dss_step=32, dss_max=4096)
+    banded = paper_sizer(balance_band=0.2, base_dss=128, base_batch_size=32, dss_step=32, dss_max=4096)
     _feed(banded, 2, times)
     resized = banded.rebalance()
     # a, b are 31% and 23% under the 30.95 ms median, c 23% and d 67% over:
@@ -290,13 +290,13 @@ def test_deadband_leaves_workers_within_tolerance_alone():
     # 5% off the median is within the search tolerance (10%): no churn.
     times = {"a": 0.100, "b": 0.100, "c": 0.100, "d": 0.105}
     assert "d" in iqr_outliers(times)
-    sizer = paper_sizer(base_dss=128, base_mbs=32, dss_step=32, dss_max=4096)
+    sizer = paper_sizer(base_dss=128, base_batch_size=32, dss_step=32, dss_max=4096)
     _feed(sizer, 2, times)
     assert sizer.rebalance() == {}
 
 
 def test_warmup_cycles_are_kept_out_of_fit_and_detection():
-    sizer = paper_sizer(warmup_cycles=1, base_dss=128, base_mbs=32, dss_step=32, dss_max=4096)
+    sizer = paper_sizer(warmup_cycles=1, base_dss=128, base_batch_size=32, dss_step=32, dss_max=4096)
     for w in "abcd":
         sizer.observe(w, 128, 32, 5.0 if w == "d" else 0.1)  # a huge one-off first cycle on d
     _feed(sizer, 2, {"a": 0.1, "b": 0.1, "c": 0.1, "d": 0.1})
@@ -304,7 +304,7 @@ def test_warmup_cycles_are_kept_out_of_fit_and_detection():
 
 
 def test_a_cut_short_cycle_is_judged_at_its_assigned_size():
-    sizer = paper_sizer(base_dss=256, base_mbs=32, dss_step=64, dss_max=4096)
+    sizer = paper_sizer(base_dss=256, base_batch_size=32, dss_step=64, dss_max=4096)
     _feed(sizer, 2, {"a": 0.2, "b": 0.2, "c": 0.2}, dss=256)
     # d ran only 64 of its 256 samples (end of the data) in 0.05 s: as fast
     # per sample as the others, so it must not be called a fast outlier.

@@ -62,12 +62,12 @@ class Cluster:
 
     # -- the data plane --
     def seconds(self, worker: str, wl: Workload) -> float:
-        steps = math.ceil(wl.dss / wl.step_batch)
+        steps = math.ceil(wl.dss / wl.effective_batch_size)
         return wl.dss / self.speed[worker] + self.overhead * steps
 
     def report(self, worker: str, wl: Workload, seconds: float | None = None) -> dict[str, Resize]:
         secs = self.seconds(worker, wl) if seconds is None else seconds
-        self.alloc.observe(worker, CycleObservation(wl.dss, wl.mbs, secs, wl.accumulation))
+        self.alloc.observe(worker, CycleObservation(wl.dss, wl.batch_size, secs, wl.accumulation))
         return self.rebalance()
 
     def run_round(self) -> dict[str, Resize]:
@@ -85,7 +85,7 @@ class Cluster:
 
     # -- what the tests look at --
     def batches(self) -> dict[str, int]:
-        return {w: self.alloc.workload(w).step_batch for w in sorted(self.speed)}
+        return {w: self.alloc.workload(w).effective_batch_size for w in sorted(self.speed)}
 
     def times(self) -> dict[str, float]:
         return {w: self.seconds(w, self.alloc.workload(w)) for w in sorted(self.speed)}
@@ -124,7 +124,7 @@ def test_adaptive_counts_follow_speed_with_a_constant_sum():
     for w in HL8:
         wl = alloc.workload(w)
         # One optimizer step per cycle of w_i micro-batches of the run's fixed MBS.
-        assert wl.mbs == cfg.batch_size and wl.dss == wl.accumulation * wl.mbs
+        assert wl.batch_size == cfg.batch_size and wl.dss == wl.accumulation * wl.batch_size
     kinds = {w: r.kind for _, w, r in c.log}
     assert kinds == {"w1": "slow", "w2": "slow", "w3": "slow", "w4": "fast"}
     for _ in range(16):
@@ -282,10 +282,10 @@ def test_chao_static_allocation_with_operator_ratios():
     alloc = _chao(ratios={"a": 2, "b": 3}, reallocate=False)
     w = {k: alloc.workload(k) for k in ("a", "b")}
     assert {k: v.accumulation for k, v in w.items()} == {"a": 4, "b": 6}  # w_i = C * r_i / sum(r)
-    assert sum(v.accumulation * v.mbs for v in w.values()) == 1000  # the paper's total batch
+    assert sum(v.accumulation * v.batch_size for v in w.values()) == 1000  # the paper's total batch
     for _ in range(3):  # epochs go by, b is twice as slow: static allocation never moves
         for k, t in (("a", 1.0), ("b", 2.0)):
-            alloc.observe(k, CycleObservation(dss=w[k].dss, mbs=100, seconds=t, accumulation=w[k].accumulation))
+            alloc.observe(k, CycleObservation(dss=w[k].dss, batch_size=100, seconds=t, accumulation=w[k].accumulation))
         assert alloc.rebalance() == {}
 
 
@@ -295,7 +295,7 @@ def test_chao_ratios_start_the_self_adaptive_algorithm():
     for _ in range(2):
         for k, t in (("a", 1.0), ("b", 3.0)):
             wl = alloc.workload(k)
-            alloc.observe(k, CycleObservation(dss=wl.dss, mbs=100, seconds=t, accumulation=wl.accumulation))
+            alloc.observe(k, CycleObservation(dss=wl.dss, batch_size=100, seconds=t, accumulation=wl.accumulation))
     moved = alloc.rebalance()
     # Eq. 10: v = (4/1, 6/3) = (4, 2), w' = v / sum(v) * 10 = (6.67, 3.33) -> 7, 3.
     assert {k: r.workload.accumulation for k, r in moved.items()} == {"a": 7, "b": 3}

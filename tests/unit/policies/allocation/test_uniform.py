@@ -53,12 +53,12 @@ class Cluster:
 
     # -- the data plane --
     def seconds(self, worker: str, wl: Workload) -> float:
-        steps = math.ceil(wl.dss / wl.step_batch)
+        steps = math.ceil(wl.dss / wl.effective_batch_size)
         return wl.dss / self.speed[worker] + self.overhead * steps
 
     def report(self, worker: str, wl: Workload, seconds: float | None = None) -> dict[str, Resize]:
         secs = self.seconds(worker, wl) if seconds is None else seconds
-        self.alloc.observe(worker, CycleObservation(wl.dss, wl.mbs, secs, wl.accumulation))
+        self.alloc.observe(worker, CycleObservation(wl.dss, wl.batch_size, secs, wl.accumulation))
         return self.rebalance()
 
     def run_round(self) -> dict[str, Resize]:
@@ -76,7 +76,7 @@ class Cluster:
 
     # -- what the tests look at --
     def batches(self) -> dict[str, int]:
-        return {w: self.alloc.workload(w).step_batch for w in sorted(self.speed)}
+        return {w: self.alloc.workload(w).effective_batch_size for w in sorted(self.speed)}
 
     def times(self) -> dict[str, float]:
         return {w: self.seconds(w, self.alloc.workload(w)) for w in sorted(self.speed)}
