@@ -219,7 +219,7 @@ class Membership:
             return
         try:
             # OmniLearn Eq. 9: training memory is m0 + m1*b, fitted on the worker's own measurements.
-            m0, m1 = fit_memory_model([(int(b), float(m)) for b, m in profile])
+            m0, m1 = fit_memory_model([(int(batch_size), float(m)) for batch_size, m in profile])
             b_max = max_batch_for_memory(m0, m1, memory * self.config.batch_bounds.memory_fraction)
         except (TypeError, ValueError) as exc:
             # The profile is logged here, not in the event: it is the worker's own input.

@@ -33,10 +33,10 @@ class RebalanceParams(BaseModel):
     warmup_cycles: int = Field(default=1, ge=0, description="A worker's first cycles, kept out of every measurement.")
 
 
-def check_step_batch(core: Core, b: BatchBounds, policy: str) -> None:
+def check_step_batch(core: Core, bounds: BatchBounds, policy: str) -> None:
     """The per-step batch policies scale the batch of each of cycle_samples // batch_size steps within [b_min, b_max]."""
-    if not b.b_min <= core.batch_size <= b.b_max:
-        raise ValueError(f"batch_size={core.batch_size} outside [b_min, b_max]=[{b.b_min}, {b.b_max}]")
+    if not bounds.b_min <= core.batch_size <= bounds.b_max:
+        raise ValueError(f"batch_size={core.batch_size} outside [b_min, b_max]=[{bounds.b_min}, {bounds.b_max}]")
     if core.cycle_samples < core.batch_size:
         raise ValueError(
             f"cycle_samples={core.cycle_samples} < batch_size={core.batch_size}: allocation "
@@ -120,9 +120,9 @@ class StepBatches:
         acc = self.accumulation.get(worker_id, 1)
         return Workload(dss=self.steps * batch_size * acc, batch_size=batch_size, accumulation=acc)
 
-    def limit(self, worker_id: str, max_batch: int) -> bool:
+    def limit(self, worker_id: str, max_batch_size: int) -> bool:
         """Lower a worker's cap; True when its current batch had to shrink to it."""
-        self.caps[worker_id] = min(self.caps.get(worker_id, self.b_max), max(self.b_min, int(max_batch)))
+        self.caps[worker_id] = min(self.caps.get(worker_id, self.b_max), max(self.b_min, int(max_batch_size)))
         if self.batch_size_of.get(worker_id, 0) > self.cap(worker_id):
             self.set(worker_id, self.cap(worker_id), "memory", cap=self.cap(worker_id))
             return True

@@ -130,8 +130,8 @@ class PartitionAllocator(Policy):
     def set_memory_limit(self, worker_id: str, max_dss: int) -> None:
         self.sizes.limit(worker_id, max_dss // self.sizes.steps)
 
-    def set_batch_limit(self, worker_id: str, max_batch: int) -> None:
-        self.sizes.limit(worker_id, max_batch)
+    def set_batch_limit(self, worker_id: str, max_batch_size: int) -> None:
+        self.sizes.limit(worker_id, max_batch_size)
 
     def rebalance(self) -> dict[str, Resize]:
         return self.sizes.take_pending()

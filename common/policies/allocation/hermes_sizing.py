@@ -63,7 +63,7 @@ class DualSearchAllocator(Policy):
     def set_memory_limit(self, worker_id: str, max_dss: int) -> None:
         self.sizer.set_memory_limit(worker_id, max_dss)
 
-    def set_batch_limit(self, worker_id: str, max_batch: int) -> None:
+    def set_batch_limit(self, worker_id: str, max_batch_size: int) -> None:
         # The search walks a power-of-two MBS grid bounded by mbs_max for all
         # workers; per-worker activation-memory caps are not part of Hermes.
         pass

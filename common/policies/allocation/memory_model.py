@@ -19,11 +19,11 @@ def fit_memory_model(samples: Sequence[tuple[int, float]]) -> tuple[float, float
     three do not depend on the batch (m0); M_act and M_batch grow linearly
     with it (Fig. 6a/6b), so their sum is m1 per sample.
     """
-    if len({b for b, _ in samples}) < 2:
+    if len({batch_size for batch_size, _ in samples}) < 2:
         raise ValueError("need measurements at two or more distinct batch sizes")
-    b = np.array([s[0] for s in samples], dtype=float)
+    batch_sizes = np.array([s[0] for s in samples], dtype=float)
     m = np.array([s[1] for s in samples], dtype=float)
-    m1, m0 = np.polyfit(b, m, 1)
+    m1, m0 = np.polyfit(batch_sizes, m, 1)
     return float(m0), float(m1)
 
 
@@ -31,9 +31,9 @@ def max_batch_for_memory(m0: float, m1: float, budget: float) -> int:
     """Largest batch b with m0 + m1*b <= budget (OmniLearn Eq. 9 cap on b_max)."""
     if m1 <= 0:
         raise ValueError(f"per-sample memory m1 must be positive, got {m1}")
-    b = math.floor((budget - m0) / m1 + 1e-9)
-    if b < 1:
+    batch_size = math.floor((budget - m0) / m1 + 1e-9)
+    if batch_size < 1:
         raise ValueError(f"budget {budget} bytes does not fit one sample (m0={m0:.0f}, m1={m1:.0f})")
-    return b
+    return batch_size
 
 

@@ -129,9 +129,9 @@ class PControlAllocator(Policy):
     def set_memory_limit(self, worker_id: str, max_dss: int) -> None:
         self.set_batch_limit(worker_id, max_dss // self.sizes.steps)
 
-    def set_batch_limit(self, worker_id: str, max_batch: int) -> None:
+    def set_batch_limit(self, worker_id: str, max_batch_size: int) -> None:
         """b_max from the worker's memory (OmniLearn Eq. 9); a batch above it shrinks now."""
-        if self.sizes.limit(worker_id, max_batch):
+        if self.sizes.limit(worker_id, max_batch_size):
             self.ctl.workers[worker_id].batch_size = self.sizes.batch_size_of[worker_id]
             self.ctl.workers[worker_id].ewma = None
             self._counted[worker_id] = 0

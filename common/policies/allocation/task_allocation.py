@@ -218,7 +218,7 @@ class AdaptiveAllocator(Policy):
             self.sizes.set(worker_id, self.sizes.batch_size, "memory", accumulation=self.max_w[worker_id])
             self._restart()  # the others take up what the capped worker cannot
 
-    def set_batch_limit(self, worker_id: str, max_batch: int) -> None:
+    def set_batch_limit(self, worker_id: str, max_batch_size: int) -> None:
         pass  # the micro-batch is the run's, for every worker
 
     def rebalance(self) -> dict[str, Resize]:

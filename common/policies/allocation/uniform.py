@@ -39,7 +39,7 @@ class UniformAllocator(Policy):
     def set_memory_limit(self, worker_id: str, max_dss: int) -> None:
         pass
 
-    def set_batch_limit(self, worker_id: str, max_batch: int) -> None:
+    def set_batch_limit(self, worker_id: str, max_batch_size: int) -> None:
         pass
 
     def rebalance(self) -> dict[str, Resize]:
