@@ -30,7 +30,7 @@ import pytest
 pytestmark = pytest.mark.slow
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-SUBPACKAGES = ("common", "client", "server", "deploy", "common/allocation", "deploy/bench")
+SUBPACKAGES = ("common", "client", "server", "deploy", "common/policies", "common/policies/allocation", "server/engine", "server/routes", "deploy/bench", "deploy/testbed")
 # Heavy server-side modules an agent must never pull in.
 SERVER_ONLY = ("fastapi", "uvicorn", "starlette",
                # heavy optional modules an agent never needs: their import is start-up time on a device
