@@ -73,7 +73,8 @@ def test_testbed_reaches_target(preset: str, tmp_path: Path) -> None:
     # stopped the run), so there it must only stay far above chance: the
     # model a user keeps is the best one above.
     assert s["final_accuracy"] >= (0.85 if preset == "bsp" else 0.5)
-    assert 0 < s["seconds_to_target"] <= s["wall_seconds"] <= 120 + 30
+    # Within its budget is told by the outcome (not "time limit"), not a wall bound (issue 32).
+    assert 0 < s["seconds_to_target"] <= s["wall_seconds"] and s["outcome"] == "target reached", s["outcome"]
     assert len(s["workers"]) == 4
     speeds = sorted(w["speed"] for w in s["workers"])
     assert speeds == pytest.approx(sorted([9 / 24, 9 / 24, 6 / 24, 1.0]))

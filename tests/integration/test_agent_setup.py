@@ -3,10 +3,12 @@
 A real ``hermes-server`` (bound to 127.0.0.1, advertising 127.0.0.2: an
 operator who forgot ``--advertise-host``) and ``python -m hermes.client.cli``
 started as users start it. Mistakes found before the agent imports torch
-must end the whole process within 5 s; those that need a registration
-(the advertised data plane, a name in use) within 5 s of the agent's first
-log line, which it writes after its imports (torch takes 10 s and more to
-import on a loaded 2-core machine).
+end the process before torch is imported (torch takes 10 s and more to
+import on a loaded 2-core machine); those that need a registration (the
+advertised data plane, a name in use) end at the first refusal, without
+retrying. How long each takes is measured by benchmarks/startup.py, not
+asserted here: a wall-clock budget failed by chance on a loaded machine
+(issue 32).
 """
 
 from __future__ import annotations
@@ -16,21 +18,20 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 
 import httpx
 import pytest
 
 from hermes.deploy.procs import free_port, free_ports, start, wait_healthy
-from tests.conftest import JOIN_TOKEN
+from tests.conftest import JOIN_TOKEN, parse_metric
 
 pytestmark = pytest.mark.integration
 
-BUDGET_S = 5.0
+# Only a hang fails on time (issue 32).
+HANG_S = 120.0
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -41,9 +42,8 @@ def _env(**extra: str) -> dict[str, str]:
 @dataclass
 class Result:
     rc: int
-    stderr: str
-    seconds: float  # the whole process
-    verdict_at: float  # wall clock when the "hermes-client: ..." line arrived
+    stderr: str  # without the interpreter's import profile
+    imported: frozenset[str]  # every module the process imported (PYTHONPROFILEIMPORTTIME)
 
     @property
     def message_lines(self) -> list[str]:
@@ -57,26 +57,22 @@ class Result:
         assert lines[0].startswith("hermes-client: "), lines
         return lines[0]
 
-    def seconds_after_first_log_line(self) -> float:
-        """From the agent's first log line (after its imports) to its verdict (not the interpreter's teardown)."""
-        first = next(ln for ln in self.stderr.splitlines() if ln[:4].isdigit())
-        at = datetime.strptime(first[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
-        return self.verdict_at - at
 
 
-def agent(*args: str, env: dict[str, str] | None = None, timeout: float = 120.0) -> Result:
-    t0 = time.monotonic()
+def agent(*args: str, env: dict[str, str] | None = None, timeout: float = HANG_S) -> Result:
     proc = subprocess.Popen([sys.executable, "-m", "hermes.client.cli", "--no-progress", *args],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env or _env())
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env={**(env or _env()), "PYTHONPROFILEIMPORTTIME": "1"})
     lines: list[str] = []
-    verdict_at = [0.0]
+    imported: set[str] = set()
 
     def read() -> None:
         assert proc.stderr is not None
         for line in proc.stderr:
-            lines.append(line)
-            if line.startswith("hermes-client: "):
-                verdict_at[0] = time.time()
+            if line.startswith("import time:"):  # "import time: self [us] | cumulative | name"
+                imported.add(line.rsplit("|", 1)[-1].strip())
+            else:
+                lines.append(line)
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
@@ -85,8 +81,8 @@ def agent(*args: str, env: dict[str, str] | None = None, timeout: float = 120.0)
     finally:
         if proc.poll() is None:
             proc.kill()
-    reader.join(timeout=10)
-    return Result(rc, "".join(lines), time.monotonic() - t0, verdict_at[0])
+    reader.join(timeout=HANG_S)
+    return Result(rc, "".join(lines), frozenset(imported))
 
 
 @dataclass
@@ -120,7 +116,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 def test_server_url_without_scheme() -> None:
     r = agent("--server", "10.0.0.5:8000")
     line = r.one_line()
-    assert r.rc == 2 and "'http://10.0.0.5:8000'" in line and r.seconds < BUDGET_S, (r, line)
+    assert r.rc == 2 and "'http://10.0.0.5:8000'" in line and "torch" not in r.imported, (r.rc, line)
     r = agent("--server", "localhost:8000")
     assert r.rc == 2 and "'http://localhost:8000'" in r.one_line()
 
@@ -134,7 +130,7 @@ def test_server_url_without_scheme() -> None:
 def test_bad_environment_value_is_named(var: str, value: str, says: str) -> None:
     r = agent("--server", "http://127.0.0.1:1", env=_env(**{var: value}))
     line = r.one_line()
-    assert r.rc == 2 and f"{var}={value!r}" in line and says in line and r.seconds < BUDGET_S, line
+    assert r.rc == 2 and f"{var}={value!r}" in line and says in line and "torch" not in r.imported, line
 
 
 def test_unknown_flag_suggests_the_closest() -> None:
@@ -150,21 +146,22 @@ def test_unreachable_server_bounded_retry_exit_3() -> None:
     r = agent("--server", f"http://127.0.0.1:{port}", "--connect-retries", "1")
     line = r.one_line()
     assert r.rc == 3 and f"127.0.0.1:{port} unreachable after 2 attempts" in line, line
-    assert "retry 1/1" in r.stderr and r.seconds < BUDGET_S
+    assert "retry 1/1" in r.stderr and "retry 2/" not in r.stderr and "torch" not in r.imported, r.stderr
 
 
 def test_data_port_given_as_server(server: Server) -> None:
     r = agent("--server", f"http://127.0.0.1:{server.data_port}")
     line = r.one_line()
     assert r.rc == 2 and "this looks like the server's data port" in line and "--port" in line, line
-    assert r.seconds < BUDGET_S
+    assert "torch" not in r.imported
 
 
 def test_unreachable_advertised_data_plane_names_advertise_host(server: Server) -> None:
     r = agent("--server", server.url, "--name", "far-away")
     line = r.one_line()
     assert r.rc == 3 and f"tcp://127.0.0.2:{server.data_port}" in line and "--advertise-host" in line, line
-    assert r.seconds_after_first_log_line() < BUDGET_S, r.stderr
+    # Told by the refused connection, not after the probe's timeout.
+    assert "(connection refused)" in line, line
     # It said goodbye: the server does not wait for it to go silent.
     workers = httpx.get(server.url + "/v1/workers", timeout=5).json()
     assert [w["state"] for w in workers if w["name"] == "far-away"] == ["left"]
@@ -182,6 +179,11 @@ def test_second_live_agent_with_the_same_name_is_refused(server: Server) -> None
             httpx.post(f"{server.url}/v1/workers/{reg['worker_id']}/heartbeat", json={}, timeout=5,
                        headers={"X-Hermes-Token": reg["token"]})
 
+    def refusals() -> float:
+        text = httpx.get(server.url + "/metrics", timeout=10).text
+        return parse_metric(text, "hermes_registrations_total", outcome="name_in_use")
+
+    before = refusals()
     beater = threading.Thread(target=beat, daemon=True)
     beater.start()
     try:
@@ -191,7 +193,9 @@ def test_second_live_agent_with_the_same_name_is_refused(server: Server) -> None
         beater.join(timeout=10)
     line = r.one_line()
     assert r.rc == 4 and "'twin'" in line and "in use by another live agent" in line and "--name" in line, line
-    assert r.seconds_after_first_log_line() < BUDGET_S, r.stderr
+    # It waited once for a holder that might be its own dead predecessor, then gave up: two refusals.
+    assert r.stderr.count("in case it is a previous run of this agent that died") == 1, r.stderr
+    assert refusals() - before == 2
     # The first agent keeps its registration.
     r2 = httpx.post(f"{server.url}/v1/workers/{reg['worker_id']}/heartbeat", json={}, timeout=5,
                     headers={"X-Hermes-Token": reg["token"]})

@@ -85,7 +85,7 @@ def test_power_aggregation_weighs_updates_by_measured_compute_power(server_facto
     ta = threading.Thread(target=_push, args=(a, da, v0, 128, 1.0, replies))  # 128 samples/s
     tb = threading.Thread(target=_push, args=(b, db, v0, 128, 0.25, replies))  # 512 samples/s
     ta.start(), tb.start()
-    ta.join(15), tb.join(15)
+    ta.join(120), tb.join(120)  # hang deadlines (issue 32)
     assert all(r.header.body["status"] == "applied" for r in replies.values()), replies
     _, m1 = a.pull()
     expected = m0 + 0.2 * da + 0.8 * db

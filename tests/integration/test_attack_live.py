@@ -168,7 +168,6 @@ def _attacked_run(tmp_path: Path, preset: str, *extra: str, honest: int = 2, tar
         thread.start()
         assert first_done.wait(30), "the attacker's first push never came back"
         agents = [start_agent(srv.url, n, tmp_path / f"{n}.log", "--threads", "1") for n in names]
-        t0 = time.monotonic()
         try:
             thread.join(timeout=timeout)
             assert not thread.is_alive(), ("the attack did not finish", attacker.replies)
@@ -183,8 +182,8 @@ def _attacked_run(tmp_path: Path, preset: str, *extra: str, honest: int = 2, tar
                 ev = s["evaluation"]
                 return s if ev and ev["version"] >= after and ev["accuracy"] >= target else None
 
+            # The join and this wait are the hang deadlines; how long the run took is not asserted (issue 32).
             status = wait_for(reached, timeout, f"{preset} to reach {target} after the attack")
-            took = time.monotonic() - t0
             r = srv.http.post(srv.url + "/v1/stop", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
             assert r.status_code == 200, r.text
             codes = [a.wait(timeout=30) for a in agents]
@@ -218,7 +217,6 @@ def _attacked_run(tmp_path: Path, preset: str, *extra: str, honest: int = 2, tar
         assert {e["worker"] for e in _events(srv, "update_screened_out")} == {attacker.w.id}
         joins = [e["name"] for e in _events(srv, "join")]
         assert sorted(n for n in joins if n.startswith("honest")) == names, joins
-        assert took < 2 * timeout
         assert "Traceback" not in srv.log_text()
 
 

@@ -53,11 +53,10 @@ def test_tiny_suite_end_to_end_then_resume(tmp_path):
 
     # Second invocation: nothing re-run, same summaries.
     mtimes = {p: p.stat().st_mtime for p in out.glob("runs/*/*/*/summary.json")}
-    t0 = time.monotonic()
     again = bench("run", str(suite), "--out", str(out))
     assert again.returncode == 0, again.stderr[-3000:]
+    # Nothing re-run is told by the counts and the untouched summaries, not by the wall clock (issue 32).
     assert "2 already finished" in again.stdout and "0 to run" in again.stdout
-    assert time.monotonic() - t0 < 60
     assert {p: p.stat().st_mtime for p in mtimes} == mtimes
 
     # The report re-renders from results.json alone.

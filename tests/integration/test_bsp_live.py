@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 import torch
 
 from hermes.common.wire import ErrorCode, MsgType
+from tests.conftest import wait_for
 
 pytestmark = pytest.mark.integration
+
+# Waits that only fail on a hang (issue 32).
+HANG_S = 120.0
 
 
 @pytest.fixture(scope="module")
@@ -18,7 +21,7 @@ def bsp_server(server_factory):
     return server_factory("--preset", "bsp")
 
 
-def _push_async(worker, delta, *, base, samples, timeout=15.0):
+def _push_async(worker, delta, *, base, samples, timeout=HANG_S):
     """Push from a thread; returns (thread, result dict) — the reply lands in result['msg']."""
     result: dict = {}
 
@@ -48,13 +51,15 @@ def test_barrier_waits_for_every_active_worker_and_weights_by_samples(bsp_server
     db = torch.full((a.numel,), -(2.0 ** -9))
 
     ta, ra = _push_async(a, da, base=v0, samples=32)
-    ta.join(timeout=1.0)
+    # Received (counted) before b pushes: the fold order below is a's first. That the barrier held is
+    # proven by the one version below; no sleep gives the push time to arrive (issue 32).
+    wait_for(lambda: bsp_server.workers()[a.id]["pushes"] == 1, HANG_S, "a's push to reach the server")
     assert ta.is_alive(), "a's push was answered before b pushed: the barrier did not hold"
     assert bsp_server.healthz()["model_version"] == v0
 
     tb, rb = _push_async(b, db, base=v0, samples=96)
-    ta.join(timeout=15)
-    tb.join(timeout=15)
+    ta.join(timeout=HANG_S)
+    tb.join(timeout=HANG_S)
     for r in (ra, rb):
         assert "exc" not in r, r.get("exc")
         msg = r["msg"]
@@ -77,7 +82,7 @@ def test_leave_releases_the_barrier_and_double_push_is_rejected(bsp_server):
     v0, m0 = a.pull()
     d = torch.full((a.numel,), 2.0 ** -9)
     ta, ra = _push_async(a, d, base=v0, samples=10)
-    time.sleep(0.3)
+    wait_for(lambda: bsp_server.workers()[a.id]["pushes"] == 1, HANG_S, "a's push to reach the server")
     assert ta.is_alive()
 
     # A second push from a in the same round is refused at once (a held reply stays held).
@@ -87,7 +92,7 @@ def test_leave_releases_the_barrier_and_double_push_is_rejected(bsp_server):
     assert ta.is_alive()
 
     _leave(bsp_server, b)  # the straggler goes away: the barrier completes without it
-    ta.join(timeout=15)
+    ta.join(timeout=HANG_S)
     assert not ta.is_alive() and "exc" not in ra, ra
     assert ra["msg"].header.body["status"] == "applied"
     v1, m1 = a.pull()

@@ -22,6 +22,8 @@ from hermes.server.coordinator import Coordinator, GroupFull
 pytestmark = pytest.mark.integration
 
 # (samples, micro-batch, accumulation) per rank: unequal sizes, a short last micro-batch, one accumulating rank.
+# Only a hang fails on time (issue 32).
+HANG_S = 120
 RANKS = [(5, 5, 1), (11, 4, 3), (16, 16, 1)]
 
 
@@ -129,14 +131,15 @@ def test_a_dead_peer_fails_the_others_fast_with_a_clear_error(tmp_path: Path) ->
     lonely = ctx.Process(target=_lonely_rank, args=(coord.port, str(out)))
     dying = ctx.Process(target=_dying_rank, args=(coord.port,))
     lonely.start(), dying.start()
-    dying.join(60)
-    lonely.join(60)
+    dying.join(HANG_S)
+    lonely.join(HANG_S)  # a survivor that hung past the group timeout fails here (exitcode None)
     assert dying.exitcode == 17
-    assert lonely.exitcode == 0, "the surviving rank crashed instead of reporting the failure"
+    assert lonely.exitcode == 0, f"the surviving rank crashed or hung ({lonely.exitcode}) instead of reporting the failure"
     text = out.read_text()
     assert text != "no error"
-    seconds, message = text.split("|", 1)
-    assert float(seconds) < 30, "the survivor hung far past the group timeout"
+    # How soon it was told (the seconds before "|") is not asserted: on a loaded machine that is the
+    # machine's, not the group's (issue 32).
+    _, message = text.split("|", 1)
     assert "a peer died or timed out" in message
 
 

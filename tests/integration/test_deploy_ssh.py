@@ -40,6 +40,8 @@ from tests.conftest import JOIN_TOKEN, free_ports
 pytestmark = pytest.mark.integration
 
 SSHD = Path("/usr/sbin/sshd")
+# Waits that only fail on a hang: how fast things happen is not asserted here (issue 32).
+HANG_S = 120
 SSH_KEYGEN = shutil.which("ssh-keygen")
 
 
@@ -80,7 +82,7 @@ def _sshd(root: Path) -> Iterator[dict[str, Any]]:
     proc = subprocess.Popen([str(SSHD), "-D", "-e", "-f", str(config)], stdout=log, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, start_new_session=True)
     try:
-        deadline = time.monotonic() + 15
+        deadline = time.monotonic() + HANG_S
         while True:
             if proc.poll() is not None:
                 pytest.skip(f"sshd exited at start ({proc.returncode}): {(root / 'sshd.log').read_text()[-2000:]}")
@@ -195,9 +197,7 @@ def test_cli_script_check_and_failures_do_not_block(sshd, tmp_path) -> None:
         beside = Path(sys.executable).parent / "hermes-deploy"
         script = str(beside) if beside.exists() else shutil.which("hermes-deploy")
         cmd = [script] if script else [sys.executable, "-m", "hermes.deploy.ssh_cli"]
-        t0 = time.monotonic()
-        r = subprocess.run([*cmd, "check", "-i", str(inv)], capture_output=True, text=True, timeout=60)
-        wall = time.monotonic() - t0
+        r = subprocess.run([*cmd, "check", "-i", str(inv)], capture_output=True, text=True, timeout=HANG_S)
     finally:
         silent.close()
     assert r.returncode == 1, (r.stdout, r.stderr)
@@ -208,15 +208,18 @@ def test_cli_script_check_and_failures_do_not_block(sshd, tmp_path) -> None:
     assert "FAILED" in row(out, "refused") and "unreachable" in row(out, "refused"), out
     assert "FAILED" in row(out, "silent"), out
     assert "1 ok, 3 failed" in out
-    # The silent host costs its own connect timeout (3 s), not the others'.
-    assert wall < 20, wall
+    # The silent host costs at least its own connect timeout (3 s, the table's TIME column); how long
+    # the whole check takes is not asserted (issue 32).
+    assert float(row(out, "silent").split()[2].rstrip("s")) >= 3.0, out
     results = {}
     inventory = load_inventory(inv)
     results = {r.host: r for r in rollout.run_on_hosts(inventory.hosts[:3], rollout_install.check,
                                                        rollout.Options(known_hosts=inventory.known_hosts))}
     assert results["good"].ok and results["good"].details["python"] == ".".join(map(str, sys.version_info[:3]))
     assert results["wrong-key"].error_kind == "auth"
-    assert results["refused"].error_kind == "unreachable" and results["refused"].seconds < 5
+    # A refused port is told at once (connection refused), not after a connect timeout.
+    assert results["refused"].error_kind == "unreachable", results["refused"]
+    assert "no answer within" not in results["refused"].summary, results["refused"]
 
 
 def test_per_host_deadline_never_blocks(sshd, tmp_path) -> None:
@@ -227,16 +230,15 @@ def test_per_host_deadline_never_blocks(sshd, tmp_path) -> None:
             {"name": "good", "workdir": str(tmp_path / "good")},
             {"name": "hung", "port": silent_port, "connect_timeout": 60},
         ]))
-        t0 = time.monotonic()
         results = rollout.run_on_hosts(inv.hosts, rollout_install.check,
                                        rollout.Options(known_hosts=inv.known_hosts, timeout=2.0))
-        wall = time.monotonic() - t0
     finally:
         silent.close()
     good, hung = results
     assert good.ok, good
     assert not hung.ok and hung.error_kind == "timeout", hung
-    assert wall < 6, wall
+    # Cut by the per-host deadline (2 s), not by its own 60 s connect timeout ("no answer within 60s").
+    assert hung.summary == "timeout: no result within 2s" and hung.seconds >= 2.0, hung
 
 
 def test_host_key_verification_and_trust_on_first_use(sshd, tmp_path, capsys) -> None:
@@ -322,7 +324,7 @@ def test_roll_out_trains_on_the_device(sshd, server_factory, tmp_path, capsys, m
         assert f"HERMES_JOIN_TOKEN={JOIN_TOKEN}".encode() in environ
         assert b"s3cret" not in Path(f"/proc/{pid}/cmdline").read_bytes()
 
-        deadline = time.monotonic() + 90
+        deadline = time.monotonic() + HANG_S
         worker: dict[str, Any] = {}
         while time.monotonic() < deadline:
             worker = next((w for w in server.workers().values() if w.get("name") == "edge-1"), {})
@@ -353,7 +355,7 @@ def test_roll_out_trains_on_the_device(sshd, server_factory, tmp_path, capsys, m
         assert not _pid_alive(pid)
         assert not (wd / "edge-1" / "run" / "agent.pid").exists()
         # The agent left cleanly on SIGTERM: the server saw it go.
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + HANG_S
         while time.monotonic() < deadline:
             worker = next((w for w in server.workers().values() if w.get("name") == "edge-1"), {})
             if worker.get("state") == "left":
@@ -372,7 +374,7 @@ def test_roll_out_trains_on_the_device(sshd, server_factory, tmp_path, capsys, m
         assert rc == 0, out
         pid = int((wd / "edge-1" / "run" / "agent.pid").read_text())
         exit_file = wd / "edge-1" / "run" / "agent.exit"
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + HANG_S
         while time.monotonic() < deadline and not (exit_file.is_file() and exit_file.read_text().strip()):
             time.sleep(0.5)
         assert exit_file.read_text().strip() == "0", (wd / "edge-1" / "logs" / "agent.log").read_text()[-3000:]

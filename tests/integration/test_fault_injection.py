@@ -451,7 +451,7 @@ def test_garbage_flood_then_valid_pull(live_server, worker):
         for _ in range(n):
             sock.send_multipart([b"\xc1" + rng.randbytes(rng.randrange(0, 300))])
         replies = 0
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 120  # a hang deadline: how fast the replies come is not asserted
         while replies < n and time.monotonic() < deadline:
             if sock.poll(1000):
                 frames = sock.recv_multipart()
@@ -469,7 +469,7 @@ def test_rejections_are_logged_as_warnings(live_server, worker):
     frames = [packed(header_dict(worker, mac="cd" * 32))]
     assert_rejected(live_server, worker, frames, ErrorCode.UNAUTHORIZED)
     wanted = f"bad signature from worker '{worker.id}'"
-    deadline = time.monotonic() + 3
+    deadline = time.monotonic() + 60  # a hang deadline: the log line may lag on a loaded machine
     while True:
         lines = [ln for ln in live_server.log_text().splitlines() if wanted in ln]
         if lines or time.monotonic() > deadline:

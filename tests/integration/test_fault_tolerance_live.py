@@ -28,6 +28,7 @@ def test_silent_worker_is_lost_barrier_released_shards_requeued_and_it_rejoins(s
     srv = server_factory("--preset", "bsp", "--heartbeat-interval", "0.25", "--heartbeat-timeout", "2")
     a, b = srv.register("steady"), srv.register("flaky")
     v0, m0 = a.pull()
+    b_last = time.monotonic()  # the server last heard from the flaky worker no earlier than this
     work = b.request(MsgType.REQUEST_WORK)
     lost_shards = work.header.body["shards"]
     assert lost_shards
@@ -41,15 +42,16 @@ def test_silent_worker_is_lost_barrier_released_shards_requeued_and_it_rejoins(s
     beats = threading.Thread(target=beat, daemon=True)
     beats.start()
     try:
-        t0 = time.monotonic()
         # BSP: this push waits at the barrier for the flaky worker, which never pushes.
         reply = a.push(torch.full((a.numel,), 0.125), base_version=v0)
-        waited = time.monotonic() - t0
+        waited = time.monotonic() - b_last
     finally:
         stop_beats.set()
         beats.join()
     assert reply.header.type is MsgType.PUSH_REPLY and reply.header.body["status"] == "applied", reply.header.body
-    assert 1.5 < waited < 4.5, f"the barrier was released after {waited:.1f}s (timeout 2s)"
+    # Released by the loss, so not before the flaky worker was silent for the timeout (2 s); how soon
+    # after is the monitor's period plus this machine's load, not asserted (issue 32).
+    assert waited >= 2.0, f"the barrier was released {waited:.1f}s after the flaky worker's last message"
     workers = srv.workers()
     assert workers[b.id]["state"] == "lost" and workers[a.id]["state"] == "active"
     assert srv.counter("hermes_workers_lost_total") == 1
@@ -110,6 +112,7 @@ def test_sigkill_then_resume_keeps_every_acknowledged_update(tmp_path, durable):
         assert acked_version == 7
         t_last = time.time()
         run_start = t_last - first.get_json("/v1/status")["elapsed_seconds"]
+        asked = time.time() - t_last  # the request's own time: run_start is known to within it
         ports = (first.port, first.data_port)
         first.proc.kill()  # no shutdown hook runs: only what was durable survives
         first.proc.wait(timeout=10)
@@ -119,12 +122,14 @@ def test_sigkill_then_resume_keeps_every_acknowledged_update(tmp_path, durable):
     with running_server(tmp_path / "second", "--resume", str(ckpt), ports=ports) as second:
         t_status = time.time()
         status = second.get_json("/v1/status")
+        asked += time.time() - t_status
         # The run's clock: training seconds plus the downtime (from the last journaled fold,
         # else the checkpoint, to the resume) add up to the wall-clock time since it started.
         downtime = status["resumed_from"].pop("downtime_seconds")
         assert status["downtime_seconds"] == downtime
         assert downtime >= (t_kill - t_last if durable else t_kill - run_start) - 0.5, (downtime, t_kill - t_last)
-        assert status["elapsed_seconds"] + downtime == pytest.approx(t_status - run_start, abs=1.0)
+        # Within 1 s, plus the two status requests' own time (seconds on a loaded machine, issue 32).
+        assert status["elapsed_seconds"] + downtime == pytest.approx(t_status - run_start, abs=1.0 + asked)
         w2 = second.register("survivor")
         assert w2.id == w.id  # ids stay with names across the restart
         version, model = w2.pull()
@@ -181,10 +186,9 @@ def test_agent_sigterm_at_a_barrier_abandons_the_wait_reports_and_leaves(server_
         wid = wait_for(lambda: next((w["id"] for w in srv.workers().values() if w["name"] == "terminated"), None),
                         60, "the agent to register")
         wait_for(lambda: srv.workers()[wid]["pushes"] >= 1, 90, "the agent's first push (held at the barrier)")
-        t0 = time.monotonic()
         agent.send_signal(signal.SIGTERM)
-        assert agent.wait(timeout=20) == 0, log.read_text()[-3000:]
-        assert time.monotonic() - t0 < 10
+        # Exit 0, having left (below); how fast is not asserted (issue 32), a hang still fails.
+        assert agent.wait(timeout=120) == 0, log.read_text()[-3000:]
     finally:
         if agent.poll() is None:
             agent.kill()

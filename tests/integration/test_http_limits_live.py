@@ -17,21 +17,31 @@ def srv(server_factory):
     return server_factory("--http-read-timeout", "1")
 
 
-def _raw(srv, request: bytes, *, close_after_send: bool = False) -> tuple[str, float]:
-    """Send raw bytes to the control plane; the status line and how long the answer took."""
+# Only a hang fails on time: the socket waits this long for the server's answer and its close.
+HANG_S = 60.0
+
+
+def _raw(srv, request: bytes, *, until_closed: bool = False) -> tuple[str, float]:
+    """Send raw bytes to the control plane; the status line and how long the answer took. ``until_closed``:
+    then read to the end of the stream, which only a server that closes the connection gives (a server
+    that kept it open fails the test with a socket timeout after HANG_S)."""
     t0 = time.monotonic()
-    with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as s:
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=HANG_S) as s:
         s.sendall(request)
-        reply = s.recv(4096).decode(errors="replace")
-    return reply.split("\r\n", 1)[0], time.monotonic() - t0
+        reply = s.recv(4096)
+        took = time.monotonic() - t0
+        while until_closed and (chunk := s.recv(4096)):
+            reply += chunk
+    return reply.decode(errors="replace").split("\r\n", 1)[0], took
 
 
 def test_a_body_announced_over_the_limit_is_refused_unread(srv):
-    # 100 GB announced, 8 bytes sent, no token: 413 at once (it held a connection for 70 s before).
-    status, took = _raw(srv, b"POST /v1/workers/register HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                             b"Content-Length: 100000000000\r\n\r\n{\"name\":")
+    # 100 GB announced, 8 bytes sent, no token: 413 and the connection closed by the server (it held a
+    # connection for 70 s before). Unread: a server that waited for the body would answer 408 after its
+    # 1 s read timeout instead.
+    status, _ = _raw(srv, b"POST /v1/workers/register HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                          b"Content-Length: 100000000000\r\n\r\n{\"name\":", until_closed=True)
     assert " 413 " in status, status
-    assert took < 1.0, took
 
 
 def test_a_chunked_body_over_the_limit_is_refused(srv):
@@ -43,9 +53,11 @@ def test_a_chunked_body_over_the_limit_is_refused(srv):
 
 def test_a_stalled_body_gets_408_after_the_read_timeout(srv):
     status, took = _raw(srv, b"POST /v1/workers/register HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                             b"Content-Length: 100\r\n\r\n{\"name\":")
+                             b"Content-Length: 100\r\n\r\n{\"name\":", until_closed=True)
     assert " 408 " in status, status
-    assert 0.9 <= took < 5.0, took
+    # Not before the configured read timeout (1 s), and the server closed the connection; how soon
+    # after the timeout it answered is not asserted (issue 32).
+    assert took >= 0.9, took
 
 
 def test_honest_requests_pass_and_non_finite_floats_are_422(srv):

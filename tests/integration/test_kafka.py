@@ -54,6 +54,8 @@ pytestmark = pytest.mark.integration
 logging.getLogger("kafka").setLevel(logging.CRITICAL)
 
 # Small, fast failure budgets for the tests.
+# Waits that only fail on a hang; how fast a read or a republish goes is not asserted (issue 32).
+HANG_S = 120
 FAST = dict(connect_retries=2, backoff=0.2, connect_timeout=1.0, stall_seconds=1.0, missing_grace=0.5)
 
 
@@ -263,10 +265,9 @@ def test_unreachable_broker_is_a_clear_bounded_error():
     (port,) = free_ports(1)
     address = f"127.0.0.1:{port}"
     reader = KafkaShardReader(address, connect_retries=2, backoff=0.2, connect_timeout=1.0)
-    t0 = time.monotonic()
     with pytest.raises(KafkaUnavailable, match=address) as info:
         reader.connect()
-    assert time.monotonic() - t0 < 15
+    # Bounded by its attempts (1 + 2 retries), counted in the message; the wall time is not asserted (issue 32).
     assert "3 attempt" in str(info.value) and info.value.bootstrap == address
 
     # The agent's fetcher reports it and serves the shards over the data plane instead.
@@ -278,10 +279,12 @@ def test_unreachable_broker_is_a_clear_bounded_error():
     spec = KafkaRanges(source="kafka", bootstrap=address, topic="t", partitions=4, ranges=[[0, 0, 1]])
     records, _ = fetcher.fetch([0], spec)
     assert records[0].shard == 0 and stats.report()["shard_records"] == {"kafka": 0, "zmq": 1}
-    # Circuit open: the next assignment does not pay the retry budget again.
-    t0 = time.monotonic()
+    assert stats.report()["kafka_fallbacks"] == 1
+    # Circuit open: the next assignment does not pay the retry budget again: it does not try Kafka
+    # (no second fallback counted) and goes straight to the data plane.
     fetcher.fetch([0], spec)
-    assert time.monotonic() - t0 < 0.5
+    assert stats.report()["kafka_fallbacks"] == 1
+    assert stats.report()["shard_records"] == {"kafka": 0, "zmq": 2}
     fetcher.close()
 
 
@@ -289,7 +292,6 @@ def test_server_start_fails_naming_an_unreachable_broker(tmp_path):
     (port,) = free_ports(1)
     address = f"127.0.0.1:{port}"
     env = _server_env()
-    t0 = time.monotonic()
     procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for cmd in (
         [sys.executable, "-m", "hermes.server.cli", "--port", str(free_ports(1)[0]), "--kafka", address,
          "--kafka-retries", "0", "--out", str(tmp_path)],
@@ -301,7 +303,6 @@ def test_server_start_fails_naming_an_unreachable_broker(tmp_path):
         # The retry loop itself (backoff, attempts) is exercised by the reader test above.
         assert f"Kafka broker at {address} unreachable" in err and "after 1 attempt(s)" in err
         assert "Traceback" not in err
-    assert time.monotonic() - t0 < 60
 
 
 # ---------------------------------------------------------------------------
@@ -324,7 +325,7 @@ def _read_in_thread(reader, layout, assigned, kill_after: int):
         seen.append(shard)
         if len(seen) == kill_after:
             reached.set()
-            assert release.wait(30)
+            assert release.wait(HANG_S)
 
     def run():
         out["res"] = reader.read(layout.topic, layout.partitions, layout.ranges_for(assigned),
@@ -332,7 +333,7 @@ def _read_in_thread(reader, layout, assigned, kill_after: int):
 
     t = threading.Thread(target=run, daemon=True)
     t.start()
-    assert reached.wait(30), "reader never got going"
+    assert reached.wait(HANG_S), "reader never got going"
     return t, seen, release, out
 
 
@@ -350,7 +351,7 @@ def test_restart_then_republish_resumes_from_the_assigned_offsets(broker_factory
     broker.start()         # same port, empty
     again = publish_stores(train, validation, dataset="digits", opts=opts)["train"]
     assert again.layout == layout  # same topic, same offsets
-    t.join(60)
+    t.join(HANG_S)
     reader.close()
     res = out["res"]
     assert res.missing == [] and res.failure is None, res.failure
@@ -373,7 +374,7 @@ def test_restart_without_republish_reports_exactly_the_unread_shards(broker_fact
     release.set()
     time.sleep(0.5)
     broker.start()  # back, but without the data
-    t.join(60)
+    t.join(HANG_S)
     reader.close()
     res = out["res"]
     assert res.failure_kind == "missing_data" and broker.bootstrap in res.failure
@@ -418,7 +419,7 @@ def test_server_assigns_kafka_ranges_and_the_prefetcher_survives_a_broker_restar
             reporter = DataClient(server.data_address, reg["worker_id"], reg["token"], timeout=10)
             reporter.request(MsgType.REPORT_STATS, {"samples": 0, "bytes_sent": 0, "bytes_received": 0, **lost})
             reporter.close()
-            deadline = time.monotonic() + 30
+            deadline = time.monotonic() + HANG_S
             while not any(e.get("event") == "shards_republished" for e in _events(server.out_dir)):
                 assert time.monotonic() < deadline, "the server did not republish"
                 time.sleep(0.2)

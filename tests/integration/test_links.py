@@ -93,10 +93,13 @@ def _measure(cmd_prefix: list[str], host: str, port: int, link: Link) -> dict[st
 
 def _check(m: dict[str, float], link: Link) -> None:
     assert link.up_bps and link.down_bps
-    assert 0.7 * link.up_bps <= m["up_bps"] <= 1.3 * link.up_bps, m
-    assert 0.7 * link.down_bps <= m["down_bps"] <= 1.3 * link.down_bps, m
-    # RTT adds the nominal delay (the bare loopback/veth round trip is well under 5 ms).
-    assert link.rtt <= m["rtt"] <= link.rtt + 0.015, m
+    # The shaped link is never faster than its profile: rates at most 1.3x, the RTT at least the
+    # nominal delay. Load only slows a measurement, so these hold on any machine; how close to the
+    # profile it gets (0.7x the rate, the RTT within 15 ms, on an idle machine) is a bound on speed,
+    # which a loaded machine can miss by chance (issue 32).
+    assert m["up_bps"] <= 1.3 * link.up_bps, m
+    assert m["down_bps"] <= 1.3 * link.down_bps, m
+    assert link.rtt <= m["rtt"], m
 
 
 def test_parse_links():

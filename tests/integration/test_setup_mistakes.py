@@ -1,7 +1,9 @@
-"""Each hermes-server set-up mistake: one line on stderr, its exit code, within 5 s, nothing written.
+"""Each hermes-server set-up mistake: one line on stderr, its exit code, torch never imported, nothing written.
 
 The server as users start it (``python -m hermes.server.cli``); these checks
-run before torch is imported, so each answer takes about a second.
+run before torch is imported, so each answer takes about a second (measured
+by benchmarks/startup.py; a 5 s wall-clock limit here failed by chance on a
+loaded machine, issue 32).
 """
 
 from __future__ import annotations
@@ -9,7 +11,6 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -19,17 +20,17 @@ from tests.conftest import _server_env
 
 pytestmark = pytest.mark.integration
 
-LIMIT_S = 5.0
+HANG_S = 120  # only a hang fails on time
 
 
 def _server(*args: str, env: dict[str, str | None] | None = None, cwd: Path | None = None) -> tuple[int, str]:
-    t0 = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "hermes.server.cli", *args], capture_output=True, text=True,
-                          timeout=60, env=_server_env(env), cwd=cwd)
-    took = time.monotonic() - t0
-    lines = proc.stderr.strip().splitlines()
+                          timeout=HANG_S, env=_server_env({**(env or {}), "PYTHONPROFILEIMPORTTIME": "1"}), cwd=cwd)
+    # The interpreter's import profile ("import time: self [us] | cumulative | name") is not the server's output.
+    imported = {ln.rsplit("|", 1)[-1].strip() for ln in proc.stderr.splitlines() if ln.startswith("import time:")}
+    lines = [ln for ln in proc.stderr.strip().splitlines() if not ln.startswith("import time:")]
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
-    assert took < LIMIT_S, f"{took:.1f}s for: {lines[0]}"
+    assert "torch" not in imported, f"torch imported before: {lines[0]}"
     return proc.returncode, lines[0]
 
 

@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 import urllib.request
 from pathlib import Path
 
@@ -118,14 +117,14 @@ def test_server_refuses_to_start_without_a_join_token(tmp_path: Path) -> None:
 
 def test_agent_exits_nonzero_when_server_unreachable() -> None:
     port = free_port()  # nothing listens here
-    t0 = time.monotonic()
     proc = subprocess.run(
         [sys.executable, "-m", "hermes.client.cli", "--server", f"http://127.0.0.1:{port}",
          "--connect-retries", "2", "--name", "lonely"],
-        capture_output=True, text=True, timeout=60)
+        capture_output=True, text=True, timeout=120)
     assert proc.returncode == 3
     assert f"127.0.0.1:{port}" in proc.stderr and "unreachable" in proc.stderr
-    assert time.monotonic() - t0 < 30  # bounded retries, not a hang
+    # Bounded retries, counted (issue 32: this was a 30 s wall bound).
+    assert "unreachable after 3 attempts" in proc.stderr and "retry 3/" not in proc.stderr, proc.stderr
 
 
 def test_agent_refuses_bad_flags() -> None:
@@ -157,10 +156,10 @@ def test_agent_stops_promptly_on_sigterm_while_waiting_for_the_server() -> None:
         # Past imports, into the retries: the agent has said it could not reach the server.
         wait_for(lambda: any("not reachable" in line for line in lines), 60, "the agent's first registration retry")
         assert proc.poll() is None
-        t0 = time.monotonic()
         proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=20)
-        assert time.monotonic() - t0 < 5  # not the whole backoff, not a SIGKILL fallback
+        # Not the whole backoff (50 retries, minutes): "stopped while waiting" below says the wait was
+        # cut; exit 0, not a SIGKILL fallback. How fast is not asserted (issue 32).
+        proc.wait(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -9,9 +9,9 @@ scores on the evaluator's held-out set what the summary says it scored.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -68,11 +68,13 @@ def test_server_stops_at_target_and_keeps_the_best_model(tmp_path: Path) -> None
                           headers={"Authorization": f"Bearer {JOIN_TOKEN}"})
         assert r.status_code == 410 and "the run is over" in r.json()["detail"]
         # An agent that comes late (or reconnects after the stop) is told so and exits 0, not 3.
-        t0 = time.monotonic()
         late = start_agent(srv.url, "late", tmp_path / "late.log")
-        assert late.wait(timeout=60) == 0, (tmp_path / "late.log").read_text(errors="replace")[-2000:]
-        assert time.monotonic() - t0 < 30  # no retries with backoff against a finished run
-        assert "the server's run is over" in (tmp_path / "late.log").read_text(errors="replace")
+        assert late.wait(timeout=120) == 0, (tmp_path / "late.log").read_text(errors="replace")[-2000:]
+        late_log = (tmp_path / "late.log").read_text(errors="replace")
+        assert "the server's run is over" in late_log
+        # No retries with backoff against a finished run: every retry logs "retry N/M" (issue 32: this
+        # was a 30 s wall bound).
+        assert not re.search(r"retry \d+/\d+", late_log), late_log[-2000:]
         live = srv.get_json("/v1/summary")
         assert live["best_accuracy"] >= reached["accuracy"] and live["outcome"] == "target_reached"
     # running_server sent SIGTERM and checked the clean exit and server_summary.json.

@@ -12,26 +12,22 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import JOIN_TOKEN, _server_env, running_server
+from tests.conftest import JOIN_TOKEN, _server_env, free_ports, parse_metric, port_is_free, running_server
 
 pytestmark = pytest.mark.integration
 
 FIXTURES = Path(__file__).resolve().parent / "task_fixtures.py"
 TARGET_R2 = 0.95
-# CPU seconds a broken task may cost before the process exits (the issue: "< 5 s", which the
-# idle machine meets: 3.3-4.6 CPU s and 3.4-4.6 s wall, 2026-11-26). CPU, not wall time: on a
-# shared 2-core test machine the wall clock also counts other jobs. Under the full suite's own
-# load the same refusal measured 5.09 and 5.23 CPU s (cache and frequency contention), so the
-# guard allows 6: it catches a refusal that loads data or trains, not the machine's load.
-START_UP_CPU_S = 6.0
+# Only a hang fails on time: how fast a broken task is refused is measured by benchmarks/startup.py
+# (docs/performance.md), not asserted. A CPU-second guard here (6 CPU s against 5.09-5.23 measured
+# under the suite's own load, 2026-11-26) still failed by chance (issue 32).
+HANG_S = 120
 
 
 def _ref(attr: str) -> str:
@@ -47,12 +43,16 @@ def _agent_env() -> dict[str, str]:
     return {**_server_env(), "HERMES_JOIN_TOKEN": JOIN_TOKEN}
 
 
-def _run_timed(cmd: list[str], env: dict[str, str], cwd: Path) -> tuple[subprocess.CompletedProcess, float]:
-    """Run to completion; (result, CPU seconds the child used)."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd, timeout=120)
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return proc, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+def _run(cmd: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd, timeout=HANG_S)
+
+
+def _registrations(srv) -> float:
+    """Registration attempts the server counted, whatever their outcome."""
+    text = srv.metrics_text()
+    outcomes = {line.split('outcome="', 1)[1].split('"', 1)[0] for line in text.splitlines()
+                if line.startswith("hermes_registrations_total{") and 'outcome="' in line}
+    return sum(parse_metric(text, "hermes_registrations_total", outcome=o) for o in outcomes)
 
 
 def test_a_custom_task_trains_to_its_target_and_a_mismatched_agent_is_refused(tmp_path: Path) -> None:
@@ -68,21 +68,26 @@ def test_a_custom_task_trains_to_its_target_and_a_mismatched_agent_is_refused(tm
         spec_before = srv.get_json("/v1/workers")
 
         # Another architecture under another name: refused (409 -> exit 4) before any state exists.
-        refused, _ = _run_timed(_agent_cmd(srv.url, "intruder", "--task", _ref("other")), _agent_env(), tmp_path)
+        refused = _run(_agent_cmd(srv.url, "intruder", "--task", _ref("other")), _agent_env(), tmp_path)
         assert refused.returncode == 4, refused.stderr
         line = refused.stderr.strip().splitlines()[-1]
         assert "tiny-regression" in line and "wider-regression" in line, refused.stderr
         assert srv.get_json("/v1/workers") == spec_before  # no ghost worker
         assert srv.counter("hermes_registrations_total", outcome="task_mismatch") == 1
 
-        # A broken task on the agent: one line, exit 2, nothing registered.
-        broken, cpu = _run_timed(_agent_cmd(srv.url, "broken", "--task", _ref("vector_loss"),
-                                                "--log-level", "warning"), _agent_env(), tmp_path)
+        # A broken task on the agent: one line, exit 2, and refused before it asked the server for
+        # anything: no registration attempt of any outcome, no worker, nothing in its folder.
+        attempts = _registrations(srv)
+        (tmp_path / "broken").mkdir()
+        broken = _run(_agent_cmd(srv.url, "broken", "--task", _ref("vector_loss"), "--log-level", "warning"),
+                      _agent_env(), tmp_path / "broken")
         assert broken.returncode == 2, broken.stderr
         assert broken.stderr.strip() == ("hermes-client: task tiny-regression: loss: returned shape (4,), "
                                          "expected a scalar"), broken.stderr
-        assert cpu < START_UP_CPU_S, f"the agent spent {cpu:.1f} CPU seconds before refusing its task"
+        assert broken.stdout == "", broken.stdout
+        assert _registrations(srv) == attempts
         assert srv.get_json("/v1/workers") == spec_before
+        assert list((tmp_path / "broken").iterdir()) == []
 
         # Two agents: one names the task, the other takes the server's reference.
         logs = [open(tmp_path / f"agent-{i}.log", "wb") for i in range(2)]  # noqa: SIM115 - the agents hold them
@@ -130,16 +135,23 @@ def test_a_custom_task_trains_to_its_target_and_a_mismatched_agent_is_refused(tm
 ])
 def test_a_broken_task_stops_the_server_before_it_binds(tmp_path: Path, attr: str | None, expected: str) -> None:
     ref = _ref(attr) if attr else "no_such_module_xyz:task"
-    cmd = [sys.executable, "-m", "hermes.server.cli", "--host", "127.0.0.1", "--port", "1", "--insecure",
-           "--task", ref]
-    t0 = time.monotonic()
-    proc, cpu = _run_timed(cmd, {k: v for k, v in os.environ.items() if not k.startswith("HERMES_")}, tmp_path)
-    wall = time.monotonic() - t0
-    # Port 1 cannot be bound by a test user: exit 2 (not 3) proves the check ran before binding.
+    port, data_port = free_ports(2)
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "hermes.server.cli", "--host", "127.0.0.1", "--port", str(port),
+           "--data-port", str(data_port), "--collective-port", "0", "--insecure", "--out", str(out), "--task", ref]
+    proc = _run(cmd, {k: v for k, v in os.environ.items() if not k.startswith("HERMES_")}, tmp_path)
+    # Exit 2 with one line: uvicorn never started (it would have logged), the lifespan never ran (exit 3).
     assert proc.returncode == 2, (proc.returncode, proc.stderr)
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and expected in lines[0] and "Traceback" not in proc.stderr, proc.stderr
-    assert cpu < START_UP_CPU_S, f"{cpu:.1f} CPU seconds ({wall:.1f} s wall) before refusing the task"
+    assert lines[0].startswith("hermes-server: "), lines
+    assert proc.stdout == "", proc.stdout
+    # Before the expensive work: nothing written (no OUT, no token, no checkpoint, no log), no port kept.
+    # (Today the control port is claimed, listening, before create_app checks the task, and given back
+    # on exit; on port 1, which root can bind, the old "exit 2, not 3" proved nothing. Checking the task
+    # before claim_ports in server/cli.py would make "before it binds" literal: issue 32's notes.)
+    assert not out.exists() and list(tmp_path.iterdir()) == [], sorted(p.name for p in tmp_path.rglob("*"))
+    assert port_is_free(port) and port_is_free(data_port)
 
 
 def test_budgets_and_task_flags_are_in_every_cli_help() -> None:

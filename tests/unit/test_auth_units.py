@@ -3,7 +3,6 @@ limiter, secrets, shard requeueing, checkpoint files and the update journal."""
 
 from __future__ import annotations
 
-import time
 from dataclasses import replace
 
 import pytest
@@ -11,6 +10,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from hermes.common.clock import ManualClock
 from hermes.common.shards import ShardQueue
 from hermes.common.signing import new_session, now_ms
 from hermes.common.wire import (
@@ -149,13 +149,19 @@ def test_replay_guard_rules():
 
 
 def test_replay_guard_expires_idle_sessions_only_after_twice_the_window():
-    g = ReplayGuard(window_seconds=0.05, max_sessions=1)
-    h = replace(decode(_signed(seq=1)).header, session=new_session())
+    # A manual clock: with the real one a slow moment between two checks expired the session early.
+    clock = ManualClock()
+    g = ReplayGuard(window_seconds=0.05, max_sessions=1, clock=clock)
+
+    def now() -> int:
+        return int(clock.time() * 1000)
+
+    h = replace(decode(_signed(seq=1, ts=now())).header, session=new_session())
     g.check(h)
     with pytest.raises(ProtocolError):
-        g.check(replace(h, session=new_session(), ts=now_ms()))
-    time.sleep(0.12)
-    g.check(replace(h, session=new_session(), ts=now_ms()))
+        g.check(replace(h, session=new_session(), ts=now()))
+    clock.advance(0.12)
+    g.check(replace(h, session=new_session(), ts=now()))
     with pytest.raises(ProtocolError):  # the forgotten session's old message is stale by now
         g.check(h)
 
@@ -165,12 +171,13 @@ def test_replay_guard_expires_idle_sessions_only_after_twice_the_window():
 
 
 def test_rate_limiter_bucket_and_retry_after():
-    rl = RateLimiter(rate=10.0, burst=3)
+    clock = ManualClock()  # the real one refilled the bucket when the machine paused between calls
+    rl = RateLimiter(rate=10.0, burst=3, clock=clock)
     assert [rl.allow("a") for _ in range(3)] == [0.0, 0.0, 0.0]
     wait = rl.allow("a")
     assert 0 < wait <= 0.1
     assert rl.allow("b") == 0.0  # per address
-    time.sleep(0.12)
+    clock.advance(0.12)
     assert rl.allow("a") == 0.0
     assert RateLimiter(rate=0, burst=1).allow("a") == 0.0  # 0 = off
 

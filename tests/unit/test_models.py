@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-import time
 
 import numpy as np
 import pytest
@@ -176,7 +175,6 @@ def test_cnn_learns_digits():
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        start = time.perf_counter()
         train, test = load_dataset("digits", seed=0)
         model = _build("cnn", train.input_shape, num_classes=train.num_classes, seed=0)
         opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
@@ -193,8 +191,7 @@ def test_cnn_learns_digits():
         with torch.no_grad():
             pred = model(torch.from_numpy(test.x)).argmax(1).numpy()
         accuracy = float((pred == test.y).mean())
-        elapsed = time.perf_counter() - start
-        print(f"cnn on digits: test accuracy {accuracy:.3f} in {elapsed:.1f} s")
-        assert accuracy > 0.85
+        # Accuracy only: how long 200 steps take is this machine's, not the model's (issue 32).
+        assert accuracy > 0.85, f"cnn on digits: test accuracy {accuracy:.3f}"
     finally:
         torch.set_num_threads(threads)
