@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hermes.common.config import PRESETS, ConfigError
 from hermes.server.preflight import (
@@ -24,6 +24,9 @@ from hermes.server.preflight import (
     reachability_warning,
     version_text,
 )
+
+if TYPE_CHECKING:
+    from hermes.common.task import Task
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -259,6 +262,13 @@ def serve(settings: Any) -> int:
             settings = settings.model_copy(update={"out_dir": str(default_out_dir(config.preset))})
         check_out_dir(settings.out_dir, resume=settings.resume, overwrite=settings.overwrite)
         tls = ssl_options(settings)
+        claim_ports(settings, hold=False)
+        # The task before any port listens: a broken one is refused with nothing listening, and
+        # fastapi/uvicorn/the app are not imported for it (0.5-0.7 s, python -X importtime, 2026-11-27).
+        from hermes.common.task_registry import check_task, resolve_task
+
+        task = resolve_task(config.task, config)
+        check_task(task, config, role="server")
         control = claim_ports(settings)
     except (ConfigError, ValueError, OutDirError) as exc:
         print(f"hermes-server: configuration error: {exc}", file=sys.stderr)
@@ -270,12 +280,12 @@ def serve(settings: Any) -> int:
     if warning is not None:
         print(f"hermes-server: warning: {warning}", file=sys.stderr)
     try:
-        return _run(settings, tls, control, default_out=default_out)
+        return _run(settings, tls, control, task, default_out=default_out)
     finally:
         control.close()
 
 
-def _run(settings: Any, tls: dict[str, Any], control: Any, *, default_out: bool) -> int:
+def _run(settings: Any, tls: dict[str, Any], control: Any, task: Task, *, default_out: bool) -> int:
     try:
         import uvicorn
 
@@ -291,7 +301,7 @@ def _run(settings: Any, tls: dict[str, Any], control: Any, *, default_out: bool)
         if settings.checkpoint_dir:
             # Refuse a wrong --resume before uvicorn starts, with exit status 2.
             check_directory(settings.checkpoint_dir, resume=settings.resume, overwrite=settings.overwrite)
-        app = create_app(settings)
+        app = create_app(settings, task)
     except (ConfigError, ValueError, CheckpointError, OutDirError, OSError) as exc:
         print(f"hermes-server: configuration error: {exc}", file=sys.stderr)
         return 2

@@ -128,15 +128,17 @@ def reachability_warning(settings: Any) -> str | None:
     return None
 
 
-def _bind(host: str, port: int) -> socket.socket:
-    """A listening TCP socket on host:port, with SO_REUSEADDR as uvicorn and ZeroMQ set it."""
+def _bind(host: str, port: int, *, listen: bool = True) -> socket.socket:
+    """A listening TCP socket on host:port, with SO_REUSEADDR as uvicorn and ZeroMQ set it (``listen``
+    False: bound only, which still fails where another socket listens, and accepts no connection)."""
     infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     family, _, _, _, address = infos[0]
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(address)
-        sock.listen(2048)
+        if listen:
+            sock.listen(2048)
     except OSError:
         sock.close()
         raise
@@ -153,10 +155,14 @@ def _why(exc: OSError) -> str:
     return f"cannot be bound ({exc.strerror or exc})"
 
 
-def claim_ports(settings: Any) -> socket.socket:
-    """Bind the control port (returned, for uvicorn) and try the fixed data-plane ports."""
+def claim_ports(settings: Any, *, hold: bool = True) -> socket.socket:
+    """Bind the control port (returned, for uvicorn) and try the fixed data-plane ports.
+
+    ``hold`` False only tries them all (nothing listens; the returned socket is closed): a port in use
+    is named before the seconds a task takes to load, and nothing listens while it is checked.
+    """
     try:
-        control = _bind(settings.host, settings.port)
+        control = _bind(settings.host, settings.port, listen=hold)
     except socket.gaierror as exc:
         raise PreflightError(f"--host {settings.host!r}: {exc.strerror}") from None
     except OSError as exc:
@@ -169,7 +175,7 @@ def claim_ports(settings: Any) -> socket.socket:
         if not port:
             continue
         try:
-            _bind(settings.data_host, port).close()
+            _bind(settings.data_host, port, listen=False).close()
         except socket.gaierror as exc:
             control.close()
             raise PreflightError(f"--data-host {settings.data_host!r}: {exc.strerror}") from None
@@ -177,5 +183,7 @@ def claim_ports(settings: Any) -> socket.socket:
             control.close()
             raise PreflightError(f"{what} {port} on {settings.data_host} {_why(exc)}; choose another with "
                                  f"{flag}") from None
+    if not hold:
+        control.close()
     return control
 

@@ -73,3 +73,20 @@ def _boom(output: torch.Tensor, target: torch.Tensor) -> float:
 
 
 throwing_metric = dataclasses.replace(regression, metrics={"r2": r2, "boom": _boom})
+
+
+def probe_ports():
+    """A task factory that looks, while the server loads it, whether anything listens on the ports named in
+    TASK_PROBE_PORTS (host:port,...), writes what it saw to TASK_PROBE_OUT, and then fails."""
+    import json
+    import os
+    import socket
+
+    seen = {}
+    for spec in os.environ["TASK_PROBE_PORTS"].split(","):
+        host, port = spec.rsplit(":", 1)
+        with socket.socket() as s:
+            seen[spec] = s.connect_ex((host, int(port))) == 0
+    with open(os.environ["TASK_PROBE_OUT"], "w") as f:
+        json.dump(seen, f)
+    raise RuntimeError("probe done")

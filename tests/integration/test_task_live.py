@@ -147,11 +147,23 @@ def test_a_broken_task_stops_the_server_before_it_binds(tmp_path: Path, attr: st
     assert lines[0].startswith("hermes-server: "), lines
     assert proc.stdout == "", proc.stdout
     # Before the expensive work: nothing written (no OUT, no token, no checkpoint, no log), no port kept.
-    # (Today the control port is claimed, listening, before create_app checks the task, and given back
-    # on exit; on port 1, which root can bind, the old "exit 2, not 3" proved nothing. Checking the task
-    # before claim_ports in server/cli.py would make "before it binds" literal: issue 32's notes.)
     assert not out.exists() and list(tmp_path.iterdir()) == [], sorted(p.name for p in tmp_path.rglob("*"))
     assert port_is_free(port) and port_is_free(data_port)
+
+
+def test_nothing_listens_while_the_server_loads_its_task(tmp_path: Path) -> None:
+    """The task is loaded and checked before any port listens (server/cli.py serve): the task itself looks."""
+    port, data_port = free_ports(2)
+    seen_file = tmp_path / "seen.json"
+    cmd = [sys.executable, "-m", "hermes.server.cli", "--host", "127.0.0.1", "--port", str(port),
+           "--data-port", str(data_port), "--collective-port", "0", "--insecure", "--out", str(tmp_path / "out"),
+           "--task", _ref("probe_ports")]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HERMES_")}
+    env.update(TASK_PROBE_PORTS=f"127.0.0.1:{port},127.0.0.1:{data_port}", TASK_PROBE_OUT=str(seen_file))
+    proc = _run(cmd, env, tmp_path)
+    assert proc.returncode == 2 and "probe done" in proc.stderr, (proc.returncode, proc.stderr)
+    # The factory ran (the file exists) and saw neither port listening.
+    assert json.loads(seen_file.read_text()) == {f"127.0.0.1:{port}": False, f"127.0.0.1:{data_port}": False}
 
 
 def test_budgets_and_task_flags_are_in_every_cli_help() -> None:
