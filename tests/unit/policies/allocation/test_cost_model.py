@@ -6,12 +6,7 @@ import math
 
 import pytest
 
-from hermes.common.policies.allocation._common import RebalanceParams
 from hermes.common.policies.allocation.cost_model import CostModel, constant_k_model, fit_cost_model
-from hermes.common.policies.allocation.straggler import (
-    DualSearchParams,
-    StragglerSizer,
-)
 
 # HL8 (OmniLearn Table I, BSP cores 6, 6, 4, 32): a worker with c cores is 32/c times slower.
 HL8 = [1.0, 5.33, 5.33, 8.0]
@@ -100,13 +95,3 @@ def test_fit_rejects_bad_observations(obs: list, field: str):
         fit_cost_model(obs)
 
 
-def paper_sizer(*, fit: str = "linear", balance_band: float = 0.0, min_observations: int = 2, warmup_cycles: int = 0,
-                history: int = 20, **sizes: int) -> StragglerSizer:
-    """The sizer under the paper's rules (IQR alone, no warm-up, K fitted from 20 cycles) unless told otherwise."""
-    search = DualSearchParams(cost_fit=fit, balance_band=balance_band)  # type: ignore[arg-type]
-    rebalance = RebalanceParams(min_observations=min_observations, warmup_cycles=warmup_cycles)
-    return StragglerSizer(search, rebalance, history=history, **sizes)
-
-
-def sizer(**cfg) -> StragglerSizer:
-    return paper_sizer(**cfg, base_dss=256, base_batch_size=32, dss_step=64, dss_max=1437)

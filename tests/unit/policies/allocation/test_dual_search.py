@@ -7,13 +7,8 @@ import random
 
 import pytest
 
-from hermes.common.policies.allocation._common import RebalanceParams
 from hermes.common.policies.allocation.cost_model import CostModel
 from hermes.common.policies.allocation.dual_search import SizingBounds, dual_binary_search
-from hermes.common.policies.allocation.straggler import (
-    DualSearchParams,
-    StragglerSizer,
-)
 
 # HL8 (OmniLearn Table I, BSP cores 6, 6, 4, 32): a worker with c cores is 32/c times slower.
 HL8 = [1.0, 5.33, 5.33, 8.0]
@@ -167,13 +162,3 @@ def test_steps_are_logarithmic_in_dss_grid():
     assert r.steps <= math.log2(60_000) + 3  # step 1 alone: ~16 probes, not 60 000
 
 
-def paper_sizer(*, fit: str = "linear", balance_band: float = 0.0, min_observations: int = 2, warmup_cycles: int = 0,
-                history: int = 20, **sizes: int) -> StragglerSizer:
-    """The sizer under the paper's rules (IQR alone, no warm-up, K fitted from 20 cycles) unless told otherwise."""
-    search = DualSearchParams(cost_fit=fit, balance_band=balance_band)  # type: ignore[arg-type]
-    rebalance = RebalanceParams(min_observations=min_observations, warmup_cycles=warmup_cycles)
-    return StragglerSizer(search, rebalance, history=history, **sizes)
-
-
-def sizer(**cfg) -> StragglerSizer:
-    return paper_sizer(**cfg, base_dss=256, base_batch_size=32, dss_step=64, dss_max=1437)
