@@ -263,6 +263,16 @@ def serve(settings: Any) -> int:
         check_out_dir(settings.out_dir, resume=settings.resume, overwrite=settings.overwrite)
         tls = ssl_options(settings)
         claim_ports(settings, hold=False)
+        if settings.tensorboard_dir:
+            _writable(settings.tensorboard_dir)
+        if settings.checkpoint_dir:
+            # A wrong --resume is refused before the task's data is loaded (torch only where checkpoints are asked for).
+            from hermes.server.checkpoint import CheckpointError, check_directory
+
+            try:
+                check_directory(settings.checkpoint_dir, resume=settings.resume, overwrite=settings.overwrite)
+            except CheckpointError as exc:
+                raise ConfigError(str(exc)) from None
         # The task before any port listens: a broken one is refused with nothing listening, and
         # fastapi/uvicorn/the app are not imported for it (0.5-0.7 s, python -X importtime, 2026-11-27).
         from hermes.common.task_registry import check_task, resolve_task
@@ -275,6 +285,9 @@ def serve(settings: Any) -> int:
         return 2
     except PreflightError as exc:
         print(f"hermes-server: {exc}", file=sys.stderr)
+        return 2
+    except ImportError as exc:  # the checkpoint module without the server extra
+        print(f"hermes-server needs the server extra: pip install 'hermes-edge[server]' ({exc})", file=sys.stderr)
         return 2
     warning = reachability_warning(settings)
     if warning is not None:
@@ -290,17 +303,12 @@ def _run(settings: Any, tls: dict[str, Any], control: Any, task: Task, *, defaul
         import uvicorn
 
         from hermes.server.app import create_app
-        from hermes.server.checkpoint import CheckpointError, check_directory
+        from hermes.server.checkpoint import CheckpointError
         from hermes.server.outdir import OutDirError
     except ImportError as exc:
         print(f"hermes-server needs the server extra: pip install 'hermes-edge[server]' ({exc})", file=sys.stderr)
         return 2
     try:
-        if settings.tensorboard_dir:
-            _writable(settings.tensorboard_dir)
-        if settings.checkpoint_dir:
-            # Refuse a wrong --resume before uvicorn starts, with exit status 2.
-            check_directory(settings.checkpoint_dir, resume=settings.resume, overwrite=settings.overwrite)
         app = create_app(settings, task)
     except (ConfigError, ValueError, CheckpointError, OutDirError, OSError) as exc:
         print(f"hermes-server: configuration error: {exc}", file=sys.stderr)
