@@ -193,14 +193,14 @@ def format_summary(s: dict[str, Any], out: Path) -> str:
         f"   messages {s['messages_total']}; bytes sent {s['bytes_sent_total'] / 1e6:.2f} MB, "
         f"received {s['bytes_received_total'] / 1e6:.2f} MB",
         f"   {'worker':<10} {'speed':>6} {'samples':>8} {'cycles':>6} {'compute':>8} {'wait':>7} {'util':>5} "
-        f"{'push':>5} {'pull':>5} {'WI':>5} {'DSS':>5} {'MBS':>4} {'sent MB':>8} {'recv MB':>8} {'exit':>4}",
+        f"{'push':>5} {'pull':>5} {'WI':>5} {'DSS':>5} {'batch':>5} {'sent MB':>8} {'recv MB':>8} {'exit':>4}",
     ]
     for w in s["workers"]:
         wi = "-" if w.get("wi") is None else f"{w['wi']:.2f}"
         lines.append(
             f"   {w['name']:<10} {w['speed']:>6.2f} {w['samples']:>8} {w['cycles']:>6} {w['compute_seconds']:>7.1f}s "
             f"{w['wait_seconds']:>6.1f}s {w['utilization']:>5.0%} {w['pushes']:>5} {w['pulls']:>5} {wi:>5} "
-            f"{str(w['dss']):>5} {str(batch_size_of(w)):>4} {w['bytes_sent'] / 1e6:>8.2f} {w['bytes_received'] / 1e6:>8.2f} "
+            f"{str(w['dss']):>5} {str(batch_size_of(w)):>5} {w['bytes_sent'] / 1e6:>8.2f} {w['bytes_received'] / 1e6:>8.2f} "
             f"{str(w['exit_code']):>4}"
         )
     kafka = s.get("kafka") or {}

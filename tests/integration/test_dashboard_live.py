@@ -88,9 +88,9 @@ class Page(HTMLParser):
             self.svg_text.setdefault(self._svg, []).append(data)
 
 
-# Columns of the workers table (dashboard.html): name, state, device, speed, samples/s, DSS, MBS, accum.,
+# Columns of the workers table (dashboard.html): name, state, device, speed, samples/s, DSS, batch, accum.,
 # utilisation, cycles, last cycle s, pushed, skipped, WI, messages, bytes in, bytes out.
-STATE, DSS, MBS, CYCLES, PUSHED, SKIPPED, MESSAGES = 1, 5, 6, 9, 11, 12, 14
+STATE, DSS, BATCH, CYCLES, PUSHED, SKIPPED, MESSAGES = 1, 5, 6, 9, 11, 12, 14
 
 
 def load(url: str, budget_ms: int = 4000) -> Page:
@@ -248,7 +248,7 @@ def test_browser_matches_status_once_the_run_is_over(run: Run) -> None:
             continue  # the fixture's probe
         row = page.rows[w["name"]]
         assert row[STATE] == w["state"] == "left"
-        assert (row[DSS], row[MBS], row[CYCLES]) == (str(w["dss"]), str(w["batch_size"]), str(w["cycles"]))
+        assert (row[DSS], row[BATCH], row[CYCLES]) == (str(w["dss"]), str(w["batch_size"]), str(w["cycles"]))
         assert (row[PUSHED], row[SKIPPED], row[MESSAGES]) == (str(w["gate_pushes"]), str(w["gate_skips"]),
                                                               str(w["messages"]))
     shown = [w for w in workers if w["name"] in page.rows]
