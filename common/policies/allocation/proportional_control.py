@@ -161,15 +161,7 @@ class ProportionalController:
         for w, batch_size in self.batch_sizes.items():
             self.add_worker(w, batch_size)
 
-    # The settings the step reads, from the one parameter object.
-    @property
-    def deadband(self) -> float:
-        return self.params.deadband
-
-    @property
-    def alpha(self) -> float:
-        return self.params.alpha
-
+    # The two settings the step reads that the parameters do not hold as they are.
     @property
     def drop_margin(self) -> float:
         # Without the throughput cap: a margin no fall can exceed.
@@ -178,22 +170,6 @@ class ProportionalController:
     @property
     def drop_cap_updates(self) -> int | None:
         return self.params.drop_cap_updates or None  # 0: a cap is never lifted (the paper's rule)
-
-    @property
-    def carry_smoothing(self) -> bool:
-        return self.params.carry_smoothing
-
-    @property
-    def deadband_order(self) -> str:
-        return self.params.deadband_order
-
-    @property
-    def deadband_reference(self) -> str:
-        return self.params.deadband_reference
-
-    @property
-    def global_rule(self) -> str:
-        return self.params.global_rule
 
     # ---- membership and limits -------------------------------------------
 
@@ -221,7 +197,7 @@ class ProportionalController:
         if not (math.isfinite(seconds) and seconds > 0):
             raise ValueError(f"compute time must be positive, got {seconds!r}")
         st = self.workers[worker]
-        st.ewma = seconds if st.ewma is None else self.alpha * seconds + (1 - self.alpha) * st.ewma
+        st.ewma = seconds if st.ewma is None else self.params.alpha * seconds + (1 - self.params.alpha) * st.ewma
 
     def smoothed(self, worker: str) -> float | None:
         return self.workers[worker].ewma
@@ -287,8 +263,8 @@ class ProportionalController:
         else:
             new = dict(zip(ws, self._global(ws, [proposal[w] for w in ws], self.global_batch, lo, hi)))
         # Dead-band, OmniLearn Eq. 7 (what is compared with what: deadband_passes).
-        moving = [w for w in ws if deadband_passes(old[w], new[w], proposal[w], deadband=self.deadband,
-                                                   order=self.deadband_order, reference=self.deadband_reference)]
+        moving = [w for w in ws if deadband_passes(old[w], new[w], proposal[w], deadband=self.params.deadband,
+                                                   order=self.params.deadband_order, reference=self.params.deadband_reference)]
         if self.global_batch is None:
             # Per worker (OmniLearn Eq. 7): small moves are dropped one by one.
             new = {w: (new[w] if w in moving else old[w]) for w in ws}
@@ -302,7 +278,7 @@ class ProportionalController:
             if new[w] > old[w]:
                 st[w].before_increase = (old[w], x[w])
             st[w].batch_size = new[w]
-            if self.carry_smoothing:
+            if self.params.carry_smoothing:
                 # The prior at the new batch is the old estimate scaled by the
                 # proportional model (t ∝ b); the new batch's cycles then blend in.
                 st[w].ewma = t[w] * new[w] / old[w]
@@ -317,7 +293,7 @@ class ProportionalController:
         # hold B together: then every worker runs at its cap, the most the
         # cluster can do, rather than failing the step.
         total = min(total, sum(hi))
-        if self.global_rule == "uniform":
+        if self.params.global_rule == "uniform":
             # OmniLearn Eq. 8 literally: b_k <- b_k' - dB/K, dB = sum(b') - K*b.
             shift = (sum(proposal) - total) / len(ws)
             proposal = [max(p - shift, 0.0) for p in proposal]

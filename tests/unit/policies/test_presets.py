@@ -40,7 +40,8 @@ def _effective(name: str) -> dict[str, object]:
     alloc = cfg.build_policy("allocation", dss_max=4096, epoch_samples=1024)
     out["allocation"] = type(alloc).__name__
     if hasattr(alloc, "ctl"):
-        out["ctl"] = {k: _plain(getattr(alloc.ctl, k)) for k in CTL}
+        # The controller derives some settings (drop_margin ...) and reads the rest from its parameters.
+        out["ctl"] = {k: _plain(getattr(alloc.ctl if hasattr(alloc.ctl, k) else alloc.ctl.params, k)) for k in CTL}
     if hasattr(alloc, "sizer"):
         # The sizer's settings, under the names the snapshot (the old SearchConfig) gave them.
         sizer = alloc.sizer

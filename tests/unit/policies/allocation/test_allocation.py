@@ -42,7 +42,7 @@ def test_build_policy_covers_every_allocation_and_passes_the_config_on():
     assert len(built) == len(ALLOCATIONS)
     p, _ = alloc_for("omnilearn-asp", pcontrol_deadband=0.2, pcontrol_alpha=0.5, rebalance_warmup_cycles=3,
                      rebalance_min_observations=4, b_min=8, b_max=64, epoch_samples=777)
-    assert (p.ctl.deadband, p.ctl.alpha, p.warmup, p.min_observations) == (0.2, 0.5, 3, 4)
+    assert (p.ctl.params.deadband, p.ctl.params.alpha, p.warmup, p.min_observations) == (0.2, 0.5, 3, 4)
     assert (p.sizes.b_min, p.sizes.b_max, p.sizes.batch_size, p.sizes.steps, p.clock.epoch_samples) == (8, 64, 32, 4, 777)
     assert p.fixed_global is False and p.interval == "epoch"
     f, _ = alloc_for("omnilearn-asp", global_batch="free", sync="ssp", lr_scaling="none")

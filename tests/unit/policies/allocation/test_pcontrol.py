@@ -282,8 +282,8 @@ def test_pcontrol_switches_reach_the_controller():
                                            "pcontrol.throughput_cap": True, "pcontrol.drop_margin": 0.0,
                                            "pcontrol.drop_cap_updates": 0})
     ctl = cfg.build_policy("allocation", epoch_samples=1000).ctl
-    assert (ctl.deadband_order, ctl.deadband_reference, ctl.global_rule) == ("before-bounds", "old", "uniform")
+    assert (ctl.params.deadband_order, ctl.params.deadband_reference, ctl.params.global_rule) == ("before-bounds", "old", "uniform")
     assert (ctl.drop_margin, ctl.drop_cap_updates) == (0.0, None)  # ACSOS: any fall caps, for good
     default = build_config("omnilearn-bsp").build_policy("allocation", epoch_samples=1000).ctl
-    assert (default.deadband_order, default.deadband_reference, default.global_rule) == (
+    assert (default.params.deadband_order, default.params.deadband_reference, default.params.global_rule) == (
         "after-bounds", "new", "proportional")
