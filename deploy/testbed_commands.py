@@ -28,7 +28,9 @@ def server_command(a: argparse.Namespace, *, port: int, data_port: int, advertis
         "--host", "127.0.0.1", "--port", str(port),
         "--data-host", "127.0.0.1", "--data-port", str(data_port),
         "--advertise-host", advertise_host,
-        "--preset", a.preset, "--out", str(out), "--log-level", "warning",
+        # info: logs/server.log tells the run's story (start, joins, target, stop); at warning an
+        # uneventful run left it empty.
+        "--preset", a.preset, "--out", str(out), "--log-level", "info",
         "--set", f"dataset={a.dataset}", "--set", f"model={a.model}", "--set", f"seed={a.seed}",
     ]
     if topology_of(a.topology).needs_coordinator:

@@ -87,8 +87,11 @@ def build_summary(a: argparse.Namespace, srv: dict[str, Any], *, outcome: str, w
         "preset": a.preset,
         "profile": a.profile,
         "clients": a.clients,
-        "dataset": a.dataset,
-        "model": a.model,
+        # A --task run trains the task's own data and model: the server names the task, and the
+        # built-in dataset/model flags do not apply (None rather than the defaults it never used).
+        "task": srv.get("task") or (a.task or None),
+        "dataset": None if a.task else a.dataset,
+        "model": None if a.task else a.model,
         "speed_schedule": a.speed_schedule or None,
         "pace": a.pace,
         "topology": a.topology,
@@ -111,6 +114,9 @@ def build_summary(a: argparse.Namespace, srv: dict[str, Any], *, outcome: str, w
         "target": a.target,
         "final_metrics": srv.get("final_metrics"),
         "stop_reason": srv.get("stop_reason"),
+        "budget_reached": srv.get("budget_reached"),
+        "best_metric": srv.get("best_metric"),
+        "best_metrics": srv.get("best_metrics"),
         "reached_target": bool(reached_at is not None
                                and (a.target is not None or (target is not None and final_acc is not None))),
         # Wall-clock seconds from the agents' launch, server downtime included ...
@@ -174,8 +180,11 @@ class WorkloadWatch:
 def progress_line(elapsed: float, status: dict[str, Any], agents: list[Proc]) -> str:
     ev = status.get("evaluation") or {}
     alive = sum(1 for p in agents if p.popen.poll() is None)
+    metric = status.get("best_metric") or "accuracy"
+    value = ev.get("accuracy") if metric == "accuracy" else (ev.get("metrics") or {}).get(metric)
+    label = "acc" if metric == "accuracy" else metric
     return (f"[testbed {elapsed:6.1f}s] version={status.get('model_version', 0):>5} "
-            f"acc={_fmt(ev.get('accuracy'))} loss={_fmt(ev.get('loss'))} "
+            f"{label}={_fmt(value)} loss={_fmt(ev.get('loss'))} "
             f"epochs={status.get('epoch_progress', 0):.2f} agents={alive}/{len(agents)}")
 
 
@@ -183,10 +192,10 @@ def format_summary(s: dict[str, Any], out: Path) -> str:
     lines = [
         "",
         f"== hermes-testbed: preset={s['preset']} profile={s['profile']} clients={s['clients']} "
-        f"dataset={s['dataset']} model={s['model']}",
+        + (f"task={s['task']}" if s.get("task") and s.get("dataset") is None else f"dataset={s['dataset']} model={s['model']}"),
         f"   outcome: {s['outcome']}; wall {s['wall_seconds']:.1f}s; model updates {s['model_updates']}",
-        f"   final accuracy {_fmt(s['final_accuracy'])}, loss {_fmt(s['final_loss'])}; "
-        f"best {_fmt(s.get('best_accuracy'))}"
+        f"   final {_metric_text(s, s.get('final_metrics'), s['final_accuracy'])}, loss {_fmt(s['final_loss'])}; "
+        f"best {_metric_text(s, s.get('best_metrics'), s.get('best_accuracy'), name=False)}"
         f"{'' if s.get('best_version') is None else ' at version ' + str(s['best_version'])}"
         f"{' (' + s['best_model_file'] + ')' if s.get('best_model_file') else ''}; "
         f"target {s.get('target') or s['target_accuracy']} {'reached in ' + format(s['seconds_to_target'], '.1f') + 's' if s['reached_target'] else 'not reached'}",
@@ -221,6 +230,13 @@ def format_summary(s: dict[str, Any], out: Path) -> str:
         lines.append(f"   links ({links['mode']} mode): {per_agent}")
     lines.append(f"   summary: {out / 'summary.json'}   events: {out / 'events.jsonl'}   logs: {out / 'logs'}")
     return "\n".join(lines)
+
+
+def _metric_text(s: dict[str, Any], metrics: dict[str, Any] | None, accuracy: Any, *, name: bool = True) -> str:
+    """The run's primary metric (accuracy, or the task's first metric such as r2) as ``name value``."""
+    metric = s.get("best_metric") or "accuracy"
+    value = accuracy if metric == "accuracy" else (metrics or {}).get(metric)
+    return f"{metric} {_fmt(value)}" if name else _fmt(value)
 
 
 def _fmt(v: Any) -> str:

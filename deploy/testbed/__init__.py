@@ -299,9 +299,13 @@ class Testbed:
                 # The server stops the agents when it reaches the target: they may
                 # have exited between the last status poll and this check.
                 with contextlib.suppress(urllib.error.URLError, OSError, ValueError):
-                    reached_at = self._target_reached(self.server_json("/v1/status"), t0)
+                    status = self.server_json("/v1/status")
+                    reached_at = self._target_reached(status, t0)
                 if reached_at is not None:
                     outcome = "target reached"
+                elif status.get("budget_reached") or status.get("stopping"):
+                    # The server ended the run (a budget, early stop, an operator) and sent the agents home.
+                    outcome = f"server stopped: {status.get('stop_reason') or status.get('budget_reached')}"
                 break
             time.sleep(0.25)
         wall = time.time() - t0

@@ -64,8 +64,8 @@ function el(tag, attrs, text) {
   return node;
 }
 
-// A line chart in a 600x220 SVG: series = [{name, colour, points: [[x, y], ...]}].
-function lineChart(svgId, series, yFixed) {
+// A line chart in a 600x220 SVG: series = [{name, colour, points: [[x, y], ...]}]; target: a y drawn dashed.
+function lineChart(svgId, series, yFixed, target) {
   const svg = document.getElementById(svgId);
   svg.replaceChildren();
   const W = 600, H = 220, L = 48, R = 10, T = 10, B = 24;
@@ -76,7 +76,9 @@ function lineChart(svgId, series, yFixed) {
   }
   const xs = all.map(p => p[0]), ys = all.map(p => p[1]);
   const x0 = Math.min(...xs), x1 = Math.max(...xs, x0 + 1e-9);
-  let y0 = yFixed ? yFixed[0] : Math.min(...ys), y1 = yFixed ? yFixed[1] : Math.max(...ys);
+  const hasTarget = target !== undefined && target !== null && Number.isFinite(target);
+  let y0 = yFixed ? yFixed[0] : Math.min(...ys, ...(hasTarget ? [target] : [])),
+      y1 = yFixed ? yFixed[1] : Math.max(...ys, ...(hasTarget ? [target] : []));
   // A flat series keeps a visible range instead of magnifying rounding noise into false variation.
   if (y1 - y0 < 1e-9) { y0 -= 0.5 * (Math.abs(y0) || 1); y1 += 0.5 * (Math.abs(y1) || 1); }
   const sx = x => L + (x - x0) / (x1 - x0 || 1) * (W - L - R);
@@ -90,6 +92,12 @@ function lineChart(svgId, series, yFixed) {
   }
   svg.appendChild(el("text", { x: L, y: H - 6 }, fmt(x0, 0)));
   svg.appendChild(el("text", { x: W - R, y: H - 6, "text-anchor": "end" }, fmt(x1, 0)));
+  if (hasTarget) {
+    svg.appendChild(el("line", { x1: L, y1: sy(target), x2: W - R, y2: sy(target), stroke: "#2f9e44",
+                                 "stroke-dasharray": "6 4", "data-target": String(target) }));
+    svg.appendChild(el("text", { x: W - R - 2, y: sy(target) - 4, "text-anchor": "end", fill: "#2f9e44",
+                                 class: "target-label" }, "target " + target));
+  }
   series.forEach((s, i) => {
     if (!s.points.length) return;
     const d = s.points.map(p => sx(p[0]).toFixed(1) + "," + sy(p[1]).toFixed(1)).join(" ");
@@ -107,10 +115,9 @@ function gateChart(workers) {
   svg.replaceChildren();
   const W = 600, H = 220, L = 10, B = 34, T = 14;
   const rows = workers.filter(w => w.gate_pushes + w.gate_skips > 0);
-  if (!rows.length) {
-    svg.appendChild(el("text", { x: W / 2, y: H / 2, "text-anchor": "middle" }, "no gate decisions (the preset pushes every cycle)"));
-    return;
-  }
+  // No empty charts: a preset that pushes every cycle has no gate decisions to draw.
+  document.getElementById("figure-gate").hidden = !rows.length;
+  if (!rows.length) return;
   const top = Math.max(...rows.map(w => Math.max(w.gate_pushes, w.gate_skips)), 1);
   const slot = (W - L) / rows.length, bar = Math.min(40, slot / 3);
   rows.forEach((w, i) => {
@@ -125,16 +132,42 @@ function gateChart(workers) {
   svg.appendChild(el("text", { x: W - 4, y: H - 4, "text-anchor": "end" }, "coloured: pushed · grey: skipped"));
 }
 
+// The run's primary metric (what "best" and the target are about) and its target, from /v1/status.
+let primary = "accuracy";
+let target = null;  // {metric, value}
+
+// One evaluation's value of a metric: the task's metrics, else the accuracy field (older servers send only that).
+function metricOf(e, name) {
+  if (e.metrics && e.metrics[name] !== undefined) return e.metrics[name];
+  return name === "accuracy" ? e.accuracy : null;
+}
+
+function parseTarget(s) {
+  if (s.target) {
+    const at = s.target.lastIndexOf("=");
+    const value = Number(s.target.slice(at + 1));
+    if (at > 0 && Number.isFinite(value)) return { metric: s.target.slice(0, at), value };
+  }
+  if (s.target_accuracy !== null && s.target_accuracy !== undefined) return { metric: "accuracy", value: s.target_accuracy };
+  return null;
+}
+
 function renderStatus(s) {
+  setText("task", s.task ? "task " + s.task : "-");
   setText("preset", (s.preset || s.sync) + " · " + s.sync);
   setText("outcome", s.outcome + (s.stop_reason ? ": " + s.stop_reason : ""));
   setText("version", String(s.model_version));
+  primary = s.best_metric || "accuracy";
+  target = parseTarget(s);
   const ev = s.evaluation;
-  setText("accuracy", ev ? fmt(ev.accuracy, 4) : "-");
+  setText("metric-label", "test " + primary);
+  setText("metric", ev ? fmt(metricOf(ev, primary), 4) : "-");
   setText("loss", ev ? fmt(ev.loss, 4) : "-");
   setText("evaluated-version", ev ? String(ev.version) : "-");
-  setText("best", fmt(s.best_accuracy, 4));
-  setText("target", s.target_accuracy === null ? "none" : String(s.target_accuracy));
+  const best = s.best_metrics && s.best_metrics[primary] !== undefined ? s.best_metrics[primary]
+    : (primary === "accuracy" ? s.best_accuracy : null);
+  setText("best", fmt(best, 4));
+  setText("target", target ? target.metric + " " + target.value : "none");
   setText("workers-active", String(s.workers_active));
   setText("workers-total", String(s.workers_total));
   setText("hl", s.heterogeneity ? fmt(s.heterogeneity.measured, 2) : "-");
@@ -194,8 +227,44 @@ function renderWorkers(workers) {
   gateChart(workers);
 }
 
+// The metrics the evaluations report, in the order they first appear (the primary and the target's first).
+function metricNames() {
+  const names = [];
+  const add = n => { if (!names.includes(n)) names.push(n); };
+  for (const e of evaluations) {
+    for (const n of Object.keys(e.metrics || {})) add(n);
+    if (e.accuracy !== null && e.accuracy !== undefined) add("accuracy");
+  }
+  const first = [primary, target && target.metric].filter(n => n && names.includes(n));
+  return [...new Set([...first, ...names])];
+}
+
+// The chart of one metric, created the first time the metric is seen.
+function metricChart(name) {
+  const id = "chart-" + name.replace(/[^A-Za-z0-9_-]/g, "_");
+  if (!document.getElementById(id)) {
+    const fig = document.createElement("figure");
+    fig.className = "metric";
+    fig.dataset.metric = name;
+    const cap = document.createElement("figcaption");
+    cap.textContent = "Test " + name + " over time (s)";
+    const svg = document.createElementNS(SVG_NS, "svg");
+    svg.id = id;
+    svg.setAttribute("viewBox", "0 0 600 220");
+    fig.append(cap, svg);
+    const charts = document.getElementById("charts");
+    const metrics = charts.querySelectorAll("figure.metric");
+    charts.insertBefore(fig, metrics.length ? metrics[metrics.length - 1].nextSibling : charts.firstChild);
+  }
+  return id;
+}
+
 function renderHistory() {
-  lineChart("chart-accuracy", [{ name: "accuracy", colour: "#4263eb", points: evaluations.map(e => [e.elapsed, e.accuracy]) }], [0, 1]);
+  for (const name of metricNames()) {
+    const points = evaluations.map(e => [e.elapsed, metricOf(e, name)]).filter(p => p[1] !== null && p[1] !== undefined);
+    const goal = target && target.metric === name ? target.value : null;
+    lineChart(metricChart(name), [{ name, colour: "#4263eb", points }], name === "accuracy" ? [0, 1] : null, goal);
+  }
   lineChart("chart-loss", [{ name: "loss", colour: "#e64980", points: evaluations.map(e => [e.elapsed, e.loss]) }]);
   const byWorker = new Map();
   for (const c of cycles) {

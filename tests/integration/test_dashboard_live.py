@@ -210,7 +210,8 @@ def test_browser_shows_the_run_while_it_goes(run: Run) -> None:
     assert set(page.rows) == {w["name"] for w in run.read("/v1/workers")} >= set(AGENTS)
     assert before["model_version"] <= int(page.text["version"]) <= after["model_version"]
     shown = {f"{e['accuracy']:.4f}" for e in run.read("/v1/history")["evaluations"]}
-    assert page.text["accuracy"] in shown
+    assert page.text["metric"] in shown and page.text["metric-label"] == "test accuracy"
+    assert page.text["task"] == f"task {after['task']}"
     assert page.text["preset"] == "hermes · hermes"
     assert page.text["outcome"] == "running"
     # The curves are drawn: accuracy and loss lines, one cycle-time line per worker with its legend.
@@ -237,7 +238,7 @@ def test_browser_matches_status_once_the_run_is_over(run: Run) -> None:
     page, status, workers = wait_for(settled, 60, "a page load during which the status did not change",
                                      interval=0.5)
     assert page.text["version"] == str(status["model_version"])
-    assert page.text["accuracy"] == f"{status['evaluation']['accuracy']:.4f}"
+    assert page.text["metric"] == f"{status['evaluation']['accuracy']:.4f}"
     assert page.text["loss"] == f"{status['evaluation']['loss']:.4f}"
     assert page.text["evaluated-version"] == str(status["evaluation"]["version"])
     assert page.text["best"] == f"{status['best_accuracy']:.4f}"
@@ -299,3 +300,58 @@ def test_unwritable_tensorboard_dir_is_one_line_and_exit_2(tmp_path: Path) -> No
     assert r.returncode == 2, r.stderr
     assert r.stderr.strip().splitlines() == [
         f"hermes-server: configuration error: --tensorboard {str(blocker / 'tb')!r}: cannot create it (Not a directory)"]
+
+
+# ---- any task: its own metrics charted, its target drawn, the task named (issue 30) -----------------------------
+
+FIXTURES = Path(__file__).resolve().parent / "task_fixtures.py"
+SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "img" / "ui-regression.png"
+WINDOW = (1280, 1500)
+
+
+def _png_size(data: bytes) -> tuple[int, int]:
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR", "not a PNG"
+    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+
+
+@needs_browser
+def test_a_regression_task_shows_its_r2_chart_and_target(tmp_path: Path) -> None:
+    """The tiny regression task (r2 and mse, no accuracy) with an r2 target, on preset asp (no gate)."""
+    env = {**os.environ, "HERMES_JOIN_TOKEN": JOIN_TOKEN, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    with running_server(tmp_path / "srv", "--task", f"{FIXTURES}:regression", "--target", "r2=0.97") as srv:
+        with open(tmp_path / "agent.log", "wb") as fh:
+            agent = subprocess.Popen(
+                [sys.executable, "-m", "hermes.client.cli", "--server", srv.url, "--name", "edge-r",
+                 "--no-progress", "--task", f"{FIXTURES}:regression"], stdout=fh, stderr=subprocess.STDOUT, env=env)
+        try:
+            wait_for(lambda: len(srv.get_json("/v1/history")["evaluations"]) >= 3, 120, "three evaluations")
+            page = load(f"{srv.url}/ui")
+            status = srv.get_json("/v1/status")
+            shown = {f"{e['metrics']['r2']:.4f}" for e in srv.get_json("/v1/history")["evaluations"]}
+            with tempfile.TemporaryDirectory(prefix="hermes-chromium-") as profile:
+                shot = tmp_path / "ui.png"
+                r = subprocess.run(
+                    [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                     "--hide-scrollbars", f"--user-data-dir={profile}", "--virtual-time-budget=4000",
+                     f"--window-size={WINDOW[0]},{WINDOW[1]}", f"--screenshot={shot}", f"{srv.url}/ui"],
+                    capture_output=True, text=True, timeout=90)
+            assert r.returncode == 0 and shot.is_file(), r.stderr[-2000:]
+        finally:
+            agent.kill()
+            agent.wait(timeout=30)
+    assert "error" not in page.body, page.body
+    assert page.text["task"] == "task tiny-regression" == f"task {status['task']}"
+    assert page.text["metric-label"] == "test r2" and page.text["metric"] in shown
+    assert page.text["target"] == "r2 0.97"
+    # One chart per metric the task reports, none for the accuracy it does not have.
+    assert page.polylines.get("chart-r2") == 1 and page.polylines.get("chart-mse") == 1
+    assert "chart-accuracy" not in page.polylines and "chart-accuracy" not in page.svg_text
+    # The target is drawn on its metric's chart only.
+    assert "target 0.97" in page.svg_text["chart-r2"]
+    assert not any("target" in t for t in page.svg_text.get("chart-mse", []))
+    assert _png_size(shot.read_bytes()) == WINDOW
+    # The screenshot in the docs (docs/dashboard.md) is this page: refreshed with HERMES_UPDATE_SCREENSHOTS=1.
+    if os.environ.get("HERMES_UPDATE_SCREENSHOTS") == "1":
+        SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(shot, SCREENSHOT)
+    assert _png_size(SCREENSHOT.read_bytes()) == WINDOW
