@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 # [text](target) outside code; images too. Targets with a scheme are not checked (no network in tests).
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
