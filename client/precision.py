@@ -31,7 +31,6 @@ import hashlib
 import json
 import logging
 import math
-import os
 import platform
 import statistics
 import time
@@ -44,6 +43,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hermes.client.trainer import LocalTrainer
+from hermes.common.atomic_write import write_atomic
 from hermes.common.cache_paths import user_cache
 from hermes.common.task import LossFn, OptimizerFn
 
@@ -238,8 +238,7 @@ def _write_cache(path: Path, key: str, choice: PrecisionChoice) -> None:
         entries.pop(next(iter(entries)))
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(entries))
-        tmp.replace(path)  # atomic: agents starting together never read half a file
+        # Atomic: agents starting together (threads of one process too) never read half a file.
+        write_atomic(path, json.dumps(entries))
     except OSError as exc:
         log.info("precision cache %s not written (%s); the next start measures again", path, exc)

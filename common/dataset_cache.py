@@ -15,8 +15,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
-import tempfile
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -24,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from hermes.common.atomic_write import write_atomic
 from hermes.common.cache_paths import user_cache
 
 log = logging.getLogger(__name__)
@@ -58,14 +57,7 @@ def _write(path: Path, arrays: dict[str, np.ndarray]) -> None:
     """Write-then-rename, so a reader never sees half a file and two writers leave one whole one."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                np.savez(f, **arrays)  # type: ignore[arg-type]  # (mypy binds the names to savez's flags)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_atomic(path, lambda f: np.savez(f, **arrays))  # type: ignore[arg-type]  # (mypy binds the names to savez's flags)
     except OSError as exc:
         log.info("data set cache %s not written (%s); set HERMES_DATA_CACHE to a writable folder or 'off'",
                  path.parent, exc)

@@ -40,6 +40,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from hermes.common.atomic_write import write_atomic
 from hermes.common.config import build_config
 from hermes.common.models import count_parameters
 from hermes.common.task import Task, as_dataset, dataset_len
@@ -220,9 +221,7 @@ def _write_summary(out: Path, cfg: Any, a: argparse.Namespace, lr: float, world:
                 "(preset lr x global batch / (N x batch_size))",
                 "momentum": cfg.momentum, "eval_every_steps": a.eval_every, "link_emulation": bool(a.links)},
     }
-    tmp = out / "summary.json.tmp"
-    tmp.write_text(json.dumps(summary, indent=2))
-    tmp.replace(out / "summary.json")
+    write_atomic(out / "summary.json", json.dumps(summary, indent=2))
     log.info("ddp: %s; %d steps; lr %g", summary["outcome"], steps, lr)
 
 

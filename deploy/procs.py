@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hermes.common.atomic_write import write_atomic
+
 log = logging.getLogger(__name__)
 
 
@@ -79,9 +81,7 @@ def free_ports(count: int, host: str = "127.0.0.1", *, registry: Path | None = N
         ports = _draw(count, host, set(held))
         held.update({p: now for p in ports})
         with contextlib.suppress(OSError):  # an unwritable registry only loses the reservation
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(held))
-            tmp.replace(path)
+            write_atomic(path, json.dumps(held))
         return ports
 
 

@@ -10,13 +10,15 @@ reads every one of them.
 from __future__ import annotations
 
 import json
-import os
 import struct
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import torch
+
+from hermes.common import atomic_write
 
 # Integer and bool entries: the model files (model_files.py) carry a module's integer buffers too.
 _ST_DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.float64: "F64",
@@ -28,22 +30,9 @@ class CheckpointError(Exception):
     """A checkpoint directory that cannot be written, read or resumed from."""
 
 
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_atomic(path: Path, write) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as fh:
-        write(fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
+def write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:
+    """A checkpoint file: replaced atomically and durably (fsynced, then its folder)."""
+    atomic_write.write_atomic(path, write, durable=True)
 
 
 def bytes_of(t: torch.Tensor) -> memoryview:

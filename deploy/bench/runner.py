@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hermes.common.atomic_write import write_atomic
 from hermes.common.clock import SYSTEM_CLOCK, Clock
 from hermes.deploy.bench.aggregate import event_figures
 from hermes.deploy.bench.machine import loadavg, machine_info, versions
@@ -236,9 +237,7 @@ def write_results(out: Path, suite: Suite, runs: list[dict[str, Any]], started: 
         "invocation_seconds": round(now - started, 3),
         "runs": runs,
     }
-    tmp = out / "results.json.tmp"
-    tmp.write_text(json.dumps(results, indent=1))
-    tmp.replace(out / "results.json")
+    write_atomic(out / "results.json", json.dumps(results, indent=1))
     return results
 
 

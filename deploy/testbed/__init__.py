@@ -44,6 +44,7 @@ import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hermes.common.atomic_write import write_atomic
 from hermes.deploy.links import agent_links
 from hermes.deploy.netlab import NetlabError
 from hermes.deploy.previous_run import set_aside
@@ -332,9 +333,7 @@ class Testbed:
             **(server_summary.get("heterogeneity") or status.get("heterogeneity") or {}),
         }
         summary["workload_changes"] = workloads.log
-        tmp = self.out / "summary.json.tmp"
-        tmp.write_text(json.dumps(summary, indent=2))
-        tmp.replace(self.out / "summary.json")
+        write_atomic(self.out / "summary.json", json.dumps(summary, indent=2))
         self.emit("testbed_end", outcome=outcome, final_accuracy=summary["final_accuracy"])
         return summary
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from hermes.common.atomic_write import write_atomic
 from hermes.common.config import RunConfig
 from hermes.common.task import Task
 from hermes.common.task_registry import effective_target
@@ -148,9 +149,7 @@ class Reporting:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             summary["best_model_file"] = self.write_best_model()
             summary["final_model_file"] = self.write_final_model(final)
-            tmp = self.out_dir / "server_summary.json.tmp"
-            tmp.write_text(json.dumps(summary, indent=2))
-            tmp.replace(self.out_dir / "server_summary.json")
+            write_atomic(self.out_dir / "server_summary.json", json.dumps(summary, indent=2))
         self.telemetry.events.close()
         return summary
 
