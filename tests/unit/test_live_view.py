@@ -8,7 +8,7 @@ import pytest
 
 from hermes.common.messages import IN_FLIGHT
 from hermes.server.dashboard import History
-from hermes.server.tensorboard import TensorBoardSink, _masked_crc, encode_event, tfrecord
+from hermes.server.tensorboard import TensorBoardSink
 
 
 def _cycle(worker: str, i: int) -> dict:
@@ -32,13 +32,6 @@ def test_history_keeps_the_newest_points_with_names_and_answers_since() -> None:
     assert hist.since(6) == {"seq": 6, "evaluations": [], "cycles": []}
 
 
-def test_tfrecord_framing_matches_the_format() -> None:
-    # Masked CRC32C of b"" and framing from TensorFlow's record writer: length, its CRC, data, its CRC.
-    assert _masked_crc(b"") == 0xA282EAD8
-    rec = tfrecord(b"abc")
-    assert rec[:8] == (3).to_bytes(8, "little") and rec[12:15] == b"abc" and len(rec) == 8 + 4 + 3 + 4
-
-
 def test_event_files_read_back_by_tensorboard(tmp_path: Path) -> None:
     accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
     sink = TensorBoardSink(tmp_path, name_of=lambda wid: "edge-" + wid, totals=lambda: (10, 2000, 3000))
@@ -57,9 +50,3 @@ def test_event_files_read_back_by_tensorboard(tmp_path: Path) -> None:
     assert [s.value for s in acc.Scalars("gate_pushes/edge-a")] == [0, 1, 1, 1, 1]
     assert [s.value for s in acc.Scalars("gate_skips/edge-a")] == [1, 1, 2, 2, 2]
     assert [(s.step, s.value) for s in acc.Scalars("messages/total")] == [(3, 10), (3, 10)]  # at eval and at close
-
-
-def test_encoded_scalar_event_is_a_valid_protobuf() -> None:
-    event_pb2 = pytest.importorskip("tensorboard.compat.proto.event_pb2")
-    ev = event_pb2.Event.FromString(encode_event(12.5, 300, scalars={"a/b": 0.25}))
-    assert (ev.wall_time, ev.step, ev.summary.value[0].tag, ev.summary.value[0].simple_value) == (12.5, 300, "a/b", 0.25)
