@@ -89,9 +89,9 @@ def build_summary(a: argparse.Namespace, srv: dict[str, Any], *, outcome: str, w
         "clients": a.clients,
         # A --task run trains the task's own data and model: the server names the task, and the
         # built-in dataset/model flags do not apply (None rather than the defaults it never used).
-        "task": srv.get("task") or (a.task or None),
-        "dataset": None if a.task else a.dataset,
-        "model": None if a.task else a.model,
+        "task": srv.get("task") or (getattr(a, "task", None) or None),
+        "dataset": None if getattr(a, "task", None) else a.dataset,
+        "model": None if getattr(a, "task", None) else a.model,
         "speed_schedule": a.speed_schedule or None,
         "pace": a.pace,
         "topology": a.topology,
