@@ -17,6 +17,9 @@ disagree on details, so this module states OUR rule, exactly:
    With ``n <= 2`` that is ``|z| <= 1`` and a threshold of ``alpha = -1.3``
    can never fire. The authors' code scores ``x`` inside its own window, which
    is why their gate stays silent until the queue holds three losses.
+   ``current_in_window=true`` is that reading (Sec. IV-B-1: new losses are
+   appended to the queue, and x is scored "from this queue"): z over the
+   last ``w`` losses with ``x`` among them.
 
 2. Warm-up. At least two previous losses are needed for a spread; with fewer
    the decision is ``push=False``, ``reason="warmup"``, ``z=None``.
@@ -44,13 +47,15 @@ disagree on details, so this module states OUR rule, exactly:
    shrinks alpha towards 0 by the factor (1 - beta) per such iteration
    (alpha_eff = alpha * (1 - beta) ** max(0, silent - lambda + 1)), our reading
    of "decay" as the authors' multiplicative decay; it never crosses 0, so a
-   loss that got worse never fires. Every mode resets with ``silent`` on a
-   push (the paper does not say whether alpha resets; a threshold relaxed for
-   ever would let every later update through).
+   loss that got worse never fires. By default every mode resets with
+   ``silent`` on a push (a threshold relaxed for ever would let every later
+   update through); ``alpha_reset=false`` is Alg. 1 as printed, whose line 8
+   resets only N_iter: the decays taken so far are kept and later silent
+   cycles add to them.
 
 6. Decision: push iff ``z <= alpha_eff`` (``reason="zscore"``), otherwise
    ``reason="above_threshold"``. A push resets ``silent`` to 0, which brings
-   ``alpha_eff`` back to ``alpha``.
+   ``alpha_eff`` back to ``alpha`` (unless ``alpha_reset`` is off, rule 5).
 
 7. The window is kept across pushes (not cleared). Every finite loss is
    appended after its decision, pushed or not; the oldest is dropped beyond
