@@ -497,3 +497,20 @@ def test_wi_as_eq7_prints_it_counts_the_join_pull() -> None:
     # Eq. 7: iterations / global-model requests, the join pull among them; ours leaves it out.
     assert (w.worker_independence_eq7, w.worker_independence) == (8 / 5, 8 / 4)
     assert w.public()["wi_eq7"] == 1.6
+
+
+def test_kept_decays_survive_a_checkpoint_and_old_states_load() -> None:
+    from hermes.common.policies.gate import ZScoreGate
+
+    cfg = build_config("hermes-paper")
+    gate = cfg.build_policy("gate")
+    for loss in (1.0, 1.1, 1.0, 1.1, 1.0, 1.1, 1.0, 1.1, 0.2):
+        gate.observe(loss)
+    assert gate.carried_decays == 4
+    again = ZScoreGate.from_state(cfg.zscore, gate.state())
+    assert (again.alpha, again.carried_decays) == (gate.alpha, 4)
+    # A state saved before alpha_reset existed has no carried decays.
+    old = ZScoreGate.from_state(cfg.zscore, {"window": [1.0, 1.1], "silent_cycles": 0})
+    assert old.carried_decays == 0 and old.alpha == -1.3
+    with pytest.raises(ValueError, match="carried_decays"):
+        ZScoreGate.from_state(cfg.zscore, {"window": [], "silent_cycles": 0, "carried_decays": -1})
