@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hermes.common.config import RunConfig
 from hermes.common.lean_sgd import LeanSGD
 from hermes.common.task import LossFn, OptimizerFn
 from hermes.common.tensors import flatten, load_flat
@@ -71,8 +72,8 @@ GradHook = Callable[[Sequence[nn.Parameter], int], bool]
 
 
 # A pulled model this far from the local one (relative L2 distance) resets the optimizer's state:
-# moments gathered around a point that far away describe another region of the loss surface.
-RESET_JUMP = 0.5
+# the run config's optimizer_reset_jump, whose default is the one value.
+RESET_JUMP: float | None = RunConfig.model_fields["optimizer_reset_jump"].default
 
 
 class LocalTrainer:
@@ -83,7 +84,7 @@ class LocalTrainer:
     small next to the distance the moments average over, and restarting
     Adam's bias correction every cycle would make each cycle's first steps
     full-lr steps in every coordinate. It is cleared when the pulled model
-    jumps far (``RESET_JUMP``) and when the agent registers again. Only
+    jumps far (``reset_jump``, the run's ``optimizer_reset_jump``) and when the agent registers again. Only
     weights ever leave the agent: the server folds weight changes, whatever
     optimizer produced them, so its aggregation rules hold unchanged.
     """
@@ -101,8 +102,15 @@ class LocalTrainer:
         seed: int = 0,
         loss: LossFn = F.cross_entropy,
         optimizer: OptimizerFn | None = None,
+        reset_jump: float | None = RESET_JUMP,
+        proximal_rho: float = 0.0,
     ) -> None:
         self.device = device
+        self.reset_jump = reset_jump
+        # FedAsync Sec. 4 (Xie et al. 2019): the worker minimises f(x) + rho/2 ||x - x_tau||^2, x_tau the
+        # model it started from (the last one loaded); 0 leaves the task's loss alone.
+        self.proximal_rho = float(proximal_rho)
+        self._anchor: list[torch.Tensor] | None = None
         self.model = model.to(device)
         self.precision = precision
         self.slowdown = slowdown
@@ -170,6 +178,8 @@ class LocalTrainer:
         if steps is None:
             steps = -(-len(order) // step_samples)
         scale = self.scaler.scale if grad_hook is None else _unscaled
+        if self.proximal_rho and self._anchor is None:
+            self._set_anchor()
         total_loss, micro, compute, waited, stopped = 0.0, 0, 0.0, 0.0, False
         for step in range(steps):
             chunk = order[step * step_samples:(step + 1) * step_samples]
@@ -182,7 +192,8 @@ class LocalTrainer:
                 yb = yt[idx].to(self.device, non_blocking=True)
                 with self._autocast():
                     loss = self.loss_fn(self.model(xb), yb)
-                scale(loss * (len(idx) / len(chunk))).backward()
+                # Each micro-batch carries its share of the step's proximal term, so a step adds it once.
+                scale((loss + self._proximal(params)) * (len(idx) / len(chunk))).backward()
                 total_loss += float(loss.detach())
                 micro += 1
             if grad_hook is None:
@@ -203,6 +214,15 @@ class LocalTrainer:
                 break
         return CycleResult(samples=len(y), steps=steps, loss=total_loss / max(1, micro),
                            compute_seconds=compute, wait_seconds=waited, stopped=stopped)
+
+    def _set_anchor(self) -> None:
+        self._anchor = [p.detach().clone() for p in self.model.parameters() if p.requires_grad]
+
+    def _proximal(self, params: Sequence[nn.Parameter]) -> torch.Tensor | float:
+        """rho/2 ||x - x_tau||^2 (FedAsync Sec. 4): its gradient is rho (x - x_tau)."""
+        if not self.proximal_rho or self._anchor is None:
+            return 0.0
+        return 0.5 * self.proximal_rho * sum(((p - a) ** 2).sum() for p, a in zip(params, self._anchor))
 
     @torch.inference_mode()
     def evaluate(self, x: torch.Tensor | np.ndarray, y: torch.Tensor | np.ndarray, batch_size: int = 512) -> float:
@@ -240,9 +260,12 @@ class LocalTrainer:
     def load(self, flat: torch.Tensor) -> None:
         """The pulled model's weights; the optimizer's state is kept unless the model jumped far."""
         flat = flat.to(self.device)
-        if self.optimizer.state:
+        if self.optimizer.state and self.reset_jump is not None:
             here = flatten(self.model)
-            if float(torch.linalg.vector_norm(flat - here)) > RESET_JUMP * max(float(torch.linalg.vector_norm(here)), 1e-12):
+            if float(torch.linalg.vector_norm(flat - here)) > self.reset_jump * max(
+                    float(torch.linalg.vector_norm(here)), 1e-12):
                 log.info("pulled model is far from the local one: optimizer state reset")
                 self.reset_state()
         load_flat(self.model, flat)
+        if self.proximal_rho:
+            self._set_anchor()

@@ -147,6 +147,10 @@ class RunConfig(BaseModel):
     # ---- optimizer and work
     lr: float = Field(default=0.05, gt=0.0, description="Learning rate of the agents' SGD.")
     momentum: float = Field(default=0.9, ge=0.0, lt=1.0, description="SGD momentum (the asynchronous presets run without: 0).")
+    # client/trainer.py: moments gathered around a point that far away describe another region of the loss surface.
+    optimizer_reset_jump: float | None = Field(
+        default=0.5, gt=0.0, description="An agent drops its optimizer state (momentum) when a pulled model lies "
+        "further than this from its own, relative L2; unset: never (every paper keeps it).")
     weight_decay: float = Field(default=0.0, ge=0.0, description="SGD weight decay.")
     batch_size: int = Field(default=32, gt=0, description="Mini-batch size (MBS); the batch-sizing policies scale each "
                             "worker's batch b_k from it and keep cycle_samples // batch_size steps per cycle.")
@@ -186,6 +190,10 @@ class RunConfig(BaseModel):
     max_updates: int | None = Field(default=None, gt=0, description="Stop after this many model updates (server steps).")
     max_seconds: float | None = Field(default=None, gt=0.0, description="Stop this many seconds after the server started "
                                       "the run.")
+    # Hermes Table I's "patience" (25 for the CNN, 10 for AlexNet), read as Keras' EarlyStopping, the
+    # paper's TensorFlow stack: the run stops once the test loss has not improved for that many evaluations.
+    patience: int | None = Field(default=None, gt=0, description="Stop after this many server evaluations in a "
+                                 "row without a lower test loss (Hermes Table I: patience 25); unset: never.")
     eval_max_samples: int = Field(default=2000, gt=0, description="Held-out test samples per evaluation.")
     stats_interval_seconds: float = Field(default=2.0, gt=0.0, description="Seconds between status log lines.")
 
@@ -332,6 +340,11 @@ class RunConfig(BaseModel):
         """Whether this run's agents push w - w0 (the aggregation rule decides, from its own section)."""
         rule = self.policy("aggregation")
         return rule.pushes_from_baseline(**self.section_args(rule))
+
+    def proximal_rho(self) -> float:
+        """rho of the agent's proximal term rho/2 ||x - x_tau||^2 (0: none); the aggregation rule declares it."""
+        rule = self.policy("aggregation")
+        return rule.proximal_rho(**self.section_args(rule))
 
     def get(self, key: str) -> Any:
         """The value at a dotted key (``"zscore.alpha"``) or a top-level one."""

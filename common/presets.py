@@ -20,7 +20,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     # the global model again (zscore.resync_factor). mnist1d HL8 (2026-11-26): since-pull deltas
     # took 3.4-4x fewer samples to target than the paper's blend, momentum another 1.1-1.9x;
     # on lan 0.45-0.61x torch DDP's time against the paper configuration's 2.29x. Four
-    # assignments per work request, as in 'hermes-paper'. The gate scores 128 validation
+    # assignments per work request (the paper: one). The gate scores 128 validation
     # samples a cycle, not 256 (the paper gives no number): the fast worker's gate costs half,
     # and to 0.9 on mnist1d HL8 lan it was faster in 7 of 8 paired seeds (median 7.1 s against 7.8 s, 2026-11-27).
     # The server scores each candidate and each new global model on 256 validation samples, not
@@ -37,14 +37,21 @@ PRESETS: dict[str, dict[str, Any]] = {
         "zscore.resync_factor": 4.0, "zscore.validation_samples": 128, "loss.eval_samples": 256,
         "loss.sharpness": 2.0,
     },
-    # Hermes as the paper runs it (paper 004, Sec. IV): gated async pushes, loss-weighted
-    # blend of whole models, IQR straggler detection + dual binary search. Table I: CNN
-    # trained with plain SGD, w=10, alpha=-1.3, beta=0.1, lambda=5. Four assignments per
-    # work request (a deviation, docs/papers.md): the gate skips ~3 of 4 cycles, so one
-    # request per cycle was most of the run's messages (mnist1d HL8, 2026-11-26).
+    # Hermes as the paper runs it (paper 004; each switch at the paper's rule, tests/unit/policies/
+    # test_paper_fidelity.py holds the paper's line for each): gated async pushes of w - w0, the
+    # loss-weighted blend of Eq. 5-6, plain SGD at Table I's eta 0.1, lambda 5, w 10, alpha -1.3,
+    # beta 0.1 (the policies' defaults), patience 25; alpha decays by beta after every silent
+    # iteration once N_iter >= lambda and is not reset by a push (Alg. 1 lines 8, 11-12); the
+    # current loss is scored inside the window (Sec. IV-B-1); only IQR outliers are resized
+    # (Sec. IV-A), with a constant K per mini-batch fitted from the first run (Eq. 3), aiming at
+    # t_median itself (no dead-band) over MBS powers of two from 2; one assignment per request and
+    # one request per purpose (the paper counts each API call).
     "hermes-paper": {
         "sync": "hermes", "aggregation": "loss", "gate": "zscore", "allocation": "dual-search",
-        "momentum": 0.0, "lr": 0.1, "assignments_per_request": 4,
+        "momentum": 0.0, "lr": 0.1, "patience": 25, "combine_messages": False,
+        "zscore.relaxation": "paper", "zscore.alpha_reset": False, "zscore.current_in_window": True,
+        "dual_search.balance_band": 0.0, "dual_search.cost_fit": "constant", "dual_search.tolerance": 0.0,
+        "dual_search.mbs_min": 2, "rebalance.warmup_cycles": 0, "rebalance.min_observations": 1,
     },
     # Local momentum on top of asynchronous, stale updates diverged on the
     # testbed (digits, HL4: accuracy back to chance within 10 s); plain SGD
@@ -92,22 +99,26 @@ PRESETS: dict[str, dict[str, Any]] = {
     "dp-sgd": {"sync": "bsp", "aggregation": "mean", "allocation": "partition"},
     # FedAsync (Xie, Koyejo, Gupta 2019, Alg. 1): every update mixed into the
     # global model on arrival with alpha_t = alpha * s(t - tau), polynomial
-    # s with a = 0.5 and alpha = 0.6 (the paper's Sec. 6 settings); plain
-    # local SGD as in the paper's workers.
+    # s with a = 0.5 and alpha = 0.6, and the workers' proximal term
+    # rho/2 ||x - x_tau||^2 with rho = 0.005 (the paper's Sec. 6 settings,
+    # the fedasync section's defaults); plain local SGD as in the paper's workers.
     "fedasync": {"sync": "asp", "aggregation": "fedasync", "momentum": 0.0, "lr": 0.1},
     # FedBuff (Nguyen et al., AISTATS 2022, Alg. 1): deltas buffered without
-    # waiting, one server step per K of them with eta_g and s = 1/sqrt(1+tau).
-    # The paper's K = 10 is for 100-1000 concurrent clients; with a handful
-    # of agents K = 2 keeps a step from averaging away most of the progress.
-    "fedbuff": {"sync": "fedbuff", "aggregation": "fedbuff", "momentum": 0.0, "lr": 0.1,
-                "fedbuff.buffer_size": 2, "fedbuff.server_lr": 1.0},
+    # waiting, one server step per K = 10 of them with eta_g = 1 and
+    # s = 1/sqrt(1+tau) (the fedbuff section's defaults).
+    "fedbuff": {"sync": "fedbuff", "aggregation": "fedbuff", "momentum": 0.0, "lr": 0.1},
+    # FedBuff with K = 2: the paper's K = 10 is for 100-1000 concurrent clients; with a
+    # handful of agents one step waits for 2-3 pushes of each (docs/papers.md, deviations).
+    "fedbuff-k2": {"sync": "fedbuff", "aggregation": "fedbuff", "momentum": 0.0, "lr": 0.1,
+                   "fedbuff.buffer_size": 2},
     "edp-sgd": {"sync": "bsp", "aggregation": "power", "allocation": "partition"},
 }
 
 PRESET_SOURCES: dict[str, str] = {
     "hermes": "Hermes (When Less is More) with since-pull deltas added by the loss share, local momentum and "
               "overlapped pushes (measured deviations)",
-    "hermes-paper": "Hermes (When Less is More) as published: gated pushes, loss-weighted blend, dual binary search",
+    "hermes-paper": "Hermes (When Less is More) as published: gated pushes, loss-weighted blend, dual binary search, "
+                    "every switch at the paper's rule",
     "asp": "asynchronous parallel baseline",
     "bsp": "bulk-synchronous baseline, uniform batches",
     "ssp": "stale-synchronous parallel baseline (bounded staleness)",
@@ -119,8 +130,9 @@ PRESET_SOURCES: dict[str, str] = {
     "task-allocation": "Chao et al.: self-adaptive gradient-accumulation counts per worker",
     "dp-sgd": "DP-SGD: per-epoch data partitions by measured compute power",
     "edp-sgd": "EDP-SGD: DP-SGD plus gradients weighted by compute power",
-    "fedasync": "FedAsync (Xie et al. 2019): staleness-weighted mixing of each update on arrival",
-    "fedbuff": "FedBuff (Nguyen et al. 2022): K buffered deltas per step, server lr, staleness scaling",
+    "fedasync": "FedAsync (Xie et al. 2019): staleness-weighted mixing of each update on arrival, proximal local loss",
+    "fedbuff": "FedBuff (Nguyen et al. 2022): K = 10 buffered deltas per step, server lr, staleness scaling",
+    "fedbuff-k2": "FedBuff with K = 2 buffered deltas per step, for a few agents (our variant)",
 }
 
 

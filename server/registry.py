@@ -138,6 +138,11 @@ class WorkerRecord:
         """
         return self.cycles / max(1, self.pulls - 1)
 
+    @property
+    def worker_independence_eq7(self) -> float:
+        """Hermes Eq. 7 as printed: every global-model request counts, the join pull too."""
+        return self.cycles / max(1, self.pulls)
+
     def public(self) -> dict[str, Any]:
         wall = max(1e-9, self.last_seen - self.joined_at)
         return {
@@ -178,6 +183,7 @@ class WorkerRecord:
             "collective_bytes": self.collective_bytes,
             "cycles": self.cycles,
             "wi": round(self.worker_independence, 4),
+            "wi_eq7": round(self.worker_independence_eq7, 4),
             "gate_pushes": self.gate_pushes,
             "gate_skips": self.gate_skips,
             "in_flight_cycles": self.in_flight_cycles,

@@ -121,6 +121,11 @@ class Policy:
         return cls.update_from_baseline
 
     @classmethod
+    def proximal_rho(cls, *args: Any, **sections: Any) -> float:
+        """rho of a proximal term rho/2 ||x - x_tau||^2 the agent adds to its loss (FedAsync Sec. 4); 0: none."""
+        return 0.0
+
+    @classmethod
     def check_params(cls, core: Core, *args: Any, **sections: Any) -> None:
         """Refuse (ValueError naming the field) parameters this policy cannot run with; called only when chosen."""
 

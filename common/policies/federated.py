@@ -65,6 +65,16 @@ class FedAsyncParams(BaseModel):
     a: float = Field(default=0.5, ge=0.0, description="Exponent (polynomial) or slope (hinge) a of s; the paper: "
                                                       "0.5 polynomial, 10 hinge.")
     b: int = Field(default=4, ge=0, description="Hinge b: staleness tolerated at full weight (the paper: 4).")
+    # FedAsync Sec. 4, Alg. 1: each worker minimises g_{x_tau}(x) = f(x) + rho/2 ||x - x_tau||^2; Sec. 6 runs the
+    # CIFAR-10 CNN with rho = 0.005.
+    rho: float = Field(default=0.005, ge=0.0, allow_inf_nan=False,
+                       description="rho of the agent's proximal term rho/2 ||x - x_tau||^2, x_tau the model it "
+                                   "started from (FedAsync Sec. 4; Sec. 6: 0.005); 0 drops the term.")
+    # Alg. 1 numbers the model a mix creates t and stamps a worker's task with the version it got, so an update
+    # trained from the newest model has t - tau = 1; counting it 0 gives a fresh update the full alpha.
+    staleness_from: Literal[0, 1] = Field(
+        default=1, description="t - tau of an update trained from the newest model: 1 (FedAsync Alg. 1's "
+                               "numbering: the mix creates version tau + 1) or 0 (a fresh update at full alpha).")
 
 
 def staleness_weight(function: StalenessFunction, staleness: int, a: float, b: int = 0) -> float:
@@ -102,15 +112,19 @@ class FedAsync(AggregationRule):
     def build(cls, core: Core, *, fedasync: FedAsyncParams, **params: Any) -> FedAsync:
         return cls(fedasync)
 
+    @classmethod
+    def proximal_rho(cls, *args: Any, fedasync: FedAsyncParams, **sections: Any) -> float:
+        return fedasync.rho
+
     def mixing_weight(self, versions_behind: int) -> float:
         """alpha_t = alpha * s(t - tau) for an update trained from a model ``versions_behind`` versions old.
 
         The paper's t is the version the mix creates and tau the one the
         worker trained from, so a worker that trained from the newest model
-        has t - tau = 1, not 0: t - tau = versions_behind + 1.
+        has t - tau = 1, not 0: t - tau = versions_behind + staleness_from (1).
         """
         p = self.params
-        weight = p.alpha * staleness_weight(p.staleness, versions_behind + 1, p.a, p.b)
+        weight = p.alpha * staleness_weight(p.staleness, versions_behind + p.staleness_from, p.a, p.b)
         assert 0.0 < weight <= 1.0 and math.isfinite(weight), weight
         return weight
 

@@ -17,6 +17,9 @@ disagree on details, so this module states OUR rule, exactly:
    With ``n <= 2`` that is ``|z| <= 1`` and a threshold of ``alpha = -1.3``
    can never fire. The authors' code scores ``x`` inside its own window, which
    is why their gate stays silent until the queue holds three losses.
+   ``current_in_window=true`` is that reading (Sec. IV-B-1: new losses are
+   appended to the queue, and x is scored "from this queue"): z over the
+   last ``w`` losses with ``x`` among them.
 
 2. Warm-up. At least two previous losses are needed for a spread; with fewer
    the decision is ``push=False``, ``reason="warmup"``, ``z=None``.
@@ -44,13 +47,15 @@ disagree on details, so this module states OUR rule, exactly:
    shrinks alpha towards 0 by the factor (1 - beta) per such iteration
    (alpha_eff = alpha * (1 - beta) ** max(0, silent - lambda + 1)), our reading
    of "decay" as the authors' multiplicative decay; it never crosses 0, so a
-   loss that got worse never fires. Every mode resets with ``silent`` on a
-   push (the paper does not say whether alpha resets; a threshold relaxed for
-   ever would let every later update through).
+   loss that got worse never fires. By default every mode resets with
+   ``silent`` on a push (a threshold relaxed for ever would let every later
+   update through); ``alpha_reset=false`` is Alg. 1 as printed, whose line 8
+   resets only N_iter: the decays taken so far are kept and later silent
+   cycles add to them.
 
 6. Decision: push iff ``z <= alpha_eff`` (``reason="zscore"``), otherwise
    ``reason="above_threshold"``. A push resets ``silent`` to 0, which brings
-   ``alpha_eff`` back to ``alpha``.
+   ``alpha_eff`` back to ``alpha`` (unless ``alpha_reset`` is off, rule 5).
 
 7. The window is kept across pushes (not cleared). Every finite loss is
    appended after its decision, pushed or not; the oldest is dropped beyond
@@ -103,6 +108,14 @@ class GateParams(BaseModel):
     relaxation: Literal["step", "paper", "multiplicative"] = Field(
         default="step", description="How alpha relaxes while silent: 'step' (ours, +beta every lambda cycles), "
                                     "'paper' (+beta every cycle once N_iter >= lambda), 'multiplicative' (*(1-beta)).")
+    # Two readings Alg. 1 leaves open, each with the paper's rule one setting away (docs/papers.md, deviations).
+    alpha_reset: bool = Field(
+        default=True, description="A push brings alpha back to zscore.alpha (ours). false: Hermes Alg. 1, whose line 8 "
+                                  "resets only N_iter, so the relaxation so far is kept after a push.")
+    current_in_window: bool = Field(
+        default=False, description="Score the current loss against the window that already holds it (Hermes "
+                                   "Sec. IV-B-1, Alg. 1 line 1: the queue of the last w losses, the newest "
+                                   "included). false (ours): against the previous losses only (rule 1).")
     validation_samples: int = Field(default=256, gt=0, description="Validation samples the agent scores each cycle on.")
     # A deviation (docs/papers.md): in Alg. 1 a worker whose loss keeps failing the test trains on alone,
     # however far its model drifts. Measured (digits HL8, 2026-11-26): with local momentum a fast
@@ -125,19 +138,27 @@ class GateDecision:
     resync: bool = False
 
 
-def relaxed_alpha(config: GateParams, silent_cycles: int) -> float:
+def _decays(config: GateParams, silent_cycles: int) -> int:
+    """Relaxation steps taken in ``silent_cycles`` silent cycles (rule 5)."""
+    if config.relaxation == "step":
+        return silent_cycles // config.lam
+    return max(0, silent_cycles - config.lam + 1)
+
+
+def relaxed_alpha(config: GateParams, silent_cycles: int, carried: int = 0) -> float:
     """The threshold in force after ``silent_cycles`` silent cycles (Hermes Alg. 1 lines 11-12; rule 5).
 
     step: alpha + beta * floor(silent / lambda); paper: alpha + beta * d;
     multiplicative: alpha * (1 - beta) ** d; with d = max(0, silent - lambda + 1)
     the decays Alg. 1 applied after the iterations that ended with N_iter >= lambda.
+    ``carried``: decays kept from before the last push (``alpha_reset=false``, Alg. 1 line 8).
     """
     if not _is_int(silent_cycles) or silent_cycles < 0:
         raise ValueError(f"silent_cycles must be an integer >= 0, got {silent_cycles!r}")
-    if config.relaxation == "step":
-        return config.alpha + config.beta * (silent_cycles // config.lam)
-    decays = max(0, silent_cycles - config.lam + 1)
-    if config.relaxation == "paper":
+    if not _is_int(carried) or carried < 0:
+        raise ValueError(f"carried must be an integer >= 0, got {carried!r}")
+    decays = carried + _decays(config, silent_cycles)
+    if config.relaxation in ("step", "paper"):
         return config.alpha + config.beta * decays
     return config.alpha * (1.0 - config.beta) ** decays
 
@@ -174,6 +195,8 @@ class ZScoreGate:
         self._config = config
         self._window: deque[float] = deque(maxlen=config.window)
         self._silent = 0
+        # Decays kept across pushes when alpha_reset is off (Alg. 1 line 8 resets only N_iter).
+        self._carried = 0
 
     @property
     def config(self) -> GateParams:
@@ -190,12 +213,16 @@ class ZScoreGate:
     @property
     def alpha(self) -> float:
         """The threshold the next decision will use."""
-        return relaxed_alpha(self._config, self._silent)
+        return relaxed_alpha(self._config, self._silent, self._carried)
+
+    @property
+    def carried_decays(self) -> int:
+        return self._carried
 
     def observe(self, loss: float) -> GateDecision:
         """Score one validation loss and decide whether to push (Hermes Alg. 1 lines 4-12)."""
         silent = self._silent
-        alpha_eff = relaxed_alpha(self._config, silent)
+        alpha_eff = relaxed_alpha(self._config, silent, self._carried)
         x = float(loss)
         factor = self._config.resync_factor
         resyncs = factor is not None
@@ -214,9 +241,13 @@ class ZScoreGate:
             self._window.append(x)
             self._silent = silent + 1
             return GateDecision(push=False, z=None, alpha=alpha_eff, silent_cycles=silent, reason="warmup")
-        z = window_zscore(x, tuple(self._window))
+        # Hermes Eq. 4 over the previous losses (ours) or over the queue that already holds x (Sec. IV-B-1).
+        scored = (*self._window, x)[-self._config.window:] if self._config.current_in_window else tuple(self._window)
+        z = window_zscore(x, scored)
         push = z <= alpha_eff
         self._window.append(x)
+        if push and not self._config.alpha_reset:
+            self._carried += _decays(self._config, silent)
         self._silent = 0 if push else silent + 1
         return GateDecision(
             push=push,
@@ -228,7 +259,7 @@ class ZScoreGate:
 
     def state(self) -> dict[str, Any]:
         """Plain data (lists, ints, floats) so a checkpoint can store it without pickle."""
-        return {"window": list(self._window), "silent_cycles": self._silent}
+        return {"window": list(self._window), "silent_cycles": self._silent, "carried_decays": self._carried}
 
     @classmethod
     def from_state(cls, config: GateParams, state: Mapping[str, Any]) -> ZScoreGate:
@@ -248,7 +279,11 @@ class ZScoreGate:
             raise ValueError(f"silent_cycles must be an integer >= 0, got {silent!r}")
         gate = cls(config)
         gate._window.extend(values)  # deque(maxlen) keeps the newest
+        carried = state.get("carried_decays", 0)  # absent from checkpoints written before alpha_reset existed
+        if not isinstance(carried, int) or isinstance(carried, bool) or carried < 0:
+            raise ValueError(f"carried_decays must be an integer >= 0, got {carried!r}")
         gate._silent = silent
+        gate._carried = carried
         return gate
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -56,6 +56,14 @@ class RobustParams(BaseModel):
         "K - f - 2 closest others; Blanchard et al. 2017, Sec. 4).")
     keep: int = Field(
         default=1, ge=1, description="krum: m, the lowest-scoring updates averaged: 1 is Krum, more is Multi-Krum.")
+    # Blanchard et al. 2017 define Krum for n > 2f + 2 only (Sec. 4); a small cluster would never step.
+    krum_few: Literal["fallback", "skip"] = Field(
+        default="fallback", description="krum with fewer than 2f + 3 updates in a step: 'fallback' scores each on "
+        "max(1, K - f - 2) neighbours and warns once; 'skip' applies no update (the paper's n > 2f + 2).")
+    # Yin et al. 2018, Def. 2 take beta*m values off each end, beta*m an integer there.
+    trim_rounding: Literal["floor", "ceil"] = Field(
+        default="floor", description="trimmed-mean: values dropped per end when beta*K is not an integer: floor "
+        "(0.25 of 3 drops none) or ceil (drops one).")
 
 
 def coordinate_median(stack: torch.Tensor) -> torch.Tensor:
@@ -67,10 +75,10 @@ def coordinate_median(stack: torch.Tensor) -> torch.Tensor:
     return (ordered[k // 2 - 1] + ordered[k // 2]) / 2
 
 
-def trimmed_mean(stack: torch.Tensor, beta: float) -> torch.Tensor:
-    """Yin et al. 2018, Def. 2: per coordinate, drop floor(beta*K) values at each end and average the rest."""
+def trimmed_mean(stack: torch.Tensor, beta: float, rounding: str = "floor") -> torch.Tensor:
+    """Yin et al. 2018, Def. 2: per coordinate, drop floor (or ceil) of beta*K values at each end, average the rest."""
     k = stack.shape[0]
-    cut = math.floor(beta * k)
+    cut = math.floor(beta * k) if rounding == "floor" else math.ceil(beta * k)
     if k - 2 * cut < 1:
         raise ValueError(f"trim_fraction {beta} drops all {k} updates")
     if cut == 0:
@@ -144,7 +152,7 @@ class TrimmedMean(RobustRule):
     """Coordinate-wise beta-trimmed mean of the step's updates (Yin et al. 2018, Def. 2)."""
 
     def combine(self, stack: torch.Tensor) -> torch.Tensor:
-        return trimmed_mean(stack, self.params.trim_fraction)
+        return trimmed_mean(stack, self.params.trim_fraction, self.params.trim_rounding)
 
 
 @register("aggregation", "krum")
@@ -167,6 +175,10 @@ class Krum(RobustRule):
 
     def weigh(self, updates: Sequence[Update], step: Step, stack: Any = None) -> Weighing:
         assert stack is not None, "krum selects among the stacked updates"
+        k, f = stack.shape[0], self.params.byzantine
+        if self.params.krum_few == "skip" and k < 2 * f + 3:
+            # Blanchard et al. 2017, Sec. 4: Krum needs n > 2f + 2; this step's updates are not applied.
+            return Weighing([0.0] * len(updates), {"krum_skipped": k})
         chosen, scores = self.select(stack)
         weights = [1.0 / len(chosen) if i in chosen else 0.0 for i in range(len(updates))]
         return Weighing(weights, {"krum_scores": [round(s, 6) for s in scores]})

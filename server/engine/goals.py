@@ -43,6 +43,10 @@ class Goals:
         # The budget that stopped the run (max_updates, max_epochs, max_seconds), if one did.
         self.budget_reached: str | None = None
         self.target_reached: TargetReached | None = None
+        # Early stopping (config.patience, Hermes Table I): the lowest test loss so far and the
+        # evaluations since it.
+        self._best_loss = float("inf")
+        self._since_best = 0
 
     def check_budgets(self, version: int, epoch_progress: float) -> str | None:
         """The first budget reached (max_updates, max_epochs, max_seconds): the stop reason naming it, else None."""
@@ -76,6 +80,24 @@ class Goals:
         self.telemetry.emit("target_reached", target_accuracy=self.config.target_accuracy,
                             target=f"{metric}={goal:g}", **reached.public())
         return f"{_target_text(metric, goal)} reached at version {ev.version}"
+
+    def check_patience(self, ev: Evaluation) -> str | None:
+        """The stop reason once ``patience`` evaluations in a row found no lower test loss (Hermes Table I's
+        patience, read as Keras' EarlyStopping on the test loss), else None."""
+        patience = self.config.patience
+        if patience is None or self.budget_reached is not None:
+            return None
+        if ev.loss < self._best_loss:
+            self._best_loss, self._since_best = ev.loss, 0
+            return None
+        self._since_best += 1
+        if self._since_best < patience:
+            return None
+        reason = (f"patience={patience} reached at version {ev.version}: no lower test loss than "
+                  f"{self._best_loss:.4g} in {self._since_best} evaluations")
+        self.budget_reached = "patience"
+        self.telemetry.emit("budget_reached", budget="patience", reason=reason, version=ev.version)
+        return reason
 
     def outcome(self, stopping: bool) -> str:
         """running, stopped (operator, SIGTERM's shutdown), target_reached or budget_reached (the server stopped itself)."""

@@ -19,7 +19,7 @@ def _applied(out: Path) -> list[dict]:
 
 
 @pytest.mark.slow  # the default suite keeps one run per family under 15 min (2026-11-26); the fedasync/fedbuff live tests stay
-@pytest.mark.parametrize("preset", ["fedasync", "fedbuff"])
+@pytest.mark.parametrize("preset", ["fedasync", "fedbuff-k2"])
 def test_federated_preset_reaches_target_at_hl4(preset: str, tmp_path: Path) -> None:
     out = tmp_path / preset
     proc, s = run_testbed(out, "--profile", "hl4", "--preset", preset, "--target-accuracy", "0.9")

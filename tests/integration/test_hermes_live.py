@@ -158,10 +158,11 @@ def test_a_real_hermes_agent_sends_one_work_request_per_k_assignments_and_one_pe
     """combine_messages (the default): the agent's pulls, shard fetches and stats ride on its
     pushes and work requests; the server counts what was carried instead of sent."""
     cycles = 6
-    # Pushes waited for (the default preset overlaps them, so a cycle may end with one in flight).
+    # Pushes waited for (the default preset overlaps them, so a cycle may end with one in flight);
+    # hermes-paper sends one request per purpose (the paper's), so combining is switched on here.
     with running_server(tmp_path / "srv", "--preset", "hermes-paper",
                         sets=("eval_interval_seconds=0.5", "stats_interval_seconds=0.1", "cycle_samples=64",
-                              "shard_size=32")) as srv:
+                              "shard_size=32", "combine_messages=true", "assignments_per_request=4")) as srv:
         agent = start_agent(srv.url, "solo", tmp_path / "solo.log", "--max-cycles", str(cycles))
         try:
             code = agent.wait(timeout=90)

@@ -309,3 +309,17 @@ def test_the_start_gate_opens_on_its_timeout_and_on_a_stop(clock, how):
     reply = _run(go())
     assert engine.start_gate.reason == how
     assert reply.header.body["stop"] is (how == "stop")
+
+
+def test_patience_stops_a_run_whose_test_loss_stopped_falling(clock):
+    # Hermes Table I's patience (config.patience): each new version is evaluated; zero deltas never lower the loss.
+    engine = _engine(clock, patience=3)
+    agent = _Agent(engine, clock, "a")
+    engine.evaluator.evaluate_now()
+    for i in range(3):
+        assert not engine.stopping, i
+        _run(agent.request(MsgType.REQUEST_WORK, {}))
+        _run(agent.request(MsgType.PUSH_UPDATE, {"samples": 1}, payload=agent.delta(0.0), model_version=i))
+        engine.evaluator.evaluate_now()
+    assert engine.stopping and engine.stop_reason.startswith("patience=3 reached at version 3")
+    assert engine.budget_reached == "patience" and engine.status()["outcome"] == "budget_reached"

@@ -92,7 +92,8 @@ class DualSearchParams(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     mbs_min: int = Field(default=8, gt=0, description="Smallest mini-batch size the search may pick (a power of two).")
     mbs_max: int = Field(default=256, gt=0, description="Largest mini-batch size the search may pick (a power of two).")
-    tolerance: float = Field(default=0.1, gt=0.0, lt=1.0,
+    # 0 is Hermes Sec. IV-A's search, which aims at t_median itself: every outlier is resized.
+    tolerance: float = Field(default=0.1, ge=0.0, lt=1.0,
                              description="A predicted cycle time within this share of the target is on target.")
     cost_fit: Literal["linear", "constant"] = Field(
         default="linear", description="Cost model: 'linear' fits K = a + b*MBS; 'constant' is the paper's constant K.")

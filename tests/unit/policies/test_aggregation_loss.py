@@ -200,11 +200,13 @@ def test_hermes_differs_from_the_paper_preset_only_by_the_measured_deviations():
 
     paper, fast = build_config(preset="hermes-paper").model_dump(), build_config(preset="hermes").model_dump()
     differ = {k for k in paper if paper[k] != fast[k]}
-    assert differ == {"preset", "momentum", "loss", "overlap_push", "zscore"}
+    # Every difference is a deviation row (tests/unit/policies/test_paper_fidelity.py checks each switch).
+    assert differ == {"preset", "momentum", "loss", "overlap_push", "zscore", "patience", "combine_messages",
+                      "assignments_per_request", "dual_search", "rebalance"}
     assert (paper["zscore"]["resync_factor"], fast["zscore"]["resync_factor"]) == (None, 4.0)
     assert (paper["zscore"]["validation_samples"], fast["zscore"]["validation_samples"]) == (256, 128)
-    assert {k for k in paper["zscore"] if paper["zscore"][k] != fast["zscore"][k]} == {"resync_factor",
-                                                                                       "validation_samples"}
+    assert {k for k in paper["zscore"] if paper["zscore"][k] != fast["zscore"][k]} == {
+        "resync_factor", "validation_samples", "relaxation", "alpha_reset", "current_in_window"}
     assert (paper["lr"], paper["momentum"], paper["loss"]["reference"]) == (0.1, 0.0, "baseline")  # Table I, Alg. 2
     assert (paper["overlap_push"], fast["overlap_push"]) == (False, True)
     assert fast["loss"]["reference"] == "pull" and fast["loss"]["server_lr"] == 1.0 and fast["momentum"] == 0.9

@@ -87,6 +87,8 @@ def test_fedbuff_buffer_releases_every_k_pushes_without_holding_anyone():
 
 def test_fedbuff_preset_and_compatibility():
     cfg = build_config(preset="fedbuff")
-    assert (cfg.sync, cfg.aggregation, cfg.fedbuff.buffer_size, cfg.fedbuff.server_lr) == ("fedbuff", "fedbuff", 2, 1.0)
+    # FedBuff Sec. 5: K = 10; the few-agent variant keeps K = 2.
+    assert (cfg.sync, cfg.aggregation, cfg.fedbuff.buffer_size, cfg.fedbuff.server_lr) == ("fedbuff", "fedbuff", 10, 1.0)
+    assert build_config(preset="fedbuff-k2").fedbuff.buffer_size == 2
     with pytest.raises(ConfigError, match="fedbuff"):
         build_config(preset="fedbuff", sync="asp")

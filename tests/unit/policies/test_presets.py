@@ -27,7 +27,7 @@ EFFECTIVE = json.loads((Path(__file__).parent / "data" / "presets_effective.json
 CTL = ("b_min", "b_max", "deadband", "alpha", "global_batch", "global_rule", "drop_margin", "drop_cap_updates",
        "carry_smoothing", "deadband_order", "deadband_reference")
 SEARCH = ("mbs_min", "mbs_max", "tolerance", "history", "fit", "min_observations", "balance_band", "warmup_cycles")
-GATE = ("window", "alpha", "beta", "lam", "relaxation", "resync_factor")
+GATE = ("window", "alpha", "beta", "lam", "relaxation", "resync_factor", "alpha_reset", "current_in_window")
 
 
 def _plain(v: object) -> object:
