@@ -29,6 +29,7 @@ from pydantic import (
 
 from hermes.common.config_keys import normalise
 from hermes.common.policies import base as policies
+from hermes.common.evaluation_params import EarlyStopParams, FederatedEvalParams
 from hermes.common.policies.aggregation import LossParams
 from hermes.common.policies.allocation._common import BatchBounds, RebalanceParams
 from hermes.common.policies.allocation.dynamic_partitioning import PartitionParams
@@ -123,6 +124,8 @@ class RunConfig(BaseModel):
     adaptive: AdaptiveParams = _section(AdaptiveParams, "allocation 'adaptive'")
     partition: PartitionParams = _section(PartitionParams, "allocation 'partition'")
     dual_search: DualSearchParams = _section(DualSearchParams, "allocation 'dual-search'")
+    early_stop: EarlyStopParams = _section(EarlyStopParams, "early stopping (server)")
+    federated_eval: FederatedEvalParams = _section(FederatedEvalParams, "federated evaluation (server and agents)")
 
     # ---- the task: model, data, loss, metrics, optimizer (hermes.common.task)
     task: str = Field(default="builtin", min_length=1, description="The task to train: MODULE:ATTR, FILE.py:ATTR or a "

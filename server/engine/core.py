@@ -330,7 +330,7 @@ class Engine:
         )
         # Not once the run is stopping: the shutdown evaluation must not turn an
         # operator's stop into a reached target after the fact.
-        if self.stopping or (reason := self.goals.check_target(ev)) is None:
+        if self.stopping or (reason := self.goals.check_target(ev) or self.goals.check_early_stop(ev)) is None:
             return
         self.on_loop(self.request_stop, reason)
         if self.checkpoints is not None:

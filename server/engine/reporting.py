@@ -95,6 +95,8 @@ class Reporting:
             "target_accuracy": self.config.target_accuracy,
             "target": None if (t := effective_target(self.config)) is None else f"{t[0]}={t[1]:g}",
             "budget_reached": goals.budget_reached,
+            # early_stop.patience ran out: which metric, its best and where (the final model is that one).
+            "early_stopped": goals.early_stopped,
             "target_reached_at": None if goals.target_reached is None else goals.target_reached.public(),
             "best_metric": self.evaluator.primary,
             "best_accuracy": None if best is None else best.accuracy,
@@ -108,6 +110,8 @@ class Reporting:
 
     def summary(self) -> dict[str, Any]:
         ev = self.evaluator.latest
+        if self.goals.early_stopped is not None and self.evaluator.best is not None:
+            ev = self.evaluator.best  # the final model is the best one (write_final_model)
         workers = self.registry.all()
         return {
             **self.status(),
@@ -182,9 +186,14 @@ class Reporting:
         return path.name
 
     def write_final_model(self, final: Evaluation | None) -> str | None:
-        """OUT/model-final.safetensors: the global model as the run ends, whatever it scores."""
+        """OUT/model-final.safetensors: the global model as the run ends, whatever it scores; after an early
+        stop, the best model instead (the run stopped because the models after it were no better)."""
         assert self.out_dir is not None
         version, flat = self.state.snapshot(torch.float32)
+        best = self.evaluator.best_model() if self.goals.early_stopped is not None else None
+        if best is not None:
+            final, flat = best
+            version = final.version
         path = self.out_dir / FINAL_MODEL_FILE
         if not write_model(path, self.evaluator.model.state_dict(), flat, self._model_metadata(final, version)):
             return None
