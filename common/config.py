@@ -28,8 +28,8 @@ from pydantic import (
 )
 
 from hermes.common.config_keys import normalise
-from hermes.common.policies import base as policies
 from hermes.common.evaluation_params import EarlyStopParams, FederatedEvalParams
+from hermes.common.policies import base as policies
 from hermes.common.policies.aggregation import LossParams
 from hermes.common.policies.allocation._common import BatchBounds, RebalanceParams
 from hermes.common.policies.allocation.dynamic_partitioning import PartitionParams
