@@ -138,7 +138,6 @@ class Server:
         import uvicorn
 
         from hermes.server.app import create_app
-
         from hermes.server.outdir import OutDirError
 
         if self._thread is not None:
