@@ -194,6 +194,9 @@ class Server:
         self._thread.join(SHUTDOWN_TIMEOUT_S)
         # Never started: close() and wait() have nothing to wait for.
         self._thread = None
+        if self._dispatcher is not None:
+            self._dispatcher.close()
+            self._dispatcher = None
         if self._quiet is not None:
             self._quiet.restore()
         raise RunError(f"the server for task {self.task.name} did not start (see the log above)")

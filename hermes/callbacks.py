@@ -96,6 +96,11 @@ class Dispatcher:
         self._queue.put(_STOP)
         self._thread.join(60.0)
 
+    def close(self) -> None:
+        """Stop the thread without on_end (the run never started)."""
+        self._queue.put(_STOP)
+        self._thread.join(60.0)
+
     def _run(self) -> None:
         while True:
             item = self._queue.get()
