@@ -118,3 +118,45 @@ def test_the_examples_hooks() -> None:
     x, y = torch.full((4, 64), 0.5), torch.arange(4)
     assert augment(x, y, False)[0] is x
     assert not torch.equal(augment(x, y, True)[0], x)
+
+
+def test_with_a_gradient_hook_every_step_joins_it_whether_or_not_the_task_stepped() -> None:
+    """The collective's all-reduce: one call per step on every rank, even for a step that skipped ctx.step."""
+    calls: list[int] = []
+
+    def grad_hook(params: object, samples: int) -> bool:
+        calls.append(samples)
+        return False
+
+    def step(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor], opt: torch.optim.Optimizer,
+             ctx: StepContext) -> torch.Tensor:
+        loss = ctx.loss(model, *batch)
+        ctx.backward(loss)
+        if ctx.step_index != 1:  # the task skips its second step
+            ctx.step(opt)
+        return loss
+
+    trainer = _trainer(train_step=step)
+    x, y = _data(24)
+    result = trainer.train_cycle(x, y, batch_size=8, steps=3, grad_hook=grad_hook)
+    assert calls == [8, 8, 8] and result.steps == 3 and not result.stopped
+
+
+def test_a_gradient_hook_that_says_stop_ends_the_cycle_after_that_step() -> None:
+    calls: list[int] = []
+
+    def grad_hook(params: object, samples: int) -> bool:
+        calls.append(samples)
+        return len(calls) == 2
+
+    def step(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor], opt: torch.optim.Optimizer,
+             ctx: StepContext) -> torch.Tensor:
+        loss = ctx.loss(model, *batch)
+        ctx.backward(loss)
+        ctx.step(opt)
+        return loss
+
+    trainer = _trainer(train_step=step)
+    x, y = _data(40)
+    result = trainer.train_cycle(x, y, batch_size=8, steps=5, grad_hook=grad_hook)
+    assert calls == [8, 8] and result.stopped
