@@ -22,10 +22,17 @@ import queue
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, Any, Protocol
 
-if TYPE_CHECKING:
-    from hermes.api import Result, Server
+
+class Server(Protocol):
+    """What a callback may do with the run (hermes.api.Server; named here, not imported: api imports this)."""
+
+    def stop(self, reason: str = ...) -> None: ...
+
+
+# hermes.api.Result (not imported, as Server).
+Result = Any
 
 log = logging.getLogger(__name__)
 
