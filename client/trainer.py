@@ -22,6 +22,7 @@ from torch import nn
 
 from hermes.client.steps import StepContext, bind_lr, loss_value
 from hermes.common.lean_sgd import LeanSGD
+from hermes.common.messages import FederatedReport
 from hermes.common.task import LossFn, OptimizerFn, TrainStepFn, TransformFn
 from hermes.common.tensors import flatten, load_flat
 
@@ -64,6 +65,8 @@ class CycleResult:
     wait_seconds: float = 0.0
     # The gradient hook said every rank stops after this step.
     stopped: bool = False
+    # The answer to a federated evaluation request, scored before this cycle (client/federated_eval.py).
+    federated: FederatedReport | None = None
 
 
 # Called between backward and the optimizer step with the trainable parameters and the
@@ -186,7 +189,7 @@ class LocalTrainer:
                 # The task's own step; the samples, the step count, the slowdown and the clock stay here.
                 self.optimizer.zero_grad(set_to_none=grad_hook is None)
                 idx = torch.from_numpy(chunk)
-                xb, yb = self._batch(xt[idx], yt[idx], train=True)
+                xb, yb = self.batch(xt[idx], yt[idx], train=True)
                 ctx = bind_lr(StepContext(
                     model=self.model, loss_fn=self.loss_fn, device=self.device, precision=self.precision,
                     scaler=self.scaler, autocast=self._autocast, cycle_lrs=cycle_lrs, step_index=step,
@@ -208,7 +211,7 @@ class LocalTrainer:
             self.optimizer.zero_grad(set_to_none=grad_hook is None)
             for start in range(0, len(chunk), batch_size):
                 idx = torch.from_numpy(chunk[start:start + batch_size])
-                xb, yb = self._batch(xt[idx], yt[idx], train=True)
+                xb, yb = self.batch(xt[idx], yt[idx], train=True)
                 with self._autocast():
                     loss = self.loss_fn(self.model(xb), yb)
                 scale(loss * (len(idx) / len(chunk))).backward()
@@ -241,12 +244,12 @@ class LocalTrainer:
         xt, yt = torch.as_tensor(x), torch.as_tensor(y)
         total = 0.0
         for i in range(0, len(yt), batch_size):
-            xb, yb = self._batch(xt[i : i + batch_size], yt[i : i + batch_size], train=False)
+            xb, yb = self.batch(xt[i : i + batch_size], yt[i : i + batch_size], train=False)
             out = self.model(xb).float()
             total += float(self.loss_fn(out, yb)) * len(yb)
         return total / max(1, len(yt))
 
-    def _batch(self, x: torch.Tensor, y: torch.Tensor, *, train: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    def batch(self, x: torch.Tensor, y: torch.Tensor, *, train: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """A batch on the device, through the task's transform (augmentation when ``train``)."""
         xb, yb = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
         return (xb, yb) if self.transform is None else self.transform(xb, yb, train)

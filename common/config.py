@@ -28,7 +28,7 @@ from pydantic import (
 )
 
 from hermes.common.config_keys import normalise
-from hermes.common.evaluation_params import EarlyStopParams
+from hermes.common.evaluation_params import EarlyStopParams, FederatedEvalParams
 from hermes.common.policies import base as policies
 from hermes.common.policies.aggregation import LossParams
 from hermes.common.policies.allocation._common import BatchBounds, RebalanceParams
@@ -125,6 +125,7 @@ class RunConfig(BaseModel):
     partition: PartitionParams = _section(PartitionParams, "allocation 'partition'")
     dual_search: DualSearchParams = _section(DualSearchParams, "allocation 'dual-search'")
     early_stop: EarlyStopParams = _section(EarlyStopParams, "early stopping (server)")
+    federated_eval: FederatedEvalParams = _section(FederatedEvalParams, "federated evaluation (server and agents)")
 
     # ---- the task: model, data, loss, metrics, optimizer (hermes.common.task)
     task: str = Field(default="builtin", min_length=1, description="The task to train: MODULE:ATTR, FILE.py:ATTR or a "

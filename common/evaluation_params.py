@@ -1,4 +1,8 @@
-"""The run config's ``early_stop`` section (its defaults live here, once), read by server/engine/goals.py."""
+"""The run config's ``early_stop`` and ``federated_eval`` sections (their defaults live here, once).
+
+Read by the server's goals (server/engine/goals.py) and its federated
+evaluation (server/engine/federated_eval.py).
+"""
 
 from __future__ import annotations
 
@@ -14,3 +18,12 @@ class EarlyStopParams(BaseModel):
         "target's, else accuracy) after which the run stops; its best model becomes the final model. None: off.")
     min_delta: float = Field(
         default=0.0, ge=0.0, description="An evaluation improves on the best only by more than this much.")
+
+
+class FederatedEvalParams(BaseModel):
+    """``federated_eval``: every agent scores the global model on its own held-out data (task.local_eval_data)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    every: int = Field(
+        default=0, ge=0, description="Ask the agents for a federated evaluation every this many server evaluations "
+        "(0: never). Reported as federated_<metric>, the devices' values weighted by their samples.")

@@ -88,6 +88,8 @@ class Task:
     directions: Mapping[str, Direction] = field(default_factory=dict)
     example: Callable[[int], tuple[torch.Tensor, torch.Tensor]] | None = None
     train_step: TrainStepFn | None = None
+    # The device's own held-out data (worker name -> data) for federated evaluation (federated_eval.every).
+    local_eval_data: Callable[[str], DataLike] | None = None
     transform: TransformFn | None = None
 
     @property

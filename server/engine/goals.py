@@ -27,10 +27,14 @@ log = logging.getLogger(__name__)
 
 
 def primary_metric(config: RunConfig, task: Task) -> tuple[str, Direction]:
-    """What "best" means for a run: the target's metric, else accuracy, else the task's first metric."""
+    """What "best" means for a run: the target's metric, else accuracy, else the task's first metric.
+
+    A federated target (``federated_accuracy``) names its metric on the central test set here: the
+    best model and early stopping follow the central evaluations."""
     target = effective_target(config)
     names = list(task.metric_fns)
-    metric = target[0] if target is not None else ("accuracy" if "accuracy" in names or not names else names[0])
+    metric = target[0].removeprefix("federated_") if target is not None else (
+        "accuracy" if "accuracy" in names or not names else names[0])
     return metric, "min" if metric == "loss" else task.direction(metric)
 
 

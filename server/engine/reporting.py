@@ -57,6 +57,8 @@ class Reporting:
         self.out_dir = out_dir
         # The checkpointer, once the app has opened one (Engine.attach_checkpoints).
         self.checkpoints: CheckpointView | None = None
+        # The federated evaluation, where the run has one (its latest round beside the central evaluation).
+        self.federated: Any = None
 
     def status(self) -> dict[str, Any]:
         ev = self.evaluator.latest
@@ -106,6 +108,7 @@ class Reporting:
             "resumed_from": None if checkpoints is None else checkpoints.resumed_from,
             "last_checkpoint_version": None if checkpoints is None else checkpoints.last_version,
             "screening": self.screening.public(),
+            **({} if self.federated is None else {"federated_evaluation": self.federated.latest}),
         }
 
     def summary(self) -> dict[str, Any]:
@@ -134,6 +137,7 @@ class Reporting:
                  "elapsed": round(x.at - self.run_clock.started_at, 3), "seconds": round(x.seconds, 6)}
                 for x in self.evaluator.history
             ],
+            **({} if self.federated is None else {"federated_evaluations": self.federated.history}),
             "workers": [w.public() for w in workers],
             "data_plane": self.kafka.info(),
             "shard_bytes_by_source": {"zmq": sum(self.counters.shard_bytes.values()),

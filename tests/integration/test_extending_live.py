@@ -67,3 +67,66 @@ def test_early_stop_ends_a_run_that_stopped_improving_with_its_best_model(tmp_pa
     assert result.metrics["accuracy"] == summary["best_metrics"]["accuracy"]
     events = [line for line in (tmp_path / "run" / "events.jsonl").read_text().splitlines() if "early_stopped" in line]
     assert len(events) == 1
+
+
+def test_federated_evaluation_on_device_local_data_matches_a_direct_computation(tmp_path: Path) -> None:
+    """Two devices with their own training and held-out data of different sizes and class mixes.
+
+    The rate is so small that every version scores as the final model does, so the test can
+    compute the samples-weighted metric directly from model-final.safetensors and each device's data.
+    """
+    import numpy as np
+    from safetensors.torch import load_file
+
+    from examples.custom_loop import TEST, TRAIN
+
+    x, y = TRAIN
+    held = {"worker-1": (x[:90], y[:90]), "worker-2": (x[y >= 5][:250], y[y >= 5][:250])}
+
+    def local_data(name: str) -> tuple[np.ndarray, np.ndarray]:
+        part = slice(400, 900) if name == "worker-1" else slice(900, 1400)
+        return x[part], y[part]
+
+    def local_eval_data(name: str) -> tuple[np.ndarray, np.ndarray]:
+        return held[name]
+
+    task = hermes.Task(model=lambda: nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10)),
+                       test_data=TEST, local_data=local_data, local_eval_data=local_eval_data, name="fed-digits")
+    seen: list[dict[str, object]] = []
+
+    class Federated(hermes.Callback):
+        def on_evaluation(self, server: hermes.Server, evaluation: object) -> None:
+            if isinstance(evaluation, dict) and evaluation.get("federated"):
+                seen.append(evaluation)
+
+    # federated_loss <= 100 holds at once: the run stops at its first federated evaluation, by that target.
+    result = hermes.train(task, agents=2, preset="asp", target="federated_loss=100", max_seconds=120,
+                          out_dir=tmp_path / "run", callbacks=[Federated()], verbose=0,
+                          config={"lr": 1e-9, "eval_interval_seconds": 0.3, "federated_eval": {"every": 1}})
+    assert result.outcome == "target_reached", (result.outcome, result.stop_reason)
+    assert result.stop_reason.startswith("target federated_loss=100 reached")
+    fed = result.summary["federated_evaluations"][0]
+    assert fed["workers"] == sorted(result.summary["federated_evaluations"][0]["workers"])
+    assert len(fed["workers"]) == 2 and fed["samples"] == 90 + 250
+    assert result.summary["federated_evaluation"] == result.summary["federated_evaluations"][-1]
+    assert seen and seen[0]["metrics"] == fed["metrics"]
+
+    model = task.model()
+    model.load_state_dict(load_file(tmp_path / "run" / "model-final.safetensors"))
+    losses, correct, n, per_device = 0.0, 0.0, 0, []
+    with torch.no_grad():
+        for hx, hy in held.values():
+            out = model(torch.as_tensor(hx))
+            target = torch.as_tensor(hy)
+            loss = float(nn.functional.cross_entropy(out, target))
+            losses += loss * len(hy)
+            correct += float((out.argmax(dim=1) == target).double().sum())
+            n += len(hy)
+            per_device.append(loss)
+    assert fed["metrics"]["federated_accuracy"] == pytest.approx(correct / n, abs=1e-6)
+    assert fed["metrics"]["federated_loss"] == pytest.approx(losses / n, abs=1e-5)
+    # Weighted by samples, not a mean of the two devices' values (their sizes differ 90 to 250).
+    assert abs(sum(per_device) / 2 - losses / n) > 1e-3
+    events = [line for line in (tmp_path / "run" / "events.jsonl").read_text().splitlines()
+              if '"federated_evaluation"' in line]
+    assert len(events) >= 1
