@@ -5,7 +5,7 @@ worker's next assignment carries the round (``WorkReply.federated_round``);
 the agent scores the global model it pulled last on
 ``task.local_eval_data(name)`` before training that cycle and sends the
 score with the cycle's report (``CycleReport.federated``). When every worker
-active at the round's opening has answered (or left), the round closes: each
+active at the round's opening or since has answered (or left), the round closes: each
 metric and the loss is the devices' values weighted by their samples,
 
     federated_m = sum_k n_k m_k / sum_k n_k
@@ -61,6 +61,7 @@ class FederatedEval:
         self.round = 0
         self.expected: set[str] = set()
         self.reports: dict[str, dict[str, Any]] = {}
+        self.closed = True  # no round open
         self.latest: dict[str, Any] | None = None
         self.history: list[dict[str, Any]] = []
 
@@ -80,11 +81,13 @@ class FederatedEval:
         self.round += 1
         self.expected = set(self.active_ids())
         self.reports = {}
+        self.closed = False
 
     def stamp(self, worker_id: str, work: WorkReply) -> WorkReply:
-        """``work`` with the open round, for a worker that has not answered it."""
-        if self.round == 0 or worker_id in self.reports or worker_id not in self.expected:
+        """``work`` with the open round, for a worker that has not answered it (one that joined since: it is waited for)."""
+        if self.round == 0 or worker_id in self.reports or self.closed:
             return work
+        self.expected.add(worker_id)
         return work.model_copy(update={"federated_round": self.round})
 
     def listener(self, fact: str, fields: Mapping[str, Any]) -> None:
@@ -93,15 +96,17 @@ class FederatedEval:
             self.expected.discard(str(fields.get("worker")))
         elif fact == "cycle" and fields.get("federated") is not None:
             report = fields["federated"]
-            if report["round"] == self.round and fields["worker"] in self.expected:
+            if report["round"] == self.round and not self.closed:
                 self.reports[fields["worker"]] = dict(report)
         else:
             return
+        # Workers that became active since the opening count too: a round is every active device's.
+        self.expected |= set(self.active_ids())
         if self.reports and self.expected <= set(self.reports):
             self._close()
 
     def _close(self) -> None:
-        reports, self.reports, self.expected = self.reports, {}, set()
+        reports, self.reports, self.expected, self.closed = self.reports, {}, set(), True
         metrics = aggregate(reports)
         versions = sorted({int(r["version"]) for r in reports.values()})
         result = {"round": self.round, "version": versions[-1], "versions": versions, "workers": sorted(reports),

@@ -102,7 +102,9 @@ def test_federated_evaluation_on_device_local_data_matches_a_direct_computation(
     # federated_loss <= 100 holds at once: the run stops at its first federated evaluation, by that target.
     result = hermes.train(task, agents=2, preset="asp", target="federated_loss=100", max_seconds=120,
                           out_dir=tmp_path / "run", callbacks=[Federated()], verbose=0,
-                          config={"lr": 1e-9, "eval_interval_seconds": 0.3, "federated_eval": {"every": 1}})
+                          # Both registered before any work: the first round is both devices'.
+                          config={"lr": 1e-9, "eval_interval_seconds": 0.3, "federated_eval": {"every": 1},
+                                  "min_workers": 2})
     assert result.outcome == "target_reached", (result.outcome, result.stop_reason)
     assert result.stop_reason.startswith("target federated_loss=100 reached")
     fed = result.summary["federated_evaluations"][0]

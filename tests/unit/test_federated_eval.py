@@ -48,12 +48,12 @@ def _cycle(telemetry: Telemetry, worker: str, report: FederatedReport) -> None:
 
 
 def test_a_round_opens_every_n_evaluations_and_closes_when_every_worker_answered() -> None:
-    part, stops, telemetry = _part(2, ["w1", "w2"], target="federated_accuracy=0.8")
+    active = ["w1", "w2"]
+    part, stops, telemetry = _part(2, active, target="federated_accuracy=0.8")
     part.on_evaluation(_ev(1))
     assert part.stamp("w1", _work()).federated_round is None  # 1 of 2 evaluations: no round yet
     part.on_evaluation(_ev(2))
     assert part.stamp("w1", _work()).federated_round == 1
-    assert part.stamp("w9", _work()).federated_round is None  # joined after the round opened
     _cycle(telemetry, "w1", FederatedReport(round=1, version=2, samples=10, loss=0.5, metrics={"accuracy": 0.9}))
     assert part.latest is None and part.stamp("w1", _work()).federated_round is None  # answered
     _cycle(telemetry, "w2", FederatedReport(round=1, version=3, samples=30, loss=1.0, metrics={"accuracy": 0.7}))
@@ -62,6 +62,7 @@ def test_a_round_opens_every_n_evaluations_and_closes_when_every_worker_answered
     assert part.latest["versions"] == [2, 3] and part.latest["workers"] == ["w1", "w2"] and stops == []
     part.on_evaluation(_ev(3))
     part.on_evaluation(_ev(4))  # round 2; w2 leaves, w1's answer closes it and reaches the target
+    active.remove("w2")
     telemetry.emit("leave", worker="w2", reason="done", state="left", requeued_shards=[])
     _cycle(telemetry, "w1", FederatedReport(round=2, version=4, samples=10, loss=0.1, metrics={"accuracy": 0.85}))
     assert part.latest["round"] == 2 and len(part.history) == 2
@@ -74,3 +75,16 @@ def test_a_stale_answer_is_ignored() -> None:
     part.on_evaluation(_ev(2))  # round 2 replaces the unanswered round 1
     _cycle(telemetry, "w1", FederatedReport(round=1, version=1, samples=5, loss=1.0))
     assert part.latest is None
+
+
+def test_a_worker_that_joined_after_the_opening_is_asked_and_waited_for() -> None:
+    active = ["w1"]
+    part, _, telemetry = _part(1, active)
+    part.on_evaluation(_ev(1))
+    active.append("w2")  # registered after the round opened
+    assert part.stamp("w2", _work()).federated_round == 1
+    _cycle(telemetry, "w1", FederatedReport(round=1, version=1, samples=5, loss=1.0))
+    assert part.latest is None  # w2 has not answered
+    _cycle(telemetry, "w2", FederatedReport(round=1, version=1, samples=5, loss=3.0))
+    assert part.latest is not None and part.latest["loss"] == 2.0 and part.latest["workers"] == ["w1", "w2"]
+    assert part.stamp("w1", _work()).federated_round is None  # closed: nobody is asked until the next round
