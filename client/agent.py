@@ -110,6 +110,11 @@ class Agent:
         self.stop_requested.set()
         self.cancel.set()
 
+    @property
+    def worker_name(self) -> str:
+        """The agent's name (loop.Host: what ``task.local_eval_data`` is called with)."""
+        return self.options.name
+
     def run(self) -> AgentStats:
         opts = self.options
         self.cores = usable_cores()

@@ -20,9 +20,11 @@ returns that to the agent, which records it.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import TYPE_CHECKING, Protocol
 
+from hermes.client.federated_eval import DeviceEvaluator
 from hermes.client.prefetch import StopSignal, Work
 from hermes.client.trainer import CycleResult, GradHook
 from hermes.common.messages import CycleReport
@@ -48,6 +50,11 @@ class Host(Protocol):
 
     def progress(self, session: Session) -> None:
         """The progress line, at most once a second."""
+        ...
+
+    @property
+    def worker_name(self) -> str:
+        """The agent's name (what ``task.local_eval_data`` is called with)."""
         ...
 
 
@@ -82,12 +89,15 @@ def cycle_record(work: Work, result: CycleResult, *, pushed: bool, decision: str
     """One cycle as the server's allocators and event log see it (the gate's fields when it decided)."""
     return CycleReport(dss=result.samples, batch_size=work.batch_size, accumulation=work.accumulation,
                        compute_seconds=result.compute_seconds, decision=decision, pushed=pushed,
-                       val_loss=val_loss, z=z, alpha=alpha)
+                       val_loss=val_loss, z=z, alpha=alpha, federated=result.federated)
 
 
 def run_cycles(host: Host, job: Job, session: Session, topology: Topology) -> str:
     """Cycles until a hook says stop; returns why ("" when the operator's stop ended them)."""
     trainer, stats = job.trainer, host.stats
+    task = job.task
+    device_eval = (DeviceEvaluator(task, host.worker_name)
+                   if task is not None and task.local_eval_data is not None else None)
     while True:
         stop = topology.start_cycle()
         if stop is not None:
@@ -102,10 +112,14 @@ def run_cycles(host: Host, job: Job, session: Session, topology: Topology) -> st
             host.progress(session)
             host.report_if_due(job, session)
             continue
+        # Before training: the model is the global one pulled last (the server's request is for it).
+        federated = None if device_eval is None else device_eval.answer(work.federated_round, trainer, session.version)
         trainer.set_lr(work.lr)
         trainer.slowdown = host.slowdown_now()
         result = trainer.train_cycle(x, y, work.batch_size, work.accumulation,
                                      steps=topology.steps(work, len(y)), grad_hook=topology.grad_hook)
+        if federated is not None:
+            result = dataclasses.replace(result, federated=federated)
         stats.cycles += 1
         stats.samples += result.samples
         stats.compute_seconds += result.compute_seconds

@@ -49,6 +49,8 @@ class Work:
     # Samples to train this cycle (None: all of x) and micro-batches per optimizer step.
     cycle_samples: int | None = None
     accumulation: int = 1
+    # A federated evaluation round to answer before training (WorkReply.federated_round).
+    federated_round: int | None = None
 
 
 @dataclass(frozen=True)
@@ -186,6 +188,7 @@ class Prefetcher:
             fetched_bytes=nbytes,
             cycle_samples=work.cycle_samples or None,
             accumulation=work.accumulation,
+            federated_round=work.federated_round,
         )
 
     def _draw(self, work: WorkReply) -> Work:
@@ -197,4 +200,5 @@ class Prefetcher:
             raise ProtocolError(ErrorCode.MALFORMED, "server's WORK reply: source 'local' without 'local_samples'")
         x, y = self.local.draw(n)
         return Work(epoch=work.epoch, shards=(), x=x, y=y, batch_size=work.batch_size,
-                    lr=work.lr, fetched_bytes=0, cycle_samples=n, accumulation=work.accumulation)
+                    lr=work.lr, fetched_bytes=0, cycle_samples=n, accumulation=work.accumulation,
+                    federated_round=work.federated_round)

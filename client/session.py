@@ -135,6 +135,7 @@ class Job:
             weight_decay=config.weight_decay, device=device, precision=precision,
             slowdown=slowdown, seed=zlib.crc32(worker_id.encode()), loss=task.loss, optimizer=task.optimizer,
             reset_jump=config.optimizer_reset_jump, proximal_rho=config.proximal_rho(),
+            train_step=task.train_step, transform=task.transform,
         )
         gate: ZScoreGate | None = config.build_policy("gate")
         return cls(spec=spec, config=config, precision=precision, wire_dtype=dtype_from_name(config.wire_dtype),

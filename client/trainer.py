@@ -21,8 +21,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from hermes.common.config import RunConfig
+from hermes.client.steps import StepContext, bind_lr, loss_value
 from hermes.common.lean_sgd import LeanSGD
-from hermes.common.task import LossFn, OptimizerFn
+from hermes.common.messages import FederatedReport
+from hermes.common.task import LossFn, OptimizerFn, TrainStepFn, TransformFn
 from hermes.common.tensors import flatten, load_flat
 
 log = logging.getLogger(__name__)
@@ -64,6 +66,8 @@ class CycleResult:
     wait_seconds: float = 0.0
     # The gradient hook said every rank stops after this step.
     stopped: bool = False
+    # The answer to a federated evaluation request, scored before this cycle (client/federated_eval.py).
+    federated: FederatedReport | None = None
 
 
 # Called between backward and the optimizer step with the trainable parameters and the
@@ -104,6 +108,8 @@ class LocalTrainer:
         optimizer: OptimizerFn | None = None,
         reset_jump: float | None = RESET_JUMP,
         proximal_rho: float = 0.0,
+        train_step: TrainStepFn | None = None,
+        transform: TransformFn | None = None,
     ) -> None:
         self.device = device
         self.reset_jump = reset_jump
@@ -111,6 +117,10 @@ class LocalTrainer:
         # model it started from (the last one loaded); 0 leaves the task's loss alone.
         self.proximal_rho = float(proximal_rho)
         self._anchor: list[torch.Tensor] | None = None
+        # The task's hooks (common/task.py): its own optimizer step, its per-batch transform.
+        self.train_step = train_step
+        self.transform = transform
+        self.global_steps = 0
         self.model = model.to(device)
         self.precision = precision
         self.slowdown = slowdown
@@ -181,21 +191,44 @@ class LocalTrainer:
         if self.proximal_rho and self._anchor is None:
             self._set_anchor()
         total_loss, micro, compute, waited, stopped = 0.0, 0, 0.0, 0.0, False
+        cycle_lrs = [float(g["lr"]) for g in self.optimizer.param_groups]
         for step in range(steps):
             chunk = order[step * step_samples:(step + 1) * step_samples]
             t0, cpu0 = time.perf_counter(), time.thread_time()
+            if self.train_step is not None:
+                # The task's own step; the samples, the step count, the slowdown and the clock stay here.
+                self.optimizer.zero_grad(set_to_none=grad_hook is None)
+                idx = torch.from_numpy(chunk)
+                xb, yb = self.batch(xt[idx], yt[idx], train=True)
+                ctx = bind_lr(StepContext(
+                    model=self.model, loss_fn=self.loss_fn, device=self.device, precision=self.precision,
+                    scaler=self.scaler, autocast=self._autocast, cycle_lrs=cycle_lrs, step_index=step,
+                    global_step=self.global_steps, samples=len(chunk), batch_size=batch_size,
+                    accumulation=accumulation, grad_hook=grad_hook), self.optimizer)
+                total_loss += loss_value(self.train_step(self.model, (xb, yb), self.optimizer, ctx))
+                micro += 1
+                self.global_steps += 1
+                if grad_hook is not None and not ctx.stepped:
+                    # Every rank must join every all-reduce: a step that skipped ctx.step still takes part.
+                    ctx.stop = grad_hook(params, len(chunk))
+                self._emulate_slowdown(t0, cpu0)
+                compute += time.perf_counter() - t0
+                stopped = ctx.stop
+                if stopped:
+                    break
+                continue
             # The hook reduces into existing gradient tensors.
             self.optimizer.zero_grad(set_to_none=grad_hook is None)
             for start in range(0, len(chunk), batch_size):
                 idx = torch.from_numpy(chunk[start:start + batch_size])
-                xb = xt[idx].to(self.device, non_blocking=True)
-                yb = yt[idx].to(self.device, non_blocking=True)
+                xb, yb = self.batch(xt[idx], yt[idx], train=True)
                 with self._autocast():
                     loss = self.loss_fn(self.model(xb), yb)
                 # Each micro-batch carries its share of the step's proximal term, so a step adds it once.
                 scale((loss + self._proximal(params)) * (len(idx) / len(chunk))).backward()
                 total_loss += float(loss.detach())
                 micro += 1
+            self.global_steps += 1
             if grad_hook is None:
                 self.scaler.step(self.optimizer)
                 self.scaler.update()
@@ -231,10 +264,15 @@ class LocalTrainer:
         xt, yt = torch.as_tensor(x), torch.as_tensor(y)
         total = 0.0
         for i in range(0, len(yt), batch_size):
-            out = self.model(xt[i : i + batch_size].to(self.device)).float()
-            yb = yt[i : i + batch_size].to(self.device)
+            xb, yb = self.batch(xt[i : i + batch_size], yt[i : i + batch_size], train=False)
+            out = self.model(xb).float()
             total += float(self.loss_fn(out, yb)) * len(yb)
         return total / max(1, len(yt))
+
+    def batch(self, x: torch.Tensor, y: torch.Tensor, *, train: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """A batch on the device, through the task's transform (augmentation when ``train``)."""
+        xb, yb = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+        return (xb, yb) if self.transform is None else self.transform(xb, yb, train)
 
     def _emulate_slowdown(self, t0: float, cpu0: float) -> None:
         if self.slowdown > 1.0:

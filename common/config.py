@@ -28,6 +28,7 @@ from pydantic import (
 )
 
 from hermes.common.config_keys import normalise
+from hermes.common.evaluation_params import EarlyStopParams, FederatedEvalParams
 from hermes.common.policies import base as policies
 from hermes.common.policies.aggregation import LossParams
 from hermes.common.policies.allocation._common import BatchBounds, RebalanceParams
@@ -123,6 +124,8 @@ class RunConfig(BaseModel):
     adaptive: AdaptiveParams = _section(AdaptiveParams, "allocation 'adaptive'")
     partition: PartitionParams = _section(PartitionParams, "allocation 'partition'")
     dual_search: DualSearchParams = _section(DualSearchParams, "allocation 'dual-search'")
+    early_stop: EarlyStopParams = _section(EarlyStopParams, "early stopping (server)")
+    federated_eval: FederatedEvalParams = _section(FederatedEvalParams, "federated evaluation (server and agents)")
 
     # ---- the task: model, data, loss, metrics, optimizer (hermes.common.task)
     task: str = Field(default="builtin", min_length=1, description="The task to train: MODULE:ATTR, FILE.py:ATTR or a "
@@ -190,10 +193,6 @@ class RunConfig(BaseModel):
     max_updates: int | None = Field(default=None, gt=0, description="Stop after this many model updates (server steps).")
     max_seconds: float | None = Field(default=None, gt=0.0, description="Stop this many seconds after the server started "
                                       "the run.")
-    # Hermes Table I's "patience" (25 for the CNN, 10 for AlexNet), read as Keras' EarlyStopping, the
-    # paper's TensorFlow stack: the run stops once the test loss has not improved for that many evaluations.
-    patience: int | None = Field(default=None, gt=0, description="Stop after this many server evaluations in a "
-                                 "row without a lower test loss (Hermes Table I: patience 25); unset: never.")
     eval_max_samples: int = Field(default=2000, gt=0, description="Held-out test samples per evaluation.")
     stats_interval_seconds: float = Field(default=2.0, gt=0.0, description="Seconds between status log lines.")
 

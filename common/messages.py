@@ -144,6 +144,18 @@ def request_body(message: BaseModel) -> dict[str, Any]:
 # ---- data plane: requests ---------------------------------------------------------------
 
 
+class FederatedReport(BaseModel):
+    """One device's score of the global model on its own held-out data (a federated evaluation round)."""
+
+    model_config = _REQUEST
+
+    round: Positive
+    version: Annotated[StrictInt, Field(ge=0)]
+    samples: Positive
+    loss: Finite
+    metrics: Annotated[dict[Annotated[str, Field(max_length=64)], Finite], Field(max_length=32)] = {}
+
+
 class CycleReport(BaseModel):
     """One local training cycle, attached to a push or a stats report."""
 
@@ -162,6 +174,8 @@ class CycleReport(BaseModel):
     pushed: StrictBool = True
     # The gate's reason ("always" without a gate).
     decision: Annotated[str, Field(max_length=32, strict=True)] = "always"
+    # The answer to a federated evaluation request (WorkReply.federated_round), scored before this cycle trained.
+    federated: FederatedReport | None = None
 
     def fields(self) -> dict[str, Any]:
         """The report as the registry and the event log keep it (``batch_size`` since issue 26, ``mbs`` before)."""
@@ -344,6 +358,8 @@ class WorkReply(Reply):
     lengths: list[int] | None = None
     # REQUEST_WORK ``assignments`` > 1: the assignments after this one, in the order to train them.
     then: list[WorkReply] | None = None
+    # Score the pulled global model on the device's held-out data before this cycle (federated_eval).
+    federated_round: int | None = None
 
     def body(self) -> dict[str, Any]:
         """The wire body: the data-source fields sit beside the assignment's, as agents read them."""

@@ -48,7 +48,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     # one request per purpose (the paper counts each API call).
     "hermes-paper": {
         "sync": "hermes", "aggregation": "loss", "gate": "zscore", "allocation": "dual-search",
-        "momentum": 0.0, "lr": 0.1, "patience": 25, "combine_messages": False,
+        "momentum": 0.0, "lr": 0.1, "early_stop.patience": 25, "early_stop.metric": "loss",
+        "combine_messages": False,
         "zscore.relaxation": "paper", "zscore.alpha_reset": False, "zscore.current_in_window": True,
         "dual_search.balance_band": 0.0, "dual_search.cost_fit": "constant", "dual_search.tolerance": 0.0,
         "dual_search.mbs_min": 2, "rebalance.warmup_cycles": 0, "rebalance.min_observations": 1,

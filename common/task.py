@@ -32,6 +32,10 @@ OptimizerFn = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
 # A Dataset of (input, target) tensor pairs, or (inputs, targets) arrays.
 DataLike = Union["torch.utils.data.Dataset[Any]", tuple[Any, Any]]
 Direction = Literal["max", "min"]
+# (x, y, train) -> (x, y): the agent's per-batch transform (augmentation when train is True).
+TransformFn = Callable[[torch.Tensor, torch.Tensor, bool], tuple[torch.Tensor, torch.Tensor]]
+# (model, (x, y), optimizer, ctx) -> the step's loss: the user's own optimizer step (client/steps.py StepContext).
+TrainStepFn = Callable[[nn.Module, tuple[torch.Tensor, torch.Tensor], torch.optim.Optimizer, Any], Any]
 
 
 class TaskError(ValueError):
@@ -64,6 +68,13 @@ class Task:
     precision and memory probes where reading real data would be costly or
     impossible (an agent that holds no data); None means the first ``n``
     samples of ``local_data``, ``test_data`` or ``train_data``.
+
+    Hooks for the user's own local training (docs/extending.md): ``train_step``
+    replaces the agent's optimizer step (called once per step with that
+    step's samples and a context that owns precision, loss scaling, the
+    collective's gradient hook and the budgets); ``transform(x, y, train)``
+    is applied on the agent to every batch before the model sees it (and,
+    with train False, to the batches the agent and the server evaluate on).
     """
 
     model: Callable[[], nn.Module]
@@ -76,6 +87,10 @@ class Task:
     name: str = ""
     directions: Mapping[str, Direction] = field(default_factory=dict)
     example: Callable[[int], tuple[torch.Tensor, torch.Tensor]] | None = None
+    train_step: TrainStepFn | None = None
+    # The device's own held-out data (worker name -> data) for federated evaluation (federated_eval.every).
+    local_eval_data: Callable[[str], DataLike] | None = None
+    transform: TransformFn | None = None
 
     @property
     def metric_fns(self) -> Mapping[str, MetricFn]:

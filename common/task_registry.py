@@ -277,7 +277,8 @@ def check_task(task: Task, config: RunConfig, *, role: str = "server", worker: s
                 except (TypeError, ValueError):
                     raise fail(f"metrics[{metric!r}]", f"returned a {type(value).__name__}, expected a number") from None
         target = effective_target(config)
-        if target is not None and target[0] not in (*task.metric_fns, "loss"):
+        # federated_<metric>: the same metric, scored on the devices' held-out data (federated_eval).
+        if target is not None and target[0].removeprefix("federated_") not in (*task.metric_fns, "loss"):
             raise TaskError(f"task {name}: target {target[0]}={target[1]:g}: {target[0]!r} is not one of the "
                             f"task's metrics ({', '.join([*task.metric_fns, 'loss'])})")
     optimizer = _run(fail, "optimizer", make_optimizer, task, model.parameters(), config)

@@ -17,8 +17,18 @@ from pathlib import Path
 from typing import Any
 
 from hermes.common.cli_env import HermesParser
-from hermes.deploy import rollout, rollout_agent, rollout_install
 from hermes.deploy.inventory import InventoryError, load_inventory
+
+# The SSH work needs paramiko (the `deploy` extra); --help does not, and says what is missing.
+try:
+    from hermes.deploy import rollout, rollout_agent, rollout_install
+except ModuleNotFoundError as exc:
+    if exc.name != "paramiko":
+        raise
+    MISSING_EXTRA: str | None = ("paramiko is not installed: pip install 'hermes-edge[deploy]' "
+                                 "(the deploy extra) to run these commands")
+else:
+    MISSING_EXTRA = None
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -76,7 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Roll hermes-client agents out to edge devices over SSH (paramiko): check the devices, "
                     "install the wheel into a venv on each, start/stop the agent detached, and fetch logs "
                     "and artifacts. All hosts in parallel; one row per host.",
-        epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=_EPILOG + (f"\nnote: {MISSING_EXTRA}\n" if MISSING_EXTRA else ""),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
@@ -132,7 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
                                     "host into DEST/HOST/..., e.g. a run's output folder or a final "
                                     "checkpoint. Missing paths are skipped; a host where none exists fails.")
     fe.add_argument("--path", dest="paths", action="append", default=None, metavar="PATH",
-                    help=f"repeatable (default: {', '.join(rollout_agent.DEFAULT_FETCH_PATHS)})")
+                    help="repeatable (default: "
+                    f"{'the agent folders' if MISSING_EXTRA else ', '.join(rollout_agent.DEFAULT_FETCH_PATHS)})")
     fe.add_argument("--dest", type=Path, default=Path("deploy-fetch"), help="local folder (default ./deploy-fetch)")
     return p
 
@@ -174,6 +186,9 @@ def main(argv: list[str] | None = None) -> int:
         argv, extra = argv[:cut], argv[cut + 1:]
     parser = build_parser()
     args = parser.parse_args(argv)
+    if MISSING_EXTRA is not None:
+        print(f"hermes-deploy: {MISSING_EXTRA}", file=sys.stderr)
+        return EXIT_USAGE
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
     logging.getLogger("paramiko").setLevel(logging.CRITICAL if args.log_level != "debug" else logging.DEBUG)

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["Agent", "Result", "RunError", "Server", "Task", "TaskError", "train"]
+__all__ = ["Agent", "Callback", "Result", "RunError", "Server", "Task", "TaskError", "register_policy", "train"]
 
-_API = frozenset({"Agent", "Result", "RunError", "Server", "train"})
+_API = frozenset({"Agent", "Callback", "Result", "RunError", "Server", "train"})
 
 
 def __getattr__(name: str) -> Any:
@@ -20,6 +20,10 @@ def __getattr__(name: str) -> Any:
         from hermes.common import task
 
         return getattr(task, name)
+    if name == "register_policy":
+        from hermes.common.policies import base
+
+        return base.register_policy
     if name in _API:
         from hermes import api
 

@@ -21,19 +21,22 @@ from __future__ import annotations
 import json
 import logging
 import secrets
+import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hermes.callbacks import Callback, Dispatcher, ProgressLine
 from hermes.common.task import Task
 
 if TYPE_CHECKING:
     from hermes.client.agent import Agent as _ClientAgent
     from hermes.client.session import AgentStats
 
-__all__ = ["Agent", "Result", "RunError", "Server", "train"]
+__all__ = ["Agent", "Callback", "Result", "RunError", "Server", "train"]
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +55,7 @@ class RunError(RuntimeError):
 class Result:
     """How a run ended: its last and best evaluations, why it stopped, and where the model is."""
 
-    outcome: str  # target_reached, budget_reached or stopped
+    outcome: str  # target_reached, budget_reached, early_stopped or stopped
     stop_reason: str
     metrics: dict[str, float]  # the final evaluation's metrics, with "loss"
     best_metrics: dict[str, float] | None
@@ -76,27 +79,48 @@ class Server:
     installed name). ``config`` holds any other run-config key (``lr``,
     ``batch_size``, ``eval_interval_seconds`` ...). A join token is made up
     for the run and handed to the ``hermes.Agent``s started with this server.
+
+    ``callbacks`` (hermes.callbacks.Callback) hear the run's evaluations,
+    model versions and stop. ``verbose`` 0: warnings only; 1: one progress
+    line per evaluation on stdout; 2: the server's and agents' INFO log.
+    Checkpoints go to ``out_dir/checkpoints``: ``resume=True`` continues the
+    run found there, ``overwrite=True`` replaces another run's outputs.
     """
 
     def __init__(self, task: Task | str, *, preset: str | None = None, target: str | None = None,
                  max_seconds: float | None = None, max_epochs: float | None = None, max_updates: int | None = None,
                  out_dir: str | Path | None = None, config: dict[str, Any] | None = None,
-                 host: str = "127.0.0.1", port: int = 0, join_token: str | None = None) -> None:
+                 host: str = "127.0.0.1", port: int = 0, join_token: str | None = None,
+                 callbacks: Sequence[Callback] = (), verbose: int = 1, resume: bool = False,
+                 overwrite: bool = False) -> None:
+        from pydantic import ValidationError
+
         from hermes.common.task_registry import resolve_task
         from hermes.server.settings import ServerSettings
 
         name = task.name if isinstance(task, Task) else task
+        if resume and out_dir is None:
+            raise ValueError("resume=True needs out_dir=, the folder of the run to continue")
         self.out_dir = Path(out_dir) if out_dir is not None else _default_out(name)
         self.join_token = join_token or secrets.token_hex(32)
         fields: dict[str, Any] = {
             "preset": preset, "target": target, "max_seconds": max_seconds, "max_epochs": max_epochs,
             "max_updates": max_updates, "task": None if isinstance(task, Task) else task,
         }
-        # pydantic's ValidationError is a ValueError: a bad key or value is refused here, naming it.
-        self.settings = ServerSettings(
-            **{k: v for k, v in fields.items() if v is not None}, run=dict(config or {}), out_dir=str(self.out_dir),
-            data_host=host, advertise_host=host, join_token=self.join_token, exit_when_done=True,
-        )
+        try:
+            self.settings = ServerSettings(
+                **{k: v for k, v in fields.items() if v is not None}, run=dict(config or {}),
+                out_dir=str(self.out_dir), data_host=host, advertise_host=host, join_token=self.join_token,
+                exit_when_done=True, checkpoint_dir=str(self.out_dir / "checkpoints"), resume=resume,
+                overwrite=overwrite, log_level="info" if verbose >= 2 else "warning",
+            )
+        except ValidationError as exc:
+            # One line naming each field, not pydantic's report (a ValueError, as before).
+            raise ValueError("; ".join(_problem(e) for e in exc.errors())) from None
+        self.verbose = verbose
+        self.callbacks = [*callbacks, *([ProgressLine(sys.stdout)] if verbose == 1 else [])]
+        self._dispatcher: Dispatcher | None = None
+        self._quiet: _Quiet | None = None
         # Resolved once here, so the agents of this process get the very object the server trains.
         self.task: Task = resolve_task(task, self.settings.run_config())
         self.host, self.port = host, port
@@ -114,10 +138,24 @@ class Server:
         import uvicorn
 
         from hermes.server.app import create_app
+        from hermes.server.outdir import OutDirError
 
         if self._thread is not None:
             return self
-        app = create_app(self.settings, task=self.task)
+        self._quiet = _Quiet(self.verbose)
+        try:
+            app = create_app(self.settings, task=self.task)
+        except OutDirError as exc:
+            self._quiet.restore()
+            # The server's message names its command-line flags; here they are this call's arguments.
+            text = str(exc).replace("--resume CHECKPOINT_DIR", "resume=True").replace("--overwrite", "overwrite=True")
+            raise RunError(text.replace("--out", "out_dir")) from None
+        except BaseException:
+            self._quiet.restore()
+            raise
+        if self.callbacks:
+            self._dispatcher = Dispatcher(self, self.callbacks)
+            app.state.listeners = [self._dispatcher.listener]
         ready = threading.Event()
 
         class _Uvicorn(uvicorn.Server):
@@ -156,6 +194,11 @@ class Server:
         self._thread.join(SHUTDOWN_TIMEOUT_S)
         # Never started: close() and wait() have nothing to wait for.
         self._thread = None
+        if self._dispatcher is not None:
+            self._dispatcher.close()
+            self._dispatcher = None
+        if self._quiet is not None:
+            self._quiet.restore()
         raise RunError(f"the server for task {self.task.name} did not start (see the log above)")
 
     @property
@@ -202,7 +245,13 @@ class Server:
                 stopped = True
         for agent in self.agents:
             agent.join(SHUTDOWN_TIMEOUT_S)
-        self._result = self._read_result()
+        try:
+            self._result = self._read_result()
+        finally:
+            if self._quiet is not None:
+                self._quiet.restore()
+        if self._dispatcher is not None:
+            self._dispatcher.end(self._result)
         return self._result
 
     def close(self) -> Result | None:
@@ -323,12 +372,15 @@ class Agent:
 def train(task: Task | str, *, agents: int = 4, preset: str | None = None, target: str | None = None,
           max_seconds: float | None = None, max_epochs: float | None = None, max_updates: int | None = None,
           out_dir: str | Path | None = None, config: dict[str, Any] | None = None,
-          slowdowns: list[float] | None = None, timeout: float | None = None) -> Result:
+          slowdowns: list[float] | None = None, timeout: float | None = None,
+          callbacks: Sequence[Callback] = (), verbose: int = 1, resume: bool = False,
+          overwrite: bool = False) -> Result:
     """Train ``task`` with a server and ``agents`` agents in this process until the target or a budget.
 
     ``target`` is ``"METRIC=VALUE"`` (the task says whether higher or lower
     is better); at least one of target, max_seconds, max_epochs, max_updates
     is required, so the call returns. Everything is shut down before it does.
+    ``callbacks``, ``verbose``, ``resume`` and ``overwrite``: see :class:`Server`.
     """
     if target is None and max_seconds is None and max_epochs is None and max_updates is None:
         raise ValueError("train(): give a target (e.g. target='accuracy=0.9') or a budget (max_seconds, "
@@ -336,7 +388,8 @@ def train(task: Task | str, *, agents: int = 4, preset: str | None = None, targe
     if agents < 1:
         raise ValueError(f"train(): agents={agents}, need at least 1")
     with Server(task, preset=preset, target=target, max_seconds=max_seconds, max_epochs=max_epochs,
-                max_updates=max_updates, out_dir=out_dir, config=config) as server:
+                max_updates=max_updates, out_dir=out_dir, config=config, callbacks=callbacks, verbose=verbose,
+                resume=resume, overwrite=overwrite) as server:
         server.add_agents(agents, slowdowns=slowdowns)
         return server.wait(timeout=timeout)
 
@@ -345,3 +398,22 @@ def _default_out(name: str) -> Path:
     safe = "".join(c if c.isalnum() or c in "-_" else "-" for c in name) or "task"
     return Path("runs") / f"{safe}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
 
+
+
+def _problem(error: Any) -> str:
+    """One pydantic error as ``field: message`` (the run config's own messages already name the remedy)."""
+    where = ".".join(str(p) for p in error.get("loc", ()) if p != "run") or "config"
+    return f"{where}: {str(error.get('msg', '')).removeprefix('Value error, ')}"
+
+
+class _Quiet:
+    """The package's loggers at WARNING for a run (verbose < 2), as they were after it."""
+
+    def __init__(self, verbose: int) -> None:
+        self._logger = logging.getLogger("hermes")
+        self._level = self._logger.level
+        if verbose < 2:
+            self._logger.setLevel(logging.WARNING)
+
+    def restore(self) -> None:
+        self._logger.setLevel(self._level)

@@ -141,6 +141,9 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     if settings.exit_when_done:
         engine.on_stop.append(lambda reason: exit_when_done(app, engine, reason))
     app.state.history, tensorboard = watch_run(engine, settings)
+    # Subscribers set by the creator of the app (hermes.Server's callbacks), before the first fact.
+    for listener in getattr(app.state, "listeners", ()):
+        engine.telemetry.subscribe(listener)
     checkpoints = _open_checkpoints(engine, settings, events)
     await _publish_shards(engine, settings, events)
     if topology_of(config.topology).needs_coordinator:

@@ -197,6 +197,8 @@ class Evaluator:
             sizes: list[int] = []
             for i in range(0, len(self.y), self.batch_size):
                 xb, yb = self.x[i : i + self.batch_size], self.y[i : i + self.batch_size]
+                if self.task.transform is not None:  # the task's evaluation-time transform (train False)
+                    xb, yb = self.task.transform(xb, yb, False)
                 out = self.model(xb)
                 sizes.append(len(yb))
                 losses.append(float(self.task.loss(out, yb)))

@@ -45,8 +45,10 @@ class LossProbe:
             load_flat(self.model, flat)
             total = 0.0
             for i in range(0, len(self.y), self.batch_size):
-                yb = self.y[i : i + self.batch_size]
-                total += float(self.task.loss(self.model(self.x[i : i + self.batch_size]), yb)) * len(yb)
+                xb, yb = self.x[i : i + self.batch_size], self.y[i : i + self.batch_size]
+                if self.task.transform is not None:  # as the evaluator scores (train False)
+                    xb, yb = self.task.transform(xb, yb, False)
+                total += float(self.task.loss(self.model(xb), yb)) * len(yb)
             self.metrics.loss_eval_seconds.observe(time.perf_counter() - t0)
             return total / max(1, len(self.y))
 

@@ -26,6 +26,12 @@ and declares, as class attributes, what it offers and what it needs:
 
 Nothing outside this registry compares a policy name with a string: code
 asks ``get(kind, name)`` for the class and reads its declarations.
+
+Policies from outside the package plug into this same registry: in Python
+with ``register`` (``hermes.register_policy``), or by an entry point in the
+group ``hermes.policies`` named ``KIND.NAME`` whose value is the class (or a
+module that registers its policies when imported), loaded on the first
+lookup of that kind (docs/extending.md).
 """
 
 from __future__ import annotations
@@ -136,6 +142,11 @@ _REGISTRY: dict[str, dict[str, type[Policy]]] = {k: {} for k in KINDS}
 _ALIASES: dict[str, dict[str, str]] = {k: {} for k in KINDS}
 _loaded: set[str] = set()
 
+# Third-party policies: entry points named "KIND.NAME" (the class) or "KIND" (a module that registers).
+ENTRY_POINT_GROUP = "hermes.policies"
+# Names registered from outside the package (register_policy, entry points): a second registration replaces them.
+_PLUGINS: dict[str, set[str]] = {k: set() for k in KINDS}
+
 
 class UnknownPolicy(ValueError):
     """A policy name that no policy of its kind registered."""
@@ -147,6 +158,8 @@ def register(kind: str, name: str, *aliases: str) -> Callable[[P], P]:
         raise ValueError(f"unknown policy kind {kind!r}; known: {', '.join(KINDS)}")
 
     def deco(cls: P) -> P:
+        if not (isinstance(cls, type) and issubclass(cls, Policy)):
+            raise TypeError(f"{kind} policy {name!r}: {cls!r} is not a subclass of hermes Policy")
         for n in (name, *aliases):
             if n in _REGISTRY[kind] or n in _ALIASES[kind]:
                 raise ValueError(f"{kind} policy {n!r} registered twice")
@@ -159,6 +172,29 @@ def register(kind: str, name: str, *aliases: str) -> Callable[[P], P]:
     return deco
 
 
+def register_policy(kind: str, name: str, cls: P | None = None, *aliases: str) -> Any:
+    """The public way in (``hermes.register_policy``): register ``cls`` as policy ``name`` of ``kind``.
+
+    Without ``cls`` it is a class decorator. The built-in policies of ``kind``
+    are loaded first, so a name they use is refused at once (not when the
+    built-ins are imported later); registering a plug-in's name again (a
+    notebook cell run twice) replaces it.
+    """
+    _load(kind)
+    for n in (name, *aliases):
+        if n in _PLUGINS[kind]:
+            _REGISTRY[kind].pop(n, None)
+            _ALIASES[kind].pop(n, None)
+            _PLUGINS[kind].discard(n)
+
+    def deco(c: P) -> P:
+        register(kind, name, *aliases)(c)
+        _PLUGINS[kind].update((name, *aliases))
+        return c
+
+    return deco if cls is None else deco(cls)
+
+
 def _load(kind: str) -> None:
     if kind in _loaded:
         return
@@ -167,6 +203,34 @@ def _load(kind: str) -> None:
     _loaded.add(kind)
     for module in _BUILTIN_MODULES[kind]:
         importlib.import_module(module)
+    _load_entry_points(kind)
+
+
+def _load_entry_points(kind: str) -> None:
+    """The ``hermes.policies`` entry points of ``kind``; a broken one is one warning, never a crash of the run."""
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        ep_kind, _, name = ep.name.partition(".")
+        if ep_kind != kind:
+            continue
+        try:
+            obj = ep.load()
+        except Exception as exc:  # third-party code: any error it raises is its own
+            log.warning("policy plug-in %s = %s not loaded: %s: %s", ep.name, ep.value, type(exc).__name__, exc)
+            continue
+        if not name or not isinstance(obj, type):
+            continue  # a module: importing it registered its policies
+        if not issubclass(obj, Policy):
+            log.warning("policy plug-in %s = %s not loaded: %r is not a hermes Policy subclass",
+                        ep.name, ep.value, obj)
+        elif _REGISTRY[kind].get(name) is not obj:
+            try:
+                register(kind, name)(obj)
+            except ValueError as exc:  # a name a built-in (or another plug-in) already has
+                log.warning("policy plug-in %s = %s not loaded: %s", ep.name, ep.value, exc)
+                continue
+            _PLUGINS[kind].add(name)
 
 
 def names(kind: str, *, aliases: bool = False) -> tuple[str, ...]:

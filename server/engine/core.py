@@ -40,6 +40,7 @@ from hermes.server.auth import ReplayGuard
 from hermes.server.engine import folding
 from hermes.server.engine.collective import Collective
 from hermes.server.engine.counters import Counters
+from hermes.server.engine.federated_eval import FederatedEval
 from hermes.server.engine.goals import Goals, primary_metric
 from hermes.server.engine.handlers import Handlers
 from hermes.server.engine.kafka import KafkaPublisher
@@ -169,6 +170,13 @@ class Engine:
             counters=self.counters, kafka=self.kafka, telemetry=self.telemetry, run=self,
             epoch_progress=lambda: self.epoch_progress, local_data=self.local_data,
             out_dir=Path(out_dir) if out_dir else None)
+        self.federated = FederatedEval(config, telemetry=self.telemetry, goals=self.goals,
+                                       active_ids=self.registry.active_ids,
+                                       stop=lambda reason: self.on_loop(self.request_stop, reason))
+        if self.federated.enabled:
+            self.reporting.federated = self.federated
+            self.membership.stamp_work = self.federated.stamp
+            self.telemetry.subscribe(self.federated.listener)
         if checkpoints is not None:
             self.attach_checkpoints(checkpoints)
         self.metrics.model_version.set(0)
@@ -330,7 +338,8 @@ class Engine:
         )
         # Not once the run is stopping: the shutdown evaluation must not turn an
         # operator's stop into a reached target after the fact.
-        if self.stopping or (reason := self.goals.check_target(ev) or self.goals.check_patience(ev)) is None:
+        self.federated.on_evaluation(ev)
+        if self.stopping or (reason := self.goals.check_target(ev) or self.goals.check_early_stop(ev)) is None:
             return
         self.on_loop(self.request_stop, reason)
         if self.checkpoints is not None:

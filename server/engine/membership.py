@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from hermes.common.config import RunConfig
@@ -56,6 +56,8 @@ class Membership:
         self.metrics = metrics
         self.run_clock = run_clock
         self.run = run
+        # Adds a federated evaluation request to an assignment (server/engine/federated_eval.py); None: never.
+        self.stamp_work: Callable[[str, WorkReply], WorkReply] | None = None
         # The last assignments handed to each worker (the one it trains and the
         # one it prefetched): requeued if the worker is lost.
         self.outstanding: dict[str, list[tuple[int, ...]]] = {}
@@ -139,6 +141,11 @@ class Membership:
             self.allocator.workload(w).effective_batch_size for w in self.registry.active_ids()))
 
     def assign(self, worker: WorkerRecord, keep: int = 2) -> WorkReply:
+        """The next assignment of a worker, with a federated evaluation request where one is open (``stamp_work``)."""
+        work = self._assign(worker, keep)
+        return work if self.stamp_work is None else self.stamp_work(worker.id, work)
+
+    def _assign(self, worker: WorkerRecord, keep: int) -> WorkReply:
         """The next assignment of a worker: its workload, and whole shards for what its carry does not cover."""
         wl = self.allocator.workload(worker.id)
         if self.local is not None:

@@ -58,6 +58,8 @@ class Reporting:
         self.out_dir = out_dir
         # The checkpointer, once the app has opened one (Engine.attach_checkpoints).
         self.checkpoints: CheckpointView | None = None
+        # The federated evaluation, where the run has one (its latest round beside the central evaluation).
+        self.federated: Any = None
 
     def status(self) -> dict[str, Any]:
         ev = self.evaluator.latest
@@ -96,6 +98,8 @@ class Reporting:
             "target_accuracy": self.config.target_accuracy,
             "target": None if (t := effective_target(self.config)) is None else f"{t[0]}={t[1]:g}",
             "budget_reached": goals.budget_reached,
+            # early_stop.patience ran out: which metric, its best and where (the final model is that one).
+            "early_stopped": goals.early_stopped,
             "target_reached_at": None if goals.target_reached is None else goals.target_reached.public(),
             "best_metric": self.evaluator.primary,
             "best_accuracy": None if best is None else best.accuracy,
@@ -105,10 +109,13 @@ class Reporting:
             "resumed_from": None if checkpoints is None else checkpoints.resumed_from,
             "last_checkpoint_version": None if checkpoints is None else checkpoints.last_version,
             "screening": self.screening.public(),
+            **({} if self.federated is None else {"federated_evaluation": self.federated.latest}),
         }
 
     def summary(self) -> dict[str, Any]:
         ev = self.evaluator.latest
+        if self.goals.early_stopped is not None and self.evaluator.best is not None:
+            ev = self.evaluator.best  # the final model is the best one (write_final_model)
         workers = self.registry.all()
         return {
             **self.status(),
@@ -131,6 +138,7 @@ class Reporting:
                  "elapsed": round(x.at - self.run_clock.started_at, 3), "seconds": round(x.seconds, 6)}
                 for x in self.evaluator.history
             ],
+            **({} if self.federated is None else {"federated_evaluations": self.federated.history}),
             "workers": [w.public() for w in workers],
             "data_plane": self.kafka.info(),
             "shard_bytes_by_source": {"zmq": sum(self.counters.shard_bytes.values()),
@@ -181,9 +189,14 @@ class Reporting:
         return path.name
 
     def write_final_model(self, final: Evaluation | None) -> str | None:
-        """OUT/model-final.safetensors: the global model as the run ends, whatever it scores."""
+        """OUT/model-final.safetensors: the global model as the run ends, whatever it scores; after an early
+        stop, the best model instead (the run stopped because the models after it were no better)."""
         assert self.out_dir is not None
         version, flat = self.state.snapshot(torch.float32)
+        best = self.evaluator.best_model() if self.goals.early_stopped is not None else None
+        if best is not None:
+            final, flat = best
+            version = final.version
         path = self.out_dir / FINAL_MODEL_FILE
         if not write_model(path, self.evaluator.model.state_dict(), flat, self._model_metadata(final, version)):
             return None

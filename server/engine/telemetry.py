@@ -61,6 +61,9 @@ _LINES: dict[str, tuple[int, str, Callable[[Fields], tuple[Any, ...]]]] = {
                        "stopping the run",
                        lambda f: (f["target"], f["metric"], f["value"], f["version"], f["seconds"])),
     "budget_reached": (logging.INFO, "%s; stopping the run", lambda f: (f["reason"],)),
+    "early_stopped": (logging.INFO, "early stop: %s did not improve on %.4g (version %s) in %d evaluations; "
+                      "stopping the run, its best model is the final one",
+                      lambda f: (f["metric"], f["best"], f["best_version"], f["patience"])),
     "join": (logging.INFO, "worker %s (%s) %s",
              lambda f: (f["worker"], f["name"], "rejoined" if f["rejoined"] else "joined")),
     "leave": (logging.INFO, "worker %s %s: %s", lambda f: (f["worker"], f["state"], f["reason"])),

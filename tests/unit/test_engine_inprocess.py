@@ -312,8 +312,8 @@ def test_the_start_gate_opens_on_its_timeout_and_on_a_stop(clock, how):
 
 
 def test_patience_stops_a_run_whose_test_loss_stopped_falling(clock):
-    # Hermes Table I's patience (config.patience): each new version is evaluated; zero deltas never lower the loss.
-    engine = _engine(clock, patience=3)
+    # Hermes Table I's patience (early_stop on the loss): each new version is evaluated; zero deltas never lower the loss.
+    engine = _engine(clock, **{"early_stop.patience": 3, "early_stop.metric": "loss"})
     agent = _Agent(engine, clock, "a")
     engine.evaluator.evaluate_now()
     for i in range(3):
@@ -321,5 +321,5 @@ def test_patience_stops_a_run_whose_test_loss_stopped_falling(clock):
         _run(agent.request(MsgType.REQUEST_WORK, {}))
         _run(agent.request(MsgType.PUSH_UPDATE, {"samples": 1}, payload=agent.delta(0.0), model_version=i))
         engine.evaluator.evaluate_now()
-    assert engine.stopping and engine.stop_reason.startswith("patience=3 reached at version 3")
-    assert engine.budget_reached == "patience" and engine.status()["outcome"] == "budget_reached"
+    assert engine.stopping and engine.stop_reason.startswith("early stop: loss did not improve")
+    assert engine.status()["outcome"] == "early_stopped"

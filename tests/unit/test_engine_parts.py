@@ -22,6 +22,7 @@ from hermes.server.engine.goals import Goals
 from hermes.server.engine.run_clock import RunClock
 from hermes.server.engine.start_gate import StartGate
 from hermes.server.engine.telemetry import Telemetry
+from hermes.server.evaluator import Evaluation
 from hermes.server.events import EventLog
 from hermes.server.metrics import ServerMetrics
 from hermes.server.registry import Registry
@@ -167,3 +168,33 @@ def test_a_resume_from_the_journal_counts_the_gap_as_downtime(tmp_path):
     assert (status["elapsed_seconds"], status["downtime_seconds"]) == (5.0, 20.0)
     assert fresh.run_clock.started_at == clock.time() - 5.0
 
+
+
+def _ev(version: int, accuracy: float) -> Evaluation:
+    return Evaluation(version=version, loss=1.0 - accuracy, accuracy=accuracy, samples=10, seconds=0.0, at=0.0,
+                      metrics={"accuracy": accuracy})
+
+
+def test_goals_stop_early_after_patience_evaluations_without_improvement():
+    clock = ManualClock()
+    config = build_config("asp", model="mlp", early_stop={"patience": 2, "min_delta": 0.01})
+    goals = Goals(config, Task(model=lambda: None, name="toy"), RunClock(clock), _telemetry(clock))
+    assert goals.check_early_stop(_ev(1, 0.5)) is None
+    assert goals.check_early_stop(_ev(2, 0.6)) is None  # better: the count starts again
+    assert goals.check_early_stop(_ev(3, 0.605)) is None  # within min_delta: not an improvement (1)
+    assert goals.outcome(stopping=False) == "running"
+    reason = goals.check_early_stop(_ev(4, 0.55))  # 2 in a row
+    assert reason == "early stop: accuracy did not improve on 0.6 (version 2) in 2 evaluations"
+    assert goals.outcome(stopping=True) == "early_stopped"
+    assert goals.early_stopped == {"metric": "accuracy", "best": 0.6, "best_version": 2, "patience": 2, "version": 4}
+    resumed = Goals(config, Task(model=lambda: None, name="toy"), RunClock(clock), _telemetry(clock))
+    resumed.load_state_dict(json.loads(json.dumps(goals.state_dict())))
+    assert (resumed.best_score, resumed.best_version, resumed.stale_evaluations) == (0.6, 2, 2)
+
+
+def test_without_patience_goals_never_stop_early():
+    clock = ManualClock()
+    goals = Goals(build_config("asp", model="mlp"), Task(model=lambda: None, name="toy"), RunClock(clock),
+                  _telemetry(clock))
+    assert all(goals.check_early_stop(_ev(v, 0.5)) is None for v in range(1, 20))
+    assert "early_stop" not in goals.state_dict()

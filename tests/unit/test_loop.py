@@ -77,14 +77,14 @@ class _Topology:
 
 
 def test_the_loop_returns_the_reason_a_hook_gives_and_counts_the_cycles() -> None:
-    host, job = _Host(), SimpleNamespace(trainer=_Trainer())
+    host, job = _Host(), SimpleNamespace(trainer=_Trainer(), task=None)
     reason = run_cycles(host, job, _Session([_work(), _work(), _work()]), _Topology(2, "server asked to stop"))
     assert reason == "server asked to stop"
     assert host.stats.cycles == 2 and host.stats.samples == 8 and host.progressed == 1
 
 
 def test_the_prefetchers_stop_is_the_loops_reason() -> None:
-    host, job = _Host(), SimpleNamespace(trainer=_Trainer())
+    host, job = _Host(), SimpleNamespace(trainer=_Trainer(), task=None)
     reason = run_cycles(host, job, _Session([_work(), StopSignal("server asked to stop")]), _Topology(9, "never"))
     assert reason == "server asked to stop" and host.stats.cycles == 1
 

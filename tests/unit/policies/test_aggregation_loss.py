@@ -201,7 +201,7 @@ def test_hermes_differs_from_the_paper_preset_only_by_the_measured_deviations():
     paper, fast = build_config(preset="hermes-paper").model_dump(), build_config(preset="hermes").model_dump()
     differ = {k for k in paper if paper[k] != fast[k]}
     # Every difference is a deviation row (tests/unit/policies/test_paper_fidelity.py checks each switch).
-    assert differ == {"preset", "momentum", "loss", "overlap_push", "zscore", "patience", "combine_messages",
+    assert differ == {"preset", "momentum", "loss", "overlap_push", "zscore", "early_stop", "combine_messages",
                       "assignments_per_request", "dual_search", "rebalance"}
     assert (paper["zscore"]["resync_factor"], fast["zscore"]["resync_factor"]) == (None, 4.0)
     assert (paper["zscore"]["validation_samples"], fast["zscore"]["validation_samples"]) == (256, 128)

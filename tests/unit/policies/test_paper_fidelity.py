@@ -16,6 +16,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -42,7 +43,8 @@ PAPER_HERMES: dict[str, Any] = {
     "allocation": "dual-search",  # Sec. IV-A: IQR outliers resized by the dual binary search (Fig. 7)
     "lr": 0.1,  # Table I, CNN: eta = 0.1
     "momentum": 0.0,  # Table I, CNN: "optimizer: SGD" (AlexNet's is SGDM with momentum 0.9)
-    "patience": 25,  # Table I, CNN: patience = 25
+    "early_stop.patience": 25,  # Table I, CNN: patience = 25
+    "early_stop.metric": "loss",  # read as Keras' EarlyStopping (the paper's TensorFlow stack) on the test loss
     "zscore.lam": 5,  # Table I, CNN: lambda = 5
     "zscore.window": 10,  # Table I caption: "w is set to 10 in both models"
     "zscore.alpha": -1.3,  # Sec. V-B / Table III: (alpha, beta) = (-1.3, 0.1), Fig. 11a
@@ -214,9 +216,12 @@ def _patience_stops(cfg: RunConfig) -> None:
     from hermes.server.engine.goals import Goals
     from hermes.server.evaluator import Evaluation
 
-    goals = Goals(cfg, None, _Clock(), _Telemetry())  # type: ignore[arg-type]  # patience reads no task
-    reasons = [goals.check_patience(Evaluation(v, loss, 0.5, 10, 0.1, float(v)))
-               for v, loss in enumerate([1.0, 0.8] + [0.9] * cfg.patience)]
+    task = SimpleNamespace(metric_fns={"accuracy": None}, direction=lambda metric: "max")  # the loss is watched: the task's metrics are not read
+    goals = Goals(cfg, task, _Clock(), _Telemetry())  # type: ignore[arg-type]
+    patience = cfg.early_stop.patience
+    assert patience is not None and cfg.early_stop.metric == "loss"
+    reasons = [goals.check_early_stop(Evaluation(v, loss, 0.5, 10, 0.1, float(v)))
+               for v, loss in enumerate([1.0, 0.8] + [0.9] * patience)]
     assert reasons[:-1] == [None] * (len(reasons) - 1) and reasons[-1] is not None
 
 
@@ -284,7 +289,7 @@ DEVIATIONS: list[Deviation] = [
     Deviation("dual_search.mbs_min", 2, {"hermes": 8}, _mbs_from_two),
     Deviation("rebalance.warmup_cycles", 0, {"hermes": 1}, _first_cycle_counts),
     Deviation("rebalance.min_observations", 1, {"hermes": 2}, _resize_after_one),
-    Deviation("patience", 25, {"hermes": None}, _patience_stops),
+    Deviation("early_stop.patience", 25, {"hermes": None}, _patience_stops, {"early_stop.metric": "loss"}),
     Deviation("assignments_per_request", 1, {"hermes": 4}, _value("assignments_per_request", 1)),
     Deviation("combine_messages", False, {p: True for p in PRESETS if p != "hermes-paper"},
               _value("combine_messages", False), {"overlap_push": False}),  # overlapping needs combined replies
