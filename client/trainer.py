@@ -20,8 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hermes.common.config import RunConfig
 from hermes.client.steps import StepContext, bind_lr, loss_value
+from hermes.common.config import RunConfig
 from hermes.common.lean_sgd import LeanSGD
 from hermes.common.messages import FederatedReport
 from hermes.common.task import LossFn, OptimizerFn, TrainStepFn, TransformFn

@@ -37,7 +37,7 @@ def test_a_failing_writer_leaves_the_old_file_and_no_temporary(tmp_path: Path) -
 def test_threads_racing_on_one_file_leave_one_whole_version(tmp_path: Path) -> None:
     """The precision cache's old temp name was per process: two in-process agents wrote the same temp file."""
     p = tmp_path / "cache.json"
-    payloads = [("%d" % i) * 50_000 for i in range(8)]
+    payloads = [str(i) * 50_000 for i in range(8)]
     barrier = threading.Barrier(len(payloads))
 
     def write(text: str) -> None:
