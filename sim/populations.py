@@ -3,7 +3,8 @@
 ``build_population(spec, n, seed, link=...)``; ``spec`` is one of
 
 * ``hl1`` ``hl2`` ``hl4`` ``hl8``: the testbed's profiles (:mod:`hermes.deploy.profiles`, the same slowdowns),
-  so a simulated run compares 1:1 with ``hermes-testbed``;
+  so a simulated run compares 1:1 with ``hermes-testbed``; ``hl8:nominal`` with the profile's speed
+  ratios exactly instead of the rates the testbed's agents were measured at;
 * ``table2``: the Hermes paper's Table II, 12 workers in five Azure families;
 * ``generated`` or ``generated:KEY=VALUE,...``: n devices drawn from the distributions of
   :data:`GENERATED_DEFAULTS` (docs/simulation-populations.md says where each comes from);
@@ -44,13 +45,19 @@ class PopulationError(ValueError):
     """A population spec, size or trace file that cannot build a population; the message says which."""
 
 
-# The fast testbed agent's effective training FLOP/s on this machine (2 vCPU AMD EPYC, 24 GB), measured
-# 2026-11-27 from the sim-calibration suite's lan runs (hermes-bench run benchmarks/suites/sim-calibration.toml):
+# The testbed agents' effective training FLOP/s on this machine (2 vCPU AMD EPYC, 24 GB), measured on
+# 2026-11-27 from the sim-calibration suite's 30 runs (hermes-bench run benchmarks/suites/sim-calibration.toml
+# --out runs/sim-calibration, HL8, lan and lte, all five presets):
 #   python benchmarks/sim_calibrate_cost.py device-flops runs/sim-calibration
-# = the median over runs of the unslowed agent's samples / compute_seconds (wall time with the other four
-# processes on the two cores, as the testbed sees it), times the task's training FLOPs per sample
-# (mnist1d CNN hidden 320: 953,600 by torch.utils.flop_counter, forward + backward).
-TESTBED_FAST_FLOPS = 4.3e9
+# times the task's training FLOPs per sample (mnist1d CNN hidden 320: 953,600 by torch.utils.flop_counter,
+# forward + backward).
+# The unslowed agent: samples / compute_seconds, wall time shared with the server and the other agents
+# on two cores (median over runs).
+TESTBED_FAST_FLOPS = 1.645e9
+# A slowed agent sleeps (slowdown - 1) x its step's CPU time (client/trainer.py, _work_seconds), so it
+# runs at its thread's CPU-time rate divided by the slowdown, a rate the contention does not lower:
+# median of samples * slowdown / compute_seconds over the slowed agents.
+TESTBED_THREAD_FLOPS = 5.215e9
 # Testbed agents share the machine's memory: each reports what is available (client/memory_probe.py).
 TESTBED_MEMORY_MB = 22_000.0
 
@@ -62,10 +69,10 @@ TABLE2: tuple[tuple[str, int, int, int], ...] = (
     ("E2ds_v4", 2, 2, 16),
     ("F4s_v2", 2, 4, 8),
 )
-# Table II gives vCPUs, not speeds: each vCPU counts as one testbed agent's single training thread
+# Table II gives vCPUs, not speeds: each vCPU counts as one uncontended training thread of this machine
 # (an assumption; per-core speeds of the families differ by their CPU generations, which the paper
 # does not report).
-TABLE2_FLOPS_PER_VCPU = TESTBED_FAST_FLOPS
+TABLE2_FLOPS_PER_VCPU = TESTBED_THREAD_FLOPS
 
 # FedScale's client_device_capacity "computation" is a model's inference latency in ms per sample
 # (fedscale/cloud/internal/client_metadata.py); training takes 3x (forward + 2x backward), as FedScale
@@ -88,8 +95,8 @@ class GeneratedSpec:
 
     # Compute: log-normal around a median. sigma 0.6: FedScale's log-normal device-speed model
     # (client_metadata.get_completion_time_lognormal, tail_skew=0.6, after Papaya). The median is an
-    # assumption: a phone-class device at a quarter of one testbed agent's training thread.
-    flops: float = TESTBED_FAST_FLOPS / 4
+    # assumption: a phone-class device at 1 GFLOP/s of training throughput.
+    flops: float = 1e9
     flops_sigma: float = 0.6
     # Links: log-normal around deploy/links.py's lte figures (10 Mbit/s up, 30 down, 50 ms: a typical
     # urban LTE pair, in line with Ookla's mobile medians); the spreads are assumptions.
@@ -120,8 +127,11 @@ def build_population(spec: str, n: int | None, seed: int, *, link: str | None = 
         raise PopulationError(str(exc)) from None
     name = spec.strip()
     key = name.lower()
-    if key in PROFILE_CORES:
-        devices = testbed_population(key, n or 4)
+    if key.partition(":")[0] in PROFILE_CORES:
+        base, _, mode = key.partition(":")
+        if mode not in ("", "nominal"):
+            raise PopulationError(f"population {spec!r}: the testbed profiles take no option but ':nominal'")
+        devices = testbed_population(base, n or 4, nominal=mode == "nominal")
     elif key == "table2":
         devices = table2_population(n)
     elif key == "generated" or key.startswith("generated:"):
@@ -144,10 +154,22 @@ def with_link(device: DeviceProfile, link: Link) -> DeviceProfile:
     return replace(device, up_mbps=link_mbps(link.up_bps), down_mbps=link_mbps(link.down_bps), rtt_s=link.rtt)
 
 
-def testbed_population(profile: str, n: int) -> list[DeviceProfile]:
-    """The testbed's agents: the same slowdowns (deploy/profiles.py), unshaped links (the testbed's lan)."""
+def testbed_population(profile: str, n: int, *, nominal: bool = False) -> list[DeviceProfile]:
+    """The testbed's agents: the same slowdowns (deploy/profiles.py), unshaped links (the testbed's lan).
+
+    As the testbed runs them (default): an unslowed agent at TESTBED_FAST_FLOPS, a slowed one at
+    TESTBED_THREAD_FLOPS / slowdown, the rates the testbed's agents were measured at (the testbed's
+    slowdown multiplies CPU time, and the unslowed agent shares two cores with four processes, so HL8's
+    fastest-to-slowest ratio there is about 2.5, not 8). ``nominal``: every agent at
+    TESTBED_FAST_FLOPS / slowdown, the profile's ratios exactly.
+    """
+    def flops(slowdown: float) -> float:
+        if nominal or slowdown == 1.0:
+            return TESTBED_FAST_FLOPS / slowdown
+        return TESTBED_THREAD_FLOPS / slowdown
+
     return [DeviceProfile(device_id=f"worker-{wp.index + 1}", family=f"{profile}-{wp.cores}c",
-                          flops=TESTBED_FAST_FLOPS / wp.slowdown, memory_mb=TESTBED_MEMORY_MB,
+                          flops=flops(wp.slowdown), memory_mb=TESTBED_MEMORY_MB,
                           up_mbps=math.inf, down_mbps=math.inf, rtt_s=0.0, availability=ALWAYS_ON)
             for wp in worker_profiles(profile, n)]
 

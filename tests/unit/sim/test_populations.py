@@ -14,6 +14,7 @@ from hermes.sim.populations import (
     FEDSCALE_REFERENCE_FORWARD_FLOPS,
     SAMPLE_TRACE,
     TESTBED_FAST_FLOPS,
+    TESTBED_THREAD_FLOPS,
     PopulationError,
     build_population,
     generate_fedscale_sample,
@@ -23,9 +24,9 @@ SAMPLE = str(SAMPLE_TRACE)
 
 
 @pytest.mark.parametrize("profile, hl", [("hl1", 1), ("hl2", 2), ("hl4", 4), ("hl8", 8)])
-def test_testbed_profiles_have_the_testbeds_slowdowns(profile, hl):
+def test_nominal_testbed_profiles_have_the_profiles_speed_ratios(profile, hl):
     # OmniLearn Table I via deploy/profiles.py: HL = fastest / slowest (Eq. 3).
-    devices = build_population(profile, None, seed=0)
+    devices = build_population(f"{profile}:nominal", None, seed=0)
     assert len(devices) == 4
     assert heterogeneity_level([d.flops for d in devices]) == pytest.approx(hl)
     for d, wp in zip(devices, worker_profiles(profile, 4), strict=True):
@@ -36,8 +37,18 @@ def test_testbed_profiles_have_the_testbeds_slowdowns(profile, hl):
 
 def test_hl8_cores_6_6_4_32():
     # OmniLearn Table I, HL8 row: 6, 6, 4 and 32 cores.
-    flops = [d.flops for d in build_population("hl8", 4, seed=0)]
+    flops = [d.flops for d in build_population("hl8:nominal", 4, seed=0)]
     assert [f / flops[3] for f in flops] == pytest.approx([6 / 32, 6 / 32, 4 / 32, 1.0])
+
+
+def test_testbed_profiles_run_at_the_testbeds_measured_rates():
+    # Slowed agents: their thread's CPU rate / slowdown (the testbed sleeps in proportion to CPU time);
+    # the unslowed one: its contended wall rate.
+    devices = build_population("hl8", 4, seed=0)
+    slowdowns = [wp.slowdown for wp in worker_profiles("hl8", 4)]
+    assert [d.flops for d in devices] == pytest.approx(
+        [TESTBED_FAST_FLOPS if s == 1 else TESTBED_THREAD_FLOPS / s for s in slowdowns])
+    assert {d.flops for d in build_population("hl1", 4, seed=0)} == {TESTBED_FAST_FLOPS}
 
 
 def test_a_testbed_link_overrides_every_device_link():
@@ -99,6 +110,7 @@ def test_generated_distributions_match_their_parameters():
     ("generated", None, "number of devices"),
     ("hl3", 4, "unknown population"),
     ("hl8", 0, "positive"),
+    ("hl8:fast", 4, "nominal"),
 ])
 def test_bad_specs_are_refused_with_one_line(spec, n, fragment):
     with pytest.raises(PopulationError, match=fragment) as info:
