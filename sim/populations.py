@@ -34,7 +34,9 @@ from hermes.sim.devices import (
     Availability,
     AvailabilityError,
     DeviceProfile,
+    EmpiricalSpells,
     IntervalAvailability,
+    TwoStateAvailability,
     churn,
 )
 
@@ -212,8 +214,12 @@ def parse_generated(options: str) -> GeneratedSpec:
     return spec
 
 
-def generated_population(n: int, seed: int, spec: GeneratedSpec = GENERATED_DEFAULTS) -> list[DeviceProfile]:
+def generated_population(n: int, seed: int, spec: GeneratedSpec = GENERATED_DEFAULTS, *,
+                         spells: EmpiricalSpells | None = None) -> list[DeviceProfile]:
     """n devices drawn independently from ``spec``'s distributions; the same seed, the same devices.
+
+    ``spells`` (e.g. :func:`trace_spells` of a FedScale behaviour trace): on/off spell lengths
+    resampled from those instead of ``spec``'s exponential churn.
 
     Device i's draws do not depend on n (each device has its own stream), so
     the first 100 devices of a 1,000-device population are the 100 devices of
@@ -231,7 +237,10 @@ def generated_population(n: int, seed: int, spec: GeneratedSpec = GENERATED_DEFA
         rtt = spec.rtt_s * math.exp(spec.rtt_sigma * z[3])
         memory = float(rng.choice(tiers, p=shares / shares.sum()))
         spells_seed = int(rng.integers(2**63))
-        availability = churn(spec.offline, spec.mean_off_s, spells_seed) if spec.offline > 0 else ALWAYS_ON
+        if spells is not None:
+            availability: Availability = TwoStateAvailability(spells, spells_seed)
+        else:
+            availability = churn(spec.offline, spec.mean_off_s, spells_seed) if spec.offline > 0 else ALWAYS_ON
         out.append(DeviceProfile(device_id=f"dev-{i:06d}", family="generated", flops=flops, memory_mb=memory,
                                  up_mbps=up, down_mbps=down, rtt_s=rtt, availability=availability))
     return out
@@ -257,7 +266,7 @@ def _number(path: Path, cid: str, entry: Mapping[str, Any], key: str) -> float:
     return float(value)
 
 
-def behave_availability(path: Path, cid: str, entry: Any) -> Availability:
+def behave_availability(path: Path, cid: str, entry: Any) -> IntervalAvailability:
     """FedScale's client_behave_trace entry -> online in [active[i], inactive[i]], repeating every finish_time.
 
     FedScale's ``ClientMetadata.is_active`` reads a trace that way
@@ -275,6 +284,27 @@ def behave_availability(path: Path, cid: str, entry: Any) -> Availability:
         return IntervalAvailability(intervals, period=float(finish))
     except (TypeError, ValueError, AvailabilityError) as exc:
         raise PopulationError(f"{path}: client {cid!r}: {exc}") from None
+
+
+def trace_spells(path: Path) -> EmpiricalSpells:
+    """The on and off spell lengths of every client of a FedScale behaviour trace, pooled.
+
+    Off spells include the wrap from the last ``inactive`` to the next period's first ``active``.
+    """
+    behave = _load_json(path / BEHAVE_FILE if path.is_dir() else path)
+    on: list[float] = []
+    off: list[float] = []
+    for cid, entry in behave.items():
+        avail = behave_availability(path, cid, entry)
+        ivs, period = avail.intervals, avail.period or 0.0
+        on += [b - a for a, b in ivs]
+        off += [c - b for (_, b), (c, _) in zip(ivs, ivs[1:], strict=False) if c > b]
+        if ivs and (wrap := period - ivs[-1][1] + ivs[0][0]) > 0:
+            off.append(wrap)
+    try:
+        return EmpiricalSpells(tuple(on), tuple(off))
+    except AvailabilityError as exc:
+        raise PopulationError(f"{path}: {exc}") from None
 
 
 def trace_population(path: Path, n: int | None, seed: int) -> list[DeviceProfile]:

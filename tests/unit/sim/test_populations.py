@@ -18,6 +18,8 @@ from hermes.sim.populations import (
     PopulationError,
     build_population,
     generate_fedscale_sample,
+    generated_population,
+    trace_spells,
 )
 
 SAMPLE = str(SAMPLE_TRACE)
@@ -173,3 +175,16 @@ def test_bad_trace_files_are_refused_naming_the_client(tmp_path, capacity, behav
     with pytest.raises(PopulationError, match=fragment) as info:
         build_population(str(tmp_path), None, seed=0)
     assert "\n" not in str(info.value)
+
+
+def test_spells_from_a_trace_drive_a_generated_population():
+    spells = trace_spells(SAMPLE_TRACE)
+    assert min(spells.on_s) > 0 and min(spells.off_s) > 0
+    # The sample was generated offline about a fifth of the time.
+    assert 0.1 < spells.offline_fraction < 0.35
+    devices = generated_population(20, seed=1, spells=spells)
+    again = generated_population(20, seed=1, spells=spells)
+    flips = [d.availability.next_change(100.0) for d in devices]
+    assert flips == [d.availability.next_change(100.0) for d in again]
+    share = np.mean([offline_share(d.availability, 20_000.0) for d in devices])
+    assert abs(share - spells.offline_fraction) < 0.08
