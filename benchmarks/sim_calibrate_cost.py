@@ -2,6 +2,7 @@
 
     python benchmarks/sim_calibrate_cost.py engine [--out FILE] [--repeats N] [--quick]
     python benchmarks/sim_calibrate_cost.py device-flops BENCH_DIR [--out FILE]
+    python benchmarks/sim_calibrate_cost.py testbed-table BENCH_DIR
 
 ``engine`` drives the production ``Engine`` in-process (as tests/unit/test_engine_inprocess.py
 does: signed frames into ``Engine.handle``, no sockets) with MLP models of 10K to 4M parameters and
@@ -259,6 +260,32 @@ def device_flops_main(args: argparse.Namespace) -> int:
     return 0
 
 
+def _median_range(values: list[float], fmt: str) -> str:
+    if not values:
+        return "-"
+    return f"{statistics.median(values):{fmt}} [{min(values):{fmt}}-{max(values):{fmt}}]"
+
+
+def testbed_table_main(args: argparse.Namespace) -> int:
+    """Issue 27's calibration table, testbed side: per link and preset, medians [min-max] over the repeats."""
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for path in sorted(Path(args.bench_dir).glob("runs/*/*/r*/summary.json")):
+        profile_link, preset = path.parts[-4], path.parts[-3]
+        link = profile_link.partition("@")[2] or "lan"
+        groups.setdefault((link, preset), []).append(json.loads(path.read_text()))
+    if not groups:
+        print(f"testbed-table: no summaries under {args.bench_dir}", file=sys.stderr)
+        return 2
+    print("| link | preset | reached | seconds to target | messages_total | final accuracy |")
+    print("| --- | --- | ---: | ---: | ---: | ---: |")
+    for (link, preset), runs in sorted(groups.items()):
+        reached = [r["seconds_to_target"] for r in runs if r.get("reached_target")]
+        print(f"| {link} | {preset} | {len(reached)}/{len(runs)} | {_median_range(reached, '.1f')} | "
+              f"{_median_range([float(r['messages_total']) for r in runs], '.0f')} | "
+              f"{_median_range([float(r['final_accuracy']) for r in runs], '.3f')} |")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING)
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -270,8 +297,11 @@ def main(argv: list[str] | None = None) -> int:
     d = sub.add_parser("device-flops", help="the unslowed testbed agent's effective FLOP/s from bench runs")
     d.add_argument("bench_dir")
     d.add_argument("--out", default="")
+    t = sub.add_parser("testbed-table", help="the calibration table's testbed side from bench runs")
+    t.add_argument("bench_dir")
     args = p.parse_args(argv)
-    return engine_main(args) if args.cmd == "engine" else device_flops_main(args)
+    mains = {"engine": engine_main, "device-flops": device_flops_main, "testbed-table": testbed_table_main}
+    return mains[args.cmd](args)
 
 
 if __name__ == "__main__":
