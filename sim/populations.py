@@ -101,7 +101,7 @@ class GeneratedSpec:
     flops: float = 1e9
     flops_sigma: float = 0.6
     # Links: log-normal around deploy/links.py's lte figures (10 Mbit/s up, 30 down, 50 ms: a typical
-    # urban LTE pair, in line with Ookla's mobile medians); the spreads are assumptions.
+    # urban LTE pair); the spreads are assumptions.
     up_mbps: float = 10.0
     down_mbps: float = 30.0
     bw_sigma: float = 0.8

@@ -47,18 +47,18 @@ class Coefficients:
 # Fitted by `python benchmarks/sim_calibrate_cost.py engine --out docs/bench/sim-calibration/server-cost.json`
 # on 2026-11-27 (see DATE, MACHINE): MLPs of 10K-4M parameters, 4-1,024 workers, torch 1 thread, CPU seconds
 # of this process. push = the push's total under asp minus the fold measured alone (both in the file).
-DATE = "2026-11-27 14:12 UTC (quick grid: 10K-1M parameters, 4-64 workers, 3 repeats; load 17)"
+DATE = "2026-11-27 14:40:13 UTC (medians of 5; load average 20.67 before, 22.74 after: CPU seconds, not wall)"
 MACHINE = "2 vCPU AMD EPYC, 24 GB, Linux, torch 1 intra-op thread"
 # Evaluation samples the evaluate figures were measured with (RunConfig.eval_max_samples' default).
 EVAL_SAMPLES = 2000
 CALIBRATION: dict[str, Coefficients] = {
-    "register": Coefficients(0.000102904, 0, 5.00354e-07),
-    "pull": Coefficients(0.000375719, 4.14956e-10, 0),
-    "push": Coefficients(0.00071337, 1.21334e-09, 0),
-    "fold": Coefficients(6.31986e-05, 4.84316e-10, 0),
-    "assign": Coefficients(0.000436175, 0, 7.97387e-07),
-    "evaluate": Coefficients(0.001841, 8.60703e-08, 0),
-    "heartbeat": Coefficients(2.95607e-05, 0, 0),
+    "register": Coefficients(0.000109393, 0, 2.49452e-07),
+    "pull": Coefficients(0.000255297, 4.42173e-10, 0),
+    "push": Coefficients(0.000570331, 1.27425e-09, 0),
+    "fold": Coefficients(4.41617e-05, 4.54535e-10, 0),
+    "assign": Coefficients(0.000438088, 0, 0),
+    "evaluate": Coefficients(0.00176756, 7.01507e-08, 0),
+    "heartbeat": Coefficients(2.3252e-05, 0, 0),
 }
 
 
