@@ -48,18 +48,20 @@ class PopulationError(ValueError):
 
 
 # The testbed agents' effective training FLOP/s on this machine (2 vCPU AMD EPYC, 24 GB), measured on
-# 2026-11-27 from the sim-calibration suite's 30 runs (hermes-bench run benchmarks/suites/sim-calibration.toml
-# --out runs/sim-calibration, HL8, lan and lte, all five presets):
+# 2026-11-27 13:57-15:05 UTC from the sim-calibration suite's 30 runs (hermes-bench run
+# benchmarks/suites/sim-calibration.toml --out runs/sim-calibration, HL8, lan and lte, all five presets;
+# the machine shared with other work, load average 2 at the start, 17-25 for most of it; raw figures in
+# docs/bench/sim-calibration/device-flops.json):
 #   python benchmarks/sim_calibrate_cost.py device-flops runs/sim-calibration
 # times the task's training FLOPs per sample (mnist1d CNN hidden 320: 953,600 by torch.utils.flop_counter,
 # forward + backward).
 # The unslowed agent: samples / compute_seconds, wall time shared with the server and the other agents
 # on two cores (median over runs).
-TESTBED_FAST_FLOPS = 1.645e9
+TESTBED_FAST_FLOPS = 1.170e9
 # A slowed agent sleeps (slowdown - 1) x its step's CPU time (client/trainer.py, _work_seconds), so it
 # runs at its thread's CPU-time rate divided by the slowdown, a rate the contention does not lower:
 # median of samples * slowdown / compute_seconds over the slowed agents.
-TESTBED_THREAD_FLOPS = 5.215e9
+TESTBED_THREAD_FLOPS = 4.310e9
 # Testbed agents share the machine's memory: each reports what is available (client/memory_probe.py).
 TESTBED_MEMORY_MB = 22_000.0
 
