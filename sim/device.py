@@ -37,12 +37,15 @@ import numpy as np
 import torch
 from fastapi import HTTPException
 
+from hermes.client.loop import cycle_record
+from hermes.client.overlap import rebase
 from hermes.client.prefetch import Work
 from hermes.client.session import Job, Outbox, take_cycle
 from hermes.client.shard_fetch import records_to_tensors
 from hermes.client.topology import judge_cycle, update_of
 from hermes.common.control_messages import Hints
 from hermes.common.messages import (
+    IN_FLIGHT,
     MAX_SHARDS_PER_FETCH,
     FetchShard,
     PullModel,
@@ -131,7 +134,7 @@ class SimDevice:
         self.token = ""
         self.key = b""
         self.session = ""
-        self.seq = 0
+        self.seqs: dict[str, int] = {}
         self.bytes_sent = 0
         self.bytes_received = 0
         self.answered_at = -1e18
@@ -148,6 +151,9 @@ class SimDevice:
         self.outbox: Outbox | None = None
         self.works: list[Work] = []
         self.prefetch: asyncio.Task[list[Work] | None] | None = None
+        # overlap_push: the push in flight and the weights it carried.
+        self.inflight: asyncio.Future[Message] | None = None
+        self.inflight_pushed: torch.Tensor | None = None
         self.offline_at: float | None = None
         self.last_report = -1e18
         self.stop_reason = ""
@@ -214,6 +220,9 @@ class SimDevice:
         if self.prefetch is not None:
             self.prefetch.add_done_callback(_retrieve)
             self.prefetch = None
+        if self.inflight is not None:
+            self.inflight.add_done_callback(_retrieve)
+            self.inflight, self.inflight_pushed = None, None
         self.works, self.carry = [], None
         if self.local is not None:
             self.totals.lost_cycles += 1
@@ -226,7 +235,7 @@ class SimDevice:
         hints = Hints(flops=self.profile.flops, memory_available_bytes=int(self.profile.memory_mb * 2**20)).known()
         rec, _ = sim.engine.register(self.name, threads=1, device="cpu", slowdown=1.0, hints=hints, local_samples=0)
         self.worker_id, self.token, self.key = rec.id, rec.token, rec.key
-        self.session = f"s{sim.next_session()}"
+        self.session, self.seqs = f"s{sim.next_session()}", {}
         self.totals.registrations += 1
         if self.rng is None:
             self.rng = np.random.default_rng(zlib.crc32(rec.id.encode()))
@@ -287,28 +296,30 @@ class SimDevice:
         state = self.sim.trainer.optimizer.state
         self.opt_state = state if state else None
 
-    def adopt(self, reply: Message) -> None:
-        """A pulled model (client.session.Session._adopt): the trainer loads it, the device keeps its version."""
+    def adopt(self, reply: Message, pushed: torch.Tensor | None = None) -> None:
+        """A pulled model (client.session.Session._adopt): the trainer loads it (``pushed``: rebased on it,
+        client.overlap.rebase), the device keeps its version and, rebased, its own weights."""
         assert reply.payload is not None
         flat = reply.payload.flat()
         if flat.dtype != torch.float32:
             flat = flat.float()
+        target = flat if pushed is None else rebase(flat, self.weights(), pushed)
         if self.opt_state is not None:
             # The trainer decides whether a jump this far resets the optimizer (LocalTrainer.load).
             self.swap_in()
-            self.sim.trainer.load(flat)
+            self.sim.trainer.load(target)
             self.swap_out()
         version = reply.header.model_version
         self.sim.versions.hold(version, flat)
         self.sim.versions.release(self.version)
-        self.version, self.local = version, None
+        self.version, self.local = version, (None if pushed is None else target)
 
-    async def pull(self, force: bool) -> None:
+    async def pull(self, force: bool, pushed: torch.Tensor | None = None) -> None:
         body = request_body(PullModel(if_newer=not force, dtype=self.sim.config.pull_dtype))
         reply = await self.request(MsgType.PULL_MODEL, body, model_version=self.version or 0)
         self.totals.pulls += 1
         if reply.payload is not None:
-            self.adopt(reply)
+            self.adopt(reply, pushed)
 
     async def fetch_validation(self, shards: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """The gate's validation split, fetched as an agent fetches it (decoded once per distinct split)."""
@@ -333,7 +344,7 @@ class SimDevice:
             cycles, stats = self.outbox.take()
             request = RequestWork(inline_shards=True, assignments=self.sim.config.assignments_per_request,
                                   cycles=cycles, stats=stats)
-        reply = await self.request(MsgType.REQUEST_WORK, request_body(request))
+        reply = await self.request(MsgType.REQUEST_WORK, request_body(request), channel="prefetch")
         if parse_reply(Reply, reply.header.body, "WORK").stop:
             return None
         first = WorkReply.from_body(reply.header.body)
@@ -349,7 +360,8 @@ class SimDevice:
             if w.shards and not all(s in inline for s in w.shards):
                 for i in range(0, len(w.shards), MAX_SHARDS_PER_FETCH):
                     ids = list(w.shards[i:i + MAX_SHARDS_PER_FETCH])
-                    r = await self.request(MsgType.FETCH_SHARD, request_body(FetchShard(shards=ids)))
+                    r = await self.request(MsgType.FETCH_SHARD, request_body(FetchShard(shards=ids)),
+                                           channel="prefetch")
                     inline.update(zip(ids, _records(r, parse_reply(Reply, r.header.body, "SHARD"), ids)))
             samples = records_to_tensors([inline[s] for s in w.shards])
             works.append(Work(epoch=w.epoch, shards=tuple(w.shards), x=None if samples is None else samples[0],
@@ -389,35 +401,45 @@ class SimDevice:
         """client.loop.run_cycles with topology.PushPull, in virtual time."""
         sim = self.sim
         trainer = sim.trainer
+        st = self.totals
         while not sim.over:
             work = await self.next_work()
             if work is None:
                 self.stop_reason = "server asked to stop"
-                return
+                break
             x, y, self.carry = take_cycle(self.carry, work)
             if len(y) == 0:
                 continue
             self.swap_in()
             trainer.set_lr(work.lr)
             result = trainer.train_cycle(x, y, work.batch_size, work.accumulation)
-            # The device's time, not this machine's: the cycle's FLOPs at the device's rate.
-            seconds = sim.compute_seconds(result.samples, self.profile.flops)
-            result = replace(result, compute_seconds=seconds)
-            job = self.job()
-            cycle, decision, _ = judge_cycle(job, self.validation, work, result)
-            if self.gate is not None and self.validation is not None:
-                seconds += sim.eval_seconds(len(self.validation[1]), self.profile.flops)
-            local = trainer.flat()
-            update = None
-            if decision is None or decision.push:
-                reference = self.sim.versions[self.baseline if job.from_baseline else self.version]  # type: ignore[index]
-                _, delta, update = update_of(job, reference, result, cycle)
+            self.local = trainer.flat()
             self.swap_out()
-            await self.until(sim.driver.now() + seconds)
-            st = self.totals
+            # The device's time, not this machine's: the cycle's FLOPs at the device's rate
+            # (and the gate's evaluation of the validation split).
+            compute = sim.compute_seconds(result.samples, self.profile.flops)
+            result = replace(result, compute_seconds=compute)
+            gate_eval = sim.eval_seconds(len(self.validation[1]), self.profile.flops) if self.validation else 0.0
+            await self.until(sim.driver.now() + compute + gate_eval)
             st.cycles += 1
             st.samples += result.samples
-            st.compute_seconds += result.compute_seconds
+            st.compute_seconds += compute
+            if self.inflight is not None:
+                if not self.inflight.done():
+                    # overlap_push: the last push is not answered yet; this cycle's progress goes with the next.
+                    await self.skipped(cycle_record(work, result, pushed=False, decision=IN_FLIGHT))
+                    continue
+                if self.settle():
+                    self.stop_reason = "server asked to stop"
+                    return
+            self.swap_in()
+            job = self.job()
+            cycle, decision, _ = judge_cycle(job, self.validation, work, result)
+            update = None
+            if decision is None or decision.push:
+                reference = sim.versions[self.baseline if job.from_baseline else self.version]  # type: ignore[index]
+                pushed, delta, update = update_of(job, reference, result, cycle)
+            self.swap_out()
             if update is None:
                 assert decision is not None
                 st.gate_skips += 1
@@ -426,14 +448,35 @@ class SimDevice:
                     await self.pull(force=True)
                     self.opt_state = None
                     st.resyncs += 1
-                else:
-                    self.local = local
                 continue
-            self.local = local
-            if await self.push(update, delta):
+            if self.outbox is not None:
+                cycles, stats = self.outbox.take()
+                update = update.model_copy(update={"pull": True, "pull_dtype": sim.config.pull_dtype,
+                                                   "cycles": cycles, "stats": stats})
+            overlap = sim.config.overlap_push and self.outbox is not None
+            send = sim.driver.request(self, MsgType.PUSH_UPDATE, request_body(update), payload=delta,
+                                      model_version=self.version or 0, shapes=sim.engine.spec.shapes,
+                                      channel="overlap" if overlap else "main")
+            if overlap:
+                # Sent; the next cycle trains meanwhile (client.overlap.OverlappedPush).
+                self.inflight, self.inflight_pushed = asyncio.ensure_future(send), pushed
+                await self.report_if_due()
+                continue
+            if await self.receive(await self._wait(asyncio.ensure_future(send)), None):
                 self.stop_reason = "server asked to stop"
                 return
             await self.report_if_due()
+        if self.inflight is not None:
+            # The last push counts; its reply may say stop, the loop is over anyway.
+            await self._wait(self.inflight)
+            self.settle()
+
+    def settle(self) -> bool:
+        """The overlapped push's reply, rebased on; True when it says stop."""
+        assert self.inflight is not None
+        reply, pushed = self.inflight.result(), self.inflight_pushed
+        self.inflight, self.inflight_pushed = None, None
+        return self.receive_now(reply, pushed)
 
     async def skipped(self, cycle: Any) -> None:
         """A cycle the gate did not push (Agent.note_skipped_cycle)."""
@@ -442,14 +485,8 @@ class SimDevice:
         else:
             await self.request(MsgType.REPORT_STATS, request_body(self.stats_body(cycle=cycle)))
 
-    async def push(self, update: Any, delta: torch.Tensor) -> bool:
-        """PushPull._exchange's push and _receive; True when the server says stop."""
-        if self.outbox is not None:
-            cycles, stats = self.outbox.take()
-            update = update.model_copy(update={"pull": True, "pull_dtype": self.sim.config.pull_dtype,
-                                               "cycles": cycles, "stats": stats})
-        reply = await self.request(MsgType.PUSH_UPDATE, request_body(update), payload=delta,
-                                   model_version=self.version or 0, shapes=self.sim.engine.spec.shapes)
+    def receive_now(self, reply: Message, pushed: torch.Tensor | None) -> bool | None:
+        """PushPull._receive without its pull: True, stop; False, done; None, a pull is needed."""
         st = self.totals
         st.pushes += 1
         answer = parse_reply(PushReply, reply.header.body, "PUSH_REPLY")
@@ -460,13 +497,21 @@ class SimDevice:
         if answer.stop:
             return True
         if self.outbox is not None and answer.model == "included" and reply.payload is not None:
-            self.adopt(reply)
+            self.adopt(reply, pushed)
             st.pulls += 1
-        elif self.outbox is not None and answer.model == "unchanged":
+            return False
+        if self.outbox is not None and answer.model == "unchanged":
             st.pulls += 1
-        else:
-            await self.pull(force=False)
-        return False
+            return False
+        return None
+
+    async def receive(self, reply: Message, pushed: torch.Tensor | None) -> bool:
+        """PushPull._receive: count the reply, load the model it brings or pull; True when it says stop."""
+        done = self.receive_now(reply, pushed)
+        if done is None:
+            await self.pull(force=False, pushed=pushed)
+            return False
+        return done
 
     def stats_body(self, *, final: bool = False, cycle: Any = None) -> ReportStats:
         st = self.totals

@@ -62,7 +62,7 @@ class Endpoint(Protocol):
     worker_id: str
     key: bytes
     session: str
-    seq: int
+    seqs: dict[str, int]
     up_mbps: float
     down_mbps: float
     rtt_s: float
@@ -126,10 +126,14 @@ class Driver:
 
     async def request(self, dev: Endpoint, type_: MsgType, body: dict[str, Any], *,
                       payload: torch.Tensor | None = None, model_version: int = 0,
-                      shapes: tuple[Any, ...] = ()) -> Message:
-        """One request from the device to the engine and its reply back (ProtocolError as the data plane's)."""
-        dev.seq += 1
-        header = Header(type=type_, worker=dev.worker_id, session=dev.session, seq=dev.seq,
+                      shapes: tuple[Any, ...] = (), channel: str = "main") -> Message:
+        """One request from the device to the engine and its reply back (ProtocolError as the data plane's).
+
+        ``channel``: the agent's data-plane client it goes through (its loop's, its prefetcher's, its
+        overlapped push's): each is a session of its own, whose requests arrive in order.
+        """
+        seq = dev.seqs[channel] = dev.seqs.get(channel, 0) + 1
+        header = Header(type=type_, worker=dev.worker_id, session=f"{dev.session}-{channel}", seq=seq,
                         ts=int(self.clock.time() * 1000), model_version=model_version, shapes=shapes, body=body)
         frames = encode(header, payload, key=dev.key)
         size = sum(len(f) for f in frames)

@@ -105,8 +105,6 @@ class Simulation:
             raise SimError("no devices to simulate")
         if config.topology != "ps":
             raise SimError(f"topology {config.topology!r}: the simulator runs the parameter-server topology only")
-        if config.overlap_push:
-            raise SimError("overlap_push: not simulated yet (set overlap_push=false)")
         if config.max_seconds is None:
             config = config.model_copy(update={"max_seconds": DEFAULT_MAX_VIRTUAL_S})
         self.config = config

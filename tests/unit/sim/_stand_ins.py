@@ -48,7 +48,20 @@ def transfer_seconds(nbytes: int, mbps: float, rtt_s: float) -> float:
     return nbytes * 8 / (mbps * 1e6) + rtt_s
 
 
-def hl8(n: int = 4, flops: float = 2e9) -> list[DeviceProfile]:
+def hl8(n: int = 4, flops: float = 2e8) -> list[DeviceProfile]:
     """OmniLearn HL8's shape: one device 8x slower than the fastest, the others spread between."""
     slow = [1.0, 2.0, 4.0, 8.0]
     return [DeviceProfile(f"hl8-{i}", "hl8", flops / slow[i % 4]) for i in range(n)]
+
+
+class FifoLink:
+    """The server's link: one FIFO per direction at ``mbps``."""
+
+    def __init__(self, mbps: float) -> None:
+        self.mbps = mbps
+        self.free = {"up": 0.0, "down": 0.0}
+
+    def reserve(self, t: float, nbytes: int, direction: str) -> float:
+        start = max(t, self.free[direction])
+        self.free[direction] = start + nbytes * 8 / (self.mbps * 1e6)
+        return self.free[direction]
