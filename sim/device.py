@@ -252,7 +252,7 @@ class SimDevice:
 
     def link_seconds(self, nbytes: int, direction: str) -> float:
         mbps = self.up_mbps if direction == "up" else self.down_mbps
-        return self.sim.transfer(nbytes, mbps, self.rtt_s / 2)
+        return self.sim.transfer(nbytes, mbps, self.rtt_s)
 
     async def heartbeats(self, session: str) -> None:
         """The agent's heartbeat thread: a beat each interval unless the data plane spoke for us."""

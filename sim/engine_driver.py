@@ -3,7 +3,7 @@
 A device's request is encoded as an agent encodes it (``hermes.common.wire.encode``,
 signed with its key), so its size is the real encoded size. Its time:
 
-1. the device's uplink (``transfer_seconds`` at the device's up rate, half its RTT),
+1. the device's uplink (``transfer_seconds``: half its RTT and the bytes at its up rate),
    and the server's own link (``ServerLink``: one FIFO shared by every device);
 2. the server's CPU: one FIFO of engine operations, each costing what the cost
    model says (``ServerCost.seconds``); the engine handles the message when its
@@ -114,10 +114,10 @@ class Driver:
         await self.until(self.server_free)
 
     async def carry(self, dev: Endpoint, nbytes: int, direction: Literal["up", "down"]) -> None:
-        """``nbytes`` over the device's link (half its RTT each way) and the server's shared one."""
+        """``nbytes`` over the device's link (transfer_seconds: half the RTT each way) and the server's shared one."""
         mbps = dev.up_mbps if direction == "up" else dev.down_mbps
         t0 = self.now()
-        done = t0 + self.transfer(nbytes, mbps, dev.rtt_s / 2)
+        done = t0 + self.transfer(nbytes, mbps, dev.rtt_s)
         if self.server_link is not None:
             done = max(done, self.server_link.reserve(t0, nbytes, direction))
         await self.until(done)

@@ -45,7 +45,7 @@ class DeviceProfile:
 
 
 def transfer_seconds(nbytes: int, mbps: float, rtt_s: float) -> float:
-    return nbytes * 8 / (mbps * 1e6) + rtt_s
+    return rtt_s / 2 + nbytes * 8 / (mbps * 1e6)
 
 
 def hl8(n: int = 4, flops: float = 2e8) -> list[DeviceProfile]:
