@@ -1,1 +1,1 @@
-"""Discrete-event simulation of a Hermes run: the real engine and policies on a virtual clock."""
+"""hermes-sim: the real engine and policies on a virtual clock, with simulated device populations."""
