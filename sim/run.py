@@ -210,7 +210,8 @@ class Simulation:
                                target_accuracy=c.target_accuracy, target=c.target, kafka=None)
         procs = [_Proc(d.name, {"speed": d.profile.flops, "slowdown": 1.0, "cores": 1, "threads": 1},
                        SimpleNamespace(returncode=0), self.out / "events.jsonl") for d in self.devices]
-        links = {"mode": "simulated", "link": self.link}
+        links = {"mode": "simulated", "link": self.link, "agents": {
+            d.name: {"name": f"{d.up_mbps:g}/{d.down_mbps:g} Mbit/s {d.rtt_s * 1000:g} ms"} for d in self.devices}}
         summary = build_summary(a, srv, outcome=self.engine.outcome, wall=self.wall_seconds,
                                 reached_at=None if reached is None else reached.seconds, t0=0.0, agents=procs,
                                 out=self.out, chaos_log=[], server_exit_code=0, kafka_bootstrap=None, links=links)
