@@ -42,6 +42,8 @@ STARTUP_TIMEOUT_S = 120.0
 # After the run stopped, the server waits up to 15 s for its agents to leave
 # (server.app.EXIT_GRACE_SECONDS); this bounds the wait for the last files beyond that.
 SHUTDOWN_TIMEOUT_S = 60.0
+# The most agents hermes.train runs as threads of this process; more are simulated (hermes.simulate).
+PROCESS_AGENTS_MAX = 16
 
 
 class RunError(RuntimeError):
@@ -238,23 +240,28 @@ class Server:
                 for i in range(count)]
 
     def _read_result(self) -> Result:
-        path = self.out_dir / "server_summary.json"
-        try:
-            summary = json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
-            raise RunError(f"the server wrote no summary to {path} ({exc}): see the log above") from None
-        metrics = dict(summary.get("final_metrics") or {})
-        if summary.get("final_loss") is not None:
-            metrics.setdefault("loss", summary["final_loss"])
-        final, best = self.out_dir / "model-final.safetensors", self.out_dir / "model-best.safetensors"
-        best_path = best if best.is_file() else None
-        return Result(
-            outcome=summary.get("outcome", "stopped"), stop_reason=summary.get("stop_reason", ""),
-            metrics=metrics, best_metrics=summary.get("best_metrics"),
-            seconds=float(summary.get("elapsed_seconds", 0.0)), updates=int(summary.get("model_updates", 0)),
-            out_dir=self.out_dir, model_path=final if final.is_file() else best_path, best_model_path=best_path,
-            agent_errors={a.name: a.error for a in self.agents if a.error}, summary=summary,
-        )
+        return result_from(self.out_dir, {a.name: a.error for a in self.agents if a.error})
+
+
+def result_from(out_dir: Path, agent_errors: dict[str, str]) -> Result:
+    """The Result of a run whose server wrote its summary and models to ``out_dir`` (a server, a simulation)."""
+    path = out_dir / "server_summary.json"
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise RunError(f"the server wrote no summary to {path} ({exc}): see the log above") from None
+    metrics = dict(summary.get("final_metrics") or {})
+    if summary.get("final_loss") is not None:
+        metrics.setdefault("loss", summary["final_loss"])
+    final, best = out_dir / "model-final.safetensors", out_dir / "model-best.safetensors"
+    best_path = best if best.is_file() else None
+    return Result(
+        outcome=summary.get("outcome", "stopped"), stop_reason=summary.get("stop_reason", ""),
+        metrics=metrics, best_metrics=summary.get("best_metrics"),
+        seconds=float(summary.get("elapsed_seconds", 0.0)), updates=int(summary.get("model_updates", 0)),
+        out_dir=out_dir, model_path=final if final.is_file() else best_path, best_model_path=best_path,
+        agent_errors=agent_errors, summary=summary,
+    )
 
 
 class Agent:
@@ -326,6 +333,9 @@ def train(task: Task | str, *, agents: int = 4, preset: str | None = None, targe
           slowdowns: list[float] | None = None, timeout: float | None = None) -> Result:
     """Train ``task`` with a server and ``agents`` agents in this process until the target or a budget.
 
+    More than ``PROCESS_AGENTS_MAX`` agents are simulated instead (``hermes.simulate`` on the
+    testbed's homogeneous hl1 devices): the Result's seconds are then virtual seconds.
+
     ``target`` is ``"METRIC=VALUE"`` (the task says whether higher or lower
     is better); at least one of target, max_seconds, max_epochs, max_updates
     is required, so the call returns. Everything is shut down before it does.
@@ -335,6 +345,16 @@ def train(task: Task | str, *, agents: int = 4, preset: str | None = None, targe
                          "max_epochs, max_updates), or the run never ends")
     if agents < 1:
         raise ValueError(f"train(): agents={agents}, need at least 1")
+    if agents > PROCESS_AGENTS_MAX:
+        # Threads of one process on this machine's cores: past the limit they starve each other
+        # (agents=100 got 35 joined, 65 errors); the simulator runs the same engine on a virtual clock.
+        from hermes.simulate import simulate
+
+        log.info("train(agents=%d): more than %d agents, simulated (hermes.simulate; seconds are virtual)",
+                 agents, PROCESS_AGENTS_MAX)
+        return simulate(task, devices=agents, population="hl1", preset=preset, target=target,
+                        max_seconds=max_seconds, max_epochs=max_epochs, max_updates=max_updates, out_dir=out_dir,
+                        config=config, slowdowns=slowdowns)
     with Server(task, preset=preset, target=target, max_seconds=max_seconds, max_epochs=max_epochs,
                 max_updates=max_updates, out_dir=out_dir, config=config) as server:
         server.add_agents(agents, slowdowns=slowdowns)
