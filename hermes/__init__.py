@@ -3,7 +3,7 @@
 ``from hermes import Task`` is the public entry point for bringing your own
 model, data, loss and optimizer; ``hermes.train``, ``hermes.Server`` and
 ``hermes.Agent`` run a task from Python (hermes.api), ``hermes.simulate`` on the
-simulator (hermes.simulate). They are imported
+simulator (hermes.sim). They are imported
 lazily so that tools which never train (hermes-deploy) do not pay for torch.
 """
 
@@ -13,7 +13,7 @@ from typing import Any
 
 __all__ = ["Agent", "Result", "RunError", "Server", "Task", "TaskError", "simulate", "train"]
 
-_API = frozenset({"Agent", "Result", "RunError", "Server", "train"})
+_API = frozenset({"Agent", "Result", "RunError", "Server", "simulate", "train"})
 
 
 def __getattr__(name: str) -> Any:
@@ -21,10 +21,6 @@ def __getattr__(name: str) -> Any:
         from hermes.common import task
 
         return getattr(task, name)
-    if name == "simulate":
-        from hermes.simulate import simulate
-
-        return simulate
     if name in _API:
         from hermes import api
 

@@ -11,6 +11,11 @@ import reference: the Task object itself is handed to both. Both are
 context managers; leaving the ``with`` block stops the run, lets the agents
 leave, writes the summary and the models, and joins every thread.
 
+``hermes.simulate`` runs a task on the simulator instead (hermes.sim: the
+real engine and policies on a virtual clock, devices from a population);
+``Result.seconds`` are virtual seconds there, ``Result.summary`` is the
+simulator's summary.json (``wall_seconds``: what the simulation took).
+
 This module sits above ``hermes.server`` and ``hermes.client`` (like
 ``hermes.deploy``), never below them: ``hermes.common`` stays free of
 sockets and threads.
@@ -33,7 +38,7 @@ if TYPE_CHECKING:
     from hermes.client.agent import Agent as _ClientAgent
     from hermes.client.session import AgentStats
 
-__all__ = ["Agent", "Result", "RunError", "Server", "train"]
+__all__ = ["Agent", "Result", "RunError", "Server", "simulate", "train"]
 
 log = logging.getLogger(__name__)
 
@@ -348,9 +353,7 @@ def train(task: Task | str, *, agents: int = 4, preset: str | None = None, targe
     if agents > PROCESS_AGENTS_MAX:
         # Threads of one process on this machine's cores: past the limit they starve each other
         # (agents=100 got 35 joined, 65 errors); the simulator runs the same engine on a virtual clock.
-        from hermes.simulate import simulate
-
-        log.info("train(agents=%d): more than %d agents, simulated (hermes.simulate; seconds are virtual)",
+        log.info("train(agents=%d): more than %d agents, simulated (hermes.api.simulate; seconds are virtual)",
                  agents, PROCESS_AGENTS_MAX)
         return simulate(task, devices=agents, population="hl1", preset=preset, target=target,
                         max_seconds=max_seconds, max_epochs=max_epochs, max_updates=max_updates, out_dir=out_dir,
@@ -365,3 +368,40 @@ def _default_out(name: str) -> Path:
     safe = "".join(c if c.isalnum() or c in "-_" else "-" for c in name) or "task"
     return Path("runs") / f"{safe}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
 
+
+def simulate(task: Task | str, *, devices: int | None = None, population: str = "hl8", preset: str | None = None,
+             seed: int = 0, target: str | None = None, max_seconds: float | None = None,
+             max_epochs: float | None = None, max_updates: int | None = None, out_dir: str | Path | None = None,
+             config: dict[str, Any] | None = None, link: str | None = None, server_link_mbps: float = 1000.0,
+             server_cost: str = "calibrated", slowdowns: list[float] | None = None) -> Result:
+    """Simulate ``task`` on ``devices`` devices of ``population`` (hl1..hl8, table2, generated, a trace file).
+
+    ``max_seconds`` is in virtual seconds (default 3600). ``slowdowns``: one factor per device,
+    dividing its compute speed (as ``hermes.train``'s emulated agents are slowed down).
+    """
+    import dataclasses
+    import math
+
+    from hermes.common.config import DEFAULT_PRESET, build_config
+    from hermes.common.task_registry import resolve_task
+    from hermes.sim.cli import server_cost as cost_model
+    from hermes.sim.links import ServerLink, transfer_seconds
+    from hermes.sim.populations import build_population
+    from hermes.sim.run import Simulation
+
+    values = {"target": target, "max_seconds": max_seconds, "max_epochs": max_epochs, "max_updates": max_updates,
+              "seed": seed, "task": None if isinstance(task, Task) else task}
+    run_config = build_config(preset or DEFAULT_PRESET, **{**(config or {}),
+                                                          **{k: v for k, v in values.items() if v is not None}})
+    resolved = resolve_task(task, run_config)
+    profiles = build_population(population, devices, seed, link=link)
+    if slowdowns is not None:
+        if len(slowdowns) != len(profiles):
+            raise ValueError(f"slowdowns: {len(slowdowns)} factors for {len(profiles)} devices")
+        profiles = [dataclasses.replace(p, flops=p.flops / s) for p, s in zip(profiles, slowdowns)]
+    out = Path(out_dir) if out_dir is not None else _default_out(f"sim-{resolved.name or 'task'}")
+    server_link = None if math.isinf(server_link_mbps) else ServerLink(server_link_mbps, server_link_mbps)
+    sim = Simulation(run_config, profiles, out=out, task=resolved, transfer=transfer_seconds, server_link=server_link,
+                     cost=cost_model(server_cost), population=population, link=link)
+    summary = sim.run()
+    return dataclasses.replace(result_from(out, {}), summary=summary)

@@ -1,1 +1,0 @@
-../../hermes/simulate.py
