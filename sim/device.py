@@ -84,11 +84,14 @@ class VersionStore:
     def __init__(self) -> None:
         self.flat: dict[int, torch.Tensor] = {}
         self.refs: dict[int, int] = {}
+        # The most versions held at once (the summary's account of the devices' model memory).
+        self.peak = 0
 
     def hold(self, version: int, flat: torch.Tensor | None = None) -> torch.Tensor:
         if version not in self.flat:
             assert flat is not None, f"version {version} is not held and was not given"
             self.flat[version] = flat
+            self.peak = max(self.peak, len(self.flat))
         self.refs[version] = self.refs.get(version, 0) + 1
         return self.flat[version]
 

@@ -225,7 +225,10 @@ class Simulation:
         summary["virtual_seconds"] = round(self.clock.monotonic(), 6)
         summary["server_busy_seconds"] = round(self.driver.server_busy_seconds, 6)
         summary["flops_per_sample"] = {"train": self.train_flops, "evaluate": self.eval_flops}
-        summary["sim"] = {"peak_versions_held": None}
+        # Model copies the devices held: versions (shared) at their peak, own weights at the end.
+        summary["sim"] = {"peak_versions_held": self.versions.peak,
+                          "own_weights_held_at_end": sum(d.local is not None for d in self.devices),
+                          "optimizer_states_held_at_end": sum(d.opt_state is not None for d in self.devices)}
         return summary
 
 

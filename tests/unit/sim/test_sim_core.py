@@ -58,6 +58,7 @@ def test_same_seed_same_summary_and_it_has_the_testbed_fields(tmp_path):
     # Virtual seconds: a few seconds of simulated training, whatever the wall time was.
     assert first["seconds_to_target"] < 60.0 and first["engine"] == "sim"
     assert len(first["workers"]) == 4 and all(w["device"]["cycles"] > 0 for w in first["workers"])
+    assert 1 <= first["sim"]["peak_versions_held"] <= first["model_updates"] + 1
     events = [json.loads(line) for line in (tmp_path / "a" / "events.jsonl").read_text().splitlines()]
     assert events[0]["event"] == "run_start" and any(e["event"] == "evaluation" for e in events)
 
