@@ -100,9 +100,9 @@ def main(argv: list[str] | None = None) -> int:
         print("hermes-sim: --devices must be >= 1", file=sys.stderr)
         return 2
     if args.ray is not None:
-        try:
-            import ray  # noqa: F401
-        except ImportError:
+        import importlib.util
+
+        if importlib.util.find_spec("ray") is None:
             print("hermes-sim: --ray needs Ray: pip install 'hermes-edge[ray]'", file=sys.stderr)
             return 2
         print("hermes-sim: --ray: the Ray executor is not in this build yet; run without --ray", file=sys.stderr)

@@ -386,7 +386,7 @@ class SimDevice:
             self.prefetch = asyncio.ensure_future(self.request_work())
         return work
 
-    async def _wait(self, task: asyncio.Task[Any]) -> Any:
+    async def _wait(self, task: asyncio.Future[Any]) -> Any:
         if self.offline_at is None:
             return await task
         done, _ = await asyncio.wait({task}, timeout=max(0.0, self.offline_at - self.sim.driver.now()))
@@ -432,7 +432,7 @@ class SimDevice:
                     # overlap_push: the last push is not answered yet; this cycle's progress goes with the next.
                     await self.skipped(cycle_record(work, result, pushed=False, decision=IN_FLIGHT))
                     continue
-                if self.settle():
+                if await self.settle():
                     self.stop_reason = "server asked to stop"
                     return
             self.swap_in()
@@ -472,14 +472,14 @@ class SimDevice:
         if self.inflight is not None:
             # The last push counts; its reply may say stop, the loop is over anyway.
             await self._wait(self.inflight)
-            self.settle()
+            await self.settle()
 
-    def settle(self) -> bool:
+    async def settle(self) -> bool:
         """The overlapped push's reply, rebased on; True when it says stop."""
         assert self.inflight is not None
         reply, pushed = self.inflight.result(), self.inflight_pushed
         self.inflight, self.inflight_pushed = None, None
-        return self.receive_now(reply, pushed)
+        return await self.receive(reply, pushed)
 
     async def skipped(self, cycle: Any) -> None:
         """A cycle the gate did not push (Agent.note_skipped_cycle)."""
@@ -536,7 +536,7 @@ class SimDevice:
 def _records(reply: Message, body: Any, shards: list[int]) -> list[Any]:
     """The shard records a reply carries back to back, cut by its ``lengths``."""
     raw = reply.payload.flat().numpy() if reply.payload is not None else np.zeros(0, np.uint8)
-    view = memoryview(raw)
+    view = raw.data
     lengths = getattr(body, "lengths", None) or reply.header.body.get("lengths") or [len(raw)]
     out, offset = [], 0
     for shard, length in zip(shards, lengths):

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
@@ -168,7 +168,7 @@ class Simulation:
         tasks = [asyncio.ensure_future(d.run()) for d in self.devices]
         everyone = asyncio.gather(*tasks)
         stopped = asyncio.ensure_future(driver.stopped.wait())
-        await asyncio.wait({stopped, everyone}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait(cast("set[asyncio.Future[Any]]", {stopped, everyone}), return_when=asyncio.FIRST_COMPLETED)
         if not engine.stopping:
             engine.request_stop("no device is left")
         left = [t for t in tasks if not t.done()]
@@ -213,7 +213,8 @@ class Simulation:
         links = {"mode": "simulated", "link": self.link, "agents": {
             d.name: {"name": f"{d.up_mbps:g}/{d.down_mbps:g} Mbit/s {d.rtt_s * 1000:g} ms"} for d in self.devices}}
         summary = build_summary(a, srv, outcome=self.engine.outcome, wall=self.wall_seconds,
-                                reached_at=None if reached is None else reached.seconds, t0=0.0, agents=procs,
+                                reached_at=None if reached is None else reached.seconds, t0=0.0,
+                                agents=cast("list[Any]", procs),
                                 out=self.out, chaos_log=[], server_exit_code=0, kafka_bootstrap=None, links=links)
         for w, d in zip(summary["workers"], self.devices):
             w["family"] = getattr(d.profile, "family", None)
