@@ -45,14 +45,16 @@ def test_version_and_help(capsys):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1800)
+@pytest.mark.timeout(1200)
 def test_train_with_more_agents_than_the_process_path_takes_simulates_every_one(tmp_path):
     agents = 100
     assert agents > PROCESS_AGENTS_MAX
-    result = hermes.train("builtin", agents=agents, preset="asp", target="accuracy=0.85", max_seconds=600,
-                          out_dir=tmp_path / "run", config={"dataset": "digits", "model": "mlp"})
-    assert result.target_reached and not result.agent_errors
+    # A budget, not a target: plain asp over 100 equally fast workers is 100 updates stale and
+    # diverges at the digits lr (the sim shows it); what this checks is that every agent is there.
+    result = hermes.train("builtin", agents=agents, preset="asp", max_updates=300, out_dir=tmp_path / "run",
+                          config={"dataset": "digits", "model": "mlp"})
+    assert result.outcome == "budget_reached" and result.updates == 300 and not result.agent_errors
     workers = result.summary["workers"]
     assert len(workers) == agents and len({w["name"] for w in workers}) == agents
-    assert all(w["device"]["registrations"] == 1 for w in workers)
+    assert all(w["device"]["registrations"] == 1 and w["device"]["cycles"] >= 1 for w in workers)
     assert result.model_path is not None and result.model_path.is_file()
