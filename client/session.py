@@ -64,6 +64,20 @@ def finite_or_none(v: float | None) -> float | None:
     return v if v is not None and math.isfinite(v) else None
 
 
+Samples = tuple[torch.Tensor, torch.Tensor]
+
+
+def take_cycle(carry: Samples | None, work: Work) -> tuple[torch.Tensor, torch.Tensor, Samples | None]:
+    """This cycle's samples (the carry first, then the work's) and the new carry (Session.cycle_samples)."""
+    parts = [p for p in (carry, (work.x, work.y) if work.x is not None and work.y is not None else None) if p is not None]
+    if not parts:
+        return torch.zeros((0,)), torch.zeros((0,), dtype=torch.int64), None
+    x = torch.cat([p[0] for p in parts]) if len(parts) > 1 else parts[0][0]
+    y = torch.cat([p[1] for p in parts]) if len(parts) > 1 else parts[0][1]
+    n = len(y) if work.cycle_samples is None else min(work.cycle_samples, len(y))
+    return x[:n], y[:n], ((x[n:], y[n:]) if n < len(y) else None)
+
+
 @dataclass
 class AgentStats:
     """The agent's own account of its work, reported to the server and returned by ``Agent.run``."""
@@ -249,14 +263,8 @@ class Session:
         Shards are whole while workloads are not; what is left over is trained
         next cycle (the server counts it the same way and sends less).
         """
-        parts = [p for p in (self.carry, (work.x, work.y) if work.x is not None and work.y is not None else None) if p is not None]
-        if not parts:
-            return torch.zeros((0,)), torch.zeros((0,), dtype=torch.int64)
-        x = torch.cat([p[0] for p in parts]) if len(parts) > 1 else parts[0][0]
-        y = torch.cat([p[1] for p in parts]) if len(parts) > 1 else parts[0][1]
-        n = len(y) if work.cycle_samples is None else min(work.cycle_samples, len(y))
-        self.carry = (x[n:], y[n:]) if n < len(y) else None
-        return x[:n], y[:n]
+        x, y, self.carry = take_cycle(self.carry, work)
+        return x, y
 
     def pull(self, trainer: LocalTrainer, stats: AgentStats, force: bool, pushed: torch.Tensor | None = None) -> None:
         """The global model, loaded into the trainer, when it is newer than ours (always with ``force``);

@@ -41,6 +41,7 @@ from hermes.client.trainer import CycleResult, GradHook
 from hermes.client.transport import ControlClient, DataClient, RemoteError, ServerUnreachable, StopRequested
 from hermes.common.messages import IN_FLIGHT, CycleReport, PullModel, PushReply, PushUpdate, parse_reply, request_body
 from hermes.common.policies.aggregation import AggregationRule
+from hermes.common.policies.gate import GateDecision
 from hermes.common.wire import Message, MsgType
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,39 @@ class TopologyHost(Host, Protocol):
 
 # Generations in a row that broke before their first step, after which the agent gives up.
 STILLBORN_GENERATIONS = 3
+
+
+def judge_cycle(job: Job, validation: tuple[torch.Tensor, torch.Tensor] | None, work: Work,
+                result: CycleResult) -> tuple[CycleReport, GateDecision | None, float | None]:
+    """A trained cycle's record and, with the gate (Hermes Alg. 1), its decision and validation loss;
+    no gate: always pushed (decision None). The agent's loop and the simulator (hermes.sim) both ask here."""
+    if job.gate is None:
+        return cycle_record(work, result, pushed=True), None, None
+    assert validation is not None, "the gate's validation split is fetched when a session begins"
+    val_loss = job.trainer.evaluate(*validation)
+    decision = job.gate.observe(val_loss)
+    cycle = cycle_record(work, result, pushed=decision.push, decision=decision.reason,
+                         val_loss=finite_or_none(val_loss), z=finite_or_none(decision.z), alpha=decision.alpha)
+    return cycle, decision, val_loss
+
+
+def update_of(job: Job, reference: torch.Tensor | None, result: CycleResult,
+              cycle: CycleReport) -> tuple[torch.Tensor, torch.Tensor, PushUpdate]:
+    """The trained model, its change since ``reference`` in the wire dtype, and the push's body.
+
+    ``reference``: Hermes Alg. 2's w0 when the rule weighs changes since the initial model
+    (``job.from_baseline``), else the last pulled model.
+    """
+    assert reference is not None, "a session pulls the model before its first cycle"
+    local = job.trainer.flat()
+    delta = (local - reference).to(job.wire_dtype)
+    if result.loss is not None and not math.isfinite(result.loss):
+        # The server refuses such a push (PushUpdate.loss is Finite); say so here, in one line, before sending it.
+        raise LossNotFinite(f"the local loss is {result.loss} after {result.steps} steps: training diverged "
+                            "(try a lower lr)")
+    update = PushUpdate(samples=result.samples, steps=result.steps, loss=result.loss,
+                        compute_seconds=result.compute_seconds, cycle=cycle)
+    return local, delta, update
 
 
 class PushPull:
@@ -136,14 +170,9 @@ class PushPull:
             stop = self._settle()
             if stop is not None:
                 return stop
-        cycle = cycle_record(work, result, pushed=True)
-        if job.gate is not None:
-            assert self.validation is not None, "the gate's validation split is fetched when a session begins"
-            val_loss = trainer.evaluate(*self.validation)
-            decision = job.gate.observe(val_loss)
+        cycle, decision, val_loss = judge_cycle(job, self.validation, work, result)
+        if decision is not None:
             st.gate_skips += not decision.push
-            cycle = cycle_record(work, result, pushed=decision.push, decision=decision.reason,
-                                 val_loss=finite_or_none(val_loss), z=finite_or_none(decision.z), alpha=decision.alpha)
             if not decision.push:
                 # Keep training the local model on fresh data; tell the server how long the
                 # cycle took (its straggler detector needs every cycle, not only pushed ones).
@@ -156,16 +185,7 @@ class PushPull:
                     trainer.reset_state()
                     st.resyncs += 1
                 return None
-        reference = self.baseline if job.from_baseline else session.base
-        assert reference is not None, "a session pulls the model before its first cycle"
-        local = trainer.flat()
-        delta = (local - reference).to(job.wire_dtype)
-        if result.loss is not None and not math.isfinite(result.loss):
-            # The server refuses such a push (PushUpdate.loss is Finite); say so here, in one line, before sending it.
-            raise LossNotFinite(f"the local loss is {result.loss} after {result.steps} steps: training diverged "
-                                "(try a lower lr)")
-        update = PushUpdate(samples=result.samples, steps=result.steps, loss=result.loss,
-                            compute_seconds=result.compute_seconds, cycle=cycle)
+        local, delta, update = update_of(job, self.baseline if job.from_baseline else session.base, result, cycle)
         if session.outbox is not None:
             # combine_messages: the model comes back in the reply; pending cycles and stats go along.
             cycles, stats = session.outbox.take()

@@ -2,7 +2,8 @@
 
 ``from hermes import Task`` is the public entry point for bringing your own
 model, data, loss and optimizer; ``hermes.train``, ``hermes.Server`` and
-``hermes.Agent`` run a task from Python (hermes.api). They are imported
+``hermes.Agent`` run a task from Python (hermes.api), ``hermes.simulate`` on the
+simulator (hermes.sim). They are imported
 lazily so that tools which never train (hermes-deploy) do not pay for torch.
 """
 
@@ -10,9 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["Agent", "Callback", "Result", "RunError", "Server", "Task", "TaskError", "register_policy", "train"]
+__all__ = ["Agent", "Callback", "Result", "RunError", "Server", "Task", "TaskError", "register_policy", "simulate",
+           "train"]
 
-_API = frozenset({"Agent", "Callback", "Result", "RunError", "Server", "train"})
+_API = frozenset({"Agent", "Callback", "Result", "RunError", "Server", "simulate", "train"})
 
 
 def __getattr__(name: str) -> Any:

@@ -11,6 +11,11 @@ import reference: the Task object itself is handed to both. Both are
 context managers; leaving the ``with`` block stops the run, lets the agents
 leave, writes the summary and the models, and joins every thread.
 
+``hermes.simulate`` runs a task on the simulator instead (hermes.sim: the
+real engine and policies on a virtual clock, devices from a population);
+``Result.seconds`` are virtual seconds there, ``Result.summary`` is the
+simulator's summary.json (``wall_seconds``: what the simulation took).
+
 This module sits above ``hermes.server`` and ``hermes.client`` (like
 ``hermes.deploy``), never below them: ``hermes.common`` stays free of
 sockets and threads.
@@ -36,7 +41,7 @@ if TYPE_CHECKING:
     from hermes.client.agent import Agent as _ClientAgent
     from hermes.client.session import AgentStats
 
-__all__ = ["Agent", "Callback", "Result", "RunError", "Server", "train"]
+__all__ = ["Agent", "Callback", "Result", "RunError", "Server", "simulate", "train"]
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +50,8 @@ STARTUP_TIMEOUT_S = 120.0
 # After the run stopped, the server waits up to 15 s for its agents to leave
 # (server.app.EXIT_GRACE_SECONDS); this bounds the wait for the last files beyond that.
 SHUTDOWN_TIMEOUT_S = 60.0
+# The most agents hermes.train runs as threads of this process; more are simulated (hermes.simulate).
+PROCESS_AGENTS_MAX = 16
 
 
 class RunError(RuntimeError):
@@ -287,23 +294,28 @@ class Server:
                 for i in range(count)]
 
     def _read_result(self) -> Result:
-        path = self.out_dir / "server_summary.json"
-        try:
-            summary = json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
-            raise RunError(f"the server wrote no summary to {path} ({exc}): see the log above") from None
-        metrics = dict(summary.get("final_metrics") or {})
-        if summary.get("final_loss") is not None:
-            metrics.setdefault("loss", summary["final_loss"])
-        final, best = self.out_dir / "model-final.safetensors", self.out_dir / "model-best.safetensors"
-        best_path = best if best.is_file() else None
-        return Result(
-            outcome=summary.get("outcome", "stopped"), stop_reason=summary.get("stop_reason", ""),
-            metrics=metrics, best_metrics=summary.get("best_metrics"),
-            seconds=float(summary.get("elapsed_seconds", 0.0)), updates=int(summary.get("model_updates", 0)),
-            out_dir=self.out_dir, model_path=final if final.is_file() else best_path, best_model_path=best_path,
-            agent_errors={a.name: a.error for a in self.agents if a.error}, summary=summary,
-        )
+        return result_from(self.out_dir, {a.name: a.error for a in self.agents if a.error})
+
+
+def result_from(out_dir: Path, agent_errors: dict[str, str]) -> Result:
+    """The Result of a run whose server wrote its summary and models to ``out_dir`` (a server, a simulation)."""
+    path = out_dir / "server_summary.json"
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise RunError(f"the server wrote no summary to {path} ({exc}): see the log above") from None
+    metrics = dict(summary.get("final_metrics") or {})
+    if summary.get("final_loss") is not None:
+        metrics.setdefault("loss", summary["final_loss"])
+    final, best = out_dir / "model-final.safetensors", out_dir / "model-best.safetensors"
+    best_path = best if best.is_file() else None
+    return Result(
+        outcome=summary.get("outcome", "stopped"), stop_reason=summary.get("stop_reason", ""),
+        metrics=metrics, best_metrics=summary.get("best_metrics"),
+        seconds=float(summary.get("elapsed_seconds", 0.0)), updates=int(summary.get("model_updates", 0)),
+        out_dir=out_dir, model_path=final if final.is_file() else best_path, best_model_path=best_path,
+        agent_errors=agent_errors, summary=summary,
+    )
 
 
 class Agent:
@@ -377,6 +389,9 @@ def train(task: Task | str, *, agents: int = 4, preset: str | None = None, targe
           overwrite: bool = False) -> Result:
     """Train ``task`` with a server and ``agents`` agents in this process until the target or a budget.
 
+    More than ``PROCESS_AGENTS_MAX`` agents are simulated instead (``hermes.simulate`` on the
+    testbed's homogeneous hl1 devices): the Result's seconds are then virtual seconds.
+
     ``target`` is ``"METRIC=VALUE"`` (the task says whether higher or lower
     is better); at least one of target, max_seconds, max_epochs, max_updates
     is required, so the call returns. Everything is shut down before it does.
@@ -387,6 +402,17 @@ def train(task: Task | str, *, agents: int = 4, preset: str | None = None, targe
                          "max_epochs, max_updates), or the run never ends")
     if agents < 1:
         raise ValueError(f"train(): agents={agents}, need at least 1")
+    if agents > PROCESS_AGENTS_MAX:
+        # Threads of one process on this machine's cores: past the limit they starve each other
+        # (agents=100 got 35 joined, 65 errors); the simulator runs the same engine on a virtual clock.
+        if callbacks or resume:
+            raise ValueError(f"train(): agents={agents} runs on the simulator (more than {PROCESS_AGENTS_MAX} agents), "
+                             "which takes neither callbacks nor resume yet; use hermes.simulate or fewer agents")
+        log.info("train(agents=%d): more than %d agents, simulated (hermes.api.simulate; seconds are virtual)",
+                 agents, PROCESS_AGENTS_MAX)
+        return simulate(task, devices=agents, population="hl1", preset=preset, target=target,
+                        max_seconds=max_seconds, max_epochs=max_epochs, max_updates=max_updates, out_dir=out_dir,
+                        config=config, slowdowns=slowdowns)
     with Server(task, preset=preset, target=target, max_seconds=max_seconds, max_epochs=max_epochs,
                 max_updates=max_updates, out_dir=out_dir, config=config, callbacks=callbacks, verbose=verbose,
                 resume=resume, overwrite=overwrite) as server:
@@ -417,3 +443,41 @@ class _Quiet:
 
     def restore(self) -> None:
         self._logger.setLevel(self._level)
+
+
+def simulate(task: Task | str, *, devices: int | None = None, population: str = "hl8", preset: str | None = None,
+             seed: int = 0, target: str | None = None, max_seconds: float | None = None,
+             max_epochs: float | None = None, max_updates: int | None = None, out_dir: str | Path | None = None,
+             config: dict[str, Any] | None = None, link: str | None = None, server_link_mbps: float = 1000.0,
+             server_cost: str = "calibrated", slowdowns: list[float] | None = None) -> Result:
+    """Simulate ``task`` on ``devices`` devices of ``population`` (hl1..hl8, table2, generated, a trace file).
+
+    ``max_seconds`` is in virtual seconds (default 3600). ``slowdowns``: one factor per device,
+    dividing its compute speed (as ``hermes.train``'s emulated agents are slowed down).
+    """
+    import dataclasses
+    import math
+
+    from hermes.common.config import DEFAULT_PRESET, build_config
+    from hermes.common.task_registry import resolve_task
+    from hermes.sim.cli import server_cost as cost_model
+    from hermes.sim.links import ServerLink, transfer_seconds
+    from hermes.sim.populations import build_population
+    from hermes.sim.run import Simulation
+
+    values = {"target": target, "max_seconds": max_seconds, "max_epochs": max_epochs, "max_updates": max_updates,
+              "seed": seed, "task": None if isinstance(task, Task) else task}
+    run_config = build_config(preset or DEFAULT_PRESET, **{**(config or {}),
+                                                          **{k: v for k, v in values.items() if v is not None}})
+    resolved = resolve_task(task, run_config)
+    profiles = build_population(population, devices, seed, link=link)
+    if slowdowns is not None:
+        if len(slowdowns) != len(profiles):
+            raise ValueError(f"slowdowns: {len(slowdowns)} factors for {len(profiles)} devices")
+        profiles = [dataclasses.replace(p, flops=p.flops / s) for p, s in zip(profiles, slowdowns)]
+    out = Path(out_dir) if out_dir is not None else _default_out(f"sim-{resolved.name or 'task'}")
+    server_link = None if math.isinf(server_link_mbps) else ServerLink(server_link_mbps, server_link_mbps)
+    sim = Simulation(run_config, profiles, out=out, task=resolved, transfer=transfer_seconds, server_link=server_link,
+                     cost=cost_model(server_cost), population=population, link=link)
+    summary = sim.run()
+    return dataclasses.replace(result_from(out, {}), summary=summary)

@@ -1,0 +1,93 @@
+"""The simulator's core: the virtual loop, and small runs of the real engine on it (digits, 4 devices)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from hermes.common.config import build_config
+from hermes.sim.events import Stalled, VirtualClock, run_virtual
+from hermes.sim.run import SimError, Simulation, deterministic_view
+
+from ._stand_ins import DeviceProfile, FifoLink, Windows, hl8, transfer_seconds
+
+
+def _config(preset: str = "hermes", **kw):
+    kw = {"seed": 0, "target_accuracy": 0.85, "max_seconds": 300, **kw}
+    return build_config(preset, dataset="digits", model="mlp", **kw)
+
+
+def _run(tmp_path, name: str, profiles=None, preset: str = "hermes", **kw):
+    sim = Simulation(_config(preset, **kw.pop("config", {})), profiles or hl8(4), out=tmp_path / name,
+                     transfer=transfer_seconds, population="hl8", **kw)
+    return sim, sim.run()
+
+
+def test_the_virtual_loop_jumps_to_each_timer_and_runs_thread_work_inline():
+    clock = VirtualClock(start=0.0)
+
+    async def main():
+        async def at(d):
+            await asyncio.sleep(d)
+            return clock.monotonic()
+
+        times = await asyncio.gather(*[at(3600.0 * i) for i in range(4)])
+        return times, await asyncio.to_thread(lambda: 42)
+
+    assert run_virtual(clock, main) == ([0.0, 3600.0, 7200.0, 10800.0], 42)
+
+
+def test_a_loop_where_everyone_waits_forever_says_so_instead_of_hanging():
+    async def main():
+        await asyncio.get_running_loop().create_future()
+
+    with pytest.raises(Stalled):
+        run_virtual(VirtualClock(), main)
+
+
+def test_same_seed_same_summary_and_it_has_the_testbed_fields(tmp_path):
+    _, first = _run(tmp_path, "a")
+    _, second = _run(tmp_path, "b")
+    assert deterministic_view(first) == deterministic_view(second)
+    for key in ("reached_target", "seconds_to_target", "messages_total", "final_accuracy", "final_metrics",
+                "workers", "wall_seconds"):
+        assert key in first
+    assert first["reached_target"] and first["seconds_to_target"] is not None
+    # Virtual seconds: a few seconds of simulated training, whatever the wall time was.
+    assert first["seconds_to_target"] < 60.0 and first["engine"] == "sim"
+    assert len(first["workers"]) == 4 and all(w["device"]["cycles"] > 0 for w in first["workers"])
+    assert 1 <= first["sim"]["peak_versions_held"] <= first["model_updates"] + 1
+    events = [json.loads(line) for line in (tmp_path / "a" / "events.jsonl").read_text().splitlines()]
+    assert events[0]["event"] == "run_start" and any(e["event"] == "evaluation" for e in events)
+
+
+def test_another_seed_gives_another_run(tmp_path):
+    _, first = _run(tmp_path, "a", preset="asp")
+    _, other = _run(tmp_path, "b", preset="asp", config={"seed": 1})
+    assert deterministic_view(first) != deterministic_view(other)
+
+
+def test_an_earlier_runs_results_are_never_overwritten(tmp_path):
+    _run(tmp_path, "a", preset="asp")
+    with pytest.raises(SimError, match="earlier run"):
+        _run(tmp_path, "a", preset="asp")
+
+
+def test_a_device_that_goes_offline_loses_its_work_and_rejoins(tmp_path):
+    profiles = hl8(4)
+    # The fastest device leaves for 12 s after 0.5 s: longer than the heartbeat timeout (10 s).
+    profiles[0] = DeviceProfile("hl8-0", "hl8", profiles[0].flops, availability=Windows((0.5, 12.5)))
+    _, s = _run(tmp_path, "churn", profiles, preset="asp", config={"target_accuracy": 0.97})
+    churned = s["workers"][0]["device"]
+    assert (churned["offline"], churned["registrations"]) == (1, 2), s["seconds_to_target"]
+    lost = [e for e in map(json.loads, (tmp_path / "churn" / "events.jsonl").read_text().splitlines())
+            if e["event"] == "leave" and e["state"] == "lost"]
+    assert lost, "the server never noticed the silent device"
+
+
+def test_a_slow_shared_server_link_delays_the_run(tmp_path):
+    _, fast = _run(tmp_path, "fast", preset="asp")
+    _, slow = _run(tmp_path, "slow", preset="asp", server_link=FifoLink(mbps=2.0))
+    assert slow["seconds_to_target"] > 2 * fast["seconds_to_target"]
