@@ -23,7 +23,7 @@ pytestmark = pytest.mark.integration
 GOOD = 0.8
 # Hang deadlines (docs/testing.md): they only catch a run that never gets there.
 HANG_S = 120.0
-LATE_PUSHES = 12
+LATE_PUSHES = 8
 
 
 def _events(out: Path) -> list[dict]:
@@ -39,12 +39,18 @@ def _events(out: Path) -> list[dict]:
 ])
 def test_a_late_agent_contributes_without_dragging_the_model_back(tmp_path: Path, preset: str) -> None:
     out = tmp_path / "server"
-    with running_server(out, "--preset", preset, sets=("eval_interval_seconds=0.5",)) as srv:
+    # The MLP: digits to GOOD in seconds, not minutes, on a loaded machine.
+    with running_server(out, "--preset", preset, sets=("eval_interval_seconds=0.5", "model=mlp")) as srv:
         early = start_agent(srv.url, "early", tmp_path / "early.log")
         agents = [early]
         try:
-            wait_for(lambda: (srv.get_json("/v1/status").get("best_accuracy") or 0.0) >= GOOD, HANG_S,
-                     f"the early agent alone to reach {GOOD}")
+            try:
+                wait_for(lambda: (srv.get_json("/v1/status").get("best_accuracy") or 0.0) >= GOOD, HANG_S,
+                         f"the early agent alone to reach {GOOD}")
+            except AssertionError as exc:
+                status = srv.get_json("/v1/status")
+                raise AssertionError(f"{exc}: best {status.get('best_accuracy')} at version "
+                                     f"{status.get('model_version')}") from None
             late = start_agent(srv.url, "late", tmp_path / "late.log")
             agents.append(late)
 
