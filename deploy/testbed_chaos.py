@@ -89,7 +89,7 @@ def parse_churn(spec: str, clients: int, horizon: float) -> list[ChurnEvent]:
     """``--churn SPEC``: the leave and join events of a run, in time order.
 
     A schedule ``N:leave@T,join@T;M:kill@T,...`` (``leave`` takes SIGKILL and
-    SIGTERM in turn, ``kill`` and ``term`` name the signal), or a random
+    SIGTERM in turn, in time order; ``kill`` and ``term`` name the signal), or a random
     availability model ``random:offline=F,mean_spell=S,seed=K``: each agent
     alternates online and offline spells, both exponential, offline ones of
     mean S and online ones of mean S (1 - F) / F, so it is offline a fraction F
@@ -120,12 +120,16 @@ def parse_churn(spec: str, clients: int, horizon: float) -> list[ChurnEvent]:
             if action == "join":
                 events.append(ChurnEvent(at, agent, "join"))
             else:
-                sig = {"kill": "SIGKILL", "term": "SIGTERM"}.get(action, _SIGNALS[leaves % 2])
-                leaves += action == "leave"
-                events.append(ChurnEvent(at, agent, "leave", sig))
+                events.append(ChurnEvent(at, agent, "leave", {"kill": "SIGKILL", "term": "SIGTERM"}.get(action, "")))
     if not events:
         raise ValueError(f"{spec!r}: no churn events")
-    return sorted((e for e in events if e.at <= horizon), key=lambda e: (e.at, e.agent))
+    out = []
+    for e in sorted(events, key=lambda e: (e.at, e.agent)):
+        if e.action == "leave" and not e.signal:  # leave: SIGKILL and SIGTERM in turn, in time order
+            e, leaves = ChurnEvent(e.at, e.agent, "leave", _SIGNALS[leaves % 2]), leaves + 1
+        if e.at <= horizon:
+            out.append(e)
+    return out
 
 
 def _random_churn(text: str, clients: int, horizon: float) -> list[ChurnEvent]:
