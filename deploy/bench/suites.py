@@ -263,8 +263,9 @@ BUILTIN: dict[str, dict[str, Any]] = {
         "presets": ["hermes", "hermes-paper", "asp", "bsp", "ssp", "ebsp", "omnilearn-bsp", "omnilearn-asp",
                     "dynamic-batching", "variable-batching", "task-allocation", "dp-sgd", "fedasync", "fedbuff",
                     "edp-sgd"],
-        "profiles": ["hl8"], "clients": 8, "repeats": 1, "target_accuracy": 0.85, "max_seconds": 180.0,
-        "churn": "random:offline=0.2,mean_spell=8,seed=0",
+        # 0.95: runs long enough (a minute or more) for every agent to leave and come back a few times.
+        "profiles": ["hl8"], "clients": 8, "repeats": 1, "target_accuracy": 0.95, "max_seconds": 240.0,
+        "churn": "random:offline=0.2,mean_spell=5,seed=0",
     },
 }
 
