@@ -258,8 +258,10 @@ class ChurnDriver:
     """
 
     def __init__(self, events: list[ChurnEvent], *, stop: Callable[[int, str], bool],
-                 start: Callable[[int], None], version: Callable[[], int | None]) -> None:
+                 start: Callable[[int], None], version: Callable[[], int | None], finite: bool = False) -> None:
         self.pending = list(events)
+        # A schedule ends; the random model's events go on to the time limit.
+        self.finite = finite
         self.stop, self.start, self.version = stop, start, version
         self.log: list[dict[str, Any]] = []
 

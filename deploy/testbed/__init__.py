@@ -98,7 +98,8 @@ class Testbed:
         self.chaos_log: list[dict[str, Any]] = []
         # --churn: agents leave and come back all run long (testbed_chaos.ChurnDriver).
         self.churn = (ChurnDriver(parse_churn(args.churn, args.clients, args.max_seconds), stop=self._churn_stop,
-                                  start=self._churn_start, version=self._status_version)
+                                  start=self._churn_start, version=self._status_version,
+                                  finite=not args.churn.strip().startswith("random:"))
                       if getattr(args, "churn", None) else None)
         # Every agent's emulated link (--link/--links); nothing to set up when all are lan.
         self.links = TestbedLinks(agent_links(args.link, args.links, args.clients), args.link_mode)
@@ -121,7 +122,7 @@ class Testbed:
         cmd = server_command(a, port=self.port, data_port=self.data_port,
                              advertise_host=self.links.advertise_host, out=self.out,
                              checkpoint_dir=self.checkpoint_dir, kafka_bootstrap=self.kafka_bootstrap,
-                             faults_pending=bool(self.chaos), resume=resume)
+                             faults_pending=bool(self.chaos) or self._schedule_pending(), resume=resume)
         if self.server is not None:
             self.procs.remove(self.server)
         self.server = self._spawn("server", cmd, {}, {"HERMES_ADMIN_TOKEN": self.admin_token})
@@ -197,6 +198,12 @@ class Testbed:
                 log.info("chaos: %s %s at %.1fs", step.action, agent.name, elapsed)
             self.chaos_log.append(entry)
             self.emit("chaos_done", **entry)
+
+    def _schedule_pending(self) -> bool:
+        """A churn schedule (not the random model) with events still to fire: like --chaos, the
+        target counts once they have all fired."""
+        churn = getattr(self, "churn", None)
+        return churn is not None and churn.finite and bool(churn.pending)
 
     def _agent_proc(self, index: int) -> Proc:
         return next(p for p in self.agents() if p.name == f"worker-{index}")
@@ -342,7 +349,7 @@ class Testbed:
             live = {}
         self.stop_all()
         server_summary = _read_json(self.out / "server_summary.json") or live
-        if reached_at is None and not self.chaos:
+        if reached_at is None and not self.chaos and not self._schedule_pending():
             # The run may have reached its target between the last poll and the agents' exit.
             reached_at = self._target_reached(server_summary, t0)
             if reached_at is not None:
@@ -380,7 +387,7 @@ class Testbed:
         the agents' launch as documented, whichever path saw it.
         """
         target = self.args.target_accuracy
-        if (target is None and self.args.target is None) or self.chaos:
+        if (target is None and self.args.target is None) or self.chaos or self._schedule_pending():
             # A chaos run tests recovery: the target counts once every fault has fired.
             return None
         if status.get("target_accuracy") is not None or status.get("target") is not None:
