@@ -22,8 +22,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(600
 
 FAST_HEARTBEATS = ("--heartbeat-interval", "0.3", "--heartbeat-timeout", "2")
 # Agent 2 killed, agent 3 stopped with SIGTERM (at a barrier, for bsp: the fast agents wait there most of
-# the time), both started again later; agent 2 leaves a second time and comes back.
-SCHEDULE = "2:kill@2,join@8,leave@20,join@26;3:term@4,join@12"
+# the time), both started again later; agent 2 leaves a second time (the first plain leave: SIGKILL) and comes back.
+# The second leave comes late: a restarted agent imports torch again, 20-40 s on a loaded machine (2026-11-27).
+SCHEDULE = "2:kill@2,join@6,leave@60,join@64;3:term@4,join@8"
 
 
 @pytest.mark.parametrize("preset", ["bsp", "fedasync", "hermes"])
@@ -38,7 +39,7 @@ def test_a_run_with_churn_reaches_its_target_and_loses_nothing(preset: str, tmp_
     fired = [(e["action"], e["agent"], e.get("signal")) for e in churn["events"]]
     # A schedule's target counts once every event fired (as --chaos's does).
     assert fired == [("leave", "worker-2", "SIGKILL"), ("leave", "worker-3", "SIGTERM"), ("join", "worker-2", None),
-                     ("join", "worker-3", None), ("leave", "worker-2", "SIGTERM"), ("join", "worker-2", None)], fired
+                     ("join", "worker-3", None), ("leave", "worker-2", "SIGKILL"), ("join", "worker-2", None)], fired
     events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
     ids = {w["name"]: w["id"] for w in s["workers"]}
     for name in ("worker-2", "worker-3"):
