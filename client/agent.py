@@ -96,8 +96,10 @@ class Agent:
         self._ctx = zmq.Context()
         self._last_progress = 0.0
         self._last_log_line = 0.0
-        # The first registration's model (Hermes Alg. 2's w0) and the gate's validation split: kept over rejoins.
+        # The model this registration's pushes are measured from (from-baseline presets: Hermes Alg. 2's
+        # w0 for an agent that joined at the start) and its version; the gate's validation split, kept over rejoins.
         self.baseline: torch.Tensor | None = None
+        self.baseline_version = 0
         self.validation: tuple[torch.Tensor, torch.Tensor] | None = None
         # The current registration; None before the first one.
         self.session: Session | None = None
@@ -276,9 +278,10 @@ class Agent:
     def _begin(self, job: Job, session: Session) -> None:
         """After each registration: catch up with the global model (whatever this agent trained
         meanwhile is superseded by it), then start prefetching."""
-        session.pull(job.trainer, self.stats, force=True)
-        if self.baseline is None:
-            self.baseline = session.base
+        # From-baseline presets: a late joiner or a rejoin measures from the model it starts from, which
+        # the server keeps as its base (server/engine/bases.py), not from the run's first model.
+        session.pull(job.trainer, self.stats, force=True, base=job.from_baseline)
+        self.baseline, self.baseline_version = session.base, session.version
         if job.gate is not None and self.validation is None:
             self.validation = self._fetch_validation(job, session)
         session.prefetcher.start()
@@ -292,7 +295,8 @@ class Agent:
             # A broken group re-forms through the regroup call, not by registering again.
             reason = AllReduce(self, job, session, session.rendezvous, self.control).train()
         else:
-            reason = PushPull(self, job, session, baseline=self.baseline, validation=self.validation,
+            reason = PushPull(self, job, session, baseline=self.baseline, baseline_version=self.baseline_version,
+                              validation=self.validation,
                               max_cycles=self.options.max_cycles, request_timeout=self.options.request_timeout).train()
         if reason:  # "": the operator's stop, whose reason request_stop recorded
             self.stop_reason = reason

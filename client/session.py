@@ -266,12 +266,14 @@ class Session:
         x, y, self.carry = take_cycle(self.carry, work)
         return x, y
 
-    def pull(self, trainer: LocalTrainer, stats: AgentStats, force: bool, pushed: torch.Tensor | None = None) -> None:
+    def pull(self, trainer: LocalTrainer, stats: AgentStats, force: bool, pushed: torch.Tensor | None = None,
+             *, base: bool = False) -> None:
         """The global model, loaded into the trainer, when it is newer than ours (always with ``force``);
-        ``pushed``: rebased on it instead (overlap_push)."""
+        ``pushed``: rebased on it instead (overlap_push); ``base``: the server keeps it as this
+        worker's base (from-baseline presets, server/engine/bases.py)."""
         t0 = time.perf_counter()
-        reply = self.data.request(MsgType.PULL_MODEL, request_body(PullModel(if_newer=not force, dtype=self.pull_dtype)),
-                                  model_version=self.version)
+        request = PullModel(if_newer=not (force or base), dtype=self.pull_dtype, base=base)
+        reply = self.data.request(MsgType.PULL_MODEL, request_body(request), model_version=self.version)
         stats.wait_seconds += time.perf_counter() - t0
         stats.pulls += 1
         if reply.payload is None:

@@ -85,11 +85,12 @@ def judge_cycle(job: Job, validation: tuple[torch.Tensor, torch.Tensor] | None, 
 
 
 def update_of(job: Job, reference: torch.Tensor | None, result: CycleResult,
-              cycle: CycleReport) -> tuple[torch.Tensor, torch.Tensor, PushUpdate]:
+              cycle: CycleReport, *, base_version: int | None = None) -> tuple[torch.Tensor, torch.Tensor, PushUpdate]:
     """The trained model, its change since ``reference`` in the wire dtype, and the push's body.
 
     ``reference``: Hermes Alg. 2's w0 when the rule weighs changes since the initial model
-    (``job.from_baseline``), else the last pulled model.
+    (``job.from_baseline``), else the last pulled model; ``base_version``: the version of that w0,
+    which the server folds a from-baseline update against (None for since-pull updates).
     """
     assert reference is not None, "a session pulls the model before its first cycle"
     local = job.trainer.flat()
@@ -99,7 +100,7 @@ def update_of(job: Job, reference: torch.Tensor | None, result: CycleResult,
         raise LossNotFinite(f"the local loss is {result.loss} after {result.steps} steps: training diverged "
                             "(try a lower lr)")
     update = PushUpdate(samples=result.samples, steps=result.steps, loss=result.loss,
-                        compute_seconds=result.compute_seconds, cycle=cycle)
+                        compute_seconds=result.compute_seconds, cycle=cycle, base_version=base_version)
     return local, delta, update
 
 
@@ -109,10 +110,11 @@ class PushPull:
 
     def __init__(self, host: TopologyHost, job: Job, session: Session, *, baseline: torch.Tensor | None,
                  validation: tuple[torch.Tensor, torch.Tensor] | None, max_cycles: int | None,
-                 request_timeout: float) -> None:
+                 request_timeout: float, baseline_version: int = 0) -> None:
         self.host, self.job, self.session = host, job, session
-        # Hermes Alg. 2's w0 (the first registration's model) and the gate's validation split.
+        # Hermes Alg. 2's w0: the registration's base pull (server/engine/bases.py), its version; the gate's split.
         self.baseline, self.validation = baseline, validation
+        self.baseline_version = baseline_version
         self.max_cycles, self.request_timeout = max_cycles, request_timeout
         self.grad_hook: GradHook | None = None
         # The config requires combine_messages with overlap_push; a server that does not combine
@@ -185,7 +187,8 @@ class PushPull:
                     trainer.reset_state()
                     st.resyncs += 1
                 return None
-        local, delta, update = update_of(job, self.baseline if job.from_baseline else session.base, result, cycle)
+        local, delta, update = update_of(job, self.baseline if job.from_baseline else session.base, result, cycle,
+                                         base_version=self.baseline_version if job.from_baseline else None)
         if session.outbox is not None:
             # combine_messages: the model comes back in the reply; pending cycles and stats go along.
             cycles, stats = session.outbox.take()
@@ -228,6 +231,12 @@ class PushPull:
             log.debug("update rejected: %s", answer.reason)
         if answer.stop:
             return "server asked to stop"
+        if answer.rebase:
+            # The server does not keep our base (it restarted): start again from its model, as a new base.
+            log.warning("%s", answer.reason)
+            session.pull(trainer, st, force=True, base=True)
+            self.baseline, self.baseline_version = session.base, session.version
+            return None
         if session.outbox is not None and session.load_model_reply(trainer, reply, answer, pushed):
             st.pulls += 1  # answered by the push's reply, as the server counts it
         else:

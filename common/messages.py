@@ -262,6 +262,9 @@ class PushUpdate(BaseModel):
     pull_dtype: Literal["float32", "float16", "bfloat16"] = "float32"
     cycles: Annotated[list[CycleReport], Field(max_length=MAX_CYCLES_PER_MESSAGE)] | None = None
     stats: ReportStats | None = None
+    # From-baseline presets (update_from_baseline): the version of the model the payload G is
+    # measured from, the agent's base pull (docs/churn.md); None: w0, the run's first model.
+    base_version: Count | None = None
 
 
 class PullModel(BaseModel):
@@ -272,6 +275,9 @@ class PullModel(BaseModel):
     if_newer: bool = False
     # Checked by the server against what it serves (BAD_DTYPE, not BAD_REQUEST).
     dtype: Any = "float32"
+    # The pull that starts a registration of a from-baseline agent: the server keeps the model
+    # it serves as this worker's base until the worker leaves (docs/churn.md).
+    base: StrictBool = False
 
 
 class RequestWork(BaseModel):
@@ -406,6 +412,8 @@ class PushReply(Reply):
     reason: str | None = None
     # Asked with ``pull``: "included" (the payload is the newer model) or "unchanged".
     model: Literal["included", "unchanged"] | None = None
+    # The push's base_version is not a base the server keeps for this worker: pull a new base.
+    rebase: StrictBool = False
 
 
 class ErrorReply(BaseModel):

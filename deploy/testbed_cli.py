@@ -22,7 +22,7 @@ from hermes.deploy.links import LinkError, agent_links
 from hermes.deploy.procs import terminate_group
 from hermes.deploy.profiles import PROFILE_CORES, parse_speed_schedule
 from hermes.deploy.testbed import Testbed, TestbedError
-from hermes.deploy.testbed_chaos import parse_chaos
+from hermes.deploy.testbed_chaos import parse_chaos, parse_churn
 from hermes.deploy.testbed_summary import format_summary
 
 
@@ -91,6 +91,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "restart-agent:N@WHEN (start it again), kill-server@WHEN (SIGKILL the server and restart "
                         "it with --resume from the run's checkpoints); WHEN is seconds after the agents started "
                         "(e.g. @20) or a model version (e.g. @v50)")
+    p.add_argument("--churn", default=None, metavar="SPEC",
+                   help="agents leave (SIGKILL or SIGTERM, wherever they are) and come back under the same name "
+                        "for the whole run: a schedule N:leave@T,join@T;M:kill@T,join@T (leave alternates the "
+                        "signals; kill, term name one) or random:offline=0.2,mean_spell=10,seed=0 (each agent "
+                        "offline that fraction of the time in random spells of that mean); docs/churn.md")
     p.add_argument("--progress-interval", type=float, default=2.0, help="seconds between progress lines")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.add_argument("--list-presets", action="store_true", help="print every preset with its policies and exit")
@@ -165,6 +170,18 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"hermes-testbed: --chaos {exc}", file=sys.stderr)
         return 2
+    if args.churn:
+        if collective:
+            # A collective group re-forms only from its survivors (regroup): an agent restarted
+            # under its name cannot rejoin a generation, so churn is refused, not half done.
+            print("hermes-testbed: --churn: --topology collective cannot take a restarted agent back into its "
+                  "group; churn is for --topology ps", file=sys.stderr)
+            return 2
+        try:
+            parse_churn(args.churn, args.clients, args.max_seconds)
+        except ValueError as exc:
+            print(f"hermes-testbed: --churn {exc}", file=sys.stderr)
+            return 2
     if args.speed_schedule:
         try:
             parse_speed_schedule(args.speed_schedule)

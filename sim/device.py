@@ -441,7 +441,8 @@ class SimDevice:
             update = None
             if decision is None or decision.push:
                 reference = sim.versions[self.baseline if job.from_baseline else self.version]  # type: ignore[index]
-                pushed, delta, update = update_of(job, reference, result, cycle)
+                pushed, delta, update = update_of(job, reference, result, cycle,
+                                                  base_version=self.baseline if job.from_baseline else None)
             self.swap_out()
             if update is None:
                 assert decision is not None

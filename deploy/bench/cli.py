@@ -54,6 +54,7 @@ def add_suite_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target-accuracy", type=float, help="stop a run at this test accuracy")
     p.add_argument("--max-seconds", type=float, help="wall-clock budget of each run")
     p.add_argument("--seed", type=int, help="seed of the first repeat")
+    p.add_argument("--churn", metavar="SPEC", help="agents leave and come back in every run (hermes-testbed --churn)")
     p.add_argument("--skip-unknown", action="store_true",
                    help="run the variants whose presets exist here and leave out the others (default: refuse)")
     p.add_argument("--dry-run", action="store_true", help="print the runs and exit")
@@ -85,7 +86,7 @@ def suite_from_args(args: argparse.Namespace) -> Suite:
     suite = load_suite(args.suite_file) if args.command == "run" else builtin_suite(args.command)
     suite = suite.with_changes(
         repeats=args.repeats, clients=args.clients, dataset=args.dataset, model=args.model,
-        target_accuracy=args.target_accuracy, max_seconds=args.max_seconds, seed=args.seed,
+        target_accuracy=args.target_accuracy, max_seconds=args.max_seconds, seed=args.seed, churn=args.churn,
         profiles=[x.strip() for x in args.profiles.split(",") if x.strip()] if args.profiles else None,
         links=[x.strip() for x in args.links.split(",") if x.strip()] if args.links else None,
     )

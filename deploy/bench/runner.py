@@ -68,6 +68,7 @@ class RunSpec:
             **({"link": self.link} if self.link != "lan" else {}),
             **({"runner": self.variant.runner} if self.variant.runner != "testbed" else {}),
             **({"homogeneous": True} if self.variant.homogeneous else {}),
+            **({"churn": suite.churn} if suite.churn else {}),
         }
 
     def testbed_args(self, suite: Suite, run_dir: Path) -> list[str]:
@@ -87,6 +88,8 @@ class RunSpec:
             args += ["--peer", "ddp"]
         if self.link != "lan":
             args += ["--link", self.link]
+        if suite.churn and self.variant.runner == "testbed":
+            args += ["--churn", suite.churn]
         for k, v in {**suite.overrides, **self.variant.overrides}.items():
             args += ["--set", f"{k}={json.dumps(v) if not isinstance(v, str) else v}"]
         return args

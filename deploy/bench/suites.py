@@ -69,6 +69,17 @@ class Suite(BaseModel):
     baseline: str | None = "bsp"
     # Start-up (up to 90 s on a loaded machine) and shutdown on top of max_seconds.
     run_timeout_seconds: float | None = Field(default=None, gt=0.0)
+    # hermes-testbed --churn for every run: agents leave and come back (docs/churn.md); None: no churn.
+    churn: str | None = None
+
+    @field_validator("churn")
+    @classmethod
+    def _churn_spec(cls, v: str | None) -> str | None:
+        if v is not None:
+            from hermes.deploy.testbed_chaos import parse_churn
+
+            parse_churn(v, 64, 0.0)  # a bad spec is the field's problem (agent numbers: at run time)
+        return v
 
     @model_validator(mode="before")
     @classmethod
@@ -243,6 +254,18 @@ BUILTIN: dict[str, dict[str, Any]] = {
         ),
         "profiles": ["hl1", "hl2", "hl4", "hl8"], "repeats": 3, "target_accuracy": 0.85, "max_seconds": 60.0,
         "baseline": "uniform-bsp",
+    },
+    "churn": {
+        "description": "Every preset on an 8-agent HL8 cluster (digits, CNN) with churn: each agent offline about "
+                       "a fifth of the time in random spells, stopped by SIGKILL or SIGTERM wherever it is and "
+                       "restarted under its name; the summaries' churn section checks the journal against the "
+                       "versions (docs/churn.md).",
+        "presets": ["hermes", "hermes-paper", "asp", "bsp", "ssp", "ebsp", "omnilearn-bsp", "omnilearn-asp",
+                    "dynamic-batching", "variable-batching", "task-allocation", "dp-sgd", "fedasync", "fedbuff",
+                    "edp-sgd"],
+        # 0.95: runs long enough (a minute or more) for every agent to leave and come back a few times.
+        "profiles": ["hl8"], "clients": 8, "repeats": 1, "target_accuracy": 0.95, "max_seconds": 240.0,
+        "churn": "random:offline=0.2,mean_spell=5,seed=0",
     },
 }
 

@@ -56,7 +56,7 @@ from hermes.deploy.profiles import (
     slowdown_schedules,
     worker_profiles,
 )
-from hermes.deploy.testbed_chaos import parse_chaos
+from hermes.deploy.testbed_chaos import ChurnDriver, check_journal, offline_fractions, parse_chaos, parse_churn
 from hermes.deploy.testbed_commands import agent_args, server_command
 from hermes.deploy.testbed_links import TestbedLinks
 from hermes.deploy.testbed_summary import WorkloadWatch, build_summary, progress_line
@@ -97,6 +97,11 @@ class Testbed:
         self.checkpoint_dir = self.out / "checkpoints"
         self.chaos = parse_chaos(args.chaos, args.clients)
         self.chaos_log: list[dict[str, Any]] = []
+        # --churn: agents leave and come back all run long (testbed_chaos.ChurnDriver).
+        self.churn = (ChurnDriver(parse_churn(args.churn, args.clients, args.max_seconds), stop=self._churn_stop,
+                                  start=self._churn_start, version=self._status_version,
+                                  finite=not args.churn.strip().startswith("random:"))
+                      if getattr(args, "churn", None) else None)
         # Every agent's emulated link (--link/--links); nothing to set up when all are lan.
         self.links = TestbedLinks(agent_links(args.link, args.links, args.clients), args.link_mode)
 
@@ -118,7 +123,7 @@ class Testbed:
         cmd = server_command(a, port=self.port, data_port=self.data_port,
                              advertise_host=self.links.advertise_host, out=self.out,
                              checkpoint_dir=self.checkpoint_dir, kafka_bootstrap=self.kafka_bootstrap,
-                             faults_pending=bool(self.chaos), resume=resume)
+                             faults_pending=bool(self.chaos) or self._schedule_pending(), resume=resume)
         if self.server is not None:
             self.procs.remove(self.server)
         self.server = self._spawn("server", cmd, {}, {"HERMES_ADMIN_TOKEN": self.admin_token})
@@ -195,6 +200,33 @@ class Testbed:
             self.chaos_log.append(entry)
             self.emit("chaos_done", **entry)
 
+    def _schedule_pending(self) -> bool:
+        """A churn schedule (not the random model) with events still to fire: like --chaos, the
+        target counts once they have all fired."""
+        churn = getattr(self, "churn", None)
+        return churn is not None and churn.finite and bool(churn.pending)
+
+    def _agent_proc(self, index: int) -> Proc:
+        return next(p for p in self.agents() if p.name == f"worker-{index}")
+
+    def _churn_stop(self, index: int, sig: str) -> bool:
+        agent = self._agent_proc(index)
+        if agent.popen.poll() is not None:
+            return False
+        agent.popen.send_signal(signal.Signals[sig])
+        self.emit("churn", action="leave", agent=agent.name, signal=sig)
+        return True
+
+    def _churn_start(self, index: int) -> None:
+        agent = self._agent_proc(index)
+        if agent.popen.poll() is None:
+            # Still shutting down after its SIGTERM (a held barrier reply, a slow goodbye).
+            agent.popen.kill()
+        agent.popen.wait(timeout=10)
+        self.procs.remove(agent)
+        self.start_agent(agent.info["profile"], agent.info["schedules"])
+        self.emit("churn", action="join", agent=agent.name)
+
     def stop_all(self, grace: float = 15.0) -> None:
         """Ask the run to stop, let agents leave, then terminate what is left."""
         with contextlib.suppress(urllib.error.URLError, OSError, ValueError):
@@ -262,9 +294,14 @@ class Testbed:
         status: dict[str, Any] = {}
         workloads = WorkloadWatch()
         outcome = "time limit"
+        churn_t0: float | None = None
         while True:
             elapsed = time.time() - t0
             self.run_chaos(elapsed, status.get("model_version"))
+            if self.churn is not None and (status.get("model_version") or 0) >= 1:
+                # Churn times count from the first update: the start gate waits for every agent first.
+                churn_t0 = elapsed if churn_t0 is None else churn_t0
+                self.churn.tick(elapsed - churn_t0)
             try:
                 status = self.server_json("/v1/status")
             except (urllib.error.URLError, OSError, ValueError) as exc:
@@ -295,7 +332,7 @@ class Testbed:
             if elapsed >= a.max_seconds:
                 outcome = "time limit"
                 break
-            if all(p.popen.poll() is not None for p in self.agents()):
+            if all(p.popen.poll() is not None for p in self.agents()) and not (self.churn and self.churn.pending):
                 outcome = "all agents exited"
                 # The server stops the agents when it reaches the target: they may
                 # have exited between the last status poll and this check.
@@ -317,7 +354,7 @@ class Testbed:
             live = {}
         self.stop_all()
         server_summary = _read_json(self.out / "server_summary.json") or live
-        if reached_at is None and not self.chaos:
+        if reached_at is None and not self.chaos and not self._schedule_pending():
             # The run may have reached its target between the last poll and the agents' exit.
             reached_at = self._target_reached(server_summary, t0)
             if reached_at is not None:
@@ -333,6 +370,14 @@ class Testbed:
             **(server_summary.get("heterogeneity") or status.get("heterogeneity") or {}),
         }
         summary["workload_changes"] = workloads.log
+        if self.churn is not None:
+            summary["churn"] = {
+                "spec": a.churn, "events": self.churn.log,
+                "offline_fraction": offline_fractions(self.churn.log, a.clients,
+                                                      wall - churn_t0 if churn_t0 is not None else 0.0),
+                "journal": check_journal(self.events_path, self.checkpoint_dir, server_summary.get("model_version"),
+                                         server_summary.get("workers") or []),
+            }
         write_atomic(self.out / "summary.json", json.dumps(summary, indent=2))
         self.emit("testbed_end", outcome=outcome, final_accuracy=summary["final_accuracy"])
         return summary
@@ -345,7 +390,7 @@ class Testbed:
         the agents' launch as documented, whichever path saw it.
         """
         target = self.args.target_accuracy
-        if (target is None and self.args.target is None) or self.chaos:
+        if (target is None and self.args.target is None) or self.chaos or self._schedule_pending():
             # A chaos run tests recovery: the target counts once every fault has fired.
             return None
         if status.get("target_accuracy") is not None or status.get("target") is not None:

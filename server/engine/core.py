@@ -38,6 +38,7 @@ from hermes.common.tensors import flatten, spec_of
 from hermes.common.wire import Header, Payload
 from hermes.server.auth import ReplayGuard
 from hermes.server.engine import folding
+from hermes.server.engine.bases import Bases
 from hermes.server.engine.collective import Collective
 from hermes.server.engine.counters import Counters
 from hermes.server.engine.federated_eval import FederatedEval
@@ -160,10 +161,12 @@ class Engine:
         self.screening = Screening(screening or ScreeningSettings(), self.state, self.telemetry,
                                    self.policies.aggregation.reference_loss,
                                    blend=self.policies.aggregation.op == "blend")
+        # From-baseline presets: the model each worker measures its pushes from (late joiners, rejoins).
+        self.bases = Bases(self.state.baseline) if config.pushes_from_baseline() else None
         self.handlers = Handlers(
             self, state=self.state, registry=self.registry, membership=self.membership, start_gate=self.start_gate,
             shards=self.shards, validation_shards=self.validation_shards, kafka=self.kafka, counters=self.counters,
-            replay=self.replay, metrics=metrics, clock=clock, max_message_bytes=max_message_bytes)
+            replay=self.replay, metrics=metrics, clock=clock, max_message_bytes=max_message_bytes, bases=self.bases)
         self.reporting = Reporting(
             config, self.task, state=self.state, run_clock=self.run_clock, goals=self.goals,
             evaluator=self.evaluator, registry=self.registry, start_gate=self.start_gate, screening=self.screening,
@@ -482,10 +485,14 @@ class Engine:
 
     def register(self, name: str, **info: Any) -> tuple[WorkerRecord, bool]:
         rec, rejoined = self.membership.register(name, **info)
+        if self.bases is not None:
+            self.bases.drop(rec.id)  # a new registration starts with a new base pull
         self.start_gate.on_join()
         return rec, rejoined
 
     async def leave(self, worker_id: str, reason: str, *, state: str = "left") -> None:
+        if self.bases is not None:
+            self.bases.drop(worker_id)
         if await self.membership.leave(worker_id, reason, state=state):
             # A barrier need not wait for it any more.
             async with self.step_lock:

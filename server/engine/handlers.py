@@ -38,6 +38,7 @@ from hermes.common.wire import (
     verify_mac,
 )
 from hermes.server.auth import ReplayGuard
+from hermes.server.engine.bases import Bases
 from hermes.server.engine.counters import Counters
 from hermes.server.engine.kafka import KafkaPublisher
 from hermes.server.engine.membership import Membership
@@ -65,7 +66,7 @@ class Handlers:
     def __init__(self, step: Stepper, *, state: ModelState, registry: Registry, membership: Membership,
                  start_gate: StartGate, shards: ShardStore, validation_shards: ShardStore, kafka: KafkaPublisher,
                  counters: Counters, replay: ReplayGuard, metrics: ServerMetrics, clock: Clock,
-                 max_message_bytes: int) -> None:
+                 max_message_bytes: int, bases: Bases | None = None) -> None:
         # The model step (push) and the run's stop: the engine.
         self.step = step
         self.state = state
@@ -81,6 +82,8 @@ class Handlers:
         self.metrics = metrics
         self.clock = clock
         self.max_message_bytes = max_message_bytes
+        # From-baseline runs: each worker's base model (engine/bases.py); None: pushes are since-pull changes.
+        self.bases = bases
         self._by_type: dict[MsgType, Callable[[WorkerRecord, Message], Awaitable[Frames]]] = {
             MsgType.PUSH_UPDATE: self.on_push,
             MsgType.PULL_MODEL: self.on_pull,
@@ -145,7 +148,16 @@ class Handlers:
         self._carried(worker, body.cycles, body.stats)
         if body.cycle is not None:
             self.membership.observe_cycle(worker, body.cycle)
-        status, fields = await self.step.push(worker, h.model_version, body.samples, msg.payload)
+        payload = msg.payload
+        if self.bases is not None and not body.copy_:
+            base = self.bases.base(worker.id, body.base_version or 0)
+            if base is None:
+                worker.rejected += 1
+                return self.reply(MsgType.PUSH_REPLY, worker, h.seq, {
+                    "status": "rejected", "rebase": True,
+                    "reason": f"base version {body.base_version} is not kept for {worker.id}; pull a new base"})
+            payload = await offload(payload_bytes(payload), self.bases.rebased, payload, base)
+        status, fields = await self.step.push(worker, h.model_version, body.samples, payload)
         reply = {"status": status, **fields}
         if not body.pull:
             return self.reply(MsgType.PUSH_REPLY, worker, h.seq, reply)
@@ -164,14 +176,22 @@ class Handlers:
             return self.reply(MsgType.MODEL, worker, h.seq, {"unchanged": True})
         if body.dtype not in _MODEL_DTYPES:
             raise ProtocolError(ErrorCode.BAD_DTYPE, f"models are served as float32/float16/bfloat16, not {body.dtype!r}")
-        return await self._model_reply(MsgType.MODEL, worker, h, body.dtype, {"unchanged": False})
+        return await self._model_reply(MsgType.MODEL, worker, h, body.dtype, {"unchanged": False},
+                                       pin=body.base and self.bases is not None)
 
     async def _model_reply(self, type_: MsgType, worker: WorkerRecord, h: Header, dtype: str,
-                           body: dict[str, Any]) -> Frames:
-        """A reply carrying the current model in ``dtype`` (a pull, or a push that answered one)."""
+                           body: dict[str, Any], *, pin: bool = False) -> Frames:
+        """A reply carrying the current model in ``dtype`` (a pull, or a push that answered one);
+        ``pin``: kept as the worker's base (a base pull, engine/bases.py)."""
         torch_dtype = dtype_from_name(dtype)
         nbytes = self.spec.numel * torch.empty(0, dtype=torch_dtype).element_size()
         version, flat = await offload(nbytes, self.state.prepared, torch_dtype)
+        if pin:
+            assert self.bases is not None
+            # The agent widens a half-precision model to fp32 and measures from that: so does its base.
+            served = flat.tensor
+            self.bases.pin(worker.id, version, served if served.dtype == torch.float32
+                           else await offload(nbytes, served.float))
         header = Header(type=type_, worker=worker.id, seq=h.seq, model_version=version, session=h.session,
                         shapes=self.spec.shapes, body={**body, "stop": self.step.stopping})
         return await offload(nbytes, encode, header, flat, key=worker.key)
