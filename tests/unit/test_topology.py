@@ -12,7 +12,9 @@ import torch
 
 from hermes.client import topology
 from hermes.client.prefetch import Work
+from hermes.client.session import AgentStats
 from hermes.client.trainer import CycleResult
+from hermes.common.messages import DIVERGED
 
 
 def _all_reduce(monkeypatch: pytest.MonkeyPatch, regroups: list[str]) -> topology.AllReduce:
@@ -75,18 +77,31 @@ def test_generations_that_trained_before_breaking_keep_regrouping(monkeypatch: p
 
 
 @pytest.mark.parametrize("loss", [math.nan, math.inf])
-def test_a_diverged_local_loss_stops_the_agent_before_it_pushes(loss: float) -> None:
+def test_a_diverged_cycle_is_dropped_and_the_global_model_taken_until_the_agent_gives_up(loss: float) -> None:
     sent: list[object] = []
-    trainer = SimpleNamespace(flat=lambda: torch.ones(2))
+    pulls: list[bool] = []
+    noted: list[object] = []
+    resets: list[int] = []
+    trainer = SimpleNamespace(flat=lambda: torch.ones(2), reset_state=lambda: resets.append(1))
     job = SimpleNamespace(trainer=trainer, gate=None, from_baseline=False, wire_dtype=torch.float32,
                           config=SimpleNamespace(overlap_push=False), spec=None)
     session = SimpleNamespace(outbox=None, data_client=SimpleNamespace(request=lambda *a, **k: sent.append(a)),
-                              base=torch.zeros(2), version=0)
-    host = SimpleNamespace(stats=SimpleNamespace(gate_skips=0), stop_requested=threading.Event())
-    pp = topology.PushPull(host, job, session, baseline=None, validation=None, max_cycles=None, request_timeout=1.0)
+                              base=torch.zeros(2), version=0,
+                              pull=lambda tr, st, force, **k: pulls.append(force))
+    host = SimpleNamespace(stats=AgentStats(started=0.0), stop_requested=threading.Event(),
+                           note_skipped_cycle=lambda job, session, cycle: noted.append(cycle),
+                           report_if_due=lambda job, session: None)
+    pp = topology.PushPull(host, job, session, baseline=None, validation=None, max_cycles=None, request_timeout=1.0,
+                           max_nonfinite=3)
     work = Work(epoch=0, shards=(0,), x=torch.zeros(2, 1), y=torch.zeros(2, dtype=torch.int64), batch_size=2,
                 lr=0.1, fetched_bytes=0, cycle_samples=2, accumulation=1)
-    result = CycleResult(samples=2, steps=3, loss=loss, compute_seconds=0.01, wait_seconds=0.0, stopped=False)
-    with pytest.raises(topology.LossNotFinite, match=r"after 3 steps: training diverged"):
-        pp.finish_cycle(work, result)
-    assert sent == []
+    bad = CycleResult(samples=2, steps=3, loss=loss, compute_seconds=0.01, wait_seconds=0.0, stopped=False)
+    for _ in range(2):
+        assert pp.finish_cycle(work, bad) is None
+    # Each dropped: nothing sent, the global model pulled again, the optimizer's moments reset.
+    assert sent == [] and pulls == [True, True] and len(resets) == 2
+    assert [c.decision for c in noted] == [DIVERGED, DIVERGED] and not any(c.pushed for c in noted)
+    assert host.stats.nonfinite_cycles == 2
+    with pytest.raises(topology.LossNotFinite, match=r"not finite in 3 cycles in a row .* after 3 steps"):
+        pp.finish_cycle(work, bad)
+    assert sent == [] and host.stats.nonfinite_cycles == 3
