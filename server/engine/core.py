@@ -158,7 +158,7 @@ class Engine:
             metrics=metrics, run_clock=self.run_clock, run=self, takeover_after=takeover_after)
         self.screening = Screening(screening or ScreeningSettings(), self.state, self.telemetry,
                                    self.policies.aggregation.reference_loss,
-                                   blend=self.policies.aggregation.op == "blend")
+                                   blend=self.policies.aggregation.op == "blend", clock=clock)
         self.handlers = Handlers(
             self, state=self.state, registry=self.registry, membership=self.membership, start_gate=self.start_gate,
             shards=self.shards, validation_shards=self.validation_shards, kafka=self.kafka, counters=self.counters,

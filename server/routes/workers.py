@@ -84,7 +84,7 @@ def _admit(engine: Engine, ctx: ServerContext, body: RegisterRequest, client: st
     return slot
 
 
-@router.post("/v1/workers/register", response_model=RegisterResponse, responses=errors(401, 408, 409, 410, 413, 422, 426, 429, 503))
+@router.post("/v1/workers/register", response_model=RegisterResponse, responses=errors(400, 401, 408, 409, 410, 413, 422, 426, 429, 503))
 def register(body: RegisterRequest, request: Request, authorization: str = Header(default=""),
              engine: Engine = Depends(engine_of), ctx: ServerContext = Depends(context_of)) -> RegisterResponse:
     engine.count_message("register")
@@ -165,7 +165,7 @@ async def leave(worker_id: str, x_hermes_token: str = Header(default=""),
     return {"worker_id": worker_id, "state": rec.state}
 
 
-@router.post("/v1/workers/{worker_id}/regroup", response_model=CollectiveRendezvous, responses=errors(401, 404, 408, 409, 410, 413, 422))
+@router.post("/v1/workers/{worker_id}/regroup", response_model=CollectiveRendezvous, responses=errors(400, 401, 404, 408, 409, 410, 413, 422))
 async def regroup(worker_id: str, body: RegroupRequest, x_hermes_token: str = Header(default=""),
                   engine: Engine = Depends(engine_of)) -> CollectiveRendezvous:
     """Topology collective: a survivor of a broken group waits (up to collective_regroup_seconds)
