@@ -530,8 +530,9 @@ class Checkpointer:
         # last journaled fold, else the checkpoint); the gap since is downtime, counted apart.
         down = e.load_state_dict(meta, best_flat=tensors.get("best"), alive=self.last_alive)
         self.resumed_from = {"checkpoint_version": version, "replayed_updates": replayed,
-                             "dropped_updates": self.dropped_updates,
                              "version": e.state.version, "downtime_seconds": round(down, 3)}
+        if self.dropped_updates:  # --resume-truncate-corrupt: what the damaged journal cost
+            self.resumed_from["dropped_updates"] = self.dropped_updates
         e.telemetry.emit("resumed", directory=str(self.dir), **self.resumed_from)
         log.info("resumed from %s: checkpoint version %d + %d journaled updates = version %d%s",
                  self.dir, version, replayed, e.state.version,
