@@ -105,3 +105,36 @@ def test_a_diverged_cycle_is_dropped_and_the_global_model_taken_until_the_agent_
     with pytest.raises(topology.LossNotFinite, match=r"not finite in 3 cycles in a row .* after 3 steps"):
         pp.finish_cycle(work, bad)
     assert sent == [] and host.stats.nonfinite_cycles == 3
+
+
+def test_the_servers_quarantine_reason_is_logged_at_info_once_and_the_release_too(caplog) -> None:
+    job = SimpleNamespace(trainer=None, config=SimpleNamespace(overlap_push=False))
+    session = SimpleNamespace(outbox=None, pull=lambda *a, **k: None)
+    host = SimpleNamespace(stats=AgentStats(started=0.0), stop_requested=threading.Event())
+    pp = topology.PushPull(host, job, session, baseline=None, validation=None, max_cycles=None, request_timeout=1.0)
+    held = "rejected: worker w0002 is quarantined; this update passed screening (1/3 needed for release)"
+    replies = [{"status": "rejected", "reason": held}, {"status": "rejected", "reason": held},
+               {"status": "rejected", "reason": "rejected: norm 9 > 32 × median 0.1"},
+               {"status": "rejected", "reason": held}, {"status": "applied"}]
+    caplog.set_level("INFO", logger="hermes.client.topology")
+    for body in replies:
+        assert pp._receive(SimpleNamespace(header=SimpleNamespace(body=body)), pushed=None) is None
+    st = host.stats
+    assert (st.pushes, st.applied, st.rejected, st.quarantined_refusals) == (5, 1, 4, 3)
+    infos = [r.getMessage() for r in caplog.records if r.levelname == "INFO"]
+    assert infos == [f"the server refused this update: {held}", f"the server refused this update: {held}",
+                     "the server applies this worker's updates again (3 refused while it was quarantined)"]
+
+
+def test_an_agent_whose_every_push_was_refused_does_not_exit_0(capsys) -> None:
+    from hermes.client import cli
+
+    stats = AgentStats(started=0.0, pushes=7, rejected=7, quarantined_refusals=5,
+                       last_refusal="rejected: worker w0002 is quarantined")
+    agent = SimpleNamespace(run=lambda: stats, stop_reason="server asked to stop")
+    assert cli._run(agent, "edge") == cli.EXIT_REMOTE
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["hermes-client: the server refused all 7 updates of this agent; the last reason: "
+                   "rejected: worker w0002 is quarantined"]
+    stats.applied = 1
+    assert cli._run(agent, "edge") == cli.EXIT_OK
