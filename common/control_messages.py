@@ -17,8 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, m
 from hermes.common.messages import KafkaRanges
 from hermes.common.wire import PROTOCOL_VERSION
 
-# The server's worker ids (server/registry.py): w followed by digits.
-_WORKER_ID = re.compile(r"w[0-9]+")
+# The server's worker ids (server/registry.py): w and at least four digits.
+_WORKER_ID = re.compile(r"w[0-9]{4,}")
 
 
 class Hints(BaseModel):
