@@ -240,8 +240,8 @@ class Registry:
         A name belongs to the key (``name_key``, the agent's own secret) it was
         first registered with: only that key takes it back (NameOwned
         otherwise). A name registered without a key, or restored from a
-        checkpoint that kept none, is claimed by the first key that registers
-        it while it is not active. ``join_cap`` (0: none) bounds the names one
+        checkpoint that kept none, follows the rules below and is claimed by
+        the first key that registers it. ``join_cap`` (0: none) bounds the names one
         join credential (``info["join_slot"]``) may register (JoinCapReached).
 
         A name held by an active worker whose agent process (``hints["instance"]``)
@@ -257,12 +257,9 @@ class Registry:
                 rec = self._by_id[wid]
                 held_by = rec.hints.get("instance")
                 instance = (info.get("hints") or {}).get("instance")
-                if rec.name_key_hash is not None:
-                    if digest is None or not hmac.compare_digest(digest, rec.name_key_hash):
-                        raise NameOwned(name, digest is not None)
-                elif digest is not None and rec.state == "active" and held_by != instance:
-                    # Keyless and live: a key does not buy a name another process is using.
-                    raise NameOwned(name, True)
+                if rec.name_key_hash is not None and (
+                        digest is None or not hmac.compare_digest(digest, rec.name_key_hash)):
+                    raise NameOwned(name, digest is not None)
                 silent = now - rec.last_seen
                 if rec.state == "active" and held_by and instance and held_by != instance \
                         and silent < takeover_after:

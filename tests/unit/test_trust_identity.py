@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from hermes.client import name_key
 from hermes.common.clock import ManualClock
 from hermes.common.control_messages import RegisterRequest
-from hermes.server.registry import JoinCapReached, NameOwned, Registry
+from hermes.server.registry import JoinCapReached, NameInUse, NameOwned, Registry
 
 KEY, OTHER = "k" * 43, "o" * 43
 A, B = "a" * 16, "b" * 16
@@ -60,11 +60,15 @@ def test_the_owner_survives_a_checkpoint_and_old_checkpoints_are_claimed_by_the_
         old.register("edge", name_key=KEY)
 
 
-def test_a_key_does_not_buy_a_live_keyless_name() -> None:
-    reg, _ = _registry()
-    reg.register("tool", hints={"instance": A})
+def test_a_key_does_not_take_a_keyless_name_another_live_process_uses() -> None:
+    reg, clock = _registry()
+    rec, _ = reg.register("tool", takeover_after=3.0, hints={"instance": A})
+    with pytest.raises(NameInUse):
+        reg.register("tool", takeover_after=3.0, name_key=KEY, hints={"instance": B})
+    clock.advance(5.0)  # the holder went silent: taken over, and from now on the key's
+    assert reg.register("tool", takeover_after=3.0, name_key=KEY, hints={"instance": B})[0].id == rec.id
     with pytest.raises(NameOwned):
-        reg.register("tool", name_key=KEY, hints={"instance": B})
+        reg.register("tool", takeover_after=3.0, hints={"instance": A})
 
 
 def test_names_per_join_token_are_capped_and_rejoins_do_not_count() -> None:
