@@ -149,6 +149,14 @@ def test_every_429_and_503_of_registration_carries_retry_after(tmp_path):
         assert r.status_code == 422 and "looks like a worker id" in json.dumps(r.json())
         r = _register(srv, "edge", protocol_version=False)
         assert r.status_code == 422 and "protocol_version" in json.dumps(r.json())
+        # The schema says what the routes answer: /metrics is text, an undecodable body a 400.
+        paths = srv.get_json("/openapi.json")["paths"]
+        assert set(paths["/metrics"]["get"]["responses"]["200"]["content"]) == {"text/plain"}
+        assert "400" in paths["/v1/workers/register"]["post"]["responses"]
+        assert "/v1/workers/{worker_id}/release" in paths
+        r = srv.http.post(srv.url + "/v1/workers/register", content=b"{not json",
+                          headers={"Authorization": f"Bearer {JOIN_TOKEN}", "Content-Type": "application/json"})
+        assert r.status_code in (400, 422), r.text
 
 
 def _push_journaled(w, n: int, seed: int = 0) -> int:
