@@ -270,6 +270,7 @@ class Registry:
                 rec.sample_credit = 0  # a restarted agent carries no samples over
                 if rec.name_key_hash is None:
                     rec.name_key_hash = digest
+                info.pop("join_slot", None)  # a name stays counted against the token that registered it
                 for k, v in info.items():
                     setattr(rec, k, v)
                 return rec, True
