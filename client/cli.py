@@ -234,7 +234,7 @@ def _run(agent: Any, name: str) -> int:
     log.info("stopped (%s): %d cycles, %d samples, %d/%d updates applied, %d refused (%d while quarantined), "
              "%d non-finite cycles dropped", agent.stop_reason or "done", stats.cycles, stats.samples,
              stats.applied, stats.pushes, stats.rejected, stats.quarantined_refusals, stats.nonfinite_cycles)
-    if stats.pushes and not stats.applied:
+    if stats.pushes and not stats.applied and stats.refused == stats.pushes:
         # Training whose every update was thrown away is not a success.
         print(f"hermes-client: the server refused all {stats.pushes} updates of this agent; the last reason: "
               f"{stats.last_refusal or 'none given'}", file=sys.stderr)

@@ -241,6 +241,8 @@ class PushPull:
         else:
             st.rejected += 1
             reason = answer.reason or ""
+            # Not a judgement of the update: the run stopped while it was on its way.
+            st.refused += answer.status == "rejected" and reason != "run is stopping"
             if "quarantine" in reason:
                 st.quarantined_refusals += 1
                 if reason != st.last_refusal:  # said once per new reason, not on every push

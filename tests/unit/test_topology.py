@@ -120,7 +120,7 @@ def test_the_servers_quarantine_reason_is_logged_at_info_once_and_the_release_to
     for body in replies:
         assert pp._receive(SimpleNamespace(header=SimpleNamespace(body=body)), pushed=None) is None
     st = host.stats
-    assert (st.pushes, st.applied, st.rejected, st.quarantined_refusals) == (5, 1, 4, 3)
+    assert (st.pushes, st.applied, st.rejected, st.refused, st.quarantined_refusals) == (5, 1, 4, 4, 3)
     infos = [r.getMessage() for r in caplog.records if r.levelname == "INFO"]
     assert infos == [f"the server refused this update: {held}", f"the server refused this update: {held}",
                      "the server applies this worker's updates again (3 refused while it was quarantined)"]
@@ -129,12 +129,14 @@ def test_the_servers_quarantine_reason_is_logged_at_info_once_and_the_release_to
 def test_an_agent_whose_every_push_was_refused_does_not_exit_0(capsys) -> None:
     from hermes.client import cli
 
-    stats = AgentStats(started=0.0, pushes=7, rejected=7, quarantined_refusals=5,
+    stats = AgentStats(started=0.0, pushes=7, rejected=7, refused=7, quarantined_refusals=5,
                        last_refusal="rejected: worker w0002 is quarantined")
     agent = SimpleNamespace(run=lambda: stats, stop_reason="server asked to stop")
     assert cli._run(agent, "edge") == cli.EXIT_REMOTE
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["hermes-client: the server refused all 7 updates of this agent; the last reason: "
                    "rejected: worker w0002 is quarantined"]
-    stats.applied = 1
+    stats.refused = 6  # one was abandoned at the stop: not every push was refused for what it was
+    assert cli._run(agent, "edge") == cli.EXIT_OK
+    stats.refused, stats.applied = 7, 1
     assert cli._run(agent, "edge") == cli.EXIT_OK
