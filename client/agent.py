@@ -27,6 +27,7 @@ from hermes.client.collective import settle_abandoned
 from hermes.client.cores import UsableCores, usable_cores
 from hermes.client.local_data import LocalSet
 from hermes.client.memory_probe import available_memory_bytes, memory_profile
+from hermes.client.name_key import name_key
 from hermes.client.options import AgentOptions
 from hermes.client.preflight import data_plane_problem
 from hermes.client.session import AgentStats, Job, Session
@@ -106,6 +107,8 @@ class Agent:
         # What registration states about the task (set by _load_task).
         self.task_name: str | None = None
         self.task_fingerprint: str | None = None
+        # Proves this agent's name to the server (client/name_key.py): read or made at the first registration.
+        self._name_key: str | None = None
 
     def request_stop(self, reason: str) -> None:
         self.stop_reason = reason
@@ -182,8 +185,11 @@ class Agent:
                                  "instance": self.instance, **self.cores.hints()}
         if self.options.cores:
             hints["cores"] = self.options.cores
+        if self._name_key is None:
+            self._name_key = self.options.name_key or name_key(self.options.server, self.options.name)
         try:
             request = RegisterRequest(name=self.options.name, threads=self.threads, device=device.type,
+                                      name_key=self._name_key,
                                       slowdown=self.options.slowdown, hints=Hints(**hints), task=self.task_name,
                                       task_fingerprint=self.task_fingerprint,
                                       local_samples=None if self.local is None else len(self.local))
@@ -297,7 +303,8 @@ class Agent:
         else:
             reason = PushPull(self, job, session, baseline=self.baseline, baseline_version=self.baseline_version,
                               validation=self.validation,
-                              max_cycles=self.options.max_cycles, request_timeout=self.options.request_timeout).train()
+                              max_cycles=self.options.max_cycles, request_timeout=self.options.request_timeout,
+                              max_nonfinite=self.options.max_nonfinite_cycles).train()
         if reason:  # "": the operator's stop, whose reason request_stop recorded
             self.stop_reason = reason
 

@@ -85,6 +85,9 @@ def build_parser() -> HermesParser:
                    help="the task to train: MODULE:ATTR, path/to/file.py:ATTR or an installed task name; it must be "
                         "the server's (checked at registration). Default: the reference the server names")
     p.add_argument("--max-cycles", type=int, default=None, help="stop after this many training cycles")
+    p.add_argument("--max-nonfinite-cycles", type=int, default=3, metavar="N",
+                   help="local cycles in a row with a NaN/Inf loss, each dropped and retried from the global "
+                        "model, before the agent gives up with exit 4 (default 3)")
     p.add_argument("--no-progress", action="store_true", help="no status line")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return p
@@ -162,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         join_token=join_token,
         ssl_ca_certfile=args.ssl_ca_certfile, ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile,
         data_plane_check_timeout=args.data_plane_check_timeout, task=args.task or None,
+        max_nonfinite_cycles=max(1, args.max_nonfinite_cycles),
     ))
     if stop.is_set():
         agent.request_stop("signal during start-up")
@@ -226,10 +230,17 @@ def _run(agent: Any, name: str) -> int:
     except ValueError as exc:  # a bad task (TaskError) or run config: before registering
         print(f"hermes-client: {exc}", file=sys.stderr)
         return EXIT_CONFIG
-    logging.getLogger("hermes.client").info(
-        "stopped (%s): %d cycles, %d samples, %d/%d updates applied",
-        agent.stop_reason or "done", stats.cycles, stats.samples, stats.applied, stats.pushes,
-    )
+    log = logging.getLogger("hermes.client")
+    log.info("stopped (%s): %d cycles, %d samples, %d/%d updates applied, %d refused (%d while quarantined), "
+             "%d non-finite cycles dropped", agent.stop_reason or "done", stats.cycles, stats.samples,
+             stats.applied, stats.pushes, stats.rejected, stats.quarantined_refusals, stats.nonfinite_cycles)
+    if stats.pushes and not stats.applied and stats.refused == stats.pushes:
+        # Training whose every update was thrown away is not a success.
+        print(f"hermes-client: the server refused all {stats.pushes} updates of this agent; the last reason: "
+              f"{stats.last_refusal or 'none given'}", file=sys.stderr)
+        return EXIT_REMOTE
+    if stats.quarantined_refusals:
+        log.warning("%d updates were refused while this worker was quarantined", stats.quarantined_refusals)
     return EXIT_OK
 
 

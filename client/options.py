@@ -46,6 +46,12 @@ class AgentOptions:
     # The task: a reference (MODULE:ATTR, FILE.py:ATTR, an installed name) or a Task object
     # (in-process runs); None: the reference in the server's run config.
     task: str | Task | None = None
+    # The key that proves this agent's name (client/name_key.py); None: the one kept in the
+    # agent's state directory, made on first use.
+    name_key: str | None = field(default=None, repr=False)
+    # Local cycles in a row whose loss is not finite before the agent gives up (exit 4); each
+    # one is dropped and the global model pulled again.
+    max_nonfinite_cycles: int = 3
 
     def slowdown_at(self, elapsed: float) -> float:
         factor = self.slowdown

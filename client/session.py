@@ -95,6 +95,13 @@ class AgentStats:
     gate_skips: int = 0
     # zscore.resync_factor: times the local model diverged and the global one was taken again.
     resyncs: int = 0
+    # Cycles whose local loss was not finite: dropped, and the global model taken again.
+    nonfinite_cycles: int = 0
+    # Pushes the server refused for what they were (screening, staleness): not abandoned at a stop.
+    refused: int = 0
+    # Pushes the server refused because this worker is quarantined, and the last reason it gave.
+    quarantined_refusals: int = 0
+    last_refusal: str = ""
     # All-reduce bytes of the collective generations already closed.
     collective_bytes: int = 0
 

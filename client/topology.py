@@ -39,7 +39,16 @@ from hermes.client.prefetch import StopSignal, Work
 from hermes.client.session import Job, Session, finite_or_none
 from hermes.client.trainer import CycleResult, GradHook
 from hermes.client.transport import ControlClient, DataClient, RemoteError, ServerUnreachable, StopRequested
-from hermes.common.messages import IN_FLIGHT, CycleReport, PullModel, PushReply, PushUpdate, parse_reply, request_body
+from hermes.common.messages import (
+    DIVERGED,
+    IN_FLIGHT,
+    CycleReport,
+    PullModel,
+    PushReply,
+    PushUpdate,
+    parse_reply,
+    request_body,
+)
 from hermes.common.policies.aggregation import AggregationRule
 from hermes.common.policies.gate import GateDecision
 from hermes.common.wire import Message, MsgType
@@ -110,8 +119,10 @@ class PushPull:
 
     def __init__(self, host: TopologyHost, job: Job, session: Session, *, baseline: torch.Tensor | None,
                  validation: tuple[torch.Tensor, torch.Tensor] | None, max_cycles: int | None,
-                 request_timeout: float, baseline_version: int = 0) -> None:
+                 request_timeout: float, baseline_version: int = 0, max_nonfinite: int = 3) -> None:
         self.host, self.job, self.session = host, job, session
+        # Cycles in a row whose loss was not finite, and how many the agent bears before giving up.
+        self.nonfinite_in_a_row, self.max_nonfinite = 0, max_nonfinite
         # Hermes Alg. 2's w0: the registration's base pull (server/engine/bases.py), its version; the gate's split.
         self.baseline, self.validation = baseline, validation
         self.baseline_version = baseline_version
@@ -162,6 +173,9 @@ class PushPull:
         """Push and pull if the gate says so; a reason when the server says stop."""
         host, job, session, st = self.host, self.job, self.session, self.host.stats
         trainer = job.trainer
+        if result.loss is not None and not math.isfinite(result.loss):
+            return self._drop_diverged(work, result)
+        self.nonfinite_in_a_row = 0
         # overlap_push: once the push in flight is answered, rebase on its model first, so that the gate
         # judges, and the next push carries, the progress since that push on the newer model.
         if self.overlap is not None and self.overlap.pending:
@@ -211,6 +225,27 @@ class PushPull:
         st.wait_seconds += time.perf_counter() - t0
         return self._receive(reply, pushed=None)
 
+    def _drop_diverged(self, work: Work, result: CycleResult) -> Stop:
+        """A cycle whose loss is NaN or infinite: not pushed (the server refuses such a push), the
+        global model taken again; ``max_nonfinite`` in a row and the agent gives up (LossNotFinite)."""
+        host, job, session, st = self.host, self.job, self.session, self.host.stats
+        if self.overlap is not None and self.overlap.pending:
+            stop = self._settle()  # its reply still counts; the model it brings is replaced below
+            if stop is not None:
+                return stop
+        self.nonfinite_in_a_row += 1
+        st.nonfinite_cycles += 1
+        host.note_skipped_cycle(job, session, cycle_record(work, result, pushed=False, decision=DIVERGED))
+        if self.nonfinite_in_a_row >= self.max_nonfinite:
+            raise LossNotFinite(f"the local loss was not finite in {self.nonfinite_in_a_row} cycles in a row (last "
+                                f"{result.loss} after {result.steps} steps), each retried from the global model: "
+                                "training diverges here (try a lower lr)")
+        log.warning("local loss %s after %d steps: cycle dropped, taking the global model again (%d/%d in a row)",
+                    result.loss, result.steps, self.nonfinite_in_a_row, self.max_nonfinite)
+        session.pull(job.trainer, st, force=True)
+        job.trainer.reset_state()
+        return None
+
     def _settle(self) -> Stop:
         """Take the overlapped push's reply (waiting for it if need be) and rebase on its model."""
         assert self.overlap is not None
@@ -226,9 +261,22 @@ class PushPull:
         answer = parse_reply(PushReply, reply.header.body, "PUSH_REPLY")
         if answer.status == "applied":
             st.applied += 1
+            if "quarantine" in st.last_refusal:
+                log.info("the server applies this worker's updates again (%d refused while it was quarantined)",
+                         st.quarantined_refusals)
+            st.last_refusal = ""
         else:
             st.rejected += 1
-            log.debug("update rejected: %s", answer.reason)
+            reason = answer.reason or ""
+            # Not a judgement of the update: the run stopped while it was on its way.
+            st.refused += answer.status == "rejected" and reason != "run is stopping"
+            if "quarantine" in reason:
+                st.quarantined_refusals += 1
+                if reason != st.last_refusal:  # said once per new reason, not on every push
+                    log.info("the server refused this update: %s", reason)
+            else:
+                log.debug("update rejected: %s", reason)
+            st.last_refusal = reason
         if answer.stop:
             return "server asked to stop"
         if answer.rebase:

@@ -9,12 +9,16 @@ and finite.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 
 from hermes.common.messages import KafkaRanges
 from hermes.common.wire import PROTOCOL_VERSION
+
+# The server's worker ids (server/registry.py): w and at least four digits.
+_WORKER_ID = re.compile(r"w[0-9]{4,}")
 
 
 class Hints(BaseModel):
@@ -48,10 +52,14 @@ class RegisterRequest(BaseModel):
 
     name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:@-]+$")
     threads: int = Field(default=1, ge=1, le=1024)
+    # The agent's own secret for its name (kept in its state directory): the first key a name is
+    # registered with owns it, and only that key takes it back (server/registry.py).
+    name_key: str | None = Field(default=None, min_length=16, max_length=128, pattern=r"^[A-Za-z0-9_-]+$")
     device: str = Field(default="cpu", max_length=32)
     slowdown: float = Field(default=1.0, ge=1.0, le=1000.0)
     hints: Hints = Field(default_factory=Hints)
-    protocol_version: int = PROTOCOL_VERSION
+    # Strict: ``false`` is not version 0.
+    protocol_version: StrictInt = PROTOCOL_VERSION
     # The agent's task (its name and hermes.common.task.fingerprint of its model): a server
     # training another task refuses it (409) before creating any state. None: not stated
     # (tools that speak the protocol without training, load tests); the data plane still
@@ -60,6 +68,16 @@ class RegisterRequest(BaseModel):
     task_fingerprint: str | None = Field(default=None, min_length=1, max_length=64, pattern=r"^[0-9a-f]+$")
     # Device-local data: how many samples the agent's local set holds (None: it trains on the server's shards).
     local_samples: int | None = Field(default=None, ge=1)
+
+    @field_validator("name")
+    @classmethod
+    def _not_a_path_or_an_id(cls, name: str) -> str:
+        # Names end up in log lines, file names and next to ids in every listing.
+        if name in (".", "..") or name.startswith(("-", ".")):
+            raise ValueError(f"worker name {name!r} looks like a path or an option; start it with a letter or digit")
+        if _WORKER_ID.fullmatch(name):
+            raise ValueError(f"worker name {name!r} looks like a worker id (w0001...); choose another name")
+        return name
 
 
 class CollectiveRendezvous(BaseModel):

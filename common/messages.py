@@ -44,6 +44,8 @@ MAX_SHARDS_PER_FETCH = 256
 MAX_CYCLES_PER_MESSAGE = 64
 # A cycle's decision when it ended with the agent's push still in flight (overlap_push): not gated, not pushed.
 IN_FLIGHT = "in-flight"
+# A cycle whose local loss was not finite: dropped by the agent, which took the global model again.
+DIVERGED = "diverged"
 # The most assignments one REQUEST_WORK may ask for.
 MAX_ASSIGNMENTS_PER_REQUEST = 16
 
@@ -53,7 +55,7 @@ def gate_outcome(decision: str, pushed: bool) -> str | None:
 
     The registry, the metrics and the TensorBoard writer all count with this one rule.
     """
-    if decision in ("always", IN_FLIGHT):
+    if decision in ("always", IN_FLIGHT, DIVERGED):
         return None
     return "push" if pushed else "skip"
 

@@ -191,7 +191,8 @@ def _open_checkpoints(engine: Engine, settings: ServerSettings, events: EventLog
     checkpoints = Checkpointer(engine, settings.checkpoint_dir, interval=settings.checkpoint_interval_seconds,
                                durable_acks=settings.durable_acks)
     try:
-        checkpoints.open(resume=settings.resume, overwrite=settings.overwrite)
+        checkpoints.open(resume=settings.resume, overwrite=settings.overwrite,
+                         truncate_corrupt=settings.resume_truncate_corrupt)
     except Exception as exc:
         log.error("cannot start: %s", exc)
         events.close()

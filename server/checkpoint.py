@@ -38,6 +38,7 @@ import struct
 import time
 import warnings
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -64,7 +65,10 @@ log = logging.getLogger(__name__)
 
 FORMAT = 1
 META = "checkpoint.json"
-_REC_HEAD = struct.Struct("<I")  # length of a journal record's JSON header
+_REC_HEAD = struct.Struct("<I")  # length of a journal record's JSON header, and its checksums
+# Starts every format-2 journal record. As a format-1 header length it would be 0x324a48ff
+# bytes, so the first four bytes tell the formats apart.
+RECORD_MARK = b"\xffHJ2"
 
 
 # ---------------------------------------------------------------------------
@@ -74,9 +78,14 @@ _REC_HEAD = struct.Struct("<I")  # length of a journal record's JSON header
 class Journal:
     """Append-only log of folded updates since one checkpoint.
 
-    Record: u32 header length, JSON header (version, op, weights, dtype and
-    element count of each delta), the deltas' raw bytes, u32 CRC32C of all
-    of it. Appends happen under the engine's step lock, in fold order.
+    Record (format 2): the marker ``RECORD_MARK``, u32 header length, u32
+    CRC32C of the length and the header, the JSON header (version, op,
+    weights, dtype and element count of each delta), the deltas' raw bytes,
+    u32 CRC32C of header and deltas. The marker and the header's own
+    checksum let a reader step over a damaged record and count the intact
+    ones after it, so a flipped byte mid-journal is told from a torn tail.
+    Format 1 (no marker, no header checksum) is still read. Appends happen
+    under the engine's step lock, in fold order.
     """
 
     def __init__(self, path: Path, *, fsync: bool = True) -> None:
@@ -93,8 +102,9 @@ class Journal:
             "elapsed": elapsed, "at": at,
             "deltas": [{"dtype": dtype_name(p.dtype), "numel": p.numel} for p in payloads],
         }).encode()
+        length = _REC_HEAD.pack(len(head))
         crc = crc32c.crc32c(head)
-        parts: list[Any] = [_REC_HEAD.pack(len(head)), head]
+        parts: list[Any] = [RECORD_MARK, length, _REC_HEAD.pack(crc32c.crc32c(head, crc32c.crc32c(length))), head]
         for p in payloads:
             for chunk in p.chunks:
                 b = bytes_of(chunk)
@@ -111,38 +121,159 @@ class Journal:
             self._fh.close()
 
 
-def read_journal(path: Path) -> list[tuple[dict[str, Any], list[torch.Tensor]]]:
-    """Complete records in order; a torn or corrupt tail ends the read (it was never acknowledged)."""
+Record = tuple[dict[str, Any], list[torch.Tensor]]
+
+
+@dataclass
+class JournalScan:
+    """What one journal file holds: the records before any damage, and what the damage costs.
+
+    ``good_end``: bytes of intact records from the start. ``corrupt_at``: the byte of a damaged
+    record that intact records follow (None: no such record). ``lost``: the acknowledged
+    updates that resuming without that record would drop (the damaged one and every intact
+    one after it). ``tail``: bytes of an unfinished last record (never acknowledged).
+    """
+
+    path: Path
+    records: list[Record] = field(default_factory=list)
+    good_end: int = 0
+    corrupt_at: int | None = None
+    lost: int = 0
+    tail: int = 0
+
+
+def _parse_record(data: bytes, pos: int) -> tuple[Record, int] | None:
+    """The record at ``pos`` and where it ends, or None when it is damaged or incomplete."""
+    mark = len(RECORD_MARK)
+    v2 = data[pos : pos + mark] == RECORD_MARK
+    at = pos + mark if v2 else pos
+    if at + (8 if v2 else 4) > len(data):
+        return None
+    (n,) = _REC_HEAD.unpack_from(data, at)
+    head_at = at + (8 if v2 else 4)
+    if v2:
+        (head_crc,) = _REC_HEAD.unpack_from(data, at + 4)
+        if head_at + n > len(data) or crc32c.crc32c(data[head_at : head_at + n], crc32c.crc32c(data[at : at + 4])) \
+                != head_crc:
+            return None
+    try:
+        head = json.loads(data[head_at : head_at + n])
+        sizes = [int(d["numel"]) * torch.empty(0, dtype=dtype_from_name(d["dtype"])).element_size()
+                 for d in head["deltas"]]
+    except (ValueError, KeyError, TypeError, ProtocolError):  # garbage: not a record
+        return None
+    body_at = head_at + n
+    end = body_at + sum(sizes)
+    if min(sizes, default=0) < 0 or end + 4 > len(data):
+        return None
+    (crc,) = _REC_HEAD.unpack_from(data, end)
+    if crc32c.crc32c(data[body_at:end], crc32c.crc32c(data[head_at:body_at])) != crc:
+        return None
+    deltas, off = [], body_at
+    for d, size in zip(head["deltas"], sizes):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            raw = bytearray(data[off : off + size])
+            deltas.append(torch.frombuffer(raw, dtype=dtype_from_name(d["dtype"])) if size else torch.empty(0))
+        off += size
+    return (head, deltas), end + 4
+
+
+def _intact_after(data: bytes, pos: int) -> int:
+    """Intact format-2 records after a damaged one at ``pos``, found by their markers."""
+    count, at = 0, data.find(RECORD_MARK, pos + 1)
+    while at >= 0:
+        parsed = _parse_record(data, at)
+        if parsed is None:
+            at = data.find(RECORD_MARK, at + 1)
+            continue
+        count += 1
+        at = data.find(RECORD_MARK, parsed[1])
+    return count
+
+
+def scan_journal(path: Path) -> JournalScan:
+    """Read a journal: the intact records up to the first damaged one, and what follows it."""
     data = path.read_bytes()
-    out, pos = [], 0
-    while pos + _REC_HEAD.size <= len(data):
-        (n,) = _REC_HEAD.unpack_from(data, pos)
-        try:
-            head = json.loads(data[pos + 4 : pos + 4 + n])
-            sizes = [d["numel"] * torch.empty(0, dtype=dtype_from_name(d["dtype"])).element_size()
-                     for d in head["deltas"]]
-        except (ValueError, KeyError, TypeError, ProtocolError):  # garbage ends the log
+    scan = JournalScan(path)
+    pos = 0
+    while pos < len(data):
+        parsed = _parse_record(data, pos)
+        if parsed is None:
             break
-        body_at = pos + 4 + n
-        end = body_at + sum(sizes)
-        if end + 4 > len(data):
-            break
-        (crc,) = _REC_HEAD.unpack_from(data, end)
-        if crc32c.crc32c(data[body_at:end], crc32c.crc32c(data[pos + 4 : body_at])) != crc:
-            log.warning("journal %s: corrupt record at byte %d; replay stops there", path, pos)
-            break
-        deltas, at = [], body_at
-        for d, size in zip(head["deltas"], sizes):
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", UserWarning)
-                raw = bytearray(data[at : at + size])
-                deltas.append(torch.frombuffer(raw, dtype=dtype_from_name(d["dtype"])) if size else torch.empty(0))
-            at += size
-        out.append((head, deltas))
-        pos = end + 4
-    if pos != len(data):
-        log.warning("journal %s: %d trailing bytes of an unfinished record dropped", path, len(data) - pos)
-    return out
+        scan.records.append(parsed[0])
+        pos = parsed[1]
+    scan.good_end = pos
+    if pos < len(data):
+        after = _intact_after(data, pos)
+        if after:
+            scan.corrupt_at, scan.lost = pos, after + 1
+        else:
+            scan.tail = len(data) - pos
+    return scan
+
+
+def read_journal(path: Path) -> list[Record]:
+    """Intact records in order, up to the first damaged or unfinished one."""
+    return scan_journal(path).records
+
+
+def scan_journals(directory: Path) -> list[JournalScan]:
+    """Every journal of a checkpoint directory, in order."""
+    paths = sorted(directory.glob("journal-*.log"), key=lambda p: int(p.stem.split("-", 1)[1]))
+    return [scan_journal(p) for p in paths]
+
+
+def journal_damage(scans: Sequence[JournalScan]) -> tuple[JournalScan, int] | None:
+    """The first journal with a damaged record before its end, and the acknowledged updates
+    lost if the run resumes without it (the damaged record, the intact ones after it, and
+    every record of the later journals); None when every journal is intact up to a torn tail."""
+    for i, scan in enumerate(scans):
+        if scan.corrupt_at is not None:
+            return scan, scan.lost + sum(len(s.records) for s in scans[i + 1 :])
+    return None
+
+
+def check_model_file(path: Path) -> None:
+    """A checkpoint's model file is there and holds every byte its header names (CheckpointError if not)."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as fh:
+            (n,) = struct.unpack("<Q", fh.read(8))
+            header = json.loads(fh.read(n)) if n <= size else None
+    except FileNotFoundError:
+        raise CheckpointError(f"{path.name} is missing from {path.parent}: the checkpoint cannot be resumed") from None
+    except (OSError, struct.error, ValueError) as exc:
+        raise CheckpointError(f"{path}: not a readable tensor file ({exc})") from None
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{path}: truncated ({size} bytes, shorter than its own header)")
+    try:
+        need = 8 + n + max((int(e["data_offsets"][1]) for k, e in header.items() if k != "__metadata__"), default=0)
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
+        raise CheckpointError(f"{path}: not a readable tensor file ({exc})") from None
+    if size < need:
+        raise CheckpointError(f"{path}: truncated ({size} bytes of {need}): the checkpoint cannot be resumed")
+    for name in ("model", "baseline"):
+        if name not in header:
+            raise CheckpointError(f"{path}: no {name!r} tensor: the checkpoint cannot be resumed")
+
+
+def check_resumable(directory: str | Path, meta: Mapping[str, Any], *, truncate_corrupt: bool = False) -> None:
+    """Refuse (CheckpointError, one line) a resume that would fail or silently lose acknowledged
+    updates: a missing or truncated model file, a damaged journal record before the end
+    (unless ``truncate_corrupt``)."""
+    d = Path(directory)
+    model_file = meta.get("model_file")
+    if not isinstance(model_file, str):
+        raise CheckpointError(f"{d / META}: names no model file")
+    check_model_file(d / model_file)
+    damage = journal_damage(scan_journals(d))
+    if damage is not None and not truncate_corrupt:
+        scan, lost = damage
+        raise CheckpointError(
+            f"{scan.path.name}: damaged record at byte {scan.corrupt_at} with intact records after it; "
+            f"resuming would lose {lost} acknowledged update(s): restore the file, or resume with "
+            "--resume-truncate-corrupt to drop them")
 
 
 # ---------------------------------------------------------------------------
@@ -216,6 +347,9 @@ class Checkpointer:
         # What the resume restored (checkpoint version, journaled updates replayed, downtime); None on a fresh run.
         self.resumed_from: dict[str, Any] | None = None
         self._task: asyncio.Task | None = None
+        # --resume-truncate-corrupt: resume past a damaged journal record, dropping what follows it.
+        self.truncate_corrupt = False
+        self.dropped_updates = 0
 
     def _model_path(self, version: int) -> Path:
         return self.dir / f"model-{version}.safetensors"
@@ -224,8 +358,9 @@ class Checkpointer:
         return self.dir / f"journal-{version}.log"
 
     # -- lifecycle --
-    def open(self, *, resume: bool, overwrite: bool = False) -> None:
+    def open(self, *, resume: bool, overwrite: bool = False, truncate_corrupt: bool = False) -> None:
         """Prepare the directory: resume from it, or start a fresh run in it."""
+        self.truncate_corrupt = truncate_corrupt
         meta = check_directory(self.dir, resume=resume, overwrite=overwrite)
         if meta is not None:
             self._restore(meta)
@@ -324,16 +459,31 @@ class Checkpointer:
     def _replay(self, state: ModelState) -> int:
         """Fold the journals' updates after the checkpoint's version, in order; returns how many.
 
-        Keeps the last replayed record's (elapsed, at) stamp in ``last_alive``.
+        Keeps the last replayed record's (elapsed, at) stamp in ``last_alive``. A torn tail
+        (never acknowledged) is cut off the file, so the resumed run appends after intact
+        records; a damaged record before the end refuses the resume (check_resumable)
+        unless ``truncate_corrupt``: then it and everything after it are dropped, the
+        damaged files kept beside as ``*.damaged``.
         """
         replayed = 0
-        journals = sorted(self.dir.glob("journal-*.log"), key=lambda p: int(p.stem.split("-", 1)[1]))
-        for path in journals:
-            for head, deltas in read_journal(path):
+        scans = scan_journals(self.dir)
+        damage = journal_damage(scans)
+        if damage is not None:
+            scan, lost = damage
+            if not self.truncate_corrupt:
+                raise CheckpointError(f"{scan.path.name}: damaged record at byte {scan.corrupt_at} with intact "
+                                      f"records after it; resuming would lose {lost} acknowledged update(s)")
+            scans = self._drop_damaged(scans, scan, lost)
+        for scan in scans:
+            if scan.tail:
+                log.warning("journal %s: %d trailing bytes of an unfinished record dropped (never acknowledged)",
+                            scan.path.name, scan.tail)
+                os.truncate(scan.path, scan.good_end)
+            for head, deltas in scan.records:
                 if head["version"] <= state.version:
                     continue
                 if head["version"] != state.version + 1:
-                    raise CheckpointError(f"{path.name}: update {head['version']} follows {state.version}; "
+                    raise CheckpointError(f"{scan.path.name}: update {head['version']} follows {state.version}; "
                                           "the journal has a gap")
                 payloads = [Payload(dtype=d.dtype, chunks=(d,), shapes=((d.numel(),),)) for d in deltas]
                 if head["op"] == "blend":
@@ -345,6 +495,21 @@ class Checkpointer:
                     self.last_alive = (float(head["elapsed"]), float(head["at"]))
         return replayed
 
+    def _drop_damaged(self, scans: list[JournalScan], damaged: JournalScan, lost: int) -> list[JournalScan]:
+        """--resume-truncate-corrupt: keep the records before the damage, move the rest aside."""
+        i = scans.index(damaged)
+        for later in scans[i + 1 :]:
+            later.path.replace(later.path.with_name(later.path.name + ".damaged"))
+        data = damaged.path.read_bytes()
+        damaged.path.with_name(damaged.path.name + ".damaged").write_bytes(data)
+        os.truncate(damaged.path, damaged.good_end)
+        self.dropped_updates = lost
+        log.warning("--resume-truncate-corrupt: %s has a damaged record at byte %s; dropped %d acknowledged "
+                    "update(s) from there on (the damaged journal kept as %s.damaged)", damaged.path.name,
+                    damaged.corrupt_at, lost, damaged.path.name)
+        damaged.corrupt_at, damaged.lost, damaged.tail = None, 0, 0
+        return scans[: i + 1]
+
     def _restore(self, meta: dict[str, Any]) -> None:
         e = self.engine
         spec = e.state.spec
@@ -354,6 +519,7 @@ class Checkpointer:
         differing = sorted(k for k, v in meta["config"].items() if e.config.model_dump().get(k) != v)
         if differing:
             log.warning("resuming with run-config changes: %s", ", ".join(differing))
+        check_model_file(self.dir / meta["model_file"])
         tensors = read_tensors(self.dir / meta["model_file"])
         version = int(meta["version"])
         e.state.load(tensors["model"], version, baseline=tensors["baseline"])
@@ -365,6 +531,9 @@ class Checkpointer:
         down = e.load_state_dict(meta, best_flat=tensors.get("best"), alive=self.last_alive)
         self.resumed_from = {"checkpoint_version": version, "replayed_updates": replayed,
                              "version": e.state.version, "downtime_seconds": round(down, 3)}
+        if self.dropped_updates:  # --resume-truncate-corrupt: what the damaged journal cost
+            self.resumed_from["dropped_updates"] = self.dropped_updates
         e.telemetry.emit("resumed", directory=str(self.dir), **self.resumed_from)
-        log.info("resumed from %s: checkpoint version %d + %d journaled updates = version %d",
-                 self.dir, version, replayed, e.state.version)
+        log.info("resumed from %s: checkpoint version %d + %d journaled updates = version %d%s",
+                 self.dir, version, replayed, e.state.version,
+                 f" ({self.dropped_updates} damaged or following updates dropped)" if self.dropped_updates else "")

@@ -118,6 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
     ft.add_argument("--checkpoint-interval", type=float, default=None, dest="checkpoint_interval_seconds",
                     help="seconds between checkpoints (default 60; one is also written on shutdown)")
     ft.add_argument("--resume", metavar="DIR", help="continue the run checkpointed in DIR (and keep checkpointing there)")
+    ft.add_argument("--resume-truncate-corrupt", action="store_true", default=None, dest="resume_truncate_corrupt",
+                    help="with --resume: resume past a damaged journal record, dropping it and every acknowledged "
+                         "update after it (refused by default, naming how many would be lost) [HERMES_RESUME_TRUNCATE_CORRUPT=1]")
     ft.add_argument("--no-durable-acks", dest="durable_acks", action="store_false", default=None,
                     help="acknowledge updates without journaling them first (a crash then loses every update "
                          "since the last checkpoint)")
@@ -208,6 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         "checkpoint_dir": args.resume or args.checkpoint_dir,
         "checkpoint_interval_seconds": args.checkpoint_interval_seconds,
         "durable_acks": args.durable_acks,
+        "resume_truncate_corrupt": args.resume_truncate_corrupt,
         "tensorboard_dir": args.tensorboard_dir,
     }
     if args.exit_when_done:
@@ -267,10 +271,13 @@ def serve(settings: Any) -> int:
             _writable(settings.tensorboard_dir)
         if settings.checkpoint_dir:
             # A wrong --resume is refused before the task's data is loaded (torch only where checkpoints are asked for).
-            from hermes.server.checkpoint import CheckpointError, check_directory
+            from hermes.server.checkpoint import CheckpointError, check_directory, check_resumable
 
             try:
-                check_directory(settings.checkpoint_dir, resume=settings.resume, overwrite=settings.overwrite)
+                meta = check_directory(settings.checkpoint_dir, resume=settings.resume, overwrite=settings.overwrite)
+                if meta is not None:
+                    # A missing or truncated model file, or a damaged journal record: one line, exit 2.
+                    check_resumable(settings.checkpoint_dir, meta, truncate_corrupt=settings.resume_truncate_corrupt)
             except CheckpointError as exc:
                 raise ConfigError(str(exc)) from None
         # The task before any port listens: a broken one is refused with nothing listening, and

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from hermes.server.auth import AuthConfigError, bearer, new_secret, read_secret, token_matches
+from hermes.server.auth import MIN_TOKEN_CHARS, AuthConfigError, bearer, new_secret, read_secret, token_matches
 from hermes.server.settings import ServerSettings
 
 
@@ -20,6 +20,11 @@ class Credentials:
     def __init__(self, settings: ServerSettings) -> None:
         self.insecure = settings.insecure
         self.join = read_secret(settings.join_token, settings.join_token_file, "join_token")
+        # Every join credential, each with its own cap of registered names (join_token_max_workers):
+        # the join token file may list one per line, so each site can be given its own.
+        self.joins: tuple[str, ...] = (self.join,) if self.join else ()
+        if settings.join_token_file and self.join:
+            self.joins = tuple(dict.fromkeys(_more_tokens(settings.join_token_file)))
         if self.join is None and not self.insecure:
             raise AuthConfigError(
                 "no join token: set HERMES_JOIN_TOKEN (or --join-token-file FILE) to a long random string, "
@@ -52,4 +57,23 @@ class Credentials:
         if not self.protect_reads:
             return True
         given = bearer(authorization)
-        return any(secret is not None and token_matches(given, secret) for secret in (self.join, self.admin))
+        return any(secret is not None and token_matches(given, secret) for secret in (*self.joins, self.admin))
+
+    def join_slot(self, authorization: str) -> int | None:
+        """Which join credential this Authorization header presents (its index), None for none of them."""
+        given = bearer(authorization)
+        found = None
+        for i, secret in enumerate(self.joins):  # every one compared: no early exit to time
+            if token_matches(given, secret) and found is None:
+                found = i
+        return found
+
+
+def _more_tokens(file: str) -> list[str]:
+    """Every non-empty line of a join token file (read_secret checked the first; the others get the same check)."""
+    lines = [ln.strip() for ln in Path(file).read_text().splitlines() if ln.strip()]
+    for i, line in enumerate(lines[1:], start=2):
+        if len(line) < MIN_TOKEN_CHARS:
+            raise AuthConfigError(f"join_token_file {file!r} line {i}: a join token must be at least "
+                                  f"{MIN_TOKEN_CHARS} characters")
+    return lines

@@ -123,11 +123,11 @@ class ErrorBody(BaseModel):
 
 
 _MEANING = {
-    401: "missing or wrong token", 403: "no admin token configured", 404: "unknown worker",
+    400: "body is not decodable (not JSON)", 401: "missing or wrong token", 403: "no admin token configured", 404: "unknown worker",
     408: "request body not received in time", 409: "conflicts with the collective group",
     410: "the run is over, or the worker must register again", 413: "body over the route's limit",
     422: "malformed body (fields named)", 426: "unsupported protocol version",
-    429: "too many registrations from this address", 503: "server full or shutting down",
+    429: "too many registrations from this address, or names from this join token", 503: "server full or shutting down",
 }
 
 

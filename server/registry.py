@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import threading
 from dataclasses import dataclass, field
@@ -17,6 +18,28 @@ CYCLE_LOG = 5000
 
 class RegistryFull(Exception):
     """max_workers reached."""
+
+
+class NameOwned(Exception):
+    """The name belongs to the key that registered it first; this registration has another key or none (409)."""
+
+    def __init__(self, name: str, given: bool) -> None:
+        super().__init__(f"worker name {name!r} belongs to the agent that registered it first and this registration "
+                         f"{'proves another key' if given else 'proves no key'}; give this agent its own --name "
+                         "(an agent that lost its state directory needs a new name too)")
+
+
+class JoinCapReached(Exception):
+    """The join credential already registered its cap of names (429)."""
+
+    def __init__(self, cap: int) -> None:
+        super().__init__(f"this join token already registered {cap} worker names (join_token_max_workers); "
+                         "give further sites their own join token or raise the cap")
+
+
+def key_digest(name_key: str) -> str:
+    """What the server keeps of an agent's name key: its SHA-256, never the key."""
+    return hashlib.sha256(name_key.encode()).hexdigest()
 
 
 class NameInUse(Exception):
@@ -50,6 +73,10 @@ class WorkerRecord:
     rejected: int = 0
     # Refused by update screening too often in a row: its pushes are refused unread.
     quarantined: bool = False
+    # SHA-256 of the name key that registered this name first (None: registered without one).
+    name_key_hash: str | None = None
+    # Which join credential registered it (its index among the server's join tokens).
+    join_slot: int = 0
     pulls: int = 0
     messages: int = 0
     # As the agent reports them (cumulative since it joined).
@@ -210,16 +237,25 @@ class Registry:
         self._by_name: dict[str, str] = {}
         self._lock = threading.Lock()
 
-    def register(self, name: str, *, takeover_after: float = float("inf"), **info: Any) -> tuple[WorkerRecord, bool]:
+    def register(self, name: str, *, takeover_after: float = float("inf"), name_key: str | None = None,
+                 join_cap: int = 0, **info: Any) -> tuple[WorkerRecord, bool]:
         """A new record, or the same id with a fresh token when the name rejoins.
 
         Returns (record, rejoined). The old token stops working at once.
+
+        A name belongs to the key (``name_key``, the agent's own secret) it was
+        first registered with: only that key takes it back (NameOwned
+        otherwise). A name registered without a key, or restored from a
+        checkpoint that kept none, follows the rules below and is claimed by
+        the first key that registers it. ``join_cap`` (0: none) bounds the names one
+        join credential (``info["join_slot"]``) may register (JoinCapReached).
 
         A name held by an active worker whose agent process (``hints["instance"]``)
         differs is a second agent, not a rejoin: refused with NameInUse while
         the holder was heard from within ``takeover_after`` seconds, taken over
         after that (its process died without saying goodbye and was restarted).
         """
+        digest = None if name_key is None else key_digest(name_key)
         with self._lock:
             now = self.clock.time()
             wid = self._by_name.get(name)
@@ -227,6 +263,9 @@ class Registry:
                 rec = self._by_id[wid]
                 held_by = rec.hints.get("instance")
                 instance = (info.get("hints") or {}).get("instance")
+                if rec.name_key_hash is not None and (
+                        digest is None or not hmac.compare_digest(digest, rec.name_key_hash)):
+                    raise NameOwned(name, digest is not None)
                 silent = now - rec.last_seen
                 if rec.state == "active" and held_by and instance and held_by != instance \
                         and silent < takeover_after:
@@ -235,13 +274,20 @@ class Registry:
                 rec.state = "active"
                 rec.last_seen = now
                 rec.sample_credit = 0  # a restarted agent carries no samples over
+                if rec.name_key_hash is None:
+                    rec.name_key_hash = digest
+                info.pop("join_slot", None)  # a name stays counted against the token that registered it
                 for k, v in info.items():
                     setattr(rec, k, v)
                 return rec, True
             if len(self._by_id) >= self.max_workers:
                 raise RegistryFull(f"max_workers={self.max_workers} reached")
+            slot = info.get("join_slot", 0)
+            if join_cap and sum(r.join_slot == slot for r in self._by_id.values()) >= join_cap:
+                raise JoinCapReached(join_cap)
             wid = f"w{len(self._by_id) + 1:04d}"
-            rec = WorkerRecord(id=wid, name=name, token=new_secret(), joined_at=now, last_seen=now, **info)
+            rec = WorkerRecord(id=wid, name=name, token=new_secret(), joined_at=now, last_seen=now,
+                               name_key_hash=digest, **info)
             self._by_id[wid] = rec
             self._by_name[name] = wid
             return rec, False
@@ -263,7 +309,8 @@ class Registry:
         """Ids, names and the server's own counts for a checkpoint; never the secrets
         (a restarted server issues new ones). What agents report is cumulative on
         their side and comes back with their next report."""
-        return [{"id": r.id, "name": r.name, "joined_at": r.joined_at,
+        return [{"id": r.id, "name": r.name, "joined_at": r.joined_at, "name_key_hash": r.name_key_hash,
+                 "join_slot": r.join_slot,
                  "counters": {k: getattr(r, k) for k in SERVER_COUNTERS},
                  "cycle_log": [list(c) for c in r.cycle_log],
                  "workload_history": [list(w) for w in r.workload_history]}
@@ -274,7 +321,10 @@ class Registry:
         with self._lock:
             for ident in identities:
                 rec = WorkerRecord(id=str(ident["id"]), name=str(ident["name"]), token=new_secret(),
-                                   joined_at=float(ident.get("joined_at", 0.0)), state="lost")
+                                   joined_at=float(ident.get("joined_at", 0.0)), state="lost",
+                                   # A name keeps its owner across a restart (older checkpoints kept none).
+                                   name_key_hash=ident.get("name_key_hash") or None,
+                                   join_slot=int(ident.get("join_slot") or 0))
                 # Checkpoints of older servers hold ids and names only.
                 for key, value in (ident.get("counters") or {}).items():
                     if key in SERVER_COUNTERS:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from hermes.server.quarantine_params import QuarantineSettings
+
 
 class ScreeningSettings(BaseModel):
     """The bounds of update screening (server settings ``screening_*``, CLI ``--screening-*``)."""
@@ -24,4 +26,6 @@ class ScreeningSettings(BaseModel):
     min_history: int = Field(default=4, ge=1)
     bootstrap_factor: float = Field(default=4.0, gt=0.0)
     loss_factor: float = Field(default=4.0, gt=1.0)
+    # The evidence score (server/engine/quarantine.py) at which a worker is quarantined; 0: never.
     quarantine_after: int = Field(default=5, ge=0)
+    quarantine: QuarantineSettings = Field(default_factory=QuarantineSettings)

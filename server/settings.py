@@ -78,7 +78,8 @@ class ServerSettings(BaseSettings):
     # Security (hermes.server.auth). Without a join token the server refuses
     # to start unless ``insecure`` says so explicitly.
     join_token: str | None = Field(default=None, repr=False, description="secret agents present to register")
-    join_token_file: str | None = Field(default=None, description="file whose first line is the join token")
+    join_token_file: str | None = Field(default=None, description="file whose first line is the join token (further "
+                                        "lines: more join tokens, each with its own join_token_max_workers)")
     admin_token: str | None = Field(default=None, repr=False, description="bearer token for /v1/stop")
     admin_token_file: str | None = Field(default=None, description="file whose first line is the admin token")
     insecure: bool = Field(default=False, description="run without a join token (trusted networks only)")
@@ -87,6 +88,10 @@ class ServerSettings(BaseSettings):
                                 "the /ui page itself loads and asks for it")
     register_rate: float = Field(default=2.0, ge=0, description="registrations per second per client address (0 = no limit)")
     register_burst: int = Field(default=32, ge=1, description="registrations a client address may make at once")
+    join_token_max_workers: int = Field(default=64, ge=0, description="worker names one join token may register "
+                                        "(0 = no cap; rejoins of a name do not count)")
+    resume_truncate_corrupt: bool = Field(default=False, description="resume past a damaged journal record, dropping "
+                                          "it and every acknowledged update after it")
     replay_window_seconds: float = Field(default=300.0, gt=0, description="how far a signed message's timestamp may be from the server clock")
     http_read_timeout_seconds: float = Field(default=10.0, gt=0, description="longest wait for each chunk of an HTTP request body before a 408")
     # Fault tolerance: heartbeats (hermes.server.heartbeat), checkpoints (hermes.server.checkpoint).

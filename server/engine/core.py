@@ -160,7 +160,7 @@ class Engine:
             metrics=metrics, run_clock=self.run_clock, run=self, takeover_after=takeover_after)
         self.screening = Screening(screening or ScreeningSettings(), self.state, self.telemetry,
                                    self.policies.aggregation.reference_loss,
-                                   blend=self.policies.aggregation.op == "blend")
+                                   blend=self.policies.aggregation.op == "blend", clock=clock)
         # From-baseline presets: the model each worker measures its pushes from (late joiners, rejoins).
         self.bases = Bases(self.state.baseline) if config.pushes_from_baseline() else None
         self.handlers = Handlers(

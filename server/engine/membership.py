@@ -87,7 +87,7 @@ class Membership:
         self.record_workload(rec, elapsed, self.allocator.workload(rec.id))
         self.refresh_worker_gauge()
         # Hints by key only: nothing a client sends is written verbatim to the event log.
-        facts = {k: v for k, v in info.items() if k != "hints"}
+        facts = {k: v for k, v in info.items() if k not in ("hints", "name_key", "join_cap")}
         self.telemetry.emit("join", worker=rec.id, name=name, rejoined=rejoined, hints=sorted(rec.hints)[:32],
                             **facts)
         # Policies that split a fixed total (static, the global batch) move the others too.

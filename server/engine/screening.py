@@ -19,8 +19,9 @@ two pushes of one 3e38 element made the model Inf (issue 15). The checks:
   global model's. Hermes' first blend has weight 1 whatever the loss, so a
   poisoned first push used to become the model.
 * **Non-finite probe loss** is refused on every push (it made the blend raise).
-* **Quarantine**: a worker refused ``quarantine_after`` times in a row has its
-  later pushes refused without being scored (0 = never).
+* **Quarantine** (engine/quarantine.py): refusals spread over time and cycles
+  quarantine a worker; its later pushes are screened but not folded until
+  it passes probation or the operator releases it (0 = never).
 
 A refusal is a value, not an exception: the engine passes the push to the
 sync strategy with no payload, so barriers are not held by a refused
@@ -38,8 +39,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from hermes.common.clock import SYSTEM_CLOCK, Clock
 from hermes.common.wire import Payload
 from hermes.server.engine.offload import offload, payload_bytes
+from hermes.server.engine.quarantine import Quarantine
 from hermes.server.screening_params import ScreeningSettings as ScreeningSettings  # torch-free; re-exported
 
 if TYPE_CHECKING:
@@ -61,7 +64,8 @@ def update_norm(payload: Payload) -> float:
 
 class Screening:
     def __init__(self, settings: ScreeningSettings, state: ModelState, telemetry: Telemetry,
-                 reference_loss: Callable[[], float] | None = None, *, blend: bool = False) -> None:
+                 reference_loss: Callable[[], float] | None = None, *, blend: bool = False,
+                 clock: Clock = SYSTEM_CLOCK) -> None:
         self.settings = settings
         self.state = state
         self.telemetry = telemetry
@@ -73,8 +77,7 @@ class Screening:
         self.blend = blend
         self.accepted: deque[float] = deque(maxlen=settings.window)
         self.refusals: dict[str, int] = {}
-        self.in_a_row: dict[str, int] = {}
-        self.quarantined: set[str] = set()
+        self.quarantine = Quarantine(settings.quarantine_after, settings.quarantine, telemetry, clock=clock)
         self._model_norm: tuple[int, float] | None = None
 
     def _model_scale(self) -> float:
@@ -89,9 +92,6 @@ class Screening:
         s = self.settings
         if not s.enabled:
             return None
-        if worker.id in self.quarantined:
-            return self._refuse(worker, "quarantined",
-                                f"worker {worker.id} is quarantined after {s.quarantine_after} refusals in a row")
         if candidate_loss is not None and not math.isfinite(candidate_loss):
             return self._refuse(worker, "loss", f"candidate loss {candidate_loss} is not finite")
         if self.blend:
@@ -116,10 +116,12 @@ class Screening:
                 if math.isfinite(reference) and candidate_loss > s.loss_factor * reference:
                     return self._refuse(worker, "loss", f"candidate loss {candidate_loss:.3g} > {s.loss_factor:g} × "
                                         f"global loss {reference:.3g} (first updates of the run)")
+        held = self.quarantine.accepted(worker)
+        if held is not None:  # on probation: screened and passed, not folded
+            return self._refuse(worker, "quarantined", held)
         # Zero updates carry no scale: kept out so a run of them cannot pull the median to 0.
         if norm > 0.0:
             self.accepted.append(norm)
-        self.in_a_row.pop(worker.id, None)
         return None
 
     def _refuse(self, worker: WorkerRecord, kind: str, reason: str) -> str:
@@ -128,12 +130,10 @@ class Screening:
         self.telemetry.emit("update_screened_out", worker=worker.id, kind=kind, reason=reason)
         if kind == "quarantined":
             return reason
-        row = self.in_a_row[worker.id] = self.in_a_row.get(worker.id, 0) + 1
-        if self.settings.quarantine_after and row >= self.settings.quarantine_after:
-            self.quarantined.add(worker.id)
-            worker.quarantined = True
-            self.telemetry.emit("worker_quarantined", worker=worker.id, refusals=row,
-                                quarantined=len(self.quarantined))
+        self.quarantine.refused(worker, self.state.version)
+        if self.quarantine.holds(worker.id):
+            # The agent logs the server's reason: say why it is held, not only what this update did.
+            reason = f"{reason}; {self.quarantine.reason(worker.id)}"
         return reason
 
     def public(self) -> dict[str, Any]:
@@ -141,7 +141,7 @@ class Screening:
         return {
             "enabled": self.settings.enabled,
             "refusals": dict(self.refusals),
-            "quarantined": sorted(self.quarantined),
+            "quarantined": self.quarantine.quarantined(),
             "median_norm": statistics.median(history) if history else None,
             "history": len(history),
         }

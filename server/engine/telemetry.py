@@ -47,6 +47,7 @@ _METRICS: dict[str, Callable[[ServerMetrics, Fields], None]] = {
     "checkpoint": lambda m, f: m.checkpoints.inc(),
     "update_screened_out": lambda m, f: m.screened_out.labels(reason=f["kind"]).inc(),
     "worker_quarantined": lambda m, f: m.quarantined.set(f["quarantined"]),
+    "worker_released": lambda m, f: m.quarantined.set(f["quarantined"]),
     "model_restored": lambda m, f: m.model_restores.inc(),
 }
 
@@ -80,8 +81,8 @@ _LINES: dict[str, tuple[int, str, Callable[[Fields], tuple[Any, ...]]]] = {
     "checkpoint": (logging.INFO, "checkpoint at version %d (%s) in %.3fs",
                    lambda f: (f["version"], f["reason"], f["seconds"])),
     "update_screened_out": (logging.INFO, "update from %s refused: %s", lambda f: (f["worker"], f["reason"])),
-    "worker_quarantined": (logging.WARNING, "worker %s quarantined after %d refused updates in a row",
-                           lambda f: (f["worker"], f["refusals"])),
+    "worker_quarantined": (logging.WARNING, "%s", lambda f: (f["reason"],)),
+    "worker_released": (logging.WARNING, "worker %s released from quarantine (%s)", lambda f: (f["worker"], f["by"])),
     "model_restored": (logging.ERROR, "model version %d was not finite; restored the model of version %d "
                        "(published as version %d)", lambda f: (f["bad_version"], f["restored"], f["version"])),
     "checkpoint_failed": (logging.ERROR, "%s checkpoint failed: %s", lambda f: (f["reason"], f["error"])),

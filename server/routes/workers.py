@@ -15,11 +15,10 @@ from fastapi import APIRouter, Depends, Header, HTTPException, Request
 from hermes.common.control_messages import CollectiveRendezvous, RegisterRequest, RegisterResponse, RegroupRequest
 from hermes.common.signing import now_ms
 from hermes.common.wire import PROTOCOL_VERSION, ProtocolError
-from hermes.server.auth import bearer, token_matches
 from hermes.server.coordinator import GroupRunning, RegroupRefused
 from hermes.server.engine import Engine
 from hermes.server.limits import errors
-from hermes.server.registry import NameInUse, RegistryFull, WorkerRecord
+from hermes.server.registry import JoinCapReached, NameInUse, NameOwned, RegistryFull, WorkerRecord
 from hermes.server.routes.deps import ServerContext, client_host, context_of, engine_of
 
 log = logging.getLogger(__name__)
@@ -43,8 +42,14 @@ def _task_mismatch(engine: Engine, name: str | None, fingerprint: str | None) ->
             f"the agent has task {name!r} (fingerprint {fingerprint}): start it with the server's --task")
 
 
-def _admit(engine: Engine, ctx: ServerContext, body: RegisterRequest, client: str, authorization: str) -> None:
-    """Refuse a registration (HTTPException) before any state is kept, or let it through."""
+# Seconds a refusal that waiting does not cure asks a client to wait before trying again
+# (every 429 and 503 carries a Retry-After, so no client retries in a tight loop).
+_LONG_WAIT = 60
+
+
+def _admit(engine: Engine, ctx: ServerContext, body: RegisterRequest, client: str, authorization: str) -> int:
+    """Refuse a registration (HTTPException) before any state is kept, or return its join slot
+    (which join token it presented; 0 without one)."""
     settings = ctx.settings
     retry_after = ctx.limiter.allow(client)
     if retry_after:
@@ -53,7 +58,8 @@ def _admit(engine: Engine, ctx: ServerContext, body: RegisterRequest, client: st
                       f"more than {settings.register_burst} registrations at {settings.register_rate}/s "
                       f"from {client}; retry in {retry_after:.1f}s", client,
                       {"Retry-After": str(max(1, round(retry_after)))})
-    if ctx.creds.join is not None and not token_matches(bearer(authorization), ctx.creds.join):
+    slot = ctx.creds.join_slot(authorization) if ctx.creds.joins else 0
+    if slot is None:
         raise _refuse(engine, 401, "unauthorized", "missing or wrong join token", client,
                       {"WWW-Authenticate": "Bearer"})
     if body.protocol_version != PROTOCOL_VERSION:
@@ -63,7 +69,7 @@ def _admit(engine: Engine, ctx: ServerContext, body: RegisterRequest, client: st
         # 410, not 503: the run is over and will not come back; agents stop instead of retrying.
         raise HTTPException(410, f"the run is over: {engine.stop_reason}")
     if engine.stopping:
-        raise HTTPException(503, "the server is shutting down")
+        raise HTTPException(503, "the server is shutting down", headers={"Retry-After": "5"})
     mismatch = _task_mismatch(engine, body.task, body.task_fingerprint)
     if mismatch:
         # Before any state: a worker training another model must not leave a ghost record.
@@ -75,22 +81,29 @@ def _admit(engine: Engine, ctx: ServerContext, body: RegisterRequest, client: st
                       "local samples" if engine.local_data else
                       "the agent trains on device-local data but this run serves shards (its task has no "
                       "local_data)", client)
+    return slot
 
 
-@router.post("/v1/workers/register", response_model=RegisterResponse, responses=errors(401, 408, 409, 410, 413, 422, 426, 429, 503))
+@router.post("/v1/workers/register", response_model=RegisterResponse, responses=errors(400, 401, 408, 409, 410, 413, 422, 426, 429, 503))
 def register(body: RegisterRequest, request: Request, authorization: str = Header(default=""),
              engine: Engine = Depends(engine_of), ctx: ServerContext = Depends(context_of)) -> RegisterResponse:
     engine.count_message("register")
     client = client_host(request)
-    _admit(engine, ctx, body, client, authorization)
+    slot = _admit(engine, ctx, body, client, authorization)
     try:
         rec, rejoined = engine.register(
             body.name, threads=body.threads, device=body.device, slowdown=body.slowdown, hints=body.hints.known(),
-            local_samples=body.local_samples or 0,
+            local_samples=body.local_samples or 0, name_key=body.name_key, join_slot=slot,
+            join_cap=ctx.settings.join_token_max_workers,
         )
     except RegistryFull as exc:
         engine.metrics.limit_hits.labels(limit="max_workers").inc()
-        raise _refuse(engine, 503, "full", str(exc), client) from None
+        raise _refuse(engine, 503, "full", str(exc), client, {"Retry-After": str(_LONG_WAIT)}) from None
+    except JoinCapReached as exc:
+        engine.metrics.limit_hits.labels(limit="join_token_max_workers").inc()
+        raise _refuse(engine, 429, "join_cap", str(exc), client, {"Retry-After": str(_LONG_WAIT)}) from None
+    except NameOwned as exc:
+        raise _refuse(engine, 409, "name_owned", str(exc), client) from None
     except GroupRunning as exc:
         # 409, not 503: waiting will not open a place in a running collective group.
         raise _refuse(engine, 409, "group_running", str(exc), client) from None
@@ -152,7 +165,7 @@ async def leave(worker_id: str, x_hermes_token: str = Header(default=""),
     return {"worker_id": worker_id, "state": rec.state}
 
 
-@router.post("/v1/workers/{worker_id}/regroup", response_model=CollectiveRendezvous, responses=errors(401, 404, 408, 409, 410, 413, 422))
+@router.post("/v1/workers/{worker_id}/regroup", response_model=CollectiveRendezvous, responses=errors(400, 401, 404, 408, 409, 410, 413, 422))
 async def regroup(worker_id: str, body: RegroupRequest, x_hermes_token: str = Header(default=""),
                   engine: Engine = Depends(engine_of)) -> CollectiveRendezvous:
     """Topology collective: a survivor of a broken group waits (up to collective_regroup_seconds)

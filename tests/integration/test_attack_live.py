@@ -13,8 +13,9 @@ bsp, hermes) it sends
    within the bound, refused past it;
 3. one update at 1000× the honest median norm, one with a single 3e38 element
    (two of those made the model Inf);
-4. after five refusals in a row it is quarantined: an honest-sized push is
-   refused unread.
+4. an honest-sized push after that burst of refusals: quarantine weighs
+   evidence over time and cycles (issue 29), so a burst of seconds may or
+   may not quarantine the attacker, but never an honest worker.
 
 Between attacks it pushes zeros, so a barrier preset is never held by it. The
 model that has been through the whole attack must reach the target (an
@@ -37,6 +38,7 @@ import torch
 from hermes.common.wire import MsgType
 from tests.conftest import (
     ADMIN_TOKEN,
+    JOIN_TOKEN,
     LiveServer,
     WorkerHandle,
     kill_agents,
@@ -101,7 +103,10 @@ class Attacker:
         return body["status"]
 
     def screening(self) -> dict[str, Any]:
-        return self.srv.get_json("/v1/status")["screening"]
+        # Its thresholds (the median norm) are for cluster members: the attacker holds the join token.
+        r = self.srv.http.get(self.srv.url + "/v1/status", headers={"Authorization": f"Bearer {JOIN_TOKEN}"})
+        assert r.status_code == 200, r.text
+        return r.json()["screening"]
 
     def idle_until(self, predicate, timeout: float) -> None:
         """Push zeros until ``predicate()``: a barrier's round goes on, an asynchronous run is paced by the others."""
@@ -144,7 +149,7 @@ class Attacker:
             element[len(element) // 2] = 3e38
             self.push("element", element)
             self.push("scaled x2187", self.scaled(2187.0))
-            self.push("after quarantine", self.scaled(1.0))
+            self.push("after the burst", self.scaled(1.0))
         except BaseException as exc:  # the test reports it; an attacker thread must not die silently
             self.error = exc
         finally:
@@ -201,18 +206,16 @@ def _attacked_run(tmp_path: Path, preset: str, *extra: str, honest: int = 2, tar
         scaled = [r for r in attacks if r[0].startswith("scaled")]
         assert scaled[0][1] == "applied", scaled
         assert any(r[1] == "rejected" and "× median" in r[2] for r in scaled), scaled
-        # 3. huge norm and one huge element refused; 4. then quarantined.
+        # 3. huge norm and one huge element refused; 4. nobody honest quarantined.
         by = {r[0]: r for r in attacks}
         assert by["huge"][1] == "rejected", by
         assert by["element"][1] == "rejected", by
-        assert by["after quarantine"][1] == "rejected" and "quarantined" in by["after quarantine"][2], by
         screening = status["screening"]
-        assert screening["quarantined"] == [attacker.w.id], screening
+        assert set(screening["quarantined"]) <= {attacker.w.id}, screening
         assert screening["refusals"]["bootstrap_norm"] == 1
         assert sum(screening["refusals"].values()) >= 5, screening
         assert srv.counter("hermes_screening_refusals_total", reason="bootstrap_norm") == 1
-        assert srv.counter("hermes_screening_refusals_total", reason="quarantined") >= 1
-        assert srv.counter("hermes_quarantined_workers") == 1
+        assert srv.counter("hermes_quarantined_workers") <= 1
         # Nobody honest was refused, and nobody honest registered twice.
         assert {e["worker"] for e in _events(srv, "update_screened_out")} == {attacker.w.id}
         joins = [e["name"] for e in _events(srv, "join")]
