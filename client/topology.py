@@ -159,24 +159,30 @@ class PushPull:
         reference = self.baseline if job.from_baseline else session.base
         assert reference is not None, "a session pulls the model before its first cycle"
         local = trainer.flat()
-        delta = (local - reference).to(job.wire_dtype)
+        codec, shapes = None, job.spec.shapes
+        if job.push_codec is not None:
+            # compression.push: the codec's bytes go out; the server decompresses before it screens or folds.
+            encoded = job.push_codec.encode(local - reference, shapes)
+            delta, codec, shapes = encoded.data, encoded.spec, ()
+        else:
+            delta = (local - reference).to(job.wire_dtype)
         if result.loss is not None and not math.isfinite(result.loss):
             # The server refuses such a push (PushUpdate.loss is Finite); say so here, in one line, before sending it.
             raise LossNotFinite(f"the local loss is {result.loss} after {result.steps} steps: training diverged "
                                 "(try a lower lr)")
         update = PushUpdate(samples=result.samples, steps=result.steps, loss=result.loss,
-                            compute_seconds=result.compute_seconds, cycle=cycle)
+                            compute_seconds=result.compute_seconds, cycle=cycle, codec=codec)
         if session.outbox is not None:
             # combine_messages: the model comes back in the reply; pending cycles and stats go along.
             cycles, stats = session.outbox.take()
             update = update.model_copy(update={"pull": True, "pull_dtype": session.pull_dtype, "cycles": cycles,
-                                               "stats": stats})
+                                               "stats": stats, "pull_codec": session.pull_codec})
         body = request_body(update)
         version = session.version
 
         def push(client: DataClient, timeout: float) -> Message:
             return client.request(MsgType.PUSH_UPDATE, body, payload=delta, model_version=version,
-                                  shapes=job.spec.shapes, timeout=timeout, idempotent=False)
+                                  shapes=shapes, timeout=timeout, idempotent=False)
 
         if self.overlap is not None:
             # No barrier holds an asynchronous push's reply: the agent's own request timeout applies.

@@ -33,6 +33,7 @@ from pydantic import (
     model_validator,
 )
 
+from hermes.common.policies.compression import CodecSpec
 from hermes.common.wire import ErrorCode, ProtocolError
 
 log = logging.getLogger(__name__)
@@ -248,6 +249,10 @@ class PushUpdate(BaseModel):
     pull_dtype: Literal["float32", "float16", "bfloat16"] = "float32"
     cycles: Annotated[list[CycleReport], Field(max_length=MAX_CYCLES_PER_MESSAGE)] | None = None
     stats: ReportStats | None = None
+    # compression.push: the payload is this codec's bytes (common/policies/compression.py), not the delta.
+    codec: CodecSpec | None = None
+    # compression.pull int8: the model comes back in this codec (fp16/bf16 are pull_dtype).
+    pull_codec: CodecSpec | None = None
 
 
 class PullModel(BaseModel):
@@ -258,6 +263,8 @@ class PullModel(BaseModel):
     if_newer: bool = False
     # Checked by the server against what it serves (BAD_DTYPE, not BAD_REQUEST).
     dtype: Any = "float32"
+    # compression.pull int8: the model in this codec instead of ``dtype``.
+    codec: CodecSpec | None = None
 
 
 class RequestWork(BaseModel):
@@ -390,6 +397,8 @@ class PushReply(Reply):
     reason: str | None = None
     # Asked with ``pull``: "included" (the payload is the newer model) or "unchanged".
     model: Literal["included", "unchanged"] | None = None
+    # The included model's codec (compression.pull int8); None: the payload is the model in the pull dtype.
+    codec: CodecSpec | None = None
 
 
 class ErrorReply(BaseModel):
@@ -405,3 +414,4 @@ class ModelReply(Reply):
     """MODEL: the current model (the payload), or ``unchanged`` when the agent has it."""
 
     unchanged: StrictBool = False
+    codec: CodecSpec | None = None
