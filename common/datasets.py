@@ -295,7 +295,8 @@ def make_synthetic_cifar(
             freq = freq_c[c] * (1 + rng.normal(0.0, 0.1, n))
             phase = rng.uniform(0.0, 2 * np.pi, n)
             arg = (np.cos(theta)[:, None, None] * gx + np.sin(theta)[:, None, None] * gy) * freq[:, None, None]
-            return np.sin(2 * np.pi * arg + phase[:, None, None])
+            wave: np.ndarray = np.sin(2 * np.pi * arg + phase[:, None, None])
+            return wave
 
         cx, cy = rng.uniform(0.2, 0.8, n), rng.uniform(0.2, 0.8, n)
         blob = np.exp(-((gx - cx[:, None, None]) ** 2 + (gy - cy[:, None, None]) ** 2) / (2 * radius_c[yb] ** 2)[:, None, None])
