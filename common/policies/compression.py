@@ -500,7 +500,12 @@ def check_choice(compression: CompressionParams, *, topology: str) -> None:
     if topology == "collective" and not push.all_reduce:
         raise ValueError(f"compression.push={push.name!r} cannot be summed by an all-reduce (topology "
                          "'collective'): its indices or per-chunk scales differ between ranks and would need an "
-                         "all-gather; use fp16, bf16 or powersgd there")
+                         "all-gather")
+    if topology == "collective" and push.name != "none":
+        # fp16/bf16/powersgd can be all-reduced (DDP's hooks do), but client/collective.py does not compress yet:
+        # refused rather than silently sending fp32.
+        raise ValueError(f"compression.push={push.name!r} under topology 'collective' is not built yet (the "
+                         "all-reduce sends fp32); use topology 'ps', or the DDP peer's --ddp-hook fp16|powersgd")
 
 
 def canonical_codec(name: str) -> str:
