@@ -285,7 +285,10 @@ class AllReduce:
         self.copied = self._server_model() if rv.rank == 0 else trainer.flat()
         self.last_copy = time.monotonic()
         if self.hook is None:
-            self.hook = GradientAllReduce(group, self.weighting)
+            # compression.push fp16 / bf16: the gradients all-reduced in half precision (the config refuses
+            # the codecs an all-reduce cannot sum).
+            half = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(self.job.config.compression.push, torch.float32)
+            self.hook = GradientAllReduce(group, self.weighting, dtype=half)
         else:
             self.hook.group = group
         self.grad_hook = self.hook

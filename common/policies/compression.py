@@ -501,11 +501,12 @@ def check_choice(compression: CompressionParams, *, topology: str) -> None:
         raise ValueError(f"compression.push={push.name!r} cannot be summed by an all-reduce (topology "
                          "'collective'): its indices or per-chunk scales differ between ranks and would need an "
                          "all-gather")
-    if topology == "collective" and push.name != "none":
-        # fp16/bf16/powersgd can be all-reduced (DDP's hooks do), but client/collective.py does not compress yet:
-        # refused rather than silently sending fp32.
-        raise ValueError(f"compression.push={push.name!r} under topology 'collective' is not built yet (the "
-                         "all-reduce sends fp32); use topology 'ps', or the DDP peer's --ddp-hook fp16|powersgd")
+    if topology == "collective" and push.name == "powersgd":
+        # PowerSGD can be all-reduced (P, then Q: DDP's powerSGD_hook), but client/collective.py sends fp16/bf16
+        # only: refused rather than silently sending fp32.
+        raise ValueError("compression.push='powersgd' under topology 'collective' is not built yet (the all-reduce "
+                         "sends fp32, fp16 or bf16); use fp16/bf16 there, topology 'ps', or the DDP peer's "
+                         "--ddp-hook powersgd")
 
 
 def canonical_codec(name: str) -> str:

@@ -174,7 +174,8 @@ def test_refusals_name_the_reason() -> None:
     with pytest.raises(ConfigError, match="all-gather"):
         build_config("bsp", topology="collective", **{"compression.push": "topk", "collective.world_size": 2})
     with pytest.raises(ConfigError, match="not built yet"):
-        build_config("bsp", topology="collective", **{"compression.push": "fp16", "collective.world_size": 2})
+        build_config("bsp", topology="collective", **{"compression.push": "powersgd", "collective.world_size": 2})
+    build_config("bsp", topology="collective", **{"compression.push": "fp16", "collective.world_size": 2})
     with pytest.raises(ConfigError, match="disagree"):
         build_config("asp", pull_dtype="float16", **{"compression.pull": "int8"})
     with pytest.raises(ConfigError, match="unknown compression"):
