@@ -147,10 +147,10 @@ class RunConfig(BaseModel):
 
     # ---- model and data (the builtin task)
     model: str = Field(default="cnn", description="cnn (MNIST-style, ~110K params on 28x28), alexnet (~1M, 32x32 "
-                       "colour), resnet18 (CIFAR), mlp (model_kwargs hidden).")
+                       "colour), resnet18 (CIFAR), mlp (model_kwargs hidden), edge-resnet (1.21M, 32x32 colour; model_kwargs width).")
     model_kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of the model's factory.")
     dataset: str = Field(default="digits", description="digits (scikit-learn, embedded), mnist1d (generated), synthetic "
-                         "(any size: num_samples), mnist (IDX files), cifar10 (python batches).")
+                         "(any size: num_samples), mnist (IDX files), cifar10 (binary or python batches), synthetic-cifar (generated 3x32x32, 10 classes).")
     dataset_root: str | None = Field(default=None, description="Folder with MNIST IDX files or CIFAR-10 batches (required for those).")
     num_samples: int | None = Field(default=None, gt=0, description="Samples of a synthetic data set.")
     test_fraction: float = Field(default=0.2, gt=0.0, lt=1.0, description="Share of the data held out as the test set.")
