@@ -198,6 +198,44 @@ def bench_kafka(quick: bool, bootstrap: str | None) -> dict[str, Any]:
     }}
 
 
+def bench_compression(repeats: int, model_name: str = "edge-resnet") -> list[dict[str, Any]]:
+    """compression.push / .pull on the edge-sized model's real shapes (issue 31): the sender's encode (with error
+    feedback) and the receiver's decode (the server's boundary, ``handlers.decompressed``) against the fp32 path's
+    bare cost (one copy of the vector), with the bytes each sends against fp32's."""
+    import torch
+
+    from hermes.common.models import build_model
+    from hermes.common.policies import base as policies
+    from hermes.common.tensors import ModelSpec, float_state
+    from hermes.common.wire import Payload
+    from hermes.server.engine.handlers import decompressed
+
+    torch.manual_seed(0)
+    model = build_model(model_name, input_shape=(3, 32, 32), num_classes=10)
+    entries = tuple((k, tuple(v.shape)) for k, v in float_state(model))
+    spec = ModelSpec(name=model_name, entries=entries)
+    shapes = spec.shapes
+    delta = torch.randn(spec.numel, generator=torch.Generator().manual_seed(1)) * 1e-3
+    core = policies.Core(lr=0.05, batch_size=32, cycle_samples=128, shard_size=64, seed=0, sync="asp", barrier=False)
+    from hermes.common.config import build_config
+
+    rows = []
+    for name in ("fp16", "int8", "topk", "powersgd"):
+        cfg = build_config("asp", **{"compression.push": name})
+        codec = policies.build("compression", name, core, cfg.sections())
+        enc = codec.encode(delta, shapes)
+        payload = Payload(dtype=torch.uint8, chunks=(enc.data,), shapes=((enc.nbytes,),))
+        stats = timed_ms({
+            "encode": lambda: codec.encode(delta, shapes),
+            "decode": lambda: decompressed(spec, payload, enc.spec),
+            "bare": lambda: delta.clone(),
+        }, repeats)
+        rows.append({"codec": name, "model": model_name, "numel": spec.numel, "bytes": enc.nbytes,
+                     "bytes_vs_fp32": enc.nbytes / (4 * spec.numel), "encode_ms": stats["encode"]["median"],
+                     "decode_ms": stats["decode"]["median"], "bare_copy_ms": stats["bare"]["median"]})
+    return rows
+
+
 def run_micro(out: Path, *, quick: bool, kafka: str | None, skip_kafka: bool, threads: int | None,
               progress=lambda line: None) -> dict[str, Any]:
     if threads:
@@ -216,6 +254,8 @@ def run_micro(out: Path, *, quick: bool, kafka: str | None, skip_kafka: bool, th
         res["dataplane"], _ = bench_dataplane(10 if quick else 40, log_dir, 1, threads, sizes)
     progress("micro: codec encode/decode vs bare msgpack + buffer ...")
     res["codec"] = bench_codec(reps * 3)
+    progress("micro: compression codecs on the edge-sized model ...")
+    res["compression"] = bench_compression(reps)
     progress("micro: evaluator seconds per evaluation vs bare forward passes ...")
     res["evaluator"] = bench_evaluator(reps)
     if skip_kafka:
@@ -251,6 +291,11 @@ def ratio_rows(res: dict[str, Any]) -> list[list[str]]:
                      "[v2's crc32c + hmac-sha256])",
                      f"{r['ms']:.3f} ms", f"{r['bare_ms']:.3f} ms; {r['bare_mac_ms']:.3f} ms; [{r['v2_ms']:.3f} ms]",
                      f"{r['ratio']:.2f}; {r['ratio_vs_mac']:.2f}"])
+    for r in res.get("compression", []):
+        rows.append([f"compression {r['codec']} on {r['model']} ({r['numel']:,} params): encode with error feedback; "
+                     f"decode at the server (vs one fp32 copy); {r['bytes_vs_fp32']:.3f} of fp32's bytes",
+                     f"{r['encode_ms']:.2f} ms; {r['decode_ms']:.2f} ms", f"{r['bare_copy_ms']:.2f} ms",
+                     f"{r['encode_ms'] / r['bare_copy_ms']:.1f}; {r['decode_ms'] / r['bare_copy_ms']:.1f}"])
     e = res.get("evaluator")
     if e:
         rows.append([f"evaluator, {e['samples']} {e['dataset']} samples, {e['model']} (vs bare forward passes)",

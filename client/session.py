@@ -50,6 +50,9 @@ from hermes.common.messages import (
     parse_reply,
     request_body,
 )
+from hermes.common.policies import base as policies
+from hermes.common.policies.compression import CodecSpec, Compressor
+from hermes.common.policies.compression import decode as decode_codec
 from hermes.common.policies.gate import ZScoreGate
 from hermes.common.signing import ServerClock
 from hermes.common.task import Task
@@ -58,6 +61,9 @@ from hermes.common.tensors import ModelSpec, build_checked
 from hermes.common.wire import MsgType, dtype_from_name
 
 log = logging.getLogger(__name__)
+
+# compression.pull codecs that are pull dtypes on the wire (PullModel.dtype).
+_PULL_DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
 
 
 def finite_or_none(v: float | None) -> float | None:
@@ -127,6 +133,8 @@ class Job:
     # The agent's own copy of the task (never sent), and its local data when the task has some.
     task: Task | None = None
     local_data: Any = None
+    # compression.push: the codec (with its error-feedback residual) every push of this agent's life goes through.
+    push_codec: Compressor | None = None
 
     def example(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """n (input, target) pairs shaped like the task's data: for the memory probe."""
@@ -163,7 +171,8 @@ class Job:
                    trainer=trainer, gate=gate, from_baseline=config.pushes_from_baseline(),
                    validation_shards=list(reg.validation_shards),
                    data_source=reg.source(), precision_choice=choice,
-                   task=task, local_data=local_data)
+                   task=task, local_data=local_data,
+                   push_codec=policies.build("compression", config.compression.push, config.core, config.sections()))
 
 
 class Outbox:
@@ -219,7 +228,11 @@ class Session:
         self.combine = ("combine_messages" in self.config.model_fields_set and self.config.combine_messages
                         and not self.rendezvous)
         self.outbox: Outbox | None = Outbox() if self.combine else None
-        self.pull_dtype = self.config.pull_dtype
+        # compression.pull: fp16/bf16 travel as the pull dtype, int8 as a codec (the server quantises).
+        pull = self.config.pull_codec
+        self.pull_dtype = _PULL_DTYPES.get(pull, "float32")
+        self.pull_codec = CodecSpec(name="int8", chunk=self.config.int8.chunk) if pull == "int8" else None
+        self.shapes = ModelSpec.from_dict(reg.model_spec).shapes
         self.prefetcher = Prefetcher(self.data_client, stats=shard_stats, kafka_bootstrap=kafka_bootstrap, local=local,
                                      combine=self.combine,
                                      carried=self.outbox.take if self.outbox is not None else None,
@@ -279,7 +292,7 @@ class Session:
         ``pushed``: rebased on it instead (overlap_push); ``base``: the server keeps it as this
         worker's base (from-baseline presets, server/engine/bases.py)."""
         t0 = time.perf_counter()
-        request = PullModel(if_newer=not (force or base), dtype=self.pull_dtype, base=base)
+        request = PullModel(if_newer=not (force or base), dtype=self.pull_dtype, base=base, codec=self.pull_codec)
         reply = self.data.request(MsgType.PULL_MODEL, request_body(request), model_version=self.version)
         stats.wait_seconds += time.perf_counter() - t0
         stats.pulls += 1
@@ -299,7 +312,10 @@ class Session:
         # No copy: the tensor views the received frame, which it keeps alive (torch.frombuffer holds
         # the buffer), and nothing writes to it; deltas are computed as new tensors.
         flat = reply.payload.flat()
-        if flat.dtype != torch.float32:  # pull_dtype: trained, and measured from, in fp32
+        codec = reply.header.body.get("codec")
+        if codec is not None:  # compression.pull int8
+            flat = decode_codec(flat, CodecSpec.model_validate(codec), self.shapes)
+        elif flat.dtype != torch.float32:  # pull_dtype: trained, and measured from, in fp32
             flat = flat.float()
         trainer.load(flat if pushed is None else rebase(flat, trainer.flat(), pushed))
         self.version, self.base = reply.header.model_version, flat

@@ -103,13 +103,19 @@ def update_of(job: Job, reference: torch.Tensor | None, result: CycleResult,
     """
     assert reference is not None, "a session pulls the model before its first cycle"
     local = job.trainer.flat()
-    delta = (local - reference).to(job.wire_dtype)
+    codec = None
+    if job.push_codec is not None:
+        # compression.push: the codec's bytes go out; the server decompresses before it screens or folds.
+        encoded = job.push_codec.encode(local - reference, job.spec.shapes)
+        delta, codec = encoded.data, encoded.spec
+    else:
+        delta = (local - reference).to(job.wire_dtype)
     if result.loss is not None and not math.isfinite(result.loss):
         # The server refuses such a push (PushUpdate.loss is Finite); say so here, in one line, before sending it.
         raise LossNotFinite(f"the local loss is {result.loss} after {result.steps} steps: training diverged "
                             "(try a lower lr)")
     update = PushUpdate(samples=result.samples, steps=result.steps, loss=result.loss,
-                        compute_seconds=result.compute_seconds, cycle=cycle, base_version=base_version)
+                        compute_seconds=result.compute_seconds, cycle=cycle, base_version=base_version, codec=codec)
     return local, delta, update
 
 
@@ -203,17 +209,19 @@ class PushPull:
                 return None
         local, delta, update = update_of(job, self.baseline if job.from_baseline else session.base, result, cycle,
                                          base_version=self.baseline_version if job.from_baseline else None)
+        # compression.push: the payload is the codec's bytes, whose spec (in the body) replaces the shapes.
+        shapes = () if update.codec is not None else job.spec.shapes
         if session.outbox is not None:
             # combine_messages: the model comes back in the reply; pending cycles and stats go along.
             cycles, stats = session.outbox.take()
             update = update.model_copy(update={"pull": True, "pull_dtype": session.pull_dtype, "cycles": cycles,
-                                               "stats": stats})
+                                               "stats": stats, "pull_codec": session.pull_codec})
         body = request_body(update)
         version = session.version
 
         def push(client: DataClient, timeout: float) -> Message:
             return client.request(MsgType.PUSH_UPDATE, body, payload=delta, model_version=version,
-                                  shapes=job.spec.shapes, timeout=timeout, idempotent=False)
+                                  shapes=shapes, timeout=timeout, idempotent=False)
 
         if self.overlap is not None:
             # No barrier holds an asynchronous push's reply: the agent's own request timeout applies.
@@ -356,7 +364,10 @@ class AllReduce:
         self.copied = self._server_model() if rv.rank == 0 else trainer.flat()
         self.last_copy = time.monotonic()
         if self.hook is None:
-            self.hook = GradientAllReduce(group, self.weighting)
+            # compression.push fp16 / bf16: the gradients all-reduced in half precision (the config refuses
+            # the codecs an all-reduce cannot sum).
+            half = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(self.job.config.compression.push, torch.float32)
+            self.hook = GradientAllReduce(group, self.weighting, dtype=half)
         else:
             self.hook.group = group
         self.grad_hook = self.hook

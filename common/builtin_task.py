@@ -31,6 +31,7 @@ DATASET_SHAPES: dict[str, tuple[tuple[int, ...], int]] = {
     "synthetic": ((1, 8, 8), 10),
     "mnist": ((1, 28, 28), 10),
     "cifar10": ((3, 32, 32), 10),
+    "synthetic-cifar": ((3, 32, 32), 10),
 }
 
 

@@ -12,6 +12,7 @@ config is validated when built; errors name the offending field.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import tomllib
 from pathlib import Path
@@ -37,6 +38,13 @@ from hermes.common.policies.allocation.proportional_control import PControlParam
 from hermes.common.policies.allocation.straggler import DualSearchParams
 from hermes.common.policies.allocation.task_allocation import AdaptiveParams
 from hermes.common.policies.base import UnknownPolicy
+from hermes.common.policies.compression import (
+    CompressionParams,
+    Int8Params,
+    PowerSgdParams,
+    TopKParams,
+    check_choice,
+)
 from hermes.common.policies.federated import FedAsyncParams, FedBuffParams
 from hermes.common.policies.gate import GateParams
 from hermes.common.policies.robust import RobustParams
@@ -44,10 +52,14 @@ from hermes.common.policies.sync import AsyncParams, EbspParams, SspParams
 from hermes.common.policies.topology import CollectiveParams
 from hermes.common.presets import DEFAULT_PRESET, PRESET_SOURCES, PRESETS, unknown_preset
 
+log = logging.getLogger(__name__)
+
 __all__ = ["PRESETS", "PRESET_SOURCES", "DEFAULT_PRESET", "POLICY_FIELDS",
            "ConfigError", "RunConfig", "build_config", "load_config_file", "preset_policies", "SECTIONS"]
 
 POLICY_FIELDS = ("sync", "allocation", "aggregation", "gate", "lr_scaling")
+# The deprecated pull_dtype's values as compression.pull codecs.
+_PULL_DTYPE_CODECS = {"float16": "fp16", "bfloat16": "bf16", "float32": "none"}
 
 
 def preset_policies(name: str) -> dict[str, Any]:
@@ -126,6 +138,10 @@ class RunConfig(BaseModel):
     dual_search: DualSearchParams = _section(DualSearchParams, "allocation 'dual-search'")
     early_stop: EarlyStopParams = _section(EarlyStopParams, "early stopping (server)")
     federated_eval: FederatedEvalParams = _section(FederatedEvalParams, "federated evaluation (server and agents)")
+    compression: CompressionParams = _section(CompressionParams, "the codecs of pushes and pulls")
+    int8: Int8Params = _section(Int8Params, "compression 'int8'")
+    topk: TopKParams = _section(TopKParams, "compression 'topk'")
+    powersgd: PowerSgdParams = _section(PowerSgdParams, "compression 'powersgd'")
 
     # ---- the task: model, data, loss, metrics, optimizer (hermes.common.task)
     task: str = Field(default="builtin", min_length=1, description="The task to train: MODULE:ATTR, FILE.py:ATTR or a "
@@ -134,10 +150,10 @@ class RunConfig(BaseModel):
 
     # ---- model and data (the builtin task)
     model: str = Field(default="cnn", description="cnn (MNIST-style, ~110K params on 28x28), alexnet (~1M, 32x32 "
-                       "colour), resnet18 (CIFAR), mlp (model_kwargs hidden).")
+                       "colour), resnet18 (CIFAR), mlp (model_kwargs hidden), edge-resnet (1.21M, 32x32 colour; model_kwargs width).")
     model_kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of the model's factory.")
     dataset: str = Field(default="digits", description="digits (scikit-learn, embedded), mnist1d (generated), synthetic "
-                         "(any size: num_samples), mnist (IDX files), cifar10 (python batches).")
+                         "(any size: num_samples), mnist (IDX files), cifar10 (binary or python batches), synthetic-cifar (generated 3x32x32, 10 classes).")
     dataset_root: str | None = Field(default=None, description="Folder with MNIST IDX files or CIFAR-10 batches (required for those).")
     num_samples: int | None = Field(default=None, gt=0, description="Samples of a synthetic data set.")
     test_fraction: float = Field(default=0.2, gt=0.0, lt=1.0, description="Share of the data held out as the test set.")
@@ -236,6 +252,13 @@ class RunConfig(BaseModel):
         assert info.field_name is not None
         return policies.canonical(info.field_name, v)
 
+    @field_validator("compression")
+    @classmethod
+    def _known_codecs(cls, v: CompressionParams) -> CompressionParams:
+        # Stored under their registered names, as the policy names are.
+        return v.model_copy(update={"push": policies.canonical("compression", v.push),
+                                    "pull": policies.canonical("compression", v.pull)})
+
     @field_validator("target_accuracy")
     @classmethod
     def _target_in_range(cls, v: float | None) -> float | None:
@@ -287,6 +310,8 @@ class RunConfig(BaseModel):
         policies.check_compatible(self.chosen_policies(), self.core, self.sections())
         if self.overlap_push:
             self._check_overlap()
+        check_choice(self.compression, topology=self.topology)
+        self._check_pull_dtype()
         if self.dataset in ("mnist", "cifar10") and not self.dataset_root:
             raise ValueError(f"dataset {self.dataset!r} is read from local files: set dataset_root")
         return self
@@ -299,6 +324,24 @@ class RunConfig(BaseModel):
                              f"not {self.sync!r}, whose next cycle starts from the barrier's model")
         if not self.combine_messages:
             raise ValueError("overlap_push needs combine_messages: the push's reply must bring the model")
+
+    def _check_pull_dtype(self) -> None:
+        # pull_dtype is the old spelling of compression.pull fp16/bf16 (see pull_codec).
+        if self.pull_dtype == "float32":
+            return
+        log.warning("pull_dtype=%s is deprecated: it means compression.pull=%s", self.pull_dtype,
+                    _PULL_DTYPE_CODECS[self.pull_dtype])
+        if self.compression.pull not in ("none", _PULL_DTYPE_CODECS[self.pull_dtype]):
+            raise ValueError(f"pull_dtype={self.pull_dtype} (the old spelling of compression.pull="
+                             f"{_PULL_DTYPE_CODECS[self.pull_dtype]}) and compression.pull={self.compression.pull} "
+                             "disagree: give compression.pull only")
+
+    @property
+    def pull_codec(self) -> str:
+        """The codec of the model agents receive: compression.pull, or what the deprecated pull_dtype means."""
+        if self.compression.pull == "none" and self.pull_dtype != "float32":
+            return _PULL_DTYPE_CODECS[self.pull_dtype]
+        return self.compression.pull
 
     @property
     def barrier_sync(self) -> bool:

@@ -33,6 +33,7 @@ from pydantic import (
     model_validator,
 )
 
+from hermes.common.policies.compression import CodecSpec
 from hermes.common.wire import ErrorCode, ProtocolError
 
 log = logging.getLogger(__name__)
@@ -267,6 +268,10 @@ class PushUpdate(BaseModel):
     # From-baseline presets (update_from_baseline): the version of the model the payload G is
     # measured from, the agent's base pull (docs/churn.md); None: w0, the run's first model.
     base_version: Count | None = None
+    # compression.push: the payload is this codec's bytes (common/policies/compression.py), not the delta.
+    codec: CodecSpec | None = None
+    # compression.pull int8: the model comes back in this codec (fp16/bf16 are pull_dtype).
+    pull_codec: CodecSpec | None = None
 
 
 class PullModel(BaseModel):
@@ -280,6 +285,8 @@ class PullModel(BaseModel):
     # The pull that starts a registration of a from-baseline agent: the server keeps the model
     # it serves as this worker's base until the worker leaves (docs/churn.md).
     base: StrictBool = False
+    # compression.pull int8: the model in this codec instead of ``dtype``.
+    codec: CodecSpec | None = None
 
 
 class RequestWork(BaseModel):
@@ -416,6 +423,8 @@ class PushReply(Reply):
     model: Literal["included", "unchanged"] | None = None
     # The push's base_version is not a base the server keeps for this worker: pull a new base.
     rebase: StrictBool = False
+    # The included model's codec (compression.pull int8); None: the payload is the model in the pull dtype.
+    codec: CodecSpec | None = None
 
 
 class ErrorReply(BaseModel):
@@ -431,3 +440,4 @@ class ModelReply(Reply):
     """MODEL: the current model (the payload), or ``unchanged`` when the agent has it."""
 
     unchanged: StrictBool = False
+    codec: CodecSpec | None = None

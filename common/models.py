@@ -21,7 +21,7 @@ from torch import nn
 
 logger = logging.getLogger(__name__)
 
-MODEL_NAMES = ("cnn", "alexnet", "resnet18", "mlp")
+MODEL_NAMES = ("cnn", "alexnet", "resnet18", "mlp", "edge-resnet")
 
 # The cnn caps its flattened feature map at 7x7 (what a 28x28 MNIST image
 # leaves after two 2x poolings), so larger inputs do not blow up fc1.
@@ -277,6 +277,42 @@ def _build_resnet18(shape: tuple[int, ...], num_classes: int, **kwargs: Any) -> 
     return _ResNet18(shape[0], num_classes)
 
 
+# ---------------------------------------------------------------- edge-resnet
+
+
+class _EdgeResNet(nn.Module):
+    """An edge-sized residual CNN for 32x32 colour images (issue 31): a 3x3 stem of ``width`` channels, then
+    one BasicBlock per stage at widths 2w, 4w, 8w, each halving the side (32 -> 16 -> 8 -> 4), global average
+    pool. With w = 32 and 10 classes: 1,210,410 parameters (4.9 MB in fp32, a MobileNetV2's order), about 43M
+    multiply-adds a 32x32 image (ResNet-18: 556M), so that 2 shared CPU cores train it at all."""
+
+    def __init__(self, in_channels: int, num_classes: int, width: int) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(
+            nn.Conv2d(in_channels, width, 3, stride=1, padding=1, bias=False),
+            nn.BatchNorm2d(width),
+            nn.ReLU(inplace=True),
+        )
+        self.stages = nn.Sequential(
+            _BasicBlock(width, 2 * width, 2), _BasicBlock(2 * width, 4 * width, 2), _BasicBlock(4 * width, 8 * width, 2)
+        )
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(8 * width, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.pool(self.stages(self.stem(x)))
+        logits: torch.Tensor = self.fc(torch.flatten(out, 1))
+        return logits
+
+
+def _build_edge_resnet(shape: tuple[int, ...], num_classes: int, *, width: int = 32, **kwargs: Any) -> nn.Module:
+    _reject_kwargs("edge-resnet", kwargs, allowed=("width",))
+    if isinstance(width, bool) or not isinstance(width, int) or width < 1:
+        raise ValueError(f"model 'edge-resnet': width must be a positive int, got {width!r}")
+    _require_image("edge-resnet", shape, min_side=_RESNET_MIN_SIDE)
+    return _EdgeResNet(shape[0], num_classes, width)
+
+
 # ---------------------------------------------------------------- mlp
 
 
@@ -310,4 +346,5 @@ _BUILDERS: dict[str, Callable[..., nn.Module]] = {
     "alexnet": _build_alexnet,
     "resnet18": _build_resnet18,
     "mlp": _build_mlp,
+    "edge-resnet": _build_edge_resnet,
 }

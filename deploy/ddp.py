@@ -62,6 +62,8 @@ def run_ddp(args: argparse.Namespace) -> int:
         cmd += ["--target-accuracy", f"{args.target_accuracy:g}"]
     if args.ddp_lr is not None:
         cmd += ["--lr", f"{args.ddp_lr:g}"]
+    if getattr(args, "ddp_hook", "allreduce") != "allreduce":
+        cmd += ["--comm-hook", args.ddp_hook, "--powersgd-rank", str(args.ddp_powersgd_rank)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     t0 = time.time()
     proc = start(cmd, log_path=out / "logs" / "ddp.log", env=env, parent_death_signal=signal.SIGTERM)

@@ -86,6 +86,55 @@ _link_hook.__annotations__["bucket"] = dist.GradBucket
 _link_hook.__annotations__["return"] = torch.futures.Future[torch.Tensor]
 
 
+def powersgd_bucket_bytes(shapes: list[tuple[int, ...]], rank: int, min_compression_rate: float = 2.0) -> int:
+    """Bytes one rank all-reduces for a bucket under torch's powerSGD_hook: P (m x r) and Q (n x r) in fp32 for
+    each matrix it compresses (numel / ((m + n) r) >= min_compression_rate), every other tensor whole."""
+    total = 0
+    for shape in shapes:
+        numel = 1
+        for d in shape:
+            numel *= d
+        if len(shape) > 1:
+            m, n = shape[0], numel // shape[0]
+            r = min(m, n, rank)
+            if numel >= min_compression_rate * (m + n) * r:
+                total += 4 * (m + n) * r
+                continue
+        total += 4 * numel
+    return total
+
+
+def _compressed_link_hook(state: dict[str, Any], bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP's own communication hooks (fp16_compress_hook, powerSGD_hook; Vogels et al. 2019) with the emulated
+    link's delay for the bytes they send, as ``_link_hook`` adds it for the plain all-reduce."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
+    t0 = time.perf_counter()
+    if state["hook"] == "fp16":
+        nbytes = bucket.buffer().numel() * 2
+        fut = default_hooks.fp16_compress_hook(None, bucket)  # type: ignore[arg-type]
+    else:
+        psgd = state["powersgd"]
+        warm = psgd.iter < psgd.start_powerSGD_iter  # torch all-reduces vanilla until then
+        nbytes = bucket.buffer().numel() * 4 if warm else \
+            powersgd_bucket_bytes([tuple(p.shape) for p in bucket.parameters()], psgd.matrix_approximation_rank)
+        fut = powerSGD_hook.powerSGD_hook(psgd, bucket)
+
+    def done(f: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
+        extra = link_delay(nbytes, state["world"], *state["link"]) - (time.perf_counter() - t0)
+        if extra > 0:
+            time.sleep(extra)
+        state["allreduces"] += 1
+        state["bytes"] += int(2 * (state["world"] - 1) / state["world"] * nbytes)
+        return f.value()
+
+    return fut.then(done)
+
+
+_compressed_link_hook.__annotations__["bucket"] = dist.GradBucket
+_compressed_link_hook.__annotations__["return"] = torch.futures.Future[torch.Tensor]
+
+
 def _evaluate(task: Task, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
     """(accuracy, loss) with the task's loss; accuracy is nan for a task without that metric."""
     model.eval()
@@ -108,6 +157,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-seconds", type=float, default=120.0)
     p.add_argument("--lr", type=float, default=None)
     p.add_argument("--eval-every", type=int, default=20)
+    p.add_argument("--comm-hook", choices=("allreduce", "fp16", "powersgd"), default="allreduce",
+                   help="DDP communication hook: plain all-reduce, fp16_compress_hook or powerSGD_hook")
+    p.add_argument("--powersgd-rank", type=int, default=4, help="powerSGD_hook's matrix_approximation_rank")
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     dist.init_process_group("gloo")
@@ -129,7 +181,18 @@ def main(argv: list[str] | None = None) -> None:
         # The ring runs at its slowest member's link, whatever rank this is.
         state["link"] = (min(s[0] for s in specs), min(s[1] for s in specs), max(s[2] for s in specs))
     # Always hooked, a lan link costing nothing: the hook also counts the all-reduces and their bytes.
-    ddp.register_comm_hook(state, _link_hook)
+    if a.comm_hook == "allreduce":
+        ddp.register_comm_hook(state, _link_hook)
+    else:
+        from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState
+
+        state["hook"] = a.comm_hook
+        # start_powerSGD_iter 2 (torch's default 1,000 is for long runs; ours reach a target in hundreds of
+        # steps), error feedback and warm start on as in Vogels et al. 2019.
+        state["powersgd"] = PowerSGDState(process_group=None, matrix_approximation_rank=a.powersgd_rank,
+                                          start_powerSGD_iter=2, use_error_feedback=True, warm_start=True,
+                                          random_seed=cfg.seed)
+        ddp.register_comm_hook(state, _compressed_link_hook)
     opt = (task.optimizer(ddp.parameters()) if task.optimizer is not None else
            torch.optim.SGD(ddp.parameters(), lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay))
     slowdown = float(a.slowdowns.split(",")[rank])
@@ -219,7 +282,8 @@ def _write_summary(out: Path, cfg: Any, a: argparse.Namespace, lr: float, world:
         "ddp": {"backend": "gloo", "batch_per_rank": cfg.batch_size, "global_batch": cfg.batch_size * world,
                 "lr": lr, "lr_rule": "given" if a.lr is not None else "linear in the global batch, anchored at bsp's "
                 "(preset lr x global batch / (N x batch_size))",
-                "momentum": cfg.momentum, "eval_every_steps": a.eval_every, "link_emulation": bool(a.links)},
+                "momentum": cfg.momentum, "eval_every_steps": a.eval_every, "link_emulation": bool(a.links),
+                "comm_hook": a.comm_hook, **({"powersgd_rank": a.powersgd_rank} if a.comm_hook == "powersgd" else {})},
     }
     write_atomic(out / "summary.json", json.dumps(summary, indent=2))
     log.info("ddp: %s; %d steps; lr %g", summary["outcome"], steps, lr)

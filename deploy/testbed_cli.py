@@ -80,6 +80,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "ddp = torch DDP (gloo) under torchrun, one rank per agent")
     p.add_argument("--ddp-lr", type=float, default=None,
                    help="--peer ddp learning rate (default: the preset lr scaled linearly with the world size)")
+    p.add_argument("--ddp-hook", choices=("allreduce", "fp16", "powersgd"), default="allreduce",
+                   help="--peer ddp communication hook: allreduce (default), fp16 (fp16_compress_hook) or powersgd "
+                        "(powerSGD_hook, Vogels et al. 2019)")
+    p.add_argument("--ddp-powersgd-rank", type=int, default=4, help="--ddp-hook powersgd: the approximation rank")
     p.add_argument("--startup-timeout", type=float, default=90.0)
     p.add_argument("--checkpoint-interval", type=float, default=30.0,
                    help="seconds between server checkpoints (in OUT/checkpoints; default 30)")

@@ -459,7 +459,8 @@ class SimDevice:
                                                    "cycles": cycles, "stats": stats})
             overlap = sim.config.overlap_push and self.outbox is not None
             send = sim.driver.request(self, MsgType.PUSH_UPDATE, request_body(update), payload=delta,
-                                      model_version=self.version or 0, shapes=sim.engine.spec.shapes,
+                                      model_version=self.version or 0,
+                                      shapes=() if update.codec is not None else sim.engine.spec.shapes,
                                       channel="overlap" if overlap else "main")
             if overlap:
                 # Sent; the next cycle trains meanwhile (client.overlap.OverlappedPush).

@@ -45,6 +45,10 @@ from typing import Any, ClassVar, TypeVar
 log = logging.getLogger(__name__)
 
 KINDS = ("topology", "sync", "gate", "aggregation", "lr_scaling", "allocation")
+# Kinds chosen once per direction rather than once per run (``compression.push`` / ``.pull``): registered and
+# looked up like the others, but not part of a run's one-of-each choice (``check_compatible``).
+PER_DIRECTION_KINDS = ("compression",)
+ALL_KINDS = KINDS + PER_DIRECTION_KINDS
 # The order in which declarations are checked: the first refusal is the one reported.
 CHECK_ORDER = ("aggregation", "gate", "allocation", "lr_scaling", "sync", "topology")
 
@@ -61,6 +65,7 @@ _BUILTIN_MODULES: dict[str, tuple[str, ...]] = {
     "lr_scaling": ("hermes.common.policies.lr_scaling",),
     "allocation": tuple(f"hermes.common.policies.allocation.{m}" for m in (
         "uniform", "static", "pcontrol", "task_allocation", "dynamic_partitioning", "hermes_sizing")),
+    "compression": ("hermes.common.policies.compression",),
 }
 
 
@@ -138,8 +143,8 @@ class Policy:
 
 P = TypeVar("P", bound=type[Policy])
 
-_REGISTRY: dict[str, dict[str, type[Policy]]] = {k: {} for k in KINDS}
-_ALIASES: dict[str, dict[str, str]] = {k: {} for k in KINDS}
+_REGISTRY: dict[str, dict[str, type[Policy]]] = {k: {} for k in ALL_KINDS}
+_ALIASES: dict[str, dict[str, str]] = {k: {} for k in ALL_KINDS}
 _loaded: set[str] = set()
 
 # Third-party policies: entry points named "KIND.NAME" (the class) or "KIND" (a module that registers).
@@ -154,8 +159,8 @@ class UnknownPolicy(ValueError):
 
 def register(kind: str, name: str, *aliases: str) -> Callable[[P], P]:
     """Class decorator: register ``cls`` as policy ``name`` (and ``aliases``) of ``kind``."""
-    if kind not in KINDS:
-        raise ValueError(f"unknown policy kind {kind!r}; known: {', '.join(KINDS)}")
+    if kind not in ALL_KINDS:
+        raise ValueError(f"unknown policy kind {kind!r}; known: {', '.join(ALL_KINDS)}")
 
     def deco(cls: P) -> P:
         if not (isinstance(cls, type) and issubclass(cls, Policy)):
@@ -198,8 +203,8 @@ def register_policy(kind: str, name: str, cls: P | None = None, *aliases: str) -
 def _load(kind: str) -> None:
     if kind in _loaded:
         return
-    if kind not in KINDS:
-        raise ValueError(f"unknown policy kind {kind!r}; known: {', '.join(KINDS)}")
+    if kind not in ALL_KINDS:
+        raise ValueError(f"unknown policy kind {kind!r}; known: {', '.join(ALL_KINDS)}")
     _loaded.add(kind)
     for module in _BUILTIN_MODULES[kind]:
         importlib.import_module(module)

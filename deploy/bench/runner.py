@@ -69,24 +69,33 @@ class RunSpec:
             **({"runner": self.variant.runner} if self.variant.runner != "testbed" else {}),
             **({"homogeneous": True} if self.variant.homogeneous else {}),
             **({"churn": suite.churn} if suite.churn else {}),
+            **({"ddp_hook": self.variant.ddp_hook, "ddp_powersgd_rank": self.variant.ddp_powersgd_rank}
+               if self.variant.ddp_hook != "allreduce" else {}),
         }
 
     def testbed_args(self, suite: Suite, run_dir: Path) -> list[str]:
-        profile = self.profile
+        profile, clients = self.profile, suite.clients
+        if self.variant.runner == "alone":
+            # The fastest device by itself: one rank at the profile's top speed (its slowdown times the pace of
+            # the cluster, so alone and cluster run at the same emulated pace), no link to cross.
+            fastest = min(wp.slowdown for wp in worker_profiles(self.profile, suite.clients))
+            profile, clients, pace = "hl1", 1, fastest
         if self.variant.homogeneous:
             # The same sum of speeds spread evenly: every agent at the mean speed (hl1 slowed by the pace).
             speeds = [wp.speed for wp in worker_profiles(self.profile, suite.clients)]
             profile, pace = "hl1", suite.clients / sum(speeds)
-        args = ["--clients", str(suite.clients), "--profile", profile, "--preset", self.variant.preset,
+        args = ["--clients", str(clients), "--profile", profile, "--preset", self.variant.preset,
                 "--dataset", suite.dataset, "--model", suite.model, "--seed", str(self.seed),
                 "--max-seconds", f"{suite.max_seconds:g}", "--out", str(run_dir), "--quiet"]
         if suite.target_accuracy is not None:
             args += ["--target-accuracy", f"{suite.target_accuracy:g}"]
-        if self.variant.homogeneous:
+        if self.variant.homogeneous or (self.variant.runner == "alone" and pace != 1):
             args += ["--pace", f"{pace:.6g}"]
-        if self.variant.runner == "ddp":
+        if self.variant.runner in ("ddp", "alone"):
             args += ["--peer", "ddp"]
-        if self.link != "lan":
+        if self.variant.ddp_hook != "allreduce":
+            args += ["--ddp-hook", self.variant.ddp_hook, "--ddp-powersgd-rank", str(self.variant.ddp_powersgd_rank)]
+        if self.link != "lan" and self.variant.runner != "alone":
             args += ["--link", self.link]
         if suite.churn and self.variant.runner == "testbed":
             args += ["--churn", suite.churn]

@@ -42,7 +42,12 @@ class Variant(BaseModel):
     overrides: dict[str, Any] = Field(default_factory=dict)
     # testbed: our server and agents running ``preset``; ddp: the torch DDP peer (``hermes-testbed --peer
     # ddp``), which takes its optimizer and batch from ``preset``'s run config.
-    runner: Literal["testbed", "ddp"] = "testbed"
+    # alone: the fastest device training by itself (the DDP peer with one rank at the profile's fastest
+    # speed, no link): what distribution must beat.
+    runner: Literal["testbed", "ddp", "alone"] = "testbed"
+    # runner ddp: DDP's communication hook (fp16_compress_hook, powerSGD_hook at ddp_powersgd_rank).
+    ddp_hook: Literal["allreduce", "fp16", "powersgd"] = "allreduce"
+    ddp_powersgd_rank: int = Field(default=4, ge=1, le=64)
     # The ideal reference: a homogeneous cluster (hl1) of the profile's total compute (same sum of speeds).
     homogeneous: bool = False
 
@@ -216,7 +221,41 @@ PEERS = [{"label": "ddp", "preset": "bsp", "runner": "ddp", "overrides": {"lr": 
          {"label": "ideal", "preset": "bsp", "homogeneous": True}]
 
 
+# Issue 31: the edge-sized model (edge-resnet, 1.21M parameters, 4.8 MB a push in fp32) on the generated
+# CIFAR-shaped set, over thin links: compressed presets against DDP with its own compression hooks, bsp, and the
+# fastest device alone. docs/compression.md has the measurements.
+EDGE_VARIANTS = [
+    {"label": "bsp", "preset": "bsp"},
+    {"label": "asp", "preset": "asp"},
+    {"label": "asp-int8", "preset": "asp", "overrides": {"compression.push": "int8", "compression.pull": "int8"}},
+    {"label": "asp-topk", "preset": "asp", "overrides": {"compression.push": "topk", "topk.ratio": 0.01,
+                                                         "compression.pull": "int8"}},
+    {"label": "asp-powersgd", "preset": "asp", "overrides": {"compression.push": "powersgd", "powersgd.rank": 4,
+                                                             "compression.pull": "int8"}},
+    {"label": "hermes-topk", "preset": "hermes", "overrides": {"compression.push": "topk", "topk.ratio": 0.01,
+                                                               "compression.pull": "int8"}},
+    {"label": "ddp", "preset": "bsp", "runner": "ddp"},
+    {"label": "ddp-fp16", "preset": "bsp", "runner": "ddp", "ddp_hook": "fp16"},
+    {"label": "ddp-powersgd", "preset": "bsp", "runner": "ddp", "ddp_hook": "powersgd", "ddp_powersgd_rank": 4},
+    {"label": "alone", "preset": "bsp", "runner": "alone"},
+]
+EDGE_COMMON: dict[str, Any] = {
+    "dataset": "synthetic-cifar", "model": "edge-resnet", "profiles": ["hl8"], "clients": 4, "repeats": 3,
+    "target_accuracy": 0.6, "max_seconds": 300.0, "overrides": {"num_samples": 12000},
+}
+
+
 BUILTIN: dict[str, dict[str, Any]] = {
+    "edge-lte": {
+        "description": "Issue 31: edge-resnet (1.21M parameters) on synthetic-cifar, 4 agents at HL8 over lte "
+                       "links: compressed asp/hermes (int8, top-k, PowerSGD) against bsp, asp, torch DDP with "
+                       "its fp16 and PowerSGD hooks, and the fastest device alone.",
+        "variants": EDGE_VARIANTS, "links": ["lte"], **EDGE_COMMON,
+    },
+    "edge-constrained": {
+        "description": "edge-lte's variants over constrained links (2 Mbit/s, 150 ms).",
+        "variants": EDGE_VARIANTS, "links": ["constrained"], **EDGE_COMMON,
+    },
     "quick": {
         "description": "Hermes, ASP and BSP on a 4-agent HL8 cluster (digits, CNN), two seeds each: "
                        "a first look in under five minutes, not a result to quote.",

@@ -26,11 +26,15 @@ from hermes.common.messages import (
     ShardReply,
     parse_body,
 )
+from hermes.common.policies.compression import CodecError, CodecSpec, Int8Codec
+from hermes.common.policies.compression import decode as decode_codec
+from hermes.common.tensors import ModelSpec
 from hermes.common.wire import (
     ErrorCode,
     Header,
     Message,
     MsgType,
+    Payload,
     ProtocolError,
     decode,
     dtype_from_name,
@@ -62,6 +66,19 @@ _MODEL_DTYPES = ("float32", "float16", "bfloat16")
 Frames = list[Any]
 
 
+def decompressed(spec: ModelSpec, payload: Payload | None, codec: CodecSpec) -> Payload:
+    """A compressed push's update as the fp32 payload it stands for: what screening, the rules, the loss probes
+    and the journal see (compression.push). The buffer's size must follow from the codec spec and the model."""
+    if payload is None or payload.dtype != torch.uint8:
+        raise ProtocolError(ErrorCode.BAD_DTYPE, f"a {codec.name} push travels as uint8 bytes, not "
+                                                 f"{'nothing' if payload is None else payload.dtype}")
+    try:
+        flat = decode_codec(payload.flat(), codec, spec.shapes)
+    except CodecError as exc:
+        raise ProtocolError(ErrorCode.BAD_SHAPE, str(exc)) from None
+    return Payload(dtype=torch.float32, chunks=(flat,), shapes=spec.shapes)
+
+
 class Handlers:
     def __init__(self, step: Stepper, *, state: ModelState, registry: Registry, membership: Membership,
                  start_gate: StartGate, shards: ShardStore, validation_shards: ShardStore, kafka: KafkaPublisher,
@@ -84,6 +101,8 @@ class Handlers:
         self.max_message_bytes = max_message_bytes
         # From-baseline runs: each worker's base model (engine/bases.py); None: pushes are since-pull changes.
         self.bases = bases
+        # compression.pull int8: chunk -> (version, the model's int8 bytes), the latest version only.
+        self._int8_models: dict[int, tuple[int, torch.Tensor]] = {}
         self._by_type: dict[MsgType, Callable[[WorkerRecord, Message], Awaitable[Frames]]] = {
             MsgType.PUSH_UPDATE: self.on_push,
             MsgType.PULL_MODEL: self.on_pull,
@@ -141,6 +160,8 @@ class Handlers:
             raise ProtocolError(
                 ErrorCode.BAD_REQUEST, f"base model_version {h.model_version} not in [0, {self.state.version}]"
             )
+        if body.codec is not None:
+            msg = Message(h, await offload(4 * self.spec.numel, decompressed, self.spec, msg.payload, body.codec))
         await offload(payload_bytes(msg.payload), validate_update, self.spec, msg.payload)
         assert msg.payload is not None  # validate_update refuses a push without one
         worker.pushes += 1
@@ -166,7 +187,8 @@ class Handlers:
         self.counters.count_carried("pull_model")
         if h.model_version == self.state.version:
             return self.reply(MsgType.PUSH_REPLY, worker, h.seq, {**reply, "model": "unchanged"})
-        return await self._model_reply(MsgType.PUSH_REPLY, worker, h, body.pull_dtype, {**reply, "model": "included"})
+        return await self._model_reply(MsgType.PUSH_REPLY, worker, h, body.pull_dtype, {**reply, "model": "included"},
+                                       codec=body.pull_codec)
 
     async def on_pull(self, worker: WorkerRecord, msg: Message) -> Frames:
         h = msg.header
@@ -177,12 +199,14 @@ class Handlers:
         if body.dtype not in _MODEL_DTYPES:
             raise ProtocolError(ErrorCode.BAD_DTYPE, f"models are served as float32/float16/bfloat16, not {body.dtype!r}")
         return await self._model_reply(MsgType.MODEL, worker, h, body.dtype, {"unchanged": False},
-                                       pin=body.base and self.bases is not None)
+                                       pin=body.base and self.bases is not None, codec=body.codec)
 
     async def _model_reply(self, type_: MsgType, worker: WorkerRecord, h: Header, dtype: str,
-                           body: dict[str, Any], *, pin: bool = False) -> Frames:
-        """A reply carrying the current model in ``dtype`` (a pull, or a push that answered one);
-        ``pin``: kept as the worker's base (a base pull, engine/bases.py)."""
+                           body: dict[str, Any], *, pin: bool = False, codec: CodecSpec | None = None) -> Frames:
+        """A reply carrying the current model in ``dtype`` (a pull, or a push that answered one), or in
+        ``codec``; ``pin``: kept as the worker's base (a base pull, engine/bases.py)."""
+        if codec is not None:
+            return await self._compressed_model_reply(type_, worker, h, body, codec, pin=pin)
         torch_dtype = dtype_from_name(dtype)
         nbytes = self.spec.numel * torch.empty(0, dtype=torch_dtype).element_size()
         version, flat = await offload(nbytes, self.state.prepared, torch_dtype)
@@ -195,6 +219,31 @@ class Handlers:
         header = Header(type=type_, worker=worker.id, seq=h.seq, model_version=version, session=h.session,
                         shapes=self.spec.shapes, body={**body, "stop": self.step.stopping})
         return await offload(nbytes, encode, header, flat, key=worker.key)
+
+    async def _compressed_model_reply(self, type_: MsgType, worker: WorkerRecord, h: Header, body: dict[str, Any],
+                                      codec: CodecSpec, *, pin: bool = False) -> Frames:
+        """compression.pull int8: the model quantised per chunk, round to nearest (the agent measures its next
+        change from what it received, so the rounding does not accumulate; no generator state on the server).
+        Encoded once per version and chunk, as the fp32 snapshot is framed once."""
+        if codec.name != "int8" or codec.chunk is None:
+            raise ProtocolError(ErrorCode.BAD_DTYPE, f"models are served in codec int8 (with its chunk) or a pull "
+                                                     f"dtype, not codec {codec.name!r}")
+        nbytes = 4 * self.spec.numel
+        version, prepared = await offload(nbytes, self.state.prepared, torch.float32)
+        cached = self._int8_models.get(codec.chunk)
+        if cached is None or cached[0] != version:
+            data = (await offload(nbytes, Int8Codec(codec.chunk, False, 0).encode, prepared.tensor,
+                                  self.spec.shapes)).data
+            # One entry per chunk size in use (the run's int8.chunk): bounded at a model's quarter each.
+            self._int8_models = {codec.chunk: (version, data)}
+            cached = (version, data)
+        if pin:
+            assert self.bases is not None
+            # The agent measures its next change from the model as it decodes it: so does its base.
+            self.bases.pin(worker.id, version, await offload(nbytes, decode_codec, cached[1], codec, self.spec.shapes))
+        header = Header(type=type_, worker=worker.id, seq=h.seq, model_version=version, session=h.session,
+                        body={**body, "codec": codec.model_dump(exclude_none=True), "stop": self.step.stopping})
+        return await offload(nbytes // 4, encode, header, cached[1], key=worker.key)
 
     async def on_request_work(self, worker: WorkerRecord, msg: Message) -> Frames:
         body = parse_body(RequestWork, msg.header.body)

@@ -39,7 +39,7 @@ def _model():
     return build_model("cnn", input_shape=(1, 8, 8), num_classes=10)
 
 
-def _rank_main(rank: int, port: int, out: str, lr: float) -> None:
+def _rank_main(rank: int, port: int, out: str, lr: float, half: str = "") -> None:
     from hermes.client.collective import CollectiveGroup, GradientAllReduce, Rendezvous
     from hermes.client.trainer import LocalTrainer
 
@@ -58,7 +58,7 @@ def _rank_main(rank: int, port: int, out: str, lr: float) -> None:
         trainer = LocalTrainer(model, lr=lr, momentum=0.0, weight_decay=0.0, device=torch.device("cpu"),
                                precision="fp32")
         result = trainer.train_cycle(x[start:start + n], y[start:start + n], batch_size, acc, steps=1,
-                                     grad_hook=GradientAllReduce(group))
+                                     grad_hook=GradientAllReduce(group, dtype=getattr(torch, half or "float32")))
         assert result.steps == 1 and not result.stopped
         torch.save({"flat": trainer.flat(), "bytes": group.reduced_bytes}, out)
     finally:
@@ -70,11 +70,14 @@ def _store(world: int) -> Coordinator:
                        timeout_seconds=20.0)
 
 
-def test_weighted_allreduce_equals_the_single_process_gradient_of_the_union(tmp_path: Path) -> None:
+# float16: compression.push=fp16 under topology collective (DDP's fp16_compress_hook): the same step to fp16's
+# rounding, half the bytes plus the 8-byte weights all-reduce.
+@pytest.mark.parametrize("half", ["", "float16"], ids=["fp32", "fp16"])
+def test_weighted_allreduce_equals_the_single_process_gradient_of_the_union(tmp_path: Path, half: str) -> None:
     coord = _store(len(RANKS))
     ctx = mp.get_context("spawn")
     lr = 0.5
-    procs = [ctx.Process(target=_rank_main, args=(r, coord.port, str(tmp_path / f"r{r}.pt"), lr))
+    procs = [ctx.Process(target=_rank_main, args=(r, coord.port, str(tmp_path / f"r{r}.pt"), lr, half))
              for r in range(len(RANKS))]
     for p in procs:
         p.start()
@@ -94,13 +97,18 @@ def test_weighted_allreduce_equals_the_single_process_gradient_of_the_union(tmp_
         for p in model.parameters():
             p.sub_(lr * p.grad)
     expected = flatten(model)
+    # fp16: each gradient element rounded to 11 bits (relative 2^-11), times lr.
+    atol = 1e-6 if not half else 1e-3
     for r in results:
-        assert torch.allclose(r["flat"], expected, atol=1e-6, rtol=1e-5), float((r["flat"] - expected).abs().max())
+        assert torch.allclose(r["flat"], expected, atol=atol, rtol=1e-5), float((r["flat"] - expected).abs().max())
+    if half:
+        assert not torch.equal(results[0]["flat"], expected)  # it did round
     # Every replica is the same model, bit for bit.
     assert all(torch.equal(r["flat"], results[0]["flat"]) for r in results)
-    # Ring estimate: 2 (W-1)/W of (parameters + weight + stop flag) fp32 values.
+    # Ring estimate: 2 (W-1)/W of (parameters + weight + stop flag) fp32 values; fp16: the parameters in 2 bytes.
     numel = expected.numel()
-    assert results[0]["bytes"] == int(2 * 2 / 3 * (numel + 2) * 4)
+    want = int(2 * 2 / 3 * (numel + 2) * 4) if not half else int(2 * 2 / 3 * (numel * 2 + 2 * 4))
+    assert results[0]["bytes"] == want
 
 
 def _lonely_rank(port: int, out: str) -> None:

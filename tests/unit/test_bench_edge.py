@@ -1,0 +1,50 @@
+"""Issue 31's bench pieces: the edge suites build and run here, the alone and DDP-hook variants become the right
+hermes-testbed arguments, and the PowerSGD byte count the DDP peer charges its link."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hermes.deploy.bench.runner import plan
+from hermes.deploy.bench.suites import SuiteError, build_suite, builtin_suite, check_runnable
+from hermes.deploy.ddp_rank import powersgd_bucket_bytes
+
+
+@pytest.mark.parametrize("name,link", [("edge-lte", "lte"), ("edge-constrained", "constrained")])
+def test_edge_suites_build_and_every_variant_runs_here(name: str, link: str) -> None:
+    suite = builtin_suite(name)
+    assert suite.model == "edge-resnet" and suite.dataset == "synthetic-cifar" and suite.links == (link,)
+    assert check_runnable(suite) == []
+    labels = {v.label for v in suite.variants}
+    assert {"alone", "ddp-fp16", "ddp-powersgd", "bsp"} <= labels
+
+
+def _args(label: str) -> list[str]:
+    suite = builtin_suite("edge-lte")
+    spec = next(s for s in plan(suite) if s.variant.label == label and s.repeat == 0)
+    return spec.testbed_args(suite, Path("/tmp/x"))
+
+
+def test_alone_is_one_ddp_rank_at_the_fastest_speed_without_a_link() -> None:
+    args = _args("alone")
+    assert args[args.index("--clients") + 1] == "1" and args[args.index("--profile") + 1] == "hl1"
+    assert "--peer" in args and "--link" not in args and "--pace" not in args  # hl8's fastest: slowdown 1
+
+
+def test_ddp_hook_variants_pass_their_hook() -> None:
+    args = _args("ddp-powersgd")
+    assert args[args.index("--ddp-hook") + 1] == "powersgd" and args[args.index("--ddp-powersgd-rank") + 1] == "4"
+    assert "--ddp-hook" not in _args("ddp") and _args("ddp-fp16")[_args("ddp-fp16").index("--ddp-hook") + 1] == "fp16"
+
+
+def test_an_unknown_hook_is_refused() -> None:
+    with pytest.raises(SuiteError, match="ddp_hook"):
+        build_suite({"name": "x", "baseline": None,
+                     "variants": [{"label": "d", "preset": "bsp", "runner": "ddp", "ddp_hook": "int8"}]})
+
+
+def test_powersgd_bucket_bytes() -> None:
+    # 64x288 conv kernel at rank 4: (64 + 288) * 4 * 4 bytes; the bias (64) whole; a 4x4 matrix whole (not 2x smaller).
+    assert powersgd_bucket_bytes([(64, 32, 3, 3), (64,), (4, 4)], 4) == 4 * ((64 + 288) * 4 + 64 + 16)

@@ -1,0 +1,59 @@
+"""The edge-sized built-ins of issue 31: edge-resnet's size, synthetic-cifar's determinism and shape, and the
+CIFAR-10 binary batches (read without any pickle)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from hermes.common.builtin_task import DATASET_SHAPES
+from hermes.common.datasets import DatasetCorrupt, load_dataset, make_synthetic_cifar
+from hermes.common.models import build_model, count_parameters
+
+
+def test_edge_resnet_is_edge_sized_and_runs_on_32x32_colour() -> None:
+    torch.manual_seed(0)
+    model = build_model("edge-resnet", input_shape=(3, 32, 32), num_classes=10)
+    assert 1_000_000 <= count_parameters(model) <= 5_000_000
+    assert count_parameters(model) == 1_210_410
+    assert model(torch.randn(2, 3, 32, 32)).shape == (2, 10)
+    assert count_parameters(build_model("edge-resnet", input_shape=(3, 32, 32), num_classes=10, width=8)) < 100_000
+    with pytest.raises(TypeError, match="unknown keyword"):
+        build_model("edge-resnet", input_shape=(3, 32, 32), num_classes=10, depth=3)
+
+
+def test_synthetic_cifar_is_cifar_shaped_balanced_and_deterministic() -> None:
+    train, test = make_synthetic_cifar(200, seed=1)
+    again, _ = make_synthetic_cifar(200, seed=1)
+    other, _ = make_synthetic_cifar(200, seed=2)
+    assert train.x.shape[1:] == (3, 32, 32) == DATASET_SHAPES["synthetic-cifar"][0]
+    assert len(train) + len(test) == 200
+    assert np.array_equal(train.x, again.x) and np.array_equal(train.y, again.y)
+    assert not np.array_equal(train.x, other.x)
+    assert sorted(np.bincount(train.y, minlength=10)) == [16] * 10
+    assert load_dataset("synthetic-cifar", num_samples=100, seed=0)[0].x.shape == (80, 3, 32, 32)
+
+
+def _write_bin(folder: Path, name: str, labels: list[int]) -> np.ndarray:
+    rng = np.random.default_rng(len(labels))
+    pixels = rng.integers(0, 256, (len(labels), 3072), dtype=np.uint8)
+    records = np.concatenate([np.asarray(labels, dtype=np.uint8)[:, None], pixels], axis=1)
+    records.tofile(folder / name)
+    return pixels
+
+
+def test_cifar10_binary_batches_are_read_without_pickle(tmp_path: Path) -> None:
+    folder = tmp_path / "cifar-10-batches-bin"
+    folder.mkdir()
+    for i in range(1, 6):
+        _write_bin(folder, f"data_batch_{i}.bin", [j % 10 for j in range(20)])
+    _write_bin(folder, "test_batch.bin", [j % 10 for j in range(10)])
+    train, test = load_dataset("cifar10", root=str(tmp_path), seed=0)
+    assert train.x.shape == (100, 3, 32, 32) and test.x.shape == (10, 3, 32, 32)
+    assert list(test.y) == list(range(10))
+    (folder / "test_batch.bin").write_bytes(b"\x00" * 3000)
+    with pytest.raises(DatasetCorrupt, match="whole number"):
+        load_dataset("cifar10", root=str(tmp_path), seed=0)
