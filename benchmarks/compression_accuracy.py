@@ -51,7 +51,7 @@ def run(codec: str, dataset: str, model_name: str, rounds: int, workers: int, st
             glob += delta
             sent += 4 * delta.numel()
         else:
-            from hermes.common.policies.compression import decode
+            from hermes.common.codecs import decode
 
             enc = c.encode(delta, spec.shapes)
             glob += decode(enc.data, enc.spec, spec.shapes)

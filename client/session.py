@@ -36,6 +36,8 @@ from hermes.client.prefetch import Prefetcher, Work
 from hermes.client.shard_fetch import ShardStats
 from hermes.client.trainer import LocalTrainer, resolve_precision
 from hermes.client.transport import ControlClient, DataClient, TrafficCounter
+from hermes.common.codecs import Compressor
+from hermes.common.codecs import decode as decode_codec
 from hermes.common.config import RunConfig
 from hermes.common.control_messages import CollectiveRendezvous, HeartbeatReply, RegisterResponse
 from hermes.common.messages import (
@@ -51,8 +53,7 @@ from hermes.common.messages import (
     request_body,
 )
 from hermes.common.policies import base as policies
-from hermes.common.policies.compression import CodecSpec, Compressor
-from hermes.common.policies.compression import decode as decode_codec
+from hermes.common.policies.compression import CodecSpec
 from hermes.common.policies.gate import ZScoreGate
 from hermes.common.signing import ServerClock
 from hermes.common.task import Task

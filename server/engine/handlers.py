@@ -15,6 +15,8 @@ from typing import Any
 import torch
 
 from hermes.common.clock import Clock
+from hermes.common.codecs import Int8Codec
+from hermes.common.codecs import decode as decode_codec
 from hermes.common.messages import (
     MAX_SHARDS_PER_FETCH,
     CycleReport,
@@ -26,8 +28,7 @@ from hermes.common.messages import (
     ShardReply,
     parse_body,
 )
-from hermes.common.policies.compression import CodecError, CodecSpec, Int8Codec
-from hermes.common.policies.compression import decode as decode_codec
+from hermes.common.policies.compression import CodecError, CodecSpec
 from hermes.common.tensors import ModelSpec
 from hermes.common.wire import (
     ErrorCode,

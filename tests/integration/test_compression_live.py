@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from hermes.common.policies.compression import CodecSpec, ErrorFeedback, TopKCodec, decode
+from hermes.common.codecs import ErrorFeedback, TopKCodec, decode
+from hermes.common.policies.compression import CodecSpec
 from hermes.common.wire import MsgType
 from tests.conftest import kill_agents, running_server, start_agent, wait_for
 

@@ -8,18 +8,10 @@ import math
 import pytest
 import torch
 
+from hermes.common.codecs import ErrorFeedback, Int8Codec, PowerSgdCodec, TopKCodec, decode, powersgd_matrix
 from hermes.common.config import ConfigError, build_config
 from hermes.common.policies import base as policies
-from hermes.common.policies.compression import (
-    CodecError,
-    CodecSpec,
-    ErrorFeedback,
-    Int8Codec,
-    PowerSgdCodec,
-    TopKCodec,
-    decode,
-    powersgd_matrix,
-)
+from hermes.common.policies.compression import CodecError, CodecSpec
 
 SHAPES = ((32, 16), (32,), (10, 8, 3, 3), (10,))
 

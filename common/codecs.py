@@ -1,0 +1,317 @@
+"""The codecs behind the ``compression`` policy (common/policies/compression.py): fp32 vectors to bytes and back.
+
+Kept apart from the policy module because they need torch, and the run
+config (which the server's CLI reads before it loads torch, to refuse a
+mistake fast) needs only the policy's names and parameters. Layouts, papers
+and the receiver's bounds are described in the policy module's docstring.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+from hermes.common.policies.compression import CodecError, CodecSpec, Shapes
+
+log = logging.getLogger(__name__)
+
+@dataclass
+class Encoded:
+    """One compressed vector: the bytes to send and what decodes them."""
+
+    data: torch.Tensor  # uint8, contiguous
+    spec: CodecSpec
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.numel()
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().reshape(-1).view(torch.uint8)
+
+
+def _view(data: torch.Tensor, off: int, n: int, dtype: torch.dtype) -> tuple[torch.Tensor, int]:
+    size = n * torch.empty(0, dtype=dtype).element_size()
+    # clone: the received frame may be read-only and unaligned for the wider dtype.
+    return data[off : off + size].clone().view(dtype), off + size
+
+
+def _numel(shapes: Shapes) -> int:
+    return sum(math.prod(s) for s in shapes)
+
+
+class Codec:
+    """A codec object of one run and direction; stateless unless a subclass says otherwise."""
+
+    name: ClassVar[str] = ""
+
+    def encode(self, flat: torch.Tensor, shapes: Shapes) -> Encoded:
+        raise NotImplementedError
+
+    @staticmethod
+    def expected_bytes(spec: CodecSpec, shapes: Shapes) -> int:
+        raise NotImplementedError
+
+    @staticmethod
+    def decode_data(data: torch.Tensor, spec: CodecSpec, shapes: Shapes) -> torch.Tensor:
+        raise NotImplementedError
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Nothing to restore for a stateless codec."""
+
+
+class HalfCodec(Codec):
+    dtype: ClassVar[torch.dtype] = torch.float16
+
+    def encode(self, flat: torch.Tensor, shapes: Shapes) -> Encoded:
+        return Encoded(_bytes(flat.to(self.dtype)), CodecSpec(name=self.name))  # type: ignore[arg-type]
+
+    @classmethod
+    def expected_bytes(cls, spec: CodecSpec, shapes: Shapes) -> int:
+        return 2 * _numel(shapes)
+
+    @classmethod
+    def decode_data(cls, data: torch.Tensor, spec: CodecSpec, shapes: Shapes) -> torch.Tensor:
+        return _view(data, 0, _numel(shapes), cls.dtype)[0].to(torch.float32)
+
+
+class Fp16Codec(HalfCodec):
+    name = "fp16"
+    dtype = torch.float16
+
+
+class Bf16Codec(HalfCodec):
+    name = "bf16"
+    dtype = torch.bfloat16
+
+
+class Int8Codec(Codec):
+    """QSGD (Alistarh et al. 2017, Sec. 3.1) with s = 127 levels, the norm replaced by each chunk's max |x| (as
+    hivemind's 8-bit codecs do): q_i = sign(x_i) * xi_i(x, s), unbiased with stochastic rounding; the error of an
+    element is below one step, scale = max|x| / 127, of its chunk (half a step with nearest rounding)."""
+
+    name = "int8"
+
+    def __init__(self, chunk: int, stochastic: bool, seed: int) -> None:
+        self.chunk, self.stochastic = chunk, stochastic
+        self.gen = torch.Generator().manual_seed(seed)
+
+    def encode(self, flat: torch.Tensor, shapes: Shapes) -> Encoded:
+        n = flat.numel()
+        pad = -n % self.chunk
+        x = torch.nn.functional.pad(flat.float(), (0, pad)).view(-1, self.chunk)
+        scale = x.abs().amax(dim=1) / 127.0
+        safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+        y = x / safe[:, None]
+        if self.stochastic:
+            # floor(y + u), u ~ U[0, 1): E = y (QSGD Lemma 3.1's unbiasedness).
+            y = torch.floor(y + torch.rand(y.shape, generator=self.gen))
+        else:
+            y = torch.round(y)
+        q = y.clamp_(-127, 127).to(torch.int8).reshape(-1)[:n]
+        data = torch.cat([_bytes(scale.to(torch.float32)), _bytes(q)])
+        return Encoded(data, CodecSpec(name="int8", chunk=self.chunk))
+
+    @staticmethod
+    def expected_bytes(spec: CodecSpec, shapes: Shapes) -> int:
+        n = _numel(shapes)
+        assert spec.chunk is not None
+        return 4 * math.ceil(n / spec.chunk) + n
+
+    @staticmethod
+    def decode_data(data: torch.Tensor, spec: CodecSpec, shapes: Shapes) -> torch.Tensor:
+        n, chunk = _numel(shapes), spec.chunk
+        assert chunk is not None
+        chunks = math.ceil(n / chunk)
+        scale, off = _view(data, 0, chunks, torch.float32)
+        q, _ = _view(data, off, n, torch.int8)
+        out = torch.nn.functional.pad(q.to(torch.float32), (0, -n % chunk)).view(-1, chunk) * scale[:, None]
+        return out.reshape(-1)[:n]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"rng": self.gen.get_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if "rng" in state:
+            self.gen.set_state(state["rng"])
+
+
+class TopKCodec(Codec):
+    """Top-k sparsification (Lin et al. 2018, DGC Sec. 3; Stich et al. 2018, top_k operator): the k = ceil(ratio n)
+    elements of largest magnitude, as (index, value) pairs; the rest is dropped (kept by error feedback)."""
+
+    name = "topk"
+
+    def __init__(self, ratio: float) -> None:
+        self.ratio = ratio
+
+    def encode(self, flat: torch.Tensor, shapes: Shapes) -> Encoded:
+        n = flat.numel()
+        k = min(n, max(1, math.ceil(self.ratio * n))) if n else 0
+        idx = torch.topk(flat.abs(), k, sorted=False).indices.to(torch.int32)
+        idx, _ = torch.sort(idx)
+        values = flat[idx.long()].to(torch.float32)
+        return Encoded(torch.cat([_bytes(idx), _bytes(values)]), CodecSpec(name="topk", k=k))
+
+    @staticmethod
+    def expected_bytes(spec: CodecSpec, shapes: Shapes) -> int:
+        assert spec.k is not None
+        if spec.k > _numel(shapes):
+            raise CodecError(f"topk keeps k={spec.k} of {_numel(shapes)} elements")
+        return 8 * spec.k
+
+    @staticmethod
+    def decode_data(data: torch.Tensor, spec: CodecSpec, shapes: Shapes) -> torch.Tensor:
+        n, k = _numel(shapes), spec.k or 0
+        idx, off = _view(data, 0, k, torch.int32)
+        values, _ = _view(data, off, k, torch.float32)
+        if k and (int(idx.min()) < 0 or int(idx.max()) >= n):
+            raise CodecError(f"topk index out of range [0, {n})")
+        out = torch.zeros(n, dtype=torch.float32)
+        out[idx.long()] = values
+        return out
+
+
+def powersgd_matrix(shape: tuple[int, ...], rank: int) -> tuple[int, int] | None:
+    """(m, n) of the matrix view of an entry that rank-``rank`` PowerSGD compresses, None if it is sent whole:
+    vectors and biases (Vogels et al. 2019, Sec. 3: 'we do not compress' them) and matrices for which the factors
+    (m + n) r would not be smaller than m n."""
+    if len(shape) < 2:
+        return None
+    m = shape[0]
+    n = math.prod(shape[1:])
+    if (m + n) * rank >= m * n:
+        return None
+    return m, n
+
+
+def orthogonalise(p: torch.Tensor) -> torch.Tensor:
+    """The orthonormal basis of P's columns (Vogels et al. 2019, Alg. 1 line 4; reduced QR, as torch's hook)."""
+    q: torch.Tensor = torch.linalg.qr(p, mode="reduced").Q
+    return q
+
+
+class PowerSgdCodec(Codec):
+    """Rank-r PowerSGD (Vogels et al. 2019, Alg. 1) on each matrix-shaped entry, one power iteration per call with
+    the warm start Q of the last call: P = M Q, P^ = orthogonalise(P), Q = M^T P^, M ~ P^ Q^T. An entry of rank
+    <= r is reconstructed exactly (P^ spans M's columns, so P^ P^T M = M)."""
+
+    name = "powersgd"
+
+    def __init__(self, rank: int, seed: int) -> None:
+        self.rank, self.seed = rank, seed
+        self.q: dict[int, torch.Tensor] = {}
+
+    def _warm_q(self, i: int, n: int) -> torch.Tensor:
+        q = self.q.get(i)
+        if q is None or q.shape != (n, self.rank):
+            # Alg. 1: Q initialised from an i.i.d. standard normal, the same on every worker (seeded).
+            q = torch.randn(n, self.rank, generator=torch.Generator().manual_seed(self.seed * 1000003 + i))
+        return q
+
+    def encode(self, flat: torch.Tensor, shapes: Shapes) -> Encoded:
+        parts: list[torch.Tensor] = []
+        off = 0
+        for i, shape in enumerate(shapes):
+            size = math.prod(shape)
+            piece = flat[off : off + size].to(torch.float32)
+            off += size
+            mn = powersgd_matrix(shape, self.rank)
+            if mn is None:
+                parts.append(_bytes(piece))
+                continue
+            m = piece.view(mn)
+            p = orthogonalise(m @ self._warm_q(i, mn[1]))
+            q = m.T @ p
+            self.q[i] = q
+            parts += [_bytes(p), _bytes(q)]
+        return Encoded(torch.cat(parts) if parts else torch.empty(0, dtype=torch.uint8),
+                       CodecSpec(name="powersgd", rank=self.rank))
+
+    @staticmethod
+    def expected_bytes(spec: CodecSpec, shapes: Shapes) -> int:
+        assert spec.rank is not None
+        total = 0
+        for shape in shapes:
+            mn = powersgd_matrix(shape, spec.rank)
+            total += 4 * (math.prod(shape) if mn is None else (mn[0] + mn[1]) * spec.rank)
+        return total
+
+    @staticmethod
+    def decode_data(data: torch.Tensor, spec: CodecSpec, shapes: Shapes) -> torch.Tensor:
+        assert spec.rank is not None
+        out: list[torch.Tensor] = []
+        off = 0
+        for shape in shapes:
+            mn = powersgd_matrix(shape, spec.rank)
+            if mn is None:
+                piece, off = _view(data, off, math.prod(shape), torch.float32)
+                out.append(piece)
+                continue
+            p, off = _view(data, off, mn[0] * spec.rank, torch.float32)
+            q, off = _view(data, off, mn[1] * spec.rank, torch.float32)
+            out.append((p.view(mn[0], spec.rank) @ q.view(mn[1], spec.rank).T).reshape(-1))
+        return torch.cat(out) if out else torch.empty(0)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"q": {i: q.clone() for i, q in self.q.items()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.q = {int(i): q.clone() for i, q in state.get("q", {}).items()}
+
+
+_CODECS: dict[str, type[Codec]] = {"fp16": Fp16Codec, "bf16": Bf16Codec, "int8": Int8Codec, "topk": TopKCodec,
+                                   "powersgd": PowerSgdCodec}
+
+
+def decode(data: torch.Tensor | bytes | memoryview, spec: CodecSpec, shapes: Shapes) -> torch.Tensor:
+    """The fp32 vector of a received buffer; CodecError when its size does not follow from ``spec`` and ``shapes``
+    (checked before anything is allocated from the buffer's content)."""
+    if not isinstance(data, torch.Tensor):
+        data = torch.frombuffer(bytearray(data), dtype=torch.uint8) if len(data) else torch.empty(0, dtype=torch.uint8)
+    if data.dtype != torch.uint8:
+        data = data.contiguous().view(torch.uint8)
+    codec = _CODECS[spec.name]
+    if spec.name == "int8" and spec.chunk is None or spec.name == "topk" and spec.k is None \
+            or spec.name == "powersgd" and spec.rank is None:
+        raise CodecError(f"codec {spec.name!r} needs its parameter in the body's codec spec")
+    want = codec.expected_bytes(spec, shapes)
+    if data.numel() != want:
+        raise CodecError(f"{spec.name} payload of {data.numel()} bytes; the model's shapes and {spec} make {want}")
+    return codec.decode_data(data.reshape(-1), spec, shapes)
+
+
+class ErrorFeedback:
+    """EF-SGD (Karimireddy et al. 2019, Alg. 2) around a codec: p = delta + e; send C(p); e = p - D(C(p)).
+    The sum of what is applied tracks the sum of the true updates: they differ by the current residual only."""
+
+    def __init__(self, codec: Codec) -> None:
+        self.codec = codec
+        self.residual: torch.Tensor | None = None
+
+    def encode(self, flat: torch.Tensor, shapes: Shapes) -> Encoded:
+        p = flat.to(torch.float32) if self.residual is None else flat.to(torch.float32) + self.residual
+        enc = self.codec.encode(p, shapes)
+        self.residual = p - decode(enc.data, enc.spec, shapes)
+        return enc
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"codec": self.codec.state_dict(), "residual": None if self.residual is None else self.residual.clone()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.codec.load_state_dict(state.get("codec", {}))
+        r = state.get("residual")
+        self.residual = None if r is None else r.clone()
+
+
+Compressor = Codec | ErrorFeedback
+
+
