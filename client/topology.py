@@ -40,8 +40,8 @@ from hermes.client.session import Job, Session, finite_or_none
 from hermes.client.trainer import CycleResult, GradHook
 from hermes.client.transport import ControlClient, DataClient, RemoteError, ServerUnreachable, StopRequested
 from hermes.common.messages import (
-    DIVERGED,
     IN_FLIGHT,
+    LOSS_NOT_FINITE,
     CycleReport,
     PullModel,
     PushReply,
@@ -243,7 +243,7 @@ class PushPull:
                 return stop
         self.nonfinite_in_a_row += 1
         st.nonfinite_cycles += 1
-        host.note_skipped_cycle(job, session, cycle_record(work, result, pushed=False, decision=DIVERGED))
+        host.note_skipped_cycle(job, session, cycle_record(work, result, pushed=False, decision=LOSS_NOT_FINITE))
         if self.nonfinite_in_a_row >= self.max_nonfinite:
             raise LossNotFinite(f"the local loss was not finite in {self.nonfinite_in_a_row} cycles in a row (last "
                                 f"{result.loss} after {result.steps} steps), each retried from the global model: "

@@ -46,7 +46,9 @@ MAX_CYCLES_PER_MESSAGE = 64
 # A cycle's decision when it ended with the agent's push still in flight (overlap_push): not gated, not pushed.
 IN_FLIGHT = "in-flight"
 # A cycle whose local loss was not finite: dropped by the agent, which took the global model again.
-DIVERGED = "diverged"
+# A cycle the agent dropped because its loss was not finite (client/topology.py): no gate decided it.
+# (The gate's own "diverged" resync is a decision, counted as a skip.)
+LOSS_NOT_FINITE = "loss_not_finite"
 # The most assignments one REQUEST_WORK may ask for.
 MAX_ASSIGNMENTS_PER_REQUEST = 16
 
@@ -56,7 +58,7 @@ def gate_outcome(decision: str, pushed: bool) -> str | None:
 
     The registry, the metrics and the TensorBoard writer all count with this one rule.
     """
-    if decision in ("always", IN_FLIGHT, DIVERGED):
+    if decision in ("always", IN_FLIGHT, LOSS_NOT_FINITE):
         return None
     return "push" if pushed else "skip"
 

@@ -338,6 +338,10 @@ class Agent:
             url, task = server.url, task if task is not None else server.task
             join_token = join_token or server.join_token
             server.agents.append(self)
+            if "name_key" not in options and server.out_dir is not None:
+                # The run's own agents keep their name keys with the run: a resumed run (on another free
+                # port, hence another server for client/name_key.py) proves the same names again.
+                options["name_key"] = _run_name_key(Path(server.out_dir), name)
         else:
             url = server
         self.name = name
@@ -379,6 +383,24 @@ class Agent:
     def __exit__(self, *exc: object) -> None:
         self.stop()
         self.join(SHUTDOWN_TIMEOUT_S)
+
+
+def _run_name_key(out_dir: Path, name: str) -> str:
+    """The name key of this run's agent ``name``, kept in OUT/agent-keys (0600), made on first use."""
+    import os
+
+    from hermes.common.atomic_write import write_atomic
+
+    path = out_dir / "agent-keys" / f"{name}.key"
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        pass
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    key = secrets.token_urlsafe(32)
+    write_atomic(path, key + "\n")
+    os.chmod(path, 0o600)
+    return key
 
 
 def train(task: Task | str, *, agents: int = 4, preset: str | None = None, target: str | None = None,

@@ -14,7 +14,7 @@ from hermes.client import topology
 from hermes.client.prefetch import Work
 from hermes.client.session import AgentStats
 from hermes.client.trainer import CycleResult
-from hermes.common.messages import DIVERGED
+from hermes.common.messages import LOSS_NOT_FINITE
 
 
 def _all_reduce(monkeypatch: pytest.MonkeyPatch, regroups: list[str]) -> topology.AllReduce:
@@ -100,7 +100,7 @@ def test_a_diverged_cycle_is_dropped_and_the_global_model_taken_until_the_agent_
         assert pp.finish_cycle(work, bad) is None
     # Each dropped: nothing sent, the global model pulled again, the optimizer's moments reset.
     assert sent == [] and pulls == [True, True] and len(resets) == 2
-    assert [c.decision for c in noted] == [DIVERGED, DIVERGED] and not any(c.pushed for c in noted)
+    assert [c.decision for c in noted] == [LOSS_NOT_FINITE, LOSS_NOT_FINITE] and not any(c.pushed for c in noted)
     assert host.stats.nonfinite_cycles == 2
     with pytest.raises(topology.LossNotFinite, match=r"not finite in 3 cycles in a row .* after 3 steps"):
         pp.finish_cycle(work, bad)
