@@ -25,3 +25,10 @@ class ScreeningSettings(BaseModel):
     bootstrap_factor: float = Field(default=4.0, gt=0.0)
     loss_factor: float = Field(default=4.0, gt=1.0)
     quarantine_after: int = Field(default=5, ge=0)
+    # Direction (issue 29, engine.direction): cos(update, coordinate-wise median of the other workers'
+    # latest accepted updates) must be >= min_cosine once min_workers others have one.
+    direction: bool = True
+    min_cosine: float = Field(default=-0.2, ge=-1.0, le=1.0)
+    min_workers: int = Field(default=2, ge=1)
+    direction_window: int = Field(default=32, ge=1, le=10_000)
+    sketch: int = Field(default=65_536, ge=16, le=1 << 24)

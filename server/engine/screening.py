@@ -19,6 +19,10 @@ two pushes of one 3e38 element made the model Inf (issue 15). The checks:
   global model's. Hermes' first blend has weight 1 whatever the loss, so a
   poisoned first push used to become the model.
 * **Non-finite probe loss** is refused on every push (it made the blend raise).
+* **Direction** (``direction``, issue 29): the cosine of the update with the
+  coordinate-wise median of the other workers' latest accepted updates must be
+  at least ``min_cosine`` (``engine.direction``): the reverse of the honest step
+  is refused at any size under the norm bound.
 * **Quarantine**: a worker refused ``quarantine_after`` times in a row has its
   later pushes refused without being scored (0 = never).
 
@@ -39,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from hermes.common.wire import Payload
+from hermes.server.engine.direction import DirectionReference
 from hermes.server.engine.offload import offload, payload_bytes
 from hermes.server.screening_params import ScreeningSettings as ScreeningSettings  # torch-free; re-exported
 
@@ -76,6 +81,21 @@ class Screening:
         self.in_a_row: dict[str, int] = {}
         self.quarantined: set[str] = set()
         self._model_norm: tuple[int, float] | None = None
+        self.direction = DirectionReference(state.numel, window=settings.direction_window, sketch=settings.sketch,
+                                            min_workers=settings.min_workers)
+        # The lowest cosine of an accepted update, and how many were measured (the false-refusal table's margin).
+        self.min_accepted_cosine: float | None = None
+        self.cosines_measured = 0
+
+    def _step_sketch(self, payload: Payload) -> torch.Tensor:
+        """What the fold would move the model by, on the direction reference's coordinates."""
+        if self.blend:
+            _, current = self.state.snapshot()
+            return self.direction.sketch(self.state.candidate(payload) - current)
+        step = torch.empty(payload.numel, dtype=torch.float32)
+        for off, piece in payload.fp32_pieces():
+            step[off:off + piece.numel()] = piece
+        return self.direction.sketch(step)
 
     def _model_scale(self) -> float:
         cached = self._model_norm
@@ -116,9 +136,22 @@ class Screening:
                 if math.isfinite(reference) and candidate_loss > s.loss_factor * reference:
                     return self._refuse(worker, "loss", f"candidate loss {candidate_loss:.3g} > {s.loss_factor:g} × "
                                         f"global loss {reference:.3g} (first updates of the run)")
+        sketch = None
+        if s.direction and norm > 0.0:
+            sketch = await offload(payload_bytes(payload) * 2, self._step_sketch, payload)
+            cosine = self.direction.cosine(worker.id, sketch)
+            if cosine is not None:
+                if cosine < s.min_cosine:
+                    return self._refuse(worker, "direction", f"cosine {cosine:.3f} with the consensus of accepted "
+                                        f"updates < {s.min_cosine:g}")
+                self.cosines_measured += 1
+                if self.min_accepted_cosine is None or cosine < self.min_accepted_cosine:
+                    self.min_accepted_cosine = cosine
         # Zero updates carry no scale: kept out so a run of them cannot pull the median to 0.
         if norm > 0.0:
             self.accepted.append(norm)
+        if sketch is not None:
+            self.direction.accept(worker.id, sketch)
         self.in_a_row.pop(worker.id, None)
         return None
 
@@ -144,4 +177,7 @@ class Screening:
             "quarantined": sorted(self.quarantined),
             "median_norm": statistics.median(history) if history else None,
             "history": len(history),
+            "direction_workers": self.direction.workers(),
+            "cosines_measured": self.cosines_measured,
+            "min_accepted_cosine": None if self.min_accepted_cosine is None else round(self.min_accepted_cosine, 4),
         }
