@@ -30,5 +30,14 @@ class ScreeningSettings(BaseModel):
     direction: bool = True
     min_cosine: float = Field(default=-0.2, ge=-1.0, le=1.0)
     min_workers: int = Field(default=2, ge=1)
+    # Only updates above this x the median norm are tested: smaller ones are harmless in size.
+    direction_norm_factor: float = Field(default=2.0, ge=0.0)
     direction_window: int = Field(default=32, ge=1, le=10_000)
     sketch: int = Field(default=65_536, ge=16, le=1 << 24)
+    # Claims (issue 29, engine.claims): samples and dss at most the assigned cycle_samples; cycle
+    # seconds at least this fraction of the time since the worker's last reply, and the speed they
+    # imply at most power_factor x the median of the other workers' (HL8 fleets differ by 8x).
+    claims: bool = True
+    min_compute_fraction: float = Field(default=0.25, ge=0.0, le=1.0)
+    power_factor: float = Field(default=8.0, gt=1.0)
+    max_samples_unassigned: int = Field(default=4096, ge=1)

@@ -38,6 +38,7 @@ from hermes.common.tensors import flatten, spec_of
 from hermes.common.wire import Header, Payload
 from hermes.server.auth import ReplayGuard
 from hermes.server.engine import folding
+from hermes.server.engine.claims import Claims
 from hermes.server.engine.collective import Collective
 from hermes.server.engine.counters import Counters
 from hermes.server.engine.goals import Goals, primary_metric
@@ -159,6 +160,9 @@ class Engine:
         self.screening = Screening(screening or ScreeningSettings(), self.state, self.telemetry,
                                    self.policies.aggregation.reference_loss,
                                    blend=self.policies.aggregation.op == "blend")
+        self.claims = Claims(self.screening.settings, self.telemetry, clock.monotonic)
+        self.membership.claims = self.claims
+        self.screening.claims_clamped = self.claims.public
         self.handlers = Handlers(
             self, state=self.state, registry=self.registry, membership=self.membership, start_gate=self.start_gate,
             shards=self.shards, validation_shards=self.validation_shards, kafka=self.kafka, counters=self.counters,
@@ -370,6 +374,7 @@ class Engine:
         """A validated update: (reply status, reply fields). Waits while a barrier holds it."""
         if self.stopping:
             return "rejected", {"reason": "run is stopping"}
+        samples = self.claims.samples(worker.id, samples)
         candidate_loss = None
         if self.policies.aggregation.needs_candidate_loss:
             candidate_loss = await self.policies.aggregation.candidate_loss(payload)
@@ -407,6 +412,7 @@ class Engine:
             await self.process_releases()
         if held is not None:
             await held.reply
+        self.claims.on_reply(worker.id)
         if refusal is not None:
             worker.rejected += 1
             return "rejected", {"reason": refusal, "staleness": info.staleness}

@@ -58,7 +58,8 @@ class DirectionReference:
                 latest[wid] = s
         if len(latest) < self.min_workers:
             return None
-        return torch.stack(list(latest.values())).median(dim=0).values
+        # quantile, not median(): the mean of the two middle values for an even count.
+        return torch.quantile(torch.stack(list(latest.values())), 0.5, dim=0)
 
     def cosine(self, worker_id: str, sketch: torch.Tensor) -> float | None:
         """cos(sketch, reference); None in warm-up or when either is zero."""

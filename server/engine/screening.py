@@ -86,6 +86,8 @@ class Screening:
         # The lowest cosine of an accepted update, and how many were measured (the false-refusal table's margin).
         self.min_accepted_cosine: float | None = None
         self.cosines_measured = 0
+        # Claims clamped (engine.claims), reported beside the refusals; set by the engine.
+        self.claims_clamped: Callable[[], dict[str, int]] | None = None
 
     def _step_sketch(self, payload: Payload) -> torch.Tensor:
         """What the fold would move the model by, on the direction reference's coordinates."""
@@ -139,11 +141,20 @@ class Screening:
         sketch = None
         if s.direction and norm > 0.0:
             sketch = await offload(payload_bytes(payload) * 2, self._step_sketch, payload)
-            cosine = self.direction.cosine(worker.id, sketch)
+            median = statistics.median(history) if history else None
+            # Honest steps of a converging model oscillate (cosines near -0.5 on digits under asp,
+            # 2026-11-27): within direction_norm_factor x the median an update moves the model no
+            # more than a couple of honest steps, and refusing it would starve the reference.
+            ratio = None if median is None else norm / median
+            cosine = None if ratio is None or ratio <= s.direction_norm_factor else (
+                self.direction.cosine(worker.id, sketch))
             if cosine is not None:
-                if cosine < s.min_cosine:
+                ok = cosine >= s.min_cosine
+                self.telemetry.emit("direction_tested", worker=worker.id, cosine=round(cosine, 4),
+                                    norm_ratio=round(norm / median, 3) if median else None, accepted=ok)
+                if not ok:
                     return self._refuse(worker, "direction", f"cosine {cosine:.3f} with the consensus of accepted "
-                                        f"updates < {s.min_cosine:g}")
+                                        f"updates < {s.min_cosine:g} at {ratio:.3g} × the median norm")
                 self.cosines_measured += 1
                 if self.min_accepted_cosine is None or cosine < self.min_accepted_cosine:
                     self.min_accepted_cosine = cosine
@@ -178,6 +189,7 @@ class Screening:
             "median_norm": statistics.median(history) if history else None,
             "history": len(history),
             "direction_workers": self.direction.workers(),
+            "claims_clamped": {} if self.claims_clamped is None else self.claims_clamped(),
             "cosines_measured": self.cosines_measured,
             "min_accepted_cosine": None if self.min_accepted_cosine is None else round(self.min_accepted_cosine, 4),
         }

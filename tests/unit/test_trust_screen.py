@@ -1,0 +1,172 @@
+"""Direction screening and claim bounds (issue 29), in-process: the pure parts and the engine's push path."""
+
+from __future__ import annotations
+
+import asyncio
+
+import torch
+
+from hermes.common.clock import ManualClock
+from hermes.common.messages import CycleReport
+from hermes.common.wire import MsgType
+from hermes.server.engine.claims import Claims
+from hermes.server.engine.direction import DirectionReference
+from hermes.server.engine.screening import ScreeningSettings
+from hermes.server.engine.telemetry import Telemetry
+from hermes.server.events import EventLog
+from hermes.server.metrics import ServerMetrics
+from tests.unit.test_engine_inprocess import _Agent, _engine, _run
+
+
+def _noisy(direction: torch.Tensor, gen: torch.Generator, noise: float = 1.0) -> torch.Tensor:
+    return direction + noise * torch.randn(direction.numel(), generator=gen)
+
+
+def test_the_reference_is_the_median_of_other_workers_latest_entries():
+    ref = DirectionReference(4, window=8, sketch=16, min_workers=2)
+    ref.accept("a", torch.tensor([1.0, 0.0, 0.0, 0.0]))
+    assert ref.reference("b") is None, "one other worker: still warming up"
+    ref.accept("b", torch.tensor([3.0, 1.0, 0.0, 0.0]))
+    ref.accept("c", torch.tensor([2.0, 5.0, 0.0, 0.0]))
+    # The pusher's own entry is left out: a's reference is the median of b and c only.
+    assert torch.equal(ref.reference("a"), torch.tensor([2.5, 3.0, 0.0, 0.0]))
+    # Many entries of one worker count once (its latest): d cannot outvote a, b, c.
+    for _ in range(5):
+        ref.accept("d", torch.tensor([-100.0, -100.0, 0.0, 0.0]))
+    assert torch.equal(ref.reference("x"), torch.tensor([1.5, 0.5, 0.0, 0.0]))
+
+
+def test_a_large_model_is_sketched_on_a_fixed_subset():
+    ref = DirectionReference(1000, window=8, sketch=64, min_workers=1)
+    v = torch.arange(1000, dtype=torch.float32)
+    assert ref.sketch(v).numel() == 64 and torch.equal(ref.sketch(v), ref.sketch(v.clone()))
+
+
+def test_honest_noisy_updates_agree_and_a_sign_flip_does_not():
+    gen = torch.Generator().manual_seed(0)
+    d = torch.randn(2000, generator=gen)
+    ref = DirectionReference(2000, window=32, sketch=4096, min_workers=2)
+    for i in range(12):
+        ref.accept(f"h{i % 3}", _noisy(d, gen))
+    honest = [ref.cosine("h0", _noisy(d, gen)) for _ in range(20)]
+    assert min(c for c in honest if c is not None) > 0.2
+    assert ref.cosine("attacker", -10 * d) < -0.6
+
+
+def _engine_pushes(settings: ScreeningSettings, preset: str = "asp"):
+    clock = ManualClock()
+    engine = _engine(clock, preset=preset)
+    engine.screening.settings = settings
+    engine.claims.settings = settings
+    return engine, clock
+
+
+def test_the_engine_refuses_a_scaled_sign_flip_and_keeps_honest_pushes():
+    engine, clock = _engine_pushes(ScreeningSettings(min_history=3))
+    agents = [_Agent(engine, clock, n) for n in ("a", "b", "c")]
+    attacker = _Agent(engine, clock, "m")
+    gen = torch.Generator().manual_seed(1)
+    d = torch.randn(engine.spec.numel, generator=gen) * 1e-3
+
+    async def push(agent: _Agent, delta: torch.Tensor) -> dict:
+        reply = await agent.request(MsgType.PUSH_UPDATE, {"samples": 1}, payload=delta,
+                                    model_version=engine.state.version)
+        return reply.header.body
+
+    async def go() -> tuple[list[str], list[str]]:
+        honest, attacks = [], []
+        for _ in range(4):
+            for a in agents:
+                honest.append((await push(a, _noisy(d, gen, 0.5e-3)))["status"])
+        for k in (3, 10, 30):
+            attacks.append((await push(attacker, -k * d))["reason"])
+            for a in agents:
+                honest.append((await push(a, _noisy(d, gen, 0.5e-3)))["status"])
+        return honest, attacks
+
+    honest, attacks = _run(go())
+    assert set(honest) == {"applied"}
+    assert all("cosine" in r for r in attacks), attacks
+    assert engine.screening.refusals == {"direction": 3}
+    assert engine.screening.public()["min_accepted_cosine"] is None or engine.screening.public()["cosines_measured"]
+
+
+def test_direction_off_lets_the_same_sign_flip_through():
+    engine, clock = _engine_pushes(ScreeningSettings(min_history=3, direction=False))
+    agents = [_Agent(engine, clock, n) for n in ("a", "b", "c", "m")]
+    d = torch.randn(engine.spec.numel, generator=torch.Generator().manual_seed(2)) * 1e-3
+
+    async def go() -> str:
+        for _ in range(3):
+            for a in agents[:3]:
+                await a.request(MsgType.PUSH_UPDATE, {"samples": 1}, payload=d, model_version=engine.state.version)
+        reply = await agents[3].request(MsgType.PUSH_UPDATE, {"samples": 1}, payload=-10 * d,
+                                        model_version=engine.state.version)
+        return reply.header.body["status"]
+
+    assert _run(go()) == "applied"
+
+
+def _claims(**kw) -> tuple[Claims, ManualClock, list[tuple[str, dict]]]:
+    clock = ManualClock()
+    seen: list[tuple[str, dict]] = []
+    telemetry = Telemetry(ServerMetrics(), EventLog(None, clock=clock))
+    telemetry.subscribe(lambda fact, fields: seen.append((fact, dict(fields))))
+    return Claims(ScreeningSettings(**kw), telemetry, clock.monotonic), clock, seen
+
+
+def test_samples_are_bounded_by_the_assigned_work_and_each_clamp_is_evidence():
+    claims, _, seen = _claims()
+    assert claims.samples("w", 10**9) == 4096  # nothing assigned yet: max_samples_unassigned
+    claims.on_assign("w", 128)
+    claims.on_assign("w", 96)
+    assert claims.samples("w", 100) == 100
+    assert claims.samples("w", 10**9) == 128
+    assert [f["field"] for fact, f in seen if fact == "claim_clamped"] == ["samples", "samples"]
+    assert claims.public() == {"samples": 2}
+    off, _, _ = _claims(claims=False)
+    assert off.samples("w", 10**9) == 10**9
+
+
+def test_cycle_seconds_are_bounded_by_elapsed_time_and_the_fleet_median_speed():
+    claims, clock, _ = _claims(min_compute_fraction=0.25, power_factor=2.0)
+    for w in ("h1", "h2", "liar"):
+        claims.on_assign(w, 128)
+        claims.on_reply(w)
+    clock.advance(1.0)
+    honest = CycleReport(dss=128, batch_size=32, compute_seconds=0.8)
+    assert claims.cycle("h1", honest) is honest and claims.cycle("h2", honest) is honest
+    lie = claims.cycle("liar", CycleReport(dss=10**6, batch_size=32, compute_seconds=1e-6))
+    # dss to the assignment, seconds to 1/4 of the second since the reply (512/s), then to 2x the median speed.
+    assert lie.dss == 128
+    assert abs(lie.dss / lie.compute_seconds - 2 * (128 / 0.8)) < 1e-6
+    assert claims.public() == {"dss": 1, "compute_seconds": 2}
+
+
+def test_a_speed_within_the_bounds_is_left_as_claimed():
+    claims, clock, seen = _claims()
+    claims.on_reply("w")
+    clock.advance(1.0)
+    report = CycleReport(dss=64, batch_size=32, compute_seconds=0.3)
+    assert claims.cycle("w", report) is report and not seen
+
+
+def test_lying_samples_do_not_own_a_bsp_round():
+    engine, clock = _engine_pushes(ScreeningSettings(), preset="bsp")
+    a, liar = _Agent(engine, clock, "a"), _Agent(engine, clock, "liar")
+    _, before = engine.state.snapshot()
+
+    async def go() -> None:
+        await a.request(MsgType.REQUEST_WORK, {})
+        await liar.request(MsgType.REQUEST_WORK, {})
+        wl = engine.allocator.workload(a.rec.id).dss
+        first = asyncio.ensure_future(a.request(MsgType.PUSH_UPDATE, {"samples": wl}, payload=a.delta(1e-3)))
+        await asyncio.sleep(0.05)
+        await liar.request(MsgType.PUSH_UPDATE, {"samples": 10**9}, payload=liar.delta(-1e-3))
+        await asyncio.wait_for(first, 5)
+
+    _run(go())
+    _, after = engine.state.snapshot()
+    # Both were assigned the same work: equal weights, the step is (1e-3 - 1e-3) / 2 = 0, not the liar's -1e-3.
+    assert engine.state.version == 1
+    assert torch.allclose(after, before, atol=1e-7)
