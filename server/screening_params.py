@@ -7,6 +7,8 @@ without importing torch: a mistake is reported in a second, not after it.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 
@@ -28,6 +30,11 @@ class ScreeningSettings(BaseModel):
     # Direction (issue 29, engine.direction): cos(update, coordinate-wise median of the other workers'
     # latest accepted updates) must be >= min_cosine once min_workers others have one.
     direction: bool = True
+    # The reference: "descent", -grad of the loss probe at the current model (Zeno++'s server
+    # gradient; an honest correction of an overshot model agrees with it), or "consensus", the
+    # median of the other workers' latest accepted updates (no server data needed; honest digits
+    # asp steps after an overshoot were at cosine -0.5 with it, 2026-11-27).
+    reference: Literal["descent", "consensus"] = "descent"
     min_cosine: float = Field(default=-0.2, ge=-1.0, le=1.0)
     min_workers: int = Field(default=2, ge=1)
     # Only updates above this x the median norm are tested: smaller ones are harmless in size.

@@ -56,6 +56,7 @@ from hermes.server.engine.telemetry import Telemetry
 from hermes.server.evaluator import Evaluation, Evaluator, TargetReached
 from hermes.server.events import EventLog
 from hermes.server.kafka_publish import KafkaOptions
+from hermes.server.lossprobe import LossProbe
 from hermes.server.metrics import ServerMetrics
 from hermes.server.registry import Registry, WorkerRecord
 from hermes.server.shardstore import load_splits, split_stores
@@ -159,7 +160,8 @@ class Engine:
             metrics=metrics, run_clock=self.run_clock, run=self, takeover_after=takeover_after)
         self.screening = Screening(screening or ScreeningSettings(), self.state, self.telemetry,
                                    self.policies.aggregation.reference_loss,
-                                   blend=self.policies.aggregation.op == "blend")
+                                   blend=self.policies.aggregation.op == "blend",
+                                   descent=self._descent_probe(screening or ScreeningSettings()))
         self.claims = Claims(self.screening.settings, self.telemetry, clock.monotonic)
         self.membership.claims = self.claims
         self.screening.claims_clamped = self.claims.public
@@ -300,6 +302,15 @@ class Engine:
         if not self.shutting_down:
             for hook in self.on_stop:
                 hook(reason)
+
+    def _descent_probe(self, settings: ScreeningSettings) -> Callable[[], torch.Tensor] | None:
+        """The server's descent direction for direction screening: the rule's loss probe, else one of its own."""
+        if not (settings.enabled and settings.direction and settings.reference == "descent"):
+            return None
+        probe = self.policies.aggregation.probe or LossProbe(
+            self.task, self.spec, self.state, self.validation, samples=self.config.loss.eval_samples,
+            seed=self.config.seed, metrics=self.metrics)
+        return probe.descent
 
     def check_budgets(self) -> None:
         """Stop the run at the first budget reached (max_updates, max_epochs, max_seconds)."""

@@ -33,6 +33,14 @@ from collections import deque
 import torch
 
 
+def cosine(a: torch.Tensor, b: torch.Tensor) -> float | None:
+    """cos(a, b); None when either is zero or the product overflows."""
+    denom = float(torch.linalg.vector_norm(a)) * float(torch.linalg.vector_norm(b))
+    if denom == 0.0 or not math.isfinite(denom):
+        return None
+    return float(torch.dot(a, b)) / denom
+
+
 class DirectionReference:
     """The last ``window`` accepted updates' sketches, by worker; the robust reference and the test."""
 
@@ -64,12 +72,7 @@ class DirectionReference:
     def cosine(self, worker_id: str, sketch: torch.Tensor) -> float | None:
         """cos(sketch, reference); None in warm-up or when either is zero."""
         ref = self.reference(worker_id)
-        if ref is None:
-            return None
-        denom = float(torch.linalg.vector_norm(sketch)) * float(torch.linalg.vector_norm(ref))
-        if denom == 0.0 or not math.isfinite(denom):
-            return None
-        return float(torch.dot(sketch, ref)) / denom
+        return None if ref is None else cosine(sketch, ref)
 
     def accept(self, worker_id: str, sketch: torch.Tensor) -> None:
         if float(torch.linalg.vector_norm(sketch)) > 0.0:

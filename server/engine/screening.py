@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from hermes.common.wire import Payload
-from hermes.server.engine.direction import DirectionReference
+from hermes.server.engine.direction import DirectionReference, cosine
 from hermes.server.engine.offload import offload, payload_bytes
 from hermes.server.screening_params import ScreeningSettings as ScreeningSettings  # torch-free; re-exported
 
@@ -66,7 +66,8 @@ def update_norm(payload: Payload) -> float:
 
 class Screening:
     def __init__(self, settings: ScreeningSettings, state: ModelState, telemetry: Telemetry,
-                 reference_loss: Callable[[], float] | None = None, *, blend: bool = False) -> None:
+                 reference_loss: Callable[[], float] | None = None, *, blend: bool = False,
+                 descent: Callable[[], torch.Tensor] | None = None) -> None:
         self.settings = settings
         self.state = state
         self.telemetry = telemetry
@@ -76,6 +77,8 @@ class Screening:
         # moves the model by is (w0 + G) - w, so that is the norm screened. ||G|| alone let a
         # worker pushing G = 0 mix the model back towards w0 under fedasync (no loss probe).
         self.blend = blend
+        # -grad of the probe loss at the current model (reference "descent"); None: consensus only.
+        self.descent = descent
         self.accepted: deque[float] = deque(maxlen=settings.window)
         self.refusals: dict[str, int] = {}
         self.in_a_row: dict[str, int] = {}
@@ -147,7 +150,7 @@ class Screening:
             # more than a couple of honest steps, and refusing it would starve the reference.
             ratio = None if median is None else norm / median
             cosine = None if ratio is None or ratio <= s.direction_norm_factor else (
-                self.direction.cosine(worker.id, sketch))
+                await self._cosine(worker.id, sketch))
             if cosine is not None:
                 ok = cosine >= s.min_cosine
                 self.telemetry.emit("direction_tested", worker=worker.id, cosine=round(cosine, 4),
@@ -165,6 +168,12 @@ class Screening:
             self.direction.accept(worker.id, sketch)
         self.in_a_row.pop(worker.id, None)
         return None
+
+    async def _cosine(self, worker_id: str, sketch: torch.Tensor) -> float | None:
+        """The update's agreement with the reference: the server's descent direction, or the consensus."""
+        if self.settings.reference == "descent" and self.descent is not None:
+            return cosine(sketch, self.direction.sketch(await offload(self.state.numel * 8, self.descent)))
+        return self.direction.cosine(worker_id, sketch)
 
     def _refuse(self, worker: WorkerRecord, kind: str, reason: str) -> str:
         self.refusals[kind] = self.refusals.get(kind, 0) + 1

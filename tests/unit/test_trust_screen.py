@@ -57,12 +57,13 @@ def _engine_pushes(settings: ScreeningSettings, preset: str = "asp"):
     clock = ManualClock()
     engine = _engine(clock, preset=preset)
     engine.screening.settings = settings
+    engine.screening.descent = engine._descent_probe(settings)
     engine.claims.settings = settings
     return engine, clock
 
 
 def test_the_engine_refuses_a_scaled_sign_flip_and_keeps_honest_pushes():
-    engine, clock = _engine_pushes(ScreeningSettings(min_history=3))
+    engine, clock = _engine_pushes(ScreeningSettings(min_history=3, reference="consensus"))
     agents = [_Agent(engine, clock, n) for n in ("a", "b", "c")]
     attacker = _Agent(engine, clock, "m")
     gen = torch.Generator().manual_seed(1)
@@ -88,7 +89,37 @@ def test_the_engine_refuses_a_scaled_sign_flip_and_keeps_honest_pushes():
     assert set(honest) == {"applied"}
     assert all("cosine" in r for r in attacks), attacks
     assert engine.screening.refusals == {"direction": 3}
-    assert engine.screening.public()["min_accepted_cosine"] is None or engine.screening.public()["cosines_measured"]
+
+
+def test_against_the_server_descent_direction_a_sign_flip_is_refused_and_a_correction_kept():
+    engine, clock = _engine_pushes(ScreeningSettings(min_history=3))
+    assert engine.screening.descent is not None
+    agents = [_Agent(engine, clock, n) for n in ("a", "b", "c")]
+    attacker = _Agent(engine, clock, "m")
+    gen = torch.Generator().manual_seed(3)
+
+    async def push(agent: _Agent, delta: torch.Tensor) -> dict:
+        reply = await agent.request(MsgType.PUSH_UPDATE, {"samples": 1}, payload=delta,
+                                    model_version=engine.state.version)
+        return reply.header.body
+
+    def step(scale: float = 1.0) -> torch.Tensor:
+        # An honest step: down the server's own loss, with noise; 1e-3 of the model's scale.
+        g = engine.screening.descent()
+        g = g / float(g.norm()) * 1e-2
+        return scale * (g + 0.3 * float(g.norm()) / g.numel() ** 0.5 * torch.randn(g.numel(), generator=gen))
+
+    async def go() -> tuple[list[str], list[str]]:
+        honest = [(await push(a, step()))["status"] for _ in range(3) for a in agents]
+        # A large honest step (ten times the median norm) down the current loss is a correction: kept.
+        honest.append((await push(agents[0], step(10.0)))["status"])
+        attacks = [(await push(attacker, -step(k)))["reason"] for k in (3, 10, 30)]
+        return honest, attacks
+
+    honest, attacks = _run(go())
+    assert set(honest) == {"applied"}, honest
+    assert all("cosine" in r for r in attacks), attacks
+    assert engine.screening.refusals == {"direction": 3}
 
 
 def test_direction_off_lets_the_same_sign_flip_through():
