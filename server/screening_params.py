@@ -35,7 +35,9 @@ class ScreeningSettings(BaseModel):
     # median of the other workers' latest accepted updates (no server data needed; honest digits
     # asp steps after an overshoot were at cosine -0.5 with it, 2026-11-27).
     reference: Literal["descent", "consensus"] = "descent"
-    min_cosine: float = Field(default=-0.2, ge=-1.0, le=1.0)
+    # The lowest cosine at direction_norm_factor x the median norm; at r x the median the bound is
+    # min_cosine x direction_norm_factor / r (a bigger update must agree more).
+    min_cosine: float = Field(default=-0.5, ge=-1.0, le=0.0)
     min_workers: int = Field(default=2, ge=1)
     # Only updates above this x the median norm are tested: smaller ones are harmless in size.
     direction_norm_factor: float = Field(default=2.0, ge=0.0)

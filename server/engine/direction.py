@@ -14,7 +14,7 @@ update is compared with a robust reference of the recent accepted ones:
   same way, there a gradient on server-held data; here the server's own evidence is
   the accepted updates, so a minority cannot move the median coordinate by
   coordinate.
-* **The test**: ``cos(u, r) >= min_cosine``. The reverse of an honest step has
+* **The test**: ``cos(u, r) >= min_cosine x direction_norm_factor / (||u|| / median)``. The reverse of an honest step has
   the reverse sign of the honest one's agreement, so a negative bound refuses it
   while honest updates (noisy, but on the consensus side) pass.
 * **Warm-up**: no test until ``min_workers`` other workers have an accepted entry;

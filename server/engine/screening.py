@@ -152,12 +152,17 @@ class Screening:
             cosine = None if ratio is None or ratio <= s.direction_norm_factor else (
                 await self._cosine(worker.id, sketch))
             if cosine is not None:
-                ok = cosine >= s.min_cosine
+                assert ratio is not None
+                # The bar rises with the update's size, as Zeno++'s score <g, u> - rho ||u||^2
+                # (Xie et al. 2020, Eq. 3) does: min_cosine at direction_norm_factor x the median,
+                # a tenth of it at ten times that. An honest fedbuff step at 2.1x sat at -0.19 (2026-11-27).
+                bound = s.min_cosine * s.direction_norm_factor / ratio
+                ok = cosine >= bound
                 self.telemetry.emit("direction_tested", worker=worker.id, cosine=round(cosine, 4),
                                     norm_ratio=round(norm / median, 3) if median else None, accepted=ok)
                 if not ok:
-                    return self._refuse(worker, "direction", f"cosine {cosine:.3f} with the consensus of accepted "
-                                        f"updates < {s.min_cosine:g} at {ratio:.3g} × the median norm")
+                    return self._refuse(worker, "direction", f"cosine {cosine:.3f} with the {s.reference} direction "
+                                        f"< {bound:.3g} at {ratio:.3g} × the median norm")
                 self.cosines_measured += 1
                 if self.min_accepted_cosine is None or cosine < self.min_accepted_cosine:
                     self.min_accepted_cosine = cosine
