@@ -39,8 +39,12 @@ class ScreeningSettings(BaseModel):
     # min_cosine x direction_norm_factor / r (a bigger update must agree more).
     min_cosine: float = Field(default=-0.5, ge=-1.0, le=0.0)
     min_workers: int = Field(default=2, ge=1)
-    # Only updates above this x the median norm are tested: smaller ones are harmless in size.
-    direction_norm_factor: float = Field(default=2.0, ge=0.0)
+    # Only updates above this x the median norm are judged by direction and effect: smaller ones
+    # move the model no more than a few honest steps (honest asp reached 4.5x, 2026-11-27).
+    direction_norm_factor: float = Field(default=4.0, ge=0.0)
+    # Effect (issue 29): the probe loss of w + update at most (1 + effect_margin) x that of w.
+    effect: bool = True
+    effect_margin: float = Field(default=0.5, gt=0.0)
     direction_window: int = Field(default=32, ge=1, le=10_000)
     sketch: int = Field(default=65_536, ge=16, le=1 << 24)
     # Claims (issue 29, engine.claims): samples and dss at most the assigned cycle_samples; cycle

@@ -161,7 +161,7 @@ class Engine:
         self.screening = Screening(screening or ScreeningSettings(), self.state, self.telemetry,
                                    self.policies.aggregation.reference_loss,
                                    blend=self.policies.aggregation.op == "blend",
-                                   descent=self._descent_probe(screening or ScreeningSettings()))
+                                   probe=self._screening_probe(screening or ScreeningSettings()))
         self.claims = Claims(self.screening.settings, self.telemetry, clock.monotonic)
         self.membership.claims = self.claims
         self.screening.claims_clamped = self.claims.public
@@ -303,14 +303,13 @@ class Engine:
             for hook in self.on_stop:
                 hook(reason)
 
-    def _descent_probe(self, settings: ScreeningSettings) -> Callable[[], torch.Tensor] | None:
-        """The server's descent direction for direction screening: the rule's loss probe, else one of its own."""
-        if not (settings.enabled and settings.direction and settings.reference == "descent"):
+    def _screening_probe(self, settings: ScreeningSettings) -> LossProbe | None:
+        """The loss probe screening judges large updates with: the rule's, else one of its own."""
+        if not settings.enabled or not (settings.effect or (settings.direction and settings.reference == "descent")):
             return None
-        probe = self.policies.aggregation.probe or LossProbe(
+        return self.policies.aggregation.probe or LossProbe(
             self.task, self.spec, self.state, self.validation, samples=self.config.loss.eval_samples,
             seed=self.config.seed, metrics=self.metrics)
-        return probe.descent
 
     def check_budgets(self) -> None:
         """Stop the run at the first budget reached (max_updates, max_epochs, max_seconds)."""

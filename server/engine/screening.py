@@ -33,6 +33,7 @@ worker, and answers ``rejected`` with the reason (the agent counts it and goes o
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import statistics
@@ -49,6 +50,7 @@ from hermes.server.screening_params import ScreeningSettings as ScreeningSetting
 
 if TYPE_CHECKING:
     from hermes.server.engine.telemetry import Telemetry
+    from hermes.server.lossprobe import LossProbe
     from hermes.server.registry import WorkerRecord
     from hermes.server.state import ModelState
 
@@ -67,7 +69,7 @@ def update_norm(payload: Payload) -> float:
 class Screening:
     def __init__(self, settings: ScreeningSettings, state: ModelState, telemetry: Telemetry,
                  reference_loss: Callable[[], float] | None = None, *, blend: bool = False,
-                 descent: Callable[[], torch.Tensor] | None = None) -> None:
+                 probe: LossProbe | None = None) -> None:
         self.settings = settings
         self.state = state
         self.telemetry = telemetry
@@ -77,8 +79,8 @@ class Screening:
         # moves the model by is (w0 + G) - w, so that is the norm screened. ||G|| alone let a
         # worker pushing G = 0 mix the model back towards w0 under fedasync (no loss probe).
         self.blend = blend
-        # -grad of the probe loss at the current model (reference "descent"); None: consensus only.
-        self.descent = descent
+        # The loss probe (the rule's, else the screening's own): the descent direction and the effect test.
+        self.probe = probe
         self.accepted: deque[float] = deque(maxlen=settings.window)
         self.refusals: dict[str, int] = {}
         self.in_a_row: dict[str, int] = {}
@@ -142,30 +144,45 @@ class Screening:
                     return self._refuse(worker, "loss", f"candidate loss {candidate_loss:.3g} > {s.loss_factor:g} × "
                                         f"global loss {reference:.3g} (first updates of the run)")
         sketch = None
+        median = statistics.median(history) if history else None
+        # Only updates bigger than direction_norm_factor x the median are judged by direction and
+        # effect: honest asp steps after an overshoot sat at cosine -0.5 with the consensus and
+        # -0.27..-0.53 with the server's descent direction at 2.6-4.5x the median (digits,
+        # 2026-11-27); a smaller update moves the model no more than a few honest steps.
+        ratio = None if median is None or norm <= 0.0 else norm / median
+        large = ratio is not None and ratio > s.direction_norm_factor
         if s.direction and norm > 0.0:
             sketch = await offload(payload_bytes(payload) * 2, self._step_sketch, payload)
-            median = statistics.median(history) if history else None
-            # Honest steps of a converging model oscillate (cosines near -0.5 on digits under asp,
-            # 2026-11-27): within direction_norm_factor x the median an update moves the model no
-            # more than a couple of honest steps, and refusing it would starve the reference.
-            ratio = None if median is None else norm / median
-            cosine = None if ratio is None or ratio <= s.direction_norm_factor else (
-                await self._cosine(worker.id, sketch))
+            cosine = await self._cosine(worker.id, sketch) if large else None
             if cosine is not None:
                 assert ratio is not None
                 # The bar rises with the update's size, as Zeno++'s score <g, u> - rho ||u||^2
                 # (Xie et al. 2020, Eq. 3) does: min_cosine at direction_norm_factor x the median,
-                # a tenth of it at ten times that. An honest fedbuff step at 2.1x sat at -0.19 (2026-11-27).
+                # a tenth of it at ten times that.
                 bound = s.min_cosine * s.direction_norm_factor / ratio
                 ok = cosine >= bound
                 self.telemetry.emit("direction_tested", worker=worker.id, cosine=round(cosine, 4),
-                                    norm_ratio=round(norm / median, 3) if median else None, accepted=ok)
+                                    norm_ratio=round(ratio, 3), accepted=ok)
                 if not ok:
                     return self._refuse(worker, "direction", f"cosine {cosine:.3f} with the {s.reference} direction "
                                         f"< {bound:.3g} at {ratio:.3g} × the median norm")
                 self.cosines_measured += 1
                 if self.min_accepted_cosine is None or cosine < self.min_accepted_cosine:
                     self.min_accepted_cosine = cosine
+        if s.effect and large and self.probe is not None:
+            # The loss probe that protects hermes, for every preset (issue 29): a large update
+            # must not raise the probe loss of the model it would make beyond effect_margin.
+            assert ratio is not None
+            after = await asyncio.to_thread(self._loss_after, payload)
+            _, before = await asyncio.to_thread(self.probe.global_loss)
+            bound = (1.0 + s.effect_margin) * before
+            ok = math.isfinite(after) and after <= bound
+            self.telemetry.emit("effect_tested", worker=worker.id, loss_before=round(before, 5),
+                                loss_after=round(after, 5) if math.isfinite(after) else None,
+                                norm_ratio=round(ratio, 3), accepted=ok)
+            if not ok:
+                return self._refuse(worker, "effect", f"probe loss {after:.3g} after the update > "
+                                    f"{1.0 + s.effect_margin:g} × {before:.3g} before, at {ratio:.3g} × the median norm")
         # Zero updates carry no scale: kept out so a run of them cannot pull the median to 0.
         if norm > 0.0:
             self.accepted.append(norm)
@@ -174,10 +191,15 @@ class Screening:
         self.in_a_row.pop(worker.id, None)
         return None
 
+    def _loss_after(self, payload: Payload) -> float:
+        """Probe loss of the model the fold would make at full weight: w + step (w0 + G for blends)."""
+        assert self.probe is not None
+        return self.probe.candidate_loss(payload, from_current=not self.blend)
+
     async def _cosine(self, worker_id: str, sketch: torch.Tensor) -> float | None:
         """The update's agreement with the reference: the server's descent direction, or the consensus."""
-        if self.settings.reference == "descent" and self.descent is not None:
-            return cosine(sketch, self.direction.sketch(await offload(self.state.numel * 8, self.descent)))
+        if self.settings.reference == "descent" and self.probe is not None:
+            return cosine(sketch, self.direction.sketch(await offload(self.state.numel * 8, self.probe.descent)))
         return self.direction.cosine(worker_id, sketch)
 
     def _refuse(self, worker: WorkerRecord, kind: str, reason: str) -> str:
