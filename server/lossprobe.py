@@ -51,6 +51,10 @@ class LossProbe:
             self.metrics.loss_eval_seconds.observe(time.perf_counter() - t0)
             return total / max(1, len(self.y))
 
+    def loss_of(self, flat: torch.Tensor) -> float:
+        """The probe loss of any model (screening's effect test)."""
+        return self._score(flat)
+
     def candidate_loss(self, payload: Payload, *, from_current: bool = False) -> float:
         return self._score(self.state.candidate(payload, from_current=from_current))
 

@@ -42,6 +42,9 @@ class ScreeningSettings(BaseModel):
     # Only updates above this x the median norm are judged by direction and effect: smaller ones
     # move the model no more than a few honest steps (honest asp reached 4.5x, 2026-11-27).
     direction_norm_factor: float = Field(default=4.0, ge=0.0)
+    # Clip (issue 29): an update above direction_norm_factor x the median that passes is folded
+    # at that norm (its weight scaled), so a scaled attack counts as a few honest steps at most.
+    clip: bool = True
     # Effect (issue 29): the probe loss of w + update at most (1 + effect_margin) x that of w.
     effect: bool = True
     effect_margin: float = Field(default=0.5, gt=0.0)

@@ -390,7 +390,7 @@ class Engine:
             candidate_loss = await self.policies.aggregation.candidate_loss(payload)
         # Screened before the lock: a refusal is a push with nothing to fold,
         # so the strategy still counts it (a barrier is not held by it).
-        refusal = await self.screening.screen(worker, payload, candidate_loss)
+        refusal, scale = await self.screening.screen(worker, payload, candidate_loss)
         async with self.step_lock:
             if self.stopping:
                 # The stop came while this push was being scored or waited for
@@ -410,14 +410,14 @@ class Engine:
                 # (Payload.widened, 2x its bytes); the fold widens it again, for the fold only.
                 payload.release_widened()
             if verdict.decision is Decision.BUFFER_AND_REPLY and refusal is None:
-                self.buffered.append(Contribution(info, payload, candidate_loss))
+                self.buffered.append(Contribution(info, payload, candidate_loss, scale))
             if verdict.decision in (Decision.APPLY, Decision.APPLY_AND_WAIT) and refusal is None:
-                await folding.fold(self, [Contribution(info, payload, candidate_loss)])
+                await folding.fold(self, [Contribution(info, payload, candidate_loss, scale)])
             # A fold may have stopped the run (a budget): nothing is held for a barrier that will not come.
             if verdict.decision in (Decision.BUFFER, Decision.APPLY_AND_WAIT) and not self.stopping:
                 keep = verdict.decision is Decision.BUFFER and refusal is None
                 held = Held(info, payload if keep else None, asyncio.get_running_loop().create_future(),
-                            candidate_loss)
+                            candidate_loss, scale)
                 self.held[worker.id] = held
             await self.process_releases()
         if held is not None:

@@ -43,6 +43,8 @@ class Contribution:
     payload: Payload
     # Loss of w0 + G on the validation subset (rules with needs_candidate_loss only).
     candidate_loss: float | None = None
+    # Screening's clip (issue 29): the update folds at scale x the weight its rule gives it.
+    scale: float = 1.0
 
 
 class FoldContext(Protocol):

@@ -81,6 +81,9 @@ class Screening:
         self.blend = blend
         # The loss probe (the rule's, else the screening's own): the descent direction and the effect test.
         self.probe = probe
+        # Updates judged large and clipped, by payload (screen() turns the ratio into the fold's scale).
+        self._last_ratio: dict[int, float] = {}
+        self.clipped = 0
         self.accepted: deque[float] = deque(maxlen=settings.window)
         self.refusals: dict[str, int] = {}
         self.in_a_row: dict[str, int] = {}
@@ -111,11 +114,20 @@ class Screening:
             cached = self._model_norm = (version, float(torch.linalg.vector_norm(flat)))
         return cached[1]
 
-    async def screen(self, worker: WorkerRecord, payload: Payload, candidate_loss: float | None) -> str | None:
-        """None when the update may be folded, else the refusal's reason."""
+    async def screen(self, worker: WorkerRecord, payload: Payload,
+                     candidate_loss: float | None) -> tuple[str | None, float]:
+        """(None, scale) when the update may be folded at ``scale`` x its weight, else (the refusal's reason, 0)."""
+        if not self.settings.enabled:
+            return None, 1.0
+        scale = 1.0
+        refusal = await self._screen(worker, payload, candidate_loss)
+        if refusal is None and (ratio := self._last_ratio.pop(id(payload), None)) is not None:
+            scale = self.settings.direction_norm_factor / ratio
+            self.clipped += 1
+        return refusal, (scale if refusal is None else 0.0)
+
+    async def _screen(self, worker: WorkerRecord, payload: Payload, candidate_loss: float | None) -> str | None:
         s = self.settings
-        if not s.enabled:
-            return None
         if worker.id in self.quarantined:
             return self._refuse(worker, "quarantined",
                                 f"worker {worker.id} is quarantined after {s.quarantine_after} refusals in a row")
@@ -170,10 +182,12 @@ class Screening:
                 if self.min_accepted_cosine is None or cosine < self.min_accepted_cosine:
                     self.min_accepted_cosine = cosine
         if s.effect and large and self.probe is not None:
-            # The loss probe that protects hermes, for every preset (issue 29): a large update
-            # must not raise the probe loss of the model it would make beyond effect_margin.
+            # The loss probe that protects hermes, for every preset (issue 29): the model the fold
+            # would make (the update clipped, at full weight) must not raise the probe loss beyond
+            # effect_margin.
             assert ratio is not None
-            after = await asyncio.to_thread(self._loss_after, payload)
+            clip = s.direction_norm_factor / ratio if s.clip else 1.0
+            after = await asyncio.to_thread(self._loss_after, payload, clip)
             _, before = await asyncio.to_thread(self.probe.global_loss)
             bound = (1.0 + s.effect_margin) * before
             ok = math.isfinite(after) and after <= bound
@@ -183,6 +197,12 @@ class Screening:
             if not ok:
                 return self._refuse(worker, "effect", f"probe loss {after:.3g} after the update > "
                                     f"{1.0 + s.effect_margin:g} × {before:.3g} before, at {ratio:.3g} × the median norm")
+        if large and s.clip:
+            # Clipped to direction_norm_factor x the median, not refused (Sun et al. 2019's norm
+            # clipping, the bound adaptive as in Andrew et al. 2021): an honest correction still
+            # counts, a scaled attack counts as no more than a few honest steps.
+            assert ratio is not None
+            self._last_ratio[id(payload)] = ratio
         # Zero updates carry no scale: kept out so a run of them cannot pull the median to 0.
         if norm > 0.0:
             self.accepted.append(norm)
@@ -191,10 +211,12 @@ class Screening:
         self.in_a_row.pop(worker.id, None)
         return None
 
-    def _loss_after(self, payload: Payload) -> float:
-        """Probe loss of the model the fold would make at full weight: w + step (w0 + G for blends)."""
+    def _loss_after(self, payload: Payload, clip: float) -> float:
+        """Probe loss of the model the fold would make at full weight: w + clip x step."""
         assert self.probe is not None
-        return self.probe.candidate_loss(payload, from_current=not self.blend)
+        _, current = self.state.snapshot()
+        full = self.state.candidate(payload, from_current=not self.blend)
+        return self.probe.loss_of(current + clip * (full - current))
 
     async def _cosine(self, worker_id: str, sketch: torch.Tensor) -> float | None:
         """The update's agreement with the reference: the server's descent direction, or the consensus."""
@@ -225,6 +247,7 @@ class Screening:
             "median_norm": statistics.median(history) if history else None,
             "history": len(history),
             "direction_workers": self.direction.workers(),
+            "clipped": self.clipped,
             "claims_clamped": {} if self.claims_clamped is None else self.claims_clamped(),
             "cosines_measured": self.cosines_measured,
             "min_accepted_cosine": None if self.min_accepted_cosine is None else round(self.min_accepted_cosine, 4),

@@ -125,7 +125,7 @@ def test_against_the_server_descent_direction_a_sign_flip_is_refused_and_a_corre
 
 def test_the_effect_test_refuses_a_large_update_that_raises_the_probe_loss():
     # Direction off and the norm bound wide: the loss probe alone (the check that protected hermes).
-    engine, clock = _engine_pushes(ScreeningSettings(min_history=3, direction=False, norm_factor=1000.0))
+    engine, clock = _engine_pushes(ScreeningSettings(min_history=3, direction=False, clip=False, norm_factor=1000.0))
     agents = [_Agent(engine, clock, n) for n in ("a", "b", "c")]
     g = engine.screening.probe.descent()
     g = g / float(g.norm()) * 1e-2
@@ -147,6 +147,29 @@ def test_the_effect_test_refuses_a_large_update_that_raises_the_probe_loss():
     assert set(honest) == {"applied"} and down == "applied"
     assert "probe loss" in up, up
     assert engine.screening.refusals == {"effect": 1}
+
+
+def test_a_large_update_that_passes_is_folded_clipped_to_the_bound():
+    engine, clock = _engine_pushes(ScreeningSettings(min_history=3))
+    agents = [_Agent(engine, clock, n) for n in ("a", "b", "c")]
+    g = engine.screening.probe.descent()
+    g = g / float(g.norm()) * 1e-3
+
+    async def go() -> str:
+        for _ in range(2):
+            for a in agents:
+                await a.request(MsgType.PUSH_UPDATE, {"samples": 1}, payload=g, model_version=engine.state.version)
+        reply = await agents[0].request(MsgType.PUSH_UPDATE, {"samples": 1}, payload=20 * g,
+                                        model_version=engine.state.version)
+        return reply.header.body["status"]
+
+    _, before = engine.state.snapshot()
+    before = before.clone()
+    assert _run(go()) == "applied"
+    _, after = engine.state.snapshot()
+    # Six steps of 1e-3, then the 20x one at 4x the median (4e-3): 1e-2 in all, not 2.6e-2.
+    assert abs(float((after - before).norm()) - 1e-2) < 1e-4
+    assert engine.screening.public()["clipped"] == 1
 
 
 def test_direction_off_lets_the_same_sign_flip_through():
