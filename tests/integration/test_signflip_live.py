@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from tests.conftest import ADMIN_TOKEN, kill_agents, running_server, start_agent, wait_for
 from tests.integration.test_attack_live import Attacker, _events
@@ -39,6 +40,17 @@ class SignFlipper(Attacker):
         super().__init__(srv)
         self.k = k
         self.attacks = attacks
+
+    def idle_until(self, predicate: Any, timeout: float) -> None:
+        """Push zeros until ``predicate()``; honest agents may take a while to start on a loaded machine."""
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            if time.monotonic() > deadline or self.stop.is_set():
+                raise AssertionError(f"attacker: gave up waiting after {timeout}s")
+            self.push("idle", torch.zeros(self.w.numel))
+            if self.w.run_config["sync"] != "bsp":
+                version = self.srv.healthz()["model_version"]
+                wait_for(lambda v=version: self.heartbeat() > v or self.stop.is_set(), HANG_S, "an honest push")
 
     def run(self, *, first_push_done: threading.Event) -> None:  # type: ignore[override]
         try:
