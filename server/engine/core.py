@@ -429,6 +429,14 @@ class Engine:
         status = "applied" if not self.stopping or held is None else "abandoned"
         return status, {"staleness": info.staleness}
 
+    async def tick(self) -> None:
+        """Time passed (the heartbeat monitor's period): a barrier's deadline may release a round."""
+        if self.stopping:
+            return
+        async with self.step_lock:
+            self.strategy.on_tick(self.clock.monotonic())
+            await self.process_releases()
+
     async def process_releases(self) -> None:
         """Fold and wake whatever the strategy releases. Caller holds step_lock."""
         await folding.process_releases(self)

@@ -8,6 +8,7 @@ import torch
 
 from hermes.common.clock import ManualClock
 from hermes.common.messages import CycleReport
+from hermes.common.policies.sync import BarrierParams, BarrierStrategy, PushInfo, Release
 from hermes.common.wire import MsgType
 from hermes.server.engine.claims import Claims
 from hermes.server.engine.direction import DirectionReference
@@ -251,3 +252,78 @@ def test_lying_samples_do_not_own_a_bsp_round():
     # Both were assigned the same work: equal weights, the step is (1e-3 - 1e-3) / 2 = 0, not the liar's -1e-3.
     assert engine.state.version == 1
     assert torch.allclose(after, before, atol=1e-7)
+
+
+# ---------------------------------------------------------------------------
+# Barrier deadline (sync bsp)
+
+
+def _bsp(*workers: str, **params) -> BarrierStrategy:
+    s = BarrierStrategy(BarrierParams(**params))
+    for w in workers:
+        s.on_join(w)
+    return s
+
+
+def _at(worker: str, t: float) -> PushInfo:
+    return PushInfo(worker, 0, 0, 1, 1, at=t)
+
+
+def test_a_silent_worker_is_dropped_from_the_first_round_at_the_deadline_and_then_not_waited_for():
+    s = _bsp("a", "b", "silent", min_wait_seconds=5.0, skip_after=2)
+    s.on_push(_at("a", 100.0))
+    s.on_push(_at("b", 101.0))
+    # Without history: 4 x the latest arrival (1 s), at least min_wait_seconds (5 s) after the round began.
+    s.on_tick(104.9)
+    assert s.take_release() is None
+    s.on_tick(105.0)
+    assert s.take_release() == Release(("a", "b"), ("a", "b"))
+    s.on_push(_at("a", 106.0))
+    s.on_push(_at("b", 107.0))
+    # The round began at the release (105): latest arrival 2 s in, deadline 8 s.
+    s.on_tick(112.9)
+    assert s.take_release() is None
+    s.on_tick(113.0)
+    assert s.take_release() is not None  # second round missed: silent is excused from now on
+    s.on_push(_at("a", 114.0))
+    s.on_push(_at("b", 115.0))
+    assert s.take_release() == Release(("a", "b"), ("a", "b"))  # no wait at all
+
+
+def test_a_dropped_worker_rejoins_the_barrier_with_its_next_push():
+    s = _bsp("a", "b", "w", min_wait_seconds=1.0, skip_after=1)
+    s.on_push(_at("a", 0.0))
+    s.on_push(_at("b", 0.1))
+    s.on_tick(2.0)
+    assert s.take_release() is not None and s.excused == {"w"}
+    s.on_push(_at("w", 2.5))  # its late update is kept and brings it back
+    assert s.excused == set()
+    assert s.take_release() is None  # the round now waits for a and b again
+    s.on_push(_at("a", 3.0))
+    s.on_push(_at("b", 3.1))
+    assert s.take_release() == Release(("w", "a", "b"), ("w", "a", "b"))
+
+
+def test_with_round_history_the_deadline_is_the_iqr_fence_of_round_durations():
+    s = _bsp("a", "b", min_wait_seconds=0.5, deadline_factor=2.0)
+    t = 0.0
+    for d in (1.0, 1.2, 0.8, 1.0, 1.1):
+        # The first round begins at its first push; the others at the previous release.
+        s.on_push(_at("a", t if t == 0.0 else t + d / 2))
+        s.on_push(_at("b", t + d))
+        assert s.take_release() is not None
+        t += d
+    # Q1 1.0, Q3 1.1: fence 1.1 + 1.5 x 0.1 = 1.25, deadline 2 x 1.25 = 2.5 s.
+    assert abs(s.deadline() - 2.5) < 1e-9
+    s.on_push(_at("a", t + 0.5))
+    s.on_tick(t + 2.4)
+    assert s.take_release() is None
+    s.on_tick(t + 2.5)
+    assert s.take_release() == Release(("a",), ("a",))
+
+
+def test_deadline_off_waits_for_every_worker():
+    s = _bsp("a", "b", deadline=False)
+    s.on_push(_at("a", 0.0))
+    s.on_tick(1e6)
+    assert s.take_release() is None
