@@ -10,7 +10,8 @@ took power weight 0.99995 in ``edp-sgd``. The bounds:
 * **Samples** are at most the largest ``cycle_samples`` of the worker's recent
   assignments (the WORK reply; with local data the same count, drawn from the
   declared local set): what the server asked for is the most it can have got.
-  Before any assignment, at most ``max_samples_unassigned``.
+  A worker that never asked for work: at most the smallest recent assignment of the
+  others (``max_samples_unassigned`` before anyone has one).
 * **Cycle seconds** are at least ``min_compute_fraction`` x the time since the
   worker's previous push was answered (it cannot have trained the next cycle in
   less than a fraction of that), and the speed they imply, dss / seconds, at most
@@ -77,8 +78,13 @@ class Claims:
         self._of(worker_id).replied_at = self.clock()
 
     def _bound(self, worker_id: str) -> int:
+        """The most samples a push may claim: the worker's largest recent assignment; a worker that
+        never asked for work gets the smallest recent assignment of the others (it cannot have more)."""
         assigned = self._of(worker_id).assigned
-        return max(assigned) if assigned else self.settings.max_samples_unassigned
+        if assigned:
+            return max(assigned)
+        others = [min(w.assigned) for w in self.workers.values() if w.assigned]
+        return min(others) if others else self.settings.max_samples_unassigned
 
     def _clamp(self, worker_id: str, name: str, claimed: float, bound: float) -> None:
         self.clamped[name] = self.clamped.get(name, 0) + 1

@@ -206,6 +206,8 @@ def test_samples_are_bounded_by_the_assigned_work_and_each_clamp_is_evidence():
     assert claims.samples("w", 10**9) == 128
     assert [f["field"] for fact, f in seen if fact == "claim_clamped"] == ["samples", "samples"]
     assert claims.public() == {"samples": 2}
+    # A worker that never asked for work: no more than the others were given.
+    assert claims.samples("idle", 10**9) == 96
     off, _, _ = _claims(claims=False)
     assert off.samples("w", 10**9) == 10**9
 
