@@ -191,7 +191,7 @@ class BarrierStrategy(SyncStrategy):
     update, if any, still counts (it was computed from the round's model).
     """
 
-    provides: ClassVar[frozenset[str]] = frozenset({"barrier", "lockstep"})
+    provides: ClassVar[frozenset[str]] = frozenset({"barrier", "lockstep", "grouped"})
 
     def __init__(self, params: BarrierParams = _BSP) -> None:
         super().__init__()

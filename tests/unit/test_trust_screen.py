@@ -8,6 +8,7 @@ import torch
 
 from hermes.common.clock import ManualClock
 from hermes.common.messages import CycleReport
+from hermes.common.policies.robust import staleness_dampened
 from hermes.common.policies.sync import BarrierParams, BarrierStrategy, PushInfo, Release
 from hermes.common.wire import MsgType
 from hermes.server.engine.claims import Claims
@@ -329,3 +330,36 @@ def test_deadline_off_waits_for_every_worker():
     s.on_push(_at("a", 0.0))
     s.on_tick(1e6)
     assert s.take_release() is None
+
+
+# ---------------------------------------------------------------------------
+# Robust rules over FedBuff's buffer
+
+
+def test_staleness_dampens_rows_before_the_robust_rule():
+    stack = torch.tensor([[4.0], [4.0], [4.0]])
+    out = staleness_dampened(stack, [0, 3, 8])
+    # s(tau) = 1 / sqrt(1 + tau): 1, 1/2, 1/3 (FedBuff Alg. 1).
+    assert torch.allclose(out, torch.tensor([[4.0], [2.0], [4.0 / 3.0]]))
+    assert staleness_dampened(stack, [0, 0, 0]) is stack  # a barrier's step is unchanged
+
+
+def test_a_median_over_the_fedbuff_buffer_ignores_one_outlier():
+    clock = ManualClock()
+    engine = _engine(clock, preset="fedbuff", aggregation="median", fedbuff={"buffer_size": 3})
+    agents = [_Agent(engine, clock, n) for n in ("a", "b", "m")]
+    _, before = engine.state.snapshot()
+    before = before.clone()
+
+    async def go() -> list[str]:
+        out = []
+        for agent, value in zip(agents, (1e-3, 2e-3, -5.0)):
+            reply = await agent.request(MsgType.PUSH_UPDATE, {"samples": 1}, payload=agent.delta(value))
+            out.append(reply.header.body["status"])
+        return out
+
+    assert _run(go()) == ["applied"] * 3
+    _, after = engine.state.snapshot()
+    # One step at the release (K = 3), the coordinate-wise median of (1e-3, 2e-3, -5): 1e-3.
+    assert engine.state.version == 1
+    assert torch.allclose(after - before, torch.full_like(before, 1e-3), atol=1e-6)
