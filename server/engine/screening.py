@@ -19,10 +19,12 @@ two pushes of one 3e38 element made the model Inf (issue 15). The checks:
   global model's. Hermes' first blend has weight 1 whatever the loss, so a
   poisoned first push used to become the model.
 * **Non-finite probe loss** is refused on every push (it made the blend raise).
-* **Direction** (``direction``, issue 29): the cosine of the update with the
-  coordinate-wise median of the other workers' latest accepted updates must be
-  at least ``min_cosine`` (``engine.direction``): the reverse of the honest step
-  is refused at any size under the norm bound.
+* **Large updates** (norm > ``direction_norm_factor`` x the median, issue 29; docs/security-screening.md):
+  *direction*, the cosine with the server's descent direction (the loss probe's -grad at the current
+  model, Zeno++) or with the consensus of the other workers' accepted updates must be at least
+  ``min_cosine x direction_norm_factor / ratio``; *effect*, the probe loss of the model the fold
+  would make must not rise beyond ``effect_margin``; *clip*, one that passes folds at
+  ``direction_norm_factor`` x the median (its weight scaled).
 * **Quarantine**: a worker refused ``quarantine_after`` times in a row has its
   later pushes refused without being scored (0 = never).
 
@@ -156,31 +158,31 @@ class Screening:
                     return self._refuse(worker, "loss", f"candidate loss {candidate_loss:.3g} > {s.loss_factor:g} × "
                                         f"global loss {reference:.3g} (first updates of the run)")
         sketch = None
-        median = statistics.median(history) if history else None
+        typical = statistics.median(history) if history else None
         # Only updates bigger than direction_norm_factor x the median are judged by direction and
         # effect: honest asp steps after an overshoot sat at cosine -0.5 with the consensus and
         # -0.27..-0.53 with the server's descent direction at 2.6-4.5x the median (digits,
         # 2026-11-27); a smaller update moves the model no more than a few honest steps.
-        ratio = None if median is None or norm <= 0.0 else norm / median
+        ratio = None if typical is None or norm <= 0.0 else norm / typical
         large = ratio is not None and ratio > s.direction_norm_factor
         if s.direction and norm > 0.0:
             sketch = await offload(payload_bytes(payload) * 2, self._step_sketch, payload)
-            cosine = await self._cosine(worker.id, sketch) if large else None
-            if cosine is not None:
+            agreement = await self._cosine(worker.id, sketch) if large else None
+            if agreement is not None:
                 assert ratio is not None
                 # The bar rises with the update's size, as Zeno++'s score <g, u> - rho ||u||^2
                 # (Xie et al. 2020, Eq. 3) does: min_cosine at direction_norm_factor x the median,
                 # a tenth of it at ten times that.
                 bound = s.min_cosine * s.direction_norm_factor / ratio
-                ok = cosine >= bound
-                self.telemetry.emit("direction_tested", worker=worker.id, cosine=round(cosine, 4),
+                ok = agreement >= bound
+                self.telemetry.emit("direction_tested", worker=worker.id, cosine=round(agreement, 4),
                                     norm_ratio=round(ratio, 3), accepted=ok)
                 if not ok:
-                    return self._refuse(worker, "direction", f"cosine {cosine:.3f} with the {s.reference} direction "
+                    return self._refuse(worker, "direction", f"cosine {agreement:.3f} with the {s.reference} direction "
                                         f"< {bound:.3g} at {ratio:.3g} × the median norm")
                 self.cosines_measured += 1
-                if self.min_accepted_cosine is None or cosine < self.min_accepted_cosine:
-                    self.min_accepted_cosine = cosine
+                if self.min_accepted_cosine is None or agreement < self.min_accepted_cosine:
+                    self.min_accepted_cosine = agreement
         if s.effect and large and self.probe is not None:
             # The loss probe that protects hermes, for every preset (issue 29): the model the fold
             # would make (the update clipped, at full weight) must not raise the probe loss beyond
