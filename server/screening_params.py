@@ -48,6 +48,9 @@ class ScreeningSettings(BaseModel):
     # Effect (issue 29): the probe loss of w + update at most (1 + effect_margin) x that of w.
     effect: bool = True
     effect_margin: float = Field(default=0.5, gt=0.0)
+    # ... plus this much (nats): near convergence the probe loss is ~0.01-0.08 and an honest hermes
+    # update at 7.8x the median moved it 0.081 -> 0.143 (2026-11-27); attacks moved it by 0.5-1.3.
+    effect_slack: float = Field(default=0.1, ge=0.0)
     direction_window: int = Field(default=32, ge=1, le=10_000)
     sketch: int = Field(default=65_536, ge=16, le=1 << 24)
     # Claims (issue 29, engine.claims): samples and dss at most the assigned cycle_samples; cycle

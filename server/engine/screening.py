@@ -191,14 +191,15 @@ class Screening:
             clip = s.direction_norm_factor / ratio if s.clip else 1.0
             after = await asyncio.to_thread(self._loss_after, payload, clip)
             _, before = await asyncio.to_thread(self.probe.global_loss)
-            bound = (1.0 + s.effect_margin) * before
+            bound = (1.0 + s.effect_margin) * before + s.effect_slack
             ok = math.isfinite(after) and after <= bound
             self.telemetry.emit("effect_tested", worker=worker.id, loss_before=round(before, 5),
                                 loss_after=round(after, 5) if math.isfinite(after) else None,
                                 norm_ratio=round(ratio, 3), accepted=ok)
             if not ok:
                 return self._refuse(worker, "effect", f"probe loss {after:.3g} after the update > "
-                                    f"{1.0 + s.effect_margin:g} × {before:.3g} before, at {ratio:.3g} × the median norm")
+                                    f"{1.0 + s.effect_margin:g} × {before:.3g} + {s.effect_slack:g} before, at "
+                                    f"{ratio:.3g} × the median norm")
         if large and s.clip:
             # Clipped to direction_norm_factor x the median, not refused (Sun et al. 2019's norm
             # clipping, the bound adaptive as in Andrew et al. 2021): an honest correction still
