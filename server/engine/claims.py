@@ -11,7 +11,7 @@ took power weight 0.99995 in ``edp-sgd``. The bounds:
   assignments (the WORK reply; with local data the same count, drawn from the
   declared local set): what the server asked for is the most it can have got.
   A worker that never asked for work: at most the smallest recent assignment of the
-  others (``max_samples_unassigned`` before anyone has one).
+  others; before anyone has one, the allocator's current workload for it.
 * **Cycle seconds** are at least ``min_compute_fraction`` x the time since the
   worker's previous push was answered (it cannot have trained the next cycle in
   less than a fraction of that), and the speed they imply, dss / seconds, at most
@@ -54,8 +54,11 @@ class _Worker:
 
 
 class Claims:
-    def __init__(self, settings: ScreeningSettings, telemetry: Telemetry, clock: Callable[[], float]) -> None:
+    def __init__(self, settings: ScreeningSettings, telemetry: Telemetry, clock: Callable[[], float],
+                 workload: Callable[[str], int] | None = None) -> None:
         self.settings = settings
+        # The samples the allocator would assign a worker now (its cycle size), for a claim before any assignment.
+        self.workload = workload
         self.telemetry = telemetry
         self.clock = clock
         self.workers: dict[str, _Worker] = {}
@@ -84,7 +87,14 @@ class Claims:
         if assigned:
             return max(assigned)
         others = [min(w.assigned) for w in self.workers.values() if w.assigned]
-        return min(others) if others else self.settings.max_samples_unassigned
+        if others:
+            return min(others)
+        if self.workload is not None:
+            try:
+                return self.workload(worker_id)  # what the allocator would assign it now
+            except (KeyError, ValueError):
+                pass
+        return self.settings.max_samples_unassigned
 
     def _clamp(self, worker_id: str, name: str, claimed: float, bound: float) -> None:
         self.clamped[name] = self.clamped.get(name, 0) + 1

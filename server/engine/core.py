@@ -162,7 +162,8 @@ class Engine:
                                    self.policies.aggregation.reference_loss,
                                    blend=self.policies.aggregation.op == "blend",
                                    probe=self._screening_probe(screening or ScreeningSettings()))
-        self.claims = Claims(self.screening.settings, self.telemetry, clock.monotonic)
+        self.claims = Claims(self.screening.settings, self.telemetry, clock.monotonic,
+                             lambda wid: self.policies.allocator.workload(wid).dss)
         self.membership.claims = self.claims
         self.screening.claims_clamped = self.claims.public
         self.handlers = Handlers(

@@ -200,13 +200,15 @@ def _claims(**kw) -> tuple[Claims, ManualClock, list[tuple[str, dict]]]:
 
 def test_samples_are_bounded_by_the_assigned_work_and_each_clamp_is_evidence():
     claims, _, seen = _claims()
-    assert claims.samples("w", 10**9) == 4096  # nothing assigned yet: max_samples_unassigned
+    assert claims.samples("w", 10**9) == 4096  # nothing assigned, no allocator: max_samples_unassigned
+    claims.workload = lambda wid: 64
+    assert claims.samples("w", 10**9) == 64  # nothing assigned yet: what the allocator would assign
     claims.on_assign("w", 128)
     claims.on_assign("w", 96)
     assert claims.samples("w", 100) == 100
     assert claims.samples("w", 10**9) == 128
-    assert [f["field"] for fact, f in seen if fact == "claim_clamped"] == ["samples", "samples"]
-    assert claims.public() == {"samples": 2}
+    assert [f["field"] for fact, f in seen if fact == "claim_clamped"] == ["samples"] * 3
+    assert claims.public() == {"samples": 3}
     # A worker that never asked for work: no more than the others were given.
     assert claims.samples("idle", 10**9) == 96
     off, _, _ = _claims(claims=False)
