@@ -83,9 +83,10 @@ class Screening:
         self.blend = blend
         # The loss probe (the rule's, else the screening's own): the descent direction and the effect test.
         self.probe = probe
-        # Updates judged large and clipped, by payload (screen() turns the ratio into the fold's scale).
-        self._last_ratio: dict[int, float] = {}
+        # The fold's scale of updates judged large and clipped or down-weighted, by payload.
+        self._scale: dict[int, float] = {}
         self.clipped = 0
+        self.downweighted = 0
         self.accepted: deque[float] = deque(maxlen=settings.window)
         self.refusals: dict[str, int] = {}
         self.in_a_row: dict[str, int] = {}
@@ -123,8 +124,8 @@ class Screening:
             return None, 1.0
         scale = 1.0
         refusal = await self._screen(worker, payload, candidate_loss)
-        if refusal is None and (ratio := self._last_ratio.pop(id(payload), None)) is not None:
-            scale = self.settings.direction_norm_factor / ratio
+        if refusal is None and (clip := self._scale.pop(id(payload), None)) is not None:
+            scale = clip
             self.clipped += 1
         return refusal, (scale if refusal is None else 0.0)
 
@@ -196,16 +197,23 @@ class Screening:
             self.telemetry.emit("effect_tested", worker=worker.id, loss_before=round(before, 5),
                                 loss_after=round(after, 5) if math.isfinite(after) else None,
                                 norm_ratio=round(ratio, 3), accepted=ok)
+            if not ok and ratio <= s.effect_downweight_below:
+                # Harmful but not hostile-sized (a stale honest update): folded at the median norm.
+                self.downweighted += 1
+                self.telemetry.emit("update_downweighted", worker=worker.id, norm_ratio=round(ratio, 3),
+                                    loss_before=round(before, 5), loss_after=after if math.isfinite(after) else None)
+                self._scale[id(payload)] = 1.0 / ratio
+                ok = True
             if not ok:
                 return self._refuse(worker, "effect", f"probe loss {after:.3g} after the update > "
                                     f"{1.0 + s.effect_margin:g} × {before:.3g} + {s.effect_slack:g} before, at "
                                     f"{ratio:.3g} × the median norm")
-        if large and s.clip:
+        if large and s.clip and id(payload) not in self._scale:
             # Clipped to direction_norm_factor x the median, not refused (Sun et al. 2019's norm
             # clipping, the bound adaptive as in Andrew et al. 2021): an honest correction still
             # counts, a scaled attack counts as no more than a few honest steps.
             assert ratio is not None
-            self._last_ratio[id(payload)] = ratio
+            self._scale[id(payload)] = s.direction_norm_factor / ratio
         # Zero updates carry no scale: kept out so a run of them cannot pull the median to 0.
         if norm > 0.0:
             self.accepted.append(norm)
@@ -251,6 +259,7 @@ class Screening:
             "history": len(history),
             "direction_workers": self.direction.workers(),
             "clipped": self.clipped,
+            "downweighted": self.downweighted,
             "claims_clamped": {} if self.claims_clamped is None else self.claims_clamped(),
             "cosines_measured": self.cosines_measured,
             "min_accepted_cosine": None if self.min_accepted_cosine is None else round(self.min_accepted_cosine, 4),

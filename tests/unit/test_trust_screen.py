@@ -151,6 +151,30 @@ def test_the_effect_test_refuses_a_large_update_that_raises_the_probe_loss():
     assert engine.screening.refusals == {"effect": 1}
 
 
+def test_a_moderately_large_update_that_raises_the_loss_is_down_weighted_not_refused():
+    engine, clock = _engine_pushes(ScreeningSettings(min_history=3, direction=False, effect_margin=1e-6,
+                                                     effect_slack=0.0))
+    agents = [_Agent(engine, clock, n) for n in ("a", "b", "c")]
+    g = engine.screening.probe.descent()
+    g = g / float(g.norm()) * 1e-3
+
+    async def go() -> str:
+        for _ in range(2):
+            for a in agents:
+                await a.request(MsgType.PUSH_UPDATE, {"samples": 1}, payload=g, model_version=engine.state.version)
+        reply = await agents[0].request(MsgType.PUSH_UPDATE, {"samples": 1}, payload=-6 * g,
+                                        model_version=engine.state.version)
+        return reply.header.body["status"]
+
+    _, before = engine.state.snapshot()
+    before = before.clone()
+    assert _run(go()) == "applied"
+    _, after = engine.state.snapshot()
+    # Six steps of +1e-3, then the 6x step against them folded at the median norm (1e-3): 5e-3 net.
+    assert abs(float((after - before).norm()) - 5e-3) < 1e-4
+    assert engine.screening.public()["downweighted"] == 1 and not engine.screening.refusals
+
+
 def test_a_large_update_that_passes_is_folded_clipped_to_the_bound():
     engine, clock = _engine_pushes(ScreeningSettings(min_history=3))
     agents = [_Agent(engine, clock, n) for n in ("a", "b", "c")]
