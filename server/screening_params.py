@@ -64,3 +64,5 @@ class ScreeningSettings(BaseModel):
     min_compute_fraction: float = Field(default=0.25, ge=0.0, le=1.0)
     power_factor: float = Field(default=8.0, gt=1.0)
     max_samples_unassigned: int = Field(default=4096, ge=1)
+    # Cycle seconds are clamped only when off their bound by more than this factor (noise, not a lie).
+    speed_tolerance: float = Field(default=2.0, ge=1.0)

@@ -120,15 +120,18 @@ class Claims:
         if dss > (bound := self._bound(worker_id)):
             self._clamp(worker_id, "dss", dss, bound)
             dss = bound
+        # Timing claims within speed_tolerance of a bound are measurement noise, not lies: an honest
+        # hl8 asp run had 223 clamps of a few ms each without it (2026-11-27).
+        tol = s.speed_tolerance
         if me.replied_at is not None:
             floor = s.min_compute_fraction * (self.clock() - me.replied_at)
-            if seconds < floor:
+            if seconds * tol < floor:
                 self._clamp(worker_id, "compute_seconds", seconds, floor)
                 seconds = floor
         others = [w.speed for wid, w in self.workers.items() if wid != worker_id and w.speed]
         if others and seconds > 0.0:
             cap = s.power_factor * statistics.median(others)
-            if dss / seconds > cap:
+            if dss / seconds > cap * tol:
                 floor = dss / cap
                 self._clamp(worker_id, "compute_seconds", seconds, floor)
                 seconds = floor

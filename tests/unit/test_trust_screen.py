@@ -240,7 +240,7 @@ def test_samples_are_bounded_by_the_assigned_work_and_each_clamp_is_evidence():
 
 
 def test_cycle_seconds_are_bounded_by_elapsed_time_and_the_fleet_median_speed():
-    claims, clock, _ = _claims(min_compute_fraction=0.25, power_factor=2.0)
+    claims, clock, _ = _claims(min_compute_fraction=0.25, power_factor=2.0, speed_tolerance=1.0)
     for w in ("h1", "h2", "liar"):
         claims.on_assign(w, 128)
         claims.on_reply(w)
