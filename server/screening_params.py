@@ -61,7 +61,9 @@ class ScreeningSettings(BaseModel):
     # seconds at least this fraction of the time since the worker's last reply, and the speed they
     # imply at most power_factor x the median of the other workers' (HL8 fleets differ by 8x).
     claims: bool = True
-    min_compute_fraction: float = Field(default=0.25, ge=0.0, le=1.0)
+    # 0 (off) by default: carried cycle reports (combine_messages) arrive together and were each
+    # compared with the whole interval, 100 false clamps in an honest edp-sgd run (2026-11-27).
+    min_compute_fraction: float = Field(default=0.0, ge=0.0, le=1.0)
     power_factor: float = Field(default=8.0, gt=1.0)
     max_samples_unassigned: int = Field(default=4096, ge=1)
     # Cycle seconds are clamped only when off their bound by more than this factor (noise, not a lie).

@@ -255,7 +255,7 @@ def test_cycle_seconds_are_bounded_by_elapsed_time_and_the_fleet_median_speed():
 
 
 def test_a_speed_within_the_bounds_is_left_as_claimed():
-    claims, clock, seen = _claims()
+    claims, clock, seen = _claims(min_compute_fraction=0.25)
     claims.on_reply("w")
     clock.advance(1.0)
     report = CycleReport(dss=64, batch_size=32, compute_seconds=0.3)
