@@ -48,7 +48,7 @@ from hermes.common.policies.compression import (
 from hermes.common.policies.federated import FedAsyncParams, FedBuffParams
 from hermes.common.policies.gate import GateParams
 from hermes.common.policies.robust import RobustParams
-from hermes.common.policies.sync import AsyncParams, EbspParams, SspParams
+from hermes.common.policies.sync import AsyncParams, BarrierParams, EbspParams, SspParams
 from hermes.common.policies.topology import CollectiveParams
 from hermes.common.presets import DEFAULT_PRESET, PRESET_SOURCES, PRESETS, unknown_preset
 
@@ -123,6 +123,7 @@ class RunConfig(BaseModel):
     # ---- policy sections: each model and its defaults live in the owning policy's module
     asp: AsyncParams = _section(AsyncParams, "sync 'asp'")
     ssp: SspParams = _section(SspParams, "sync 'ssp'")
+    bsp: BarrierParams = _section(BarrierParams, "sync 'bsp'")
     ebsp: EbspParams = _section(EbspParams, "sync 'ebsp'")
     collective: CollectiveParams = _section(CollectiveParams, "topology 'collective'")
     zscore: GateParams = _section(GateParams, "gate 'zscore'")

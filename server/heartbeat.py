@@ -45,6 +45,7 @@ class HeartbeatMonitor:
             await asyncio.sleep(period)
             try:
                 await self.sweep()
+                await self.engine.tick()
             except asyncio.CancelledError:
                 raise
             except Exception:  # the monitor must outlive any one bad sweep

@@ -17,7 +17,7 @@ import torch
 
 from hermes.common.task import Task
 from hermes.common.task_registry import batch_of
-from hermes.common.tensors import ModelSpec, build_checked, load_flat
+from hermes.common.tensors import ModelSpec, build_checked, float_state, load_flat
 from hermes.common.wire import Payload
 from hermes.server.metrics import ServerMetrics
 from hermes.server.state import ModelState
@@ -37,6 +37,7 @@ class LossProbe:
         self.x, self.y = batch_of(validation, idx.tolist())
         self._lock = threading.Lock()  # one replica, one scoring at a time
         self._global: tuple[int, float] | None = None
+        self._descent: tuple[int, torch.Tensor] | None = None
 
     @torch.inference_mode()
     def _score(self, flat: torch.Tensor) -> float:
@@ -52,6 +53,10 @@ class LossProbe:
             self.metrics.loss_eval_seconds.observe(time.perf_counter() - t0)
             return total / max(1, len(self.y))
 
+    def loss_of(self, flat: torch.Tensor) -> float:
+        """The probe loss of any model (screening's effect test)."""
+        return self._score(flat)
+
     def candidate_loss(self, payload: Payload, *, from_current: bool = False) -> float:
         return self._score(self.state.candidate(payload, from_current=from_current))
 
@@ -63,3 +68,30 @@ class LossProbe:
         version, flat = self.state.snapshot()
         self._global = (version, self._score(flat))
         return self._global
+
+    def descent(self) -> torch.Tensor:
+        """-grad of the probe loss at the current global model (flat, fp32), cached per version.
+
+        The direction screening's reference (issue 29): Zeno++ (Xie, Koyejo, Gupta 2020,
+        Alg. 1 / Eq. 3) accepts an update only when it descends a loss the server computes
+        itself on data the workers do not control; here on the loss probe's validation subset.
+        """
+        cached = self._descent
+        if cached is not None and cached[0] == self.state.version:
+            return cached[1]
+        version, flat = self.state.snapshot()
+        with self._lock:
+            load_flat(self.model, flat)
+            self.model.zero_grad(set_to_none=True)
+            n = max(1, len(self.y))
+            with torch.enable_grad():
+                for i in range(0, len(self.y), self.batch_size):
+                    yb = self.y[i : i + self.batch_size]
+                    loss = self.task.loss(self.model(self.x[i : i + self.batch_size]), yb) * (len(yb) / n)
+                    loss.backward()
+            # In the flat vector's layout (float_state: parameters and float buffers); a buffer has no gradient.
+            grads = [v.grad if v.grad is not None else torch.zeros_like(v) for _, v in float_state(self.model)]
+            direction = -torch.cat([g.reshape(-1) for g in grads]).to(torch.float32)
+            self.model.zero_grad(set_to_none=True)
+        self._descent = (version, direction)
+        return direction

@@ -7,6 +7,8 @@ without importing torch: a mistake is reported in a second, not after it.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from hermes.server.quarantine_params import QuarantineSettings
@@ -29,3 +31,44 @@ class ScreeningSettings(BaseModel):
     # The evidence score (server/engine/quarantine.py) at which a worker is quarantined; 0: never.
     quarantine_after: int = Field(default=5, ge=0)
     quarantine: QuarantineSettings = Field(default_factory=QuarantineSettings)
+    # Direction (issue 29, engine.direction): cos(update, coordinate-wise median of the other workers'
+    # latest accepted updates) must be >= min_cosine once min_workers others have one.
+    direction: bool = True
+    # The reference: "descent", -grad of the loss probe at the current model (Zeno++'s server
+    # gradient; an honest correction of an overshot model agrees with it), or "consensus", the
+    # median of the other workers' latest accepted updates (no server data needed; honest digits
+    # asp steps after an overshoot were at cosine -0.5 with it, 2026-11-27).
+    reference: Literal["descent", "consensus"] = "descent"
+    # The lowest cosine at direction_norm_factor x the median norm; at r x the median the bound is
+    # min_cosine x direction_norm_factor / r (a bigger update must agree more).
+    min_cosine: float = Field(default=-0.5, ge=-1.0, le=0.0)
+    min_workers: int = Field(default=2, ge=1)
+    # Only updates above this x the median norm are judged by direction and effect: smaller ones
+    # move the model no more than a few honest steps (honest asp reached 4.5x, 2026-11-27).
+    direction_norm_factor: float = Field(default=4.0, ge=0.0)
+    # Clip (issue 29): an update above direction_norm_factor x the median that passes is folded
+    # at that norm (its weight scaled), so a scaled attack counts as a few honest steps at most.
+    clip: bool = True
+    # Effect (issue 29): the probe loss of w + update at most (1 + effect_margin) x that of w.
+    effect: bool = True
+    effect_margin: float = Field(default=0.5, gt=0.0)
+    # ... plus this much (nats): near convergence the probe loss is ~0.01-0.08 and an honest hermes
+    # update at 7.8x the median moved it 0.081 -> 0.143 (2026-11-27); attacks moved it by 0.5-1.3.
+    effect_slack: float = Field(default=0.1, ge=0.0)
+    # An update that fails the effect test below this x the median is down-weighted to the median
+    # norm, not refused: honest stale asp / fedasync updates at 4.0-4.4x raised the probe loss
+    # 0.05 -> 0.31 and 0.94 -> 1.85 (3 + 2 of ~950 pushes, 2026-11-27); attacks at k >= 10 are refused.
+    effect_downweight_below: float = Field(default=8.0, ge=0.0)
+    direction_window: int = Field(default=32, ge=1, le=10_000)
+    sketch: int = Field(default=65_536, ge=16, le=1 << 24)
+    # Claims (issue 29, engine.claims): samples and dss at most the assigned cycle_samples; cycle
+    # seconds at least this fraction of the time since the worker's last reply, and the speed they
+    # imply at most power_factor x the median of the other workers' (HL8 fleets differ by 8x).
+    claims: bool = True
+    # 0 (off) by default: carried cycle reports (combine_messages) arrive together and were each
+    # compared with the whole interval, 100 false clamps in an honest edp-sgd run (2026-11-27).
+    min_compute_fraction: float = Field(default=0.0, ge=0.0, le=1.0)
+    power_factor: float = Field(default=8.0, gt=1.0)
+    max_samples_unassigned: int = Field(default=4096, ge=1)
+    # Cycle seconds are clamped only when off their bound by more than this factor (noise, not a lie).
+    speed_tolerance: float = Field(default=2.0, ge=1.0)

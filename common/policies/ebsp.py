@@ -88,7 +88,7 @@ class ElasticBarrierStrategy(SyncStrategy):
     leaves stops holding the barrier, its buffered update still counts.
     """
 
-    provides: ClassVar[frozenset[str]] = frozenset({"barrier"})
+    provides: ClassVar[frozenset[str]] = frozenset({"barrier", "grouped"})
 
     def __init__(self, lookahead: int = _EBSP.lookahead, history: int = _EBSP.history) -> None:
         super().__init__()

@@ -158,7 +158,8 @@ def fedbuff_weights(staleness: Sequence[int], server_lr: float, scaling: str = "
 class FedBuffer(SyncStrategy):
     """FedBuff's buffer (Alg. 1): every push is kept and acknowledged at once; each K-th releases the step."""
 
-    provides: ClassVar[frozenset[str]] = frozenset({"asynchronous", "buffered"})
+    # "grouped": a release folds the K buffered updates as one step, so robust rules apply (issue 29).
+    provides: ClassVar[frozenset[str]] = frozenset({"asynchronous", "buffered", "grouped"})
 
     def __init__(self, buffer_size: int = 10) -> None:
         super().__init__()

@@ -12,6 +12,14 @@ cannot steer it.
   updates j closest to V_i; Krum takes the update with the lowest score. Multi-Krum (ibid.,
   Sec. 5) averages the m lowest-scoring ones (``robust.keep`` = m, ``robust.byzantine`` = f).
 
+Under FedBuff's buffer (issue 29) the step's updates are the K buffered ones, computed from
+models up to tau versions old. Staleness and robustness combine the way Kardam (Damaskinos et
+al. 2018, "Asynchronous Byzantine Machine Learning", Sec. 3) orders them: each update is first
+dampened by its staleness, s(tau) = 1 / sqrt(1 + tau) (FedBuff's own s, Nguyen et al. 2022,
+Alg. 1), then the robust rule runs over the dampened rows (``staleness_dampened``); under a
+barrier tau = 0 and nothing changes. Zeno++ (Xie et al. 2020) scores each asynchronous update
+against a server gradient instead: the server's screening does that for every preset.
+
 Each update is still screened on its own before the step (norm, probe loss, quarantine); these
 rules then replace the step's weighted sum, so every worker counts alike (OmniLearn's sample
 weights do not apply). Krum's guarantee needs K >= 2f + 3 updates in the step; with fewer the
@@ -38,8 +46,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _NEEDS = {
-    "barrier": "combines the updates of one synchronous step (robust aggregation); {sync} folds one update at "
-               "a time, so there is nothing to combine: it needs sync {providers}",
+    "grouped": "combines the updates of one step (robust aggregation: a barrier's round or a FedBuff buffer); "
+               "{sync} folds one update at a time, so there is nothing to combine: it needs sync {providers}",
     "server_model": "combines updates on the server; topology 'collective' has no server model",
 }
 
@@ -64,6 +72,16 @@ class RobustParams(BaseModel):
     trim_rounding: Literal["floor", "ceil"] = Field(
         default="floor", description="trimmed-mean: values dropped per end when beta*K is not an integer: floor "
         "(0.25 of 3 drops none) or ceil (drops one).")
+
+
+def staleness_dampened(stack: torch.Tensor, staleness: Sequence[int]) -> torch.Tensor:
+    """Rows scaled by s(tau) = 1 / sqrt(1 + tau) (FedBuff Alg. 1; Kardam's dampening before the filter)."""
+    if not any(staleness):
+        return stack
+    import torch
+
+    scale = torch.tensor([1.0 / math.sqrt(1.0 + t) for t in staleness], dtype=stack.dtype)
+    return stack * scale[:, None]
 
 
 def coordinate_median(stack: torch.Tensor) -> torch.Tensor:
@@ -179,6 +197,8 @@ class Krum(RobustRule):
         if self.params.krum_few == "skip" and k < 2 * f + 3:
             # Blanchard et al. 2017, Sec. 4: Krum needs n > 2f + 2; this step's updates are not applied.
             return Weighing([0.0] * len(updates), {"krum_skipped": k})
-        chosen, scores = self.select(stack)
-        weights = [1.0 / len(chosen) if i in chosen else 0.0 for i in range(len(updates))]
+        chosen, scores = self.select(staleness_dampened(stack, [u.staleness for u in updates]))
+        # The chosen updates are averaged, each dampened by its staleness (tau = 0 under a barrier).
+        weights = [1.0 / len(chosen) / math.sqrt(1.0 + updates[i].staleness) if i in chosen else 0.0
+                   for i in range(len(updates))]
         return Weighing(weights, {"krum_scores": [round(s, 6) for s in scores]})

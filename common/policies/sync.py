@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import enum
 import logging
+import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from hermes.common.policies.allocation.straggler import iqr_bounds
 from hermes.common.policies.base import Core, Policy, register
 
 log = logging.getLogger(__name__)
@@ -51,7 +53,26 @@ class EbspParams(BaseModel):
     history: int = Field(default=10, ge=2, description="Push intervals kept per worker to predict its next pushes.")
 
 
-_ASP, _SSP, _EBSP = AsyncParams(), SspParams(), EbspParams()
+class BarrierParams(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    deadline: bool = Field(
+        default=True, description="Release a round without the workers that have not pushed once it has run "
+                                  "past its deadline (issue 29: a silent or always-failing worker held bsp at "
+                                  "version 0); false: wait for every active worker, as BSP does.")
+    deadline_factor: float = Field(
+        default=2.0, gt=1.0, description="Deadline: this x the upper box-plot fence (Q3 + 1.5 IQR, Hermes Sec. IV-A) "
+                                         "of the recent complete rounds' durations.")
+    min_wait_seconds: float = Field(default=10.0, gt=0.0, description="A round is never cut shorter than this.")
+    skip_after: int = Field(
+        default=2, ge=1, description="Rounds a worker may miss in a row before rounds stop waiting for it; "
+                                     "its next push brings it back.")
+
+
+_ASP, _SSP, _EBSP, _BSP = AsyncParams(), SspParams(), EbspParams(), BarrierParams()
+# Complete rounds whose durations set the deadline; fewer than _MIN_ROUNDS: the round's own arrivals do.
+_ROUNDS, _MIN_ROUNDS = 20, 3
+# Without round history, the deadline is this x the latest arrival once half the workers have pushed.
+_FIRST_ROUND_FACTOR = 4.0
 
 
 class Decision(str, enum.Enum):
@@ -116,6 +137,9 @@ class SyncStrategy(Policy, ABC):
         """A release that is due now, if any. Called after every event."""
         return None
 
+    def on_tick(self, now: float) -> None:
+        """Time passed with no push (the engine's monotonic clock): a deadline may fall due."""
+
 
 @register("sync", "asp")
 class AsyncStrategy(SyncStrategy):
@@ -167,25 +191,84 @@ class BarrierStrategy(SyncStrategy):
     update, if any, still counts (it was computed from the round's model).
     """
 
-    provides: ClassVar[frozenset[str]] = frozenset({"barrier", "lockstep"})
+    provides: ClassVar[frozenset[str]] = frozenset({"barrier", "lockstep", "grouped"})
 
-    def __init__(self) -> None:
+    def __init__(self, params: BarrierParams = _BSP) -> None:
         super().__init__()
         self.arrived: list[str] = []
+        self.params = params
+        self.now = 0.0
+        self.round_started: float | None = None
+        self.last_arrival = 0.0
+        self.durations: list[float] = []
+        # Rounds each worker missed in a row; those past skip_after are not waited for until they push.
+        self.missed: dict[str, int] = {}
+        self.excused: set[str] = set()
+
+    sections: ClassVar[tuple[str, ...]] = ("bsp",)
+
+    @classmethod
+    def build(cls, core: Core, *, bsp: BarrierParams = _BSP, **params: Any) -> SyncStrategy:
+        return cls(bsp)
+
+    def on_leave(self, worker_id: str) -> None:
+        super().on_leave(worker_id)
+        self.excused.discard(worker_id)
+        self.missed.pop(worker_id, None)
+
+    def on_tick(self, now: float) -> None:
+        self.now = max(self.now, now)
 
     def on_push(self, push: PushInfo) -> Verdict:
         if push.worker_id in self.arrived:
             # The agent protocol is one outstanding push per worker; a second
             # one in the same round means a confused or malicious peer.
             return Verdict(Decision.REJECT, "already pushed in this round")
+        self.now = max(self.now, push.at)
+        if self.round_started is None:
+            self.round_started = push.at
+        self.last_arrival = push.at
+        if push.worker_id in self.excused:
+            log.info("worker %s pushed again: rounds wait for it again", push.worker_id)
+            self.excused.discard(push.worker_id)
+        self.missed.pop(push.worker_id, None)
         self.arrived.append(push.worker_id)
         return Verdict(Decision.BUFFER)
 
+    def deadline(self) -> float:
+        """Seconds after the round's start past which it goes on without the missing workers (inf: never)."""
+        p = self.params
+        if not p.deadline or self.round_started is None:
+            return math.inf
+        if len(self.durations) >= _MIN_ROUNDS:
+            # Hermes Sec. IV-A's straggler fence, on round durations: t > Q3 + 1.5 IQR is an outlier.
+            _, fence = iqr_bounds(self.durations)
+            return max(p.min_wait_seconds, p.deadline_factor * fence)
+        waiting = self.active - self.excused
+        if 2 * len(self.arrived) < len(waiting):
+            return math.inf
+        return max(p.min_wait_seconds, _FIRST_ROUND_FACTOR * (self.last_arrival - self.round_started))
+
     def take_release(self) -> Release | None:
-        if not self.arrived or not self.active.issubset(self.arrived):
+        if not self.arrived:
             return None
+        waiting = self.active - self.excused
+        complete = waiting.issubset(self.arrived)
+        if not complete:
+            assert self.round_started is not None
+            if self.now - self.round_started < self.deadline():
+                return None
+            for w in sorted(waiting.difference(self.arrived)):
+                self.missed[w] = self.missed.get(w, 0) + 1
+                log.warning("round released without worker %s after %.1fs (deadline; %d rounds missed in a row)",
+                            w, self.now - self.round_started, self.missed[w])
+                if self.missed[w] >= self.params.skip_after:
+                    self.excused.add(w)
+        elif self.round_started is not None and self.active.issubset(self.arrived):
+            self.durations = (self.durations + [self.now - self.round_started])[-_ROUNDS:]
         group = tuple(self.arrived)
         self.arrived = []
+        self.round_started = self.now
         return Release(aggregate=group, wake=group)
 
 

@@ -39,6 +39,7 @@ from hermes.common.wire import Header, Payload
 from hermes.server.auth import ReplayGuard
 from hermes.server.engine import folding
 from hermes.server.engine.bases import Bases
+from hermes.server.engine.claims import Claims
 from hermes.server.engine.collective import Collective
 from hermes.server.engine.counters import Counters
 from hermes.server.engine.federated_eval import FederatedEval
@@ -57,6 +58,7 @@ from hermes.server.engine.telemetry import Telemetry
 from hermes.server.evaluator import Evaluation, Evaluator, TargetReached
 from hermes.server.events import EventLog
 from hermes.server.kafka_publish import KafkaOptions
+from hermes.server.lossprobe import LossProbe
 from hermes.server.metrics import ServerMetrics
 from hermes.server.registry import Registry, WorkerRecord
 from hermes.server.shardstore import load_splits, split_stores
@@ -160,9 +162,14 @@ class Engine:
             metrics=metrics, run_clock=self.run_clock, run=self, takeover_after=takeover_after)
         self.screening = Screening(screening or ScreeningSettings(), self.state, self.telemetry,
                                    self.policies.aggregation.reference_loss,
-                                   blend=self.policies.aggregation.op == "blend", clock=clock)
+                                   blend=self.policies.aggregation.op == "blend", clock=clock,
+                                   probe=self._screening_probe(screening or ScreeningSettings()))
         # From-baseline presets: the model each worker measures its pushes from (late joiners, rejoins).
         self.bases = Bases(self.state.baseline) if config.pushes_from_baseline() else None
+        self.claims = Claims(self.screening.settings, self.telemetry, clock.monotonic,
+                             lambda wid: self.policies.allocator.workload(wid).dss)
+        self.membership.claims = self.claims
+        self.screening.claims_clamped = self.claims.public
         self.handlers = Handlers(
             self, state=self.state, registry=self.registry, membership=self.membership, start_gate=self.start_gate,
             shards=self.shards, validation_shards=self.validation_shards, kafka=self.kafka, counters=self.counters,
@@ -308,6 +315,14 @@ class Engine:
             for hook in self.on_stop:
                 hook(reason)
 
+    def _screening_probe(self, settings: ScreeningSettings) -> LossProbe | None:
+        """The loss probe screening judges large updates with: the rule's, else one of its own."""
+        if not settings.enabled or not (settings.effect or (settings.direction and settings.reference == "descent")):
+            return None
+        return self.policies.aggregation.probe or LossProbe(
+            self.task, self.spec, self.state, self.validation, samples=self.config.loss.eval_samples,
+            seed=self.config.seed, metrics=self.metrics)
+
     def check_budgets(self) -> None:
         """Stop the run at the first budget reached (max_updates, max_epochs, max_seconds)."""
         if self.stopping:
@@ -382,12 +397,13 @@ class Engine:
         """A validated update: (reply status, reply fields). Waits while a barrier holds it."""
         if self.stopping:
             return "rejected", {"reason": "run is stopping"}
+        samples = self.claims.samples(worker.id, samples)
         candidate_loss = None
         if self.policies.aggregation.needs_candidate_loss:
             candidate_loss = await self.policies.aggregation.candidate_loss(payload)
         # Screened before the lock: a refusal is a push with nothing to fold,
         # so the strategy still counts it (a barrier is not held by it).
-        refusal = await self.screening.screen(worker, payload, candidate_loss)
+        refusal, scale = await self.screening.screen(worker, payload, candidate_loss)
         async with self.step_lock:
             if self.stopping:
                 # The stop came while this push was being scored or waited for
@@ -407,23 +423,32 @@ class Engine:
                 # (Payload.widened, 2x its bytes); the fold widens it again, for the fold only.
                 payload.release_widened()
             if verdict.decision is Decision.BUFFER_AND_REPLY and refusal is None:
-                self.buffered.append(Contribution(info, payload, candidate_loss))
+                self.buffered.append(Contribution(info, payload, candidate_loss, scale))
             if verdict.decision in (Decision.APPLY, Decision.APPLY_AND_WAIT) and refusal is None:
-                await folding.fold(self, [Contribution(info, payload, candidate_loss)])
+                await folding.fold(self, [Contribution(info, payload, candidate_loss, scale)])
             # A fold may have stopped the run (a budget): nothing is held for a barrier that will not come.
             if verdict.decision in (Decision.BUFFER, Decision.APPLY_AND_WAIT) and not self.stopping:
                 keep = verdict.decision is Decision.BUFFER and refusal is None
                 held = Held(info, payload if keep else None, asyncio.get_running_loop().create_future(),
-                            candidate_loss)
+                            candidate_loss, scale)
                 self.held[worker.id] = held
             await self.process_releases()
         if held is not None:
             await held.reply
+        self.claims.on_reply(worker.id)
         if refusal is not None:
             worker.rejected += 1
             return "rejected", {"reason": refusal, "staleness": info.staleness}
         status = "applied" if not self.stopping or held is None else "abandoned"
         return status, {"staleness": info.staleness}
+
+    async def tick(self) -> None:
+        """Time passed (the heartbeat monitor's period): a barrier's deadline may release a round."""
+        if self.stopping:
+            return
+        async with self.step_lock:
+            self.strategy.on_tick(self.clock.monotonic())
+            await self.process_releases()
 
     async def process_releases(self) -> None:
         """Fold and wake whatever the strategy releases. Caller holds step_lock."""

@@ -22,6 +22,9 @@ async def fold(self: FoldHost, group: list[Contribution]) -> None:
     t0 = time.perf_counter()
     rule = self.policies.aggregation
     weights, extra = await rule.weigh(group, self)
+    if rule.op != "combine" and any(u.scale != 1.0 for u in group):
+        # Screening clipped these (a median / trimmed mean bounds them itself).
+        weights = [w * u.scale for u, w in zip(group, weights)]
     nbytes = sum(payload_bytes(u.payload) for u in group)
     op, terms = rule.op, [(u.payload, w) for u, w in zip(group, weights)]
     if op == "combine":
@@ -56,7 +59,7 @@ async def process_releases(self: FoldHost) -> None:
     """Fold and wake whatever the strategy releases. Caller holds step_lock."""
     while (release := self.strategy.take_release()) is not None:
         group = [
-            Contribution(h.info, h.payload, h.candidate_loss)
+            Contribution(h.info, h.payload, h.candidate_loss, h.scale)
             for w in release.aggregate
             if (h := self.held.get(w)) is not None and h.payload is not None
         ]

@@ -12,6 +12,7 @@ from hermes.common.policies.allocation import Allocator, AllocatorStateError, Cy
 from hermes.common.policies.allocation.memory_model import fit_memory_model, max_batch_for_memory
 from hermes.common.shards import Assignment, ShardQueue, shards_for
 from hermes.server.auth import ReplayGuard
+from hermes.server.engine.claims import Claims
 from hermes.server.engine.collective import Collective
 from hermes.server.engine.kafka import KafkaPublisher
 from hermes.server.engine.local import LocalAccount
@@ -65,6 +66,8 @@ class Membership:
         self.awaiting_rejoin: set[str] = set()
         self.awaiting_since = 0.0
         self.takeover_after = takeover_after
+        # Bounds on what workers claim (engine.claims); set by the engine.
+        self.claims: Claims | None = None
 
     @property
     def allocator(self) -> Allocator:
@@ -166,6 +169,8 @@ class Membership:
         work = WorkReply(epoch=assignment.epoch, shards=list(assignment.shards), batch_size=wl.batch_size,
                          cycle_samples=wl.dss, accumulation=wl.accumulation,
                          lr=self.learning_rate(wl.effective_batch_size), data=self.kafka.ranges("train", assignment.shards))
+        if self.claims is not None:
+            self.claims.on_assign(worker.id, wl.dss)
         self.telemetry.emit("assignment", worker=worker.id, epoch=assignment.epoch, shards=list(assignment.shards),
                          dss=wl.dss, batch_size=wl.batch_size, accumulation=wl.accumulation, lr=work.lr)
         return work
@@ -173,6 +178,8 @@ class Membership:
     def _assign_local(self, worker: WorkerRecord, local: LocalAccount, wl: Workload) -> WorkReply:
         """Device-local data: the same workload, as a count of samples the agent draws from its own set."""
         epoch = local.take(wl.dss)
+        if self.claims is not None:
+            self.claims.on_assign(worker.id, wl.dss)
         work = WorkReply(epoch=epoch, shards=[], local_samples=wl.dss, batch_size=wl.batch_size, cycle_samples=wl.dss,
                          accumulation=wl.accumulation, lr=self.learning_rate(wl.effective_batch_size),
                          data=KafkaRanges(source="local"))
@@ -197,6 +204,8 @@ class Membership:
     def observe_cycle(self, worker: WorkerRecord, report: CycleReport) -> None:
         """Record one local training cycle; feed the allocator; resize stragglers."""
         elapsed = self.run_clock.elapsed()
+        if self.claims is not None:
+            report = self.claims.cycle(worker.id, report)
         cycle = report.fields()
         worker.record_cycle(elapsed, cycle)
         wid = worker.id

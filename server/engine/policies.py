@@ -23,6 +23,7 @@ from hermes.common.config import RunConfig
 from hermes.common.policies.aggregation import AggregationRule, Step, Update
 from hermes.common.policies.allocation import Allocator, PowerMeter
 from hermes.common.policies.lr_scaling import LrScaling
+from hermes.common.policies.robust import staleness_dampened
 from hermes.common.policies.sync import PushInfo, SyncStrategy
 from hermes.common.policies.topology import Topology
 from hermes.common.task import Task
@@ -43,6 +44,8 @@ class Contribution:
     payload: Payload
     # Loss of w0 + G on the validation subset (rules with needs_candidate_loss only).
     candidate_loss: float | None = None
+    # Screening's clip (issue 29): the update folds at scale x the weight its rule gives it.
+    scale: float = 1.0
 
 
 class FoldContext(Protocol):
@@ -112,7 +115,8 @@ class RuleFold:
 
     def combined(self, group: Sequence[Contribution]) -> Payload:
         """The step as one fp32 delta (op "combine": median / trimmed mean of the group)."""
-        flat = self.rule.combine(stack_updates(group))
+        # Under FedBuff's buffer, each row dampened by its staleness first (robust.staleness_dampened).
+        flat = self.rule.combine(staleness_dampened(stack_updates(group), [c.info.staleness for c in group]))
         return Payload(torch.float32, (flat,), group[0].payload.shapes)
 
 

@@ -34,6 +34,8 @@ class Held:
     payload: Payload | None
     reply: asyncio.Future[None]
     candidate_loss: float | None = None
+    # Screening's clip: the update folds at scale x its weight.
+    scale: float = 1.0
 
 
 class RunControl(Protocol):

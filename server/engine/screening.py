@@ -19,6 +19,12 @@ two pushes of one 3e38 element made the model Inf (issue 15). The checks:
   global model's. Hermes' first blend has weight 1 whatever the loss, so a
   poisoned first push used to become the model.
 * **Non-finite probe loss** is refused on every push (it made the blend raise).
+* **Large updates** (norm > ``direction_norm_factor`` x the median, issue 29; docs/security-screening.md):
+  *direction*, the cosine with the server's descent direction (the loss probe's -grad at the current
+  model, Zeno++) or with the consensus of the other workers' accepted updates must be at least
+  ``min_cosine x direction_norm_factor / ratio``; *effect*, the probe loss of the model the fold
+  would make must not rise beyond ``effect_margin``; *clip*, one that passes folds at
+  ``direction_norm_factor`` x the median (its weight scaled).
 * **Quarantine** (engine/quarantine.py): refusals spread over time and cycles
   quarantine a worker; its later pushes are screened but not folded until
   it passes probation or the operator releases it (0 = never).
@@ -30,6 +36,7 @@ worker, and answers ``rejected`` with the reason (the agent counts it and goes o
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import statistics
@@ -41,12 +48,14 @@ import torch
 
 from hermes.common.clock import SYSTEM_CLOCK, Clock
 from hermes.common.wire import Payload
+from hermes.server.engine.direction import DirectionReference, cosine
 from hermes.server.engine.offload import offload, payload_bytes
 from hermes.server.engine.quarantine import Quarantine
 from hermes.server.screening_params import ScreeningSettings as ScreeningSettings  # torch-free; re-exported
 
 if TYPE_CHECKING:
     from hermes.server.engine.telemetry import Telemetry
+    from hermes.server.lossprobe import LossProbe
     from hermes.server.registry import WorkerRecord
     from hermes.server.state import ModelState
 
@@ -65,7 +74,7 @@ def update_norm(payload: Payload) -> float:
 class Screening:
     def __init__(self, settings: ScreeningSettings, state: ModelState, telemetry: Telemetry,
                  reference_loss: Callable[[], float] | None = None, *, blend: bool = False,
-                 clock: Clock = SYSTEM_CLOCK) -> None:
+                 clock: Clock = SYSTEM_CLOCK, probe: LossProbe | None = None) -> None:
         self.settings = settings
         self.state = state
         self.telemetry = telemetry
@@ -75,10 +84,33 @@ class Screening:
         # moves the model by is (w0 + G) - w, so that is the norm screened. ||G|| alone let a
         # worker pushing G = 0 mix the model back towards w0 under fedasync (no loss probe).
         self.blend = blend
+        # The loss probe (the rule's, else the screening's own): the descent direction and the effect test.
+        self.probe = probe
+        # The fold's scale of updates judged large and clipped or down-weighted, by payload.
+        self._scale: dict[int, float] = {}
+        self.clipped = 0
+        self.downweighted = 0
         self.accepted: deque[float] = deque(maxlen=settings.window)
         self.refusals: dict[str, int] = {}
         self.quarantine = Quarantine(settings.quarantine_after, settings.quarantine, telemetry, clock=clock)
         self._model_norm: tuple[int, float] | None = None
+        self.direction = DirectionReference(state.numel, window=settings.direction_window, sketch=settings.sketch,
+                                            min_workers=settings.min_workers)
+        # The lowest cosine of an accepted update, and how many were measured (the false-refusal table's margin).
+        self.min_accepted_cosine: float | None = None
+        self.cosines_measured = 0
+        # Claims clamped (engine.claims), reported beside the refusals; set by the engine.
+        self.claims_clamped: Callable[[], dict[str, int]] | None = None
+
+    def _step_sketch(self, payload: Payload) -> torch.Tensor:
+        """What the fold would move the model by, on the direction reference's coordinates."""
+        if self.blend:
+            _, current = self.state.snapshot()
+            return self.direction.sketch(self.state.candidate(payload) - current)
+        step = torch.empty(payload.numel, dtype=torch.float32)
+        for off, piece in payload.fp32_pieces():
+            step[off:off + piece.numel()] = piece
+        return self.direction.sketch(step)
 
     def _model_scale(self) -> float:
         cached = self._model_norm
@@ -87,11 +119,21 @@ class Screening:
             cached = self._model_norm = (version, float(torch.linalg.vector_norm(flat)))
         return cached[1]
 
-    async def screen(self, worker: WorkerRecord, payload: Payload, candidate_loss: float | None) -> str | None:
-        """None when the update may be folded, else the refusal's reason."""
+    async def screen(self, worker: WorkerRecord, payload: Payload,
+                     candidate_loss: float | None) -> tuple[str | None, float]:
+        """(None, scale) when the update may be folded at ``scale`` x its weight, else (the refusal's reason, 0)."""
+        if not self.settings.enabled:
+            return None, 1.0
+        scale = 1.0
+        refusal = await self._screen(worker, payload, candidate_loss)
+        clip = self._scale.pop(id(payload), None)  # popped either way: ids are reused once a payload is freed
+        if refusal is None and clip is not None:
+            scale = clip
+            self.clipped += 1
+        return refusal, (scale if refusal is None else 0.0)
+
+    async def _screen(self, worker: WorkerRecord, payload: Payload, candidate_loss: float | None) -> str | None:
         s = self.settings
-        if not s.enabled:
-            return None
         if candidate_loss is not None and not math.isfinite(candidate_loss):
             return self._refuse(worker, "loss", f"candidate loss {candidate_loss} is not finite")
         if self.blend:
@@ -116,13 +158,85 @@ class Screening:
                 if math.isfinite(reference) and candidate_loss > s.loss_factor * reference:
                     return self._refuse(worker, "loss", f"candidate loss {candidate_loss:.3g} > {s.loss_factor:g} × "
                                         f"global loss {reference:.3g} (first updates of the run)")
+        sketch = None
+        typical = statistics.median(history) if history else None
+        # Only updates bigger than direction_norm_factor x the median are judged by direction and
+        # effect: honest asp steps after an overshoot sat at cosine -0.5 with the consensus and
+        # -0.27..-0.53 with the server's descent direction at 2.6-4.5x the median (digits,
+        # 2026-11-27); a smaller update moves the model no more than a few honest steps.
+        ratio = None if typical is None or norm <= 0.0 else norm / typical
+        large = ratio is not None and ratio > s.direction_norm_factor
+        if s.direction and norm > 0.0:
+            sketch = await offload(payload_bytes(payload) * 2, self._step_sketch, payload)
+            agreement = await self._cosine(worker.id, sketch) if large else None
+            if agreement is not None:
+                assert ratio is not None
+                # The bar rises with the update's size, as Zeno++'s score <g, u> - rho ||u||^2
+                # (Xie et al. 2020, Eq. 3) does: min_cosine at direction_norm_factor x the median,
+                # a tenth of it at ten times that.
+                bound = s.min_cosine * s.direction_norm_factor / ratio
+                ok = agreement >= bound
+                self.telemetry.emit("direction_tested", worker=worker.id, cosine=round(agreement, 4),
+                                    norm_ratio=round(ratio, 3), accepted=ok)
+                if not ok:
+                    return self._refuse(worker, "direction", f"cosine {agreement:.3f} with the {s.reference} direction "
+                                        f"< {bound:.3g} at {ratio:.3g} × the median norm")
+                self.cosines_measured += 1
+                if self.min_accepted_cosine is None or agreement < self.min_accepted_cosine:
+                    self.min_accepted_cosine = agreement
+        if s.effect and large and self.probe is not None:
+            # The loss probe that protects hermes, for every preset (issue 29): the model the fold
+            # would make (the update clipped, at full weight) must not raise the probe loss beyond
+            # effect_margin.
+            assert ratio is not None
+            clip = s.direction_norm_factor / ratio if s.clip else 1.0
+            after = await asyncio.to_thread(self._loss_after, payload, clip)
+            _, before = await asyncio.to_thread(self.probe.global_loss)
+            bound = (1.0 + s.effect_margin) * before + s.effect_slack
+            ok = math.isfinite(after) and after <= bound
+            self.telemetry.emit("effect_tested", worker=worker.id, loss_before=round(before, 5),
+                                loss_after=round(after, 5) if math.isfinite(after) else None,
+                                norm_ratio=round(ratio, 3), accepted=ok)
+            if not ok and ratio <= s.effect_downweight_below:
+                # Harmful but not hostile-sized (a stale honest update): folded at the median norm.
+                self.downweighted += 1
+                self.telemetry.emit("update_downweighted", worker=worker.id, norm_ratio=round(ratio, 3),
+                                    loss_before=round(before, 5), loss_after=after if math.isfinite(after) else None)
+                self._scale[id(payload)] = 1.0 / ratio
+                ok = True
+            if not ok:
+                return self._refuse(worker, "effect", f"probe loss {after:.3g} after the update > "
+                                    f"{1.0 + s.effect_margin:g} × {before:.3g} + {s.effect_slack:g} before, at "
+                                    f"{ratio:.3g} × the median norm")
+        if large and s.clip and id(payload) not in self._scale:
+            # Clipped to direction_norm_factor x the median, not refused (Sun et al. 2019's norm
+            # clipping, the bound adaptive as in Andrew et al. 2021): an honest correction still
+            # counts, a scaled attack counts as no more than a few honest steps.
+            assert ratio is not None
+            self._scale[id(payload)] = s.direction_norm_factor / ratio
         held = self.quarantine.accepted(worker)
         if held is not None:  # on probation: screened and passed, not folded
+            self._scale.pop(id(payload), None)
             return self._refuse(worker, "quarantined", held)
         # Zero updates carry no scale: kept out so a run of them cannot pull the median to 0.
         if norm > 0.0:
             self.accepted.append(norm)
+        if sketch is not None:
+            self.direction.accept(worker.id, sketch)
         return None
+
+    def _loss_after(self, payload: Payload, clip: float) -> float:
+        """Probe loss of the model the fold would make at full weight: w + clip x step."""
+        assert self.probe is not None
+        _, current = self.state.snapshot()
+        full = self.state.candidate(payload, from_current=not self.blend)
+        return self.probe.loss_of(current + clip * (full - current))
+
+    async def _cosine(self, worker_id: str, sketch: torch.Tensor) -> float | None:
+        """The update's agreement with the reference: the server's descent direction, or the consensus."""
+        if self.settings.reference == "descent" and self.probe is not None:
+            return cosine(sketch, self.direction.sketch(await offload(self.state.numel * 8, self.probe.descent)))
+        return self.direction.cosine(worker_id, sketch)
 
     def _refuse(self, worker: WorkerRecord, kind: str, reason: str) -> str:
         self.refusals[kind] = self.refusals.get(kind, 0) + 1
@@ -144,4 +258,10 @@ class Screening:
             "quarantined": self.quarantine.quarantined(),
             "median_norm": statistics.median(history) if history else None,
             "history": len(history),
+            "direction_workers": self.direction.workers(),
+            "clipped": self.clipped,
+            "downweighted": self.downweighted,
+            "claims_clamped": {} if self.claims_clamped is None else self.claims_clamped(),
+            "cosines_measured": self.cosines_measured,
+            "min_accepted_cosine": None if self.min_accepted_cosine is None else round(self.min_accepted_cosine, 4),
         }

@@ -49,11 +49,13 @@ def test_krum_scores_sum_the_closest_k_minus_f_minus_2_squared_distances():
 
 
 @pytest.mark.parametrize("rule", ["median", "trimmed-mean", "krum"])
-def test_robust_rules_run_under_a_barrier_and_are_refused_without_one(rule):
+def test_robust_rules_run_under_a_barrier_or_a_buffer_and_are_refused_without_one(rule):
     assert build_config("bsp", aggregation=rule).aggregation == rule
     assert build_config("ebsp", aggregation=rule).aggregation == rule
-    with pytest.raises(ValueError, match=f"aggregation '{rule}' combines the updates of one synchronous step.*"
-                                         "'asp' folds one update at a time.*needs sync 'bsp' or 'ebsp'"):
+    # And over FedBuff's buffer (issue 29).
+    assert build_config("fedbuff", aggregation=rule).aggregation == rule
+    with pytest.raises(ValueError, match=f"aggregation '{rule}' combines the updates of one step.*"
+                                         "'asp' folds one update at a time.*needs sync 'bsp' or 'fedbuff' or 'ebsp'"):
         build_config("asp", aggregation=rule)
 
 

@@ -1,0 +1,148 @@
+"""Claims checked against what the server knows (issue 29).
+
+A worker's push says how many samples it trained (``samples``, the weight of
+the ``samples`` rule: Hermes Eq. 5 / FedAvg's n_k) and its cycle report how long
+that took (``compute_seconds``, the compute power of the partition allocator and
+the ``power`` rule: DP-SGD / EDP-SGD Eq. 2). Neither was compared with anything:
+``samples: 1e9`` took weight 1.0 in every ``bsp`` round, "128 samples in 1e-6 s"
+took power weight 0.99995 in ``edp-sgd``. The bounds:
+
+* **Samples** are at most the largest ``cycle_samples`` of the worker's recent
+  assignments (the WORK reply; with local data the same count, drawn from the
+  declared local set): what the server asked for is the most it can have got.
+  A worker that never asked for work: at most the smallest recent assignment of the
+  others; before anyone has one, the allocator's current workload for it.
+* **Cycle seconds** are at least ``min_compute_fraction`` x the time since the
+  worker's previous push was answered (it cannot have trained the next cycle in
+  less than a fraction of that), and the speed they imply, dss / seconds, at most
+  ``power_factor`` x the median speed of the other workers' latest (bounded)
+  reports: edge fleets differ by 8x (HL8), a speed past that is a claim, not a device.
+* **dss** of a cycle report is bounded like samples.
+
+A claim out of bounds is **clamped**, not refused: the update itself may be
+honest (a clock glitch, a stale report after a resize) and refusing it would throw
+away the work; the clamp takes from the claim all it could win. Each clamp is an
+``claim_clamped`` event (worker, field, claimed, bound): evidence for the quarantine
+policy, which decides on a worker's record over time.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from hermes.common.messages import CycleReport
+
+if TYPE_CHECKING:
+    from hermes.server.engine.telemetry import Telemetry
+    from hermes.server.screening_params import ScreeningSettings
+
+log = logging.getLogger(__name__)
+
+# Assignments remembered per worker: one in training, prefetched ones, and those a resize overtook.
+_RECENT = 4
+
+
+@dataclass
+class _Worker:
+    assigned: list[int] = field(default_factory=list)
+    replied_at: float | None = None
+    speed: float | None = None
+
+
+class Claims:
+    def __init__(self, settings: ScreeningSettings, telemetry: Telemetry, clock: Callable[[], float],
+                 workload: Callable[[str], int] | None = None) -> None:
+        self.settings = settings
+        # The samples the allocator would assign a worker now (its cycle size), for a claim before any assignment.
+        self.workload = workload
+        self.telemetry = telemetry
+        self.clock = clock
+        self.workers: dict[str, _Worker] = {}
+        self.clamped: dict[str, int] = {}
+
+    @property
+    def on(self) -> bool:
+        """Checked where screening is on (``screening.enabled`` and ``screening.claims``)."""
+        return self.settings.enabled and self.settings.claims
+
+    def _of(self, worker_id: str) -> _Worker:
+        return self.workers.setdefault(worker_id, _Worker())
+
+    def on_assign(self, worker_id: str, cycle_samples: int) -> None:
+        recent = self._of(worker_id).assigned
+        recent.append(cycle_samples)
+        del recent[:-_RECENT]
+
+    def on_reply(self, worker_id: str) -> None:
+        self._of(worker_id).replied_at = self.clock()
+
+    def _bound(self, worker_id: str) -> int:
+        """The most samples a push may claim: the worker's largest recent assignment; a worker that
+        never asked for work gets the smallest recent assignment of the others (it cannot have more)."""
+        assigned = self._of(worker_id).assigned
+        if assigned:
+            return max(assigned)
+        others = [min(w.assigned) for w in self.workers.values() if w.assigned]
+        if others:
+            return min(others)
+        if self.workload is not None:
+            try:
+                return self.workload(worker_id)  # what the allocator would assign it now
+            except (KeyError, ValueError):
+                pass
+        return self.settings.max_samples_unassigned
+
+    def _clamp(self, worker_id: str, name: str, claimed: float, bound: float) -> None:
+        self.clamped[name] = self.clamped.get(name, 0) + 1
+        self.telemetry.emit("claim_clamped", worker=worker_id, field=name, claimed=claimed, bound=round(bound, 6))
+
+    def samples(self, worker_id: str, claimed: int) -> int:
+        """A push's sample count, at most what the worker was assigned."""
+        if not self.on:
+            return claimed
+        bound = self._bound(worker_id)
+        if claimed > bound:
+            self._clamp(worker_id, "samples", claimed, bound)
+            return bound
+        return claimed
+
+    def cycle(self, worker_id: str, report: CycleReport) -> CycleReport:
+        """A cycle report with dss and compute_seconds within bounds."""
+        s = self.settings
+        if not self.on:
+            return report
+        me = self._of(worker_id)
+        dss, seconds = report.dss, report.compute_seconds
+        if dss > (bound := self._bound(worker_id)):
+            self._clamp(worker_id, "dss", dss, bound)
+            dss = bound
+        # Timing claims within speed_tolerance of a bound are measurement noise, not lies: an honest
+        # hl8 asp run had 223 clamps of a few ms each without it (2026-11-27).
+        tol = s.speed_tolerance
+        if me.replied_at is not None:
+            floor = s.min_compute_fraction * (self.clock() - me.replied_at)
+            if seconds * tol < floor:
+                self._clamp(worker_id, "compute_seconds", seconds, floor)
+                seconds = floor
+        others = [w.speed for wid, w in self.workers.items() if wid != worker_id and w.speed]
+        if others and seconds > 0.0:
+            cap = s.power_factor * statistics.median(others)
+            if dss / seconds > cap * tol:
+                floor = dss / cap
+                self._clamp(worker_id, "compute_seconds", seconds, floor)
+                seconds = floor
+        if seconds > 0.0:
+            me.speed = dss / seconds
+        if (dss, seconds) == (report.dss, report.compute_seconds):
+            return report
+        return report.model_copy(update={"dss": dss, "compute_seconds": seconds})
+
+    def forget(self, worker_id: str) -> None:
+        self.workers.pop(worker_id, None)
+
+    def public(self) -> dict[str, int]:
+        return dict(self.clamped)

@@ -1,0 +1,391 @@
+"""Direction screening and claim bounds (issue 29), in-process: the pure parts and the engine's push path."""
+
+from __future__ import annotations
+
+import asyncio
+
+import torch
+
+from hermes.common.clock import ManualClock
+from hermes.common.messages import CycleReport
+from hermes.common.policies.robust import staleness_dampened
+from hermes.common.policies.sync import BarrierParams, BarrierStrategy, PushInfo, Release
+from hermes.common.wire import MsgType
+from hermes.server.engine.claims import Claims
+from hermes.server.engine.direction import DirectionReference
+from hermes.server.engine.screening import ScreeningSettings
+from hermes.server.engine.telemetry import Telemetry
+from hermes.server.events import EventLog
+from hermes.server.metrics import ServerMetrics
+from tests.unit.test_engine_inprocess import _Agent, _engine, _run
+
+
+def _noisy(direction: torch.Tensor, gen: torch.Generator, noise: float = 1.0) -> torch.Tensor:
+    return direction + noise * torch.randn(direction.numel(), generator=gen)
+
+
+def test_the_reference_is_the_median_of_other_workers_latest_entries():
+    ref = DirectionReference(4, window=8, sketch=16, min_workers=2)
+    ref.accept("a", torch.tensor([1.0, 0.0, 0.0, 0.0]))
+    assert ref.reference("b") is None, "one other worker: still warming up"
+    ref.accept("b", torch.tensor([3.0, 1.0, 0.0, 0.0]))
+    ref.accept("c", torch.tensor([2.0, 5.0, 0.0, 0.0]))
+    # The pusher's own entry is left out: a's reference is the median of b and c only.
+    assert torch.equal(ref.reference("a"), torch.tensor([2.5, 3.0, 0.0, 0.0]))
+    # Many entries of one worker count once (its latest): d cannot outvote a, b, c.
+    for _ in range(5):
+        ref.accept("d", torch.tensor([-100.0, -100.0, 0.0, 0.0]))
+    assert torch.equal(ref.reference("x"), torch.tensor([1.5, 0.5, 0.0, 0.0]))
+
+
+def test_a_large_model_is_sketched_on_a_fixed_subset():
+    ref = DirectionReference(1000, window=8, sketch=64, min_workers=1)
+    v = torch.arange(1000, dtype=torch.float32)
+    assert ref.sketch(v).numel() == 64 and torch.equal(ref.sketch(v), ref.sketch(v.clone()))
+
+
+def test_honest_noisy_updates_agree_and_a_sign_flip_does_not():
+    gen = torch.Generator().manual_seed(0)
+    d = torch.randn(2000, generator=gen)
+    ref = DirectionReference(2000, window=32, sketch=4096, min_workers=2)
+    for i in range(12):
+        ref.accept(f"h{i % 3}", _noisy(d, gen))
+    honest = [ref.cosine("h0", _noisy(d, gen)) for _ in range(20)]
+    assert min(c for c in honest if c is not None) > 0.2
+    assert ref.cosine("attacker", -10 * d) < -0.6
+
+
+def _engine_pushes(settings: ScreeningSettings, preset: str = "asp"):
+    clock = ManualClock()
+    engine = _engine(clock, preset=preset)
+    engine.screening.settings = settings
+    engine.screening.probe = engine._screening_probe(settings)
+    engine.claims.settings = settings
+    return engine, clock
+
+
+def test_the_engine_refuses_a_scaled_sign_flip_and_keeps_honest_pushes():
+    engine, clock = _engine_pushes(ScreeningSettings(min_history=3, reference="consensus"))
+    agents = [_Agent(engine, clock, n) for n in ("a", "b", "c")]
+    attacker = _Agent(engine, clock, "m")
+    gen = torch.Generator().manual_seed(1)
+    d = torch.randn(engine.spec.numel, generator=gen) * 1e-3
+
+    async def push(agent: _Agent, delta: torch.Tensor) -> dict:
+        reply = await agent.request(MsgType.PUSH_UPDATE, {"samples": 1}, payload=delta,
+                                    model_version=engine.state.version)
+        return reply.header.body
+
+    async def go() -> tuple[list[str], list[str]]:
+        honest, attacks = [], []
+        for _ in range(4):
+            for a in agents:
+                honest.append((await push(a, _noisy(d, gen, 0.5e-3)))["status"])
+        for k in (3, 10, 30):
+            attacks.append((await push(attacker, -k * d)).get("reason", "applied"))
+            for a in agents:
+                honest.append((await push(a, _noisy(d, gen, 0.5e-3)))["status"])
+        return honest, attacks
+
+    honest, attacks = _run(go())
+    assert set(honest) == {"applied"}
+    # k = 3 is within direction_norm_factor (4) x the median: harmless in size, not judged.
+    assert attacks[0] == "applied" and all("cosine" in r for r in attacks[1:]), attacks
+    assert engine.screening.refusals == {"direction": 2}
+
+
+def test_against_the_server_descent_direction_a_sign_flip_is_refused_and_a_correction_kept():
+    engine, clock = _engine_pushes(ScreeningSettings(min_history=3))
+    assert engine.screening.probe is not None
+    agents = [_Agent(engine, clock, n) for n in ("a", "b", "c")]
+    attacker = _Agent(engine, clock, "m")
+    gen = torch.Generator().manual_seed(3)
+
+    async def push(agent: _Agent, delta: torch.Tensor) -> dict:
+        reply = await agent.request(MsgType.PUSH_UPDATE, {"samples": 1}, payload=delta,
+                                    model_version=engine.state.version)
+        return reply.header.body
+
+    def step(scale: float = 1.0) -> torch.Tensor:
+        # An honest step: down the server's own loss, with noise; 1e-3 of the model's scale.
+        g = engine.screening.probe.descent()
+        g = g / float(g.norm()) * 1e-2
+        return scale * (g + 0.3 * float(g.norm()) / g.numel() ** 0.5 * torch.randn(g.numel(), generator=gen))
+
+    async def go() -> tuple[list[str], list[str]]:
+        honest = [(await push(a, step()))["status"] for _ in range(3) for a in agents]
+        # A large honest step (ten times the median norm) down the current loss is a correction: kept.
+        honest.append((await push(agents[0], step(10.0)))["status"])
+        attacks = [(await push(attacker, -step(k))).get("reason", "applied") for k in (3, 10, 30)]
+        return honest, attacks
+
+    honest, attacks = _run(go())
+    assert set(honest) == {"applied"}, honest
+    assert attacks[0] == "applied" and all("cosine" in r for r in attacks[1:]), attacks
+    assert engine.screening.refusals == {"direction": 2}
+
+
+def test_the_effect_test_refuses_a_large_update_that_raises_the_probe_loss():
+    # Direction off and the norm bound wide: the loss probe alone (the check that protected hermes).
+    engine, clock = _engine_pushes(ScreeningSettings(min_history=3, direction=False, clip=False, norm_factor=1000.0))
+    agents = [_Agent(engine, clock, n) for n in ("a", "b", "c")]
+    g = engine.screening.probe.descent()
+    g = g / float(g.norm()) * 1e-2
+
+    async def go() -> tuple[list[str], str, str]:
+        honest = []
+        for _ in range(2):
+            for a in agents:
+                reply = await a.request(MsgType.PUSH_UPDATE, {"samples": 1}, payload=g,
+                                        model_version=engine.state.version)
+                honest.append(reply.header.body["status"])
+        up = await agents[0].request(MsgType.PUSH_UPDATE, {"samples": 1}, payload=-300 * g,
+                                     model_version=engine.state.version)
+        down = await agents[1].request(MsgType.PUSH_UPDATE, {"samples": 1}, payload=10 * g,
+                                       model_version=engine.state.version)
+        return honest, up.header.body.get("reason", "applied"), down.header.body["status"]
+
+    honest, up, down = _run(go())
+    assert set(honest) == {"applied"} and down == "applied"
+    assert "probe loss" in up, up
+    assert engine.screening.refusals == {"effect": 1}
+
+
+def test_a_moderately_large_update_that_raises_the_loss_is_down_weighted_not_refused():
+    engine, clock = _engine_pushes(ScreeningSettings(min_history=3, direction=False, effect_margin=1e-6,
+                                                     effect_slack=0.0))
+    agents = [_Agent(engine, clock, n) for n in ("a", "b", "c")]
+    g = engine.screening.probe.descent()
+    g = g / float(g.norm()) * 1e-3
+
+    async def go() -> str:
+        for _ in range(2):
+            for a in agents:
+                await a.request(MsgType.PUSH_UPDATE, {"samples": 1}, payload=g, model_version=engine.state.version)
+        reply = await agents[0].request(MsgType.PUSH_UPDATE, {"samples": 1}, payload=-6 * g,
+                                        model_version=engine.state.version)
+        return reply.header.body["status"]
+
+    _, before = engine.state.snapshot()
+    before = before.clone()
+    assert _run(go()) == "applied"
+    _, after = engine.state.snapshot()
+    # Six steps of +1e-3, then the 6x step against them folded at the median norm (1e-3): 5e-3 net.
+    assert abs(float((after - before).norm()) - 5e-3) < 1e-4
+    assert engine.screening.public()["downweighted"] == 1 and not engine.screening.refusals
+
+
+def test_a_large_update_that_passes_is_folded_clipped_to_the_bound():
+    engine, clock = _engine_pushes(ScreeningSettings(min_history=3))
+    agents = [_Agent(engine, clock, n) for n in ("a", "b", "c")]
+    g = engine.screening.probe.descent()
+    g = g / float(g.norm()) * 1e-3
+
+    async def go() -> str:
+        for _ in range(2):
+            for a in agents:
+                await a.request(MsgType.PUSH_UPDATE, {"samples": 1}, payload=g, model_version=engine.state.version)
+        reply = await agents[0].request(MsgType.PUSH_UPDATE, {"samples": 1}, payload=20 * g,
+                                        model_version=engine.state.version)
+        return reply.header.body["status"]
+
+    _, before = engine.state.snapshot()
+    before = before.clone()
+    assert _run(go()) == "applied"
+    _, after = engine.state.snapshot()
+    # Six steps of 1e-3, then the 20x one at 4x the median (4e-3): 1e-2 in all, not 2.6e-2.
+    assert abs(float((after - before).norm()) - 1e-2) < 1e-4
+    assert engine.screening.public()["clipped"] == 1
+
+
+def test_direction_off_lets_the_same_sign_flip_through():
+    engine, clock = _engine_pushes(ScreeningSettings(min_history=3, direction=False))
+    agents = [_Agent(engine, clock, n) for n in ("a", "b", "c", "m")]
+    d = torch.randn(engine.spec.numel, generator=torch.Generator().manual_seed(2)) * 1e-3
+
+    async def go() -> str:
+        for _ in range(3):
+            for a in agents[:3]:
+                await a.request(MsgType.PUSH_UPDATE, {"samples": 1}, payload=d, model_version=engine.state.version)
+        reply = await agents[3].request(MsgType.PUSH_UPDATE, {"samples": 1}, payload=-10 * d,
+                                        model_version=engine.state.version)
+        return reply.header.body["status"]
+
+    assert _run(go()) == "applied"
+
+
+def _claims(**kw) -> tuple[Claims, ManualClock, list[tuple[str, dict]]]:
+    clock = ManualClock()
+    seen: list[tuple[str, dict]] = []
+    telemetry = Telemetry(ServerMetrics(), EventLog(None, clock=clock))
+    telemetry.subscribe(lambda fact, fields: seen.append((fact, dict(fields))))
+    return Claims(ScreeningSettings(**kw), telemetry, clock.monotonic), clock, seen
+
+
+def test_samples_are_bounded_by_the_assigned_work_and_each_clamp_is_evidence():
+    claims, _, seen = _claims()
+    assert claims.samples("w", 10**9) == 4096  # nothing assigned, no allocator: max_samples_unassigned
+    claims.workload = lambda wid: 64
+    assert claims.samples("w", 10**9) == 64  # nothing assigned yet: what the allocator would assign
+    claims.on_assign("w", 128)
+    claims.on_assign("w", 96)
+    assert claims.samples("w", 100) == 100
+    assert claims.samples("w", 10**9) == 128
+    assert [f["field"] for fact, f in seen if fact == "claim_clamped"] == ["samples"] * 3
+    assert claims.public() == {"samples": 3}
+    # A worker that never asked for work: no more than the others were given.
+    assert claims.samples("idle", 10**9) == 96
+    off, _, _ = _claims(claims=False)
+    assert off.samples("w", 10**9) == 10**9
+
+
+def test_cycle_seconds_are_bounded_by_elapsed_time_and_the_fleet_median_speed():
+    claims, clock, _ = _claims(min_compute_fraction=0.25, power_factor=2.0, speed_tolerance=1.0)
+    for w in ("h1", "h2", "liar"):
+        claims.on_assign(w, 128)
+        claims.on_reply(w)
+    clock.advance(1.0)
+    honest = CycleReport(dss=128, batch_size=32, compute_seconds=0.8)
+    assert claims.cycle("h1", honest) is honest and claims.cycle("h2", honest) is honest
+    lie = claims.cycle("liar", CycleReport(dss=10**6, batch_size=32, compute_seconds=1e-6))
+    # dss to the assignment, seconds to 1/4 of the second since the reply (512/s), then to 2x the median speed.
+    assert lie.dss == 128
+    assert abs(lie.dss / lie.compute_seconds - 2 * (128 / 0.8)) < 1e-6
+    assert claims.public() == {"dss": 1, "compute_seconds": 2}
+
+
+def test_a_speed_within_the_bounds_is_left_as_claimed():
+    claims, clock, seen = _claims(min_compute_fraction=0.25)
+    claims.on_reply("w")
+    clock.advance(1.0)
+    report = CycleReport(dss=64, batch_size=32, compute_seconds=0.3)
+    assert claims.cycle("w", report) is report and not seen
+
+
+def test_lying_samples_do_not_own_a_bsp_round():
+    engine, clock = _engine_pushes(ScreeningSettings(), preset="bsp")
+    a, liar = _Agent(engine, clock, "a"), _Agent(engine, clock, "liar")
+    _, before = engine.state.snapshot()
+
+    async def go() -> None:
+        await a.request(MsgType.REQUEST_WORK, {})
+        await liar.request(MsgType.REQUEST_WORK, {})
+        wl = engine.allocator.workload(a.rec.id).dss
+        first = asyncio.ensure_future(a.request(MsgType.PUSH_UPDATE, {"samples": wl}, payload=a.delta(1e-3)))
+        await asyncio.sleep(0.05)
+        await liar.request(MsgType.PUSH_UPDATE, {"samples": 10**9}, payload=liar.delta(-1e-3))
+        await asyncio.wait_for(first, 5)
+
+    _run(go())
+    _, after = engine.state.snapshot()
+    # Both were assigned the same work: equal weights, the step is (1e-3 - 1e-3) / 2 = 0, not the liar's -1e-3.
+    assert engine.state.version == 1
+    assert torch.allclose(after, before, atol=1e-7)
+
+
+# ---------------------------------------------------------------------------
+# Barrier deadline (sync bsp)
+
+
+def _bsp(*workers: str, **params) -> BarrierStrategy:
+    s = BarrierStrategy(BarrierParams(**params))
+    for w in workers:
+        s.on_join(w)
+    return s
+
+
+def _at(worker: str, t: float) -> PushInfo:
+    return PushInfo(worker, 0, 0, 1, 1, at=t)
+
+
+def test_a_silent_worker_is_dropped_from_the_first_round_at_the_deadline_and_then_not_waited_for():
+    s = _bsp("a", "b", "silent", min_wait_seconds=5.0, skip_after=2)
+    s.on_push(_at("a", 100.0))
+    s.on_push(_at("b", 101.0))
+    # Without history: 4 x the latest arrival (1 s), at least min_wait_seconds (5 s) after the round began.
+    s.on_tick(104.9)
+    assert s.take_release() is None
+    s.on_tick(105.0)
+    assert s.take_release() == Release(("a", "b"), ("a", "b"))
+    s.on_push(_at("a", 106.0))
+    s.on_push(_at("b", 107.0))
+    # The round began at the release (105): latest arrival 2 s in, deadline 8 s.
+    s.on_tick(112.9)
+    assert s.take_release() is None
+    s.on_tick(113.0)
+    assert s.take_release() is not None  # second round missed: silent is excused from now on
+    s.on_push(_at("a", 114.0))
+    s.on_push(_at("b", 115.0))
+    assert s.take_release() == Release(("a", "b"), ("a", "b"))  # no wait at all
+
+
+def test_a_dropped_worker_rejoins_the_barrier_with_its_next_push():
+    s = _bsp("a", "b", "w", min_wait_seconds=1.0, skip_after=1)
+    s.on_push(_at("a", 0.0))
+    s.on_push(_at("b", 0.1))
+    s.on_tick(2.0)
+    assert s.take_release() is not None and s.excused == {"w"}
+    s.on_push(_at("w", 2.5))  # its late update is kept and brings it back
+    assert s.excused == set()
+    assert s.take_release() is None  # the round now waits for a and b again
+    s.on_push(_at("a", 3.0))
+    s.on_push(_at("b", 3.1))
+    assert s.take_release() == Release(("w", "a", "b"), ("w", "a", "b"))
+
+
+def test_with_round_history_the_deadline_is_the_iqr_fence_of_round_durations():
+    s = _bsp("a", "b", min_wait_seconds=0.5, deadline_factor=2.0)
+    t = 0.0
+    for d in (1.0, 1.2, 0.8, 1.0, 1.1):
+        # The first round begins at its first push; the others at the previous release.
+        s.on_push(_at("a", t if t == 0.0 else t + d / 2))
+        s.on_push(_at("b", t + d))
+        assert s.take_release() is not None
+        t += d
+    # Q1 1.0, Q3 1.1: fence 1.1 + 1.5 x 0.1 = 1.25, deadline 2 x 1.25 = 2.5 s.
+    assert abs(s.deadline() - 2.5) < 1e-9
+    s.on_push(_at("a", t + 0.5))
+    s.on_tick(t + 2.4)
+    assert s.take_release() is None
+    s.on_tick(t + 2.5)
+    assert s.take_release() == Release(("a",), ("a",))
+
+
+def test_deadline_off_waits_for_every_worker():
+    s = _bsp("a", "b", deadline=False)
+    s.on_push(_at("a", 0.0))
+    s.on_tick(1e6)
+    assert s.take_release() is None
+
+
+# ---------------------------------------------------------------------------
+# Robust rules over FedBuff's buffer
+
+
+def test_staleness_dampens_rows_before_the_robust_rule():
+    stack = torch.tensor([[4.0], [4.0], [4.0]])
+    out = staleness_dampened(stack, [0, 3, 8])
+    # s(tau) = 1 / sqrt(1 + tau): 1, 1/2, 1/3 (FedBuff Alg. 1).
+    assert torch.allclose(out, torch.tensor([[4.0], [2.0], [4.0 / 3.0]]))
+    assert staleness_dampened(stack, [0, 0, 0]) is stack  # a barrier's step is unchanged
+
+
+def test_a_median_over_the_fedbuff_buffer_ignores_one_outlier():
+    clock = ManualClock()
+    engine = _engine(clock, preset="fedbuff", aggregation="median", fedbuff={"buffer_size": 3})
+    agents = [_Agent(engine, clock, n) for n in ("a", "b", "m")]
+    _, before = engine.state.snapshot()
+    before = before.clone()
+
+    async def go() -> list[str]:
+        out = []
+        for agent, value in zip(agents, (1e-3, 2e-3, -5.0)):
+            reply = await agent.request(MsgType.PUSH_UPDATE, {"samples": 1}, payload=agent.delta(value))
+            out.append(reply.header.body["status"])
+        return out
+
+    assert _run(go()) == ["applied"] * 3
+    _, after = engine.state.snapshot()
+    # One step at the release (K = 3), the coordinate-wise median of (1e-3, 2e-3, -5): 1e-3.
+    assert engine.state.version == 1
+    assert torch.allclose(after - before, torch.full_like(before, 1e-3), atol=1e-6)
