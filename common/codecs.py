@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from hermes.common.policies.compression import CodecError, CodecSpec, Shapes
+from hermes.common.codec_spec import CodecError, CodecSpec, Shapes
 
 log = logging.getLogger(__name__)
 

@@ -28,24 +28,22 @@ Layouts (little endian, one buffer):
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from hermes.common.codec_spec import MAX_CHUNK, MAX_RANK, CodecError, CodecSpec, Shapes
 from hermes.common.policies.base import Core, Policy, canonical, get, register
 
 if TYPE_CHECKING:
     from hermes.common.codecs import Codec
 
+__all__ = ["CODEC_NAMES", "MAX_CHUNK", "MAX_RANK", "CodecError", "CodecSpec", "CompressionParams", "Shapes",
+           "check_choice", "canonical_codec"]
+
 log = logging.getLogger(__name__)
 
-Shapes = Sequence[tuple[int, ...]]
-
 CODEC_NAMES = ("none", "fp16", "bf16", "int8", "topk", "powersgd")
-# Bounds of what a receiver accepts in a CodecSpec (the buffer's size follows from them and the spec).
-MAX_CHUNK = 1 << 20
-MAX_RANK = 64
 
 
 class CompressionParams(BaseModel):
@@ -85,20 +83,6 @@ class PowerSgdParams(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     rank: int = Field(default=4, ge=1, le=MAX_RANK, description="Rank r of each matrix's approximation P Q^T "
                                                                 "(Vogels et al. 2019).")
-
-
-class CodecSpec(BaseModel):
-    """What a receiver needs to decode a buffer besides the model's spec; travels in the message body."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    name: Literal["fp16", "bf16", "int8", "topk", "powersgd"]
-    chunk: int | None = Field(default=None, ge=16, le=MAX_CHUNK)
-    k: int | None = Field(default=None, ge=0)
-    rank: int | None = Field(default=None, ge=1, le=MAX_RANK)
-
-
-class CodecError(ValueError):
-    """A buffer that does not match its CodecSpec and the model's spec."""
 
 
 # ---- the registry's side: one policy per codec -------------------------------------------------------------
