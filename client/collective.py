@@ -44,6 +44,17 @@ from hermes.common.messages import describe
 log = logging.getLogger(__name__)
 
 
+
+def _set_grads(params: Sequence[nn.Parameter], flat: torch.Tensor) -> None:
+    """Each parameter's gradient from its slice of the all-reduced buffer (in the gradient's own dtype)."""
+    offset = 0
+    for p in params:
+        n = p.numel()
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        p.grad.copy_(flat[offset:offset + n].view_as(p.grad))
+        offset += n
+
 class CollectiveError(RuntimeError):
     """A peer failed or the group could not form: the run cannot go on with this group."""
 
@@ -197,13 +208,7 @@ class CollectiveGroup:
         total, stops = float(flat[-2]), float(flat[-1])
         if total > 0:
             flat[:-2] /= total
-        offset = 0
-        for p in params:
-            n = p.numel()
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-            p.grad.copy_(flat[offset:offset + n].view_as(p.grad))
-            offset += n
+        _set_grads(params, flat)
         self.allreduces += 1
         # Ring all-reduce moves 2 (W-1)/W of the buffer through each rank.
         w = self.rv.world_size
@@ -224,13 +229,7 @@ class CollectiveGroup:
         scale = weight / total if total > 0 else 0.0
         flat = torch.cat([g.float() * scale for g in grads]).to(dtype)
         self._run("all_reduce", lambda: self._group().allreduce([flat], opts))
-        offset = 0
-        for p in params:
-            n = p.numel()
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-            p.grad.copy_(flat[offset:offset + n].view_as(p.grad))
-            offset += n
+        _set_grads(params, flat)
         self.allreduces += 1
         w = self.rv.world_size
         self.reduced_bytes += int(2 * (w - 1) / w * (flat.numel() * flat.element_size() + control.numel() * 4))
