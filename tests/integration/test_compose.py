@@ -369,6 +369,10 @@ def test_dockerfiles(name) -> None:
             f"{name}: base image {image!r} is not pinned to a version"
         assert " AS " in f.upper(), f"{name}: stage without a name: FROM {f}"
     assert any(i == "COPY" and arg.startswith("--from=") for i, arg in ins), f"{name}: no COPY --from"
+    # The wheel is built from every folder pyproject maps to a hermes.* package: a missing one fails the build.
+    folders = set(tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"].values())
+    copied = {arg.split()[0] for i, arg in ins if i == "COPY" and not arg.startswith("--from=")}
+    assert folders <= copied, f"{name}: the wheel's folders {sorted(folders - copied)} are not copied"
     users = [arg for i, arg in ins if i == "USER"]
     assert users and users[-1].split(":")[0] not in ("root", "0"), f"{name}: runs as root"
     last_from = max(k for k, (i, _) in enumerate(ins) if i == "FROM")
