@@ -3,15 +3,24 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
+import math
 
 import pytest
 
 from hermes.common.config import build_config
+from hermes.sim.devices import ALWAYS_ON, DeviceProfile, IntervalAvailability
 from hermes.sim.events import Stalled, VirtualClock, run_virtual
+from hermes.sim.links import ServerLink, transfer_seconds
 from hermes.sim.run import SimError, Simulation, deterministic_view
 
-from ._stand_ins import DeviceProfile, FifoLink, Windows, hl8, transfer_seconds
+
+def hl8(n: int = 4, flops: float = 2e8) -> list[DeviceProfile]:
+    """OmniLearn HL8's shape at a small nominal speed: one device 8x slower than the fastest, the others between."""
+    slow = [1.0, 2.0, 4.0, 8.0]
+    return [DeviceProfile(f"hl8-{i}", "hl8", flops / slow[i % 4], memory_mb=4096.0, up_mbps=1000.0,
+                          down_mbps=1000.0, rtt_s=0.0002, availability=ALWAYS_ON) for i in range(n)]
 
 
 def _config(preset: str = "hermes", **kw):
@@ -78,7 +87,9 @@ def test_an_earlier_runs_results_are_never_overwritten(tmp_path):
 def test_a_device_that_goes_offline_loses_its_work_and_rejoins(tmp_path):
     profiles = hl8(4)
     # The fastest device leaves for 12 s after 0.5 s: longer than the heartbeat timeout (10 s).
-    profiles[0] = DeviceProfile("hl8-0", "hl8", profiles[0].flops, availability=Windows((0.5, 12.5)))
+    # Offline from 0.5 s to 12.5 s, online before and after.
+    profiles[0] = dataclasses.replace(
+        profiles[0], availability=IntervalAvailability(((0.0, 0.5), (12.5, math.inf))))
     _, s = _run(tmp_path, "churn", profiles, preset="asp", config={"target_accuracy": 0.97})
     churned = s["workers"][0]["device"]
     assert (churned["offline"], churned["registrations"]) == (1, 2), s["seconds_to_target"]
@@ -89,5 +100,5 @@ def test_a_device_that_goes_offline_loses_its_work_and_rejoins(tmp_path):
 
 def test_a_slow_shared_server_link_delays_the_run(tmp_path):
     _, fast = _run(tmp_path, "fast", preset="asp")
-    _, slow = _run(tmp_path, "slow", preset="asp", server_link=FifoLink(mbps=2.0))
+    _, slow = _run(tmp_path, "slow", preset="asp", server_link=ServerLink(2.0, 2.0))
     assert slow["seconds_to_target"] > 2 * fast["seconds_to_target"]
