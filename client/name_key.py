@@ -40,6 +40,11 @@ def name_key(server: str, name: str) -> str:
     path = key_path(server, name)
     if path is None:
         return secrets.token_urlsafe(KEY_BYTES)
+    return key_at(path)
+
+
+def key_at(path: Path) -> str:
+    """The key kept in ``path``: read, or made and written there (0600, the first writer's key wins)."""
     try:
         return _read(path)
     except FileNotFoundError:

@@ -386,21 +386,10 @@ class Agent:
 
 
 def _run_name_key(out_dir: Path, name: str) -> str:
-    """The name key of this run's agent ``name``, kept in OUT/agent-keys (0600), made on first use."""
-    import os
+    """The name key of this run's agent ``name``, kept in OUT/agent-keys (client/name_key.py's file rules)."""
+    from hermes.client.name_key import key_at
 
-    from hermes.common.atomic_write import write_atomic
-
-    path = out_dir / "agent-keys" / f"{name}.key"
-    try:
-        return path.read_text().strip()
-    except FileNotFoundError:
-        pass
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    key = secrets.token_urlsafe(32)
-    write_atomic(path, key + "\n")
-    os.chmod(path, 0o600)
-    return key
+    return key_at(out_dir / "agent-keys" / f"{name}.key")
 
 
 def train(task: Task | str, *, agents: int = 4, preset: str | None = None, target: str | None = None,
