@@ -180,8 +180,7 @@ class WorkloadWatch:
 def progress_line(elapsed: float, status: dict[str, Any], agents: list[Proc]) -> str:
     ev = status.get("evaluation") or {}
     alive = sum(1 for p in agents if p.popen.poll() is None)
-    metric = status.get("best_metric") or "accuracy"
-    value = ev.get("accuracy") if metric == "accuracy" else (ev.get("metrics") or {}).get(metric)
+    metric, value = _primary(status, ev.get("metrics"), ev.get("accuracy"))
     label = "acc" if metric == "accuracy" else metric
     return (f"[testbed {elapsed:6.1f}s] version={status.get('model_version', 0):>5} "
             f"{label}={_fmt(value)} loss={_fmt(ev.get('loss'))} "
@@ -232,10 +231,15 @@ def format_summary(s: dict[str, Any], out: Path) -> str:
     return "\n".join(lines)
 
 
-def _metric_text(s: dict[str, Any], metrics: dict[str, Any] | None, accuracy: Any, *, name: bool = True) -> str:
-    """The run's primary metric (accuracy, or the task's first metric such as r2) as ``name value``."""
+def _primary(s: dict[str, Any], metrics: dict[str, Any] | None, accuracy: Any) -> tuple[str, Any]:
+    """The run's primary metric (accuracy, or the task's first metric such as r2) and its value among ``metrics``."""
     metric = s.get("best_metric") or "accuracy"
-    value = accuracy if metric == "accuracy" else (metrics or {}).get(metric)
+    return metric, accuracy if metric == "accuracy" else (metrics or {}).get(metric)
+
+
+def _metric_text(s: dict[str, Any], metrics: dict[str, Any] | None, accuracy: Any, *, name: bool = True) -> str:
+    """The primary metric as ``name value`` (or the value alone)."""
+    metric, value = _primary(s, metrics, accuracy)
     return f"{metric} {_fmt(value)}" if name else _fmt(value)
 
 
