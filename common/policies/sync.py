@@ -137,6 +137,11 @@ class SyncStrategy(Policy, ABC):
         """A release that is due now, if any. Called after every event."""
         return None
 
+    @property
+    def ticks(self) -> bool:
+        """Whether on_tick can release anything (a deadline); the engine skips the tick, and its lock, otherwise."""
+        return False
+
     def on_tick(self, now: float) -> None:
         """Time passed with no push (the engine's monotonic clock): a deadline may fall due."""
 
@@ -215,6 +220,10 @@ class BarrierStrategy(SyncStrategy):
         super().on_leave(worker_id)
         self.excused.discard(worker_id)
         self.missed.pop(worker_id, None)
+
+    @property
+    def ticks(self) -> bool:
+        return self.params.deadline
 
     def on_tick(self, now: float) -> None:
         self.now = max(self.now, now)

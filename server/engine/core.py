@@ -444,7 +444,7 @@ class Engine:
 
     async def tick(self) -> None:
         """Time passed (the heartbeat monitor's period): a barrier's deadline may release a round."""
-        if self.stopping:
+        if self.stopping or not self.strategy.ticks:
             return
         async with self.step_lock:
             self.strategy.on_tick(self.clock.monotonic())
