@@ -471,10 +471,10 @@ def simulate(task: Task | str, *, devices: int | None = None, population: str = 
 
     from hermes.common.config import DEFAULT_PRESET, build_config
     from hermes.common.task_registry import resolve_task
-    from hermes.sim.cli import server_cost as cost_model
     from hermes.sim.links import ServerLink, transfer_seconds
     from hermes.sim.populations import build_population
     from hermes.sim.run import Simulation
+    from hermes.sim.server_cost import by_name as cost_model
 
     values = {"target": target, "max_seconds": max_seconds, "max_epochs": max_epochs, "max_updates": max_updates,
               "seed": seed, "task": None if isinstance(task, Task) else task}

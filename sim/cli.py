@@ -79,19 +79,6 @@ def config_from(args: argparse.Namespace) -> Any:
     return build_config(args.preset or overrides.pop("preset", None) or DEFAULT_PRESET, **overrides)
 
 
-def server_cost(name: str) -> Any:
-    from hermes.sim.engine_driver import ZeroCost
-
-    if name == "none":
-        return ZeroCost()
-    try:
-        from hermes.sim import server_cost as costs  # type: ignore[attr-defined,unused-ignore]
-    except ImportError:
-        log.warning("no server cost model here (hermes.sim.server_cost is missing): engine operations cost nothing")
-        return ZeroCost()
-    return costs.calibrated() if name == "calibrated" else costs.measured()
-
-
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
@@ -117,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     from hermes.sim.links import ServerLink, transfer_seconds
     from hermes.sim.populations import PopulationError, build_population
     from hermes.sim.run import SimError, Simulation
+    from hermes.sim.server_cost import by_name
 
     try:
         config = config_from(args)
@@ -135,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     link = None if math.isinf(args.server_link) else ServerLink(args.server_link, args.server_link)
     try:
         sim = Simulation(config, profiles, out=out, transfer=transfer_seconds, server_link=link,
-                         cost=server_cost(args.server_cost), population=args.population, link=args.link,
+                         cost=by_name(args.server_cost), population=args.population, link=args.link,
                          heartbeat_interval=args.heartbeat_interval, heartbeat_timeout=args.heartbeat_timeout)
         summary = sim.run()
     except (SimError, OutDirError, TaskError) as exc:

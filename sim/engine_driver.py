@@ -71,13 +71,6 @@ class Endpoint(Protocol):
     answered_at: float
 
 
-class ZeroCost:
-    """No server cost: the engine answers at once (a server that is never the bottleneck)."""
-
-    def seconds(self, op: str, *, params: int, workers: int) -> float:
-        return 0.0
-
-
 class Driver:
     def __init__(self, engine: Engine, clock: Clock, *, transfer: Transfer, server_link: ServerLinkModel | None,
                  cost: ServerCostModel, heartbeat_timeout: float) -> None:

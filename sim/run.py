@@ -46,8 +46,9 @@ from hermes.server.metrics import ServerMetrics
 from hermes.server.outdir import prepare_out_dir
 from hermes.server.settings import DEFAULT_MAX_MESSAGE_BYTES
 from hermes.sim.device import SimDevice, VersionStore
-from hermes.sim.engine_driver import Driver, ServerCostModel, ServerLinkModel, Transfer, ZeroCost
+from hermes.sim.engine_driver import Driver, ServerCostModel, ServerLinkModel, Transfer
 from hermes.sim.events import VirtualClock, run_virtual
+from hermes.sim.server_cost import ZeroCost
 
 log = logging.getLogger(__name__)
 

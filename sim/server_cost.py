@@ -142,3 +142,18 @@ def calibrated() -> ServerCost:
 
 def measured() -> ServerCost:
     return MeasuredCost()
+
+
+class ZeroCost:
+    """No server cost: the engine answers at once (a server that is never the bottleneck)."""
+
+    def seconds(self, op: str, *, params: int, workers: int) -> float:
+        return 0.0
+
+
+def by_name(name: str) -> ServerCost:
+    """The cost model ``hermes-sim --server-cost`` and ``hermes.simulate(server_cost=)`` name."""
+    models = {"calibrated": calibrated, "measured": measured, "none": ZeroCost}
+    if name not in models:
+        raise ValueError(f"server cost {name!r}; known: {', '.join(models)}")
+    return models[name]()
