@@ -55,10 +55,12 @@ class ScreeningSettings(BaseModel):
     # ... plus this much (nats): near convergence the probe loss is ~0.01-0.08 and an honest hermes
     # update at 7.8x the median moved it 0.081 -> 0.143 (2026-11-27); attacks moved it by 0.5-1.3.
     effect_slack: float = Field(default=0.1, ge=0.0)
-    # An update that fails the effect test below this x the median is down-weighted to the median
-    # norm, not refused: honest stale asp / fedasync updates at 4.0-4.4x raised the probe loss
-    # 0.05 -> 0.31 and 0.94 -> 1.85 (3 + 2 of ~950 pushes, 2026-11-27); attacks at k >= 10 are refused.
-    effect_downweight_below: float = Field(default=8.0, ge=0.0)
+    # A large update that fails the direction or the effect test is refused only above this x the
+    # median norm, and only for its direction (the effect's verdict when direction is off); any other
+    # failure is folded at the median norm (down-weighted). Honest stale asp / fedasync updates at
+    # 4.0-5.2x raised the probe loss or pointed against the descent (2026-11-27); the sign flips at
+    # k >= 10 are refused. 0: every direction failure is refused (before issue 29's false-refusal fix).
+    downweight_below: float = Field(default=8.0, ge=0.0)
     direction_window: int = Field(default=32, ge=1, le=10_000)
     sketch: int = Field(default=65_536, ge=16, le=1 << 24)
     # Claims (issue 29, engine.claims): samples and dss at most the assigned cycle_samples; cycle

@@ -403,7 +403,8 @@ class Engine:
             candidate_loss = await self.policies.aggregation.candidate_loss(payload)
         # Screened before the lock: a refusal is a push with nothing to fold,
         # so the strategy still counts it (a barrier is not held by it).
-        refusal, scale = await self.screening.screen(worker, payload, candidate_loss)
+        refusal, scale = await self.screening.screen(worker, payload, candidate_loss,
+                                                     staleness=max(0, self.state.version - base_version))
         async with self.step_lock:
             if self.stopping:
                 # The stop came while this push was being scored or waited for

@@ -119,20 +119,23 @@ class Screening:
             cached = self._model_norm = (version, float(torch.linalg.vector_norm(flat)))
         return cached[1]
 
-    async def screen(self, worker: WorkerRecord, payload: Payload,
-                     candidate_loss: float | None) -> tuple[str | None, float]:
-        """(None, scale) when the update may be folded at ``scale`` x its weight, else (the refusal's reason, 0)."""
+    async def screen(self, worker: WorkerRecord, payload: Payload, candidate_loss: float | None,
+                     staleness: int | None = None) -> tuple[str | None, float]:
+        """(None, scale) when the update may be folded at ``scale`` x its weight, else (the refusal's reason, 0).
+
+        ``staleness`` (model versions since the update's base) is only recorded in the events."""
         if not self.settings.enabled:
             return None, 1.0
         scale = 1.0
-        refusal = await self._screen(worker, payload, candidate_loss)
+        refusal = await self._screen(worker, payload, candidate_loss, staleness)
         clip = self._scale.pop(id(payload), None)  # popped either way: ids are reused once a payload is freed
         if refusal is None and clip is not None:
             scale = clip
             self.clipped += 1
         return refusal, (scale if refusal is None else 0.0)
 
-    async def _screen(self, worker: WorkerRecord, payload: Payload, candidate_loss: float | None) -> str | None:
+    async def _screen(self, worker: WorkerRecord, payload: Payload, candidate_loss: float | None,
+                      staleness: int | None) -> str | None:
         s = self.settings
         if candidate_loss is not None and not math.isfinite(candidate_loss):
             return self._refuse(worker, "loss", f"candidate loss {candidate_loss} is not finite")
@@ -166,28 +169,33 @@ class Screening:
         # 2026-11-27); a smaller update moves the model no more than a few honest steps.
         ratio = None if typical is None or norm <= 0.0 else norm / typical
         large = ratio is not None and ratio > s.direction_norm_factor
+        direction_failed: str | None = None
+        direction_measured = False
+        effect_failed: str | None = None
         if s.direction and norm > 0.0:
             sketch = await offload(payload_bytes(payload) * 2, self._step_sketch, payload)
             agreement = await self._cosine(worker.id, sketch) if large else None
             if agreement is not None:
                 assert ratio is not None
+                direction_measured = True
                 # The bar rises with the update's size, as Zeno++'s score <g, u> - rho ||u||^2
                 # (Xie et al. 2020, Eq. 3) does: min_cosine at direction_norm_factor x the median,
                 # a tenth of it at ten times that.
                 bound = s.min_cosine * s.direction_norm_factor / ratio
                 ok = agreement >= bound
                 self.telemetry.emit("direction_tested", worker=worker.id, cosine=round(agreement, 4),
-                                    norm_ratio=round(ratio, 3), accepted=ok)
+                                    norm_ratio=round(ratio, 3), accepted=ok, staleness=staleness)
                 if not ok:
-                    return self._refuse(worker, "direction", f"cosine {agreement:.3f} with the {s.reference} direction "
+                    direction_failed = (f"cosine {agreement:.3f} with the {s.reference} direction "
                                         f"< {bound:.3g} at {ratio:.3g} × the median norm")
-                self.cosines_measured += 1
-                if self.min_accepted_cosine is None or agreement < self.min_accepted_cosine:
-                    self.min_accepted_cosine = agreement
+                else:
+                    self.cosines_measured += 1
+                    if self.min_accepted_cosine is None or agreement < self.min_accepted_cosine:
+                        self.min_accepted_cosine = agreement
         if s.effect and large and self.probe is not None:
             # The loss probe that protects hermes, for every preset (issue 29): the model the fold
             # would make (the update clipped, at full weight) must not raise the probe loss beyond
-            # effect_margin.
+            # effect_margin. Measured even when the direction failed: the event is the evidence record.
             assert ratio is not None
             clip = s.direction_norm_factor / ratio if s.clip else 1.0
             after = await asyncio.to_thread(self._loss_after, payload, clip)
@@ -196,18 +204,27 @@ class Screening:
             ok = math.isfinite(after) and after <= bound
             self.telemetry.emit("effect_tested", worker=worker.id, loss_before=round(before, 5),
                                 loss_after=round(after, 5) if math.isfinite(after) else None,
-                                norm_ratio=round(ratio, 3), accepted=ok)
-            if not ok and ratio <= s.effect_downweight_below:
-                # Harmful but not hostile-sized (a stale honest update): folded at the median norm.
-                self.downweighted += 1
-                self.telemetry.emit("update_downweighted", worker=worker.id, norm_ratio=round(ratio, 3),
-                                    loss_before=round(before, 5), loss_after=after if math.isfinite(after) else None)
-                self._scale[id(payload)] = 1.0 / ratio
-                ok = True
+                                norm_ratio=round(ratio, 3), accepted=ok, staleness=staleness)
             if not ok:
-                return self._refuse(worker, "effect", f"probe loss {after:.3g} after the update > "
-                                    f"{1.0 + s.effect_margin:g} × {before:.3g} + {s.effect_slack:g} before, at "
-                                    f"{ratio:.3g} × the median norm")
+                effect_failed = (f"probe loss {after:.3g} after the update > {1.0 + s.effect_margin:g} × "
+                                 f"{before:.3g} + {s.effect_slack:g} before, at {ratio:.3g} × the median norm")
+        if direction_failed is not None or effect_failed is not None:
+            assert ratio is not None
+            # Refused only on evidence (issue 29: no honest work thrown away): an update above
+            # downweight_below x the median whose direction is against the reference (the effect's
+            # verdict when direction is off). Anything else that failed is folded at the median norm,
+            # where it weighs no more than an update too small to be judged at all (every update
+            # under direction_norm_factor x the median is folded as it is), so refusing it would
+            # protect nothing. Honest asp at seed 3 pushed 5.2x at cosine -0.57 during the first
+            # seconds' oscillation, and edp-sgd's large-partition worker 8x+ updates that agreed
+            # with the descent but raised the probe loss (2026-11-27, docs/security-screening.md).
+            evidence = direction_failed if direction_measured else effect_failed
+            if evidence is not None and ratio > s.downweight_below:
+                return self._refuse(worker, "direction" if direction_failed is not None else "effect", evidence)
+            self.downweighted += 1
+            self.telemetry.emit("update_downweighted", worker=worker.id, norm_ratio=round(ratio, 3),
+                                direction=direction_failed, effect=effect_failed, staleness=staleness)
+            self._scale[id(payload)] = 1.0 / ratio
         if large and s.clip and id(payload) not in self._scale:
             # Clipped to direction_norm_factor x the median, not refused (Sun et al. 2019's norm
             # clipping, the bound adaptive as in Andrew et al. 2021): an honest correction still

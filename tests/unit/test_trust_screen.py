@@ -389,3 +389,71 @@ def test_a_median_over_the_fedbuff_buffer_ignores_one_outlier():
     # One step at the release (K = 3), the coordinate-wise median of (1e-3, 2e-3, -5): 1e-3.
     assert engine.state.version == 1
     assert torch.allclose(after - before, torch.full_like(before, 1e-3), atol=1e-6)
+
+
+def test_a_direction_failure_below_the_refusal_size_is_down_weighted_and_above_it_refused():
+    # Issue 29's false refusals: an honest 5.2x update at cosine -0.57 with the descent (asp, seed 3)
+    # was refused. Refused now only above downweight_below (8) x the median; below, folded at the median.
+    engine, clock = _engine_pushes(ScreeningSettings(min_history=3, effect=False))
+    agents = [_Agent(engine, clock, n) for n in ("a", "b", "c")]
+    g = engine.screening.probe.descent()
+    g = g / float(g.norm()) * 1e-3
+
+    async def go() -> tuple[str, str]:
+        for _ in range(2):
+            for a in agents:
+                await a.request(MsgType.PUSH_UPDATE, {"samples": 1}, payload=g, model_version=engine.state.version)
+        uphill = (await agents[0].request(MsgType.PUSH_UPDATE, {"samples": 1}, payload=-6 * g,
+                                          model_version=engine.state.version)).header.body
+        flip = (await agents[1].request(MsgType.PUSH_UPDATE, {"samples": 1}, payload=-12 * g,
+                                        model_version=engine.state.version)).header.body
+        return uphill["status"], flip.get("reason", "applied")
+
+    _, before = engine.state.snapshot()
+    before = before.clone()
+    uphill, flip = _run(go())
+    assert uphill == "applied" and "cosine" in flip, (uphill, flip)
+    _, after = engine.state.snapshot()
+    # Six steps of +1e-3 and the 6x one against them at the median norm (1e-3): 5e-3 net.
+    assert abs(float((after - before).norm()) - 5e-3) < 1e-4
+    assert engine.screening.refusals == {"direction": 1} and engine.screening.public()["downweighted"] == 1
+
+
+def test_with_downweight_below_zero_every_direction_failure_is_refused():
+    engine, clock = _engine_pushes(ScreeningSettings(min_history=3, effect=False, downweight_below=0.0))
+    agents = [_Agent(engine, clock, n) for n in ("a", "b", "c")]
+    g = engine.screening.probe.descent()
+    g = g / float(g.norm()) * 1e-3
+
+    async def go() -> str:
+        for _ in range(2):
+            for a in agents:
+                await a.request(MsgType.PUSH_UPDATE, {"samples": 1}, payload=g, model_version=engine.state.version)
+        reply = await agents[0].request(MsgType.PUSH_UPDATE, {"samples": 1}, payload=-6 * g,
+                                        model_version=engine.state.version)
+        return reply.header.body.get("reason", "applied")
+
+    assert "cosine" in _run(go())
+    assert engine.screening.refusals == {"direction": 1}
+
+
+def test_a_large_update_down_the_descent_that_raises_the_loss_is_down_weighted_at_any_size():
+    # edp-sgd's large-partition worker: 8x+ the median, along the descent, the probe loss up. With the
+    # direction on it is folded at the median norm; the effect alone refuses only with direction off.
+    engine, clock = _engine_pushes(ScreeningSettings(min_history=3, effect_margin=1e-6, effect_slack=0.0,
+                                                     norm_factor=1e6, clip=False))
+    agents = [_Agent(engine, clock, n) for n in ("a", "b", "c")]
+    g = engine.screening.probe.descent()
+    g = g / float(g.norm()) * 1e-3
+
+    async def go() -> str:
+        for _ in range(2):
+            for a in agents:
+                await a.request(MsgType.PUSH_UPDATE, {"samples": 1}, payload=g, model_version=engine.state.version)
+        # Far down the descent (judged unclipped): overshoots, so the probe loss rises, while the direction agrees.
+        reply = await agents[0].request(MsgType.PUSH_UPDATE, {"samples": 1}, payload=20000 * g,
+                                        model_version=engine.state.version)
+        return reply.header.body["status"]
+
+    assert _run(go()) == "applied"
+    assert not engine.screening.refusals and engine.screening.public()["downweighted"] == 1
