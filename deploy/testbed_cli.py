@@ -47,6 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-updates", type=int, default=None, help="the server stops the run after this many model updates")
     p.add_argument("--protect-reads", action="store_true",
                    help="start the server with --protect-reads (status, metrics etc. need a token)")
+    p.add_argument("--screening", choices=["on", "off"], default=None,
+                   help="the server's update screening (default: the server's, on); off measures what it costs")
     p.add_argument("--out", default="runs/testbed", help="output directory (default runs/testbed)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="run-config override, repeatable")

@@ -54,6 +54,8 @@ def server_command(a: argparse.Namespace, *, port: int, data_port: int, advertis
     # loaded machine (measured: a late agent found no server and exited 3 instead of 0).
     if a.protect_reads:
         cmd.append("--protect-reads")  # the testbed reads with its admin token either way
+    if a.screening is not None:
+        cmd += ["--screening", a.screening]
     for kv in a.set:
         cmd += ["--set", kv]
     if a.config:

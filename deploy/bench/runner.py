@@ -68,6 +68,7 @@ class RunSpec:
             **({"link": self.link} if self.link != "lan" else {}),
             **({"runner": self.variant.runner} if self.variant.runner != "testbed" else {}),
             **({"homogeneous": True} if self.variant.homogeneous else {}),
+            **({"screening": False} if not self.variant.screening else {}),
             **({"churn": suite.churn} if suite.churn else {}),
             **({"ddp_hook": self.variant.ddp_hook, "ddp_powersgd_rank": self.variant.ddp_powersgd_rank}
                if self.variant.ddp_hook != "allreduce" else {}),
@@ -97,6 +98,8 @@ class RunSpec:
             args += ["--ddp-hook", self.variant.ddp_hook, "--ddp-powersgd-rank", str(self.variant.ddp_powersgd_rank)]
         if self.link != "lan" and self.variant.runner != "alone":
             args += ["--link", self.link]
+        if not self.variant.screening and self.variant.runner == "testbed":
+            args += ["--screening", "off"]
         if suite.churn and self.variant.runner == "testbed":
             args += ["--churn", suite.churn]
         for k, v in {**suite.overrides, **self.variant.overrides}.items():

@@ -48,6 +48,8 @@ class Variant(BaseModel):
     # runner ddp: DDP's communication hook (fp16_compress_hook, powerSGD_hook at ddp_powersgd_rank).
     ddp_hook: Literal["allreduce", "fp16", "powersgd"] = "allreduce"
     ddp_powersgd_rank: int = Field(default=4, ge=1, le=64)
+    # False: the server's update screening off (hermes-testbed --screening off), the defences' cost (issue 29).
+    screening: bool = True
     # The ideal reference: a homogeneous cluster (hl1) of the profile's total compute (same sum of speeds).
     homogeneous: bool = False
 

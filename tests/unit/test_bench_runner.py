@@ -100,6 +100,19 @@ def test_overrides_reach_the_testbed(tmp_path):
     assert sets == ["eval_interval_seconds=0.5", "batch_size=64"]
 
 
+def test_a_variant_with_screening_off_starts_the_testbed_without_it(tmp_path):
+    # Issue 29's defences' cost: the same preset with the server's update screening off, side by side.
+    suite = build_suite({"name": "t", "variants": [{"label": "h", "preset": "hermes"},
+                                                   {"label": "h-off", "preset": "hermes", "screening": False}],
+                         "baseline": None, "repeats": 1})
+    fake = FakeTestbed()
+    execute(suite, tmp_path, launcher=fake)
+    on, off = fake.calls
+    assert "--screening" not in on
+    assert off[off.index("--screening") + 1] == "off"
+    assert plan(suite)[1].identity(suite)["screening"] is False and "screening" not in plan(suite)[0].identity(suite)
+
+
 def test_unknown_presets_are_named_at_run_time():
     problems = check_runnable(build_suite({"name": "t", "presets": ["bsp", "omnilearn-zz", "nope"]}))
     assert len(problems) == 1
