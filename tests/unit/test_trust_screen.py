@@ -239,6 +239,24 @@ def test_samples_are_bounded_by_the_assigned_work_and_each_clamp_is_evidence():
     assert off.samples("w", 10**9) == 10**9
 
 
+def test_a_cycle_handed_out_many_assignments_ago_is_bounded_by_its_own_assignment():
+    # hermes, 2026-11-27: 4 assignments per request and a prefetch; a resize down to 128 came after
+    # the agent held a 192 cycle, which it then reported. A window of the last 4 clamped it 41 times.
+    claims, _, seen = _claims()
+    claims.on_assign("w", 192)
+    for _ in range(7):
+        claims.on_assign("w", 128)
+    report = CycleReport(dss=192, batch_size=32, compute_seconds=0.1)
+    assert claims.cycle("w", report) is report
+    assert claims.samples("w", 192) == 192  # the push of that cycle
+    for _ in range(7):
+        claims.cycle("w", CycleReport(dss=128, batch_size=32, compute_seconds=0.1))
+    # Every outstanding assignment trained, 4 of them remembered: 192 has gone.
+    assert claims.cycle("w", CycleReport(dss=192, batch_size=32, compute_seconds=0.1)).dss == 128
+    assert claims.samples("w", 10**9) == 128
+    assert [f["field"] for fact, f in seen if fact == "claim_clamped"] == ["dss", "samples"]
+
+
 def test_cycle_seconds_are_bounded_by_elapsed_time_and_the_fleet_median_speed():
     claims, clock, _ = _claims(min_compute_fraction=0.25, power_factor=2.0, speed_tolerance=1.0)
     for w in ("h1", "h2", "liar"):
