@@ -1,21 +1,25 @@
 #!/usr/bin/env python
 """False-refusal rate of the default update screening: every preset's testbed run, no attacker.
 
-    python benchmarks/false_refusals.py [--presets hermes,asp,...] [--profile hl8] [--clients 4]
-        [--dataset digits] [--max-seconds 40] [--out runs/false-refusals] [--set KEY=VALUE ...]
+    python benchmarks/false_refusals.py [--presets hermes,asp,...] [--seeds 1,2,3] [--profile hl8]
+        [--clients 4] [--dataset digits] [--max-seconds 40] [--out runs/false-refusals] [--set KEY=VALUE ...]
 
-For each preset (default: every preset ``hermes-testbed --list-presets``
+For each seed and each preset (default: every preset ``hermes-testbed --list-presets``
 prints), one after the other, it runs
 
     python -m hermes.deploy.testbed --preset P --profile hl8 --clients 4 --dataset digits
-        --max-seconds S --quiet --out OUT/P
+        --max-seconds S --seed SEED --quiet --out OUT/sSEED/P
 
 with the server's default screening (on), then reads ``OUT/P/server_summary.json``
 (``screening``: refusals by reason, quarantined workers, the median accepted
 norm) and the agents' push counts from ``OUT/P/summary.json``. Every run is
 honest, so every refusal is a false one; the expected count is 0 on every
-preset. It prints one table (preset, pushes, refusals by reason, rate,
-quarantined, median norm, final accuracy) and writes ``OUT/false_refusals.json``.
+preset. It prints one table (preset, seed, pushes, refusals by reason, rate,
+quarantined, updates down-weighted and clipped, claims clamped, median norm, final
+accuracy), one line per preset over the seeds, and writes ``OUT/false_refusals.json``.
+Down-weighted updates are folded (at the median norm), so they are not refusals; the
+events ``direction_tested``, ``effect_tested`` and ``update_downweighted`` in each run's
+``events.jsonl`` hold the cosine, norm ratio, probe losses and staleness of every large update.
 Exit status 1 when any preset refused an honest push, 2 when a run failed.
 """
 
@@ -38,23 +42,24 @@ def all_presets() -> list[str]:
     return [line.split()[0] for line in out.splitlines() if line and not line[0].isspace()]
 
 
-def run_one(args: argparse.Namespace, preset: str) -> dict[str, Any]:
-    out = args.out / preset
+def run_one(args: argparse.Namespace, preset: str, seed: int) -> dict[str, Any]:
+    base = args.out / f"s{seed}"
+    out = base / preset
     cmd = [sys.executable, "-m", "hermes.deploy.testbed", "--preset", preset, "--profile", args.profile,
            "--clients", str(args.clients), "--dataset", args.dataset, "--max-seconds", f"{args.max_seconds:g}",
-           "--seed", str(args.seed), "--quiet", "--out", str(out)]
+           "--seed", str(seed), "--quiet", "--out", str(out)]
     for kv in args.set:
         cmd += ["--set", kv]
     (out / "summary.json").unlink(missing_ok=True)
-    args.out.mkdir(parents=True, exist_ok=True)
+    base.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    with open(args.out / f"{preset}.log", "w") as log_file:
+    with open(base / f"{preset}.log", "w") as log_file:
         try:
             rc = subprocess.run(cmd, stdout=log_file, stderr=subprocess.STDOUT,
                                 timeout=args.max_seconds + 180).returncode
         except subprocess.TimeoutExpired:
             rc = -1
-    row: dict[str, Any] = {"preset": preset, "rc": rc, "seconds": round(time.time() - t0, 1)}
+    row: dict[str, Any] = {"preset": preset, "seed": seed, "rc": rc, "seconds": round(time.time() - t0, 1)}
     try:
         summary = json.loads((out / "summary.json").read_text())
         server = json.loads((out / "server_summary.json").read_text())
@@ -70,6 +75,10 @@ def run_one(args: argparse.Namespace, preset: str) -> dict[str, Any]:
         "refused": sum(refusals.values()),
         "rate": (sum(refusals.values()) / pushes) if pushes else None,
         "quarantined": screening.get("quarantined", []),
+        "downweighted": screening.get("downweighted", 0),
+        "clipped": screening.get("clipped", 0),
+        "clamped": sum((screening.get("claims_clamped") or {}).values()),
+        "min_accepted_cosine": screening.get("min_accepted_cosine"),
         "median_norm": screening.get("median_norm"),
         "screening_enabled": screening.get("enabled"),
         "model_updates": summary.get("model_updates"),
@@ -78,9 +87,10 @@ def run_one(args: argparse.Namespace, preset: str) -> dict[str, Any]:
 
 
 def _cells(r: dict[str, Any]) -> list[Any]:
-    return [r["preset"], r.get("pushes", "-"), r.get("applied", "-"), r.get("refused", r.get("error", "-")),
+    return [r["preset"], r["seed"], r.get("pushes", "-"), r.get("applied", "-"), r.get("refused", r.get("error", "-")),
             ",".join(f"{k}={v}" for k, v in sorted((r.get("refusals") or {}).items())) or "-",
-            "-" if r.get("rate") is None else f"{r['rate']:.3f}", len(r.get("quarantined", [])),
+            "-" if r.get("rate") is None else f"{r['rate']:.4f}", len(r.get("quarantined", [])),
+            r.get("downweighted", "-"), r.get("clipped", "-"), r.get("clamped", "-"),
             "-" if r.get("median_norm") is None else f"{r['median_norm']:.3g}",
             "-" if r.get("final_accuracy") is None else f"{r['final_accuracy']:.3f}"]
 
@@ -92,23 +102,34 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--clients", type=int, default=4)
     p.add_argument("--dataset", default="digits")
     p.add_argument("--max-seconds", type=float, default=40.0)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seeds", default="0", help="comma-separated seeds, each run for every preset (default 0)")
     p.add_argument("--out", type=Path, default=Path("runs/false-refusals"))
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     args = p.parse_args(argv)
     presets = [x for x in args.presets.split(",") if x] or all_presets()
+    seeds = [int(x) for x in args.seeds.split(",") if x]
     rows = []
-    for preset in presets:
-        row = run_one(args, preset)
-        rows.append(row)
-        print(f"{preset}: {row.get('refused', '?')} refused of {row.get('pushes', '?')} pushes "
-              f"({row['seconds']} s, rc {row['rc']})", flush=True)
+    for seed in seeds:
+        for preset in presets:
+            row = run_one(args, preset, seed)
+            rows.append(row)
+            print(f"{preset} seed {seed}: {row.get('refused', '?')} refused of {row.get('pushes', '?')} pushes, "
+                  f"{row.get('downweighted', '?')} down-weighted ({row['seconds']} s, rc {row['rc']})", flush=True)
     (args.out / "false_refusals.json").write_text(json.dumps(
         {"machine": machine_info(), "args": {k: str(v) for k, v in vars(args).items()}, "runs": rows}, indent=2))
     print_table(
         f"False refusals of the default screening, {args.profile}, {args.clients} agents, {args.dataset}",
-        ["preset", "pushes", "applied", "refused", "by reason", "rate", "quarantined", "median norm", "final acc"],
+        ["preset", "seed", "pushes", "applied", "refused", "by reason", "rate", "quarantined", "down-weighted",
+         "clipped", "clamped", "median norm", "final acc"],
         [[str(x) for x in _cells(r)] for r in rows])
+    totals = []
+    for preset in presets:
+        mine = [r for r in rows if r["preset"] == preset and "error" not in r]
+        totals.append([preset, str(len(mine)), str(sum(r["pushes"] for r in mine)),
+                       str(sum(r["refused"] for r in mine)), str(sum(len(r["quarantined"]) for r in mine)),
+                       str(sum(r["downweighted"] for r in mine)), str(sum(r["clamped"] for r in mine))])
+    print_table("Over the seeds", ["preset", "runs", "pushes", "refused", "quarantined", "down-weighted", "clamped"],
+                totals)
     if any("error" in r or r["rc"] != 0 for r in rows):
         return 2
     return 1 if any(r.get("refused") for r in rows) else 0
