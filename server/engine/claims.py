@@ -20,8 +20,12 @@ took power weight 0.99995 in ``edp-sgd``. The bounds:
 * **Cycle seconds** are at least ``min_compute_fraction`` x the time since the
   worker's previous push was answered (it cannot have trained the next cycle in
   less than a fraction of that), and the speed they imply, dss / seconds, at most
-  ``power_factor`` x the median speed of the other workers' latest (bounded)
-  reports: edge fleets differ by 8x (HL8), a speed past that is a claim, not a device.
+  ``power_factor`` x the median of the other workers' speeds (each the median of its
+  last 5 bounded reports): edge fleets differ by 8x (HL8), a speed past that is a
+  claim, not a device. Judged on the median of the worker's own last 5 claims: one
+  fast cycle on a loaded machine (7 ms where the worker's usual is 30 ms) is noise,
+  which clamped 1-3 honest reports in each of 8 of 16 presets' 30 s runs (2026-11-27);
+  a speed claimed again and again is a claim, and a liar's first report is its median.
 * **dss** of a cycle report is bounded like samples.
 
 A claim out of bounds is **clamped**, not refused: the update itself may be
@@ -53,6 +57,8 @@ log = logging.getLogger(__name__)
 _OUTSTANDING = 64
 # Assignments reported trained that a push may still claim (the push follows its cycle's report).
 _TRAINED = 4
+# Speed reports per worker the power bound judges by their median.
+_SPEEDS = 5
 
 
 @dataclass
@@ -61,7 +67,12 @@ class _Worker:
     outstanding: deque[int] = field(default_factory=lambda: deque(maxlen=_OUTSTANDING))
     trained: deque[int] = field(default_factory=lambda: deque(maxlen=_TRAINED))
     replied_at: float | None = None
-    speed: float | None = None
+    claimed: deque[float] = field(default_factory=lambda: deque(maxlen=_SPEEDS))  # as claimed
+    bounded: deque[float] = field(default_factory=lambda: deque(maxlen=_SPEEDS))  # after the bounds
+
+    @property
+    def speed(self) -> float | None:
+        return statistics.median(self.bounded) if self.bounded else None
 
 
 class Claims:
@@ -140,15 +151,17 @@ class Claims:
             if seconds * tol < floor:
                 self._clamp(worker_id, "compute_seconds", seconds, floor)
                 seconds = floor
-        others = [w.speed for wid, w in self.workers.items() if wid != worker_id and w.speed]
+        others = [v for wid, w in self.workers.items() if wid != worker_id and (v := w.speed)]
+        if seconds > 0.0:
+            me.claimed.append(dss / seconds)
         if others and seconds > 0.0:
             cap = s.power_factor * statistics.median(others)
-            if dss / seconds > cap * tol:
+            if dss / seconds > cap * tol and statistics.median(me.claimed) > cap * tol:
                 floor = dss / cap
                 self._clamp(worker_id, "compute_seconds", seconds, floor)
                 seconds = floor
         if seconds > 0.0:
-            me.speed = dss / seconds
+            me.bounded.append(dss / seconds)
         if (dss, seconds) == (report.dss, report.compute_seconds):
             return report
         return report.model_copy(update={"dss": dss, "compute_seconds": seconds})

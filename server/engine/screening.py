@@ -171,6 +171,7 @@ class Screening:
         large = ratio is not None and ratio > s.direction_norm_factor
         direction_failed: str | None = None
         direction_measured = False
+        uphill = False  # a negative cosine: to first order the update raises the probe loss
         effect_failed: str | None = None
         if s.direction and norm > 0.0:
             sketch = await offload(payload_bytes(payload) * 2, self._step_sketch, payload)
@@ -183,6 +184,7 @@ class Screening:
                 # a tenth of it at ten times that.
                 bound = s.min_cosine * s.direction_norm_factor / ratio
                 ok = agreement >= bound
+                uphill = agreement < 0.0
                 self.telemetry.emit("direction_tested", worker=worker.id, cosine=round(agreement, 4),
                                     norm_ratio=round(ratio, 3), accepted=ok, staleness=staleness)
                 if not ok:
@@ -211,14 +213,18 @@ class Screening:
         if direction_failed is not None or effect_failed is not None:
             assert ratio is not None
             # Refused only on evidence (issue 29: no honest work thrown away): an update above
-            # downweight_below x the median whose direction is against the reference (the effect's
-            # verdict when direction is off). Anything else that failed is folded at the median norm,
+            # downweight_below x the median whose direction is against the reference, or that raises
+            # the probe loss while pointing uphill (the effect's verdict alone when direction is off or
+            # unmeasured). Anything else that failed is folded at the median norm,
             # where it weighs no more than an update too small to be judged at all (every update
             # under direction_norm_factor x the median is folded as it is), so refusing it would
             # protect nothing. Honest asp at seed 3 pushed 5.2x at cosine -0.57 during the first
             # seconds' oscillation, and edp-sgd's large-partition worker 8x+ updates that agreed
             # with the descent but raised the probe loss (2026-11-27, docs/security-screening.md).
-            evidence = direction_failed if direction_measured else effect_failed
+            if not direction_measured:
+                evidence = effect_failed
+            else:
+                evidence = direction_failed or (effect_failed if uphill else None)
             if evidence is not None and ratio > s.downweight_below:
                 return self._refuse(worker, "direction" if direction_failed is not None else "effect", evidence)
             self.downweighted += 1

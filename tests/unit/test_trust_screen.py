@@ -475,3 +475,57 @@ def test_a_large_update_down_the_descent_that_raises_the_loss_is_down_weighted_a
 
     assert _run(go()) == "applied"
     assert not engine.screening.refusals and engine.screening.public()["downweighted"] == 1
+
+
+def test_a_large_uphill_update_that_raises_the_loss_is_refused_even_within_the_cosine_bound():
+    # The sign flip at k = 10 under fedbuff (2026-11-27): cosine -0.09..-0.18 with the descent, within the
+    # bound (-0.2 at 10x), while the probe loss rose 0.30 -> 1.94. Uphill and harmful, and large: refused.
+    engine, clock = _engine_pushes(ScreeningSettings(min_history=3, effect_margin=1e-6, effect_slack=0.0))
+    agents = [_Agent(engine, clock, n) for n in ("a", "b", "c")]
+    g = engine.screening.probe.descent()
+    g = g / float(g.norm())
+    gen = torch.Generator().manual_seed(5)
+    r = torch.randn(g.numel(), generator=gen)
+    r = r - float(torch.dot(r, g)) * g
+    r = r / float(r.norm())
+
+    def tilted(cos: float, size: float) -> torch.Tensor:  # |u| = size, cos(u, descent) = cos
+        return size * (cos * g + (1.0 - cos * cos) ** 0.5 * r)
+
+    async def go() -> tuple[str, str, str]:
+        for _ in range(2):
+            for a in agents:
+                await a.request(MsgType.PUSH_UPDATE, {"samples": 1}, payload=1e-3 * g,
+                                model_version=engine.state.version)
+        out = []
+        for cos, size in ((-0.1, 12e-3), (-0.1, 6e-3), (0.1, 12e-3)):
+            reply = await agents[0].request(MsgType.PUSH_UPDATE, {"samples": 1}, payload=tilted(cos, size),
+                                            model_version=engine.state.version)
+            out.append(reply.header.body.get("reason", "applied"))
+        return out[0], out[1], out[2]
+
+    big_uphill, small_uphill, downhill = _run(go())
+    assert "probe loss" in big_uphill, big_uphill
+    assert small_uphill == "applied", small_uphill  # 6x: folded at the median norm
+    assert downhill == "applied", downhill  # 12x along the descent: clipped, not refused
+    assert engine.screening.refusals == {"effect": 1}
+
+
+def test_one_fast_cycle_is_noise_and_a_speed_claimed_again_and_again_is_clamped():
+    claims, _, seen = _claims(power_factor=2.0, speed_tolerance=1.0)
+    for w, seconds in (("slow", 1.0), ("mid", 0.5)):
+        for _ in range(3):
+            claims.on_assign(w, 100)
+            claims.cycle(w, CycleReport(dss=100, batch_size=32, compute_seconds=seconds))
+    # The others' speeds: 100 and 200 samples/s, median 150; the cap 300. Usual 250, one 1000 (a 0.1 s cycle).
+    for seconds in (0.4, 0.4, 0.1, 0.4):
+        claims.on_assign("fast", 100)
+        report = CycleReport(dss=100, batch_size=32, compute_seconds=seconds)
+        assert claims.cycle("fast", report) is report
+    assert not seen
+    for _ in range(3):  # 1000 samples/s again and again: the median crosses the cap
+        claims.on_assign("fast", 100)
+        last = claims.cycle("fast", CycleReport(dss=100, batch_size=32, compute_seconds=0.1))
+    assert abs(last.dss / last.compute_seconds - 300.0) < 1e-6
+    # The first repeat leaves the median at 250 (two fast of five); the next two are clamped.
+    assert [f["field"] for fact, f in seen if fact == "claim_clamped"] == ["compute_seconds"] * 2
