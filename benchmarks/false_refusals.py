@@ -79,10 +79,35 @@ def run_one(args: argparse.Namespace, preset: str, seed: int) -> dict[str, Any]:
         "clipped": screening.get("clipped", 0),
         "clamped": sum((screening.get("claims_clamped") or {}).values()),
         "min_accepted_cosine": screening.get("min_accepted_cosine"),
+        **judged(out / "events.jsonl"),
         "median_norm": screening.get("median_norm"),
         "screening_enabled": screening.get("enabled"),
         "model_updates": summary.get("model_updates"),
         "final_accuracy": summary.get("final_accuracy"),
+    }
+
+
+def judged(events: Path) -> dict[str, Any]:
+    """The large updates screening judged (direction_tested / effect_tested events): how many, the
+    largest norm ratio, the lowest cosine, the most stale, and how many failed each test."""
+    direction: list[dict[str, Any]] = []
+    effect: list[dict[str, Any]] = []
+    try:
+        with open(events) as fh:
+            for line in fh:
+                if '"direction_tested"' in line or '"effect_tested"' in line:
+                    e = json.loads(line)
+                    (direction if e["event"] == "direction_tested" else effect).append(e)
+    except OSError:
+        return {}
+    stale = [e["staleness"] for e in direction + effect if e.get("staleness") is not None]
+    return {
+        "judged": max(len(direction), len(effect)),
+        "max_ratio": max((e["norm_ratio"] for e in direction + effect), default=None),
+        "min_cosine": min((e["cosine"] for e in direction), default=None),
+        "max_staleness": max(stale, default=None),
+        "direction_failed": sum(not e["accepted"] for e in direction),
+        "effect_failed": sum(not e["accepted"] for e in effect),
     }
 
 
@@ -95,6 +120,22 @@ def _cells(r: dict[str, Any]) -> list[Any]:
             "-" if r.get("final_accuracy") is None else f"{r['final_accuracy']:.3f}"]
 
 
+def totals(rows: list[dict[str, Any]], preset: str) -> list[str]:
+    """One preset over its seeds: sums, and the extremes of the judged updates."""
+    mine = [r for r in rows if r["preset"] == preset and "error" not in r]
+
+    def total(key: str) -> str:
+        return str(sum(r.get(key) or 0 for r in mine))
+
+    def extreme(key: str, pick: Any) -> str:
+        values = [r[key] for r in mine if r.get(key) is not None]
+        return f"{pick(values):.3g}" if values else "-"
+
+    return [preset, str(len(mine)), total("pushes"), total("refused"), str(sum(len(r["quarantined"]) for r in mine)),
+            total("judged"), total("direction_failed"), total("effect_failed"), total("downweighted"),
+            extreme("max_ratio", max), extreme("min_cosine", min), extreme("max_staleness", max), total("clamped")]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     p.add_argument("--presets", default="", help="comma-separated (default: every preset)")
@@ -105,7 +146,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", default="0", help="comma-separated seeds, each run for every preset (default 0)")
     p.add_argument("--out", type=Path, default=Path("runs/false-refusals"))
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--report", action="store_true",
+                   help="run nothing: print the tables of OUT/false_refusals.json again (judged updates from the events)")
     args = p.parse_args(argv)
+    if args.report:
+        rows = json.loads((args.out / "false_refusals.json").read_text())["runs"]
+        for r in rows:
+            r.update(judged(args.out / f"s{r['seed']}" / r["preset"] / "events.jsonl"))
+        presets = list(dict.fromkeys(r["preset"] for r in rows))
+        return report(args, rows, presets)
     presets = [x for x in args.presets.split(",") if x] or all_presets()
     seeds = [int(x) for x in args.seeds.split(",") if x]
     rows = []
@@ -117,19 +166,18 @@ def main(argv: list[str] | None = None) -> int:
                   f"{row.get('downweighted', '?')} down-weighted ({row['seconds']} s, rc {row['rc']})", flush=True)
     (args.out / "false_refusals.json").write_text(json.dumps(
         {"machine": machine_info(), "args": {k: str(v) for k, v in vars(args).items()}, "runs": rows}, indent=2))
+    return report(args, rows, presets)
+
+
+def report(args: argparse.Namespace, rows: list[dict[str, Any]], presets: list[str]) -> int:
     print_table(
         f"False refusals of the default screening, {args.profile}, {args.clients} agents, {args.dataset}",
         ["preset", "seed", "pushes", "applied", "refused", "by reason", "rate", "quarantined", "down-weighted",
          "clipped", "clamped", "median norm", "final acc"],
         [[str(x) for x in _cells(r)] for r in rows])
-    totals = []
-    for preset in presets:
-        mine = [r for r in rows if r["preset"] == preset and "error" not in r]
-        totals.append([preset, str(len(mine)), str(sum(r["pushes"] for r in mine)),
-                       str(sum(r["refused"] for r in mine)), str(sum(len(r["quarantined"]) for r in mine)),
-                       str(sum(r["downweighted"] for r in mine)), str(sum(r["clamped"] for r in mine))])
-    print_table("Over the seeds", ["preset", "runs", "pushes", "refused", "quarantined", "down-weighted", "clamped"],
-                totals)
+    print_table("Over the seeds", ["preset", "runs", "pushes", "refused", "quarantined", "judged", "direction failed",
+                                   "effect failed", "down-weighted", "max ratio", "min cosine", "max staleness",
+                                   "clamped"], [totals(rows, p) for p in presets])
     if any("error" in r or r["rc"] != 0 for r in rows):
         return 2
     return 1 if any(r.get("refused") for r in rows) else 0
