@@ -41,6 +41,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default=None, help="cnn, alexnet, resnet18, mlp (default: the config's)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="run-config override, repeatable")
     p.add_argument("--config", help="JSON or TOML file of run-config overrides")
+    p.add_argument("--split", default="shards", metavar="shards|iid|dirichlet:ALPHA",
+                   help="which samples each device holds: the server's shards, dealt to whoever asks (default, "
+                        "as the testbed), an IID split of the train set, or a non-IID one (Dirichlet alpha per "
+                        "device, Hsu et al. 2019); the server's allocator sizes the cycles either way")
     p.add_argument("--target", default=None, metavar="METRIC=VALUE", help="stop once an evaluation reaches this")
     p.add_argument("--target-accuracy", type=float, default=None, help="stop once test accuracy reaches this")
     p.add_argument("--max-seconds", type=float, default=3600.0,
@@ -124,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         sim = Simulation(config, profiles, out=out, transfer=transfer_seconds, server_link=link,
                          cost=by_name(args.server_cost), population=args.population, link=args.link,
-                         heartbeat_interval=args.heartbeat_interval, heartbeat_timeout=args.heartbeat_timeout)
+                         heartbeat_interval=args.heartbeat_interval, heartbeat_timeout=args.heartbeat_timeout,
+                         split=args.split)
         summary = sim.run()
     except (SimError, OutDirError, TaskError) as exc:
         print(f"hermes-sim: {exc}", file=sys.stderr)

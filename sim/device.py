@@ -37,6 +37,7 @@ import numpy as np
 import torch
 from fastapi import HTTPException
 
+from hermes.client.local_data import LocalDataError, LocalSet
 from hermes.client.loop import cycle_record
 from hermes.client.overlap import rebase
 from hermes.client.prefetch import Work
@@ -72,6 +73,10 @@ log = logging.getLogger(__name__)
 REJOIN_CODES = frozenset({ErrorCode.UNAUTHORIZED, ErrorCode.UNKNOWN_WORKER, ErrorCode.UNAVAILABLE, ErrorCode.REPLAY})
 # A registration's request and reply (JSON over HTTP): their size on the wire, for the link's time.
 REGISTER_BYTES = (600, 2_000)
+
+
+class DeviceDataError(Exception):
+    """A device's local data cannot be built (the task's local_data failed for it; one line)."""
 
 
 class Offline(Exception):
@@ -151,6 +156,8 @@ class SimDevice:
         self.local: torch.Tensor | None = None  # own weights, only while they differ from ``version``
         self.carry: tuple[torch.Tensor, torch.Tensor] | None = None
         self.validation: tuple[torch.Tensor, torch.Tensor] | None = None
+        # Device-local data (Task.local_data, or a split of the train set): built at the first registration.
+        self.local_set: LocalSet | None = None
         self.outbox: Outbox | None = None
         self.works: list[Work] = []
         self.prefetch: asyncio.Task[list[Work] | None] | None = None
@@ -235,8 +242,16 @@ class SimDevice:
         sim = self.sim
         await self.sim.driver.until(sim.driver.now() + self.link_seconds(REGISTER_BYTES[0], "up"))
         sim.engine.count_message("register")
+        if sim.task.local_data is not None and self.local_set is None:
+            # As an agent: its own set built before it registers, the gate's part held out (client.agent).
+            try:
+                self.local_set = LocalSet.build(sim.task, self.name)
+            except LocalDataError as exc:
+                raise DeviceDataError(str(exc)) from None
+            self.local_set.configure(sim.config, gate=self.gate is not None)
         hints = Hints(flops=self.profile.flops, memory_available_bytes=int(self.profile.memory_mb * 2**20)).known()
-        rec, _ = sim.engine.register(self.name, threads=1, device="cpu", slowdown=1.0, hints=hints, local_samples=0)
+        rec, _ = sim.engine.register(self.name, threads=1, device="cpu", slowdown=1.0, hints=hints,
+                                     local_samples=0 if self.local_set is None else len(self.local_set))
         self.worker_id, self.token, self.key = rec.id, rec.token, rec.key
         self.session, self.seqs = f"s{sim.next_session()}", {}
         self.totals.registrations += 1
@@ -251,7 +266,10 @@ class SimDevice:
             self.baseline = self.version
             sim.versions.hold(self.baseline)
         if self.gate is not None and self.validation is None:
-            self.validation = await self.fetch_validation(sim.engine.membership.validation_shards_for(rec))
+            if self.local_set is not None:
+                self.validation = self.local_set.validation()
+            else:
+                self.validation = await self.fetch_validation(sim.engine.membership.validation_shards_for(rec))
 
     def link_seconds(self, nbytes: int, direction: str) -> float:
         mbps = self.up_mbps if direction == "up" else self.down_mbps
@@ -359,7 +377,12 @@ class SimDevice:
         works = []
         for w in assignments:
             if w.data.source == "local":
-                raise NotImplementedError("hermes-sim does not simulate device-local data (Task.local_data) yet")
+                # The server sized the cycle; the device draws it from its own set (client.prefetch.Prefetcher._draw).
+                assert self.local_set is not None and w.local_samples is not None, "a local run's device holds data"
+                x, y = self.local_set.draw(w.local_samples)
+                works.append(Work(epoch=w.epoch, shards=(), x=x, y=y, batch_size=w.batch_size, lr=w.lr,
+                                  fetched_bytes=0, cycle_samples=w.local_samples, accumulation=w.accumulation))
+                continue
             if w.shards and not all(s in inline for s in w.shards):
                 for i in range(0, len(w.shards), MAX_SHARDS_PER_FETCH):
                     ids = list(w.shards[i:i + MAX_SHARDS_PER_FETCH])

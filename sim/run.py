@@ -36,16 +36,19 @@ from hermes.client.trainer import LocalTrainer
 from hermes.common.config import RunConfig
 from hermes.common.messages import KafkaRanges
 from hermes.common.task import Task
-from hermes.common.task_registry import batch_of, resolve_task
+from hermes.common.task_registry import batch_of, example_batch, resolve_task
 from hermes.common.tensors import build_checked, load_flat
 from hermes.common.wire import dtype_from_name
 from hermes.deploy.testbed_summary import build_summary
 from hermes.server.engine import Engine
+from hermes.server.engine.local import local_data_refusal
 from hermes.server.events import EventLog
 from hermes.server.metrics import ServerMetrics
 from hermes.server.outdir import prepare_out_dir
 from hermes.server.settings import DEFAULT_MAX_MESSAGE_BYTES
-from hermes.sim.device import SimDevice, VersionStore
+from hermes.server.shardstore import load_splits
+from hermes.sim.data import Split, SplitError, parse_split, plan_data
+from hermes.sim.device import DeviceDataError, SimDevice, VersionStore
 from hermes.sim.engine_driver import Driver, ServerCostModel, ServerLinkModel, Transfer
 from hermes.sim.events import VirtualClock, run_virtual
 from hermes.sim.server_cost import ZeroCost
@@ -76,8 +79,11 @@ def flops_per_sample(task: Task, spec: Any, train: Any) -> tuple[float, float]:
     device's compute time is this over its FLOP/s.
     """
     model = build_checked(task.model, spec)
-    n = min(FLOP_BATCH, len(train))
-    x, y = batch_of(train, list(range(n)))
+    if len(train):
+        x, y = batch_of(train, list(range(min(FLOP_BATCH, len(train)))))
+    else:  # the devices hold the data (Task.local_data): the task's example or test samples, shaped alike
+        x, y = example_batch(task, FLOP_BATCH)
+    n = len(y)
     with FlopCounterMode(display=False) as fwd:
         with torch.no_grad():
             model(x)
@@ -101,7 +107,7 @@ class Simulation:
                  transfer: Transfer, server_link: ServerLinkModel | None = None,
                  cost: ServerCostModel | None = None, population: str = "", link: str | None = None,
                  heartbeat_interval: float = 2.0, heartbeat_timeout: float = 10.0,
-                 executor: Any = None) -> None:
+                 executor: Any = None, split: str | Split | None = None) -> None:
         if not profiles:
             raise SimError("no devices to simulate")
         if config.topology != "ps":
@@ -119,10 +125,20 @@ class Simulation:
         self.heartbeat_interval = heartbeat_interval
         self.clock = VirtualClock(start=0.0)
         torch.manual_seed(config.seed)
-        self.task = task if task is not None else resolve_task(config.task, config)
+        resolved = task if task is not None else resolve_task(config.task, config)
+        # Shards from the server's queue, or device-local data (a split of the train set, the task's own).
+        try:
+            self.data = plan_data(resolved, parse_split(split), [p.device_id for p in self.profiles],
+                                  seed=config.seed, load=lambda: load_splits(config, resolved))
+        except SplitError as exc:
+            raise SimError(str(exc)) from None
+        self.task = self.data.task
+        if self.task.local_data is not None and (why := local_data_refusal(config)) is not None:
+            raise SimError(f"preset {config.preset!r} cannot train on device-local data (--split "
+                           f"{self.data.record['split']}): {why}")
         self.engine = Engine(config, metrics=ServerMetrics(), events=EventLog(self.out / "events.jsonl", clock=self.clock),
                              max_workers=max(len(self.profiles), 1), max_message_bytes=DEFAULT_MAX_MESSAGE_BYTES,
-                             out_dir=str(self.out), task=self.task, clock=self.clock)
+                             out_dir=str(self.out), task=self.task, clock=self.clock, splits=self.data.splits)
         self.driver = Driver(self.engine, self.clock, transfer=transfer, server_link=server_link,
                              cost=cost if cost is not None else ZeroCost(), heartbeat_timeout=heartbeat_timeout)
         self.combine = bool(config.combine_messages)
@@ -194,6 +210,8 @@ class Simulation:
         t0 = time.perf_counter()
         try:
             srv = run_virtual(self.clock, self._main)
+        except DeviceDataError as exc:
+            raise SimError(str(exc)) from None
         finally:
             torch.set_num_threads(threads)
         self.wall_seconds = time.perf_counter() - t0
@@ -221,6 +239,9 @@ class Simulation:
             w["family"] = getattr(d.profile, "family", None)
             w["flops"] = d.profile.flops
             w["device"] = asdict(d.totals)
+            if d.name in self.data.held:
+                w["data"] = self.data.held[d.name]
+        summary["data"] = self.data.record
         summary["engine"] = "sim"
         summary["population"] = self.population
         summary["devices"] = len(self.devices)
