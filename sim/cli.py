@@ -61,8 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--heartbeat-timeout", type=float, default=10.0,
                    help="silence after which the server marks a device lost (default 10)")
     p.add_argument("--ray", default=None, metavar="auto|ADDRESS",
-                   help="train the devices' cycles on a Ray cluster (the optional extra: pip install "
-                        "hermes-edge[ray])")
+                   help="train the devices' cycles on a Ray cluster, with the same summary as without it: auto "
+                        "(the cluster running on this machine, else a local one for this run) or the cluster's "
+                        "address (the optional extra: pip install hermes-edge[ray])")
     p.add_argument("--quiet", action="store_true", help="no summary table at the end")
     return p
 
@@ -96,8 +97,6 @@ def main(argv: list[str] | None = None) -> int:
         if importlib.util.find_spec("ray") is None:
             print("hermes-sim: --ray needs Ray: pip install 'hermes-edge[ray]'", file=sys.stderr)
             return 2
-        print("hermes-sim: --ray: the Ray executor is not in this build yet; run without --ray", file=sys.stderr)
-        return 2
     from pydantic import ValidationError
 
     from hermes.common.config import ConfigError
@@ -129,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         sim = Simulation(config, profiles, out=out, transfer=transfer_seconds, server_link=link,
                          cost=by_name(args.server_cost), population=args.population, link=args.link,
                          heartbeat_interval=args.heartbeat_interval, heartbeat_timeout=args.heartbeat_timeout,
-                         split=args.split)
+                         split=args.split, ray=args.ray)
         summary = sim.run()
     except (SimError, OutDirError, TaskError) as exc:
         print(f"hermes-sim: {exc}", file=sys.stderr)

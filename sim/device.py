@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import zlib
-from collections import defaultdict
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -63,6 +62,7 @@ from hermes.common.shards import decode_record
 from hermes.common.tensors import load_flat
 from hermes.common.wire import ErrorCode, Message, MsgType, ProtocolError
 from hermes.server.routes import workers as routes
+from hermes.sim.executor import CycleInputs, CycleOutputs, OptState, load_state, state_of
 
 if TYPE_CHECKING:
     from hermes.sim.run import Simulation
@@ -150,7 +150,10 @@ class SimDevice:
         self.gate: ZScoreGate | None = sim.config.build_policy("gate")
         # The trainer's shuffling stream, as an agent seeds it (from its worker id, at its first registration).
         self.rng: np.random.Generator | None = None
-        self.opt_state: defaultdict[Any, Any] | None = None
+        self.opt_state: OptState | None = None
+        self.global_steps = 0
+        # FedAsync's proximal anchor when it is not the pulled version (rebased by an overlapped push).
+        self.anchor: torch.Tensor | None = None
         self.version: int | None = None  # the pulled model (the since-pull base), held in the store
         self.baseline: int | None = None  # Hermes Alg. 2's w0: the first registration's model
         self.local: torch.Tensor | None = None  # own weights, only while they differ from ``version``
@@ -309,13 +312,27 @@ class SimDevice:
     def swap_in(self) -> None:
         trainer = self.sim.trainer
         load_flat(trainer.model, self.weights())
-        trainer.optimizer.state = self.opt_state if self.opt_state is not None else defaultdict(dict)
+        load_state(trainer, self.opt_state)
         assert self.rng is not None
         trainer.rng = self.rng
 
     def swap_out(self) -> None:
-        state = self.sim.trainer.optimizer.state
-        self.opt_state = state if state else None
+        self.opt_state = state_of(self.sim.trainer)
+
+    def cycle_inputs(self, x: torch.Tensor, y: torch.Tensor, work: Work) -> CycleInputs:
+        """What the executor trains this cycle from (sim.executor): nothing of the device is shared with it."""
+        assert self.rng is not None and self.version is not None
+        anchor = None
+        if self.sim.proximal:
+            anchor = self.anchor if self.anchor is not None else self.sim.versions[self.version]
+        return CycleInputs(weights=self.weights(), opt_state=self.opt_state, rng_state=dict(self.rng.bit_generator.state),
+                           global_steps=self.global_steps, anchor=anchor, x=x, y=y, lr=work.lr,
+                           batch_size=work.batch_size, accumulation=work.accumulation)
+
+    def take_cycle_outputs(self, out: CycleOutputs) -> None:
+        assert self.rng is not None
+        self.local, self.opt_state, self.global_steps = out.weights, out.opt_state, out.global_steps
+        self.rng.bit_generator.state = out.rng_state
 
     def adopt(self, reply: Message, pushed: torch.Tensor | None = None) -> None:
         """A pulled model (client.session.Session._adopt): the trainer loads it (``pushed``: rebased on it,
@@ -334,6 +351,8 @@ class SimDevice:
         self.sim.versions.hold(version, flat)
         self.sim.versions.release(self.version)
         self.version, self.local = version, (None if pushed is None else target)
+        # The trainer anchors its proximal term at what it loads (LocalTrainer.load).
+        self.anchor = None if pushed is None or not self.sim.proximal else target
 
     async def pull(self, force: bool, pushed: torch.Tensor | None = None) -> None:
         body = request_body(PullModel(if_newer=not force, dtype=self.sim.config.pull_dtype))
@@ -426,7 +445,6 @@ class SimDevice:
     async def train(self) -> None:
         """client.loop.run_cycles with topology.PushPull, in virtual time."""
         sim = self.sim
-        trainer = sim.trainer
         st = self.totals
         while not sim.over:
             work = await self.next_work()
@@ -436,17 +454,22 @@ class SimDevice:
             x, y, self.carry = take_cycle(self.carry, work)
             if len(y) == 0:
                 continue
-            self.swap_in()
-            trainer.set_lr(work.lr)
-            result = trainer.train_cycle(x, y, work.batch_size, work.accumulation)
-            self.local = trainer.flat()
-            self.swap_out()
+            # Launched when it starts in virtual time, taken when it ends: on Ray the cycles that
+            # overlap in virtual time train in parallel (sim.executor).
+            pending = sim.executor.submit(self.cycle_inputs(x, y, work))
             # The device's time, not this machine's: the cycle's FLOPs at the device's rate
             # (and the gate's evaluation of the validation split).
-            compute = sim.compute_seconds(result.samples, self.profile.flops)
-            result = replace(result, compute_seconds=compute)
+            compute = sim.compute_seconds(len(y), self.profile.flops)
             gate_eval = sim.eval_seconds(len(self.validation[1]), self.profile.flops) if self.validation else 0.0
-            await self.until(sim.driver.now() + compute + gate_eval)
+            try:
+                await self.until(sim.driver.now() + compute + gate_eval)
+            except Offline:
+                # Trained, then lost: the device's shuffling stream moved on all the same.
+                self.take_cycle_outputs(sim.executor.result(pending))
+                raise
+            out = sim.executor.result(pending)
+            self.take_cycle_outputs(out)
+            result = replace(out.result, compute_seconds=compute)
             st.cycles += 1
             st.samples += result.samples
             st.compute_seconds += compute

@@ -32,7 +32,6 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from hermes.client.session import Job
-from hermes.client.trainer import LocalTrainer
 from hermes.common.config import RunConfig
 from hermes.common.messages import KafkaRanges
 from hermes.common.task import Task
@@ -51,6 +50,7 @@ from hermes.sim.data import Split, SplitError, parse_split, plan_data
 from hermes.sim.device import DeviceDataError, SimDevice, VersionStore
 from hermes.sim.engine_driver import Driver, ServerCostModel, ServerLinkModel, Transfer
 from hermes.sim.events import VirtualClock, run_virtual
+from hermes.sim.executor import Executor, LocalExecutor, RayExecutor, RayMissing, build_trainer
 from hermes.sim.server_cost import ZeroCost
 
 log = logging.getLogger(__name__)
@@ -107,7 +107,7 @@ class Simulation:
                  transfer: Transfer, server_link: ServerLinkModel | None = None,
                  cost: ServerCostModel | None = None, population: str = "", link: str | None = None,
                  heartbeat_interval: float = 2.0, heartbeat_timeout: float = 10.0,
-                 executor: Any = None, split: str | Split | None = None) -> None:
+                 executor: Executor | None = None, split: str | Split | None = None, ray: str | None = None) -> None:
         if not profiles:
             raise SimError("no devices to simulate")
         if config.topology != "ps":
@@ -143,19 +143,24 @@ class Simulation:
                              cost=cost if cost is not None else ZeroCost(), heartbeat_timeout=heartbeat_timeout)
         self.combine = bool(config.combine_messages)
         spec = self.engine.spec
-        model = build_checked(self.task.model, spec)
-        load_flat(model, self.engine.state.snapshot()[1])
-        # One trainer, every device's in turn (device.py says what is swapped in and out).
-        self.trainer = LocalTrainer(model, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay,
-                                    device=torch.device("cpu"), precision="fp32", seed=config.seed,
-                                    loss=self.task.loss, optimizer=self.task.optimizer)
+        # One trainer, every device's in turn (device.py says what is swapped in and out), built as an agent's.
+        self.trainer = build_trainer(self.task, config, spec)
+        load_flat(self.trainer.model, self.engine.state.snapshot()[1])
+        # FedAsync's proximal term (Xie et al. 2019 Sec. 4): each cycle is anchored at the device's pulled model.
+        self.proximal = bool(self.trainer.proximal_rho)
         self.job = Job(spec=spec, config=config, precision="fp32", wire_dtype=dtype_from_name(config.wire_dtype),
                        trainer=self.trainer, gate=None, from_baseline=config.pushes_from_baseline(),
                        validation_shards=[], data_source=KafkaRanges(), task=self.task)
         self.train_flops, self.eval_flops = flops_per_sample(self.task, spec, self.engine.train)
         self.versions = VersionStore()
         self.validation_cache: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor]] = {}
-        self.executor = executor
+        # Where the cycles train: here, or on a Ray cluster (sim.executor; the same summary either way).
+        if executor is None and ray is not None:
+            try:
+                executor = RayExecutor(ray, task=self.task, config=config, spec=spec)
+            except RayMissing as exc:
+                raise SimError(str(exc)) from None
+        self.executor: Executor = executor if executor is not None else LocalExecutor(self.trainer)
         self._sessions = 0
         self.devices = [SimDevice(p, self) for p in self.profiles]
         self.wall_seconds = 0.0
@@ -214,6 +219,7 @@ class Simulation:
             raise SimError(str(exc)) from None
         finally:
             torch.set_num_threads(threads)
+            self.executor.close()
         self.wall_seconds = time.perf_counter() - t0
         summary = self.summary(srv)
         tmp = self.out / "summary.json.tmp"
