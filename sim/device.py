@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import zlib
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -38,14 +39,16 @@ from fastapi import HTTPException
 
 from hermes.client.local_data import LocalDataError, LocalSet
 from hermes.client.loop import cycle_record
+from hermes.client.options import AgentOptions
 from hermes.client.overlap import rebase
 from hermes.client.prefetch import Work
-from hermes.client.session import Job, Outbox, take_cycle
+from hermes.client.session import AgentStats, Job, Outbox, take_cycle
 from hermes.client.shard_fetch import records_to_tensors
-from hermes.client.topology import judge_cycle, update_of
+from hermes.client.topology import LossNotFinite, judge_cycle, update_of
 from hermes.common.control_messages import Hints
 from hermes.common.messages import (
     IN_FLIGHT,
+    LOSS_NOT_FINITE,
     MAX_SHARDS_PER_FETCH,
     FetchShard,
     PullModel,
@@ -62,6 +65,7 @@ from hermes.common.shards import decode_record
 from hermes.common.tensors import load_flat
 from hermes.common.wire import ErrorCode, Message, MsgType, ProtocolError
 from hermes.server.routes import workers as routes
+from hermes.sim.events import current_device
 from hermes.sim.executor import CycleInputs, CycleOutputs, OptState, load_state, state_of
 
 if TYPE_CHECKING:
@@ -71,6 +75,8 @@ log = logging.getLogger(__name__)
 
 # Data-plane errors after which an agent registers again (client.agent._REJOIN_CODES).
 REJOIN_CODES = frozenset({ErrorCode.UNAUTHORIZED, ErrorCode.UNKNOWN_WORKER, ErrorCode.UNAVAILABLE, ErrorCode.REPLAY})
+# Cycles in a row whose loss is not finite before a device gives up, as an agent (exit 4).
+MAX_NONFINITE: int = AgentOptions.max_nonfinite_cycles
 # A registration's request and reply (JSON over HTTP): their size on the wire, for the link's time.
 REGISTER_BYTES = (600, 2_000)
 
@@ -112,19 +118,11 @@ class VersionStore:
 
 
 @dataclass
-class Totals:
-    """The device's own account (the agent's AgentStats, plus what churn cost it)."""
+class Totals(AgentStats):
+    """The device's own account: the agent's (client.session.AgentStats, ``started`` 0 on the virtual
+    clock), plus what churn cost it."""
 
-    cycles: int = 0
-    samples: int = 0
-    compute_seconds: float = 0.0
-    wait_seconds: float = 0.0
-    pushes: int = 0
-    applied: int = 0
-    rejected: int = 0
-    pulls: int = 0
-    gate_skips: int = 0
-    resyncs: int = 0
+    started: float = 0.0
     registrations: int = 0
     offline: int = 0
     lost_cycles: int = 0
@@ -135,6 +133,8 @@ class SimDevice:
         self.profile = profile
         self.sim = sim
         self.name: str = profile.device_id
+        # Its position in the population: equal-time events run in this order (sim.events.current_device).
+        self.index = 0
         self.up_mbps: float = profile.up_mbps
         self.down_mbps: float = profile.down_mbps
         self.rtt_s: float = profile.rtt_s
@@ -170,6 +170,9 @@ class SimDevice:
         self.offline_at: float | None = None
         self.last_report = -1e18
         self.stop_reason = ""
+        # The agent process's exit code: 4 when its training diverged (client.cli).
+        self.exit_code = 0
+        self.nonfinite_in_a_row = 0
 
     # ---- time and churn ----------------------------------------------------------
 
@@ -199,6 +202,7 @@ class SimDevice:
     # ---- life ---------------------------------------------------------------------
 
     async def run(self) -> None:
+        current_device.set(self.index)  # this task's context, and every task it starts
         availability = self.profile.availability
         while not self.sim.over:
             now = self.sim.driver.now()
@@ -214,6 +218,12 @@ class SimDevice:
                 await self.register()
                 heartbeat = asyncio.ensure_future(self.heartbeats(self.session))
                 await self.train()
+                await self.goodbye()
+                return
+            except LossNotFinite as exc:
+                # The agent gives up (exit 4) after its last report and its leave.
+                log.info("%s: %s", self.name, exc)
+                self.stop_reason, self.exit_code = str(exc), 4
                 await self.goodbye()
                 return
             except Offline:
@@ -473,6 +483,13 @@ class SimDevice:
             st.cycles += 1
             st.samples += result.samples
             st.compute_seconds += compute
+            st.last_loss = result.loss
+            if not math.isfinite(result.loss):
+                if await self.drop_diverged(work, result):
+                    self.stop_reason = "server asked to stop"
+                    return
+                continue
+            self.nonfinite_in_a_row = 0
             if self.inflight is not None:
                 if not self.inflight.done():
                     # overlap_push: the last push is not answered yet; this cycle's progress goes with the next.
@@ -522,6 +539,25 @@ class SimDevice:
             await self._wait(self.inflight)
             await self.settle()
 
+    async def drop_diverged(self, work: Work, result: Any) -> bool:
+        """client.topology.PushPull._drop_diverged: a cycle whose loss is NaN or infinite is not pushed (the
+        server refuses such a push), the global model is taken again; MAX_NONFINITE in a row and the device
+        gives up (LossNotFinite). True when an overlapped push's reply says stop."""
+        st = self.totals
+        if self.inflight is not None:
+            await self._wait(self.inflight)  # its reply still counts; the model it brings is replaced below
+            if await self.settle():
+                return True
+        self.nonfinite_in_a_row += 1
+        st.nonfinite_cycles += 1
+        await self.skipped(cycle_record(work, result, pushed=False, decision=LOSS_NOT_FINITE))
+        if self.nonfinite_in_a_row >= MAX_NONFINITE:
+            raise LossNotFinite(f"the local loss was not finite in {self.nonfinite_in_a_row} cycles in a row (last "
+                                f"{result.loss} after {result.steps} steps), each retried from the global model")
+        await self.pull(force=True)
+        self.local, self.opt_state = None, None
+        return False
+
     async def settle(self) -> bool:
         """The overlapped push's reply, rebased on; True when it says stop."""
         assert self.inflight is not None
@@ -543,8 +579,14 @@ class SimDevice:
         answer = parse_reply(PushReply, reply.header.body, "PUSH_REPLY")
         if answer.status == "applied":
             st.applied += 1
+            st.last_refusal = ""
         else:
+            # PushPull._receive's account: refused for what it was, or because the run is stopping.
             st.rejected += 1
+            reason = answer.reason or ""
+            st.refused += answer.status == "rejected" and reason != "run is stopping"
+            st.quarantined_refusals += "quarantine" in reason
+            st.last_refusal = reason
         if answer.stop:
             return True
         if self.outbox is not None and answer.model == "included" and reply.payload is not None:

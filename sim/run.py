@@ -21,6 +21,7 @@ import argparse
 import asyncio
 import json
 import logging
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -163,6 +164,8 @@ class Simulation:
         self.executor: Executor = executor if executor is not None else LocalExecutor(self.trainer)
         self._sessions = 0
         self.devices = [SimDevice(p, self) for p in self.profiles]
+        for i, d in enumerate(self.devices):
+            d.index = i
         self.wall_seconds = 0.0
 
     @property
@@ -234,7 +237,7 @@ class Simulation:
                                model=c.model, speed_schedule="", pace=1.0, topology=c.topology,
                                target_accuracy=c.target_accuracy, target=c.target, kafka=None)
         procs = [_Proc(d.name, {"speed": d.profile.flops, "slowdown": 1.0, "cores": 1, "threads": 1},
-                       SimpleNamespace(returncode=0), self.out / "events.jsonl") for d in self.devices]
+                       SimpleNamespace(returncode=d.exit_code), self.out / "events.jsonl") for d in self.devices]
         links = {"mode": "simulated", "link": self.link, "agents": {
             d.name: {"name": f"{d.up_mbps:g}/{d.down_mbps:g} Mbit/s {d.rtt_s * 1000:g} ms"} for d in self.devices}}
         summary = build_summary(a, srv, outcome=self.engine.outcome, wall=self.wall_seconds,
@@ -244,7 +247,9 @@ class Simulation:
         for w, d in zip(summary["workers"], self.devices):
             w["family"] = getattr(d.profile, "family", None)
             w["flops"] = d.profile.flops
-            w["device"] = asdict(d.totals)
+            # JSON has no NaN (last_loss before any cycle, or a diverged one's).
+            w["device"] = {k: None if isinstance(v, float) and not math.isfinite(v) else v
+                           for k, v in asdict(d.totals).items()}
             if d.name in self.data.held:
                 w["data"] = self.data.held[d.name]
         summary["data"] = self.data.record
