@@ -18,7 +18,9 @@ arrays zero-copy through its object store); the task itself is handed to Ray
 once (its own serialiser, cloudpickle), stripped of its data: a worker needs
 its model, loss, optimizer and hooks, never its samples. Ray is imported only
 here, only when ``RayExecutor`` is built: the rest of the simulator runs
-without it installed.
+without it installed. A remote cluster's workers import ``hermes.sim.executor``
+themselves: they need this package installed, and the same torch build on the
+same kind of CPU for the same bits.
 """
 
 from __future__ import annotations
@@ -49,8 +51,8 @@ __all__ = ["CycleInputs", "CycleOutputs", "Executor", "LocalExecutor", "RayExecu
 OptState = dict[int, dict[str, Any]]
 
 
-class RayMissing(ImportError):
-    """--ray without Ray installed (one line, with the install command)."""
+class RayMissing(RuntimeError):
+    """--ray without Ray installed, or a cluster that cannot be reached (one line)."""
 
 
 @dataclass
@@ -221,7 +223,10 @@ class RayExecutor:
         if not ray.is_initialized():
             kwargs = {"include_dashboard": False, "log_to_driver": False, **(init_kwargs or {})}
             # "auto": Ray's default, the cluster started on this machine (ray start) if any, else a new local one.
-            ray.init(address=None if address == "auto" else address, **kwargs)
+            try:
+                ray.init(address=None if address == "auto" else address, **kwargs)
+            except (ConnectionError, RuntimeError, ValueError) as exc:
+                raise RayMissing(f"--ray {address}: {exc}") from None
             self.started = True
         # The worker needs the task's code, never its data (the split's local_data holds the train set).
         bare = dataclasses.replace(task, train_data=None, test_data=None, local_data=None, local_eval_data=None,
