@@ -41,6 +41,7 @@ class Admission:
         self.open = limit <= 0
         self.granted = 0
         self.waited = 0
+        self.peak = 0  # the most workers that held a slot at once
 
     async def admit(self, worker_id: str) -> bool:
         """Wait for the worker's slot; False when the worker left (or registered again) meanwhile."""
@@ -51,8 +52,7 @@ class Admission:
                 return True
             return await self._hold(self.pending, worker_id)
         if len(self.holders) < self.limit and not self.waiting:
-            self.holders.add(worker_id)
-            self.granted += 1
+            self._take(worker_id)
             return True
         self.waited += 1
         return await self._hold(self.waiting, worker_id)
@@ -120,10 +120,14 @@ class Admission:
             worker_id, future = self.waiting.popitem(last=False)
             if future.done():
                 continue
-            self.holders.add(worker_id)
-            self.granted += 1
+            self._take(worker_id)
             future.set_result(True)
+
+    def _take(self, worker_id: str) -> None:
+        self.holders.add(worker_id)
+        self.granted += 1
+        self.peak = max(self.peak, len(self.holders))
 
     def status(self) -> dict[str, Any]:
         return {"limit": self.limit, "training": len(self.holders), "waiting": len(self.waiting) + len(self.pending),
-                "granted": self.granted, "waited": self.waited}
+                "granted": self.granted, "waited": self.waited, "peak": self.peak}
