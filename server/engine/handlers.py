@@ -183,8 +183,9 @@ class Handlers:
                     "reason": f"base version {body.base_version} is not kept for {worker.id}; pull a new base"})
             payload = await offload(payload_bytes(payload), self.bases.rebased, payload, base)
         status, fields = await self.step.push(worker, h.model_version, body.samples, payload)
-        if self.admission is not None:
-            self.admission.cycle_done(worker.id)
+        if self.admission is not None and not self.admission.open:
+            # concurrency.limit: the reply (and the model it brings) waits for the worker's next turn.
+            await self.admission.next_turn(worker.id)
         reply = {"status": status, **fields}
         if not body.pull:
             return self.reply(MsgType.PUSH_REPLY, worker, h.seq, reply)

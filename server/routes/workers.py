@@ -147,8 +147,6 @@ def heartbeat(worker_id: str, x_hermes_token: str = Header(default=""),
         raise HTTPException(410, f"worker {worker_id} is {rec.state}; register again")
     rec.last_seen = engine.clock.time()
     engine.metrics.heartbeats.inc()
-    if not engine.admission.open:  # concurrency.limit: a holder silent but for this may be done (admission.py)
-        engine.on_loop(engine.admission.heartbeat, worker_id)
     reply = {"state": rec.state, "model_version": engine.state.version, "stop": engine.stopping}
     broken = engine.collective.broken_generation_for(rec)
     if broken is not None:

@@ -25,7 +25,7 @@ def _admission(limit: int) -> Admission:
     return Admission(limit, Telemetry(ServerMetrics(), EventLog(None)))
 
 
-def test_at_most_limit_workers_hold_work_and_a_finished_cycle_passes_the_slot_on_in_order():
+def test_at_most_limit_workers_hold_work_and_a_push_passes_the_slot_on_in_order():
     adm = _admission(2)
 
     async def go():
@@ -34,49 +34,48 @@ def test_at_most_limit_workers_hold_work_and_a_finished_cycle_passes_the_slot_on
         d = asyncio.ensure_future(adm.admit("d"))
         assert await _pending(c) and await _pending(d)
         assert adm.status()["training"] == 2 and adm.status()["waiting"] == 2
-        adm.cycle_done("b")  # b's push: its slot goes to the longest waiting, c
-        assert await c and await _pending(d)
+        b_reply = asyncio.ensure_future(adm.next_turn("b"))  # b's push: its slot goes to c, its reply waits
+        assert await c and await _pending(d) and await _pending(b_reply)
         assert adm.holders == {"a", "c"}
-        b_again = asyncio.ensure_future(adm.admit("b"))  # b waits its turn behind d
-        adm.cycle_done("a")
-        assert await d and await _pending(b_again)
-        adm.release("c")  # c left: its slot goes to b
-        assert await b_again
-        assert adm.holders == {"b", "d"}
+        a_reply = asyncio.ensure_future(adm.next_turn("a"))
+        assert await d and await _pending(b_reply) and await _pending(a_reply)
+        adm.release("c")  # c left: its slot goes to the longest waiting, b's reply
+        assert await b_reply and await _pending(a_reply)
+        assert adm.holders == {"b", "d"} and adm.peak == 2
 
     _run(go())
 
 
-def test_a_holders_prefetch_is_answered_at_once_while_nobody_waits_and_held_for_its_report_otherwise():
+def test_a_holder_is_answered_at_once_and_keeps_its_slot_while_nobody_waits():
     adm = _admission(1)
 
     async def go():
         assert await adm.admit("a")
-        assert await adm.admit("a")  # nobody waits: the prefetcher's request is answered
+        assert await adm.admit("a")  # its prefetcher's request
+        assert await adm.next_turn("a")  # its push: nobody waits, the reply goes at once
         b = asyncio.ensure_future(adm.admit("b"))
-        prefetch = asyncio.ensure_future(adm.admit("a"))
-        assert await _pending(b) and await _pending(prefetch)
-        adm.cycle_done("a")  # a's cycle is in: b trains, a's request waits behind b
-        assert await b and await _pending(prefetch)
-        adm.cycle_done("b")
-        assert await prefetch
-        assert adm.holders == {"a"}
-
-    _run(go())
-
-
-def test_a_heartbeat_ends_the_turn_of_a_holder_whose_skipped_cycle_rides_on_its_held_request():
-    adm = _admission(1)
-
-    async def go():
-        assert await adm.admit("a")
-        b = asyncio.ensure_future(adm.admit("b"))
-        held = asyncio.ensure_future(adm.admit("a"))
-        assert await _pending(held)
-        adm.heartbeat("b")  # a waiting worker's heartbeat changes nothing
         assert await _pending(b)
-        adm.heartbeat("a")
-        assert await b and await _pending(held)
+        assert await adm.admit("a")  # a holder's request is never held
+        reply = asyncio.ensure_future(adm.next_turn("a"))
+        assert await b and await _pending(reply)
+        assert adm.holders == {"b"}
+
+    _run(go())
+
+
+def test_a_gate_skipped_cycle_ends_the_turn_and_the_request_that_reported_it_waits():
+    adm = _admission(1)
+
+    async def go():
+        assert await adm.admit("a")
+        b = asyncio.ensure_future(adm.admit("b"))
+        assert await _pending(b)
+        adm.cycle_done("b")  # not a holder: nothing changes
+        assert await _pending(b)
+        adm.cycle_done("a")
+        assert await b
+        again = asyncio.ensure_future(adm.admit("a"))
+        assert await _pending(again)
 
     _run(go())
 
@@ -124,15 +123,21 @@ def test_the_engine_holds_a_work_request_beyond_the_limit_until_a_push_frees_a_s
         assert first.header.type is MsgType.WORK
         waiting = asyncio.ensure_future(b.request(MsgType.REQUEST_WORK, {}))
         assert await _pending(waiting), "b got work while a held the only slot"
-        await a.request(MsgType.PUSH_UPDATE, {"samples": 1}, payload=a.delta(0.0), model_version=0)
-        reply = await asyncio.wait_for(waiting, 5)
-        assert reply.header.type is MsgType.WORK
-        # a asks again: b holds the slot now, so a waits, and b's leave hands the slot back.
-        again = asyncio.ensure_future(a.request(MsgType.REQUEST_WORK, {}))
-        assert await _pending(again)
-        await engine.leave(b.rec.id, "test")
-        assert (await asyncio.wait_for(again, 5)).header.type is MsgType.WORK
-        assert engine.admission.holders == {a.rec.id}
+        # a's push is folded (K = 1) and b gets the slot; a's reply waits for a's next turn.
+        a_push = asyncio.ensure_future(a.request(MsgType.PUSH_UPDATE, {"samples": 1, "pull": True},
+                                                 payload=a.delta(0.5), model_version=0))
+        assert (await asyncio.wait_for(waiting, 5)).header.type is MsgType.WORK
+        assert await _pending(a_push)
+        assert engine.state.version == 1
+        # b pushes: its turn ends, a's reply goes out with the model as it is now (version 2).
+        b_push = asyncio.ensure_future(b.request(MsgType.PUSH_UPDATE, {"samples": 1, "pull": True},
+                                                 payload=b.delta(0.5), model_version=0))
+        reply = await asyncio.wait_for(a_push, 5)
+        assert reply.header.type is MsgType.PUSH_REPLY and reply.header.model_version == 2
+        assert reply.header.body["model"] == "included" and await _pending(b_push)
+        await engine.leave(a.rec.id, "test")  # a leaves: b's reply gets the slot
+        assert (await asyncio.wait_for(b_push, 5)).header.type is MsgType.PUSH_REPLY
+        assert engine.admission.holders == {b.rec.id}
 
     _run(go())
 
