@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Literal, Protocol
 
 import torch
@@ -91,7 +91,7 @@ class Driver:
         self.active: set[str] = set(engine.registry.active_ids())
         engine.telemetry.subscribe(self._membership)
 
-    def _membership(self, fact: str, fields: dict[str, Any]) -> None:
+    def _membership(self, fact: str, fields: Mapping[str, Any]) -> None:
         if fact == "join":
             self.active.add(fields["worker"])
         elif fact == "leave":

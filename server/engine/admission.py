@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
+from collections.abc import Mapping
 from typing import Any
 
 from hermes.server.engine.telemetry import Telemetry
@@ -92,7 +93,7 @@ class Admission:
         self.waiting.clear()
         log.debug("admission open for all: %s", reason)
 
-    def listener(self, fact: str, fields: dict[str, Any]) -> None:
+    def listener(self, fact: str, fields: Mapping[str, Any]) -> None:
         """Telemetry's join and leave facts free the worker's slot (a rejoin starts a new session)."""
         if fact in ("join", "leave"):
             self.release(str(fields["worker"]))
