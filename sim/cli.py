@@ -60,6 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--heartbeat-interval", type=float, default=2.0, help="device heartbeat period (default 2)")
     p.add_argument("--heartbeat-timeout", type=float, default=10.0,
                    help="silence after which the server marks a device lost (default 10)")
+    p.add_argument("--alone", action="store_true",
+                   help="the baseline: the population's fastest device trains alone with all the data, always "
+                        "online (time to target against a distributed run's)")
     p.add_argument("--ray", default=None, metavar="auto|ADDRESS",
                    help="train the devices' cycles on a Ray cluster, with the same summary as without it: auto "
                         "(the cluster running on this machine, else a local one for this run) or the cluster's "
@@ -128,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         sim = Simulation(config, profiles, out=out, transfer=transfer_seconds, server_link=link,
                          cost=by_name(args.server_cost), population=args.population, link=args.link,
                          heartbeat_interval=args.heartbeat_interval, heartbeat_timeout=args.heartbeat_timeout,
-                         split=args.split, ray=args.ray)
+                         split=args.split, ray=args.ray, alone=args.alone)
         summary = sim.run()
     except (SimError, OutDirError, TaskError) as exc:
         print(f"hermes-sim: {exc}", file=sys.stderr)

@@ -31,7 +31,7 @@ import logging
 import math
 import zlib
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -45,6 +45,7 @@ from hermes.client.prefetch import Work
 from hermes.client.session import AgentStats, Job, Outbox, take_cycle
 from hermes.client.shard_fetch import records_to_tensors
 from hermes.client.topology import LossNotFinite, judge_cycle, update_of
+from hermes.client.trainer import LocalTrainer
 from hermes.common.control_messages import Hints
 from hermes.common.messages import (
     IN_FLIGHT,
@@ -168,6 +169,8 @@ class SimDevice:
         self.inflight: asyncio.Future[Message] | None = None
         self.inflight_pushed: torch.Tensor | None = None
         self.offline_at: float | None = None
+        self._job: Job | None = None
+        self._own = _OwnWeights()
         self.last_report = -1e18
         self.stop_reason = ""
         # The agent process's exit code: 4 when its training diverged (client.cli).
@@ -450,7 +453,13 @@ class SimDevice:
     # ---- cycles ---------------------------------------------------------------------
 
     def job(self) -> Job:
-        return replace(self.sim.job, gate=self.gate)
+        """The agent's job, with this device's gate; without a gate, its trainer is the device's own weights
+        (update_of reads them with ``flat()``): loading them into the shared trainer again is not needed."""
+        if self._job is None:
+            trainer = self.sim.job.trainer if self.gate is not None else cast("LocalTrainer", self._own)
+            self._job = replace(self.sim.job, gate=self.gate, trainer=trainer)
+        self._own.weights = self.local
+        return self._job
 
     async def train(self) -> None:
         """client.loop.run_cycles with topology.PushPull, in virtual time."""
@@ -498,7 +507,8 @@ class SimDevice:
                 if await self.settle():
                     self.stop_reason = "server asked to stop"
                     return
-            self.swap_in()
+            if self.gate is not None:
+                self.swap_in()  # the gate scores the device's model in the trainer
             job = self.job()
             cycle, decision, _ = judge_cycle(job, self.validation, work, result)
             update = None
@@ -506,7 +516,8 @@ class SimDevice:
                 reference = sim.versions[self.baseline if job.from_baseline else self.version]  # type: ignore[index]
                 pushed, delta, update = update_of(job, reference, result, cycle,
                                                   base_version=self.baseline if job.from_baseline else None)
-            self.swap_out()
+            if self.gate is not None:
+                self.swap_out()
             if update is None:
                 assert decision is not None
                 st.gate_skips += 1
@@ -621,6 +632,16 @@ class SimDevice:
             await self.request(MsgType.REPORT_STATS, request_body(self.stats_body()))
         else:
             self.outbox.set_stats(self.stats_body())
+
+
+class _OwnWeights:
+    """The device's trained weights where update_of asks a trainer for them (``flat()``)."""
+
+    weights: torch.Tensor | None = None
+
+    def flat(self) -> torch.Tensor:
+        assert self.weights is not None, "a cycle's weights are kept before its push is made"
+        return self.weights
 
 
 def _records(reply: Message, body: Any, shards: list[int]) -> list[Any]:

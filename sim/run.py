@@ -24,7 +24,7 @@ import logging
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
@@ -49,6 +49,7 @@ from hermes.server.settings import DEFAULT_MAX_MESSAGE_BYTES
 from hermes.server.shardstore import load_splits
 from hermes.sim.data import Split, SplitError, parse_split, plan_data
 from hermes.sim.device import DeviceDataError, SimDevice, VersionStore
+from hermes.sim.devices import ALWAYS_ON
 from hermes.sim.engine_driver import Driver, ServerCostModel, ServerLinkModel, Transfer
 from hermes.sim.events import VirtualClock, run_virtual
 from hermes.sim.executor import Executor, LocalExecutor, RayExecutor, RayMissing, build_trainer
@@ -56,7 +57,7 @@ from hermes.sim.server_cost import ZeroCost
 
 log = logging.getLogger(__name__)
 
-__all__ = ["WALL_FIELDS", "SimError", "Simulation", "deterministic_view"]
+__all__ = ["WALL_FIELDS", "SimError", "Simulation", "deterministic_view", "fastest_alone"]
 
 # Fields of summary.json measured on this machine's clock, not the virtual one.
 WALL_FIELDS = ("wall_seconds", "sim")
@@ -93,6 +94,13 @@ def flops_per_sample(task: Task, spec: Any, train: Any) -> tuple[float, float]:
     return max(1.0, step.get_total_flops() / n), max(1.0, fwd.get_total_flops() / n)
 
 
+def fastest_alone(profiles: Sequence[Any]) -> Any:
+    """The baseline a distributed run must beat: the population's fastest device (the first of equals),
+    alone with all the data, always online (its churn would only slow it: the baseline is generous)."""
+    best = max(profiles, key=lambda p: p.flops)
+    return replace(best, availability=ALWAYS_ON)
+
+
 @dataclass
 class _Proc:
     """A device as build_summary reads an agent process (name, info, exit code, log)."""
@@ -108,9 +116,12 @@ class Simulation:
                  transfer: Transfer, server_link: ServerLinkModel | None = None,
                  cost: ServerCostModel | None = None, population: str = "", link: str | None = None,
                  heartbeat_interval: float = 2.0, heartbeat_timeout: float = 10.0,
-                 executor: Executor | None = None, split: str | Split | None = None, ray: str | None = None) -> None:
+                 executor: Executor | None = None, split: str | Split | None = None, ray: str | None = None,
+                 alone: bool = False) -> None:
         if not profiles:
             raise SimError("no devices to simulate")
+        if alone:
+            profiles = [fastest_alone(profiles)]
         if config.topology != "ps":
             raise SimError(f"topology {config.topology!r}: the simulator runs the parameter-server topology only")
         if config.max_seconds is None:
@@ -122,6 +133,7 @@ class Simulation:
             raise SimError(f"{self.out} holds an earlier run's summary.json: give another --out")
         prepare_out_dir(self.out, resume=False, overwrite=False)
         self.population, self.link = population, link
+        self.alone = alone
         self.transfer = transfer
         self.heartbeat_interval = heartbeat_interval
         self.clock = VirtualClock(start=0.0)
@@ -256,6 +268,7 @@ class Simulation:
         summary["engine"] = "sim"
         summary["population"] = self.population
         summary["devices"] = len(self.devices)
+        summary["alone"] = self.alone
         summary["virtual_seconds"] = round(self.clock.monotonic(), 6)
         summary["server_busy_seconds"] = round(self.driver.server_busy_seconds, 6)
         summary["flops_per_sample"] = {"train": self.train_flops, "evaluate": self.eval_flops}
