@@ -63,39 +63,41 @@ def test_a_cycle_depends_on_its_inputs_alone_not_on_the_trainer_it_ran_on():
     assert first.result.loss == again.result.loss and first.result.samples == 96
 
 
-@pytest.fixture(scope="module")
-def local_ray():
+def test_a_run_on_a_local_ray_instance_gives_the_same_summary_as_a_local_run(tmp_path):
+    """One test (one Ray instance, one pytest-xdist worker): hermes (the gate), fedasync (the proximal
+    term), asp with momentum on a Dirichlet split and a device that leaves mid-cycle."""
     if not HAS_RAY:
         pytest.skip("Ray is not installed (the optional extra: pip install 'hermes-edge[ray]')")
     import ray
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
-        yield ray
+        for preset, extra in (("hermes", {}), ("fedasync", {}), ("asp", {"momentum": 0.9})):
+            _same_here_and_on_ray(tmp_path / preset, preset, extra)
+        assert ray.is_initialized()  # the caller's instance: the simulation left it running
     finally:
         ray.shutdown()
 
 
-@pytest.mark.parametrize("preset, extra", [("hermes", {}), ("fedasync", {}), ("asp", {"momentum": 0.9})])
-def test_a_run_on_a_local_ray_instance_gives_the_same_summary_as_a_local_run(tmp_path, local_ray, preset, extra):
+def _same_here_and_on_ray(out, preset: str, extra: dict) -> None:
     devices = _devices()
     if preset == "asp":
         # The fastest device leaves from 0.2 to 0.6 virtual s: the cycle it was training is lost on Ray too.
         devices[0] = dataclasses.replace(devices[0], availability=IntervalAvailability(((0.0, 0.2), (0.6, math.inf))))
     runs = {}
     for where in ("here", "ray"):
-        sim = Simulation(_config(preset, **extra), devices, out=tmp_path / where, transfer=transfer_seconds,
+        sim = Simulation(_config(preset, **extra), devices, out=out / where, transfer=transfer_seconds,
                          split="dirichlet:0.5" if preset == "asp" else None,
                          ray="auto" if where == "ray" else None)
         runs[where] = (sim, sim.run())
     here, ray_run = runs["here"][1], runs["ray"][1]
-    assert deterministic_view(here) == deterministic_view(ray_run)
+    assert deterministic_view(here) == deterministic_view(ray_run), preset
     assert here["model_updates"] == 30 and all(w["device"]["cycles"] > 0 for w in here["workers"])
     if preset == "asp":
         assert (here["workers"][0]["device"]["offline"], here["workers"][0]["device"]["lost_cycles"]) == (1, 1)
-    # Every cycle went to Ray (and Ray was not shut down: the test's instance is the caller's).
+    # Every cycle went to Ray.
     cycles = sum(w["device"]["cycles"] for w in ray_run["workers"])
-    assert runs["ray"][0].executor.submitted >= cycles > 0 and local_ray.is_initialized()
+    assert runs["ray"][0].executor.submitted >= cycles > 0
 
 
 def test_ray_missing_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch):
