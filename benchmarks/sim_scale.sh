@@ -1,43 +1,73 @@
 #!/bin/bash
-# Scale runs of hermes-sim (issue 27): N generated devices with churn, fedbuff and hermes to 0.9 on mnist1d,
-# each in its own process (one torch thread), side by side; wall time and peak RSS per run.
-#   OUT=DIR benchmarks/sim_scale.sh [LIMIT_S]   (run from the repository root, the package installed or
-#   importable through .typecheck)
-LIMIT=${1:-540}
+# Scale runs of hermes-sim (issue 27; docs/simulation.md, "Scale"): generated devices with churn, mnist1d to 0.9,
+# one process and one torch thread per run, ONE RUN AT A TIME (each under $LOCK when set, e.g. the machine's
+# sim lock), each run's wall time, virtual seconds, messages and peak RSS (/usr/bin/time -v) with the load
+# average before and after it.
+#
+#   LOCK=/work/locks/sim.lock OUT=runs/sim-scale benchmarks/sim_scale.sh goal|table|growth|RUN...
+#
+#   goal    fedbuff and hermes on 1,000 devices to 0.9; fedbuff on 10,000
+#   table   the 1,000-device table: hermes, fedbuff, fedasync, bsp, and the fastest device alone
+#   growth  fedbuff on 100, 1,000, 10,000 devices to 0.9 and 100,000 for a bounded 20 virtual seconds
+#   RUN     one of the names below (e.g. fedbuff-1000)
+#
+# Every asynchronous run bounds concurrency (concurrency.limit, FedBuff's C) at $C (default 100): unbounded,
+# fedbuff on 1,000 devices collapsed (docs/simulation.md).
+set -u
 OUT=${OUT:-runs/sim-scale}
-mkdir -p "$OUT"
 PY=${PY:-python}
-run() {  # preset devices
-  local out="$OUT/$1-$2"
-  "$PY" - "$1" "$2" "$out" "$LIMIT" > "$out.log" 2>&1 <<'PYEOF' &
-import json, resource, signal, sys, time
-preset, n, out, limit = sys.argv[1], int(sys.argv[2]), sys.argv[3], float(sys.argv[4])
-t0 = time.time()
-def report(why):
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(json.dumps({"preset": preset, "devices": n, "why": why, "wall_s": round(time.time() - t0, 1), "peak_rss_mb": round(rss, 1)}), flush=True)
-signal.signal(signal.SIGALRM, lambda *_: (report("time limit"), sys.exit(3)))
-signal.alarm(int(limit))
-from hermes.sim.cli import main
-rc = main(["--quiet", "--population", "generated", "--devices", str(n), "--preset", preset, "--dataset", "mnist1d",
-           "--target-accuracy", "0.9", "--max-seconds", "3600", "--out", out])
-report(f"rc {rc}")
+C=${C:-100}
+LIMIT=${LIMIT:-2400}  # wall seconds a run may take before it is killed (a run normally ends at its target)
+mkdir -p "$OUT"
+
+one() {  # name devices preset max_virtual_s [extra hermes-sim args...]
+  local name=$1 n=$2 preset=$3 budget=$4; shift 4
+  local out="$OUT/$name"
+  if [ -e "$out/summary.json" ]; then echo "== $name: done before ($out)"; return; fi
+  rm -rf "$out"
+  local lock=()
+  [ -n "${LOCK:-}" ] && lock=(flock -w 3600 "$LOCK")
+  echo "== $name: $(date -u +%FT%TZ) load before: $(cut -d' ' -f1-3 /proc/loadavg)"
+  "${lock[@]}" /usr/bin/time -v -o "$out.time" timeout "$LIMIT" "$PY" -m hermes.sim.cli --quiet --population generated \
+    --devices "$n" --preset "$preset" --dataset mnist1d --target-accuracy 0.9 --max-seconds "$budget" --seed 0 \
+    --out "$out" "$@" > "$out.log" 2>&1
+  echo "   rc $? $(date -u +%FT%TZ) load after: $(cut -d' ' -f1-3 /proc/loadavg)"
+  "$PY" - "$out" <<'PYEOF'
+import json, re, sys
+out = sys.argv[1]
+rss = re.search(r"Maximum resident set size \(kbytes\): (\d+)", open(out + ".time").read())
+try:
+    s = json.load(open(out + "/summary.json"))
+except OSError:
+    print("   no summary.json (killed at the wall limit?)", "peak RSS MB", rss and int(rss.group(1)) // 1024)
+    sys.exit()
+print(f"   reached {s['reached_target']} to_target {s['seconds_to_target']} virtual {s['virtual_seconds']:.1f} "
+      f"wall {s['wall_seconds']:.1f} messages {s['messages_total']} acc {s['final_accuracy']} "
+      f"updates {s.get('model_updates')} peak_rss_MB {rss and int(rss.group(1)) // 1024}")
 PYEOF
 }
-run fedbuff 1000; run hermes 1000; run fedbuff 100; run hermes 100; run fedbuff 10000
-wait
-for f in "$OUT"/*.log; do echo "== $f"; tail -2 "$f"; done
-for d in "$OUT"/*/; do
-  "$PY" -c "
-import json, sys, collections
-d = sys.argv[1]
-try:
-    s = json.load(open(d + 'summary.json'))
-    print(d, s['outcome'], 'to_target', s['seconds_to_target'], 'msgs', s['messages_total'], 'acc', s['final_accuracy'], 'wall', s['wall_seconds'], 'virtual', s['virtual_seconds'], 'updates', s['model_updates'])
-except OSError:
-    ev = [json.loads(l) for l in open(d + 'events.jsonl')]
-    evals = [e for e in ev if e['event'] == 'evaluation']
-    c = collections.Counter(e['event'] for e in ev)
-    print(d, 'unfinished; last evaluation', evals[-1] if evals else None, dict(c.most_common(6)))
-" "$d"
+
+run() {
+  case $1 in
+    fedbuff-100) one "$1" 100 fedbuff 600 --set concurrency.limit="$C" ;;
+    fedbuff-1000) one "$1" 1000 fedbuff 600 --set concurrency.limit="$C" ;;
+    hermes-1000) one "$1" 1000 hermes 600 --set concurrency.limit="$C" ;;
+    fedasync-1000) one "$1" 1000 fedasync 600 --set concurrency.limit="$C" ;;
+    bsp-1000) one "$1" 1000 bsp 600 ;;
+    alone-1000) one "$1" 1000 asp 3600 --alone ;;
+    alone-hermes-1000) one "$1" 1000 hermes 3600 --alone ;;
+    fedbuff-10000) one "$1" 10000 fedbuff 600 --set concurrency.limit="$C" ;;
+    fedbuff-100000) one "$1" 100000 fedbuff 20 --set concurrency.limit="$C" ;;
+    fedbuff-1000-unbounded) one "$1" 1000 fedbuff 60 ;;
+    *) echo "unknown run $1"; exit 2 ;;
+  esac
+}
+
+for what in "${@:-goal}"; do
+  case $what in
+    goal) for r in fedbuff-1000 hermes-1000 fedbuff-10000; do run $r; done ;;
+    table) for r in hermes-1000 fedbuff-1000 fedasync-1000 bsp-1000 alone-1000 alone-hermes-1000; do run $r; done ;;
+    growth) for r in fedbuff-100 fedbuff-1000 fedbuff-10000 fedbuff-100000; do run $r; done ;;
+    *) run "$what" ;;
+  esac
 done

@@ -45,6 +45,7 @@ from hermes.common.policies.compression import (
     TopKParams,
     check_choice,
 )
+from hermes.common.policies.concurrency import ConcurrencyParams
 from hermes.common.policies.federated import FedAsyncParams, FedBuffParams
 from hermes.common.policies.gate import GateParams
 from hermes.common.policies.robust import RobustParams
@@ -139,6 +140,7 @@ class RunConfig(BaseModel):
     dual_search: DualSearchParams = _section(DualSearchParams, "allocation 'dual-search'")
     early_stop: EarlyStopParams = _section(EarlyStopParams, "early stopping (server)")
     federated_eval: FederatedEvalParams = _section(FederatedEvalParams, "federated evaluation (server and agents)")
+    concurrency: ConcurrencyParams = _section(ConcurrencyParams, "workers training at once (server; FedBuff's C)")
     compression: CompressionParams = _section(CompressionParams, "the codecs of pushes and pulls")
     int8: Int8Params = _section(Int8Params, "compression 'int8'")
     topk: TopKParams = _section(TopKParams, "compression 'topk'")
@@ -311,6 +313,8 @@ class RunConfig(BaseModel):
         policies.check_compatible(self.chosen_policies(), self.core, self.sections())
         if self.overlap_push:
             self._check_overlap()
+        if self.concurrency.limit:
+            self._check_concurrency()
         check_choice(self.compression, topology=self.topology)
         self._check_pull_dtype()
         if self.dataset in ("mnist", "cifar10") and not self.dataset_root:
@@ -325,6 +329,14 @@ class RunConfig(BaseModel):
                              f"not {self.sync!r}, whose next cycle starts from the barrier's model")
         if not self.combine_messages:
             raise ValueError("overlap_push needs combine_messages: the push's reply must bring the model")
+
+    def _check_concurrency(self) -> None:
+        provides = policies.get("sync", self.sync).provides
+        if not provides & {"free_running", "buffered"}:
+            allowed = policies.quoted_names(policies.providers("free_running", "sync")
+                                            + policies.providers("buffered", "sync"))
+            raise ValueError(f"concurrency.limit keeps workers beyond the limit idle: it needs a sync that never "
+                             f"waits for a member ({allowed}), not {self.sync!r}, which would wait for the idle ones")
 
     def _check_pull_dtype(self) -> None:
         # pull_dtype is the old spelling of compression.pull fp16/bf16 (see pull_codec).

@@ -53,6 +53,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "zscore.relaxation": "paper", "zscore.alpha_reset": False, "zscore.current_in_window": True,
         "dual_search.balance_band": 0.0, "dual_search.cost_fit": "constant", "dual_search.tolerance": 0.0,
         "dual_search.mbs_min": 2, "rebalance.warmup_cycles": 0, "rebalance.min_observations": 1,
+        "dual_search.judgements_per_round": 0,
     },
     # Local momentum on top of asynchronous, stale updates diverged on the
     # testbed (digits, HL4: accuracy back to chance within 10 s); plain SGD

@@ -460,11 +460,15 @@ def simulate(task: Task | str, *, devices: int | None = None, population: str = 
              seed: int = 0, target: str | None = None, max_seconds: float | None = None,
              max_epochs: float | None = None, max_updates: int | None = None, out_dir: str | Path | None = None,
              config: dict[str, Any] | None = None, link: str | None = None, server_link_mbps: float = 1000.0,
-             server_cost: str = "calibrated", slowdowns: list[float] | None = None) -> Result:
+             server_cost: str = "calibrated", slowdowns: list[float] | None = None,
+             split: str = "shards", ray: str | None = None) -> Result:
     """Simulate ``task`` on ``devices`` devices of ``population`` (hl1..hl8, table2, generated, a trace file).
 
     ``max_seconds`` is in virtual seconds (default 3600). ``slowdowns``: one factor per device,
-    dividing its compute speed (as ``hermes.train``'s emulated agents are slowed down).
+    dividing its compute speed (as ``hermes.train``'s emulated agents are slowed down). ``split``:
+    ``shards`` (the server's, as the testbed), ``iid`` or ``dirichlet:ALPHA`` (``hermes-sim --split``).
+    ``ray``: ``"auto"`` or a cluster's address trains the devices' cycles on Ray (``hermes-sim --ray``;
+    the optional extra ``hermes-edge[ray]``), with the same summary as without it.
     """
     import dataclasses
     import math
@@ -489,6 +493,6 @@ def simulate(task: Task | str, *, devices: int | None = None, population: str = 
     out = Path(out_dir) if out_dir is not None else _default_out(f"sim-{resolved.name or 'task'}")
     server_link = None if math.isinf(server_link_mbps) else ServerLink(server_link_mbps, server_link_mbps)
     sim = Simulation(run_config, profiles, out=out, task=resolved, transfer=transfer_seconds, server_link=server_link,
-                     cost=cost_model(server_cost), population=population, link=link)
+                     cost=cost_model(server_cost), population=population, link=link, split=split, ray=ray)
     summary = sim.run()
     return dataclasses.replace(result_from(out, {}), summary=summary)

@@ -28,24 +28,28 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import zlib
-from collections import defaultdict
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
 from fastapi import HTTPException
 
+from hermes.client.local_data import LocalDataError, LocalSet
 from hermes.client.loop import cycle_record
+from hermes.client.options import AgentOptions
 from hermes.client.overlap import rebase
 from hermes.client.prefetch import Work
-from hermes.client.session import Job, Outbox, take_cycle
+from hermes.client.session import AgentStats, Job, Outbox, take_cycle
 from hermes.client.shard_fetch import records_to_tensors
-from hermes.client.topology import judge_cycle, update_of
+from hermes.client.topology import LossNotFinite, judge_cycle, update_of
+from hermes.client.trainer import LocalTrainer
 from hermes.common.control_messages import Hints
 from hermes.common.messages import (
     IN_FLIGHT,
+    LOSS_NOT_FINITE,
     MAX_SHARDS_PER_FETCH,
     FetchShard,
     PullModel,
@@ -62,6 +66,8 @@ from hermes.common.shards import decode_record
 from hermes.common.tensors import load_flat
 from hermes.common.wire import ErrorCode, Message, MsgType, ProtocolError
 from hermes.server.routes import workers as routes
+from hermes.sim.events import current_device
+from hermes.sim.executor import CycleInputs, CycleOutputs, OptState, load_state, state_of
 
 if TYPE_CHECKING:
     from hermes.sim.run import Simulation
@@ -70,8 +76,14 @@ log = logging.getLogger(__name__)
 
 # Data-plane errors after which an agent registers again (client.agent._REJOIN_CODES).
 REJOIN_CODES = frozenset({ErrorCode.UNAUTHORIZED, ErrorCode.UNKNOWN_WORKER, ErrorCode.UNAVAILABLE, ErrorCode.REPLAY})
+# Cycles in a row whose loss is not finite before a device gives up, as an agent (exit 4).
+MAX_NONFINITE: int = AgentOptions.max_nonfinite_cycles
 # A registration's request and reply (JSON over HTTP): their size on the wire, for the link's time.
 REGISTER_BYTES = (600, 2_000)
+
+
+class DeviceDataError(Exception):
+    """A device's local data cannot be built (the task's local_data failed for it; one line)."""
 
 
 class Offline(Exception):
@@ -107,19 +119,11 @@ class VersionStore:
 
 
 @dataclass
-class Totals:
-    """The device's own account (the agent's AgentStats, plus what churn cost it)."""
+class Totals(AgentStats):
+    """The device's own account: the agent's (client.session.AgentStats, ``started`` 0 on the virtual
+    clock), plus what churn cost it."""
 
-    cycles: int = 0
-    samples: int = 0
-    compute_seconds: float = 0.0
-    wait_seconds: float = 0.0
-    pushes: int = 0
-    applied: int = 0
-    rejected: int = 0
-    pulls: int = 0
-    gate_skips: int = 0
-    resyncs: int = 0
+    started: float = 0.0
     registrations: int = 0
     offline: int = 0
     lost_cycles: int = 0
@@ -130,6 +134,8 @@ class SimDevice:
         self.profile = profile
         self.sim = sim
         self.name: str = profile.device_id
+        # Its position in the population: equal-time events run in this order (sim.events.current_device).
+        self.index = 0
         self.up_mbps: float = profile.up_mbps
         self.down_mbps: float = profile.down_mbps
         self.rtt_s: float = profile.rtt_s
@@ -145,12 +151,17 @@ class SimDevice:
         self.gate: ZScoreGate | None = sim.config.build_policy("gate")
         # The trainer's shuffling stream, as an agent seeds it (from its worker id, at its first registration).
         self.rng: np.random.Generator | None = None
-        self.opt_state: defaultdict[Any, Any] | None = None
+        self.opt_state: OptState | None = None
+        self.global_steps = 0
+        # FedAsync's proximal anchor when it is not the pulled version (rebased by an overlapped push).
+        self.anchor: torch.Tensor | None = None
         self.version: int | None = None  # the pulled model (the since-pull base), held in the store
         self.baseline: int | None = None  # Hermes Alg. 2's w0: the first registration's model
         self.local: torch.Tensor | None = None  # own weights, only while they differ from ``version``
         self.carry: tuple[torch.Tensor, torch.Tensor] | None = None
         self.validation: tuple[torch.Tensor, torch.Tensor] | None = None
+        # Device-local data (Task.local_data, or a split of the train set): built at the first registration.
+        self.local_set: LocalSet | None = None
         self.outbox: Outbox | None = None
         self.works: list[Work] = []
         self.prefetch: asyncio.Task[list[Work] | None] | None = None
@@ -158,8 +169,13 @@ class SimDevice:
         self.inflight: asyncio.Future[Message] | None = None
         self.inflight_pushed: torch.Tensor | None = None
         self.offline_at: float | None = None
+        self._job: Job | None = None
+        self._own = _OwnWeights()
         self.last_report = -1e18
         self.stop_reason = ""
+        # The agent process's exit code: 4 when its training diverged (client.cli).
+        self.exit_code = 0
+        self.nonfinite_in_a_row = 0
 
     # ---- time and churn ----------------------------------------------------------
 
@@ -189,6 +205,7 @@ class SimDevice:
     # ---- life ---------------------------------------------------------------------
 
     async def run(self) -> None:
+        current_device.set(self.index)  # this task's context, and every task it starts
         availability = self.profile.availability
         while not self.sim.over:
             now = self.sim.driver.now()
@@ -204,6 +221,12 @@ class SimDevice:
                 await self.register()
                 heartbeat = asyncio.ensure_future(self.heartbeats(self.session))
                 await self.train()
+                await self.goodbye()
+                return
+            except LossNotFinite as exc:
+                # The agent gives up (exit 4) after its last report and its leave.
+                log.info("%s: %s", self.name, exc)
+                self.stop_reason, self.exit_code = str(exc), 4
                 await self.goodbye()
                 return
             except Offline:
@@ -235,8 +258,16 @@ class SimDevice:
         sim = self.sim
         await self.sim.driver.until(sim.driver.now() + self.link_seconds(REGISTER_BYTES[0], "up"))
         sim.engine.count_message("register")
+        if sim.task.local_data is not None and self.local_set is None:
+            # As an agent: its own set built before it registers, the gate's part held out (client.agent).
+            try:
+                self.local_set = LocalSet.build(sim.task, self.name)
+            except LocalDataError as exc:
+                raise DeviceDataError(str(exc)) from None
+            self.local_set.configure(sim.config, gate=self.gate is not None)
         hints = Hints(flops=self.profile.flops, memory_available_bytes=int(self.profile.memory_mb * 2**20)).known()
-        rec, _ = sim.engine.register(self.name, threads=1, device="cpu", slowdown=1.0, hints=hints, local_samples=0)
+        rec, _ = sim.engine.register(self.name, threads=1, device="cpu", slowdown=1.0, hints=hints,
+                                     local_samples=0 if self.local_set is None else len(self.local_set))
         self.worker_id, self.token, self.key = rec.id, rec.token, rec.key
         self.session, self.seqs = f"s{sim.next_session()}", {}
         self.totals.registrations += 1
@@ -251,7 +282,10 @@ class SimDevice:
             self.baseline = self.version
             sim.versions.hold(self.baseline)
         if self.gate is not None and self.validation is None:
-            self.validation = await self.fetch_validation(sim.engine.membership.validation_shards_for(rec))
+            if self.local_set is not None:
+                self.validation = self.local_set.validation()
+            else:
+                self.validation = await self.fetch_validation(sim.engine.membership.validation_shards_for(rec))
 
     def link_seconds(self, nbytes: int, direction: str) -> float:
         mbps = self.up_mbps if direction == "up" else self.down_mbps
@@ -291,13 +325,27 @@ class SimDevice:
     def swap_in(self) -> None:
         trainer = self.sim.trainer
         load_flat(trainer.model, self.weights())
-        trainer.optimizer.state = self.opt_state if self.opt_state is not None else defaultdict(dict)
+        load_state(trainer, self.opt_state)
         assert self.rng is not None
         trainer.rng = self.rng
 
     def swap_out(self) -> None:
-        state = self.sim.trainer.optimizer.state
-        self.opt_state = state if state else None
+        self.opt_state = state_of(self.sim.trainer)
+
+    def cycle_inputs(self, x: torch.Tensor, y: torch.Tensor, work: Work) -> CycleInputs:
+        """What the executor trains this cycle from (sim.executor): nothing of the device is shared with it."""
+        assert self.rng is not None and self.version is not None
+        anchor = None
+        if self.sim.proximal:
+            anchor = self.anchor if self.anchor is not None else self.sim.versions[self.version]
+        return CycleInputs(weights=self.weights(), opt_state=self.opt_state, rng_state=dict(self.rng.bit_generator.state),
+                           global_steps=self.global_steps, anchor=anchor, x=x, y=y, lr=work.lr,
+                           batch_size=work.batch_size, accumulation=work.accumulation)
+
+    def take_cycle_outputs(self, out: CycleOutputs) -> None:
+        assert self.rng is not None
+        self.local, self.opt_state, self.global_steps = out.weights, out.opt_state, out.global_steps
+        self.rng.bit_generator.state = out.rng_state
 
     def adopt(self, reply: Message, pushed: torch.Tensor | None = None) -> None:
         """A pulled model (client.session.Session._adopt): the trainer loads it (``pushed``: rebased on it,
@@ -316,6 +364,8 @@ class SimDevice:
         self.sim.versions.hold(version, flat)
         self.sim.versions.release(self.version)
         self.version, self.local = version, (None if pushed is None else target)
+        # The trainer anchors its proximal term at what it loads (LocalTrainer.load).
+        self.anchor = None if pushed is None or not self.sim.proximal else target
 
     async def pull(self, force: bool, pushed: torch.Tensor | None = None) -> None:
         body = request_body(PullModel(if_newer=not force, dtype=self.sim.config.pull_dtype))
@@ -359,7 +409,12 @@ class SimDevice:
         works = []
         for w in assignments:
             if w.data.source == "local":
-                raise NotImplementedError("hermes-sim does not simulate device-local data (Task.local_data) yet")
+                # The server sized the cycle; the device draws it from its own set (client.prefetch.Prefetcher._draw).
+                assert self.local_set is not None and w.local_samples is not None, "a local run's device holds data"
+                x, y = self.local_set.draw(w.local_samples)
+                works.append(Work(epoch=w.epoch, shards=(), x=x, y=y, batch_size=w.batch_size, lr=w.lr,
+                                  fetched_bytes=0, cycle_samples=w.local_samples, accumulation=w.accumulation))
+                continue
             if w.shards and not all(s in inline for s in w.shards):
                 for i in range(0, len(w.shards), MAX_SHARDS_PER_FETCH):
                     ids = list(w.shards[i:i + MAX_SHARDS_PER_FETCH])
@@ -398,12 +453,17 @@ class SimDevice:
     # ---- cycles ---------------------------------------------------------------------
 
     def job(self) -> Job:
-        return replace(self.sim.job, gate=self.gate)
+        """The agent's job, with this device's gate; without a gate, its trainer is the device's own weights
+        (update_of reads them with ``flat()``): loading them into the shared trainer again is not needed."""
+        if self._job is None:
+            trainer = self.sim.job.trainer if self.gate is not None else cast("LocalTrainer", self._own)
+            self._job = replace(self.sim.job, gate=self.gate, trainer=trainer)
+        self._own.weights = self.local
+        return self._job
 
     async def train(self) -> None:
         """client.loop.run_cycles with topology.PushPull, in virtual time."""
         sim = self.sim
-        trainer = sim.trainer
         st = self.totals
         while not sim.over:
             work = await self.next_work()
@@ -413,20 +473,32 @@ class SimDevice:
             x, y, self.carry = take_cycle(self.carry, work)
             if len(y) == 0:
                 continue
-            self.swap_in()
-            trainer.set_lr(work.lr)
-            result = trainer.train_cycle(x, y, work.batch_size, work.accumulation)
-            self.local = trainer.flat()
-            self.swap_out()
+            # Launched when it starts in virtual time, taken when it ends: on Ray the cycles that
+            # overlap in virtual time train in parallel (sim.executor).
+            pending = sim.executor.submit(self.cycle_inputs(x, y, work))
             # The device's time, not this machine's: the cycle's FLOPs at the device's rate
             # (and the gate's evaluation of the validation split).
-            compute = sim.compute_seconds(result.samples, self.profile.flops)
-            result = replace(result, compute_seconds=compute)
+            compute = sim.compute_seconds(len(y), self.profile.flops)
             gate_eval = sim.eval_seconds(len(self.validation[1]), self.profile.flops) if self.validation else 0.0
-            await self.until(sim.driver.now() + compute + gate_eval)
+            try:
+                await self.until(sim.driver.now() + compute + gate_eval)
+            except Offline:
+                # Trained, then lost: the device's shuffling stream moved on all the same.
+                self.take_cycle_outputs(sim.executor.result(pending))
+                raise
+            out = sim.executor.result(pending)
+            self.take_cycle_outputs(out)
+            result = replace(out.result, compute_seconds=compute)
             st.cycles += 1
             st.samples += result.samples
             st.compute_seconds += compute
+            st.last_loss = result.loss
+            if not math.isfinite(result.loss):
+                if await self.drop_diverged(work, result):
+                    self.stop_reason = "server asked to stop"
+                    return
+                continue
+            self.nonfinite_in_a_row = 0
             if self.inflight is not None:
                 if not self.inflight.done():
                     # overlap_push: the last push is not answered yet; this cycle's progress goes with the next.
@@ -435,7 +507,8 @@ class SimDevice:
                 if await self.settle():
                     self.stop_reason = "server asked to stop"
                     return
-            self.swap_in()
+            if self.gate is not None:
+                self.swap_in()  # the gate scores the device's model in the trainer
             job = self.job()
             cycle, decision, _ = judge_cycle(job, self.validation, work, result)
             update = None
@@ -443,7 +516,8 @@ class SimDevice:
                 reference = sim.versions[self.baseline if job.from_baseline else self.version]  # type: ignore[index]
                 pushed, delta, update = update_of(job, reference, result, cycle,
                                                   base_version=self.baseline if job.from_baseline else None)
-            self.swap_out()
+            if self.gate is not None:
+                self.swap_out()
             if update is None:
                 assert decision is not None
                 st.gate_skips += 1
@@ -476,6 +550,25 @@ class SimDevice:
             await self._wait(self.inflight)
             await self.settle()
 
+    async def drop_diverged(self, work: Work, result: Any) -> bool:
+        """client.topology.PushPull._drop_diverged: a cycle whose loss is NaN or infinite is not pushed (the
+        server refuses such a push), the global model is taken again; MAX_NONFINITE in a row and the device
+        gives up (LossNotFinite). True when an overlapped push's reply says stop."""
+        st = self.totals
+        if self.inflight is not None:
+            await self._wait(self.inflight)  # its reply still counts; the model it brings is replaced below
+            if await self.settle():
+                return True
+        self.nonfinite_in_a_row += 1
+        st.nonfinite_cycles += 1
+        await self.skipped(cycle_record(work, result, pushed=False, decision=LOSS_NOT_FINITE))
+        if self.nonfinite_in_a_row >= MAX_NONFINITE:
+            raise LossNotFinite(f"the local loss was not finite in {self.nonfinite_in_a_row} cycles in a row (last "
+                                f"{result.loss} after {result.steps} steps), each retried from the global model")
+        await self.pull(force=True)
+        self.local, self.opt_state = None, None
+        return False
+
     async def settle(self) -> bool:
         """The overlapped push's reply, rebased on; True when it says stop."""
         assert self.inflight is not None
@@ -497,8 +590,14 @@ class SimDevice:
         answer = parse_reply(PushReply, reply.header.body, "PUSH_REPLY")
         if answer.status == "applied":
             st.applied += 1
+            st.last_refusal = ""
         else:
+            # PushPull._receive's account: refused for what it was, or because the run is stopping.
             st.rejected += 1
+            reason = answer.reason or ""
+            st.refused += answer.status == "rejected" and reason != "run is stopping"
+            st.quarantined_refusals += "quarantine" in reason
+            st.last_refusal = reason
         if answer.stop:
             return True
         if self.outbox is not None and answer.model == "included" and reply.payload is not None:
@@ -533,6 +632,16 @@ class SimDevice:
             await self.request(MsgType.REPORT_STATS, request_body(self.stats_body()))
         else:
             self.outbox.set_stats(self.stats_body())
+
+
+class _OwnWeights:
+    """The device's trained weights where update_of asks a trainer for them (``flat()``)."""
+
+    weights: torch.Tensor | None = None
+
+    def flat(self) -> torch.Tensor:
+        assert self.weights is not None, "a cycle's weights are kept before its push is made"
+        return self.weights
 
 
 def _records(reply: Message, body: Any, shards: list[int]) -> list[Any]:

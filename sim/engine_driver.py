@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
-from typing import Any, Literal, Protocol
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Mapping
+from typing import Any, Literal, Protocol, TypeVar
 
 import torch
 
@@ -32,6 +33,9 @@ from hermes.common.clock import Clock
 from hermes.common.wire import Header, Message, MsgType, decode, encode
 from hermes.server.engine import Engine
 from hermes.server.heartbeat import HeartbeatMonitor
+from hermes.sim.server_cost import MeasuredCost
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +58,31 @@ class ServerLinkModel(Protocol):
 
 
 Transfer = Callable[[int, float, float], float]
+
+
+class CpuTimed(Awaitable[T]):
+    """Awaits a coroutine and adds up the CPU time of this thread in its own steps (``seconds``), not
+    counting what runs while it is suspended (other devices' messages, a barrier's wait)."""
+
+    def __init__(self, coro: Coroutine[Any, Any, T]) -> None:
+        self.coro = coro
+        self.seconds = 0.0
+
+    def __await__(self) -> Generator[Any, Any, T]:
+        value: Any = None
+        error: BaseException | None = None
+        while True:
+            t0 = time.thread_time()
+            try:
+                yielded = self.coro.send(value) if error is None else self.coro.throw(error)
+            except StopIteration as stop:
+                self.seconds += time.thread_time() - t0
+                return stop.value
+            self.seconds += time.thread_time() - t0
+            try:
+                value, error = (yield yielded), None
+            except BaseException as exc:  # handed to the coroutine, as asyncio would
+                value, error = None, exc
 
 
 class Endpoint(Protocol):
@@ -86,6 +115,16 @@ class Driver:
         self.monitor = HeartbeatMonitor(engine, heartbeat_timeout)
         self.stopped = asyncio.Event()
         engine.on_stop.append(lambda _reason: self.stopped.set())
+        # The active workers the cost model is told of, kept from the engine's join and leave facts: asking
+        # the registry for them was a pass over every worker per request (4% of a 1,000-device run).
+        self.active: set[str] = set(engine.registry.active_ids())
+        engine.telemetry.subscribe(self._membership)
+
+    def _membership(self, fact: str, fields: Mapping[str, Any]) -> None:
+        if fact == "join":
+            self.active.add(fields["worker"])
+        elif fact == "leave":
+            self.active.discard(fields["worker"])
 
     # ---- time ----------------------------------------------------------------
 
@@ -99,12 +138,28 @@ class Driver:
 
     async def server_turn(self, ops: tuple[str, ...]) -> None:
         """Wait for the server's CPU, then hold it for these operations' cost."""
-        workers = len(self.engine.registry.active_ids())
+        workers = len(self.active)
         cost = sum(self.cost.seconds(op, params=self.params, workers=workers) for op in ops)
         start = max(self.server_free, self.now())
         self.server_free = start + cost
         self.server_busy_seconds += cost
         await self.until(self.server_free)
+
+    async def measured_turn(self, ops: tuple[str, ...], frames: list[bytes]) -> list[bytes]:
+        """--server-cost measured: the message waits for the server's CPU, the engine handles it, and the
+        CPU time that took (this thread's, CpuTimed) holds the server before the reply leaves."""
+        assert isinstance(self.cost, MeasuredCost)
+        while self.server_free > self.now():
+            await self.until(self.server_free)
+        handled = CpuTimed(self.engine.handle(frames))
+        reply = await handled
+        self.cost.record(ops[0], handled.seconds)
+        workers = len(self.active)
+        cost = self.cost.seconds(ops[0], params=self.params, workers=workers)
+        self.server_free = max(self.server_free, self.now()) + cost
+        self.server_busy_seconds += cost
+        await self.until(self.server_free)
+        return reply
 
     async def carry(self, dev: Endpoint, nbytes: int, direction: Literal["up", "down"]) -> None:
         """``nbytes`` over the device's link (transfer_seconds: half the RTT each way) and the server's shared one."""
@@ -132,8 +187,12 @@ class Driver:
         size = sum(len(f) for f in frames)
         dev.bytes_sent += size
         await self.carry(dev, size, "up")
-        await self.server_turn(OPS.get(type_, ("heartbeat",)))
-        reply = await self.engine.handle(frames)
+        ops = OPS.get(type_, ("heartbeat",))
+        if isinstance(self.cost, MeasuredCost):
+            reply = await self.measured_turn(ops, frames)
+        else:
+            await self.server_turn(ops)
+            reply = await self.engine.handle(frames)
         out = sum(len(f) for f in reply)
         await self.carry(dev, out, "down")
         dev.bytes_received += out
@@ -150,8 +209,12 @@ class Driver:
             await asyncio.sleep(interval)
             if evaluator.latest is not None and evaluator.latest.version == self.engine.state.version:
                 continue
-            workers = len(self.engine.registry.active_ids())
+            workers = len(self.active)
             await asyncio.sleep(self.cost.seconds("evaluate", params=self.params, workers=workers))
             if not self.engine.stopping:
+                t0 = time.thread_time()
                 evaluator.evaluate_now()
+                if isinstance(self.cost, MeasuredCost):
+                    # The next evaluation's window (this one's was the last one's, or the calibrated model's).
+                    self.cost.record("evaluate", time.thread_time() - t0)
 

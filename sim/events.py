@@ -14,8 +14,13 @@ heap is the event queue and its clock is the simulation's:
   runs inline (``InlineExecutor``), so nothing depends on thread scheduling.
 
 Ordering is deterministic: callbacks run in FIFO order, timers in time order
-and, at equal times, in the order they were scheduled (one thread, one
-sequence of operations for one seed). When nothing is ready and no timer is
+and, at equal times, by (device, sequence): the device whose coroutine set
+the timer (``current_device``, its position in the population; -1, before
+every device, for the server's own timers: evaluations, the heartbeat
+monitor) and then the order they were scheduled in (one thread, one
+sequence of operations for one seed). asyncio's own heap orders equal times
+by whatever the heap's sift left, which is deterministic but depends on
+every earlier push; (time, device, seq) is a rule a reader can check. When nothing is ready and no timer is
 left, every coroutine waits for something that will never come: that is a
 simulation bug or a deadlocked policy, and ``Stalled`` says so instead of
 hanging.
@@ -25,13 +30,20 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
+import heapq
+import itertools
 import selectors
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from hermes.common.clock import ManualClock
 
-__all__ = ["InlineExecutor", "Stalled", "VirtualClock", "VirtualLoop", "run_virtual"]
+__all__ = ["InlineExecutor", "Stalled", "VirtualClock", "VirtualLoop", "current_device", "run_virtual"]
+
+# The device on whose behalf the running coroutine works (sim.device sets it in each device's task;
+# the tasks it starts inherit it): equal-time timers run in device order. -1: the server's own.
+current_device: contextvars.ContextVar[int] = contextvars.ContextVar("hermes_sim_device", default=-1)
 
 T = TypeVar("T")
 
@@ -92,6 +104,22 @@ class InlineExecutor(concurrent.futures.ThreadPoolExecutor):
         return future
 
 
+class _Timer(asyncio.TimerHandle):
+    """A timer ordered by (time, device, sequence) in the loop's heap."""
+
+    __slots__ = ("order",)
+
+    def __init__(self, when: float, callback: Callable[..., Any], args: tuple[Any, ...], loop: asyncio.AbstractEventLoop,
+                 context: contextvars.Context | None, order: tuple[int, int]) -> None:
+        super().__init__(when, callback, args, loop, context)
+        self.order = order
+
+    def __lt__(self, other: object) -> bool:
+        if not isinstance(other, _Timer):
+            return NotImplemented
+        return (self.when(), self.order) < (other.when(), other.order)
+
+
 class VirtualLoop(asyncio.SelectorEventLoop):
     def __init__(self, clock: VirtualClock) -> None:
         super().__init__(_VirtualSelector(clock))
@@ -100,9 +128,21 @@ class VirtualLoop(asyncio.SelectorEventLoop):
         # asyncio runs the timers due before now + resolution (strictly): a nanosecond, far below
         # any modelled duration and above float rounding at the times a run reaches.
         self._clock_resolution = 1e-9
+        self._timer_seq = itertools.count()
 
     def time(self) -> float:
         return self.clock.monotonic()
+
+    def call_at(self, when: float, callback: Callable[..., Any], *args: Any,  # type: ignore[override]
+                context: contextvars.Context | None = None) -> asyncio.TimerHandle:
+        """asyncio's call_at (base_events.BaseEventLoop.call_at) with a timer that knows its device and turn."""
+        if self.is_closed():
+            raise RuntimeError("Event loop is closed")
+        device = (context.get(current_device, -1) if context is not None else current_device.get())
+        timer = _Timer(when, callback, args, self, context, (device, next(self._timer_seq)))
+        heapq.heappush(self._scheduled, timer)  # type: ignore[attr-defined]
+        timer._scheduled = True  # type: ignore[attr-defined]
+        return timer
 
 
 def run_virtual(clock: VirtualClock, main: Callable[[], Any]) -> Any:

@@ -21,9 +21,10 @@ import argparse
 import asyncio
 import json
 import logging
+import math
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
@@ -32,27 +33,31 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from hermes.client.session import Job
-from hermes.client.trainer import LocalTrainer
 from hermes.common.config import RunConfig
 from hermes.common.messages import KafkaRanges
 from hermes.common.task import Task
-from hermes.common.task_registry import batch_of, resolve_task
+from hermes.common.task_registry import batch_of, example_batch, resolve_task
 from hermes.common.tensors import build_checked, load_flat
 from hermes.common.wire import dtype_from_name
 from hermes.deploy.testbed_summary import build_summary
 from hermes.server.engine import Engine
+from hermes.server.engine.local import local_data_refusal
 from hermes.server.events import EventLog
 from hermes.server.metrics import ServerMetrics
 from hermes.server.outdir import prepare_out_dir
 from hermes.server.settings import DEFAULT_MAX_MESSAGE_BYTES
-from hermes.sim.device import SimDevice, VersionStore
+from hermes.server.shardstore import load_splits
+from hermes.sim.data import Split, SplitError, parse_split, plan_data
+from hermes.sim.device import DeviceDataError, SimDevice, VersionStore
+from hermes.sim.devices import ALWAYS_ON
 from hermes.sim.engine_driver import Driver, ServerCostModel, ServerLinkModel, Transfer
 from hermes.sim.events import VirtualClock, run_virtual
+from hermes.sim.executor import Executor, LocalExecutor, RayExecutor, RayMissing, build_trainer
 from hermes.sim.server_cost import ZeroCost
 
 log = logging.getLogger(__name__)
 
-__all__ = ["WALL_FIELDS", "SimError", "Simulation", "deterministic_view"]
+__all__ = ["WALL_FIELDS", "SimError", "Simulation", "deterministic_view", "fastest_alone"]
 
 # Fields of summary.json measured on this machine's clock, not the virtual one.
 WALL_FIELDS = ("wall_seconds", "sim")
@@ -76,14 +81,24 @@ def flops_per_sample(task: Task, spec: Any, train: Any) -> tuple[float, float]:
     device's compute time is this over its FLOP/s.
     """
     model = build_checked(task.model, spec)
-    n = min(FLOP_BATCH, len(train))
-    x, y = batch_of(train, list(range(n)))
+    if len(train):
+        x, y = batch_of(train, list(range(min(FLOP_BATCH, len(train)))))
+    else:  # the devices hold the data (Task.local_data): the task's example or test samples, shaped alike
+        x, y = example_batch(task, FLOP_BATCH)
+    n = len(y)
     with FlopCounterMode(display=False) as fwd:
         with torch.no_grad():
             model(x)
     with FlopCounterMode(display=False) as step:
         task.loss(model(x), y).backward()
     return max(1.0, step.get_total_flops() / n), max(1.0, fwd.get_total_flops() / n)
+
+
+def fastest_alone(profiles: Sequence[Any]) -> Any:
+    """The baseline a distributed run must beat: the population's fastest device (the first of equals),
+    alone with all the data, always online (its churn would only slow it: the baseline is generous)."""
+    best = max(profiles, key=lambda p: p.flops)
+    return replace(best, availability=ALWAYS_ON)
 
 
 @dataclass
@@ -101,9 +116,12 @@ class Simulation:
                  transfer: Transfer, server_link: ServerLinkModel | None = None,
                  cost: ServerCostModel | None = None, population: str = "", link: str | None = None,
                  heartbeat_interval: float = 2.0, heartbeat_timeout: float = 10.0,
-                 executor: Any = None) -> None:
+                 executor: Executor | None = None, split: str | Split | None = None, ray: str | None = None,
+                 alone: bool = False) -> None:
         if not profiles:
             raise SimError("no devices to simulate")
+        if alone:
+            profiles = [fastest_alone(profiles)]
         if config.topology != "ps":
             raise SimError(f"topology {config.topology!r}: the simulator runs the parameter-server topology only")
         if config.max_seconds is None:
@@ -115,33 +133,51 @@ class Simulation:
             raise SimError(f"{self.out} holds an earlier run's summary.json: give another --out")
         prepare_out_dir(self.out, resume=False, overwrite=False)
         self.population, self.link = population, link
+        self.alone = alone
         self.transfer = transfer
         self.heartbeat_interval = heartbeat_interval
         self.clock = VirtualClock(start=0.0)
         torch.manual_seed(config.seed)
-        self.task = task if task is not None else resolve_task(config.task, config)
+        resolved = task if task is not None else resolve_task(config.task, config)
+        # Shards from the server's queue, or device-local data (a split of the train set, the task's own).
+        try:
+            self.data = plan_data(resolved, parse_split(split), [p.device_id for p in self.profiles],
+                                  seed=config.seed, load=lambda: load_splits(config, resolved))
+        except SplitError as exc:
+            raise SimError(str(exc)) from None
+        self.task = self.data.task
+        if self.task.local_data is not None and (why := local_data_refusal(config)) is not None:
+            raise SimError(f"preset {config.preset!r} cannot train on device-local data (--split "
+                           f"{self.data.record['split']}): {why}")
         self.engine = Engine(config, metrics=ServerMetrics(), events=EventLog(self.out / "events.jsonl", clock=self.clock),
                              max_workers=max(len(self.profiles), 1), max_message_bytes=DEFAULT_MAX_MESSAGE_BYTES,
-                             out_dir=str(self.out), task=self.task, clock=self.clock)
+                             out_dir=str(self.out), task=self.task, clock=self.clock, splits=self.data.splits)
         self.driver = Driver(self.engine, self.clock, transfer=transfer, server_link=server_link,
                              cost=cost if cost is not None else ZeroCost(), heartbeat_timeout=heartbeat_timeout)
         self.combine = bool(config.combine_messages)
         spec = self.engine.spec
-        model = build_checked(self.task.model, spec)
-        load_flat(model, self.engine.state.snapshot()[1])
-        # One trainer, every device's in turn (device.py says what is swapped in and out).
-        self.trainer = LocalTrainer(model, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay,
-                                    device=torch.device("cpu"), precision="fp32", seed=config.seed,
-                                    loss=self.task.loss, optimizer=self.task.optimizer)
+        # One trainer, every device's in turn (device.py says what is swapped in and out), built as an agent's.
+        self.trainer = build_trainer(self.task, config, spec)
+        load_flat(self.trainer.model, self.engine.state.snapshot()[1])
+        # FedAsync's proximal term (Xie et al. 2019 Sec. 4): each cycle is anchored at the device's pulled model.
+        self.proximal = bool(self.trainer.proximal_rho)
         self.job = Job(spec=spec, config=config, precision="fp32", wire_dtype=dtype_from_name(config.wire_dtype),
                        trainer=self.trainer, gate=None, from_baseline=config.pushes_from_baseline(),
                        validation_shards=[], data_source=KafkaRanges(), task=self.task)
         self.train_flops, self.eval_flops = flops_per_sample(self.task, spec, self.engine.train)
         self.versions = VersionStore()
         self.validation_cache: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor]] = {}
-        self.executor = executor
+        # Where the cycles train: here, or on a Ray cluster (sim.executor; the same summary either way).
+        if executor is None and ray is not None:
+            try:
+                executor = RayExecutor(ray, task=self.task, config=config, spec=spec)
+            except RayMissing as exc:
+                raise SimError(str(exc)) from None
+        self.executor: Executor = executor if executor is not None else LocalExecutor(self.trainer)
         self._sessions = 0
         self.devices = [SimDevice(p, self) for p in self.profiles]
+        for i, d in enumerate(self.devices):
+            d.index = i
         self.wall_seconds = 0.0
 
     @property
@@ -194,8 +230,11 @@ class Simulation:
         t0 = time.perf_counter()
         try:
             srv = run_virtual(self.clock, self._main)
+        except DeviceDataError as exc:
+            raise SimError(str(exc)) from None
         finally:
             torch.set_num_threads(threads)
+            self.executor.close()
         self.wall_seconds = time.perf_counter() - t0
         summary = self.summary(srv)
         tmp = self.out / "summary.json.tmp"
@@ -210,7 +249,7 @@ class Simulation:
                                model=c.model, speed_schedule="", pace=1.0, topology=c.topology,
                                target_accuracy=c.target_accuracy, target=c.target, kafka=None)
         procs = [_Proc(d.name, {"speed": d.profile.flops, "slowdown": 1.0, "cores": 1, "threads": 1},
-                       SimpleNamespace(returncode=0), self.out / "events.jsonl") for d in self.devices]
+                       SimpleNamespace(returncode=d.exit_code), self.out / "events.jsonl") for d in self.devices]
         links = {"mode": "simulated", "link": self.link, "agents": {
             d.name: {"name": f"{d.up_mbps:g}/{d.down_mbps:g} Mbit/s {d.rtt_s * 1000:g} ms"} for d in self.devices}}
         summary = build_summary(a, srv, outcome=self.engine.outcome, wall=self.wall_seconds,
@@ -220,10 +259,16 @@ class Simulation:
         for w, d in zip(summary["workers"], self.devices):
             w["family"] = getattr(d.profile, "family", None)
             w["flops"] = d.profile.flops
-            w["device"] = asdict(d.totals)
+            # JSON has no NaN (last_loss before any cycle, or a diverged one's).
+            w["device"] = {k: None if isinstance(v, float) and not math.isfinite(v) else v
+                           for k, v in asdict(d.totals).items()}
+            if d.name in self.data.held:
+                w["data"] = self.data.held[d.name]
+        summary["data"] = self.data.record
         summary["engine"] = "sim"
         summary["population"] = self.population
         summary["devices"] = len(self.devices)
+        summary["alone"] = self.alone
         summary["virtual_seconds"] = round(self.clock.monotonic(), 6)
         summary["server_busy_seconds"] = round(self.driver.server_busy_seconds, 6)
         summary["flops_per_sample"] = {"train": self.train_flops, "evaluate": self.eval_flops}

@@ -9,10 +9,13 @@ server's clock by ``ServerCost.seconds(op, params=..., workers=...)``:
   per operation, fitted to the CPU seconds the real engine took on this
   machine (``benchmarks/sim_calibrate_cost.py engine``; :data:`CALIBRATION`
   records the figures, their date and the machine);
-* :func:`measured` (not deterministic): the CPU seconds the simulator measured
-  around the engine call itself (:meth:`MeasuredCost.timed`), so a run on a
-  loaded or slower machine gives another virtual time. For checking the
-  model, never for comparing runs.
+* :func:`measured` (not deterministic): the CPU seconds of this thread the
+  engine's own handling of each message took (``sim.engine_driver.CpuTimed``:
+  the coroutine's steps, not the virtual time it waits at a barrier), so a
+  run on a loaded or slower machine gives another virtual time. An
+  evaluation's window is the previous evaluation's measured CPU time (the
+  first: the calibrated model's). For checking the model, never for
+  comparing runs.
 
 Operations: ``register`` (a registration), ``pull`` (a model request,
 encoding included), ``push`` (decode, checks and screening of an update,
@@ -113,6 +116,7 @@ class MeasuredCost:
         self.fallback = fallback if fallback is not None else CalibratedCost()
         self._last: dict[str, float] = {}
         self.fallbacks = 0
+        self.measured = 0
 
     @contextlib.contextmanager
     def timed(self, op: str) -> Iterator[None]:
@@ -133,6 +137,7 @@ class MeasuredCost:
         if got is None:
             self.fallbacks += 1
             return self.fallback.seconds(op, params=params, workers=workers)
+        self.measured += 1
         return got
 
 

@@ -37,6 +37,7 @@ policy, which decides on a worker's record over time.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import statistics
 from collections import deque
@@ -85,6 +86,9 @@ class Claims:
         self.clock = clock
         self.workers: dict[str, _Worker] = {}
         self.clamped: dict[str, int] = {}
+        # Every worker's latest positive speed, sorted: the median of the others' without a pass over all
+        # workers per cycle report (that pass was 4.6 ms of each push with 1,000 simulated devices).
+        self.speeds: list[float] = []
 
     @property
     def on(self) -> bool:
@@ -151,23 +155,49 @@ class Claims:
             if seconds * tol < floor:
                 self._clamp(worker_id, "compute_seconds", seconds, floor)
                 seconds = floor
-        others = [v for wid, w in self.workers.items() if wid != worker_id and (v := w.speed)]
+        others = median_without(self.speeds, me.speed)
         if seconds > 0.0:
             me.claimed.append(dss / seconds)
-        if others and seconds > 0.0:
-            cap = s.power_factor * statistics.median(others)
+        if others is not None and seconds > 0.0:
+            cap = s.power_factor * others
             if dss / seconds > cap * tol and statistics.median(me.claimed) > cap * tol:
                 floor = dss / cap
                 self._clamp(worker_id, "compute_seconds", seconds, floor)
                 seconds = floor
         if seconds > 0.0:
-            me.bounded.append(dss / seconds)
+            self._add_speed(me, dss / seconds)
         if (dss, seconds) == (report.dss, report.compute_seconds):
             return report
         return report.model_copy(update={"dss": dss, "compute_seconds": seconds})
 
+    def _add_speed(self, me: _Worker, speed: float) -> None:
+        """Record a bounded speed; the sorted index holds each worker's median of its last few."""
+        if me.speed:
+            del self.speeds[bisect.bisect_left(self.speeds, me.speed)]
+        me.bounded.append(speed)
+        if me.speed:
+            bisect.insort(self.speeds, me.speed)
+
     def forget(self, worker_id: str) -> None:
-        self.workers.pop(worker_id, None)
+        me = self.workers.pop(worker_id, None)
+        if me is not None and me.speed:
+            del self.speeds[bisect.bisect_left(self.speeds, me.speed)]
 
     def public(self) -> dict[str, int]:
         return dict(self.clamped)
+
+
+def median_without(ordered: list[float], mine: float | None) -> float | None:
+    """statistics.median of ``ordered`` (sorted) with one occurrence of ``mine`` left out (None, 0: none is);
+    None when nothing is left."""
+    skip = bisect.bisect_left(ordered, mine) if mine else len(ordered)
+    n = len(ordered) - (skip < len(ordered))
+    if n <= 0:
+        return None
+
+    def kth(k: int) -> float:
+        return ordered[k] if k < skip else ordered[k + 1]
+
+    if n % 2:
+        return kth(n // 2)
+    return (kth(n // 2 - 1) + kth(n // 2)) / 2

@@ -38,6 +38,7 @@ from hermes.common.tensors import flatten, spec_of
 from hermes.common.wire import Header, Payload
 from hermes.server.auth import ReplayGuard
 from hermes.server.engine import folding
+from hermes.server.engine.admission import Admission
 from hermes.server.engine.bases import Bases
 from hermes.server.engine.claims import Claims
 from hermes.server.engine.collective import Collective
@@ -170,10 +171,15 @@ class Engine:
                              lambda wid: self.policies.allocator.workload(wid).dss)
         self.membership.claims = self.claims
         self.screening.claims_clamped = self.claims.public
+        # concurrency.limit (FedBuff's C): who may hold work at once; joins and leaves free a slot.
+        self.admission = Admission(config.concurrency.limit, self.telemetry)
+        if not self.admission.open:
+            self.telemetry.subscribe(lambda fact, fields: self.on_loop(self.admission.listener, fact, fields))
         self.handlers = Handlers(
             self, state=self.state, registry=self.registry, membership=self.membership, start_gate=self.start_gate,
             shards=self.shards, validation_shards=self.validation_shards, kafka=self.kafka, counters=self.counters,
-            replay=self.replay, metrics=metrics, clock=clock, max_message_bytes=max_message_bytes, bases=self.bases)
+            replay=self.replay, metrics=metrics, clock=clock, max_message_bytes=max_message_bytes, bases=self.bases,
+            admission=self.admission)
         self.reporting = Reporting(
             config, self.task, state=self.state, run_clock=self.run_clock, goals=self.goals,
             evaluator=self.evaluator, registry=self.registry, start_gate=self.start_gate, screening=self.screening,
@@ -304,6 +310,7 @@ class Engine:
         self.stop_reason = reason
         self.telemetry.emit("stop_requested", reason=reason)
         self.start_gate.open("stop")  # held work requests are answered: with the stop
+        self.admission.open_all("stop")
         if self._budget_timer is not None:
             self._budget_timer.cancel()
         # Nobody waits on a barrier that will never come.
@@ -338,6 +345,7 @@ class Engine:
         self.shutting_down = True
         self.telemetry.emit("server_shutdown")
         self.start_gate.open("shutdown")
+        self.admission.open_all("shutdown")
         for held in self.held.values():
             if not held.reply.done():
                 held.reply.set_exception(self.handlers.going_away())

@@ -43,6 +43,7 @@ from hermes.common.wire import (
     verify_mac,
 )
 from hermes.server.auth import ReplayGuard
+from hermes.server.engine.admission import Admission
 from hermes.server.engine.bases import Bases
 from hermes.server.engine.counters import Counters
 from hermes.server.engine.kafka import KafkaPublisher
@@ -84,7 +85,7 @@ class Handlers:
     def __init__(self, step: Stepper, *, state: ModelState, registry: Registry, membership: Membership,
                  start_gate: StartGate, shards: ShardStore, validation_shards: ShardStore, kafka: KafkaPublisher,
                  counters: Counters, replay: ReplayGuard, metrics: ServerMetrics, clock: Clock,
-                 max_message_bytes: int, bases: Bases | None = None) -> None:
+                 max_message_bytes: int, bases: Bases | None = None, admission: Admission | None = None) -> None:
         # The model step (push) and the run's stop: the engine.
         self.step = step
         self.state = state
@@ -102,6 +103,8 @@ class Handlers:
         self.max_message_bytes = max_message_bytes
         # From-baseline runs: each worker's base model (engine/bases.py); None: pushes are since-pull changes.
         self.bases = bases
+        # concurrency.limit (engine/admission.py): None or open, everyone may hold work.
+        self.admission = admission
         # compression.pull int8: chunk -> (version, the model's int8 bytes), the latest version only.
         self._int8_models: dict[int, tuple[int, torch.Tensor]] = {}
         self._by_type: dict[MsgType, Callable[[WorkerRecord, Message], Awaitable[Frames]]] = {
@@ -180,6 +183,9 @@ class Handlers:
                     "reason": f"base version {body.base_version} is not kept for {worker.id}; pull a new base"})
             payload = await offload(payload_bytes(payload), self.bases.rebased, payload, base)
         status, fields = await self.step.push(worker, h.model_version, body.samples, payload)
+        if self.admission is not None and not self.admission.open:
+            # concurrency.limit: the reply (and the model it brings) waits for the worker's next turn.
+            await self.admission.next_turn(worker.id)
         reply = {"status": status, **fields}
         if not body.pull:
             return self.reply(MsgType.PUSH_REPLY, worker, h.seq, reply)
@@ -253,6 +259,12 @@ class Handlers:
             await self.start_gate.wait()  # min_workers (engine/start_gate.py)
             if self.step.shutting_down:
                 raise self.going_away()
+        if self.admission is not None and not self.admission.open:
+            if not await self.admission.admit(worker.id):
+                raise ProtocolError(ErrorCode.UNKNOWN_WORKER, f"worker {worker.id} left while it waited for a "
+                                                              "training slot; register again")
+            if self.step.shutting_down:
+                raise self.going_away()
         works = [self.membership.assign(worker, keep=max(2, body.assignments + 1)) for _ in range(body.assignments)]
         work = works[0].model_copy(update={"then": works[1:] or None})
         if len(works) > 1:
@@ -274,6 +286,8 @@ class Handlers:
             self.membership.observe_cycle(worker, cycle)
         if cycles:
             self.counters.count_carried("report_stats:cycle", len(cycles))
+            if self.admission is not None:
+                self.admission.cycle_done(worker.id)
         if stats is not None:
             self.apply_stats(worker, stats)
             self.counters.count_carried("report_stats")
@@ -308,7 +322,10 @@ class Handlers:
         return self.reply(MsgType.SHARD, worker, msg.header.seq, reply.body(), payload=b"".join(records))
 
     async def on_report(self, worker: WorkerRecord, msg: Message) -> Frames:
-        self.apply_stats(worker, parse_body(ReportStats, msg.header.body))
+        body = parse_body(ReportStats, msg.header.body)
+        self.apply_stats(worker, body)
+        if body.cycle is not None and self.admission is not None:
+            self.admission.cycle_done(worker.id)
         return self.reply(MsgType.STATS_ACK, worker, msg.header.seq, {})
 
     def apply_stats(self, worker: WorkerRecord, b: ReportStats) -> None:

@@ -34,15 +34,19 @@ class DualSearchAllocator(Policy):
             raise ValueError(f"batch_size={core.batch_size} outside [mbs_min, mbs_max]=[{d.mbs_min}, {d.mbs_max}]")
 
 
-    def __init__(self, sizer: StragglerSizer) -> None:
+    def __init__(self, sizer: StragglerSizer, judgements_per_round: int = 0) -> None:
         self.sizer = sizer
         self._last_seconds: dict[str, float] = {}
+        # dual_search.judgements_per_round: reports since the last judgement (a judgement is O(workers)).
+        self.judgements_per_round = judgements_per_round
+        self._reports = 0
 
     @classmethod
     def build(cls, core: Core, *, dual_search: DualSearchParams, rebalance: RebalanceParams, dss_max: int,
               **params: Any) -> DualSearchAllocator:
         return cls(StragglerSizer(dual_search, rebalance, base_dss=core.cycle_samples, base_batch_size=core.batch_size,
-                                  dss_step=core.shard_size, dss_max=dss_max))
+                                  dss_step=core.shard_size, dss_max=dss_max),
+                   judgements_per_round=dual_search.judgements_per_round)
 
     def join(self, worker_id: str, capacity: float | None = None) -> None:
         # Hermes measures; it does not trust declared capacity. A worker
@@ -56,6 +60,20 @@ class DualSearchAllocator(Policy):
     def observe(self, worker_id: str, cycle: CycleObservation) -> None:
         self.sizer.observe(worker_id, cycle.dss, cycle.batch_size, cycle.seconds)
         self._last_seconds[worker_id] = cycle.seconds
+        self._reports += 1
+
+    def _due(self) -> bool:
+        """Whether a judgement is due: at every ask (a report, a join, a leave) below 2 * judgements_per_round
+        workers, as the paper; then once each workers // judgements_per_round reports."""
+        if self.judgements_per_round <= 0:
+            return True
+        period = len(self._last_seconds) // self.judgements_per_round
+        if period <= 1:
+            return True
+        if self._reports < period:
+            return False
+        self._reports = 0
+        return True
 
     def workload(self, worker_id: str) -> Workload:
         return Workload(*self.sizer.workload(worker_id))
@@ -88,7 +106,9 @@ class DualSearchAllocator(Policy):
         self._last_seconds = last
 
     def rebalance(self) -> dict[str, Resize]:
-        out = {}
+        out: dict[str, Resize] = {}
+        if not self._due():
+            return out
         for w, res in self.sizer.rebalance().items():
             kind = "slow" if res.target_seconds < self._last_seconds.get(w, res.target_seconds) else "fast"
             out[w] = Resize(Workload(res.dss, res.batch_size), kind, {

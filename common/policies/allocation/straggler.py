@@ -102,6 +102,12 @@ class DualSearchParams(BaseModel):
     balance_band: float = Field(
         default=0.2, ge=0.0, description="Also resize workers further than this share from the median cycle time "
                                          "(0 = the paper's IQR rule only).")
+    # Hermes Sec. IV-A judges the cluster after every iteration; each judgement is a pass over every worker's
+    # latest time (and a search per outlier), which at 1,000 simulated devices cost more than the cycle itself.
+    judgements_per_round: int = Field(
+        default=8, ge=0, description="Judge the cluster after every max(1, workers // this) cycle reports: this "
+        "many times per round of reports, so the cost per report does not grow with the cluster; every report "
+        "below 2x this many workers (Hermes' 12). 0: after every report (Hermes Sec. IV-A).")
 
 
 @dataclass(frozen=True)

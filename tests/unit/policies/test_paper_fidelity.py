@@ -24,6 +24,7 @@ import torch
 
 from hermes.common.config import PRESETS, RunConfig, build_config
 from hermes.common.policies.aggregation import Step, Update, loss_blend_weight
+from hermes.common.policies.allocation import CycleObservation
 from hermes.common.policies.federated import FedAsync, staleness_weight
 from hermes.common.policies.gate import window_zscore
 from hermes.common.policies.robust import trimmed_mean
@@ -58,6 +59,7 @@ PAPER_HERMES: dict[str, Any] = {
     "dual_search.tolerance": 0.0,  # Sec. IV-A: DSS and MBS searched "for the training time t_median" (no dead-band)
     "dual_search.mbs_min": 2,  # Sec. IV-A: MBS in "[2, 4, 8, 16...256]"
     "dual_search.mbs_max": 256,  # Sec. IV-A: "...256]"
+    "dual_search.judgements_per_round": 0,  # Sec. IV-A: stragglers identified after every iteration
     "rebalance.warmup_cycles": 0,  # Sec. IV-A: "we store the training times of each worker for that DSS" from the first run
     "rebalance.min_observations": 1,  # Sec. IV-A: K is calculated "based on the initial run"
     "assignments_per_request": 1,  # Sec. IV-A / Fig. 7: each worker's DSS and MBS set for its next iteration
@@ -140,6 +142,19 @@ def _iqr_only(cfg: RunConfig) -> None:
         for w, t in (("a", 1.0), ("b", 1.0), ("c", 1.2), ("d", 1.5)):
             sizer.observe(w, 128, 32, t)
     assert "d" not in sizer.rebalance()
+
+
+def _judged_every_report(cfg: RunConfig) -> None:
+    alloc = cfg.build_policy("allocation", dss_max=4096, epoch_samples=4096)
+    judged = []
+    judge = alloc.sizer.rebalance
+    alloc.sizer.rebalance = lambda: judged.append(1) or judge()
+    # 64 workers: the paper judges the whole cluster at every one of the 128 reports.
+    for _ in range(2):
+        for i in range(64):
+            alloc.observe(f"w{i:02d}", CycleObservation(128, 32, 1.0 + (i == 0)))
+            alloc.rebalance()
+    assert len(judged) == 128
 
 
 def _constant_k(cfg: RunConfig) -> None:
@@ -287,6 +302,7 @@ DEVIATIONS: list[Deviation] = [
     Deviation("dual_search.cost_fit", "constant", {"hermes": "linear"}, _constant_k),
     Deviation("dual_search.tolerance", 0.0, {"hermes": 0.1}, _no_deadband, {"cycle_samples": 1024}),
     Deviation("dual_search.mbs_min", 2, {"hermes": 8}, _mbs_from_two),
+    Deviation("dual_search.judgements_per_round", 0, {"hermes": 8}, _judged_every_report),
     Deviation("rebalance.warmup_cycles", 0, {"hermes": 1}, _first_cycle_counts),
     Deviation("rebalance.min_observations", 1, {"hermes": 2}, _resize_after_one),
     Deviation("early_stop.patience", 25, {"hermes": None}, _patience_stops, {"early_stop.metric": "loss"}),

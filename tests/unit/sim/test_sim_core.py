@@ -102,3 +102,29 @@ def test_a_slow_shared_server_link_delays_the_run(tmp_path):
     _, fast = _run(tmp_path, "fast", preset="asp")
     _, slow = _run(tmp_path, "slow", preset="asp", server_link=ServerLink(2.0, 2.0))
     assert slow["seconds_to_target"] > 2 * fast["seconds_to_target"]
+
+
+def test_equal_time_events_run_by_device_then_by_the_order_they_were_scheduled():
+    from hermes.sim.events import current_device
+
+    clock = VirtualClock(start=0.0)
+    ran: list[tuple[int, str]] = []
+
+    async def device(index: int, tag: str) -> None:
+        current_device.set(index)
+        await asyncio.sleep(1.0)
+        ran.append((index, tag))
+
+    async def server() -> None:
+        await asyncio.sleep(1.0)
+        ran.append((-1, "server"))
+
+    async def main():
+        # Scheduled in the order 3, 1, 2, 1, server: run at t = 1 as server, 1, 1, 2, 3.
+        tasks = [asyncio.ensure_future(device(i, t)) for i, t in ((3, "a"), (1, "b"), (2, "c"), (1, "d"))]
+        await asyncio.sleep(0)  # every device has set its timer
+        tasks.append(asyncio.ensure_future(server()))
+        await asyncio.gather(*tasks)
+
+    run_virtual(clock, main)
+    assert ran == [(-1, "server"), (1, "b"), (1, "d"), (2, "c"), (3, "a")]

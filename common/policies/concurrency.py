@@ -1,0 +1,42 @@
+"""The run config's ``concurrency`` section: how many workers train at once (FedBuff's concurrency C).
+
+FedBuff (Nguyen, Malik, Zhan, Yousefpour, Rabbat, Malek, Huba, "Federated
+Learning with Buffered Asynchronous Aggregation", AISTATS 2022, Alg. 1 and
+Sec. 3): the server keeps at most C clients training at a time; whenever one
+reports its update, another is sampled in its place. With K updates per
+server step, an update is about C / K server steps stale when it arrives
+(Sec. 5: staleness grows with the concurrency), so C is what bounds the
+staleness of every asynchronous rule, not only FedBuff's. Left unbounded, a
+thousand devices that all train from version 0 send deltas about 1000 / K
+versions stale (docs/simulation.md, "Scale").
+
+Here a worker takes a slot with a work request and keeps it while nobody
+waits; when others wait, its push ends its turn: the slot goes to the worker
+that has waited longest, and the push's reply, which brings the model, waits
+for the worker's next turn, so a worker always trains from a model that is
+current when its turn begins (FedBuff's sampled client downloads the model
+when it starts). A gate-skipped cycle also ends the turn. Leaving, being
+marked lost or registering again frees the slot. ``limit`` 0 (the default)
+admits everyone: a cluster no larger than the limit never waits either.
+Under ``overlap_push`` (preset hermes) a worker trains on while its push's
+reply waits, so the bound holds for the workers' turns, not for every cycle
+trained. It applies to sync policies that never wait for a member (free
+running or buffered): a barrier, or SSP's bound, would wait for the idle ones.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["ConcurrencyParams"]
+
+
+class ConcurrencyParams(BaseModel):
+    """``concurrency``: the server's bound on workers training at once (FedBuff's C)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    limit: int = Field(
+        default=0, ge=0, description="At most this many workers hold work at once (FedBuff's concurrency C, Nguyen "
+        "et al. 2022 Alg. 1); the others wait in order, and a push's reply (with the model) waits for the "
+        "pusher's next turn when others wait. "
+        "0: no bound. Asynchronous sync policies only (a barrier waits for every member).")

@@ -1,0 +1,125 @@
+"""Admission: at most ``concurrency.limit`` workers hold work at once (FedBuff's concurrency C).
+
+The rule and its source are in ``hermes.common.policies.concurrency``. A
+worker takes a slot with a work request; while it holds one, its requests
+(its prefetcher's next assignment) are answered at once. Its push ends its
+turn if anybody waits: the slot goes to the longest-waiting worker (FIFO,
+deterministic) and the push's reply waits in line for the next free slot.
+The reply brings the model as it is when the turn comes (combine_messages),
+so a worker never trains from a model it got before it waited: waiting
+before the work request instead would have the worker train, after its
+wait, from the model of its previous push (1,000 devices, limit 100,
+K = 10: deltas 77 versions stale instead of about 10, and the model
+collapsed). A gate-skipped cycle, reported with the next work request or a
+stats report, also ends the turn, and that request waits. Leaving, being
+marked lost and registering again free the slot and answer a held work
+request "gone" (the worker registers again). A stop or a shutdown answers
+everything held, as the start gate does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict
+from collections.abc import Mapping
+from typing import Any
+
+from hermes.server.engine.telemetry import Telemetry
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Admission"]
+
+
+class Admission:
+    def __init__(self, limit: int, telemetry: Telemetry) -> None:
+        self.limit = limit
+        self.telemetry = telemetry
+        self.holders: set[str] = set()
+        # Workers waiting for a slot, oldest first: a held work request or a held push reply each.
+        self.waiting: OrderedDict[str, asyncio.Future[bool]] = OrderedDict()
+        self.open = limit <= 0
+        self.granted = 0
+        self.waited = 0
+        self.peak = 0  # the most workers that held a slot at once
+
+    async def admit(self, worker_id: str) -> bool:
+        """A work request: the worker's slot (at once while it holds one); False when it left meanwhile."""
+        if self.open or worker_id in self.holders:
+            return True
+        if len(self.holders) < self.limit and not self.waiting:
+            self._take(worker_id)
+            return True
+        return await self._wait(worker_id)
+
+    async def next_turn(self, worker_id: str) -> bool:
+        """A push: the worker's turn ends if anybody waits, and its reply waits for its next slot."""
+        if self.open or (worker_id in self.holders and not self.waiting):
+            return True
+        if worker_id in self.holders:
+            self.holders.discard(worker_id)
+            self._grant()
+        elif len(self.holders) < self.limit and not self.waiting:
+            self._take(worker_id)
+            return True
+        return await self._wait(worker_id)
+
+    def cycle_done(self, worker_id: str) -> None:
+        """A cycle its gate did not push was reported: the worker's turn ends if anybody waits."""
+        if not self.open and worker_id in self.holders and self.waiting:
+            self.holders.discard(worker_id)
+            self._grant()
+
+    def release(self, worker_id: str) -> None:
+        """The worker left, was marked lost or registered again: its slot and what it had held are gone."""
+        if self.open:
+            return
+        future = self.waiting.pop(worker_id, None)
+        if future is not None and not future.done():
+            future.set_result(False)
+        if worker_id in self.holders:
+            self.holders.discard(worker_id)
+            self._grant()
+
+    def open_all(self, reason: str) -> None:
+        """A stop or a shutdown: everything held is answered (with the stop, or going away)."""
+        if self.open:
+            return
+        self.open = True
+        for future in self.waiting.values():
+            if not future.done():
+                future.set_result(True)
+        self.waiting.clear()
+        log.debug("admission open for all: %s", reason)
+
+    def listener(self, fact: str, fields: Mapping[str, Any]) -> None:
+        """Telemetry's join and leave facts free the worker's slot (a rejoin starts a new session)."""
+        if fact in ("join", "leave"):
+            self.release(str(fields["worker"]))
+
+    async def _wait(self, worker_id: str) -> bool:
+        self.waited += 1
+        earlier = self.waiting.pop(worker_id, None)  # an earlier session's, still held: void now
+        if earlier is not None and not earlier.done():
+            earlier.set_result(False)
+        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self.waiting[worker_id] = future
+        return await future
+
+    def _grant(self) -> None:
+        while self.waiting and len(self.holders) < self.limit:
+            worker_id, future = self.waiting.popitem(last=False)
+            if future.done():
+                continue
+            self._take(worker_id)
+            future.set_result(True)
+
+    def _take(self, worker_id: str) -> None:
+        self.holders.add(worker_id)
+        self.granted += 1
+        self.peak = max(self.peak, len(self.holders))
+
+    def status(self) -> dict[str, Any]:
+        return {"limit": self.limit, "training": len(self.holders), "waiting": len(self.waiting),
+                "granted": self.granted, "waited": self.waited, "peak": self.peak}

@@ -1,0 +1,39 @@
+"""The simulator at scale's features: the fastest device alone (``alone``), the concurrency bound on devices."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from hermes.sim.devices import ALWAYS_ON, IntervalAvailability
+from hermes.sim.run import deterministic_view, fastest_alone
+from tests.unit.sim.test_sim_core import _run, hl8
+
+
+def test_alone_keeps_the_populations_fastest_device_always_online():
+    profiles = [dataclasses.replace(p, availability=IntervalAvailability([(0.0, 1.0)])) for p in hl8(8)]
+    best = fastest_alone(profiles)
+    assert best.device_id == "hl8-0" and best.flops == max(p.flops for p in profiles)
+    assert best.availability is ALWAYS_ON
+
+
+def test_a_run_alone_trains_the_fastest_device_only_and_says_so(tmp_path):
+    slow_first = list(reversed(hl8(4)))
+    sim, summary = _run(tmp_path, "alone", profiles=slow_first, preset="asp", alone=True)
+    assert [d.name for d in sim.devices] == ["hl8-0"]
+    assert summary["alone"] is True and summary["devices"] == 1 and len(summary["workers"]) == 1
+    assert summary["workers"][0]["device"]["cycles"] > 0
+    _, together = _run(tmp_path, "together", profiles=slow_first, preset="asp")
+    assert together["alone"] is False and together["devices"] == 4
+
+
+def test_a_concurrency_bound_keeps_the_others_idle_and_rotates_every_device_through(tmp_path):
+    # Eight devices, two slots: every device trains (the slot passes on at each push), never more than two at once.
+    sim, summary = _run(tmp_path, "c2", profiles=hl8(8), preset="fedbuff",
+                        config={"concurrency.limit": 2, "fedbuff.buffer_size": 2, "target_accuracy": 0.8})
+    adm = sim.engine.admission
+    assert summary["reached_target"], summary["outcome"]
+    assert adm.limit == 2 and adm.peak == 2 and adm.waited > 0 and adm.granted > 8
+    assert all(w["device"]["cycles"] > 0 for w in summary["workers"])
+    _, again = _run(tmp_path, "c2-again", profiles=hl8(8), preset="fedbuff",
+                    config={"concurrency.limit": 2, "fedbuff.buffer_size": 2, "target_accuracy": 0.8})
+    assert deterministic_view(summary) == deterministic_view(again)

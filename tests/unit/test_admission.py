@@ -1,0 +1,172 @@
+"""concurrency.limit (FedBuff's concurrency C, Nguyen et al. 2022 Alg. 1): at most C workers hold work at once."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from hermes.common.clock import ManualClock
+from hermes.common.config import build_config
+from hermes.common.wire import ErrorCode, MsgType, ProtocolError
+from hermes.server.engine.admission import Admission
+from hermes.server.engine.telemetry import Telemetry
+from hermes.server.events import EventLog
+from hermes.server.metrics import ServerMetrics
+from tests.unit.test_engine_inprocess import _Agent, _engine, _pending, _run
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock()
+
+
+def _admission(limit: int) -> Admission:
+    return Admission(limit, Telemetry(ServerMetrics(), EventLog(None)))
+
+
+def test_at_most_limit_workers_hold_work_and_a_push_passes_the_slot_on_in_order():
+    adm = _admission(2)
+
+    async def go():
+        assert await adm.admit("a") and await adm.admit("b")
+        c = asyncio.ensure_future(adm.admit("c"))
+        d = asyncio.ensure_future(adm.admit("d"))
+        assert await _pending(c) and await _pending(d)
+        assert adm.status()["training"] == 2 and adm.status()["waiting"] == 2
+        b_reply = asyncio.ensure_future(adm.next_turn("b"))  # b's push: its slot goes to c, its reply waits
+        assert await c and await _pending(d) and await _pending(b_reply)
+        assert adm.holders == {"a", "c"}
+        a_reply = asyncio.ensure_future(adm.next_turn("a"))
+        assert await d and await _pending(b_reply) and await _pending(a_reply)
+        adm.release("c")  # c left: its slot goes to the longest waiting, b's reply
+        assert await b_reply and await _pending(a_reply)
+        assert adm.holders == {"b", "d"} and adm.peak == 2
+
+    _run(go())
+
+
+def test_a_holder_is_answered_at_once_and_keeps_its_slot_while_nobody_waits():
+    adm = _admission(1)
+
+    async def go():
+        assert await adm.admit("a")
+        assert await adm.admit("a")  # its prefetcher's request
+        assert await adm.next_turn("a")  # its push: nobody waits, the reply goes at once
+        b = asyncio.ensure_future(adm.admit("b"))
+        assert await _pending(b)
+        assert await adm.admit("a")  # a holder's request is never held
+        reply = asyncio.ensure_future(adm.next_turn("a"))
+        assert await b and await _pending(reply)
+        assert adm.holders == {"b"}
+
+    _run(go())
+
+
+def test_a_gate_skipped_cycle_ends_the_turn_and_the_request_that_reported_it_waits():
+    adm = _admission(1)
+
+    async def go():
+        assert await adm.admit("a")
+        b = asyncio.ensure_future(adm.admit("b"))
+        assert await _pending(b)
+        adm.cycle_done("b")  # not a holder: nothing changes
+        assert await _pending(b)
+        adm.cycle_done("a")
+        assert await b
+        again = asyncio.ensure_future(adm.admit("a"))
+        assert await _pending(again)
+
+    _run(go())
+
+
+def test_a_worker_that_registers_again_or_leaves_while_waiting_is_answered_gone_and_a_stop_answers_everyone():
+    adm = _admission(1)
+
+    async def go():
+        assert await adm.admit("a")
+        b = asyncio.ensure_future(adm.admit("b"))
+        c = asyncio.ensure_future(adm.admit("c"))
+        assert await _pending(b)
+        adm.listener("join", {"worker": "b"})  # b registered again: its old session's request is void
+        assert (await b) is False
+        adm.open_all("stop")
+        assert await c
+        assert await adm.admit("z")  # open for good
+
+    _run(go())
+
+
+def test_limit_zero_admits_everyone():
+    adm = _admission(0)
+    assert all(_run(adm.admit(w)) for w in "abcdefgh")
+    assert adm.holders == set()
+
+
+def test_the_config_refuses_a_limit_under_a_sync_that_waits_for_every_member():
+    assert build_config("fedbuff", **{"concurrency.limit": 100}).concurrency.limit == 100
+    assert build_config("hermes", **{"concurrency.limit": 100}).concurrency.limit == 100
+    assert build_config("bsp").concurrency.limit == 0
+    for preset in ("bsp", "ssp"):
+        with pytest.raises(ValueError, match="concurrency.limit keeps workers beyond the limit idle"):
+            build_config(preset, **{"concurrency.limit": 10})
+    with pytest.raises(ValueError):
+        build_config("fedbuff", **{"concurrency.limit": -1})
+
+
+def test_the_engine_holds_a_work_request_beyond_the_limit_until_a_push_frees_a_slot(clock):
+    engine = _engine(clock, preset="fedbuff", **{"concurrency.limit": 1, "fedbuff.buffer_size": 1})
+    a, b = _Agent(engine, clock, "a"), _Agent(engine, clock, "b")
+
+    async def go():
+        first = await a.request(MsgType.REQUEST_WORK, {})
+        assert first.header.type is MsgType.WORK
+        waiting = asyncio.ensure_future(b.request(MsgType.REQUEST_WORK, {}))
+        assert await _pending(waiting), "b got work while a held the only slot"
+        # a's push is folded (K = 1) and b gets the slot; a's reply waits for a's next turn.
+        a_push = asyncio.ensure_future(a.request(MsgType.PUSH_UPDATE, {"samples": 1, "pull": True},
+                                                 payload=a.delta(0.5), model_version=0))
+        assert (await asyncio.wait_for(waiting, 5)).header.type is MsgType.WORK
+        assert await _pending(a_push)
+        assert engine.state.version == 1
+        # b pushes: its turn ends, a's reply goes out with the model as it is now (version 2).
+        b_push = asyncio.ensure_future(b.request(MsgType.PUSH_UPDATE, {"samples": 1, "pull": True},
+                                                 payload=b.delta(0.5), model_version=0))
+        reply = await asyncio.wait_for(a_push, 5)
+        assert reply.header.type is MsgType.PUSH_REPLY and reply.header.model_version == 2
+        assert reply.header.body["model"] == "included" and await _pending(b_push)
+        await engine.leave(a.rec.id, "test")  # a leaves: b's reply gets the slot
+        assert (await asyncio.wait_for(b_push, 5)).header.type is MsgType.PUSH_REPLY
+        assert engine.admission.holders == {b.rec.id}
+
+    _run(go())
+
+
+def test_a_request_held_for_a_slot_is_answered_with_the_stop(clock):
+    engine = _engine(clock, preset="fedbuff", **{"concurrency.limit": 1})
+    a, b = _Agent(engine, clock, "a"), _Agent(engine, clock, "b")
+
+    async def go():
+        await a.request(MsgType.REQUEST_WORK, {})
+        held = asyncio.ensure_future(b.request(MsgType.REQUEST_WORK, {}))
+        assert await _pending(held)
+        engine.request_stop("operator request")
+        return await asyncio.wait_for(held, 5)
+
+    assert _run(go()).header.body["stop"] is True
+
+
+def test_a_worker_lost_while_it_waits_is_told_to_register_again(clock):
+    engine = _engine(clock, preset="fedbuff", **{"concurrency.limit": 1})
+    a, b = _Agent(engine, clock, "a"), _Agent(engine, clock, "b")
+
+    async def go():
+        await a.request(MsgType.REQUEST_WORK, {})
+        held = asyncio.ensure_future(b.request(MsgType.REQUEST_WORK, {}))
+        assert await _pending(held)
+        await engine.leave(b.rec.id, "silent", state="lost")
+        with pytest.raises(ProtocolError) as exc:
+            await asyncio.wait_for(held, 5)
+        assert exc.value.code is ErrorCode.UNKNOWN_WORKER
+
+    _run(go())
