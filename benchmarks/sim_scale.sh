@@ -60,6 +60,7 @@ run() {
     fedbuff-10000) one "$1" 10000 fedbuff 600 --set concurrency.limit="$C" ;;
     fedbuff-100000) one "$1" 100000 fedbuff 20 --set concurrency.limit="$C" ;;
     fedbuff-*-b10) n=${1#fedbuff-}; one "$1" "${n%-b10}" fedbuff 10 --set concurrency.limit="$C" ;;  # bounded: 10 virtual s
+    fedbuff-*-b2) n=${1#fedbuff-}; one "$1" "${n%-b2}" fedbuff 2 --set concurrency.limit="$C" ;;  # bounded: 2 virtual s
     fedbuff-1000-unbounded) one "$1" 1000 fedbuff 60 ;;
     *) echo "unknown run $1"; exit 2 ;;
   esac
