@@ -38,5 +38,5 @@ class ConcurrencyParams(BaseModel):
     limit: int = Field(
         default=0, ge=0, description="At most this many workers hold work at once (FedBuff's concurrency C, Nguyen "
         "et al. 2022 Alg. 1); the others wait in order, and a push's reply (with the model) waits for the "
-        "pusher's next turn when others wait. "
-        "0: no bound. Asynchronous sync policies only (a barrier waits for every member).")
+        "pusher's next turn when others wait. 0: no bound. Free-running or buffered sync policies only (a "
+        "barrier, or SSP's bound, would wait for the idle workers).")
