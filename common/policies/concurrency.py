@@ -1,11 +1,11 @@
 """The run config's ``concurrency`` section: how many workers train at once (FedBuff's concurrency C).
 
 FedBuff (Nguyen, Malik, Zhan, Yousefpour, Rabbat, Malek, Huba, "Federated
-Learning with Buffered Asynchronous Aggregation", AISTATS 2022, Alg. 1 and
-Sec. 3): the server keeps at most C clients training at a time; whenever one
-reports its update, another is sampled in its place. With K updates per
-server step, an update is about C / K server steps stale when it arrives
-(Sec. 5: staleness grows with the concurrency), so C is what bounds the
+Learning with Buffered Asynchronous Aggregation", AISTATS 2022, Alg. 1; the
+text is not among /work/shared/papers, so no line is cited): the server keeps
+at most C clients training at a time; whenever one reports its update,
+another is sampled in its place. With K updates per server step, an update
+is about C / K server steps stale when it arrives, so C is what bounds the
 staleness of every asynchronous rule, not only FedBuff's. Left unbounded, a
 thousand devices that all train from version 0 send deltas about 1000 / K
 versions stale (docs/simulation.md, "Scale").
