@@ -9,6 +9,7 @@
 #   goal    fedbuff and hermes on 1,000 devices to 0.9; fedbuff on 10,000
 #   table   the 1,000-device table: hermes, fedbuff, fedasync, bsp, and the fastest device alone
 #   growth  fedbuff on 100, 1,000, 10,000 devices to 0.9 and 100,000 for a bounded 20 virtual seconds
+#   bounded fedbuff on 1,000, 10,000 and 100,000 devices for 10 virtual seconds each (fedbuff-N-b10)
 #   RUN     one of the names below (e.g. fedbuff-1000)
 #
 # Every asynchronous run bounds concurrency (concurrency.limit, FedBuff's C) at $C (default 100): unbounded,
@@ -58,6 +59,8 @@ run() {
     alone-hermes-1000) one "$1" 1000 hermes 3600 --alone ;;
     fedbuff-10000) one "$1" 10000 fedbuff 600 --set concurrency.limit="$C" ;;
     fedbuff-100000) one "$1" 100000 fedbuff 20 --set concurrency.limit="$C" ;;
+    fedbuff-*-b10) n=${1#fedbuff-}; one "$1" "${n%-b10}" fedbuff 10 --set concurrency.limit="$C" ;;  # bounded: 10 virtual s
+    fedbuff-*-b2) n=${1#fedbuff-}; one "$1" "${n%-b2}" fedbuff 2 --set concurrency.limit="$C" ;;  # bounded: 2 virtual s
     fedbuff-1000-unbounded) one "$1" 1000 fedbuff 60 ;;
     *) echo "unknown run $1"; exit 2 ;;
   esac
@@ -68,6 +71,7 @@ for what in "${@:-goal}"; do
     goal) for r in fedbuff-1000 hermes-1000 fedbuff-10000; do run $r; done ;;
     table) for r in hermes-1000 fedbuff-1000 fedasync-1000 bsp-1000 alone-1000 alone-hermes-1000; do run $r; done ;;
     growth) for r in fedbuff-100 fedbuff-1000 fedbuff-10000 fedbuff-100000; do run $r; done ;;
+    bounded) for r in fedbuff-1000-b10 fedbuff-10000-b10 fedbuff-100000-b10; do run $r; done ;;
     *) run "$what" ;;
   esac
 done

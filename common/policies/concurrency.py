@@ -1,11 +1,11 @@
 """The run config's ``concurrency`` section: how many workers train at once (FedBuff's concurrency C).
 
 FedBuff (Nguyen, Malik, Zhan, Yousefpour, Rabbat, Malek, Huba, "Federated
-Learning with Buffered Asynchronous Aggregation", AISTATS 2022, Alg. 1 and
-Sec. 3): the server keeps at most C clients training at a time; whenever one
-reports its update, another is sampled in its place. With K updates per
-server step, an update is about C / K server steps stale when it arrives
-(Sec. 5: staleness grows with the concurrency), so C is what bounds the
+Learning with Buffered Asynchronous Aggregation", AISTATS 2022, Alg. 1; the
+text is not among /work/shared/papers, so no line is cited): the server keeps
+at most C clients training at a time; whenever one reports its update,
+another is sampled in its place. With K updates per server step, an update
+is about C / K server steps stale when it arrives, so C is what bounds the
 staleness of every asynchronous rule, not only FedBuff's. Left unbounded, a
 thousand devices that all train from version 0 send deltas about 1000 / K
 versions stale (docs/simulation.md, "Scale").
@@ -38,5 +38,5 @@ class ConcurrencyParams(BaseModel):
     limit: int = Field(
         default=0, ge=0, description="At most this many workers hold work at once (FedBuff's concurrency C, Nguyen "
         "et al. 2022 Alg. 1); the others wait in order, and a push's reply (with the model) waits for the "
-        "pusher's next turn when others wait. "
-        "0: no bound. Asynchronous sync policies only (a barrier waits for every member).")
+        "pusher's next turn when others wait. 0: no bound. Free-running or buffered sync policies only (a "
+        "barrier, or SSP's bound, would wait for the idle workers).")

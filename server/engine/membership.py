@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -71,8 +72,7 @@ class Membership:
         # Workers by state, counted when scraped: a count set at every join and leave was a pass over
         # every worker each time, O(N^2) over a 10,000-device simulation's joins.
         for state in ("active", "left", "lost"):
-            metrics.workers.labels(state=state).set_function(
-                lambda s=state: sum(1 for w in self.registry.all() if w.state == s))
+            metrics.workers.labels(state=state).set_function(functools.partial(self.count_workers, state))
 
     @property
     def allocator(self) -> Allocator:
@@ -222,6 +222,9 @@ class Membership:
         worker.hints["memory_profile"] = profile
         self.apply_memory_limits(worker)
         self.apply_resizes(self.allocator.rebalance(), self.run_clock.elapsed())
+
+    def count_workers(self, state: str) -> float:
+        return float(sum(1 for w in self.registry.all() if w.state == state))
 
     def apply_memory_limits(self, rec: WorkerRecord) -> None:
         """Caps from the memory a worker declared at registration."""
