@@ -59,6 +59,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ray", default=None, metavar="auto|ADDRESS",
                    help="train the devices' cycles on a Ray cluster (the optional extra: pip install "
                         "hermes-edge[ray])")
+    p.add_argument("--alone", action="store_true",
+                   help="only the population's fastest device (most FLOP/s, ties by device id), with all the data "
+                        "and no link: what distribution must beat")
+    p.add_argument("--homogeneous", action="store_true",
+                   help="every device at the population's mean FLOP/s: the ideal cluster of the same total compute")
     p.add_argument("--quiet", action="store_true", help="no summary table at the end")
     return p
 
@@ -119,12 +124,16 @@ def main(argv: list[str] | None = None) -> int:
     except PopulationError as exc:
         print(f"hermes-sim: --population: {exc}", file=sys.stderr)
         return 2
+    if args.homogeneous:
+        from hermes.sim.reference import homogeneous
+
+        profiles = homogeneous(profiles)
     out = Path(args.out) if args.out else default_out_dir(config.preset, root="runs/sim")
     link = None if math.isinf(args.server_link) else ServerLink(args.server_link, args.server_link)
     try:
         sim = Simulation(config, profiles, out=out, transfer=transfer_seconds, server_link=link,
                          cost=by_name(args.server_cost), population=args.population, link=args.link,
-                         heartbeat_interval=args.heartbeat_interval, heartbeat_timeout=args.heartbeat_timeout)
+                         heartbeat_interval=args.heartbeat_interval, heartbeat_timeout=args.heartbeat_timeout, alone=args.alone)
         summary = sim.run()
     except (SimError, OutDirError, TaskError) as exc:
         print(f"hermes-sim: {exc}", file=sys.stderr)

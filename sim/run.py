@@ -48,6 +48,7 @@ from hermes.server.settings import DEFAULT_MAX_MESSAGE_BYTES
 from hermes.sim.device import SimDevice, VersionStore
 from hermes.sim.engine_driver import Driver, ServerCostModel, ServerLinkModel, Transfer
 from hermes.sim.events import VirtualClock, run_virtual
+from hermes.sim.reference import fastest_alone
 from hermes.sim.server_cost import ZeroCost
 
 log = logging.getLogger(__name__)
@@ -101,7 +102,9 @@ class Simulation:
                  transfer: Transfer, server_link: ServerLinkModel | None = None,
                  cost: ServerCostModel | None = None, population: str = "", link: str | None = None,
                  heartbeat_interval: float = 2.0, heartbeat_timeout: float = 10.0,
-                 executor: Any = None) -> None:
+                 executor: Any = None, alone: bool = False) -> None:
+        if alone:  # the population's fastest device by itself, with all the data (sim/reference.py)
+            profiles = fastest_alone(profiles)
         if not profiles:
             raise SimError("no devices to simulate")
         if config.topology != "ps":
