@@ -49,7 +49,7 @@ from hermes.sim.device import SimDevice, VersionStore
 from hermes.sim.engine_driver import Driver, ServerCostModel, ServerLinkModel, Transfer
 from hermes.sim.events import VirtualClock, run_virtual
 from hermes.sim.reference import fastest_alone
-from hermes.sim.server_cost import ZeroCost
+from hermes.sim.server_cost import ZeroCost, probe_seconds
 
 log = logging.getLogger(__name__)
 
@@ -140,6 +140,9 @@ class Simulation:
                        trainer=self.trainer, gate=None, from_baseline=config.pushes_from_baseline(),
                        validation_shards=[], data_source=KafkaRanges(), task=self.task)
         self.train_flops, self.eval_flops = flops_per_sample(self.task, spec, self.engine.train)
+        self.driver.push_extra_seconds = probe_seconds(
+            self.driver.cost, scores=self.engine.policies.aggregation.probe is not None,
+            samples=config.loss.eval_samples, forward_flops=self.eval_flops)
         self.versions = VersionStore()
         self.validation_cache: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor]] = {}
         self.executor = executor
