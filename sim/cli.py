@@ -64,6 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "and no link: what distribution must beat")
     p.add_argument("--homogeneous", action="store_true",
                    help="every device at the population's mean FLOP/s: the ideal cluster of the same total compute")
+    p.add_argument("--jitter", type=float, default=0.0, metavar="SIGMA",
+                   help="per-cycle compute-time noise, log-normal with this sigma (default 0: none)")
     p.add_argument("--quiet", action="store_true", help="no summary table at the end")
     return p
 
@@ -133,7 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         sim = Simulation(config, profiles, out=out, transfer=transfer_seconds, server_link=link,
                          cost=by_name(args.server_cost), population=args.population, link=args.link,
-                         heartbeat_interval=args.heartbeat_interval, heartbeat_timeout=args.heartbeat_timeout, alone=args.alone)
+                         heartbeat_interval=args.heartbeat_interval, heartbeat_timeout=args.heartbeat_timeout, alone=args.alone,
+                         jitter=args.jitter)
         summary = sim.run()
     except (SimError, OutDirError, TaskError) as exc:
         print(f"hermes-sim: {exc}", file=sys.stderr)

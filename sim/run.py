@@ -28,6 +28,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
 
+import numpy as np
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -102,7 +103,7 @@ class Simulation:
                  transfer: Transfer, server_link: ServerLinkModel | None = None,
                  cost: ServerCostModel | None = None, population: str = "", link: str | None = None,
                  heartbeat_interval: float = 2.0, heartbeat_timeout: float = 10.0,
-                 executor: Any = None, alone: bool = False) -> None:
+                 executor: Any = None, alone: bool = False, jitter: float = 0.0) -> None:
         if alone:  # the population's fastest device by itself, with all the data (sim/reference.py)
             profiles = fastest_alone(profiles)
         if not profiles:
@@ -149,6 +150,13 @@ class Simulation:
         self._sessions = 0
         self.devices = [SimDevice(p, self) for p in self.profiles]
         self.wall_seconds = 0.0
+        # Per-cycle compute-time noise (log-normal, median 1, sigma ``jitter``; 0: none): a testbed agent's
+        # cycles vary by sigma 0.2-0.5 on a loaded machine (docs/simulation.md#calibration-against-the-testbed-issue-27),
+        # and the allocators react to it. Seeded, drawn in event order: deterministic.
+        if jitter < 0:
+            raise SimError(f"jitter must be >= 0, got {jitter}")
+        self.jitter = jitter
+        self._jitter_rng = np.random.default_rng(config.seed + 0x5EED)
 
     @property
     def over(self) -> bool:
@@ -159,7 +167,8 @@ class Simulation:
         return self._sessions
 
     def compute_seconds(self, samples: int, flops: float) -> float:
-        return samples * self.train_flops / flops
+        noise = float(np.exp(self.jitter * self._jitter_rng.standard_normal())) if self.jitter else 1.0
+        return samples * self.train_flops / flops * noise
 
     def eval_seconds(self, samples: int, flops: float) -> float:
         return samples * self.eval_flops / flops
@@ -233,6 +242,7 @@ class Simulation:
         summary["virtual_seconds"] = round(self.clock.monotonic(), 6)
         summary["server_busy_seconds"] = round(self.driver.server_busy_seconds, 6)
         summary["flops_per_sample"] = {"train": self.train_flops, "evaluate": self.eval_flops}
+        summary["compute_jitter"] = self.jitter
         # Model copies the devices held: versions (shared) at their peak, own weights at the end.
         summary["sim"] = {"peak_versions_held": self.versions.peak,
                           "own_weights_held_at_end": sum(d.local is not None for d in self.devices),

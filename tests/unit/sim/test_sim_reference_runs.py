@@ -31,3 +31,15 @@ def test_a_push_pays_for_the_loss_aggregations_scoring(tmp_path, preset, cost, c
     expected = PROBE_PASSES * sim.config.loss.eval_samples * sim.eval_flops / PROBE_FLOPS if charged else 0.0
     assert sim.driver.push_extra_seconds == pytest.approx(expected)
     assert (sim.driver.push_extra_seconds > 0) is charged
+
+
+def test_compute_jitter_varies_the_cycles_and_stays_deterministic(tmp_path):
+    from hermes.sim.run import SimError, deterministic_view
+
+    a, b = _sim(tmp_path, "j1", jitter=0.3).run(), _sim(tmp_path, "j2", jitter=0.3).run()
+    assert deterministic_view(a) == deterministic_view(b) and a["compute_jitter"] == 0.3
+    w = a["workers"][0]
+    i = w["cycle_log_fields"].index("compute_seconds")
+    assert len({round(r[i], 9) for r in w["cycle_log"]}) > 1  # without jitter a device's equal cycles take equal time
+    with pytest.raises(SimError, match="jitter"):
+        _sim(tmp_path, "bad", jitter=-1.0)
