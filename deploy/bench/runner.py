@@ -70,6 +70,7 @@ class RunSpec:
             **({"homogeneous": True} if self.variant.homogeneous else {}),
             **({"churn": suite.churn} if suite.churn else {}),
             **({"engine": "sim", "server_cost": suite.server_cost} if suite.engine == "sim" else {}),
+            **({"jitter": suite.jitter} if suite.engine == "sim" and suite.jitter else {}),
             **({"ddp_hook": self.variant.ddp_hook, "ddp_powersgd_rank": self.variant.ddp_powersgd_rank}
                if self.variant.ddp_hook != "allreduce" else {}),
         }
@@ -126,6 +127,8 @@ class RunSpec:
                 "--out", str(run_dir), "--quiet"]
         if suite.target_accuracy is not None:
             args += ["--target-accuracy", f"{suite.target_accuracy:g}"]
+        if suite.jitter:
+            args += ["--jitter", f"{suite.jitter:g}"]
         if self.variant.runner == "alone":
             args += ["--alone"]
         if self.variant.homogeneous:

@@ -77,6 +77,8 @@ class Suite(BaseModel):
     engine: Literal["testbed", "sim"] = "testbed"
     # engine sim: hermes-sim --server-cost (what engine operations cost the server's CPU).
     server_cost: Literal["calibrated", "measured", "none"] = "calibrated"
+    # engine sim: hermes-sim --jitter (per-cycle compute-time noise, log-normal sigma; 0: none).
+    jitter: float = Field(default=0.0, ge=0.0)
     profiles: tuple[str, ...] = Field(default=("hl8",), min_length=1)
     # Every agent's emulated link (hermes-testbed --link): lan, wifi, lte, constrained or custom:UP/DOWN/RTT.
     links: tuple[str, ...] = Field(default=("lan",), min_length=1)

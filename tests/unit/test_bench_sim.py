@@ -53,7 +53,10 @@ def test_each_variant_becomes_its_hermes_sim_arguments():
     assert _value(bsp, "--link") == "lte" and _value(bsp, "--target-accuracy") == "0.9"
     assert _value(bsp, "--server-cost") == "calibrated" and "num_samples=20000" in bsp
     assert "--link" not in _args(suite, "bsp", "own")  # the population's own links
-    assert "--alone" not in bsp and "--homogeneous" not in bsp
+    assert "--alone" not in bsp and "--homogeneous" not in bsp and "--jitter" not in bsp
+    jittery = _suite(jitter=0.3)
+    assert _value(_args(jittery, "bsp"), "--jitter") == "0.3"
+    assert plan(jittery)[0].identity(jittery)["jitter"] == 0.3 and "jitter" not in plan(suite)[0].identity(suite)
 
     # DDP: bsp with a barrier every mini-batch (one batch a cycle) and the variant's lr.
     ddp = _args(suite, "ddp", "lte")
