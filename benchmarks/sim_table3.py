@@ -56,8 +56,8 @@ def table(results: dict[str, Any]) -> list[str]:
     base_msg = median([m["messages_total"] for m in base])
     rows = ["| framework | paper: iterations | paper: WI | paper: API calls (M) | paper: API calls / BSP's | "
             "paper: speed-up | sim: reached | sim: virtual s | sim: speed-up | sim: iterations | sim: WI | "
-            "sim: messages | sim: messages / bsp's |",
-            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+            "sim: messages | sim: messages / bsp's | sim: final accuracy |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for label in labels:
         ms = by.get(label, [])
         paper = PAPER.get(label)
@@ -69,7 +69,8 @@ def table(results: dict[str, Any]) -> list[str]:
         rows.append(" | ".join([f"| {NAMES.get(label, '`' + label + '`')}", *cols,
                                 f"{sum(m['reached'] for m in ms)}/{len(ms)}", fmt(t, 1), speed,
                                 fmt(median([m["iterations"] for m in ms]), 0), fmt(median([m["wi_mean"] for m in ms])),
-                                fmt(msg, 0), fmt(msg / base_msg if msg and base_msg else None)]) + " |")
+                                fmt(msg, 0), fmt(msg / base_msg if msg and base_msg else None),
+                                fmt(median([m["final_accuracy"] for m in ms]), 3)]) + " |")
     return rows
 
 
