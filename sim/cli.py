@@ -67,6 +67,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="train the devices' cycles on a Ray cluster, with the same summary as without it: auto "
                         "(the cluster running on this machine, else a local one for this run) or the cluster's "
                         "address (the optional extra: pip install hermes-edge[ray])")
+    p.add_argument("--homogeneous", action="store_true",
+                   help="every device at the population's mean FLOP/s: the ideal cluster of the same total compute")
+    p.add_argument("--jitter", type=float, default=0.0, metavar="SIGMA",
+                   help="per-cycle compute-time noise, log-normal with this sigma (default 0: none)")
     p.add_argument("--quiet", action="store_true", help="no summary table at the end")
     return p
 
@@ -125,13 +129,17 @@ def main(argv: list[str] | None = None) -> int:
     except PopulationError as exc:
         print(f"hermes-sim: --population: {exc}", file=sys.stderr)
         return 2
+    if args.homogeneous:
+        from hermes.sim.reference import homogeneous
+
+        profiles = homogeneous(profiles)
     out = Path(args.out) if args.out else default_out_dir(config.preset, root="runs/sim")
     link = None if math.isinf(args.server_link) else ServerLink(args.server_link, args.server_link)
     try:
         sim = Simulation(config, profiles, out=out, transfer=transfer_seconds, server_link=link,
                          cost=by_name(args.server_cost), population=args.population, link=args.link,
                          heartbeat_interval=args.heartbeat_interval, heartbeat_timeout=args.heartbeat_timeout,
-                         split=args.split, ray=args.ray, alone=args.alone)
+                         split=args.split, ray=args.ray, alone=args.alone, jitter=args.jitter)
         summary = sim.run()
     except (SimError, OutDirError, TaskError) as exc:
         print(f"hermes-sim: {exc}", file=sys.stderr)

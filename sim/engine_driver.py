@@ -112,6 +112,9 @@ class Driver:
         # The server's CPU: busy until this (virtual) time.
         self.server_free = 0.0
         self.server_busy_seconds = 0.0
+        # Server CPU seconds a push costs on top of its ops: the loss aggregation's scoring of models
+        # (sim.server_cost.probe_seconds), set by the Simulation once it has counted the model's FLOPs.
+        self.push_extra_seconds = 0.0
         self.monitor = HeartbeatMonitor(engine, heartbeat_timeout)
         self.stopped = asyncio.Event()
         engine.on_stop.append(lambda _reason: self.stopped.set())
@@ -136,10 +139,10 @@ class Driver:
         if delay > 0:
             await asyncio.sleep(delay)
 
-    async def server_turn(self, ops: tuple[str, ...]) -> None:
-        """Wait for the server's CPU, then hold it for these operations' cost."""
+    async def server_turn(self, ops: tuple[str, ...], extra: float = 0.0) -> None:
+        """Wait for the server's CPU, then hold it for these operations' cost (and ``extra`` seconds)."""
         workers = len(self.active)
-        cost = sum(self.cost.seconds(op, params=self.params, workers=workers) for op in ops)
+        cost = sum(self.cost.seconds(op, params=self.params, workers=workers) for op in ops) + extra
         start = max(self.server_free, self.now())
         self.server_free = start + cost
         self.server_busy_seconds += cost
@@ -188,10 +191,10 @@ class Driver:
         dev.bytes_sent += size
         await self.carry(dev, size, "up")
         ops = OPS.get(type_, ("heartbeat",))
-        if isinstance(self.cost, MeasuredCost):
+        if isinstance(self.cost, MeasuredCost):  # the scoring's CPU time is inside the handling it measures
             reply = await self.measured_turn(ops, frames)
         else:
-            await self.server_turn(ops)
+            await self.server_turn(ops, self.push_extra_seconds if type_ is MsgType.PUSH_UPDATE else 0.0)
             reply = await self.engine.handle(frames)
         out = sum(len(f) for f in reply)
         await self.carry(dev, out, "down")

@@ -47,21 +47,23 @@ class PopulationError(ValueError):
     """A population spec, size or trace file that cannot build a population; the message says which."""
 
 
-# The testbed agents' effective training FLOP/s on this machine (2 vCPU AMD EPYC, 24 GB), measured on
-# 2026-11-27 13:57-15:05 UTC from the sim-calibration suite's 30 runs (hermes-bench run
-# benchmarks/suites/sim-calibration.toml --out runs/sim-calibration, HL8, lan and lte, all five presets;
-# the machine shared with other work, load average 2 at the start, 17-25 for most of it; raw figures in
-# docs/bench/sim-calibration/device-flops.json):
+# The testbed agents' effective training FLOP/s on this machine (2 vCPU AMD EPYC, 24 GB), measured from the
+# calibration suite's testbed runs (benchmarks/suites/sim-calibration.toml, HL8, mnist1d 20k, the paper's
+# CNN size):
 #   python benchmarks/sim_calibrate_cost.py device-flops runs/sim-calibration
 # times the task's training FLOPs per sample (mnist1d CNN hidden 320: 953,600 by torch.utils.flop_counter,
-# forward + backward).
+# forward + backward). The rates move with the machine's load (why is not established: contention for
+# the shared cores' caches and clock is a guess): 1.17e9 / 4.31e9 at load average 17-25 (2026-11-27 13:57-15:05 UTC, 30 runs), 2.38e9 / 6.94e9 at
+# load 2-16 (2026-11-27 16:48-17:02 UTC, lan bsp, hermes and hermes-paper, 9 runs: these constants; raw
+# figures in docs/bench/sim-calibration/device-flops-1648.json, the earlier ones in device-flops.json).
+# A simulated run compares 1:1 only with testbed runs taken at a like load (docs/simulation.md#calibration).
 # The unslowed agent: samples / compute_seconds, wall time shared with the server and the other agents
 # on two cores (median over runs).
-TESTBED_FAST_FLOPS = 1.170e9
+TESTBED_FAST_FLOPS = 2.379e9
 # A slowed agent sleeps (slowdown - 1) x its step's CPU time (client/trainer.py, _work_seconds), so it
-# runs at its thread's CPU-time rate divided by the slowdown, a rate the contention does not lower:
-# median of samples * slowdown / compute_seconds over the slowed agents.
-TESTBED_THREAD_FLOPS = 4.310e9
+# runs at its thread's CPU-time rate divided by the slowdown: median of samples * slowdown /
+# compute_seconds over the slowed agents.
+TESTBED_THREAD_FLOPS = 6.940e9
 # Testbed agents share the machine's memory: each reports what is available (client/memory_probe.py).
 TESTBED_MEMORY_MB = 22_000.0
 

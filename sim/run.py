@@ -24,11 +24,12 @@ import logging
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
 
+import numpy as np
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -49,15 +50,15 @@ from hermes.server.settings import DEFAULT_MAX_MESSAGE_BYTES
 from hermes.server.shardstore import load_splits
 from hermes.sim.data import Split, SplitError, parse_split, plan_data
 from hermes.sim.device import DeviceDataError, SimDevice, VersionStore
-from hermes.sim.devices import ALWAYS_ON
 from hermes.sim.engine_driver import Driver, ServerCostModel, ServerLinkModel, Transfer
 from hermes.sim.events import VirtualClock, run_virtual
 from hermes.sim.executor import Executor, LocalExecutor, RayExecutor, RayMissing, build_trainer
-from hermes.sim.server_cost import ZeroCost
+from hermes.sim.reference import fastest_alone
+from hermes.sim.server_cost import ZeroCost, probe_seconds
 
 log = logging.getLogger(__name__)
 
-__all__ = ["WALL_FIELDS", "SimError", "Simulation", "deterministic_view", "fastest_alone"]
+__all__ = ["WALL_FIELDS", "SimError", "Simulation", "deterministic_view"]
 
 # Fields of summary.json measured on this machine's clock, not the virtual one.
 WALL_FIELDS = ("wall_seconds", "sim")
@@ -94,13 +95,6 @@ def flops_per_sample(task: Task, spec: Any, train: Any) -> tuple[float, float]:
     return max(1.0, step.get_total_flops() / n), max(1.0, fwd.get_total_flops() / n)
 
 
-def fastest_alone(profiles: Sequence[Any]) -> Any:
-    """The baseline a distributed run must beat: the population's fastest device (the first of equals),
-    alone with all the data, always online (its churn would only slow it: the baseline is generous)."""
-    best = max(profiles, key=lambda p: p.flops)
-    return replace(best, availability=ALWAYS_ON)
-
-
 @dataclass
 class _Proc:
     """A device as build_summary reads an agent process (name, info, exit code, log)."""
@@ -117,11 +111,11 @@ class Simulation:
                  cost: ServerCostModel | None = None, population: str = "", link: str | None = None,
                  heartbeat_interval: float = 2.0, heartbeat_timeout: float = 10.0,
                  executor: Executor | None = None, split: str | Split | None = None, ray: str | None = None,
-                 alone: bool = False) -> None:
+                 alone: bool = False, jitter: float = 0.0) -> None:
+        if alone:  # the population's fastest device by itself, with all the data (sim/reference.py)
+            profiles = fastest_alone(profiles)
         if not profiles:
             raise SimError("no devices to simulate")
-        if alone:
-            profiles = [fastest_alone(profiles)]
         if config.topology != "ps":
             raise SimError(f"topology {config.topology!r}: the simulator runs the parameter-server topology only")
         if config.max_seconds is None:
@@ -165,6 +159,9 @@ class Simulation:
                        trainer=self.trainer, gate=None, from_baseline=config.pushes_from_baseline(),
                        validation_shards=[], data_source=KafkaRanges(), task=self.task)
         self.train_flops, self.eval_flops = flops_per_sample(self.task, spec, self.engine.train)
+        self.driver.push_extra_seconds = probe_seconds(
+            self.driver.cost, scores=self.engine.policies.aggregation.probe is not None,
+            samples=config.loss.eval_samples, forward_flops=self.eval_flops)
         self.versions = VersionStore()
         self.validation_cache: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor]] = {}
         # Where the cycles train: here, or on a Ray cluster (sim.executor; the same summary either way).
@@ -179,6 +176,13 @@ class Simulation:
         for i, d in enumerate(self.devices):
             d.index = i
         self.wall_seconds = 0.0
+        # Per-cycle compute-time noise (log-normal, median 1, sigma ``jitter``; 0: none): a testbed agent's
+        # cycles vary by sigma 0.2-0.5 on a loaded machine (docs/simulation.md#calibration-against-the-testbed-issue-27),
+        # and the allocators react to it. Seeded, drawn in event order: deterministic.
+        if jitter < 0:
+            raise SimError(f"jitter must be >= 0, got {jitter}")
+        self.jitter = jitter
+        self._jitter_rng = np.random.default_rng(config.seed + 0x5EED)
 
     @property
     def over(self) -> bool:
@@ -189,7 +193,8 @@ class Simulation:
         return self._sessions
 
     def compute_seconds(self, samples: int, flops: float) -> float:
-        return samples * self.train_flops / flops
+        noise = float(np.exp(self.jitter * self._jitter_rng.standard_normal())) if self.jitter else 1.0
+        return samples * self.train_flops / flops * noise
 
     def eval_seconds(self, samples: int, flops: float) -> float:
         return samples * self.eval_flops / flops
@@ -272,6 +277,7 @@ class Simulation:
         summary["virtual_seconds"] = round(self.clock.monotonic(), 6)
         summary["server_busy_seconds"] = round(self.driver.server_busy_seconds, 6)
         summary["flops_per_sample"] = {"train": self.train_flops, "evaluate": self.eval_flops}
+        summary["compute_jitter"] = self.jitter
         # Model copies the devices held: versions (shared) at their peak, own weights at the end.
         summary["sim"] = {"peak_versions_held": self.versions.peak,
                           "own_weights_held_at_end": sum(d.local is not None for d in self.devices),

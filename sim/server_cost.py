@@ -65,6 +65,24 @@ CALIBRATION: dict[str, Coefficients] = {
 }
 
 
+# The server's forward-pass rate when the loss aggregation scores a model (LossProbe.loss_of, Hermes Eq. 5-6):
+# the paper's CNN (hidden 320) on 512 mnist1d samples, 163.8 MFLOP in a median 5.59 ms of CPU over 20, one torch
+# thread, 2026-11-27 17:16 UTC, load average 12-14 (python benchmarks/sim_probe_cost.py). The calibrated
+# ``push`` was measured under asp, whose aggregation scores nothing.
+PROBE_FLOPS = 29.3e9
+# Models a push's scoring runs forward: the candidate's and the global model's (cached per version, and every
+# applied push makes a new version).
+PROBE_PASSES = 2
+
+
+def probe_seconds(cost: object, *, scores: bool, samples: int, forward_flops: float) -> float:
+    """Server CPU seconds a push costs in the loss aggregation's scoring; 0 without one or with ``ZeroCost``."""
+    if not scores or isinstance(cost, ZeroCost):
+        return 0.0
+    speed = getattr(cost, "speed", 1.0)
+    return PROBE_PASSES * samples * forward_flops / PROBE_FLOPS / speed
+
+
 class UnknownOperation(ValueError):
     """An operation the cost model does not know."""
 

@@ -128,7 +128,8 @@ def cmd_suite(args: argparse.Namespace) -> int:
         return 2
     if args.dry_run:
         for spec in plan(suite):
-            print(f"{spec.key}: hermes-testbed {' '.join(spec.testbed_args(suite, spec.run_dir(Path(args.out))))}")
+            command = "hermes-sim" if suite.engine == "sim" else "hermes-testbed"
+            print(f"{spec.key}: {command} {' '.join(spec.args(suite, spec.run_dir(Path(args.out))))}")
         return 0
     out = Path(args.out).resolve()
     # SIGTERM (kill, a CI timeout) takes the same path as Ctrl-C: the running testbed's group is

@@ -85,6 +85,9 @@ def render_report(results: dict[str, Any]) -> str:
     target = suite.get("target_accuracy")
     ok = sum(1 for r in runs if r.get("status") == "ok")
     out: list[str] = [f"# hermes-bench: {suite['name']}", ""]
+    cluster = (f"{suite['clients']} simulated devices (hermes-sim; every time is virtual seconds; server cost "
+               f"`{suite.get('server_cost')}`)" if suite.get("engine") == "sim"
+               else f"{suite['clients']} agents on one machine (hermes-testbed)")
     if suite.get("description"):
         out += [suite["description"], ""]
     written = results.get("written_at")
@@ -92,8 +95,7 @@ def render_report(results: dict[str, Any]) -> str:
         f"- matrix: {len(suite['variants'])} variants × {len(suite['profiles'])} profiles "
         f"({', '.join(p.upper() for p in suite['profiles'])}) × {suite['repeats']} repeats "
         f"(seeds {suite['seed']}–{suite['seed'] + suite['repeats'] - 1}); {ok}/{len(runs)} runs finished",
-        f"- cluster: {suite['clients']} agents on one machine (hermes-testbed), data set `{suite['dataset']}`, "
-        f"model `{suite['model']}`",
+        f"- cluster: {cluster}, data set `{suite['dataset']}`, model `{suite['model']}`",
         f"- budget per run: target accuracy {target if target is not None else 'none'}, at most "
         f"{suite['max_seconds']:g} s" + (f"; overrides {suite['overrides']}" if suite.get("overrides") else ""),
         "- variants: " + "; ".join(
@@ -110,6 +112,10 @@ def render_report(results: dict[str, Any]) -> str:
             "(agent start-up excluded); both only over runs that reached the target (see *reached*). The `ddp` "
             "peer's clock starts after every rank joined and leaves its evaluations out: both its columns are "
             "its *train s*."]
+    if suite.get("engine") == "sim":
+        out += ["Engine `sim`: every row is a simulated run and every time virtual seconds (*wall* is what the "
+                "simulation took here); `ddp` is bsp with one mini-batch per cycle, timed as the others; `alone` is "
+                "the population's fastest device with all the data; `ideal` every device at the mean speed."]
     if baseline:
         out += ["*Speed-up* = the median *train s* of "
                 f"`{baseline}` / the variant's median (every side timed from its workers' join); the range divides "

@@ -1,8 +1,8 @@
 """Run a suite's matrix of testbed runs, one subprocess each, resumably.
 
 Each run is ``python -m hermes.deploy.testbed ... --out OUT/runs/PROFILE/LABEL/rN --quiet``
-in a process group of its own, so runs are isolated from each other and from
-this process. A run is finished when its ``summary.json`` exists and its
+in a process group of its own (``python -m hermes.sim.cli ...`` for a suite with
+``engine = "sim"``), so runs are isolated from each other and from this process. A run is finished when its ``summary.json`` exists and its
 ``run.json`` describes the same run (same preset, overrides, seed, budget...);
 anything else in its directory is a half-written or outdated run and is
 redone from scratch. ``results.json`` is rewritten after every run, so an
@@ -28,7 +28,7 @@ from hermes.common.atomic_write import write_atomic
 from hermes.common.clock import SYSTEM_CLOCK, Clock
 from hermes.deploy.bench.aggregate import event_figures
 from hermes.deploy.bench.machine import loadavg, machine_info, versions
-from hermes.deploy.bench.suites import Suite, Variant
+from hermes.deploy.bench.suites import OWN_LINKS, Suite, Variant
 from hermes.deploy.procs import die_with_parent, terminate_group
 from hermes.deploy.profiles import worker_profiles
 
@@ -70,6 +70,8 @@ class RunSpec:
             **({"homogeneous": True} if self.variant.homogeneous else {}),
             **({"screening": False} if not self.variant.screening else {}),
             **({"churn": suite.churn} if suite.churn else {}),
+            **({"engine": "sim", "server_cost": suite.server_cost} if suite.engine == "sim" else {}),
+            **({"jitter": suite.jitter} if suite.engine == "sim" and suite.jitter else {}),
             **({"ddp_hook": self.variant.ddp_hook, "ddp_powersgd_rank": self.variant.ddp_powersgd_rank}
                if self.variant.ddp_hook != "allreduce" else {}),
         }
@@ -107,6 +109,43 @@ class RunSpec:
         return args
 
 
+    def sim_args(self, suite: Suite, run_dir: Path) -> list[str]:
+        """hermes-sim's arguments for this run: the same task, budget and seed on the population ``profile``.
+
+        The peers as the testbed bench runs them, in simulation: ``alone`` is ``--alone`` (the population's
+        fastest device, all data, no link), ``homogeneous`` is ``--homogeneous`` (every device at the mean
+        FLOP/s), and the DDP peer is bsp with one mini-batch per cycle (``cycle_samples = batch_size``): a
+        barrier every step as DDP's all-reduce, its lr from the variant's overrides. Budget and times are
+        virtual seconds.
+        """
+        overrides = {**suite.overrides, **self.variant.overrides}
+        if self.variant.runner == "ddp":
+            from hermes.common.config import build_config
+
+            batch = build_config(self.variant.preset, dataset=suite.dataset, model=suite.model, **overrides).batch_size
+            overrides["cycle_samples"] = batch
+        args = ["--population", self.profile, "--devices", str(suite.clients), "--preset", self.variant.preset,
+                "--dataset", suite.dataset, "--model", suite.model, "--seed", str(self.seed),
+                "--max-seconds", f"{suite.max_seconds:g}", "--server-cost", suite.server_cost,
+                "--out", str(run_dir), "--quiet"]
+        if suite.target_accuracy is not None:
+            args += ["--target-accuracy", f"{suite.target_accuracy:g}"]
+        if suite.jitter:
+            args += ["--jitter", f"{suite.jitter:g}"]
+        if self.variant.runner == "alone":
+            args += ["--alone"]
+        if self.variant.homogeneous:
+            args += ["--homogeneous"]
+        if self.link != OWN_LINKS and self.variant.runner != "alone":
+            args += ["--link", self.link]
+        for k, v in overrides.items():
+            args += ["--set", f"{k}={json.dumps(v) if not isinstance(v, str) else v}"]
+        return args
+
+    def args(self, suite: Suite, run_dir: Path) -> list[str]:
+        return self.sim_args(suite, run_dir) if suite.engine == "sim" else self.testbed_args(suite, run_dir)
+
+
 def plan(suite: Suite) -> list[RunSpec]:
     """Repeat-major, then profile, then variant: load from other processes on a
     shared machine then falls on every variant alike instead of on whichever ran last."""
@@ -125,11 +164,16 @@ Launcher = Callable[[list[str], Path, float], tuple[int | None, str | None]]
 
 
 def launch_testbed(args: list[str], run_dir: Path, timeout: float) -> tuple[int | None, str | None]:
-    log_path = run_dir / "testbed.log"
+    return launch_module("hermes.deploy.testbed", args, run_dir, timeout, log_name="testbed.log", what="testbed")
+
+
+def launch_module(module: str, args: list[str], run_dir: Path, timeout: float, *, log_name: str,
+                  what: str) -> tuple[int | None, str | None]:
+    log_path = run_dir / log_name
     with open(log_path, "wb") as fh:
         env = {k: v for k, v in os.environ.items() if not k.startswith("HERMES_")}
         env["PYTHONUNBUFFERED"] = "1"
-        proc = subprocess.Popen([sys.executable, "-m", "hermes.deploy.testbed", *args], stdout=fh,
+        proc = subprocess.Popen([sys.executable, "-m", module, *args], stdout=fh,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, env=env,
                                 # A bench killed outright (SIGKILL, a closed terminal) still stops the testbed,
                                 # which stops its cluster: its own session would otherwise outlive us.
@@ -144,13 +188,20 @@ def launch_testbed(args: list[str], run_dir: Path, timeout: float) -> tuple[int 
             terminate_group(proc, grace=30.0)
             raise
     if code != 0:
-        return code, f"testbed exited with {code}: {_tail(log_path)}"
+        return code, f"{what} exited with {code}: {_tail(log_path)}"
     return code, None
 
 
-def execute(suite: Suite, out: Path, *, launcher: Launcher = launch_testbed,
+def launch_sim(args: list[str], run_dir: Path, timeout: float) -> tuple[int | None, str | None]:
+    """One hermes-sim run in its own process (deploy reaches the simulator through its command line)."""
+    return launch_module("hermes.sim.cli", args, run_dir, timeout, log_name="sim.log", what="hermes-sim")
+
+
+def execute(suite: Suite, out: Path, *, launcher: Launcher | None = None,
             progress: Callable[[str], None] = lambda line: None, clock: Clock = SYSTEM_CLOCK) -> dict[str, Any]:
     """Run whatever is not finished yet; return (and write) ``results.json``."""
+    if launcher is None:
+        launcher = launch_sim if suite.engine == "sim" else launch_testbed
     out = out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     specs = plan(suite)
@@ -189,7 +240,7 @@ def run_one(spec: RunSpec, suite: Suite, out: Path, launcher: Launcher) -> dict[
     meta = {"identity": spec.identity(suite), "key": spec.key, "started_at": time.time(), "loadavg_before": loadavg()}
     (d / "run.json").write_text(json.dumps(meta, indent=2))
     t0 = time.time()
-    code, error = launcher(spec.testbed_args(suite, d), d, suite.run_timeout)
+    code, error = launcher(spec.args(suite, d), d, suite.run_timeout)
     meta.update({"elapsed_seconds": round(time.time() - t0, 3), "exit_code": code, "error": error,
                  "loadavg_after": loadavg()})
     if error and (d / "summary.json").is_file():

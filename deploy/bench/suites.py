@@ -20,6 +20,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -28,6 +29,18 @@ from hermes.deploy.links import parse_link
 from hermes.deploy.profiles import PROFILE_CORES
 
 log = logging.getLogger(__name__)
+
+
+# engine sim: the link name that leaves every device its population's own link (generated, trace files).
+OWN_LINKS = "own"
+# engine sim: a run's wall-clock limit unless the suite sets run_timeout_seconds.
+SIM_RUN_TIMEOUT_S = 1800.0
+
+
+def sim_population_name(spec: str) -> bool:
+    """Whether ``spec`` names a population hermes-sim knows (its options are checked when it runs)."""
+    base = spec.strip().lower().partition(":")[0]
+    return base in PROFILE_CORES or base in ("table2", "generated") or Path(spec).exists()
 
 
 class SuiteError(ValueError):
@@ -60,6 +73,14 @@ class Suite(BaseModel):
     name: str = Field(min_length=1)
     description: str = ""
     variants: tuple[Variant, ...] = Field(min_length=1)
+    # testbed: agent processes (hermes-testbed); sim: the same runs in simulation (hermes-sim, virtual seconds),
+    # where a profile is a population (hl1..hl8[:nominal], table2, generated[:K=V,...], a trace file) of
+    # ``clients`` devices. Declared before profiles and links, whose checks read it.
+    engine: Literal["testbed", "sim"] = "testbed"
+    # engine sim: hermes-sim --server-cost (what engine operations cost the server's CPU).
+    server_cost: Literal["calibrated", "measured", "none"] = "calibrated"
+    # engine sim: hermes-sim --jitter (per-cycle compute-time noise, log-normal sigma; 0: none).
+    jitter: float = Field(default=0.0, ge=0.0)
     profiles: tuple[str, ...] = Field(default=("hl8",), min_length=1)
     # Every agent's emulated link (hermes-testbed --link): lan, wifi, lte, constrained or custom:UP/DOWN/RTT.
     links: tuple[str, ...] = Field(default=("lan",), min_length=1)
@@ -104,18 +125,22 @@ class Suite(BaseModel):
 
     @field_validator("profiles")
     @classmethod
-    def _known_profiles(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        bad = [p for p in v if p not in PROFILE_CORES]
+    def _known_profiles(cls, v: tuple[str, ...], info: ValidationInfo) -> tuple[str, ...]:
+        sim = info.data.get("engine") == "sim"
+        bad = [p for p in v if not (sim_population_name(p) if sim else p in PROFILE_CORES)]
         if bad:
-            raise ValueError(f"unknown profile(s) {bad}; known: {sorted(PROFILE_CORES)}")
+            known = f"{sorted(PROFILE_CORES)}" + (", table2, generated[:KEY=VALUE,...] or a trace file" if sim else "")
+            raise ValueError(f"unknown profile(s) {bad}; known: {known}")
         if len(set(v)) != len(v):
             raise ValueError("a profile is listed twice")
         return v
 
     @field_validator("links")
     @classmethod
-    def _known_links(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+    def _known_links(cls, v: tuple[str, ...], info: ValidationInfo) -> tuple[str, ...]:
         for name in v:
+            if name == OWN_LINKS and info.data.get("engine") == "sim":
+                continue  # every device keeps its population's own link
             parse_link(name)  # LinkError is a ValueError: reported as the field's problem
         if len(set(v)) != len(v):
             raise ValueError("a link is listed twice")
@@ -129,11 +154,21 @@ class Suite(BaseModel):
             raise ValueError(f"variants: duplicate label(s) {dup}")
         if self.baseline is not None and self.baseline not in labels:
             raise ValueError(f"baseline: {self.baseline!r} is not a variant label; labels: {labels}")
+        if self.engine == "sim":
+            if self.churn:
+                raise ValueError("churn: engine 'sim' takes churn from its population (generated, a trace), "
+                                 "not from the testbed's --churn")
+            hooked = [v.label for v in self.variants if v.ddp_hook != "allreduce"]
+            if hooked:
+                raise ValueError(f"variants {hooked}: engine 'sim' has no DDP communication hooks")
         return self
 
     @property
     def run_timeout(self) -> float:
-        return self.run_timeout_seconds or self.max_seconds + 150.0
+        if self.run_timeout_seconds:
+            return self.run_timeout_seconds
+        # A simulation's max_seconds are virtual: its wall time is the machine's, not the budget's.
+        return SIM_RUN_TIMEOUT_S if self.engine == "sim" else self.max_seconds + 150.0
 
     def with_changes(self, **changes: Any) -> Suite:
         """A copy with fields replaced and validated again (``None`` values are left out)."""

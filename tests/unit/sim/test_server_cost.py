@@ -72,3 +72,16 @@ def test_the_constants_are_the_calibration_files_fit():
         k = CALIBRATION[op]
         assert (k.a, k.b_per_param, k.c_per_worker) == pytest.approx(
             (fit[op]["a"], fit[op]["b_per_param"], fit[op]["c_per_worker"]), rel=1e-3, abs=1e-12), op
+
+
+def test_the_loss_aggregations_scoring_is_charged_per_push():
+    from hermes.sim.server_cost import PROBE_FLOPS, PROBE_PASSES, CalibratedCost, ZeroCost, probe_seconds
+
+    # Two forward passes (candidate and global model) of loss.eval_samples at PROBE_FLOPS: the paper's CNN on
+    # 512 samples (163.8 MFLOP a pass, benchmarks/sim_probe_cost.py) is about 11 ms of server CPU a push.
+    fwd = 163.8e6 / 512
+    s = probe_seconds(CalibratedCost(), scores=True, samples=512, forward_flops=fwd)
+    assert s == pytest.approx(PROBE_PASSES * 163.8e6 / PROBE_FLOPS) and 0.009 < s < 0.013
+    assert probe_seconds(CalibratedCost(speed=2.0), scores=True, samples=512, forward_flops=fwd) == pytest.approx(s / 2)
+    assert probe_seconds(CalibratedCost(), scores=False, samples=512, forward_flops=fwd) == 0.0  # asp, bsp...
+    assert probe_seconds(ZeroCost(), scores=True, samples=512, forward_flops=fwd) == 0.0

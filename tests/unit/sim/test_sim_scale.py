@@ -5,13 +5,14 @@ from __future__ import annotations
 import dataclasses
 
 from hermes.sim.devices import ALWAYS_ON, IntervalAvailability
-from hermes.sim.run import deterministic_view, fastest_alone
+from hermes.sim.reference import fastest_alone
+from hermes.sim.run import deterministic_view
 from tests.unit.sim.test_sim_core import _run, hl8
 
 
 def test_alone_keeps_the_populations_fastest_device_always_online():
     profiles = [dataclasses.replace(p, availability=IntervalAvailability([(0.0, 1.0)])) for p in hl8(8)]
-    best = fastest_alone(profiles)
+    [best] = fastest_alone(profiles)
     assert best.device_id == "hl8-0" and best.flops == max(p.flops for p in profiles)
     assert best.availability is ALWAYS_ON
 
