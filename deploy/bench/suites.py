@@ -259,7 +259,29 @@ EDGE_COMMON: dict[str, Any] = {
 }
 
 
+# Issue 31's second comparison: a cluster whose other devices together have twice the fastest one's compute
+# (HL2: 0.75 + 0.75 + 0.5 against 1) against that fastest device alone, on the paper-size CNN and mnist1d. The
+# cluster's compute is 3 fastest devices: pace 4 keeps it within one of this machine's 2 shared cores (alone runs
+# at the same pace). alone's lr 0.025: its best local setting on this task (issue 31's 3.1 s run).
+ALONE_VARIANTS = [
+    {"label": "alone", "preset": "bsp", "runner": "alone", "overrides": {"lr": 0.025}},
+    {"label": "asp", "preset": "asp"},
+    {"label": "asp-topk", "preset": "asp", "overrides": _TOPK_INT8},
+    {"label": "hermes", "preset": "hermes"},
+    {"label": "hermes-topk", "preset": "hermes", "overrides": _TOPK_INT8},
+]
+
+
 BUILTIN: dict[str, dict[str, Any]] = {
+    "hl2-alone": {
+        "description": "Issue 31: a 4-agent HL2 cluster (the others have twice the fastest device's compute) "
+                       "against its fastest device alone, on lan, lte and constrained links; mnist1d 20k, the "
+                       "paper-size CNN, target 0.9, pace 4; asp and hermes with and without top-k pushes.",
+        "variants": ALONE_VARIANTS, "profiles": ["hl2"], "links": ["lan", "lte", "constrained"], "clients": 4,
+        "repeats": 3, "dataset": "mnist1d", "target_accuracy": 0.9, "max_seconds": 90.0, "pace": 4.0,
+        "ddp_eval_every": 5, "baseline": "alone",
+        "overrides": {"num_samples": 20000, "model_kwargs": {"hidden": 320}},
+    },
     "edge-lte": {
         "description": "Issue 31: edge-resnet (1.21M parameters) on synthetic-cifar, 4 agents at HL8 over lte "
                        "links: compressed asp/hermes (int8, top-k, PowerSGD) against bsp, asp, torch DDP with "
