@@ -236,8 +236,8 @@ def bench_compression(repeats: int, model_name: str = "edge-resnet") -> list[dic
     return rows
 
 
-def bench_compressed_dataplane(repeats: int, log_dir: str, threads: int | None,
-                               size: str = "1M") -> list[dict[str, Any]]:
+def bench_compressed_dataplane(repeats: int, log_dir: str, threads: int | None, size: str = "1M",
+                               hidden: list[int] | None = None) -> list[dict[str, Any]]:
     """Compressed pushes and int8 pulls through ``hermes-server`` (issue 31) against a bare pyzmq DEALER/ROUTER
     pair moving the same bytes with the same MAC, and against that pair plus the bare work the bytes ask for
     (decode + ``torch.add_`` for a push; int8 quantisation for a pull that finds a new model), side by side.
@@ -260,7 +260,7 @@ def bench_compressed_dataplane(repeats: int, log_dir: str, threads: int | None,
 
     rows: list[dict[str, Any]] = []
     bare = BareRouter()
-    server = ServerProcess(MLP_HIDDEN[size], ["eval_max_samples=1"], log_dir, threads)
+    server = ServerProcess(hidden or MLP_HIDDEN[size], ["eval_max_samples=1"], log_dir, threads)
     try:
         reg = ControlClient(server.url, join_token=JOIN_TOKEN).register(
             RegisterRequest(name=f"bench-compressed-{size}", threads=1))
