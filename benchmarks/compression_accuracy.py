@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from typing import Any
 
 import torch
 
@@ -23,13 +24,14 @@ from hermes.common.tensors import flatten, load_flat, spec_of
 
 
 def run(codec: str, dataset: str, model_name: str, rounds: int, workers: int, steps: int, lr: float,
-        seed: int) -> dict[str, float]:
+        seed: int, sets: dict[str, Any] | None = None, model_kwargs: dict[str, Any] | None = None,
+        num_samples: int | None = None) -> dict[str, float]:
     torch.manual_seed(seed)
-    train, test = load_dataset(dataset, seed=seed)
+    train, test = load_dataset(dataset, seed=seed, num_samples=num_samples)
     shape, classes = DATASET_SHAPES[dataset]
-    model = build_model(model_name, input_shape=shape, num_classes=classes)
+    model = build_model(model_name, input_shape=shape, num_classes=classes, **(model_kwargs or {}))
     spec = spec_of(model, model_name)
-    cfg = build_config("asp", **{"compression.push": codec})
+    cfg = build_config("asp", **{"compression.push": codec, **(sets or {})})
     codecs = [policies.build("compression", codec, cfg.core, cfg.sections()) for _ in range(workers)]
     glob = flatten(model).clone()
     x, y = torch.from_numpy(train.x), torch.from_numpy(train.y)
@@ -72,11 +74,18 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--codecs", default="none,fp16,int8,topk,powersgd", help="comma-separated push codecs")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="codec parameters, e.g. topk.ratio=0.05 (JSON values)")
+    p.add_argument("--model-kwargs", default="{}", help="the model's keyword arguments, JSON")
+    p.add_argument("--num-samples", type=int, default=None)
     a = p.parse_args()
     torch.set_num_threads(1)
-    for codec in ("none", "fp16", "int8", "topk", "powersgd"):
+    sets = {k: json.loads(v) for k, _, v in (kv.partition("=") for kv in a.set)}
+    for codec in a.codecs.split(","):
         t0 = time.perf_counter()
-        res = [run(codec, a.dataset, a.model, a.rounds, a.workers, a.steps, a.lr, s) for s in range(a.seeds)]
+        res = [run(codec, a.dataset, a.model, a.rounds, a.workers, a.steps, a.lr, s, sets,
+                   json.loads(a.model_kwargs), a.num_samples) for s in range(a.seeds)]
         accs = sorted(r["accuracy"] for r in res)
         print(json.dumps({"codec": codec, "accuracy_median": accs[len(accs) // 2], "accuracies": accs,
                           "bytes_vs_fp32": res[0]["bytes_vs_fp32"], "seconds": round(time.perf_counter() - t0, 1)}),

@@ -236,6 +236,140 @@ def bench_compression(repeats: int, model_name: str = "edge-resnet") -> list[dic
     return rows
 
 
+def bench_compressed_dataplane(repeats: int, log_dir: str, threads: int | None, size: str = "1M",
+                               hidden: list[int] | None = None) -> list[dict[str, Any]]:
+    """Compressed pushes and int8 pulls through ``hermes-server`` (issue 31) against a bare pyzmq DEALER/ROUTER
+    pair moving the same bytes with the same MAC, and against that pair plus the bare work the bytes ask for
+    (decode + ``torch.add_`` for a push; int8 quantisation for a pull that finds a new model), side by side.
+
+    The push's payload is encoded once beforehand: the agent's encode is the sender's work (its own row in the
+    compression table), not the data plane's. Where the time goes inside the server is timed piece by piece in
+    process (``pieces``): the boundary's decompression (size checks, copy, scatter / dequantise / P Q^T), the
+    finite check and the fold into the model."""
+    import torch
+    from bench_foundation import JOIN_TOKEN, MLP_HIDDEN, BareRouter, ServerProcess, _pair, split_sizes
+
+    from hermes.client.transport import ControlClient, DataClient
+    from hermes.common.codec_spec import CodecSpec
+    from hermes.common.codecs import Int8Codec, PowerSgdCodec, TopKCodec
+    from hermes.common.control_messages import RegisterRequest
+    from hermes.common.tensors import ModelSpec
+    from hermes.common.wire import Header, MsgType, encode
+    from hermes.server.engine.handlers import decompressed
+    from hermes.server.state import ModelState, validate_update
+
+    rows: list[dict[str, Any]] = []
+    bare = BareRouter()
+    server = ServerProcess(hidden or MLP_HIDDEN[size], ["eval_max_samples=1"], log_dir, threads)
+    try:
+        reg = ControlClient(server.url, join_token=JOIN_TOKEN).register(
+            RegisterRequest(name=f"bench-compressed-{size}", threads=1))
+        spec = ModelSpec.from_dict(reg.model_spec)
+        shapes, numel = spec.shapes, spec.numel
+        dc = DataClient(reg.data_plane, reg.worker_id, reg.token, timeout=60.0)
+        version = dc.request(MsgType.PULL_MODEL, {"dtype": "float32"}).header.model_version
+        delta32 = torch.randn(numel, generator=torch.Generator().manual_seed(1)) * 1e-6
+        bare_model = torch.zeros(numel)
+        local = ModelState(spec, torch.zeros(numel))
+        try:
+            for codec in (TopKCodec(0.01), Int8Codec(1024, True, 0), PowerSgdCodec(4, 0)):
+                enc = codec.encode(delta32, shapes)
+                body = {"samples": 32, "loss": 1.0, "codec": enc.spec.model_dump(exclude_none=True)}
+
+                def push(data: torch.Tensor = enc.data, body: dict[str, Any] = body) -> None:
+                    nonlocal version
+                    rep = dc.request(MsgType.PUSH_UPDATE, body, payload=data, model_version=version,
+                                     idempotent=False)
+                    if rep.header.body.get("status") != "applied":
+                        raise RuntimeError(f"push not applied: {rep.header.body}")
+                    version = rep.header.model_version
+
+                frames = encode(Header(type=MsgType.PUSH_UPDATE, seq=1, model_version=1), enc.data)
+                auth_frames = [b"A" + bytes(frames[0]), *frames[1:]]
+
+                def bare_apply(data: torch.Tensor = enc.data, cspec: CodecSpec = enc.spec) -> None:
+                    bare_model.add_(type(codec).decode_data(data, cspec, shapes))
+
+                def bare_auth_apply(auth_frames: list[Any] = auth_frames) -> None:
+                    bare.round_trip(auth_frames, auth=True)
+                    bare_apply()
+
+                t = timed_ms({"server": push, "bare": lambda frames=frames: bare.round_trip(frames),
+                              "bare_auth": lambda af=auth_frames: bare.round_trip(af, auth=True),
+                              "bare_auth_apply": bare_auth_apply}, repeats)
+                row = _pair(f"push {codec.name}", size, numel, enc.nbytes, len(frames) - 1, t)
+                row["bare_auth_apply_ms"] = t["bare_auth_apply"]["median"]
+                row["ratio_auth_apply"] = row["server_ms"] / row["bare_auth_apply_ms"]
+                # The server's own work on this push, piece by piece, in process.
+                payload = encode_payload(enc.data)
+                dense = decompressed(spec, payload, enc.spec)
+                pieces = timed_ms({
+                    "decompress": lambda p=payload, c=enc.spec: decompressed(spec, p, c),
+                    "bare_decode": lambda d=enc.data, c=enc.spec: type(codec).decode_data(d, c, shapes),
+                    "validate": lambda d=dense: validate_update(spec, d),
+                    "apply": lambda d=dense: local.apply([(d, 1.0)]),
+                    "bare_add": lambda: bare_model.add_(delta32),
+                }, repeats)
+                row["pieces"] = {k: v["median"] for k, v in pieces.items()}
+                rows.append(row)
+
+            # int8 pulls: the server quantises once per model version and chunk, then serves the cached bytes.
+            int8 = CodecSpec(name="int8", chunk=1024)
+
+            def pull_int8() -> int:
+                rep = dc.request(MsgType.PULL_MODEL, {"dtype": "float32", "codec": int8.model_dump(exclude_none=True)})
+                assert rep.payload is not None
+                return sum(rep.header.frame_bytes)
+
+            nbytes = pull_int8()
+            req, req_auth = [f"pull:{nbytes}".encode()], [f"pullA:{nbytes}".encode()]
+            t = timed_ms({"server": pull_int8, "bare": lambda: bare.round_trip(req),
+                          "bare_auth": lambda: bare.round_trip(req_auth, auth=True)}, repeats)
+            rows.append(_pair("pull int8, cached", size, numel, nbytes, len(split_sizes(nbytes)), t))
+
+            quant = Int8Codec(1024, False, 0)
+            # A push makes a new version, whose int8 bytes the next pull quantises.
+            topk = TopKCodec(0.01).encode(delta32, shapes)
+            topk_body = {"samples": 32, "loss": 1.0, "codec": topk.spec.model_dump(exclude_none=True)}
+
+            def pull_after_push() -> float:
+                nonlocal version
+                rep = dc.request(MsgType.PUSH_UPDATE, topk_body, payload=topk.data, model_version=version,
+                                 idempotent=False)
+                version = rep.header.model_version
+                t0 = time.perf_counter()
+                pull_int8()
+                return time.perf_counter() - t0
+
+            def bare_auth_quantise() -> None:
+                quant.encode(bare_model, shapes)
+                bare.round_trip(req_auth, auth=True)
+
+            t = timed_ms({"server": pull_after_push, "bare": lambda: bare.round_trip(req),
+                          "bare_auth": lambda: bare.round_trip(req_auth, auth=True),
+                          "bare_auth_apply": bare_auth_quantise}, repeats)
+            row = _pair("pull int8 right after a push", size, numel, nbytes, len(split_sizes(nbytes)), t)
+            row["bare_auth_apply_ms"] = t["bare_auth_apply"]["median"]
+            row["ratio_auth_apply"] = row["server_ms"] / row["bare_auth_apply_ms"]
+            rows.append(row)
+        finally:
+            dc.close()
+    except Exception:
+        print(server.log_tail(), file=sys.stderr)
+        raise
+    finally:
+        server.close()
+        bare.close()
+    return rows
+
+
+def encode_payload(data: Any) -> Any:
+    """A uint8 buffer as the data plane hands it to the handler: a decoded message's payload."""
+    from hermes.common.wire import Header, MsgType, decode, encode
+
+    return decode(encode(Header(type=MsgType.PUSH_UPDATE, shapes=((data.numel(),),)), data, key=b"k" * 32)).payload
+
+
 def run_micro(out: Path, *, quick: bool, kafka: str | None, skip_kafka: bool, threads: int | None,
               progress=lambda line: None) -> dict[str, Any]:
     if threads:
@@ -252,6 +386,9 @@ def run_micro(out: Path, *, quick: bool, kafka: str | None, skip_kafka: bool, th
     progress("micro: data plane push/pull vs bare pyzmq (starts hermes-server) ...")
     with tempfile.TemporaryDirectory(prefix="hermes-micro-") as log_dir:
         res["dataplane"], _ = bench_dataplane(10 if quick else 40, log_dir, 1, threads, sizes)
+    progress("micro: compressed pushes and int8 pulls vs bare pyzmq (starts hermes-server) ...")
+    with tempfile.TemporaryDirectory(prefix="hermes-micro-") as log_dir:
+        res["compressed_dataplane"] = bench_compressed_dataplane(10 if quick else 40, log_dir, threads)
     progress("micro: codec encode/decode vs bare msgpack + buffer ...")
     res["codec"] = bench_codec(reps * 3)
     progress("micro: compression codecs on the edge-sized model ...")
@@ -286,6 +423,21 @@ def ratio_rows(res: dict[str, Any]) -> list[list[str]]:
         rows.append([f"data plane {r['op']} {r['size']} (hermes-server vs bare pyzmq; vs bare pyzmq + the same MAC)",
                      f"{r['server_ms']:.2f} ms", f"{r['bare_ms']:.2f} ms" + (f"; {auth:.2f} ms" if auth else ""),
                      f"{r['ratio']:.2f}" + (f"; {r['ratio_auth']:.2f}" if auth else "")])
+    for r in res.get("compressed_dataplane", []):
+        work = "decode + add_" if r["op"].startswith("push") else "int8 quantisation"
+        extra = r.get("bare_auth_apply_ms")
+        rows.append([f"data plane {r['op']} {r['size']}, {r['payload_bytes']:,} B (hermes-server vs bare pyzmq; + the "
+                     f"same MAC{f'; + the MAC and the bare {work}' if extra else ''})",
+                     f"{r['server_ms']:.2f} ms",
+                     f"{r['bare_ms']:.2f} ms; {r['bare_auth_ms']:.2f} ms" + (f"; {extra:.2f} ms" if extra else ""),
+                     f"{r['ratio']:.2f}; {r['ratio_auth']:.2f}" + (f"; {r['ratio_auth_apply']:.2f}" if extra else "")])
+        if r.get("pieces"):
+            pc = r["pieces"]
+            rows.append([f"  in the server, per {r['op']}: decompress; finite check; fold into the model "
+                         "(vs the bare decode; one add_)",
+                         f"{pc['decompress']:.2f}; {pc['validate']:.2f}; {pc['apply']:.2f} ms",
+                         f"{pc['bare_decode']:.2f}; {pc['bare_add']:.2f} ms",
+                         f"{(pc['decompress'] + pc['validate'] + pc['apply']) / (pc['bare_decode'] + pc['bare_add']):.2f}"])
     for r in res.get("codec", []):
         rows.append([f"codec {r['op']} {r['numel'] / 1e6:.0f}M {r['dtype']} (vs msgpack + buffer; + the same MAC; "
                      "[v2's crc32c + hmac-sha256])",

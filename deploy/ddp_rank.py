@@ -119,6 +119,10 @@ def _compressed_link_hook(state: dict[str, Any], bucket: dist.GradBucket) -> tor
         nbytes = bucket.buffer().numel() * 4 if warm else \
             powersgd_bucket_bytes([tuple(p.shape) for p in bucket.parameters()], psgd.matrix_approximation_rank)
         fut = powerSGD_hook.powerSGD_hook(psgd, bucket)
+        # Finished here, bucket by bucket: the hook chains its all-reduces (P, then Q) in callbacks, and with more
+        # than one bucket (edge-resnet: DDP's 1 MB first bucket and the rest) gloo saw them interleave in another
+        # order on each rank and aborted ("Received data size doesn't match expected size", 2026-11-27).
+        fut.wait()
 
     def done(f: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
         extra = link_delay(nbytes, state["world"], *state["link"]) - (time.perf_counter() - t0)

@@ -86,6 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--peer ddp communication hook: allreduce (default), fp16 (fp16_compress_hook) or powersgd "
                         "(powerSGD_hook, Vogels et al. 2019)")
     p.add_argument("--ddp-powersgd-rank", type=int, default=4, help="--ddp-hook powersgd: the approximation rank")
+    p.add_argument("--ddp-eval-every", type=int, default=20,
+                   help="--peer ddp: rank 0 evaluates every N steps (default 20; evaluations are off its clock)")
     p.add_argument("--startup-timeout", type=float, default=90.0)
     p.add_argument("--checkpoint-interval", type=float, default=30.0,
                    help="seconds between server checkpoints (in OUT/checkpoints; default 30)")
@@ -143,6 +145,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.clients < 1:
         print("hermes-testbed: --clients must be >= 1", file=sys.stderr)
+        return 2
+    if args.ddp_eval_every < 1:
+        print("hermes-testbed: --ddp-eval-every must be >= 1", file=sys.stderr)
         return 2
     if not args.pace >= 1.0:
         print("hermes-testbed: --pace must be >= 1", file=sys.stderr)

@@ -72,32 +72,37 @@ class RunSpec:
             **({"churn": suite.churn} if suite.churn else {}),
             **({"engine": "sim", "server_cost": suite.server_cost} if suite.engine == "sim" else {}),
             **({"jitter": suite.jitter} if suite.engine == "sim" and suite.jitter else {}),
+            **({"pace": suite.pace} if suite.pace != 1.0 else {}),
+            **({"ddp_eval_every": suite.ddp_eval_every}
+               if suite.ddp_eval_every != 20 and self.variant.runner != "testbed" else {}),
             **({"ddp_hook": self.variant.ddp_hook, "ddp_powersgd_rank": self.variant.ddp_powersgd_rank}
                if self.variant.ddp_hook != "allreduce" else {}),
         }
 
     def testbed_args(self, suite: Suite, run_dir: Path) -> list[str]:
-        profile, clients = self.profile, suite.clients
+        profile, clients, pace = self.profile, suite.clients, suite.pace
         if self.variant.runner == "alone":
             # The fastest device by itself: one rank at the profile's top speed (its slowdown times the pace of
             # the cluster, so alone and cluster run at the same emulated pace), no link to cross.
             fastest = min(wp.slowdown for wp in worker_profiles(self.profile, suite.clients))
-            profile, clients, pace = "hl1", 1, fastest
+            profile, clients, pace = "hl1", 1, fastest * suite.pace
         if self.variant.homogeneous:
             # The same sum of speeds spread evenly: every agent at the mean speed (hl1 slowed by the pace).
             speeds = [wp.speed for wp in worker_profiles(self.profile, suite.clients)]
-            profile, pace = "hl1", suite.clients / sum(speeds)
+            profile, pace = "hl1", suite.clients / sum(speeds) * suite.pace
         args = ["--clients", str(clients), "--profile", profile, "--preset", self.variant.preset,
                 "--dataset", suite.dataset, "--model", suite.model, "--seed", str(self.seed),
                 "--max-seconds", f"{suite.max_seconds:g}", "--out", str(run_dir), "--quiet"]
         if suite.target_accuracy is not None:
             args += ["--target-accuracy", f"{suite.target_accuracy:g}"]
-        if self.variant.homogeneous or (self.variant.runner == "alone" and pace != 1):
+        if pace != 1:
             args += ["--pace", f"{pace:.6g}"]
         if self.variant.runner in ("ddp", "alone"):
             args += ["--peer", "ddp"]
         if self.variant.ddp_hook != "allreduce":
             args += ["--ddp-hook", self.variant.ddp_hook, "--ddp-powersgd-rank", str(self.variant.ddp_powersgd_rank)]
+        if self.variant.runner in ("ddp", "alone") and suite.ddp_eval_every != 20:
+            args += ["--ddp-eval-every", str(suite.ddp_eval_every)]
         if self.link != "lan" and self.variant.runner != "alone":
             args += ["--link", self.link]
         if not self.variant.screening and self.variant.runner == "testbed":

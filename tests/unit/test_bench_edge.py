@@ -18,7 +18,16 @@ def test_edge_suites_build_and_every_variant_runs_here(name: str, link: str) -> 
     assert suite.model == "edge-resnet" and suite.dataset == "synthetic-cifar" and suite.links == (link,)
     assert check_runnable(suite) == []
     labels = {v.label for v in suite.variants}
-    assert {"alone", "ddp-fp16", "ddp-powersgd", "bsp"} <= labels
+    assert {"alone", "ddp-fp16", "ddp-powersgd-r1", "ddp-powersgd-r8", "bsp"} <= labels
+
+
+def test_the_hl2_suite_builds_and_its_other_devices_have_twice_the_fastest_compute() -> None:
+    from hermes.deploy.profiles import worker_profiles
+
+    suite = builtin_suite("hl2-alone")
+    assert check_runnable(suite) == []
+    speeds = sorted(wp.speed for wp in worker_profiles("hl2", suite.clients))
+    assert sum(speeds[:-1]) >= 2 * speeds[-1]
 
 
 def _args(label: str) -> list[str]:
@@ -30,12 +39,34 @@ def _args(label: str) -> list[str]:
 def test_alone_is_one_ddp_rank_at_the_fastest_speed_without_a_link() -> None:
     args = _args("alone")
     assert args[args.index("--clients") + 1] == "1" and args[args.index("--profile") + 1] == "hl1"
-    assert "--peer" in args and "--link" not in args and "--pace" not in args  # hl8's fastest: slowdown 1
+    # hl8's fastest: slowdown 1, times the suite's pace (2), as the cluster's agents.
+    assert "--peer" in args and "--link" not in args and args[args.index("--pace") + 1] == "2"
+    assert args[args.index("--ddp-eval-every") + 1] == "5"
+
+
+def test_the_suite_pace_slows_every_runner_alike() -> None:
+    for label in ("bsp", "asp-topk", "ddp-powersgd-r4"):
+        args = _args(label)
+        assert args[args.index("--pace") + 1] == "2", label
+    assert "--ddp-eval-every" not in _args("bsp")  # the server's own evaluation interval applies
+    variants = [{"label": "alone", "preset": "bsp", "runner": "alone"}, {"label": "i", "preset": "bsp",
+                                                                         "homogeneous": True}]
+    suite = build_suite({"name": "x", "baseline": None, "profiles": ["hl8"], "clients": 4, "pace": 3.0,
+                         "variants": variants})
+    by = {s.variant.label: s.testbed_args(suite, Path("/tmp/x")) for s in plan(suite)}
+    assert by["alone"][by["alone"].index("--pace") + 1] == "3"
+    # The ideal cluster: the profile's sum of speeds (1.5 fastest) spread over 4, times the pace.
+    assert float(by["i"][by["i"].index("--pace") + 1]) == pytest.approx(4 / 1.5 * 3)
+
+
+def test_a_pace_below_one_is_refused() -> None:
+    with pytest.raises(SuiteError, match="pace"):
+        build_suite({"name": "x", "baseline": None, "pace": 0.5, "variants": [{"label": "b", "preset": "bsp"}]})
 
 
 def test_ddp_hook_variants_pass_their_hook() -> None:
-    args = _args("ddp-powersgd")
-    assert args[args.index("--ddp-hook") + 1] == "powersgd" and args[args.index("--ddp-powersgd-rank") + 1] == "4"
+    args = _args("ddp-powersgd-r2")
+    assert args[args.index("--ddp-hook") + 1] == "powersgd" and args[args.index("--ddp-powersgd-rank") + 1] == "2"
     assert "--ddp-hook" not in _args("ddp") and _args("ddp-fp16")[_args("ddp-fp16").index("--ddp-hook") + 1] == "fp16"
 
 

@@ -25,6 +25,20 @@ def test_edge_resnet_is_edge_sized_and_runs_on_32x32_colour() -> None:
         build_model("edge-resnet", input_shape=(3, 32, 32), num_classes=10, depth=3)
 
 
+def test_a_stride_2_stem_keeps_the_parameters_and_quarters_the_feature_maps() -> None:
+    torch.manual_seed(0)
+    full = build_model("edge-resnet", input_shape=(3, 32, 32), num_classes=10)
+    small = build_model("edge-resnet", input_shape=(3, 32, 32), num_classes=10, stem_stride=2)
+    assert count_parameters(small) == count_parameters(full) == 1_210_410
+    x = torch.randn(2, 3, 32, 32)
+    assert full.stem(x).shape[-2:] == (32, 32) and small.stem(x).shape[-2:] == (16, 16)
+    assert small(x).shape == (2, 10)
+    with pytest.raises(ValueError, match="stem_stride must be 1 or 2"):
+        build_model("edge-resnet", input_shape=(3, 32, 32), num_classes=10, stem_stride=4)
+    with pytest.raises(ValueError, match="edge-resnet"):  # 8x8 halved in the stem is too small for three stages
+        build_model("edge-resnet", input_shape=(3, 8, 8), num_classes=10, stem_stride=2)
+
+
 def test_synthetic_cifar_is_cifar_shaped_balanced_and_deterministic() -> None:
     train, test = make_synthetic_cifar(200, seed=1)
     again, _ = make_synthetic_cifar(200, seed=1)
