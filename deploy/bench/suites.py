@@ -316,18 +316,18 @@ ALONE_VARIANTS = [
 
 BUILTIN: dict[str, dict[str, Any]] = {
     "hl2-alone": {
-        "description": "Issue 31: a 4-agent HL2 cluster (the others have twice the fastest device's compute) "
-                       "against its fastest device alone, on lan, lte and constrained links; mnist1d 20k, the "
-                       "paper-size CNN, target 0.9, pace 4; asp and hermes with and without top-k pushes.",
+        "description": "A 4-agent HL2 cluster against its fastest device alone (the other three have twice "
+                       "its compute), on lan, lte and constrained links; mnist1d 20k, the paper-size CNN, target "
+                       "0.9, pace 4; asp and hermes with and without top-k pushes (issue 31).",
         "variants": ALONE_VARIANTS, "profiles": ["hl2"], "links": ["lan", "lte", "constrained"], "clients": 4,
         "repeats": 3, "dataset": "mnist1d", "target_accuracy": 0.9, "max_seconds": 90.0, "pace": 4.0,
         "ddp_eval_every": 5, "baseline": "alone",
         "overrides": {"num_samples": 20000, "model_kwargs": {"hidden": 320}},
     },
     "edge-lte": {
-        "description": "Issue 31: edge-resnet (1.21M parameters) on synthetic-cifar, 4 agents at HL8 over lte "
-                       "links: compressed asp/hermes (int8, top-k, PowerSGD) against bsp, asp, torch DDP with "
-                       "its fp16 and PowerSGD hooks, and the fastest device alone.",
+        "description": "Compressed updates over lte links: edge-resnet (1.21M parameters) on synthetic-cifar, "
+                       "4 agents at HL8; compressed asp/hermes (int8, top-k, PowerSGD) against bsp, asp, torch DDP "
+                       "with its fp16 and PowerSGD hooks, and the fastest device alone (issue 31).",
         "variants": EDGE_VARIANTS, "links": ["lte"], **EDGE_COMMON,
     },
     "edge-constrained": {
