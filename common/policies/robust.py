@@ -26,6 +26,8 @@ the last ``robust.window`` workers, rows computed from a model more than ``robus
 versions old dropped. Each arrival folds R(window) once, with the arriving update in it. One row
 per worker is Kardam's frequency filter (Damaskinos et al. 2018, Sec. 3: no worker may fill the
 filter's window), so one worker, however fast it pushes, is one row: a minority the median outvotes.
+With fewer than ``robust.window_min`` (3) rows there is no majority, and the step is clipped to the
+smallest row's norm (worker models under fedasync are not clipped: alpha_t bounds the mix).
 Each arrival moving the model by R(rows) keeps plain asp's pace: with honest rows alike R is
 their mean, and a row stays about one pass of the workers, so every update counts about once in
 all (a moving average of the updates, spread over the arrivals that follow it). Staleness: each
@@ -102,6 +104,9 @@ class RobustParams(BaseModel):
     window_age: int = Field(
         default=32, ge=0, description="Without a barrier or buffer: a row computed from a model more than this "
         "many versions older than the current one leaves the window (the arriving update always counts).")
+    window_min: int = Field(
+        default=3, ge=1, description="Without a barrier or buffer: with fewer live rows than this, the window's "
+        "step is clipped to its smallest row's norm (no honest majority to outvote a poisoned row yet).")
     window_staleness: WindowDampening = Field(
         default="relative", description="Without a barrier or buffer, delta rows dampened before the rule: "
         "'relative' min(1, s(tau_j)/s(tau_med)) with s(tau) = 1/sqrt(1+tau), tau_med the rows' median, 'sqrt' "
@@ -288,8 +293,10 @@ class StalenessWindow:
     window lives in memory: a resumed server starts with an empty one (the journal holds each step).
     """
 
-    def __init__(self, rule: RobustRule, *, size: int, max_age: int, dampening: WindowDampening) -> None:
+    def __init__(self, rule: RobustRule, *, size: int, max_age: int, dampening: WindowDampening,
+                 least: int = 0) -> None:
         self.rule = rule
+        self.least = least
         self.size = size
         self.max_age = max_age
         self.dampening = dampening
@@ -299,7 +306,8 @@ class StalenessWindow:
     def of(cls, rule: RobustRule, *, models: bool) -> StalenessWindow:
         """The window of ``rule``'s ``robust`` parameters; worker models (``models``) are never dampened."""
         p = rule.params
-        return cls(rule, size=p.window, max_age=p.window_age, dampening="none" if models else p.window_staleness)
+        return cls(rule, size=p.window, max_age=p.window_age, dampening="none" if models else p.window_staleness,
+                   least=0 if models else p.window_min)
 
     def add(self, worker_id: str, base_version: int, staleness: int, row: torch.Tensor) -> None:
         self.rows.pop(worker_id, None)
@@ -323,5 +331,15 @@ class StalenessWindow:
         # bounded by max_age, not dampened, or every honest row would shrink with each later arrival.
         staleness = [max(0, r.staleness) for r in rows]
         stack = window_dampened(torch.stack([r.row for r in rows]), staleness, self.dampening)
-        facts = {"window": [r.worker_id for r in rows], "window_staleness": staleness, "combined": self.rule.name}
-        return self.rule.combine(stack), facts
+        facts: dict[str, Any] = {"window": [r.worker_id for r in rows], "window_staleness": staleness,
+                                 "combined": self.rule.name}
+        step = self.rule.combine(stack)
+        if len(rows) < self.least:
+            # The median of two rows is their mean: no majority yet to outvote a poisoned one (Yin et al. 2018
+            # bound the median's error only for an honest majority). Clipped to the smallest row's norm (norm
+            # clipping, Sun et al. 2019, with the least row as the bound), a flip counts one honest step at most.
+            bound, norm = float(stack.norm(dim=1).min()), float(step.norm())
+            if norm > bound:
+                step = step * (bound / norm)
+                facts["window_clipped"] = round(bound / norm, 6)
+        return step, facts

@@ -53,6 +53,20 @@ def test_one_row_per_worker_newest_first_and_too_stale_rows_leave():
     assert [r.worker_id for r in win.live(version=100)] == ["d"]
 
 
+@pytest.mark.parametrize("rule", RULES)
+def test_with_fewer_rows_than_window_min_the_step_is_clipped_to_the_smallest_row(rule):
+    g, rows = _honest(1)
+    win = _window(rule, byzantine=0)
+    win.add("honest", base_version=0, staleness=0, row=rows[0])
+    alone, facts = win.step(version=0)
+    assert torch.equal(alone, rows[0]) and "window_clipped" not in facts  # one worker: plain asp
+    win.add("attacker", base_version=0, staleness=0, row=-30 * g)
+    step, facts = win.step(version=0)
+    # The median of two rows is their mean, 14.5x the honest step reversed; clipped, one honest step at most.
+    assert step.norm() <= rows[0].norm() * (1 + 1e-6)
+    assert rule == "krum" and "window_clipped" not in facts or facts["window_clipped"] < 0.1
+
+
 def _honest(n: int, dim: int = 64, noise: float = 0.01, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
     g = torch.randn(dim, generator=gen)
@@ -137,7 +151,9 @@ def test_asp_plain_mean_is_steered_by_the_same_push():
 
 def test_asp_window_rows_are_dampened_by_their_staleness():
     clock = ManualClock()
-    engine = _engine(clock, preset="asp", aggregation="median", **{"robust.window_staleness": "sqrt"})
+    # window_min 1: two rows, not clipped to the smaller (the clip has its own test).
+    engine = _engine(clock, preset="asp", aggregation="median",
+                     **{"robust.window_staleness": "sqrt", "robust.window_min": 1})
     agents = [_Agent(engine, clock, f"w{i}") for i in range(2)]
     _, before = engine.state.snapshot()
 
