@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import sys
 import tempfile
@@ -36,18 +37,20 @@ ROOT = Path(__file__).resolve().parents[1]
 RULE = 1.5  # issue 29: each attacked run reaches the target within 1.5x the honest run's time
 
 
-def one_run(preset: str, k: float) -> dict[str, Any]:
+def one_run(preset: str, k: float, out: Path) -> dict[str, Any]:
     sys.path.insert(0, str(ROOT))
     from tests.integration.test_signflip_live import _signflip_run
 
     load_before = loadavg()
     t0 = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix=f"attack-{preset}-{k:g}-") as tmp:
-        try:
-            result = _signflip_run(Path(tmp), preset, k)
-            held, why = True, ""
-        except AssertionError as exc:  # the run's own checks: not reached, an honest worker refused, ...
-            result, held, why = {"preset": preset, "k": k}, False, str(exc).splitlines()[0][:300]
+    tmp = Path(tempfile.mkdtemp(prefix=f"{preset}-k{k:g}-", dir=out))
+    try:
+        result = _signflip_run(tmp, preset, k)
+        held, why = True, ""
+        shutil.rmtree(tmp)
+    except AssertionError as exc:  # the run's own checks: not reached, an honest worker refused, ...
+        # Kept (server events, agents' logs) for the post-mortem.
+        result, held, why = {"preset": preset, "k": k, "kept": str(tmp)}, False, str(exc).splitlines()[0][:300]
     return {**result, "held": held, "why": why, "wall_s": round(time.monotonic() - t0, 1),
             "load_before": load_before, "load_after": loadavg(), "at": time.strftime("%Y-%m-%dT%H:%M:%SZ",
                                                                                      time.gmtime())}
@@ -88,7 +91,7 @@ def main() -> int:
     for preset in presets:
         for rep in range(args.repeats):
             for k in ks:
-                row = {**one_run(preset, k), "repeat": rep}
+                row = {**one_run(preset, k, args.out), "repeat": rep}
                 rows.append(row)
                 with log.open("a") as fh:
                     fh.write(json.dumps(row) + "\n")
