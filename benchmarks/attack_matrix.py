@@ -47,7 +47,8 @@ def one_run(suite: str, preset: str, k: float, out: Path) -> dict[str, Any]:
 
     load_before = loadavg()
     t0 = time.monotonic()
-    tmp = Path(tempfile.mkdtemp(prefix=f"{preset}-k{k:g}-", dir=out))
+    # Absolute: the server runs with its out dir as cwd and would resolve a relative --out again inside it.
+    tmp = Path(tempfile.mkdtemp(prefix=f"{preset}-k{k:g}-", dir=out.resolve()))
     try:
         if suite == "claims":
             result = {**_lying_run(tmp, preset, lie=k > 0), "k": k}
