@@ -138,3 +138,40 @@ def _window_run(tmp_path: Path, preset: str, sets: tuple[str, ...], k: float, at
 ])
 def test_sign_flips_folded_through_a_robust_window_do_not_stop_the_run(tmp_path, preset, sets, k):
     _window_run(tmp_path, preset, sets, k)
+
+
+@pytest.mark.parametrize(("preset", "sets"), [
+    ("asp", ("aggregation=median",)),
+    pytest.param("fedasync", ("fedasync.robust=median",), marks=pytest.mark.slow),
+])
+def test_a_windowed_step_survives_sigkill_through_the_journal(tmp_path, preset, sets):
+    # Each arrival's step is the window's statistic, journaled as the apply (asp) or blend (fedasync) of the
+    # computed delta or model: the window is not persisted, so replay must not re-run the rule.
+    ckpt = tmp_path / "ckpt"
+    flags = ("--preset", preset, "--checkpoint-dir", str(ckpt), "--checkpoint-interval", "3600")
+    sets = ("eval_interval_seconds=0.5", *sets)
+    with running_server(tmp_path / "first", *flags, sets=sets, screening_off_because=SCREENING_OFF,
+                        check_exit=False) as first:
+        workers = [first.register(f"w{i}") for i in range(3)]
+        v0, w0 = workers[0].pull()
+        for i, value in enumerate((0.1, 0.2, 50.0)):
+            version, _ = workers[i].pull()
+            reply = workers[i].push(torch.full((workers[i].numel,), value), base_version=version)
+            assert reply.header.body["status"] == "applied", reply.header.body
+        acked_version, acked = workers[0].pull()
+        assert acked_version == v0 + 3
+        if preset == "asp":
+            # 0.1 alone; then 0.2 beside it, clipped to the smaller row (two rows: no majority); then the median
+            # of 0.1, 0.2 and 50: 0.2. Plain asp would have moved every parameter by 50.3.
+            assert torch.allclose(acked - w0, torch.full_like(w0, 0.4), atol=1e-5), (acked - w0)[:3]
+        else:
+            # Convex blends toward w0 + a median G of at most 0.2 (FedAsync Alg. 1): never toward w0 + 50.
+            assert float((acked - w0).abs().max()) <= 0.2 + 1e-5
+        ports = (first.port, first.data_port)
+        first.proc.kill()  # no shutdown checkpoint: the steps survive only in the journal
+        first.proc.wait(timeout=10)
+    with running_server(tmp_path / "second", "--resume", str(ckpt), *flags[:2], sets=sets,
+                        screening_off_because=SCREENING_OFF, ports=ports) as second:
+        assert second.get_json("/v1/status")["resumed_from"]["replayed_updates"] == 3
+        version, model = second.register("w0").pull()
+        assert version == acked_version and torch.equal(model, acked)
