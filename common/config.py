@@ -107,7 +107,7 @@ class RunConfig(BaseModel):
         default="mean", description="How a step's updates count: mean, samples (OmniLearn Eq. 4b), loss (Hermes "
                                     "Alg. 2), power (EDP-SGD), fedasync (staleness-weighted mixing, Xie et al. "
                                     "2019), fedbuff (buffered mean with a server lr, Nguyen et al. 2022), or, "
-                                    "robust under a barrier, median / trimmed-mean (coordinate-wise, Yin et al. "
+                                    "robust (a round, a buffer or a staleness window), median / trimmed-mean (coordinate-wise, Yin et al. "
                                     "2018) and krum (Krum / Multi-Krum, Blanchard et al. 2017).")
     lr_scaling: str = Field(
         default="none", description="'batch-scaled': eta_k = eta * b_k / sum(b) for asynchronous pushes (OmniLearn Eq. 5b).")

@@ -42,7 +42,8 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from hermes.common.policies.aggregation import AggregationRule, Step, Update, Weighing
-from hermes.common.policies.base import Core, register
+from hermes.common.policies.base import Core, get, register
+from hermes.common.policies.robust import RobustParams, RobustRule
 from hermes.common.policies.sync import Decision, PushInfo, Release, SyncStrategy, Verdict
 
 log = logging.getLogger(__name__)
@@ -75,6 +76,11 @@ class FedAsyncParams(BaseModel):
     staleness_from: Literal[0, 1] = Field(
         default=1, description="t - tau of an update trained from the newest model: 1 (FedAsync Alg. 1's "
                                "numbering: the mix creates version tau + 1) or 0 (a fresh update at full alpha).")
+    # Issue 29: FedAsync has no robust rule of its own; this mixes in a robust statistic of recent worker models.
+    robust: Literal["none", "median", "trimmed-mean", "krum"] = Field(
+        default="none", description="Mix in, instead of the arriving model, this robust rule's statistic of the "
+        "latest models of the last robust.window workers (common/policies/robust.py StalenessWindow; "
+        "parameters in the robust section); none: FedAsync as the paper runs it.")
 
 
 def staleness_weight(function: StalenessFunction, staleness: int, a: float, b: int = 0) -> float:
@@ -103,14 +109,21 @@ class FedAsync(AggregationRule):
     # The blend step is the one Hermes' loss rule uses, with alpha_t in place of the loss share.
     op = "blend"
 
-    def __init__(self, params: FedAsyncParams) -> None:
+    def __init__(self, params: FedAsyncParams, robust: RobustParams | None = None) -> None:
         self.params = params
+        # fedasync.robust: the rule a StalenessWindow of worker models runs (the engine keeps the window).
+        self.window_rule: RobustRule | None = None
+        if params.robust != "none":
+            rule = get("aggregation", params.robust)
+            assert issubclass(rule, RobustRule), rule
+            self.window_rule = rule(robust or RobustParams())
 
-    sections: ClassVar[tuple[str, ...]] = ("fedasync",)
+    sections: ClassVar[tuple[str, ...]] = ("fedasync", "robust")
 
     @classmethod
-    def build(cls, core: Core, *, fedasync: FedAsyncParams, **params: Any) -> FedAsync:
-        return cls(fedasync)
+    def build(cls, core: Core, *, fedasync: FedAsyncParams, robust: RobustParams | None = None,
+              **params: Any) -> FedAsync:
+        return cls(fedasync, robust)
 
     @classmethod
     def proximal_rho(cls, *args: Any, fedasync: FedAsyncParams, **sections: Any) -> float:

@@ -1,6 +1,6 @@
-"""Byzantine-robust aggregation for the barrier presets (what Flower offers as FedMedian,
-FedTrimmedAvg and Krum): one synchronous step's updates combined so that a few poisoned ones
-cannot steer it.
+"""Byzantine-robust aggregation (what Flower offers as FedMedian, FedTrimmedAvg and Krum): a step's
+updates combined so that a few poisoned ones cannot steer it, under a barrier, over a FedBuff
+buffer, or over a staleness window when the sync folds one update at a time (asp, ssp, hermes).
 
 - ``median``: Yin et al. 2018, "Byzantine-Robust Distributed Learning: Towards Optimal
   Statistical Rates" (ICML), Definition 1: every coordinate of the step is the median of that
@@ -20,6 +20,27 @@ Alg. 1), then the robust rule runs over the dampened rows (``staleness_dampened`
 barrier tau = 0 and nothing changes. Zeno++ (Xie et al. 2020) scores each asynchronous update
 against a server gradient instead: the server's screening does that for every preset.
 
+Under a sync that folds one update at a time (asp, ssp, hermes; issue 29) there is no group, so
+the rule runs over a staleness window (``StalenessWindow``): the latest accepted update of each of
+the last ``robust.window`` workers, rows computed from a model more than ``robust.window_age``
+versions old dropped. Each arrival folds R(window) once, with the arriving update in it. One row
+per worker is Kardam's frequency filter (Damaskinos et al. 2018, Sec. 3: no worker may fill the
+filter's window), so one worker, however fast it pushes, is one row: a minority the median outvotes.
+With fewer than ``robust.window_min`` (3) rows there is no majority, and the step is clipped to the
+smallest row's norm (worker models under fedasync are not clipped: alpha_t bounds the mix).
+Each arrival moving the model by R(rows) keeps plain asp's pace: with honest rows alike R is
+their mean, and a row stays about one pass of the workers, so every update counts about once in
+all (a moving average of the updates, spread over the arrivals that follow it). Staleness: each
+row is dampened before the rule, as in the buffer, by min(1, s(tau_j) / s(tau_med)) (``window_staleness``
+'relative', default: tau_med the rows' median staleness, so honest windows of equal staleness give
+the plain step and an attacker claiming fresh updates cannot shrink the honest rows; 'sqrt' is FedBuff's absolute s, 'none' no dampening), tau_j being how many versions
+the model had moved since row j's worker pulled when row j arrived (FedBuff's tau at push time);
+a row's ageing in the window afterwards is bounded by the age limit, not dampened (an honest row
+would shrink with every later arrival, and asp with it). Under ``fedasync`` (``fedasync.robust``) the rows
+are worker models w0 + G_j, the rule's statistic is the model mixed in, and staleness enters
+through FedAsync's own alpha_t = alpha s(t - tau) of the arriving update (a model cannot be
+scaled toward zero; Xie et al. 2019, Alg. 1).
+
 Each update is still screened on its own before the step (norm, probe loss, quarantine); these
 rules then replace the step's weighted sum, so every worker counts alike (OmniLearn's sample
 weights do not apply). Krum's guarantee needs K >= 2f + 3 updates in the step; with fewer the
@@ -31,6 +52,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -45,11 +67,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# A sync that groups updates (a barrier's round, FedBuff's buffer) gives the rule its step; any other
+# folds one update at a time and the rule runs over a StalenessWindow (issue 29), so only a server
+# model is needed.
 _NEEDS = {
-    "grouped": "combines the updates of one step (robust aggregation: a barrier's round or a FedBuff buffer); "
-               "{sync} folds one update at a time, so there is nothing to combine: it needs sync {providers}",
     "server_model": "combines updates on the server; topology 'collective' has no server model",
 }
+WindowDampening = Literal["relative", "sqrt", "none"]
 
 
 class RobustParams(BaseModel):
@@ -72,6 +96,21 @@ class RobustParams(BaseModel):
     trim_rounding: Literal["floor", "ceil"] = Field(
         default="floor", description="trimmed-mean: values dropped per end when beta*K is not an integer: floor "
         "(0.25 of 3 drops none) or ceil (drops one).")
+    # Issue 29: robust rules under a sync that folds one update at a time (asp, ssp, hermes, fedasync).
+    window: int = Field(
+        default=8, ge=1, description="Without a barrier or buffer: the rule combines, at each arrival, the latest "
+        "accepted update of each of up to this many workers, the newest first (one row per worker: Kardam's "
+        "frequency filter, Damaskinos et al. 2018, Sec. 3).")
+    window_age: int = Field(
+        default=32, ge=0, description="Without a barrier or buffer: a row computed from a model more than this "
+        "many versions older than the current one leaves the window (the arriving update always counts).")
+    window_min: int = Field(
+        default=3, ge=1, description="Without a barrier or buffer: with fewer live rows than this, the window's "
+        "step is clipped to its smallest row's norm (no honest majority to outvote a poisoned row yet).")
+    window_staleness: WindowDampening = Field(
+        default="relative", description="Without a barrier or buffer, delta rows dampened before the rule: "
+        "'relative' min(1, s(tau_j)/s(tau_med)) with s(tau) = 1/sqrt(1+tau), tau_med the rows' median, 'sqrt' "
+        "s(tau_j) (FedBuff Alg. 1), 'none'. Worker models (fedasync.robust) are never scaled: alpha_t does it.")
 
 
 def staleness_dampened(stack: torch.Tensor, staleness: Sequence[int]) -> torch.Tensor:
@@ -82,6 +121,25 @@ def staleness_dampened(stack: torch.Tensor, staleness: Sequence[int]) -> torch.T
 
     scale = torch.tensor([1.0 / math.sqrt(1.0 + t) for t in staleness], dtype=stack.dtype)
     return stack * scale[:, None]
+
+
+def window_dampened(stack: torch.Tensor, staleness: Sequence[int], mode: WindowDampening) -> torch.Tensor:
+    """A window's rows dampened by staleness before the rule (Kardam Sec. 3: dampen, then filter).
+
+    'sqrt': s(tau_j) = 1 / sqrt(1 + tau_j) (FedBuff Alg. 1); 'relative': min(1, s(tau_j) / s(tau_med)),
+    tau_med the rows' median staleness, so honest windows of equal staleness give the plain step and a
+    row staler than most counts less. The median, not the freshest row, is the reference: an attacker
+    that always claims the newest version (tau 0) would otherwise shrink every honest row.
+    """
+    if mode == "none" or not staleness:
+        return stack
+    if mode == "sqrt":
+        return staleness_dampened(stack, staleness)
+    import torch
+
+    med = float(torch.tensor(staleness, dtype=torch.float64).median())  # the lower middle value when even
+    scale = torch.tensor([min(1.0, math.sqrt((1.0 + med) / (1.0 + t))) for t in staleness], dtype=stack.dtype)
+    return stack if bool((scale == 1.0).all()) else stack * scale[:, None]
 
 
 def coordinate_median(stack: torch.Tensor) -> torch.Tensor:
@@ -129,7 +187,7 @@ def krum_select(scores: list[float], keep: int) -> list[int]:
 
 
 class RobustRule(AggregationRule):
-    """Base of the robust rules: they need a barrier's group of updates and replace its weighted sum.
+    """Base of the robust rules: they replace a step's weighted sum (a group's, or a StalenessWindow's).
 
     Median and trimmed mean combine the step's updates coordinate by coordinate into one delta
     (op "combine"); Krum answers weights that keep the m chosen updates (mean over them) and
@@ -151,6 +209,11 @@ class RobustRule(AggregationRule):
     def combine(self, stack: torch.Tensor) -> torch.Tensor:
         """The step's one delta from the updates (rows of ``stack``); Krum selects instead."""
         raise NotImplementedError(f"aggregation {self.name!r} selects updates, it does not combine them")
+
+    @property
+    def window_rule(self) -> RobustRule:
+        """The rule a StalenessWindow runs when the sync folds one update at a time (fedasync names one too)."""
+        return self
 
     def weigh(self, updates: Sequence[Update], step: Step, stack: Any = None) -> Weighing:
         # Every update counts alike; the step itself is combine() of the stack.
@@ -191,6 +254,14 @@ class Krum(RobustRule):
         scores = krum_scores(stack, f)
         return krum_select(scores, min(self.params.keep, k)), scores
 
+    def combine(self, stack: torch.Tensor) -> torch.Tensor:
+        """Over a StalenessWindow: the mean of the m chosen rows (Blanchard et al. 2017, Sec. 5; m = 1: Krum)."""
+        k, f = stack.shape[0], self.params.byzantine
+        if self.params.krum_few == "skip" and k < 2 * f + 3:
+            return stack.new_zeros(stack.shape[1])  # Sec. 4's n > 2f + 2 not met: nothing moves
+        chosen, _ = self.select(stack)
+        return stack[chosen].mean(dim=0)
+
     def weigh(self, updates: Sequence[Update], step: Step, stack: Any = None) -> Weighing:
         assert stack is not None, "krum selects among the stacked updates"
         k, f = stack.shape[0], self.params.byzantine
@@ -202,3 +273,73 @@ class Krum(RobustRule):
         weights = [1.0 / len(chosen) / math.sqrt(1.0 + updates[i].staleness) if i in chosen else 0.0
                    for i in range(len(updates))]
         return Weighing(weights, {"krum_scores": [round(s, 6) for s in scores]})
+
+
+@dataclass(frozen=True)
+class WindowRow:
+    worker_id: str
+    base_version: int  # the version the worker's update was computed from
+    staleness: int  # versions the model had moved past base_version when the update arrived
+    row: torch.Tensor  # the update, flat fp32
+
+
+class StalenessWindow:
+    """The rows a robust rule combines when the sync folds one update at a time (issue 29).
+
+    The latest accepted update of each of the last ``size`` workers to push (a worker's new update
+    replaces its old row: Kardam's frequency filter, Damaskinos et al. 2018, Sec. 3), rows computed
+    from a model more than ``max_age`` versions old dropped. ``step`` is the rule over the rows,
+    dampened by ``dampening`` (``window_dampened``); the engine folds it once per arrival. The
+    window lives in memory: a resumed server starts with an empty one (the journal holds each step).
+    """
+
+    def __init__(self, rule: RobustRule, *, size: int, max_age: int, dampening: WindowDampening,
+                 least: int = 0) -> None:
+        self.rule = rule
+        self.least = least
+        self.size = size
+        self.max_age = max_age
+        self.dampening = dampening
+        self.rows: dict[str, WindowRow] = {}  # insertion order: the oldest arrival first
+
+    @classmethod
+    def of(cls, rule: RobustRule, *, models: bool) -> StalenessWindow:
+        """The window of ``rule``'s ``robust`` parameters; worker models (``models``) are never dampened."""
+        p = rule.params
+        return cls(rule, size=p.window, max_age=p.window_age, dampening="none" if models else p.window_staleness,
+                   least=0 if models else p.window_min)
+
+    def add(self, worker_id: str, base_version: int, staleness: int, row: torch.Tensor) -> None:
+        self.rows.pop(worker_id, None)
+        self.rows[worker_id] = WindowRow(worker_id, base_version, staleness, row)
+        while len(self.rows) > self.size:
+            del self.rows[next(iter(self.rows))]
+
+    def live(self, version: int) -> list[WindowRow]:
+        """The rows still young enough at ``version``; the newest arrival is kept whatever its age."""
+        newest = next(reversed(self.rows))
+        for w in [w for w, r in self.rows.items() if version - r.base_version > self.max_age and w != newest]:
+            del self.rows[w]
+        return list(self.rows.values())
+
+    def step(self, version: int) -> tuple[torch.Tensor, dict[str, Any]]:
+        """R(rows) at model ``version`` and the facts worth logging beside it (the rows' workers, staleness)."""
+        import torch
+
+        rows = self.live(version)
+        # Each row's staleness when it arrived (FedBuff's tau at push time): its ageing in the window since is
+        # bounded by max_age, not dampened, or every honest row would shrink with each later arrival.
+        staleness = [max(0, r.staleness) for r in rows]
+        stack = window_dampened(torch.stack([r.row for r in rows]), staleness, self.dampening)
+        facts: dict[str, Any] = {"window": [r.worker_id for r in rows], "window_staleness": staleness,
+                                 "combined": self.rule.name}
+        step = self.rule.combine(stack)
+        if len(rows) < self.least:
+            # The median of two rows is their mean: no majority yet to outvote a poisoned one (Yin et al. 2018
+            # bound the median's error only for an honest majority). Clipped to the smallest row's norm (norm
+            # clipping, Sun et al. 2019, with the least row as the bound), a flip counts one honest step at most.
+            bound, norm = float(stack.norm(dim=1).min()), float(step.norm())
+            if norm > bound:
+                step = step * (bound / norm)
+                facts["window_clipped"] = round(bound / norm, 6)
+        return step, facts

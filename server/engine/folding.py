@@ -30,8 +30,11 @@ async def fold(self: FoldHost, group: list[Contribution]) -> None:
     if op == "combine":
         # Median / trimmed mean: the step is one delta, applied and journaled as such.
         op, terms = "apply", [(await offload(nbytes, rule.combined, group), 1.0)]
+    elif op == "blend" and rule.window is not None:
+        # fedasync.robust (issue 29): the model mixed in is the robust statistic of the window's models.
+        terms = [(await offload(nbytes, rule.combined, group), weights[0])]
     if op == "blend":
-        version = await asyncio.to_thread(self.state.blend, group[0].payload, weights[0])
+        version = await asyncio.to_thread(self.state.blend, terms[0][0], terms[0][1])
     else:
         version = await offload(nbytes, self.state.apply, terms)
     while self.state.rollbacks:

@@ -23,7 +23,7 @@ from hermes.common.config import RunConfig
 from hermes.common.policies.aggregation import AggregationRule, Step, Update
 from hermes.common.policies.allocation import Allocator, PowerMeter
 from hermes.common.policies.lr_scaling import LrScaling
-from hermes.common.policies.robust import staleness_dampened
+from hermes.common.policies.robust import RobustRule, StalenessWindow, staleness_dampened
 from hermes.common.policies.sync import PushInfo, SyncStrategy
 from hermes.common.policies.topology import Topology
 from hermes.common.task import Task
@@ -71,13 +71,19 @@ class RuleFold:
     """The run's aggregation rule with what it needs of the server: the facts it declares, gathered here."""
 
     def __init__(self, rule: AggregationRule, *, probe: LossProbe | None, metrics: ServerMetrics,
-                 power_of: Callable[[str], float | None] | None) -> None:
+                 power_of: Callable[[str], float | None] | None, window: StalenessWindow | None = None) -> None:
         self.rule = rule
         self.probe = probe
         self.metrics = metrics
         self.power_of = power_of
         # How the model state folds the weights (AggregationRule.op); also the journal's op.
         self.op = rule.op
+        # A robust rule under a sync that folds one update at a time runs over this window (issue 29):
+        # each fold's step is the rule's statistic of the window's rows (a delta combined, or a model blended).
+        self.window = window
+        self._window_step: Payload | None = None
+        if window is not None and rule.op != "blend":
+            self.op = "combine"
         self.needs_candidate_loss = rule.needs_candidate_loss
         # The global model's probe loss, where the rule has a probe (screening bounds first candidates by it).
         self.reference_loss: Callable[[], float] | None = (
@@ -101,6 +107,11 @@ class RuleFold:
     async def weigh(self, group: Sequence[Contribution], ctx: FoldContext) -> tuple[list[float], dict[str, Any]]:
         """The group's weights and the facts worth logging beside them."""
         rule = self.rule
+        facts: dict[str, Any] = {}
+        if self.window is not None:
+            facts = await asyncio.to_thread(self._windowed, group, ctx.version)
+            if self.op == "combine":
+                return [1.0] * len(group), facts
         global_loss = None
         if self.probe is not None and ctx.version > 0:
             _, global_loss = await asyncio.to_thread(self.probe.global_loss)
@@ -111,10 +122,23 @@ class RuleFold:
         answer = rule.weigh(updates, Step(version=ctx.version, global_loss=global_loss), stack)
         if answer.share is not None:
             self.metrics.blend_weight.observe(answer.share)
-        return answer.weights, answer.facts
+        return answer.weights, {**answer.facts, **facts}
+
+    def _windowed(self, group: Sequence[Contribution], version: int) -> dict[str, Any]:
+        """The group's rows into the window, and the window's step for combined() (the caller holds step_lock)."""
+        assert self.window is not None
+        for c in group:
+            self.window.add(c.info.worker_id, c.info.base_version, c.info.staleness, stack_updates([c])[0])
+        flat, facts = self.window.step(version)
+        self._window_step = Payload(torch.float32, (flat,), group[0].payload.shapes)
+        return facts
 
     def combined(self, group: Sequence[Contribution]) -> Payload:
-        """The step as one fp32 delta (op "combine": median / trimmed mean of the group)."""
+        """The step as one fp32 delta (op "combine": median / trimmed mean of the group), or the window's step."""
+        if self.window is not None:
+            step, self._window_step = self._window_step, None
+            assert step is not None, "weigh() computes the window's step first"
+            return step
         # Under FedBuff's buffer, each row dampened by its staleness first (robust.staleness_dampened).
         flat = self.rule.combine(staleness_dampened(stack_updates(group), [c.info.staleness for c in group]))
         return Payload(torch.float32, (flat,), group[0].payload.shapes)
@@ -172,6 +196,12 @@ def build_policies(
                           metrics=metrics)
     # Allocators that measure compute power (partition) answer it; the others leave it to throughput.
     power_of = allocator.power if isinstance(allocator, PowerMeter) else None
-    aggregation = RuleFold(rule, probe=probe, metrics=metrics, power_of=power_of)
+    # Robust rules group a barrier's round or a buffer; under a sync that folds one update at a time they run
+    # over a window of recent updates (fedasync.robust: of worker models, which are blended, not dampened).
+    robust = rule if isinstance(rule, RobustRule) else getattr(rule, "window_rule", None)
+    window = None
+    if isinstance(robust, RobustRule) and "grouped" not in type(sync).provides:
+        window = StalenessWindow.of(robust, models=rule.op == "blend")
+    aggregation = RuleFold(rule, probe=probe, metrics=metrics, power_of=power_of, window=window)
     return Policies(sync=sync, allocator=allocator, aggregation=aggregation,
                     lr=ScaledRate(config.lr, config.build_policy("lr_scaling")))

@@ -1,5 +1,5 @@
-"""Robust aggregation for the barrier presets (common/policies/robust.py): the rules' numbers by
-hand, the config's refusals, and a BSP step on an in-process engine that one poisoned update
+"""Robust aggregation (common/policies/robust.py): the rules' numbers by hand, where the config
+accepts them, and a BSP step on an in-process engine that one poisoned update
 cannot steer."""
 
 from __future__ import annotations
@@ -49,14 +49,15 @@ def test_krum_scores_sum_the_closest_k_minus_f_minus_2_squared_distances():
 
 
 @pytest.mark.parametrize("rule", ["median", "trimmed-mean", "krum"])
-def test_robust_rules_run_under_a_barrier_or_a_buffer_and_are_refused_without_one(rule):
+def test_robust_rules_run_under_a_barrier_a_buffer_or_a_staleness_window(rule):
     assert build_config("bsp", aggregation=rule).aggregation == rule
     assert build_config("ebsp", aggregation=rule).aggregation == rule
-    # And over FedBuff's buffer (issue 29).
+    # And over FedBuff's buffer, and over a staleness window where updates fold one at a time (issue 29;
+    # tests/unit/policies/test_robust_window.py).
     assert build_config("fedbuff", aggregation=rule).aggregation == rule
-    with pytest.raises(ValueError, match=f"aggregation '{rule}' combines the updates of one step.*"
-                                         "'asp' folds one update at a time.*needs sync 'bsp' or 'fedbuff' or 'ebsp'"):
-        build_config("asp", aggregation=rule)
+    assert build_config("asp", aggregation=rule).aggregation == rule
+    assert build_config("ssp", aggregation=rule).aggregation == rule
+    assert build_config("fedasync", **{"fedasync.robust": rule}).fedasync.robust == rule
 
 
 def _barrier_step(rule: str, values: list[float], **overrides) -> torch.Tensor:
