@@ -240,15 +240,21 @@ class SimDevice:
             finally:
                 if heartbeat is not None:
                     heartbeat.cancel()
+                self.abandon_requests()
 
-    def forget_session(self) -> None:
-        """What a registration held is gone (the agent's process restarts its session)."""
+    def abandon_requests(self) -> None:
+        """Requests still out when the device stops or restarts: their replies go nowhere (read, so
+        asyncio does not report an exception nobody retrieved, e.g. a prefetch held for a slot)."""
         if self.prefetch is not None:
             self.prefetch.add_done_callback(_retrieve)
             self.prefetch = None
         if self.inflight is not None:
             self.inflight.add_done_callback(_retrieve)
             self.inflight, self.inflight_pushed = None, None
+
+    def forget_session(self) -> None:
+        """What a registration held is gone (the agent's process restarts its session)."""
+        self.abandon_requests()
         self.works, self.carry = [], None
         if self.local is not None:
             self.totals.lost_cycles += 1
@@ -311,8 +317,11 @@ class SimDevice:
         try:
             await self.request(MsgType.REPORT_STATS, request_body(self.stats_body(final=True)))
             await routes.leave(self.worker_id, x_hermes_token=self.token, engine=self.sim.engine)
-        except (ProtocolError, HTTPException) as exc:
-            log.debug("%s: goodbye not delivered: %s", self.name, exc)
+        except (ProtocolError, HTTPException, Offline) as exc:
+            # The agent exits either way; a device that goes offline while saying goodbye is simply gone
+            # (1,000 devices under hermes: one that gave up on NaN losses went offline here and the
+            # simulation ended in a traceback, 2026-11-27).
+            log.debug("%s: goodbye not delivered: %r", self.name, exc)
 
     # ---- the model -------------------------------------------------------------------
 

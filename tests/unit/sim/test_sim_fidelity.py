@@ -3,6 +3,7 @@ again, a device that keeps diverging gives up (exit 4); the measured server-cost
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 
@@ -11,6 +12,7 @@ import numpy as np
 from hermes.common.config import build_config
 from hermes.common.datasets import load_dataset
 from hermes.common.task_registry import resolve_task
+from hermes.sim.device import Offline
 from hermes.sim.devices import ALWAYS_ON, DeviceProfile
 from hermes.sim.links import transfer_seconds
 from hermes.sim.run import Simulation
@@ -58,3 +60,17 @@ def test_the_measured_server_cost_is_the_engines_cpu_time(tmp_path):
     # Every engine operation was timed (none fell back to the calibrated model, evaluation aside).
     assert cost.measured > 0 and cost.fallbacks <= 1
     assert s["server_busy_seconds"] > 0 and s["model_updates"] == 20
+
+
+def test_a_device_that_goes_offline_while_saying_goodbye_just_stops(tmp_path, monkeypatch):
+    # 1,000 devices under hermes (2026-11-27): a device that gave up on non-finite losses went offline
+    # during its last report, and the Offline it raised ended the whole simulation in a traceback.
+    cfg = build_config("asp", dataset="digits", model="mlp", seed=0, max_updates=5)
+    sim = Simulation(cfg, _devices(1), out=tmp_path / "bye", transfer=transfer_seconds)
+    device = sim.devices[0]
+
+    async def gone(*args: object, **kwargs: object) -> None:
+        raise Offline
+
+    monkeypatch.setattr(device, "request", gone)
+    asyncio.run(device.goodbye())  # the agent exits either way; nothing escapes
