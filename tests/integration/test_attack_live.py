@@ -217,7 +217,8 @@ def _attacked_run(tmp_path: Path, preset: str, *extra: str, honest: int = 2, tar
         assert srv.counter("hermes_screening_refusals_total", reason="bootstrap_norm") == 1
         assert srv.counter("hermes_quarantined_workers") <= 1
         # Nobody honest was refused, and nobody honest registered twice.
-        assert {e["worker"] for e in _events(srv, "update_screened_out")} == {attacker.w.id}
+        screened = _events(srv, "update_screened_out")
+        assert {e["worker"] for e in screened} == {attacker.w.id}, [e for e in screened if e["worker"] != attacker.w.id]
         joins = [e["name"] for e in _events(srv, "join")]
         assert sorted(n for n in joins if n.startswith("honest")) == names, joins
         assert "Traceback" not in srv.log_text()
