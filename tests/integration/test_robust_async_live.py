@@ -21,8 +21,9 @@ from typing import Any
 import pytest
 import torch
 
-from tests.conftest import ADMIN_TOKEN, kill_agents, running_server, start_agent, wait_for
+from tests.conftest import running_server, wait_for
 from tests.integration.test_attack_live import Attacker, _events
+from tests.integration.test_signflip_live import attack_then_reach
 
 pytestmark = pytest.mark.integration
 
@@ -87,32 +88,9 @@ def _window_run(tmp_path: Path, preset: str, sets: tuple[str, ...], k: float, at
     with running_server(tmp_path / "server", "--preset", preset, sets=("eval_interval_seconds=0.5", *sets),
                         screening_off_because=SCREENING_OFF) as srv:
         attacker = WindowFlipper(srv, k, attacks, honest)
-        first = threading.Event()
-        thread = threading.Thread(target=attacker.run, kwargs={"first_push_done": first}, daemon=True)
-        thread.start()
-        assert first.wait(30), "the attacker never pulled"
-        t0 = time.monotonic()
-        agents = [start_agent(srv.url, n, tmp_path / f"{n}.log", "--threads", "1") for n in names]
-        try:
-            thread.join(timeout=HANG_S)
-            assert not thread.is_alive(), ("the attack did not finish", attacker.replies)
-            after = srv.healthz()["model_version"]
-
-            def reached() -> dict[str, Any] | None:
-                s = srv.get_json("/v1/status")
-                ev = s["evaluation"]
-                return s if ev and ev["version"] >= after and ev["accuracy"] >= TARGET else None
-
-            status = wait_for(reached, HANG_S, f"{preset} with a robust window to reach {TARGET} after the flips")
-            seconds = time.monotonic() - t0
-            r = srv.http.post(srv.url + "/v1/stop", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
-            assert r.status_code == 200, r.text
-            codes = [a.wait(timeout=60) for a in agents]
-        finally:
-            kill_agents(agents)
-        logs = [(tmp_path / f"{n}.log").read_text(errors="replace") for n in names]
-        assert codes == [0] * honest, [log[-2000:] for log in logs]
-        assert attacker.error is None, (attacker.error, attacker.replies)
+        status, seconds = attack_then_reach(srv, attacker, names, tmp_path,
+                                            f"{preset} with a robust window to reach {TARGET} after the flips",
+                                            target=TARGET, hang_s=HANG_S)
         flips = [r for r in attacker.replies if r[0].startswith("flip")]
         # Screening is off: every flip was folded, so the window is what kept the model on course.
         assert len(flips) == attacks and all(r[1] == "applied" for r in flips), attacker.replies
