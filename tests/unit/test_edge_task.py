@@ -39,6 +39,23 @@ def test_a_stride_2_stem_keeps_the_parameters_and_quarters_the_feature_maps() ->
         build_model("edge-resnet", input_shape=(3, 8, 8), num_classes=10, stem_stride=2)
 
 
+def test_group_norm_keeps_the_parameters_and_drops_the_running_statistics() -> None:
+    # The asynchronous presets add workers' changes; a running variance summed that way went below zero.
+    torch.manual_seed(0)
+    batch = build_model("edge-resnet", input_shape=(3, 32, 32), num_classes=10, stem_stride=2)
+    group = build_model("edge-resnet", input_shape=(3, 32, 32), num_classes=10, stem_stride=2, norm="group")
+    assert count_parameters(group) == count_parameters(batch) == 1_210_410
+    assert sum(b.numel() for b in batch.buffers()) > 0 and list(group.buffers()) == []
+    assert not any(isinstance(m, torch.nn.BatchNorm2d) for m in group.modules())
+    assert sum(isinstance(m, torch.nn.GroupNorm) for m in group.modules()) == 10  # stem, 3 blocks x (2 + shortcut)
+    group.eval()
+    x = torch.randn(3, 3, 32, 32)
+    # No running statistics: a sample's output does not depend on the others in its batch, in either mode.
+    assert torch.allclose(group(x)[:1], group(x[:1]), atol=1e-5)
+    with pytest.raises(ValueError, match="norm must be 'batch' or 'group'"):
+        build_model("edge-resnet", input_shape=(3, 32, 32), num_classes=10, norm="layer")
+
+
 def test_synthetic_cifar_is_cifar_shaped_balanced_and_deterministic() -> None:
     train, test = make_synthetic_cifar(200, seed=1)
     again, _ = make_synthetic_cifar(200, seed=1)
