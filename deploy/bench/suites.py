@@ -281,6 +281,12 @@ EDGE_VARIANTS = [
     {"label": "hermes", "preset": "hermes"},
     {"label": "hermes-topk", "preset": "hermes", "overrides": _TOPK_INT8},
     {"label": "hermes-powersgd", "preset": "hermes", "overrides": _PSGD_INT8},
+    # The gate off (gate=always): every cycle's change goes out as soon as the overlapped exchange is free
+    # (overlap_push, the preset's), so the link, not the z-score test, paces the pushes. The gate saves
+    # messages; compressed and overlapped pushes no longer cost the agent time, and gated, the fast agent pushed
+    # 3 times in 50 cycles (edge-lte, 2026-11-27): the server's model lagged its local one.
+    {"label": "hermes-ungated", "preset": "hermes", "overrides": {"gate": "always"}},
+    {"label": "hermes-ungated-topk", "preset": "hermes", "overrides": {"gate": "always", **_TOPK_INT8}},
     {"label": "ddp", "preset": "bsp", "runner": "ddp"},
     {"label": "ddp-fp16", "preset": "bsp", "runner": "ddp", "ddp_hook": "fp16"},
     *({"label": f"ddp-powersgd-r{r}", "preset": "bsp", "runner": "ddp", "ddp_hook": "powersgd",
@@ -292,10 +298,12 @@ EDGE_VARIANTS = [
 # about 1 s at load 12 on this machine (2026-11-27), so the stem halves the side (stem_stride 2): the same 1.21M
 # parameters and 4.85 MB a push, a quarter of the multiply-adds (0.2 s a step at load 11). 6,000 samples (1,200
 # test): the fastest device alone passes 0.7 in about 50 steps. The server evaluates 500 test samples every 2 s;
-# DDP and alone every 5 steps (off their clocks).
+# DDP and alone every 5 steps (off their clocks). Target 0.75, not 0.7: bsp passed 0.7 in 7-8 rounds, so 0.7
+# measured start-up more than training (2026-11-27); 0.8 would cost bsp and DDP about 150 s a run, more than the
+# shared bench lock allows for medians of 3.
 EDGE_COMMON: dict[str, Any] = {
     "dataset": "synthetic-cifar", "model": "edge-resnet", "profiles": ["hl8"], "clients": 4, "repeats": 3,
-    "target_accuracy": 0.7, "max_seconds": 180.0, "pace": 2.0, "ddp_eval_every": 5, "baseline": "bsp",
+    "target_accuracy": 0.75, "max_seconds": 180.0, "pace": 2.0, "ddp_eval_every": 5, "baseline": "bsp",
     "overrides": {"num_samples": 6000, "model_kwargs": {"stem_stride": 2}, "eval_max_samples": 500,
                   "eval_interval_seconds": 2.0},
 }
