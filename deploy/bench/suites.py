@@ -299,8 +299,8 @@ EDGE_VARIANTS = [
 # parameters and 4.85 MB a push, a quarter of the multiply-adds (0.2 s a step at load 11). 6,000 samples (1,200
 # test): the fastest device alone passes 0.7 in about 50 steps. The server evaluates 500 test samples every 2 s;
 # DDP and alone every 5 steps (off their clocks). Target 0.75, not 0.7: bsp passed 0.7 in 7-8 rounds, so 0.7
-# measured start-up more than training (2026-11-27); 0.8 would cost bsp and DDP about 150 s a run, more than the
-# shared bench lock allows for medians of 3.
+# measured start-up more than training (2026-11-27); at 0.75 a bsp run already took 138 s with its start-up, so
+# 0.8 would not fit medians of 3 into the shared bench lock's time.
 EDGE_COMMON: dict[str, Any] = {
     "dataset": "synthetic-cifar", "model": "edge-resnet", "profiles": ["hl8"], "clients": 4, "repeats": 3,
     "target_accuracy": 0.75, "max_seconds": 180.0, "pace": 2.0, "ddp_eval_every": 5, "baseline": "bsp",
