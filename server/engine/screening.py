@@ -101,6 +101,9 @@ class Screening:
         self.cosines_measured = 0
         # Claims clamped (engine.claims), reported beside the refusals; set by the engine.
         self.claims_clamped: Callable[[], dict[str, int]] | None = None
+        # The elapsed-time floor's honest margin (engine.claims: the lowest claimed compute / wall time of a
+        # window, and how many windows were closed); set by the engine.
+        self.claims_windows: Callable[[], dict[str, Any]] | None = None
 
     def _step_sketch(self, payload: Payload) -> torch.Tensor:
         """What the fold would move the model by, on the direction reference's coordinates."""
@@ -288,6 +291,7 @@ class Screening:
             "clipped": self.clipped,
             "downweighted": self.downweighted,
             "claims_clamped": {} if self.claims_clamped is None else self.claims_clamped(),
+            "claims_windows": {} if self.claims_windows is None else self.claims_windows(),
             "cosines_measured": self.cosines_measured,
             "min_accepted_cosine": None if self.min_accepted_cosine is None else round(self.min_accepted_cosine, 4),
         }

@@ -259,14 +259,14 @@ def test_a_cycle_handed_out_many_assignments_ago_is_bounded_by_its_own_assignmen
 
 def test_cycle_seconds_are_bounded_by_elapsed_time_and_the_fleet_median_speed():
     claims, clock, _ = _claims(min_compute_fraction=0.25, power_factor=2.0, speed_tolerance=1.0)
-    for w in ("h1", "h2", "liar"):
-        claims.on_assign(w, 128)
-        claims.on_reply(w)
+    ids = {w: claims.on_assign(w, 128) for w in ("h1", "h2", "liar")}
     clock.advance(1.0)
     honest = CycleReport(dss=128, batch_size=32, compute_seconds=0.8)
-    assert claims.cycle("h1", honest) is honest and claims.cycle("h2", honest) is honest
-    lie = claims.cycle("liar", CycleReport(dss=10**6, batch_size=32, compute_seconds=1e-6))
-    # dss to the assignment, seconds to 1/4 of the second since the reply (512/s), then to 2x the median speed.
+    assert claims.cycle("h1", honest.model_copy(update={"assignment": ids["h1"]}), on_push=True).compute_seconds == 0.8
+    assert claims.cycle("h2", honest.model_copy(update={"assignment": ids["h2"]}), on_push=True).compute_seconds == 0.8
+    lie = claims.cycle("liar", CycleReport(dss=10**6, batch_size=32, compute_seconds=1e-6, assignment=ids["liar"]),
+                       on_push=True)
+    # dss to the assignment, seconds to 1/4 of the second since the hand-out (512/s), then to 2x the median speed.
     assert lie.dss == 128
     assert abs(lie.dss / lie.compute_seconds - 2 * (128 / 0.8)) < 1e-6
     assert claims.public() == {"dss": 1, "compute_seconds": 2}
@@ -274,10 +274,71 @@ def test_cycle_seconds_are_bounded_by_elapsed_time_and_the_fleet_median_speed():
 
 def test_a_speed_within_the_bounds_is_left_as_claimed():
     claims, clock, seen = _claims(min_compute_fraction=0.25)
+    handed = claims.on_assign("w", 64)
+    clock.advance(1.0)
+    report = CycleReport(dss=64, batch_size=32, compute_seconds=0.3, assignment=handed)
+    assert claims.cycle("w", report, on_push=True) is report and not seen
+    assert claims.windows_public() == {"closed": 1, "min_ratio": 0.3, "floor": 0.25}
+
+
+def test_the_elapsed_time_window_starts_at_the_hand_out_or_the_last_reply_and_ends_at_the_push():
+    # Issue 29: each cycle judged against its own window, not the time since the last reply. Prefetch:
+    # the next assignment is handed out while the worker trains; a barrier: the worker waits for the reply.
+    claims, clock, seen = _claims(min_compute_fraction=0.5)
+    first = claims.on_assign("w", 64)
+    second = claims.on_assign("w", 64)  # prefetched at once
+    clock.advance(1.0)
+    report = CycleReport(dss=64, batch_size=32, compute_seconds=0.6, assignment=first)
+    assert claims.cycle("w", report, on_push=True) is report  # 0.6 of a 1 s window
+    clock.advance(5.0)  # held at the barrier: not compute
     claims.on_reply("w")
     clock.advance(1.0)
-    report = CycleReport(dss=64, batch_size=32, compute_seconds=0.3)
-    assert claims.cycle("w", report) is report and not seen
+    # The window of the second starts at the reply, not at its hand-out 7 s ago.
+    report = CycleReport(dss=64, batch_size=32, compute_seconds=0.6, assignment=second)
+    assert claims.cycle("w", report, on_push=True) is report and not seen
+    # No prefetch: the worker waited for its assignment after the reply; the window starts at the hand-out.
+    clock.advance(3.0)
+    third = claims.on_assign("w", 64)
+    clock.advance(1.0)
+    report = CycleReport(dss=64, batch_size=32, compute_seconds=0.6, assignment=third)
+    assert claims.cycle("w", report, on_push=True) is report and not seen
+    # The same claim for a cycle that took 4 s of wall time after its hand-out is raised to half of it.
+    fourth = claims.on_assign("w", 64)
+    clock.advance(4.0)
+    lie = claims.cycle("w", CycleReport(dss=64, batch_size=32, compute_seconds=0.6, assignment=fourth), on_push=True)
+    assert lie.compute_seconds == 2.0
+    assert [(f["field"], f["claimed"], f["bound"]) for fact, f in seen if fact == "claim_clamped"] == [
+        ("compute_seconds", 0.6, 2.0)]
+    assert claims.windows_public()["min_ratio"] == 0.15
+
+
+def test_gate_skipped_cycles_share_the_window_of_the_push_that_follows():
+    # hermes: skipped cycles' reports ride on the next work request or push; before issue 29's fix each
+    # of them was compared with the whole span (floor off). Their seconds now count together.
+    claims, clock, seen = _claims(min_compute_fraction=0.5)
+    ids = [claims.on_assign("w", 64) for _ in range(3)]
+    for i in ids[:2]:
+        clock.advance(1.0)
+        skipped = CycleReport(dss=64, batch_size=32, compute_seconds=0.9, assignment=i, pushed=False)
+        assert claims.cycle("w", skipped) is skipped  # carried: the window stays open
+    clock.advance(1.0)
+    pushed = CycleReport(dss=64, batch_size=32, compute_seconds=0.9, assignment=ids[2])
+    assert claims.cycle("w", pushed, on_push=True) is pushed and not seen  # 2.7 s of a 3 s window
+    assert claims.windows_public()["closed"] == 1
+
+
+def test_a_report_without_an_assignment_id_has_no_floor():
+    # Agents before CycleReport.assignment (and ids the server never handed this worker): the floor is off.
+    claims, clock, seen = _claims(min_compute_fraction=0.5)
+    claims.on_assign("w", 64)
+    clock.advance(10.0)
+    report = CycleReport(dss=64, batch_size=32, compute_seconds=0.01)
+    assert claims.cycle("w", report, on_push=True) is report
+    other = claims.on_assign("x", 64)
+    clock.advance(10.0)
+    foreign = CycleReport(dss=64, batch_size=32, compute_seconds=0.01, assignment=other)
+    assert claims.cycle("w", foreign, on_push=True) is foreign
+    assert not seen and claims.windows_public()["closed"] == 0
 
 
 def test_lying_samples_do_not_own_a_bsp_round():
