@@ -74,8 +74,10 @@ class _Worker:
     outstanding: deque[int] = field(default_factory=lambda: deque(maxlen=_OUTSTANDING))
     trained: deque[int] = field(default_factory=lambda: deque(maxlen=_TRAINED))
     replied_at: float | None = None
-    # Assignment id -> when it was handed out (the elapsed-time floor's start), oldest first.
-    handed: OrderedDict[int, float] = field(default_factory=OrderedDict)
+    # Assignment id -> when it was handed out (the elapsed-time floor's start) and its work scale, oldest first.
+    handed: OrderedDict[int, tuple[float, float | None]] = field(default_factory=OrderedDict)
+    # The work scale of the assignment the cycle riding on the latest push trained (screening's norm scale).
+    pushed_scale: float | None = None
     # The open window: the earliest start and the claimed seconds of the cycles reported since the last push closed one.
     window_start: float | None = None
     window_seconds: float = 0.0
@@ -115,12 +117,14 @@ class Claims:
     def _of(self, worker_id: str) -> _Worker:
         return self.workers.setdefault(worker_id, _Worker())
 
-    def on_assign(self, worker_id: str, cycle_samples: int) -> int:
-        """Record an assignment handed out now; its id, for the WORK reply."""
+    def on_assign(self, worker_id: str, cycle_samples: int, *, batch_size: int | None = None, accumulation: int = 1,
+                  lr: float | None = None) -> int:
+        """Record an assignment handed out now (its shape, where given: screening's work scale); its id."""
         me = self._of(worker_id)
         me.outstanding.append(cycle_samples)
         self._next_id += 1
-        me.handed[self._next_id] = self.clock()
+        scale = None if batch_size is None or lr is None else work_scale(cycle_samples, batch_size, accumulation, lr)
+        me.handed[self._next_id] = (self.clock(), scale)
         while len(me.handed) > _OUTSTANDING:  # a lost report must not keep its start for ever
             me.handed.popitem(last=False)
         return self._next_id
@@ -194,11 +198,14 @@ class Claims:
     def _floor(self, worker_id: str, me: _Worker, report: CycleReport, seconds: float, on_push: bool) -> float:
         """The elapsed-time floor: the seconds of the cycles in a window at least min_compute_fraction x
         its wall time; the deficit, if any, is added to the report that closes it."""
-        handed = me.handed.pop(report.assignment, None) if report.assignment is not None else None
-        if handed is None:
+        found = me.handed.pop(report.assignment, None) if report.assignment is not None else None
+        if on_push:
+            me.pushed_scale = None if found is None else found[1]
+        if found is None:
             # No window of the server's own: an agent before CycleReport.assignment, or an id it
             # never handed this worker. The speed bound alone judges it.
             return seconds
+        handed = found[0]
         now = self.clock()
         # Not before the assignment existed, nor before the previous push's reply: the worker trains one
         # cycle at a time, and under a barrier it waited for that reply (a wait that is not its compute).
@@ -222,6 +229,15 @@ class Claims:
             self._clamp(worker_id, "compute_seconds", seconds, raised)
             return raised
         return seconds
+
+    def take_scale(self, worker_id: str) -> float | None:
+        """The work scale of the update this worker is pushing now (its cycle report named the assignment),
+        once; None when unknown (no report on the push, no id, an id not handed to it)."""
+        me = self.workers.get(worker_id)
+        if me is None:
+            return None
+        scale, me.pushed_scale = me.pushed_scale, None
+        return scale
 
     def _add_speed(self, me: _Worker, speed: float) -> None:
         """Record a bounded speed; the sorted index holds each worker's median of its last few."""
@@ -259,3 +275,18 @@ def median_without(ordered: list[float], mine: float | None) -> float | None:
     if n % 2:
         return kth(n // 2)
     return (kth(n // 2 - 1) + kth(n // 2)) / 2
+
+
+def work_scale(cycle_samples: int, batch_size: int, accumulation: int, lr: float) -> float:
+    """How large an honest update of this assignment can be, up to one constant: lr x steps / batch,
+    steps = samples / (batch x accumulation), batch the effective one (batch x accumulation).
+
+    An update is lr x the sum of its steps' mean gradients. Near convergence most samples' gradients are ~0
+    and a few hard ones dominate: one hard sample in a step's batch moves it by g / batch. So a cycle's
+    largest honest update grows as lr x steps / batch, not with the sqrt(1 / batch) of Gaussian noise
+    (edp-sgd seed 2: batch-5 cycles at 14-70x the median norm of batch-32 ones, 2026-11-27; see
+    docs/false-refusals.md).
+    """
+    batch = max(1, batch_size * max(1, accumulation))
+    return lr * max(1, cycle_samples) / float(batch * batch)
+

@@ -590,3 +590,122 @@ def test_one_fast_cycle_is_noise_and_a_speed_claimed_again_and_again_is_clamped(
     assert abs(last.dss / last.compute_seconds - 300.0) < 1e-6
     # The first repeat leaves the median at 250 (two fast of five); the next two are clamped.
     assert [f["field"] for fact, f in seen if fact == "claim_clamped"] == ["compute_seconds"] * 2
+
+
+def test_a_small_batch_assignment_is_judged_at_its_work_scale_and_an_unassigned_update_is_not():
+    # edp-sgd seed 2 (2026-11-27): the partition cut the slowest worker's batch to 5 (cycle 20) while the
+    # others trained batch-32 cycles of 128; its honest updates reached 14-70x their median norm and 8 were
+    # refused. Its work scale, lr x steps / batch, is 6.4x theirs: 20x the median is 3.1x its expected norm.
+    engine, clock = _engine_pushes(ScreeningSettings(min_history=3, reference="consensus"))
+    agents = [_Agent(engine, clock, n) for n in ("a", "b", "c")]
+    small, stranger = _Agent(engine, clock, "small"), _Agent(engine, clock, "stranger")
+    gen = torch.Generator().manual_seed(3)
+    d = torch.randn(engine.spec.numel, generator=gen) * 1e-3
+
+    def cycle(agent: _Agent, dss: int, batch: int) -> dict:
+        handed = engine.claims.on_assign(agent.rec.id, dss, batch_size=batch, lr=0.05)
+        return {"dss": dss, "batch_size": batch, "compute_seconds": 0.1, "assignment": handed}
+
+    async def push(agent: _Agent, delta: torch.Tensor, body: dict) -> dict:
+        reply = await agent.request(MsgType.PUSH_UPDATE, body, payload=delta, model_version=engine.state.version)
+        return reply.header.body
+
+    async def go() -> tuple[list[str], list[dict], dict, dict]:
+        honest = []
+        for _ in range(4):
+            for a in agents:
+                honest.append((await push(a, _noisy(d, gen, 0.5e-3), {"samples": 128, "cycle": cycle(a, 128, 32)}))
+                              ["status"])
+        # The same direction, 20x and 40x the median norm: within the work-scaled bounds (4 x 6.4 to clip,
+        # 32 x 6.4 to refuse), so folded as they are or clipped, not refused.
+        small_replies = [await push(small, k * _noisy(d, gen, 0.5e-3), {"samples": 20, "cycle": cycle(small, 20, 5)})
+                         for k in (20, 40)]
+        # Without an assignment the server handed out (no id on its report), 40x is judged at x 1: refused
+        # as before. Its claimed batch of 5 buys it nothing.
+        bare = await push(stranger, 40 * d, {"samples": 20, "cycle": {"dss": 20, "batch_size": 5}})
+        flipped = [await push(small, -k * d, {"samples": 20, "cycle": cycle(small, 20, 5)}) for k in (40, 80)]
+        return honest, small_replies, bare, flipped
+
+    honest, small_replies, bare, flipped = _run(go())
+    assert set(honest) == {"applied"}
+    assert [r["status"] for r in small_replies] == ["applied", "applied"], small_replies
+    assert engine.screening.work_scaled >= 2
+    assert bare["status"] == "rejected" and "× median" in bare["reason"] and "work scale" not in bare["reason"], bare
+    # A sign flip at that work scale: at 40x the median (6.25x its expected norm) down-weighted, folded as one
+    # honest step of its shape; at 80x (12.5x) refused by direction, as a flip past 8x always was.
+    assert flipped[0]["status"] == "applied" and engine.screening.downweighted == 1, flipped
+    assert flipped[1]["status"] == "rejected" and "direction" in flipped[1]["reason"], flipped
+    assert engine.screening.refusals == {"norm": 1, "direction": 1}
+
+
+def test_work_scale_off_judges_every_update_against_the_median_alone():
+    engine, clock = _engine_pushes(ScreeningSettings(min_history=3, reference="consensus", work_scale=False))
+    agents = [_Agent(engine, clock, n) for n in ("a", "b", "c")]
+    small = _Agent(engine, clock, "small")
+    gen = torch.Generator().manual_seed(3)
+    d = torch.randn(engine.spec.numel, generator=gen) * 1e-3
+
+    async def go() -> dict:
+        for _ in range(4):
+            for a in agents:
+                handed = engine.claims.on_assign(a.rec.id, 128, batch_size=32, lr=0.05)
+                await a.request(MsgType.PUSH_UPDATE, {"samples": 128, "cycle": {
+                    "dss": 128, "batch_size": 32, "assignment": handed}}, payload=_noisy(d, gen, 0.5e-3),
+                    model_version=engine.state.version)
+        handed = engine.claims.on_assign(small.rec.id, 20, batch_size=5, lr=0.05)
+        reply = await small.request(MsgType.PUSH_UPDATE, {"samples": 20, "cycle": {
+            "dss": 20, "batch_size": 5, "assignment": handed}}, payload=40 * d, model_version=engine.state.version)
+        return reply.header.body
+
+    reply = _run(go())
+    assert reply["status"] == "rejected" and "norm" in reply["reason"], reply
+    assert engine.screening.work_scaled == 0
+
+
+def _blend_run(settings: ScreeningSettings) -> tuple[list[str], dict, dict, object]:
+    """fedasync (a blend: G = local - w0): two workers push fresh steps along d; a third, whose previous push
+    was at version 0, trained from version 1 while the model moved on, so its blend step also undoes
+    that path. Before it, a newcomer pushes the same step, claiming the same base, as its first push."""
+    engine, clock = _engine_pushes(settings, preset="fedasync")
+    fresh = [_Agent(engine, clock, n) for n in ("a", "b")]
+    slow, newcomer = _Agent(engine, clock, "slow"), _Agent(engine, clock, "newcomer")
+    gen = torch.Generator().manual_seed(5)
+    d = torch.randn(engine.spec.numel, generator=gen) * 1e-3
+    _, w0 = engine.state.snapshot()
+    w0 = w0.clone()
+
+    async def push(agent: _Agent, local: torch.Tensor, base: int) -> dict:
+        reply = await agent.request(MsgType.PUSH_UPDATE, {"samples": 1}, payload=local - w0, model_version=base)
+        return reply.header.body
+
+    async def go() -> tuple[list[str], dict, dict]:
+        statuses = [(await push(slow, w0 + _noisy(d, gen, 0.3e-3), 0))["status"]]
+        base_version, base = engine.state.snapshot()
+        base = base.clone()
+        for _ in range(12):
+            for a in fresh:
+                version, current = engine.state.snapshot()
+                statuses.append((await push(a, current + _noisy(d, gen, 0.3e-3), version))["status"])
+        # The step from a newcomer: it claims the same old base, but the server saw no push of it since.
+        mirror = await push(newcomer, base + _noisy(d, gen, 0.3e-3), base_version)
+        stale = await push(slow, base + _noisy(d, gen, 0.3e-3), base_version)
+        return statuses, stale, mirror
+
+    statuses, stale, mirror = _run(go())
+    return statuses, stale, mirror, engine
+
+
+def test_a_stale_blend_is_judged_against_the_median_plus_the_drift_since_its_base():
+    statuses, stale, mirror, engine = _blend_run(ScreeningSettings(min_history=3, reference="consensus"))
+    assert set(statuses) == {"applied"}, statuses
+    assert stale["status"] == "applied", stale
+    assert engine.screening.drift_allowed >= 1
+    assert mirror["status"] == "rejected", mirror
+
+
+def test_without_the_drift_allowance_the_same_stale_blend_is_refused():
+    statuses, stale, mirror, engine = _blend_run(ScreeningSettings(min_history=3, reference="consensus",
+                                                                   stale_drift=False))
+    assert set(statuses) == {"applied"}, statuses
+    assert stale["status"] == "rejected", stale
+    assert engine.screening.drift_allowed == 0
