@@ -79,6 +79,11 @@ def run_one(args: argparse.Namespace, preset: str, seed: int) -> dict[str, Any]:
         "clipped": screening.get("clipped", 0),
         "clamped": sum((screening.get("claims_clamped") or {}).values()),
         "min_accepted_cosine": screening.get("min_accepted_cosine"),
+        # The elapsed-time floor's margin: windows closed and the lowest claimed compute / wall time.
+        "windows": (screening.get("claims_windows") or {}).get("closed"),
+        "min_compute_ratio": (screening.get("claims_windows") or {}).get("min_ratio"),
+        "work_scaled": screening.get("work_scaled"),
+        "drift_allowed": screening.get("drift_allowed"),
         **judged(out / "events.jsonl"),
         "median_norm": screening.get("median_norm"),
         "screening_enabled": screening.get("enabled"),
@@ -133,7 +138,8 @@ def totals(rows: list[dict[str, Any]], preset: str) -> list[str]:
 
     return [preset, str(len(mine)), total("pushes"), total("refused"), str(sum(len(r["quarantined"]) for r in mine)),
             total("judged"), total("direction_failed"), total("effect_failed"), total("downweighted"),
-            extreme("max_ratio", max), extreme("min_cosine", min), extreme("max_staleness", max), total("clamped")]
+            extreme("max_ratio", max), extreme("min_cosine", min), extreme("max_staleness", max), total("clamped"),
+            total("windows"), extreme("min_compute_ratio", min), total("work_scaled"), total("drift_allowed")]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -177,7 +183,8 @@ def report(args: argparse.Namespace, rows: list[dict[str, Any]], presets: list[s
         [[str(x) for x in _cells(r)] for r in rows])
     print_table("Over the seeds", ["preset", "runs", "pushes", "refused", "quarantined", "judged", "direction failed",
                                    "effect failed", "down-weighted", "max ratio", "min cosine", "max staleness",
-                                   "clamped"], [totals(rows, p) for p in presets])
+                                   "clamped", "windows", "min compute/wall", "work-scaled", "drift-allowed"],
+               [totals(rows, p) for p in presets])
     if any("error" in r or r["rc"] != 0 for r in rows):
         return 2
     return 1 if any(r.get("refused") for r in rows) else 0
