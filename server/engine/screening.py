@@ -12,6 +12,12 @@ two pushes of one 3e38 element made the model Inf (issue 15). The checks:
   quantile of the clients' norms the same way): a minority of attackers cannot
   move it, so a slowly growing stream of scaled updates hits the bound once it
   is ``norm_factor`` times the honest scale.
+* **At the scale of its work** (issue 29, no honest work thrown away): the median is scaled up for an
+  update whose assignment the server handed out with more expected movement than the accepted ones'
+  (``work_scale``: lr x steps / batch, engine.claims.work_scale; at most ``work_scale_max``), and, for
+  blends, by the path length the model moved since a stale update's base (``stale_drift``: its step
+  (w0 + G) - w also undoes that; counted from the worker's own previous push, never from an older
+  claimed base). Updates of an unknown assignment are judged at the median, as before.
 * **The first pushes** (fewer than ``min_history`` accepted norms) are not
   trusted: their norm is bounded by ``bootstrap_factor x ||w||``, the model's
   own scale, and where the preset scores candidates (Hermes' loss probe) the

@@ -36,14 +36,23 @@ TARGET = 0.8
 HANG_S = 300.0
 
 
-def _claims(preset: str, lie: bool) -> dict[str, Any]:
+# A paced claimer (``work=True``) asks for work like an agent, holds each assignment this long as if it
+# trained it (an honest digits cycle here takes 0.1-0.4 s), and names it in its cycle report.
+PACE_S = 0.5
+
+
+def _claims(preset: str, lie: bool, work: dict[str, Any] | None = None) -> dict[str, Any]:
     if preset == "edp-sgd":  # the compute power the partition allocator and the power rule read
+        if work is not None:  # the assignment it was handed, named (CycleReport.assignment)
+            cycle = {"dss": work["cycle_samples"], "batch_size": work["batch_size"],
+                     "compute_seconds": 1e-6 if lie else PACE_S, "assignment": work["assignment"]}
+            return {"samples": work["cycle_samples"], "cycle": cycle}
         cycle = {"dss": 128, "batch_size": 32, "compute_seconds": 1e-6 if lie else 1.0}
         return {"samples": 128, "cycle": cycle}
     return {"samples": 1_000_000_000 if lie else 1}
 
 
-def _lying_run(tmp_path: Path, preset: str, lie: bool, honest: int = 3) -> dict[str, Any]:
+def _lying_run(tmp_path: Path, preset: str, lie: bool, honest: int = 3, work: bool = False) -> dict[str, Any]:
     names = [f"honest-{i}" for i in range(honest)]
     with running_server(tmp_path / "server", "--preset", preset, sets=("eval_interval_seconds=0.5",)) as srv:
         claimer = srv.register("claimer")
@@ -54,10 +63,16 @@ def _lying_run(tmp_path: Path, preset: str, lie: bool, honest: int = 3) -> dict[
         def push_every_round() -> None:
             try:
                 while not stop.is_set():
+                    handed = None
+                    if work:
+                        reply = srv.exchange(claimer.frames(MsgType.REQUEST_WORK, body={}), timeout=120)
+                        assert reply.header.type is MsgType.WORK, reply.header
+                        handed = reply.header.body
+                        time.sleep(PACE_S)  # what it takes to train it (it trains nothing)
                     version = srv.healthz()["model_version"]
                     msg = srv.exchange(claimer.frames(MsgType.PUSH_UPDATE, torch.zeros(claimer.numel),
                                                       model_version=version, shapes=claimer.shapes,
-                                                      body=_claims(preset, lie)), timeout=120)
+                                                      body=_claims(preset, lie, handed)), timeout=120)
                     replies.append(msg.header.body.get("status", msg.header.type.value))
                     if msg.header.body.get("stop"):
                         return
@@ -112,6 +127,7 @@ def _lying_run(tmp_path: Path, preset: str, lie: bool, honest: int = 3) -> dict[
                     # Claims bound a speed to power_factor (8) x the median of the others' (HL8 fleets differ by 8x,
                     # server/engine/claims.py): a liar's power share is about 8 / (8 + n_honest), 0.73 beside three,
                     # a little more as the others' speeds move between the clamp and the fold (0.740 seen).
+                    # One that names its assignment is held by the elapsed-time floor too (checked below).
                     assert mine <= 8 / (8 + len(others)) + 0.1, e
                 else:
                     assert mine <= best_honest + 1e-9, e
@@ -121,9 +137,21 @@ def _lying_run(tmp_path: Path, preset: str, lie: bool, honest: int = 3) -> dict[
         assert judged, "the claimer was never folded beside honest workers"
         if lie:
             assert sum(screening["claims_clamped"].values()) >= 1, screening
-        result = {"suite": "claims", "preset": preset, "lie": lie, "seconds_to_target": round(seconds, 1),
+        floor = screening["claims_windows"]["floor"]
+        if work:
+            # Each cycle it named was held PACE_S after its hand-out: a window of at least that, so its seconds
+            # were raised to at least floor x PACE_S (4x its real speed at most, with the default 0.25).
+            raised = [e for e in _events(srv, "claim_clamped")
+                      if e["worker"] == claimer.id and e["field"] == "compute_seconds"]
+            if lie:
+                assert raised and all(e["bound"] >= floor * PACE_S * 0.99 for e in raised), raised
+            assert screening["claims_windows"]["closed"] >= 1, screening
+        shares = [dict(zip(e["workers"], e["weights"])).get(claimer.id) for e in applied]
+        shares = [w for w in shares if w is not None]
+        result = {"suite": "claims", "preset": preset, "lie": lie, "work": work, "seconds_to_target": round(seconds, 1),
                   "claims_clamped": screening["claims_clamped"], "claimer_max_weight": round(worst, 4),
-                  "accuracy": status["evaluation"]["accuracy"]}
+                  "claimer_median_weight": round(sorted(shares)[len(shares) // 2], 4) if shares else None,
+                  "claims_windows": screening["claims_windows"], "accuracy": status["evaluation"]["accuracy"]}
         (tmp_path / "claims.json").write_text(json.dumps(result))
         print(json.dumps(result))
         return result
@@ -132,3 +160,10 @@ def _lying_run(tmp_path: Path, preset: str, lie: bool, honest: int = 3) -> dict[
 @pytest.mark.parametrize(("preset", "lie"), [("bsp", True), ("edp-sgd", True)])
 def test_a_lying_claim_does_not_own_the_round(tmp_path, preset, lie):
     _lying_run(tmp_path, preset, lie)
+
+
+@pytest.mark.parametrize("lie", [True, False])
+def test_a_speed_liar_that_names_its_assignment_is_held_by_the_elapsed_time_floor(tmp_path, lie):
+    # issue 29: "speeds by the elapsed time between assignment and push". The claimer asks for work and holds
+    # each assignment PACE_S; lying, it claims 1e-6 s; truthful, PACE_S (the comparison: what its real speed earns).
+    _lying_run(tmp_path, "edp-sgd", lie, work=True)
