@@ -82,6 +82,7 @@ def run_one(args: argparse.Namespace, preset: str, seed: int) -> dict[str, Any]:
         # The elapsed-time floor's margin: windows closed and the lowest claimed compute / wall time.
         "windows": (screening.get("claims_windows") or {}).get("closed"),
         "min_compute_ratio": (screening.get("claims_windows") or {}).get("min_ratio"),
+        "min_median_ratio": (screening.get("claims_windows") or {}).get("min_median_ratio"),
         "work_scaled": screening.get("work_scaled"),
         "drift_allowed": screening.get("drift_allowed"),
         **judged(out / "events.jsonl"),
@@ -139,7 +140,8 @@ def totals(rows: list[dict[str, Any]], preset: str) -> list[str]:
     return [preset, str(len(mine)), total("pushes"), total("refused"), str(sum(len(r["quarantined"]) for r in mine)),
             total("judged"), total("direction_failed"), total("effect_failed"), total("downweighted"),
             extreme("max_ratio", max), extreme("min_cosine", min), extreme("max_staleness", max), total("clamped"),
-            total("windows"), extreme("min_compute_ratio", min), total("work_scaled"), total("drift_allowed")]
+            total("windows"), extreme("min_compute_ratio", min), extreme("min_median_ratio", min),
+            total("work_scaled"), total("drift_allowed")]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -183,7 +185,8 @@ def report(args: argparse.Namespace, rows: list[dict[str, Any]], presets: list[s
         [[str(x) for x in _cells(r)] for r in rows])
     print_table("Over the seeds", ["preset", "runs", "pushes", "refused", "quarantined", "judged", "direction failed",
                                    "effect failed", "down-weighted", "max ratio", "min cosine", "max staleness",
-                                   "clamped", "windows", "min compute/wall", "work-scaled", "drift-allowed"],
+                                   "clamped", "windows", "min compute/wall", "min median of 5", "work-scaled",
+                                   "drift-allowed"],
                [totals(rows, p) for p in presets])
     if any("error" in r or r["rc"] != 0 for r in rows):
         return 2

@@ -23,7 +23,8 @@ took power weight 0.99995 in ``edp-sgd``. The bounds:
   push reply if that came later (a worker trains one cycle at a time, and a barrier
   holds it until the reply), to the arrival of the push that carries the report.
   Gate-skipped cycles reported since (carried on a work request or on that push)
-  share the window: their seconds count together. A report that names no assignment
+  share the window: their seconds count together. Judged on the median of the worker's
+  last 5 windows' ratios (one window stretched by load is noise). A report that names no assignment
   (agents before the field) or one the server did not hand out has no window: the
   floor is off for it, and only the speed bound below holds. The speed they imply, dss / seconds, at most
   ``power_factor`` x the median of the other workers' speeds (each the median of its
@@ -81,6 +82,8 @@ class _Worker:
     # The open window: the earliest start and the claimed seconds of the cycles reported since the last push closed one.
     window_start: float | None = None
     window_seconds: float = 0.0
+    # Claimed compute / wall time of the worker's last closed windows (the floor judges their median).
+    ratios: deque[float] = field(default_factory=lambda: deque(maxlen=_SPEEDS))
     claimed: deque[float] = field(default_factory=lambda: deque(maxlen=_SPEEDS))  # as claimed
     bounded: deque[float] = field(default_factory=lambda: deque(maxlen=_SPEEDS))  # after the bounds
 
@@ -107,6 +110,8 @@ class Claims:
         # The lowest claimed compute / elapsed wall time of a closed window, and how many were closed
         # (the floor's honest margin, in the false-refusal table).
         self.min_compute_ratio: float | None = None
+        # The lowest median of a worker's last 5 ratios: what the floor is judged on.
+        self.min_median_ratio: float | None = None
         self.windows = 0
 
     @property
@@ -223,8 +228,15 @@ class Claims:
         ratio = claimed / elapsed
         if self.min_compute_ratio is None or ratio < self.min_compute_ratio:
             self.min_compute_ratio = ratio
+        me.ratios.append(ratio)
+        typical = statistics.median(me.ratios)
+        if self.min_median_ratio is None or typical < self.min_median_ratio:
+            self.min_median_ratio = typical
+        # Judged on the median of the worker's last 5 windows, as speeds are: one window stretched by a
+        # loaded machine is noise (an honest variable-batching window was 0.26 of its wall time, the
+        # worker's usual 0.5-0.9, 2026-11-27); a liar's every window is near 0, its first one included.
         floor = self.settings.min_compute_fraction * elapsed
-        if claimed < floor:
+        if claimed < floor and typical < self.settings.min_compute_fraction:
             raised = seconds + (floor - claimed)
             self._clamp(worker_id, "compute_seconds", seconds, raised)
             return raised
@@ -258,7 +270,9 @@ class Claims:
     def windows_public(self) -> dict[str, Any]:
         """The elapsed-time floor's record: windows closed, the lowest claimed compute / wall time, the floor."""
         ratio = None if self.min_compute_ratio is None else round(self.min_compute_ratio, 4)
-        return {"closed": self.windows, "min_ratio": ratio, "floor": self.settings.min_compute_fraction}
+        median = None if self.min_median_ratio is None else round(self.min_median_ratio, 4)
+        return {"closed": self.windows, "min_ratio": ratio, "min_median_ratio": median,
+                "floor": self.settings.min_compute_fraction}
 
 
 def median_without(ordered: list[float], mine: float | None) -> float | None:

@@ -278,7 +278,7 @@ def test_a_speed_within_the_bounds_is_left_as_claimed():
     clock.advance(1.0)
     report = CycleReport(dss=64, batch_size=32, compute_seconds=0.3, assignment=handed)
     assert claims.cycle("w", report, on_push=True) is report and not seen
-    assert claims.windows_public() == {"closed": 1, "min_ratio": 0.3, "floor": 0.25}
+    assert claims.windows_public() == {"closed": 1, "min_ratio": 0.3, "min_median_ratio": 0.3, "floor": 0.25}
 
 
 def test_the_elapsed_time_window_starts_at_the_hand_out_or_the_last_reply_and_ends_at_the_push():
@@ -302,14 +302,32 @@ def test_the_elapsed_time_window_starts_at_the_hand_out_or_the_last_reply_and_en
     clock.advance(1.0)
     report = CycleReport(dss=64, batch_size=32, compute_seconds=0.6, assignment=third)
     assert claims.cycle("w", report, on_push=True) is report and not seen
-    # The same claim for a cycle that took 4 s of wall time after its hand-out is raised to half of it.
-    fourth = claims.on_assign("w", 64)
+    # The same claim from a worker whose cycle took 4 s of wall time after its hand-out is raised to half of it.
+    fourth = claims.on_assign("v", 64)
     clock.advance(4.0)
-    lie = claims.cycle("w", CycleReport(dss=64, batch_size=32, compute_seconds=0.6, assignment=fourth), on_push=True)
+    lie = claims.cycle("v", CycleReport(dss=64, batch_size=32, compute_seconds=0.6, assignment=fourth), on_push=True)
     assert lie.compute_seconds == 2.0
     assert [(f["field"], f["claimed"], f["bound"]) for fact, f in seen if fact == "claim_clamped"] == [
         ("compute_seconds", 0.6, 2.0)]
     assert claims.windows_public()["min_ratio"] == 0.15
+
+
+def test_one_stretched_window_is_noise_and_the_floor_judges_the_median_of_five():
+    claims, clock, seen = _claims(min_compute_fraction=0.25)
+    for seconds in (0.6, 0.6, 0.1, 0.6):  # one window at 0.1 of its wall time: a loaded machine
+        handed = claims.on_assign("w", 64)
+        clock.advance(1.0)
+        report = CycleReport(dss=64, batch_size=32, compute_seconds=seconds, assignment=handed)
+        assert claims.cycle("w", report, on_push=True) is report
+    assert not seen
+    for _ in range(3):  # again and again: the median of the last five falls under the floor
+        handed = claims.on_assign("w", 64)
+        clock.advance(1.0)
+        last = claims.cycle("w", CycleReport(dss=64, batch_size=32, compute_seconds=0.1, assignment=handed),
+                            on_push=True)
+    assert last.compute_seconds == 0.25
+    assert [f["field"] for fact, f in seen if fact == "claim_clamped"] == ["compute_seconds"] * 2
+    assert claims.windows_public()["min_median_ratio"] == 0.1
 
 
 def test_gate_skipped_cycles_share_the_window_of_the_push_that_follows():
