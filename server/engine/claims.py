@@ -82,6 +82,9 @@ class _Worker:
     # The open window: the earliest start and the claimed seconds of the cycles reported since the last push closed one.
     window_start: float | None = None
     window_seconds: float = 0.0
+    # The summed work scale of the window's cycles: what the push that closes it folds (gate-skipped cycles
+    # train on into the next push's since-pull delta).
+    window_work: float = 0.0
     # Claimed compute / wall time of the worker's last closed windows (the floor judges their median).
     ratios: deque[float] = field(default_factory=lambda: deque(maxlen=_SPEEDS))
     claimed: deque[float] = field(default_factory=lambda: deque(maxlen=_SPEEDS))  # as claimed
@@ -204,13 +207,19 @@ class Claims:
         """The elapsed-time floor: the seconds of the cycles in a window at least min_compute_fraction x
         its wall time; the deficit, if any, is added to the report that closes it."""
         found = me.handed.pop(report.assignment, None) if report.assignment is not None else None
-        if on_push:
-            me.pushed_scale = None if found is None else found[1]
         if found is None:
             # No window of the server's own: an agent before CycleReport.assignment, or an id it
-            # never handed this worker. The speed bound alone judges it.
+            # never handed this worker. The speed bound alone judges it, and screening the median.
+            if on_push:
+                me.pushed_scale = None
+                me.window_start, me.window_seconds, me.window_work = None, 0.0, 0.0
             return seconds
-        handed = found[0]
+        handed, work = found
+        me.window_work += work or 0.0
+        if on_push:
+            me.pushed_scale = (me.window_work or None) if work is not None else None
+            if not report.pushed:
+                me.window_work = 0.0
         now = self.clock()
         # Not before the assignment existed, nor before the previous push's reply: the worker trains one
         # cycle at a time, and under a barrier it waited for that reply (a wait that is not its compute).
@@ -221,7 +230,7 @@ class Claims:
             return seconds  # a skipped cycle: its window closes with the next push
         elapsed = max(0.0, now - me.window_start)
         claimed = me.window_seconds
-        me.window_start, me.window_seconds = None, 0.0
+        me.window_start, me.window_seconds, me.window_work = None, 0.0, 0.0
         if elapsed <= 0.0:
             return seconds
         self.windows += 1
@@ -243,8 +252,9 @@ class Claims:
         return seconds
 
     def take_scale(self, worker_id: str) -> float | None:
-        """The work scale of the update this worker is pushing now (its cycle report named the assignment),
-        once; None when unknown (no report on the push, no id, an id not handed to it)."""
+        """The work scale of the update this worker is pushing now, once: the sum over the cycles it folds
+        (its own and the gate-skipped ones reported since the last push, each naming its assignment);
+        None when unknown (no report on the push, no id, an id not handed to it)."""
         me = self.workers.get(worker_id)
         if me is None:
             return None

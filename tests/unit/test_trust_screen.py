@@ -11,7 +11,7 @@ from hermes.common.messages import CycleReport
 from hermes.common.policies.robust import staleness_dampened
 from hermes.common.policies.sync import BarrierParams, BarrierStrategy, PushInfo, Release
 from hermes.common.wire import MsgType
-from hermes.server.engine.claims import Claims
+from hermes.server.engine.claims import Claims, work_scale
 from hermes.server.engine.direction import DirectionReference
 from hermes.server.engine.screening import ScreeningSettings
 from hermes.server.engine.telemetry import Telemetry
@@ -727,3 +727,25 @@ def test_without_the_drift_allowance_the_same_stale_blend_is_refused():
     assert set(statuses) == {"applied"}, statuses
     assert stale["status"] == "rejected", stale
     assert engine.screening.drift_allowed == 0
+
+
+def test_a_push_after_gate_skipped_cycles_carries_their_summed_work_scale():
+    # hermes under load (2026-11-27): an honest push carried 5 cycles (an in-flight one and three the gate
+    # skipped train on into the since-pull delta) and was refused by effect at 8.6x the one-cycle median.
+    claims, clock, _ = _claims()
+    ids = [claims.on_assign("w", 128, batch_size=32, lr=0.1) for _ in range(5)]
+    one = work_scale(128, 32, 1, 0.1)
+    for i in ids[:4]:
+        claims.cycle("w", CycleReport(dss=128, batch_size=32, compute_seconds=0.1, assignment=i, pushed=False))
+    assert claims.take_scale("w") is None  # nothing pushed yet
+    claims.cycle("w", CycleReport(dss=128, batch_size=32, compute_seconds=0.1, assignment=ids[4]), on_push=True)
+    assert abs(claims.take_scale("w") - 5 * one) < 1e-12
+    assert claims.take_scale("w") is None  # once per push
+    # The next push folds one cycle again; a report without an id leaves the scale unknown.
+    handed = claims.on_assign("w", 128, batch_size=32, lr=0.1)
+    claims.cycle("w", CycleReport(dss=128, batch_size=32, compute_seconds=0.1, assignment=handed), on_push=True)
+    assert abs(claims.take_scale("w") - one) < 1e-12
+    claims.cycle("w", CycleReport(dss=128, batch_size=32, compute_seconds=0.1), on_push=True)
+    assert claims.take_scale("w") is None
+    # lr x steps / batch: a batch of 5 for 20 samples is 6.4x a batch of 32 for 128.
+    assert abs(work_scale(20, 5, 1, 0.05) / work_scale(128, 32, 1, 0.05) - 6.4) < 1e-9
