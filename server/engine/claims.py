@@ -32,7 +32,8 @@ took power weight 0.99995 in ``edp-sgd``. The bounds:
   claim, not a device. Judged on the median of the worker's own last 5 claims: one
   fast cycle on a loaded machine (7 ms where the worker's usual is 30 ms) is noise,
   which clamped 1-3 honest reports in each of 8 of 16 presets' 30 s runs (2026-11-27);
-  a speed claimed again and again is a claim, and a liar's first report is its median.
+  a speed claimed again and again is a claim, and a liar's first report is its median. A worker
+  never handed an assignment is capped at 1x the others' median: it reports no work it was asked for.
 * **dss** of a cycle report is bounded like samples.
 
 A claim out of bounds is **clamped**, not refused: the update itself may be
@@ -192,7 +193,10 @@ class Claims:
         if seconds > 0.0:
             me.claimed.append(dss / seconds)
         if others is not None and seconds > 0.0:
-            cap = s.power_factor * others
+            # A worker that was never handed an assignment reports no work the server asked for: its speed
+            # counts at most as the others' median (a claimer that only pushed took 0.945 of edp-sgd rounds
+            # beside three honest agents under the 8x bound, 2026-11-27). Agents ask for work before a cycle.
+            cap = (s.power_factor if me.outstanding or me.trained else 1.0) * others
             if dss / seconds > cap * tol and statistics.median(me.claimed) > cap * tol:
                 floor = dss / cap
                 self._clamp(worker_id, "compute_seconds", seconds, floor)

@@ -8,11 +8,12 @@ power weight 0.99995, 0.978 -> 0.183). Truthful (the honest run of the 1.5x comp
 ``benchmarks/attack_matrix.py --suite claims``), it claims one sample, or 128 samples in one second.
 
 The run must reach the target and no honest worker may be refused or quarantined. The liar's weight
-in a round must be at most an honest worker's under bsp (samples clamped to the assigned work); under
-edp-sgd at most 8 / (8 + n) beside n honest workers: a speed is bounded by 8x the median of the
-others' (server/engine/claims.py, power_factor), so a liar still takes up to 0.73 of a round beside
-three honest workers (measured 0.63-0.77, 2026-11-27; issue 29 measured 0.99995 before the bound). The 1.5x rule for this
-case is measured by benchmarks/attack_matrix.py --suite claims.
+in a round must be at most an honest worker's under bsp (samples clamped to the assigned work). Under
+edp-sgd a claimer that never asks for work is capped at the others' median speed (at most half a round
+beside three; it took 0.945 under the 8x bound alone, 2026-11-27; issue 29 measured 0.99995 before any
+bound). One that asks for work and names it in its reports (``work=True``) is held by the elapsed-time
+floor: its seconds at least 0.25 of the wall time since the hand-out. The 1.5x rule for this case is
+measured by benchmarks/attack_matrix.py --suite claims.
 """
 
 from __future__ import annotations
@@ -117,18 +118,22 @@ def _lying_run(tmp_path: Path, preset: str, lie: bool, honest: int = 3, work: bo
         seen: dict[str, int] = {}
         worst = 0.0
         judged = 0
+        judged_weights: list[float] = []
         for e in applied:
             weights = dict(zip(e["workers"], e["weights"]))
             others = [w for w in weights if w != claimer.id]
             if claimer.id in weights and others and all(seen.get(w, 0) >= 2 for w in others):
                 judged += 1
                 mine, best_honest = weights[claimer.id], max(weights[w] for w in others)
+                judged_weights.append(mine)
                 if preset == "edp-sgd":
                     # Claims bound a speed to power_factor (8) x the median of the others' (HL8 fleets differ by 8x,
                     # server/engine/claims.py): a liar's power share is about 8 / (8 + n_honest), 0.73 beside three,
                     # a little more as the others' speeds move between the clamp and the fold (0.740 seen).
-                    # One that names its assignment is held by the elapsed-time floor too (checked below).
-                    assert mine <= 8 / (8 + len(others)) + 0.1, e
+                    # One that names its assignment is held by the elapsed-time floor too (checked below). One
+                    # that never asked for work is capped at the others' median speed (the clamp's tolerance, 2x,
+                    # lets a claim under 2x the median through): at most half of a round beside three.
+                    assert mine <= (8 / (8 + len(others)) if work else 0.5) + 0.1, e
                 else:
                     assert mine <= best_honest + 1e-9, e
                 worst = max(worst, mine)
@@ -146,11 +151,10 @@ def _lying_run(tmp_path: Path, preset: str, lie: bool, honest: int = 3, work: bo
             if lie:
                 assert raised and all(e["bound"] >= floor * PACE_S * 0.99 for e in raised), raised
             assert screening["claims_windows"]["closed"] >= 1, screening
-        shares = [dict(zip(e["workers"], e["weights"])).get(claimer.id) for e in applied]
-        shares = [w for w in shares if w is not None]
+        shares = sorted(judged_weights)
         result = {"suite": "claims", "preset": preset, "lie": lie, "work": work, "seconds_to_target": round(seconds, 1),
                   "claims_clamped": screening["claims_clamped"], "claimer_max_weight": round(worst, 4),
-                  "claimer_median_weight": round(sorted(shares)[len(shares) // 2], 4) if shares else None,
+                  "claimer_median_weight": round(shares[len(shares) // 2], 4) if shares else None,
                   "claims_windows": screening["claims_windows"], "accuracy": status["evaluation"]["accuracy"]}
         (tmp_path / "claims.json").write_text(json.dumps(result))
         print(json.dumps(result))

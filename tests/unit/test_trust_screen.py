@@ -749,3 +749,18 @@ def test_a_push_after_gate_skipped_cycles_carries_their_summed_work_scale():
     assert claims.take_scale("w") is None
     # lr x steps / batch: a batch of 5 for 20 samples is 6.4x a batch of 32 for 128.
     assert abs(work_scale(20, 5, 1, 0.05) / work_scale(128, 32, 1, 0.05) - 6.4) < 1e-9
+
+
+def test_a_worker_never_handed_work_is_capped_at_the_median_speed():
+    # A claimer that only pushes (edp-sgd, 2026-11-27): under the 8x bound alone it took 0.945 of a round.
+    claims, _, seen = _claims(speed_tolerance=1.0)
+    for w, seconds in (("a", 1.0), ("b", 0.5), ("c", 0.25)):
+        claims.on_assign(w, 100)
+        claims.cycle(w, CycleReport(dss=100, batch_size=32, compute_seconds=seconds))
+    lie = claims.cycle("pusher", CycleReport(dss=100, batch_size=32, compute_seconds=1e-6))
+    assert abs(lie.dss / lie.compute_seconds - 200.0) < 1e-6  # the others' median, 200 samples/s
+    # Handed work, the same claim is capped at power_factor (8) x that median.
+    claims.on_assign("worker", 100)
+    handed = claims.cycle("worker", CycleReport(dss=100, batch_size=32, compute_seconds=1e-6))
+    assert abs(handed.dss / handed.compute_seconds - 8 * 200.0) < 1e-6
+    assert [f["field"] for fact, f in seen if fact == "claim_clamped"] == ["compute_seconds"] * 2
