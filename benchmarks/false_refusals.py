@@ -17,6 +17,9 @@ honest, so every refusal is a false one; the expected count is 0 on every
 preset. It prints one table (preset, seed, pushes, refusals by reason, rate,
 quarantined, updates down-weighted and clipped, claims clamped, median norm, final
 accuracy), one line per preset over the seeds, and writes ``OUT/false_refusals.json``.
+The table over the seeds adds the elapsed-time floor's windows and margin (the lowest claimed
+compute / wall time of one window and of a worker's median of 5) and the updates judged at a work
+scale or with a drift allowance (docs/false-refusals.md 1b, 4).
 Down-weighted updates are folded (at the median norm), so they are not refusals; the
 events ``direction_tested``, ``effect_tested`` and ``update_downweighted`` in each run's
 ``events.jsonl`` hold the cosine, norm ratio, probe losses and staleness of every large update.
