@@ -177,6 +177,8 @@ class Engine:
                              lambda wid: self.policies.allocator.workload(wid).dss)
         self.membership.claims = self.claims
         self.screening.claims_clamped = self.claims.public
+        self.screening.claims_windows = self.claims.windows_public
+        self.screening.work_scale = self.claims.take_scale
         # concurrency.limit (FedBuff's C): who may hold work at once; joins and leaves free a slot.
         self.admission = Admission(config.concurrency.limit, self.telemetry)
         if not self.admission.open:

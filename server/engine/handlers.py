@@ -172,7 +172,7 @@ class Handlers:
         # The skipped cycles came before this one; the stats are as of the push.
         self._carried(worker, body.cycles, body.stats)
         if body.cycle is not None:
-            self.membership.observe_cycle(worker, body.cycle)
+            self.membership.observe_cycle(worker, body.cycle, on_push=True)
         payload = msg.payload
         if self.bases is not None and not body.copy_:
             base = self.bases.base(worker.id, body.base_version or 0)

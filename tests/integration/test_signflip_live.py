@@ -25,8 +25,10 @@ from typing import Any
 import pytest
 import torch
 
-from tests.conftest import ADMIN_TOKEN, JOIN_TOKEN, kill_agents, running_server, start_agent, wait_for
-from tests.integration.test_attack_live import Attacker, _events
+from tests.conftest import JOIN_TOKEN, running_server, wait_for
+
+# attack_then_reach is imported from here too (test_robust_async_live).
+from tests.integration.test_attack_live import Attacker, _events, attack_then_reach
 
 pytestmark = pytest.mark.integration
 
@@ -77,39 +79,6 @@ class SignFlipper(Attacker):
             self.srv.http.post(f"{self.srv.url}/v1/workers/{self.w.id}/leave", headers={"X-Hermes-Token": self.w.token})
 
 
-
-def attack_then_reach(srv: Any, attacker: Attacker, names: list[str], tmp_path: Path, what: str,
-                      target: float = TARGET, hang_s: float = HANG_S) -> tuple[dict[str, Any], float]:
-    """Start the attacker, then the honest agents; wait for the attack to end and for an evaluation of a
-    later model at ``target``; stop the run. The status at the target and the seconds from the agents'
-    start; every honest agent exited 0 and the attacker raised nothing."""
-    first = threading.Event()
-    thread = threading.Thread(target=attacker.run, kwargs={"first_push_done": first}, daemon=True)
-    thread.start()
-    assert first.wait(30), "the attacker never pulled"
-    t0 = time.monotonic()
-    agents = [start_agent(srv.url, n, tmp_path / f"{n}.log", "--threads", "1") for n in names]
-    try:
-        thread.join(timeout=hang_s)
-        assert not thread.is_alive(), ("the attack did not finish", attacker.replies)
-        after = srv.healthz()["model_version"]
-
-        def reached() -> dict[str, Any] | None:
-            s = srv.get_json("/v1/status")
-            ev = s["evaluation"]
-            return s if ev and ev["version"] >= after and ev["accuracy"] >= target else None
-
-        status = wait_for(reached, hang_s, what)
-        seconds = time.monotonic() - t0
-        r = srv.http.post(srv.url + "/v1/stop", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
-        assert r.status_code == 200, r.text
-        codes = [a.wait(timeout=60) for a in agents]
-    finally:
-        kill_agents(agents)
-    logs = [(tmp_path / f"{n}.log").read_text(errors="replace") for n in names]
-    assert codes == [0] * len(names), [log[-2000:] for log in logs]
-    assert attacker.error is None, (attacker.error, attacker.replies)
-    return status, seconds
 
 def _signflip_run(tmp_path: Path, preset: str, k: float, attacks: int = 6, honest: int = 3) -> dict[str, Any]:
     """k = 0: the same run with the attacker only idling (the honest time to target, for the 1.5x comparison)."""
