@@ -61,6 +61,11 @@ class ScreeningSettings(BaseModel):
     # 4.0-5.2x raised the probe loss or pointed against the descent (2026-11-27); the sign flips at
     # k >= 10 are refused. 0: every direction failure is refused (before issue 29's false-refusal fix).
     downweight_below: float = Field(default=8.0, ge=0.0)
+    # An effect failure is evidence only when the update also points uphill: its cosine with the
+    # reference below this. Near 0 the first-order change of the loss is nil and a rise is curvature:
+    # edp-sgd's batch-5 worker was refused at 9.4x, cosine -0.016 (seed 1, 2026-11-27); the sign flips
+    # of the attack tests sit far below it. 0.0: any negative cosine counts (before this rule).
+    uphill_below: float = Field(default=-0.05, ge=-1.0, le=0.0)
     direction_window: int = Field(default=32, ge=1, le=10_000)
     # Work-aware norm scale (issue 29, engine.claims.work_scale): an update is judged against the median
     # norm x max(1, its assignment's lr x steps / batch over the median of the accepted updates'), at most

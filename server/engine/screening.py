@@ -202,7 +202,7 @@ class Screening:
         large = ratio is not None and ratio > s.direction_norm_factor
         direction_failed: str | None = None
         direction_measured = False
-        uphill = False  # a negative cosine: to first order the update raises the probe loss
+        uphill = False  # a cosine below uphill_below: to first order the update raises the probe loss
         effect_failed: str | None = None
         # The consensus keeps every accepted update's sketch; the descent reference needs one only for
         # an update it judges (the sketch cost ~1.5 ms of every push on a 1M-parameter model, 2026-11-27).
@@ -218,7 +218,7 @@ class Screening:
                 # a tenth of it at ten times that.
                 bound = s.min_cosine * s.direction_norm_factor / ratio
                 ok = agreement >= bound
-                uphill = agreement < 0.0
+                uphill = agreement < s.uphill_below
                 self.telemetry.emit("direction_tested", worker=worker.id, cosine=round(agreement, 4),
                                     norm_ratio=round(ratio, 3), accepted=ok, staleness=staleness)
                 if not ok:

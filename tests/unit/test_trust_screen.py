@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import math
 
+import pytest
 import torch
 
 from hermes.common.clock import ManualClock
@@ -173,6 +175,33 @@ def test_a_moderately_large_update_that_raises_the_loss_is_down_weighted_not_ref
     # Six steps of +1e-3, then the 6x step against them folded at the median norm (1e-3): 5e-3 net.
     assert abs(float((after - before).norm()) - 5e-3) < 1e-4
     assert engine.screening.public()["downweighted"] == 1 and not engine.screening.refusals
+
+
+@pytest.mark.parametrize("uphill_below,status", [(-0.05, "applied"), (0.0, "rejected")])
+def test_a_large_update_at_right_angles_to_the_descent_that_raises_the_loss_is_down_weighted(uphill_below, status):
+    # Cosine -0.01 (edp-sgd's batch-5 worker was refused at -0.016, 9.4x): the rise the effect test saw is
+    # curvature, not a step uphill, so it is not evidence enough to refuse (uphill_below 0.0: the old rule).
+    engine, clock = _engine_pushes(ScreeningSettings(min_history=3, effect_margin=1e-6, effect_slack=0.0,
+                                                     uphill_below=uphill_below, work_scale=False))
+    agents = [_Agent(engine, clock, n) for n in ("a", "b", "c")]
+    d = engine.screening.probe.descent()
+    d = d / float(d.norm())
+    r = torch.randn(d.numel(), generator=torch.Generator().manual_seed(0))
+    r = r - float(r @ d) * d
+    side = -0.01 * d + math.sqrt(1 - 0.01**2) * r / float(r.norm())
+
+    async def go() -> str:
+        for _ in range(2):
+            for a in agents:
+                await a.request(MsgType.PUSH_UPDATE, {"samples": 1}, payload=d * 1e-3,
+                                model_version=engine.state.version)
+        reply = await agents[0].request(MsgType.PUSH_UPDATE, {"samples": 1}, payload=side * 2e-2,
+                                        model_version=engine.state.version)
+        return reply.header.body["status"]
+
+    assert _run(go()) == status
+    assert engine.screening.refusals == ({} if status == "applied" else {"effect": 1})
+    assert engine.screening.public()["downweighted"] == (1 if status == "applied" else 0)
 
 
 def test_a_large_update_that_passes_is_folded_clipped_to_the_bound():
