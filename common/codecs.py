@@ -121,8 +121,8 @@ class Int8Codec(Codec):
         scale = data[: 4 * chunks].view(torch.float32)
         body = x[: full * chunk].view(full, chunk)
         if full:
-            lo, hi = torch.aminmax(body, dim=1)
-            torch.maximum(lo.abs(), hi.abs(), out=scale[:full])  # max |x| of each chunk
+            # max |x| of each chunk from its max and min (aminmax along a row is 20x slower here, torch 2.13)
+            torch.maximum(body.amin(dim=1).abs_(), body.amax(dim=1).abs_(), out=scale[:full])
         if n > full * chunk:
             scale[full] = x[full * chunk :].abs().amax()
         scale.div_(127.0)
