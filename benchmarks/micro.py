@@ -380,8 +380,14 @@ def encode_payload(data: Any) -> Any:
     return decode(encode(Header(type=MsgType.PUSH_UPDATE, shapes=((data.numel(),),)), data, key=b"k" * 32)).payload
 
 
+SECTIONS = ("apply", "dataplane", "compressed", "codec", "compression", "evaluator", "kafka")
+
+
 def run_micro(out: Path, *, quick: bool, kafka: str | None, skip_kafka: bool, threads: int | None,
-              progress=lambda line: None) -> dict[str, Any]:
+              progress=lambda line: None, only: tuple[str, ...] = SECTIONS,
+              repeats: int | None = None) -> dict[str, Any]:
+    """``only``: the sections to run (all by default); ``repeats``: the data-plane rows' repeats (default 10 with
+    ``quick``, else 40)."""
     if threads:
         import torch
 
@@ -390,23 +396,30 @@ def run_micro(out: Path, *, quick: bool, kafka: str | None, skip_kafka: bool, th
     t0 = time.perf_counter()
     res: dict[str, Any] = {"machine": machine_info(), "versions": versions(), "quick": quick}
     reps = 7 if quick else 31
+    plane_reps = repeats or (10 if quick else 40)
     sizes = ("1M",) if quick else ("1M", "10M")
-    progress("micro: update apply vs bare axpy ...")
-    res["apply"] = bench_apply(reps, sizes)
-    progress("micro: data plane push/pull vs bare pyzmq (starts hermes-server) ...")
-    with tempfile.TemporaryDirectory(prefix="hermes-micro-") as log_dir:
-        res["dataplane"], _ = bench_dataplane(10 if quick else 40, log_dir, 1, threads, sizes)
-    progress("micro: compressed pushes and int8 pulls vs bare pyzmq (starts hermes-server) ...")
-    with tempfile.TemporaryDirectory(prefix="hermes-micro-") as log_dir:
-        res["compressed_dataplane"] = bench_compressed_dataplane(10 if quick else 40, log_dir, threads)
-    progress("micro: codec encode/decode vs bare msgpack + buffer ...")
-    res["codec"] = bench_codec(reps * 3)
-    progress("micro: compression codecs on the edge-sized model ...")
-    res["compression"] = bench_compression(reps)
-    progress("micro: evaluator seconds per evaluation vs bare forward passes ...")
-    res["evaluator"] = bench_evaluator(reps)
-    if skip_kafka:
-        res["kafka"] = {"skipped": "--skip-kafka"}
+    if "apply" in only:
+        progress("micro: update apply vs bare axpy ...")
+        res["apply"] = bench_apply(reps, sizes)
+    if "dataplane" in only:
+        progress("micro: data plane push/pull vs bare pyzmq (starts hermes-server) ...")
+        with tempfile.TemporaryDirectory(prefix="hermes-micro-") as log_dir:
+            res["dataplane"], _ = bench_dataplane(plane_reps, log_dir, 1, threads, sizes)
+    if "compressed" in only:
+        progress("micro: compressed pushes and int8 pulls vs bare pyzmq (starts hermes-server) ...")
+        with tempfile.TemporaryDirectory(prefix="hermes-micro-") as log_dir:
+            res["compressed_dataplane"] = bench_compressed_dataplane(plane_reps, log_dir, threads)
+    if "codec" in only:
+        progress("micro: codec encode/decode vs bare msgpack + buffer ...")
+        res["codec"] = bench_codec(reps * 3)
+    if "compression" in only:
+        progress("micro: compression codecs on the edge-sized model ...")
+        res["compression"] = bench_compression(reps)
+    if "evaluator" in only:
+        progress("micro: evaluator seconds per evaluation vs bare forward passes ...")
+        res["evaluator"] = bench_evaluator(reps)
+    if "kafka" not in only or skip_kafka:
+        res["kafka"] = {"skipped": "--skip-kafka" if skip_kafka else "not in --only"}
     else:
         progress("micro: shard fetch via Kafka vs ZeroMQ vs bare kafka-python (starts a broker) ...")
         res["kafka"] = bench_kafka(quick, kafka)
@@ -493,6 +506,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kafka", default=None, metavar="HOST:PORT", help="a running broker (default: start Tansu)")
     p.add_argument("--skip-kafka", action="store_true", help="leave out the shard-fetch comparison")
     p.add_argument("--threads", type=int, default=None, help="torch threads here and in the server")
+    p.add_argument("--only", default=",".join(SECTIONS), metavar="SECTION[,SECTION]",
+                   help=f"run only these sections (of {', '.join(SECTIONS)})")
+    p.add_argument("--repeats", type=int, default=None,
+                   help="repeats of each data-plane row (default 10 with --quick, else 40)")
 
 
 def _say(line: str) -> None:
@@ -505,8 +522,12 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     out = Path(args.out)
+    only = tuple(x.strip() for x in args.only.split(",") if x.strip())
+    unknown = sorted(set(only) - set(SECTIONS))
+    if unknown:
+        p.error(f"--only: no section {', '.join(unknown)} (sections: {', '.join(SECTIONS)})")
     res = run_micro(out, quick=args.quick, kafka=args.kafka, skip_kafka=args.skip_kafka, threads=args.threads,
-                    progress=_say)
+                    progress=_say, only=only, repeats=args.repeats)
     print_table("ours vs bare (ratio = our time / bare time)", ["comparison", "ours", "bare", "ratio"],
                 ratio_rows(res))
     if "skipped" in (res.get("kafka") or {}):
