@@ -30,6 +30,8 @@ import hashlib
 import hmac
 import json
 import logging
+import os
+import statistics
 import sys
 import tempfile
 import time
@@ -236,6 +238,35 @@ def bench_compression(repeats: int, model_name: str = "edge-resnet") -> list[dic
     return rows
 
 
+def cpu_seconds(pids: list[int]) -> float:
+    """CPU time the processes have run so far, every thread of each (Linux schedstat, nanoseconds): unlike wall
+    time it does not grow while a process waits for a core, so it compares the two sides on a loaded machine."""
+    total = 0
+    for pid in pids:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            try:
+                total += int((task / "schedstat").read_text().split()[0])
+            except (OSError, ValueError, IndexError):
+                continue  # a thread that ended meanwhile
+    return total / 1e9
+
+
+def cpu_ms(fns: dict[str, tuple[Any, list[int]]], repeats: int, batch: int = 5) -> dict[str, float]:
+    """Median CPU ms per call of each function, over ``repeats`` batches run in turn; the CPU of ``pids`` (this
+    process and the peer process) is read around each batch. A function returning a float reports that many CPU
+    seconds itself (one part of a sequence)."""
+    samples: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(repeats):
+        for name, (fn, pids) in fns.items():
+            c0, own = cpu_seconds(pids), 0.0
+            for _ in range(batch):
+                got = fn()
+                own += got if isinstance(got, float) else 0.0
+            spent = own if own else cpu_seconds(pids) - c0
+            samples[name].append(spent / batch)
+    return {k: statistics.median(v) * 1e3 for k, v in samples.items()}
+
+
 def bench_compressed_dataplane(repeats: int, log_dir: str, threads: int | None, size: str = "1M",
                                hidden: list[int] | None = None) -> list[dict[str, Any]]:
     """Compressed pushes and int8 pulls through ``hermes-server`` (issue 31) against the bare pair of
@@ -263,6 +294,7 @@ def bench_compressed_dataplane(repeats: int, log_dir: str, threads: int | None, 
     from hermes.server.state import ModelState, validate_update
 
     rows: list[dict[str, Any]] = []
+    me = os.getpid()
     bare = BareRouter()
     work = BareWorkRouter()
     server = ServerProcess(hidden or MLP_HIDDEN[size], ["eval_max_samples=1"], log_dir, threads)
@@ -299,6 +331,9 @@ def bench_compressed_dataplane(repeats: int, log_dir: str, threads: int | None, 
                 row = _pair(f"push {codec.name}", size, numel, enc.nbytes, len(frames) - 1, t)
                 row["bare_auth_apply_ms"] = t["bare_auth_apply"]["median"]
                 row["ratio_auth_apply"] = row["server_ms"] / row["bare_auth_apply_ms"]
+                row["cpu"] = cpu_ms({"server": (push, [server.proc.pid, me]),
+                                     "bare_auth_apply": (lambda bs=bare_spec, fr=frames: work.push(bs, fr[1:]),
+                                                         [work.proc.pid, me])}, max(3, repeats // 2))
                 # The receiver's work alone, in process: ours (as the push handler and the fold run it) and bare.
                 payload = encode_payload(enc.data)
                 dense = decompressed(spec, payload, enc.spec)
@@ -339,20 +374,25 @@ def bench_compressed_dataplane(repeats: int, log_dir: str, threads: int | None, 
             req, req_auth = [f"pull:{nbytes}".encode()], [f"pullA:{nbytes}".encode()]
             t = timed_ms({"server": pull_int8, "bare": lambda: bare.round_trip(req),
                           "bare_auth": lambda: bare.round_trip(req_auth, auth=True)}, repeats)
-            rows.append(_pair("pull int8, cached", size, numel, nbytes, len(split_sizes(nbytes)), t))
+            row = _pair("pull int8, cached", size, numel, nbytes, len(split_sizes(nbytes)), t)
+            row["cpu"] = cpu_ms({"server": (pull_int8, [server.proc.pid, me]),
+                                 "bare_auth": (lambda: bare.round_trip(req_auth, auth=True), [bare.proc.pid, me])},
+                                max(3, repeats // 2))
+            rows.append(row)
 
             # A push makes a new version, whose int8 bytes the next pull quantises.
             topk = TopKCodec(0.01).encode(delta32, shapes)
             topk_body = {"samples": 32, "loss": 1.0, "codec": topk.spec.model_dump(exclude_none=True)}
 
-            def pull_after_push() -> float:
+            def pull_after_push(clock: Any = time.perf_counter) -> float:
+                """Only the pull is timed (``clock``: wall, or the CPU of the server and this process)."""
                 nonlocal version
                 rep = dc.request(MsgType.PUSH_UPDATE, topk_body, payload=topk.data, model_version=version,
                                  idempotent=False)
                 version = rep.header.model_version
-                t0 = time.perf_counter()
+                t0 = clock()
                 pull_int8()
-                return time.perf_counter() - t0
+                return clock() - t0
 
             t = timed_ms({"server": pull_after_push, "bare": lambda: bare.round_trip(req),
                           "bare_auth": lambda: bare.round_trip(req_auth, auth=True),
@@ -360,6 +400,10 @@ def bench_compressed_dataplane(repeats: int, log_dir: str, threads: int | None, 
             row = _pair("pull int8 right after a push", size, numel, nbytes, len(split_sizes(nbytes)), t)
             row["bare_auth_apply_ms"] = t["bare_auth_apply"]["median"]
             row["ratio_auth_apply"] = row["server_ms"] / row["bare_auth_apply_ms"]
+            row["cpu"] = cpu_ms({"server": (lambda: pull_after_push(lambda: cpu_seconds([server.proc.pid, me])),
+                                            [server.proc.pid, me]),
+                                 "bare_auth_apply": (lambda: work.pull(1024, numel), [work.proc.pid, me])},
+                                max(3, repeats // 2))
             rows.append(row)
         finally:
             dc.close()
@@ -454,6 +498,10 @@ def ratio_rows(res: dict[str, Any]) -> list[list[str]]:
                      f"{r['server_ms']:.2f} ms",
                      (f"{extra:.2f} ms; {r['bare_auth_ms']:.2f} ms" if extra else f"{r['bare_auth_ms']:.2f} ms"),
                      (f"{r['ratio_auth_apply']:.2f}; {r['ratio_auth']:.2f}" if extra else f"{r['ratio_auth']:.2f}")])
+        if r.get("cpu"):
+            ours, theirs = r["cpu"]["server"], r["cpu"].get("bare_auth_apply", r["cpu"].get("bare_auth"))
+            rows.append([f"  CPU of the {r['op']} (server + agent vs the bare pair's two processes, every thread)",
+                         f"{ours:.2f} ms", f"{theirs:.2f} ms", f"{ours / theirs:.2f}"])
         if r.get("pieces"):
             pc = r["pieces"]
             rows.append([f"  apply of a {r['op']} in process: decompress + validate + fold (vs bare decode + "
