@@ -390,6 +390,9 @@ def bench_compressed_dataplane(repeats: int, log_dir: str, threads: int | None, 
                 rep = dc.request(MsgType.PUSH_UPDATE, topk_body, payload=topk.data, model_version=version,
                                  idempotent=False)
                 version = rep.header.model_version
+                # The push's tail (its reply's send, the agent's release of the payload frame) is the push's, not
+                # the pull's: a moment for it to end before the pull's clock starts (the bare pair has no push).
+                time.sleep(0.005)
                 t0 = clock()
                 pull_int8()
                 return clock() - t0
