@@ -1,6 +1,7 @@
 """``hermes-bench micro``: our hot paths against bare baselines, side by side in one run.
 
     python benchmarks/micro.py [--out DIR] [--quick] [--skip-kafka] [--kafka HOST:PORT] [--threads N]
+                               [--only SECTION,...] [--repeats N]
 
 (``hermes-bench micro`` runs this script from a repository checkout: it
 reaches into the server's and the agent's internals, so it is not installed.)
@@ -10,6 +11,9 @@ reaches into the server's and the agent's internals, so it is not installed.)
 - data plane: push and pull through ``hermes-server`` vs a bare pyzmq
   DEALER/ROUTER pair moving the same frames, and vs that pair also
   authenticating the bytes with the same MAC on both ends (foundation, part B);
+- compressed data plane (issue 31): top-k, int8 and PowerSGD pushes and int8 pulls through ``hermes-server``
+  vs the bare pair of ``micro_bare.py`` (same bytes, same MAC, the receiver's decode + check + add or
+  quantisation), wall and CPU per request, and the receiver's apply in process;
 - codec: signed ``wire.encode`` / ``wire.decode`` + ``verify_mac`` vs a bare msgpack header + raw
   buffer, without and with the same MAC (Poly1305, one-time key), and what protocol version 2
   did instead (CRC32C + HMAC-SHA256), for reference;
