@@ -62,3 +62,35 @@ def test_staleness_needs_the_pull_reference():
         build_config(preset="hermes-paper", **{"loss.staleness": "hinge"})
     with pytest.raises(ConfigError):
         build_config(preset="hermes", **{"loss.staleness": "linear"})
+
+
+# loss.concurrency_scale: the share times min(1, m / n), n the workers training at once.
+
+
+def _crowd(n: int, tau: int = 0, m: int = 5) -> float:
+    rule = LossWeighted(LossParams(reference="pull", concurrency_scale=m))
+    return rule.weigh([Update(128, tau, candidate_loss=0.5)], Step(version=200, global_loss=0.5, training=n)).weights[0]
+
+
+@pytest.mark.parametrize(("n", "scale"), [(1, 1.0), (4, 1.0), (5, 1.0), (10, 0.5), (100, 0.05), (1000, 0.005)])
+def test_concurrency_scale_is_m_over_n_past_m(n: int, scale: float):
+    assert _crowd(n) == pytest.approx(0.5 * scale)
+
+
+@pytest.mark.parametrize("n", [100, 1000])
+def test_a_first_round_of_n_pushes_from_one_model_adds_m_shares_unlike_a_staleness_rule(n: int):
+    # n devices start together: their deltas arrive 0..n-1 versions stale while n train at once.
+    crowd = sum(_crowd(n, tau) for tau in range(n))
+    assert crowd == pytest.approx(0.5 * 5)
+    hinge = sum(_weight(tau, staleness="hinge", staleness_a=0.2, staleness_b=4) for tau in range(n))
+    assert hinge > 1.9 * crowd  # the harmonic sum (b+1)(1 + ln(n/(b+1))): 1,000 devices' first round overshot
+
+
+def test_concurrency_scale_is_off_without_a_count_and_needs_the_pull_reference():
+    rule = LossWeighted(LossParams(reference="pull", concurrency_scale=5))
+    assert rule.needs_training_count
+    assert not LossWeighted(LossParams(reference="pull")).needs_training_count
+    assert rule.weigh([Update(128, 0, candidate_loss=0.5)], Step(version=3, global_loss=0.5)).weights == [0.5]
+    with pytest.raises(ConfigError, match="loss.concurrency_scale"):
+        build_config(preset="hermes-paper", **{"loss.concurrency_scale": 5})
+    assert build_config(preset="hermes").loss.concurrency_scale == 5
