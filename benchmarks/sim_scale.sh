@@ -19,6 +19,7 @@ OUT=${OUT:-runs/sim-scale}
 PY=${PY:-python}
 C=${C:-100}
 LIMIT=${LIMIT:-2400}  # wall seconds a run may take before it is killed (a run normally ends at its target)
+EVAL=${EVAL:-1}  # eval_interval_seconds (virtual): the resolution of every time to target (the table: 0.25)
 mkdir -p "$OUT"
 
 one() {  # name devices preset max_virtual_s [extra hermes-sim args...]
@@ -31,7 +32,7 @@ one() {  # name devices preset max_virtual_s [extra hermes-sim args...]
   echo "== $name: $(date -u +%FT%TZ) load before: $(cut -d' ' -f1-3 /proc/loadavg)"
   "${lock[@]}" /usr/bin/time -v -o "$out.time" timeout "$LIMIT" "$PY" -m hermes.sim.cli --quiet --population generated \
     --devices "$n" --preset "$preset" --dataset mnist1d --target-accuracy 0.9 --max-seconds "$budget" --seed 0 \
-    --out "$out" "$@" > "$out.log" 2>&1
+    --set eval_interval_seconds="$EVAL" --out "$out" "$@" > "$out.log" 2>&1
   echo "   rc $? $(date -u +%FT%TZ) load after: $(cut -d' ' -f1-3 /proc/loadavg)"
   "$PY" - "$out" <<'PYEOF'
 import json, re, sys
@@ -57,6 +58,8 @@ run() {
     bsp-1000) one "$1" 1000 bsp 600 ;;
     alone-1000) one "$1" 1000 asp 3600 --alone ;;
     alone-hermes-1000) one "$1" 1000 hermes 3600 --alone ;;
+    alone-best-1000) one "$1" 1000 asp 3600 --alone --set momentum=0.9 --set lr=0.1 ;;  # alone's best (docs)
+    bsp-1000-b20) one "$1" 1000 bsp 20 ;;  # bounded: 20 virtual s
     fedbuff-10000) one "$1" 10000 fedbuff 600 --set concurrency.limit="$C" ;;
     fedbuff-100000) one "$1" 100000 fedbuff 20 --set concurrency.limit="$C" ;;
     fedbuff-*-b10) n=${1#fedbuff-}; one "$1" "${n%-b10}" fedbuff 10 --set concurrency.limit="$C" ;;  # bounded: 10 virtual s
@@ -69,7 +72,8 @@ run() {
 for what in "${@:-goal}"; do
   case $what in
     goal) for r in fedbuff-1000 hermes-1000 fedbuff-10000; do run $r; done ;;
-    table) for r in hermes-1000 fedbuff-1000 fedasync-1000 bsp-1000 alone-1000 alone-hermes-1000; do run $r; done ;;
+    table) for r in hermes-1000 fedbuff-1000 fedasync-1000 bsp-1000-b20 alone-best-1000 alone-1000 alone-hermes-1000; do
+             run $r; done ;;
     growth) for r in fedbuff-100 fedbuff-1000 fedbuff-10000 fedbuff-100000; do run $r; done ;;
     bounded) for r in fedbuff-1000-b10 fedbuff-10000-b10 fedbuff-100000-b10; do run $r; done ;;
     *) run "$what" ;;

@@ -293,6 +293,12 @@ class Engine:
         rec = self.registry.get(worker_id)
         return rec.throughput() if rec is not None else None
 
+    def training_count(self) -> int:
+        """Workers training at once: those holding a concurrency.limit slot, else every active one."""
+        if not self.admission.open:
+            return len(self.admission.holders)
+        return len(self.registry.active_ids())
+
     # ---- lifecycle -------------------------------------------------------
 
     def start(self) -> None:

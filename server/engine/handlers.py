@@ -202,6 +202,15 @@ class Handlers:
     async def on_pull(self, worker: WorkerRecord, msg: Message) -> Frames:
         h = msg.header
         body = parse_body(PullModel, h.body)
+        if self.admission is not None and not self.admission.open:
+            # concurrency.limit: taking the model starts a turn, so a worker without a slot gets it when its
+            # turn comes (a registration's pull, answered at once, had 900 of 1,000 devices train their first
+            # turn from version 0: deltas hundreds of versions stale, docs/simulation.md).
+            if not await self.admission.admit(worker.id):
+                raise ProtocolError(ErrorCode.UNKNOWN_WORKER, f"worker {worker.id} left while it waited for a "
+                                                              "training slot; register again")
+            if self.step.shutting_down:
+                raise self.going_away()
         worker.pulls += 1
         if body.if_newer and h.model_version == self.state.version:
             return self.reply(MsgType.MODEL, worker, h.seq, {"unchanged": True})
