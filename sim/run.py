@@ -53,8 +53,9 @@ from hermes.sim.device import DeviceDataError, SimDevice, VersionStore
 from hermes.sim.engine_driver import Driver, ServerCostModel, ServerLinkModel, Transfer
 from hermes.sim.events import VirtualClock, run_virtual
 from hermes.sim.executor import Executor, LocalExecutor, RayExecutor, RayMissing, build_trainer
+from hermes.sim.host import Host, HostSpec
 from hermes.sim.reference import fastest_alone
-from hermes.sim.server_cost import ZeroCost, probe_seconds
+from hermes.sim.server_cost import MeasuredCost, ZeroCost, probe_seconds
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +112,7 @@ class Simulation:
                  cost: ServerCostModel | None = None, population: str = "", link: str | None = None,
                  heartbeat_interval: float = 2.0, heartbeat_timeout: float = 10.0,
                  executor: Executor | None = None, split: str | Split | None = None, ray: str | None = None,
-                 alone: bool = False, jitter: float = 0.0) -> None:
+                 alone: bool = False, jitter: float = 0.0, host: HostSpec | None = None) -> None:
         if alone:  # the population's fastest device by itself, with all the data (sim/reference.py)
             profiles = fastest_alone(profiles)
         if not profiles:
@@ -146,8 +147,13 @@ class Simulation:
         self.engine = Engine(config, metrics=ServerMetrics(), events=EventLog(self.out / "events.jsonl", clock=self.clock),
                              max_workers=max(len(self.profiles), 1), max_message_bytes=DEFAULT_MAX_MESSAGE_BYTES,
                              out_dir=str(self.out), task=self.task, clock=self.clock, splits=self.data.splits)
+        # The testbed machine's shared cores (sim/host.py), or None: every device and the server on their own.
+        self.host = Host(host) if host is not None else None
+        if self.host is not None and isinstance(cost, MeasuredCost):
+            raise SimError("--host takes the calibrated (or no) server cost, not the measured one")
         self.driver = Driver(self.engine, self.clock, transfer=transfer, server_link=server_link,
-                             cost=cost if cost is not None else ZeroCost(), heartbeat_timeout=heartbeat_timeout)
+                             cost=cost if cost is not None else ZeroCost(), heartbeat_timeout=heartbeat_timeout,
+                             host=self.host)
         self.combine = bool(config.combine_messages)
         spec = self.engine.spec
         # One trainer, every device's in turn (device.py says what is swapped in and out), built as an agent's.
@@ -278,6 +284,7 @@ class Simulation:
         summary["server_busy_seconds"] = round(self.driver.server_busy_seconds, 6)
         summary["flops_per_sample"] = {"train": self.train_flops, "evaluate": self.eval_flops}
         summary["compute_jitter"] = self.jitter
+        summary["host"] = self.host.stats(self.clock.monotonic()) if self.host is not None else None
         # Model copies the devices held: versions (shared) at their peak, own weights at the end.
         summary["sim"] = {"peak_versions_held": self.versions.peak,
                           "own_weights_held_at_end": sum(d.local is not None for d in self.devices),
