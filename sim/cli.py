@@ -75,6 +75,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the testbed machine's shared cores: the server's and the devices' CPU work by processor "
                         "sharing of `cores` (2) with `background` other runnable processes (default none: every "
                         "device and the server on their own; sim/host.py, docs/simulation.md)")
+    p.add_argument("--charge-model", default=None, metavar="NAME:CxHxW",
+                   help="charge the compute of the model zoo's NAME on inputs of CxHxW (e.g. cnn:1x28x28, the "
+                        "Hermes paper's MNIST CNN size) on the virtual clock while the run's own model trains for "
+                        "real (default: the run's own model's FLOPs)")
     p.add_argument("--quiet", action="store_true", help="no summary table at the end")
     return p
 
@@ -152,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
                          cost=by_name(args.server_cost), population=args.population, link=args.link,
                          heartbeat_interval=args.heartbeat_interval, heartbeat_timeout=args.heartbeat_timeout,
                          split=args.split, ray=args.ray, alone=args.alone, jitter=args.jitter,
-                         host=host)
+                         host=host, charge_model=args.charge_model)
         summary = sim.run()
     except (SimError, OutDirError, TaskError) as exc:
         print(f"hermes-sim: {exc}", file=sys.stderr)

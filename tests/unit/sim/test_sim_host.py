@@ -136,3 +136,15 @@ def test_the_host_model_refuses_the_measured_server_cost(tmp_path):
     with pytest.raises(SimError, match="--host"):
         Simulation(config, _devices(), out=tmp_path / "m", transfer=transfer_seconds, cost=MeasuredCost(),
                    population="test", host=HostSpec())
+
+
+def test_a_charged_model_is_counted_as_the_simulator_counts_its_own_and_a_bad_spec_is_one_line():
+    from hermes.sim.run import charged_flops
+
+    train, forward = charged_flops("cnn:1x28x28")
+    # The model zoo's CNN on MNIST's shape (114,314 parameters, the Hermes paper's size): its forward pass
+    # and a training step's forward plus backward, as torch's FlopCounterMode counts them.
+    assert forward > 1e6 and 2 * forward < train < 4 * forward
+    for bad in ("cnn:axb", "nosuchmodel:1x28x28"):
+        with pytest.raises(SimError, match=rf"--charge-model '{bad}': .*expected NAME:CxHxW"):
+            charged_flops(bad)
