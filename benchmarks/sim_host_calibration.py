@@ -37,14 +37,15 @@ from hermes.sim.host import CORES, THREAD_FLOPS
 
 TRAIN_FLOPS = 953_600.0  # the calibration task's training FLOPs a sample (sim.run.flops_per_sample)
 TARGET = 0.9
-# Targets per preset where the testbed does not reach 0.9 reliably (docs/simulation.md says why).
-TARGETS = {"hermes-paper": 0.85}
+# Cells where the testbed does not reach 0.9 reliably within its budget (docs/simulation.md says which runs): they
+# are calibrated at 0.85, which every one of their testbed runs reached.
+TARGETS = {("lan", "hermes-paper"): 0.85, ("lte", "hermes-paper"): 0.85, ("lte", "fedbuff"): 0.85}
 JITTER = 0.23
 TASK = ["--dataset", "mnist1d", "--set", "num_samples=20000", "--set", 'model_kwargs={"hidden": 320}']
 
 
-def target_of(preset: str) -> float:
-    return TARGETS.get(preset, TARGET)
+def target_of(link: str, preset: str) -> float:
+    return TARGETS.get((link, preset), TARGET)
 
 
 def at_target(summary: dict[str, Any], target: float, start: float) -> tuple[float | None, float | None]:
@@ -85,7 +86,7 @@ def testbed_runs(dirs: list[str]) -> dict[tuple[str, str], list[dict[str, Any]]]
             summ = json.loads((Path(d) / run["run_dir"] / "summary.json").read_text())
             ev = run.get("events") or {}
             start = float(ev.get("train_start_elapsed") or 0.0)
-            t = target_of(run["preset"])
+            t = target_of(run["link"] or "lan", run["preset"])
             secs, msgs = at_target(summ, t, start)
             if t == TARGET and summ.get("reached_target") and ev.get("train_seconds_to_target") is not None:
                 secs, msgs = ev["train_seconds_to_target"], summ["messages_total"]
@@ -127,7 +128,7 @@ def sim_main(a: argparse.Namespace) -> int:
             if (out / "summary.json").exists():
                 continue
             cmd = [sys.executable, "-m", "hermes.sim.cli", "--population", "hl8", "--preset", preset, *TASK,
-                   "--target-accuracy", str(TARGET), "--max-seconds", str(budget), "--seed", str(seed),
+                   "--target-accuracy", str(target_of(link, preset)), "--max-seconds", str(budget), "--seed", str(seed),
                    "--link", link, "--host", f"testbed:background={b}", "--jitter", str(JITTER),
                    "--out", str(out), "--quiet"]
             print(" ".join(cmd), flush=True)
@@ -147,7 +148,7 @@ def table_main(a: argparse.Namespace) -> int:
     cells = testbed_runs(a.testbed)
     rows, out = [], []
     for (link, preset), runs in sorted(cells.items()):
-        t = target_of(preset)
+        t = target_of(link, preset)
         tb_t = [r["train_s"] for r in runs if r["train_s"] is not None]
         tb_m = [r["messages"] for r in runs if r["train_s"] is not None]
         sims = []
@@ -167,22 +168,18 @@ def table_main(a: argparse.Namespace) -> int:
         ok_m = mr is not None and abs(mr - 1) <= 0.15
         b = cell_background(runs)
         shares = [r["share"] for r in runs if r["share"]]
-        sim_shares = []
-        for x in sims:
-            h = x["host"] or {}
-            if h.get("mean_load") is not None:
-                sim_shares.append(h["mean_load"])
+        sim_b = sorted({(x["host"] or {}).get("background") for x in sims} - {None})
         row = {"link": link, "preset": preset, "target": t, "testbed_reached": f"{len(tb_t)}/{len(runs)}",
                "testbed_train_s": tb_med, "testbed_messages": _median(tb_m), "share": _median(shares),
-               "background": b, "sim_reached": f"{len(sm_t)}/{len(sims)}", "sim_s": sm_med,
+               "background": b, "sim_background": sim_b, "sim_reached": f"{len(sm_t)}/{len(sims)}", "sim_s": sm_med,
                "sim_messages": _median(sm_m), "time_ratio": tr, "message_ratio": mr, "time_ok": ok_t,
                "messages_ok": ok_m, "testbed_runs": runs, "sim_runs": sims}
         rows.append(row)
         out.append(f"| {link} | {preset} | {t:g} | {row['testbed_reached']} | {_fmt(tb_med)} | {_fmt(_median(tb_m), 0)} | "
-                   f"{_fmt(row['share'], 2)} | {b:.1f} | {row['sim_reached']} | {_fmt(sm_med)} | {_fmt(_median(sm_m), 0)} | "
+                   f"{_fmt(row['share'], 2)} | {b:.1f} ({'/'.join(f'{x:.1f}' for x in sim_b) or '-'}) | {row['sim_reached']} | {_fmt(sm_med)} | {_fmt(_median(sm_m), 0)} | "
                    f"{_fmt(tr, 2)} {'ok' if ok_t else 'MISS'} | {_fmt(mr, 2)} {'ok' if ok_m else 'MISS'} |")
     print("| link | preset | target | testbed reached | testbed train s | testbed messages | testbed core share | "
-          "background | sim reached | sim s (virtual) | sim messages | time ratio | message ratio |")
+          "background (sim's) | sim reached | sim s (virtual) | sim messages | time ratio | message ratio |")
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     print("\n".join(out))
     passed = sum(r["time_ok"] and r["messages_ok"] for r in rows)
