@@ -113,15 +113,28 @@ def share_main(a: argparse.Namespace) -> int:
     return 0
 
 
+def previous_cells(path: str | None) -> dict[tuple[str, str], dict[str, Any]]:
+    """The earlier session's testbed medians (its raw runs are gone): ``{"lan/bsp": {"train_s", "messages",
+    "reached", "background"}}``, the background from its report's per-worker compute seconds a cycle."""
+    if not path:
+        return {}
+    raw = json.loads(Path(path).read_text())
+    return {tuple(k.split("/")): v for k, v in raw["cells"].items()}  # type: ignore[misc]
+
+
 def sim_main(a: argparse.Namespace) -> int:
-    cells = testbed_runs(a.testbed)
+    cells = testbed_runs(a.testbed) if a.testbed else {}
+    previous = previous_cells(a.previous)
     wanted = [tuple(c.split("/")) for c in a.cells.split(",")] if a.cells else sorted(cells)
     for link, preset in wanted:
         runs = cells.get((link, preset))
-        if not runs:
+        if runs:
+            b = round(cell_background(runs), 2)
+        elif (link, preset) in previous:
+            b = round(float(previous[(link, preset)]["background"]), 2)
+        else:
             print(f"{link}/{preset}: no testbed runs", file=sys.stderr)
             continue
-        b = round(cell_background(runs), 2)
         budget = a.max_seconds or (300.0 if link == "lte" and preset in ("asp", "fedbuff") else 180.0)
         for seed in (int(s) for s in a.seeds.split(",")):
             out = Path(a.out) / f"{link}-{preset}-s{seed}"
@@ -145,12 +158,24 @@ def _fmt(x: float | None, nd: int = 1) -> str:
 
 
 def table_main(a: argparse.Namespace) -> int:
-    cells = testbed_runs(a.testbed)
+    cells: dict[tuple[str, str], Any] = dict(testbed_runs(a.testbed))
+    previous = previous_cells(a.previous)
+    for key in previous:
+        cells.setdefault(key, None)
     rows, out = [], []
     for (link, preset), runs in sorted(cells.items()):
         t = target_of(link, preset)
-        tb_t = [r["train_s"] for r in runs if r["train_s"] is not None]
-        tb_m = [r["messages"] for r in runs if r["train_s"] is not None]
+        old = runs is None
+        if old:  # the earlier session's medians: its raw runs are gone
+            p = previous[(link, preset)]
+            n_reached, n_runs = (int(x) for x in p["reached"].split("/"))
+            tb_t = [p["train_s"]] * n_reached if p["train_s"] is not None else []
+            tb_m = [p["messages"]] * n_reached if p["train_s"] is not None else []
+            runs = [{"train_s": p["train_s"], "share": p.get("share"), "background": p["background"],
+                     "previous": True}] * n_runs
+        else:
+            tb_t = [r["train_s"] for r in runs if r["train_s"] is not None]
+            tb_m = [r["messages"] for r in runs if r["train_s"] is not None]
         sims = []
         for p in sorted(Path(a.sim).glob(f"{link}-{preset}-s*/summary.json")):
             s = json.loads(p.read_text())
@@ -174,8 +199,9 @@ def table_main(a: argparse.Namespace) -> int:
                "background": b, "sim_background": sim_b, "sim_reached": f"{len(sm_t)}/{len(sims)}", "sim_s": sm_med,
                "sim_messages": _median(sm_m), "time_ratio": tr, "message_ratio": mr, "time_ok": ok_t,
                "messages_ok": ok_m, "testbed_runs": runs, "sim_runs": sims}
+        row["testbed_session"] = "previous" if old else "this"
         rows.append(row)
-        out.append(f"| {link} | {preset} | {t:g} | {row['testbed_reached']} | {_fmt(tb_med)} | {_fmt(_median(tb_m), 0)} | "
+        out.append(f"| {link} | {preset}{' (a)' if old else ''} | {t:g} | {row['testbed_reached']} | {_fmt(tb_med)} | {_fmt(_median(tb_m), 0)} | "
                    f"{_fmt(row['share'], 2)} | {b:.1f} ({'/'.join(f'{x:.1f}' for x in sim_b) or '-'}) | {row['sim_reached']} | {_fmt(sm_med)} | {_fmt(_median(sm_m), 0)} | "
                    f"{_fmt(tr, 2)} {'ok' if ok_t else 'MISS'} | {_fmt(mr, 2)} {'ok' if ok_m else 'MISS'} |")
     print("| link | preset | target | testbed reached | testbed train s | testbed messages | testbed core share | "
@@ -195,13 +221,15 @@ def main(argv: list[str] | None = None) -> int:
     s = sub.add_parser("share")
     s.add_argument("dirs", nargs="+")
     m = sub.add_parser("sim")
-    m.add_argument("--testbed", nargs="+", required=True)
+    m.add_argument("--testbed", nargs="*", default=[])
+    m.add_argument("--previous", default=None, help="the earlier session's testbed medians (JSON)")
     m.add_argument("--out", required=True)
     m.add_argument("--cells", default="")
     m.add_argument("--seeds", default="0,1,2")
     m.add_argument("--max-seconds", type=float, default=None)
     t = sub.add_parser("table")
-    t.add_argument("--testbed", nargs="+", required=True)
+    t.add_argument("--testbed", nargs="*", default=[])
+    t.add_argument("--previous", default=None, help="the earlier session's testbed medians (JSON)")
     t.add_argument("--sim", required=True)
     t.add_argument("--json", default=None)
     a = p.parse_args(argv)
