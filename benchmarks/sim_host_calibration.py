@@ -38,8 +38,8 @@ from hermes.sim.host import CORES, THREAD_FLOPS
 TRAIN_FLOPS = 953_600.0  # the calibration task's training FLOPs a sample (sim.run.flops_per_sample)
 TARGET = 0.9
 # Cells where the testbed does not reach 0.9 reliably within its budget (docs/simulation.md says which runs): they
-# are calibrated at 0.85, which every one of their testbed runs reached.
-TARGETS = {("lan", "hermes-paper"): 0.85, ("lte", "hermes-paper"): 0.85, ("lte", "fedbuff"): 0.85}
+# are calibrated at a target their testbed runs reached (lte hermes-paper: 0.54-0.55 after 180 s).
+TARGETS = {("lan", "hermes-paper"): 0.85, ("lte", "hermes-paper"): 0.5, ("lte", "fedbuff"): 0.85}
 JITTER = 0.23
 TASK = ["--dataset", "mnist1d", "--set", "num_samples=20000", "--set", 'model_kwargs={"hidden": 320}']
 
