@@ -119,7 +119,11 @@ def previous_cells(path: str | None) -> dict[tuple[str, str], dict[str, Any]]:
     if not path:
         return {}
     raw = json.loads(Path(path).read_text())
-    return {tuple(k.split("/")): v for k, v in raw["cells"].items()}  # type: ignore[misc]
+    out: dict[tuple[str, str], dict[str, Any]] = {}
+    for k, v in raw["cells"].items():
+        link, _, preset = k.partition("/")
+        out[(link, preset)] = v
+    return out
 
 
 def sim_main(a: argparse.Namespace) -> int:
@@ -177,10 +181,10 @@ def table_main(a: argparse.Namespace) -> int:
             tb_t = [r["train_s"] for r in runs if r["train_s"] is not None]
             tb_m = [r["messages"] for r in runs if r["train_s"] is not None]
         sims = []
-        for p in sorted(Path(a.sim).glob(f"{link}-{preset}-s*/summary.json")):
-            s = json.loads(p.read_text())
+        for path in sorted(Path(a.sim).glob(f"{link}-{preset}-s*/summary.json")):
+            s = json.loads(path.read_text())
             secs, msgs = at_target(s, t, 0.0)
-            sims.append({"seed": s["config"]["seed"] if isinstance(s.get("config"), dict) else p.parent.name,
+            sims.append({"seed": path.parent.name.rpartition("-s")[2],
                          "train_s": secs, "messages": msgs, "host": s.get("host")})
         sm_t = [x["train_s"] for x in sims if x["train_s"] is not None]
         sm_m = [x["messages"] for x in sims if x["train_s"] is not None]
@@ -188,12 +192,13 @@ def table_main(a: argparse.Namespace) -> int:
         tb_med = statistics.median(tb_t) if len(tb_t) * 2 > len(runs) else None
         sm_med = _median(sm_t) if len(sm_t) * 2 > len(sims) else None
         tr = sm_med / tb_med if tb_med and sm_med else None
-        mr = _median(sm_m) / _median(tb_m) if tb_m and sm_m else None
+        sm_mm, tb_mm = _median(sm_m), _median(tb_m)
+        mr = sm_mm / tb_mm if sm_mm is not None and tb_mm else None
         ok_t = tr is not None and abs(tr - 1) <= 0.25
         ok_m = mr is not None and abs(mr - 1) <= 0.15
         b = cell_background(runs)
         shares = [r["share"] for r in runs if r["share"]]
-        sim_b = sorted({(x["host"] or {}).get("background") for x in sims} - {None})
+        sim_b = sorted({float(x["host"]["background"]) for x in sims if x["host"]})
         row = {"link": link, "preset": preset, "target": t, "testbed_reached": f"{len(tb_t)}/{len(runs)}",
                "testbed_train_s": tb_med, "testbed_messages": _median(tb_m), "share": _median(shares),
                "background": b, "sim_background": sim_b, "sim_reached": f"{len(sm_t)}/{len(sims)}", "sim_s": sm_med,

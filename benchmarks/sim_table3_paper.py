@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sim_table3 import NAMES, PAPER, fmt  # noqa: E402 (a sibling script)
+from sim_table3 import NAMES, PAPER, fmt  # type: ignore[import-not-found]  # noqa: E402 (a sibling script)
 
 ORDER = ("bsp", "hermes-paper", "hermes-paper-a1.6-b0.15", "hermes-paper-a0.9-b0.1", "asp", "ssp", "ebsp", "hermes")
 
