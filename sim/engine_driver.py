@@ -33,6 +33,7 @@ from hermes.common.clock import Clock
 from hermes.common.wire import Header, Message, MsgType, decode, encode
 from hermes.server.engine import Engine
 from hermes.server.heartbeat import HeartbeatMonitor
+from hermes.sim.host import Host
 from hermes.sim.server_cost import MeasuredCost
 
 T = TypeVar("T")
@@ -102,7 +103,7 @@ class Endpoint(Protocol):
 
 class Driver:
     def __init__(self, engine: Engine, clock: Clock, *, transfer: Transfer, server_link: ServerLinkModel | None,
-                 cost: ServerCostModel, heartbeat_timeout: float) -> None:
+                 cost: ServerCostModel, heartbeat_timeout: float, host: Host | None = None) -> None:
         self.engine = engine
         self.clock = clock
         self.transfer = transfer
@@ -115,6 +116,10 @@ class Driver:
         # Server CPU seconds a push costs on top of its ops: the loss aggregation's scoring of models
         # (sim.server_cost.probe_seconds), set by the Simulation once it has counted the model's FLOPs.
         self.push_extra_seconds = 0.0
+        # --host (sim/host.py): the server's operations, evaluations and the agents' message handling are jobs
+        # on the shared cores; the server's FIFO then runs one operation at a time, in arrival order.
+        self.host = host
+        self._server_tail: asyncio.Future[None] | None = None
         self.monitor = HeartbeatMonitor(engine, heartbeat_timeout)
         self.stopped = asyncio.Event()
         engine.on_stop.append(lambda _reason: self.stopped.set())
@@ -143,10 +148,33 @@ class Driver:
         """Wait for the server's CPU, then hold it for these operations' cost (and ``extra`` seconds)."""
         workers = len(self.active)
         cost = sum(self.cost.seconds(op, params=self.params, workers=workers) for op in ops) + extra
+        if self.host is not None:
+            await self.hosted_turn(cost)
+            return
         start = max(self.server_free, self.now())
         self.server_free = start + cost
         self.server_busy_seconds += cost
         await self.until(self.server_free)
+
+    async def hosted_turn(self, cost: float) -> None:
+        """The server's FIFO on the shared host: wait for the operations before this one, then run on a core."""
+        assert self.host is not None
+        prev = self._server_tail
+        mine: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._server_tail = mine
+        try:
+            if prev is not None and not prev.done():
+                await asyncio.shield(prev)
+            t0 = self.now()
+            await self.host.run(cost)
+            self.server_busy_seconds += self.now() - t0
+        finally:
+            mine.set_result(None)
+
+    async def agent_cpu(self, nbytes: int, per_byte: float) -> None:
+        """An agent's encoding of what it sends, or its decoding of what it got, on the shared host."""
+        if self.host is not None:
+            await self.host.run(nbytes * per_byte)
 
     async def measured_turn(self, ops: tuple[str, ...], frames: list[bytes]) -> list[bytes]:
         """--server-cost measured: the message waits for the server's CPU, the engine handles it, and the
@@ -189,6 +217,7 @@ class Driver:
         frames = encode(header, payload, key=dev.key)
         size = sum(len(f) for f in frames)
         dev.bytes_sent += size
+        await self.agent_cpu(size, self.host.spec.send_cpu_s_per_byte if self.host else 0.0)
         await self.carry(dev, size, "up")
         ops = OPS.get(type_, ("heartbeat",))
         if isinstance(self.cost, MeasuredCost):  # the scoring's CPU time is inside the handling it measures
@@ -198,6 +227,7 @@ class Driver:
             reply = await self.engine.handle(frames)
         out = sum(len(f) for f in reply)
         await self.carry(dev, out, "down")
+        await self.agent_cpu(out, self.host.spec.receive_cpu_s_per_byte if self.host else 0.0)
         dev.bytes_received += out
         dev.answered_at = self.now()
         return decode(reply)
@@ -213,7 +243,11 @@ class Driver:
             if evaluator.latest is not None and evaluator.latest.version == self.engine.state.version:
                 continue
             workers = len(self.active)
-            await asyncio.sleep(self.cost.seconds("evaluate", params=self.params, workers=workers))
+            seconds = self.cost.seconds("evaluate", params=self.params, workers=workers)
+            if self.host is not None:  # the evaluator's thread, beside the server's operations
+                await self.host.run(seconds)
+            else:
+                await asyncio.sleep(seconds)
             if not self.engine.stopping:
                 t0 = time.thread_time()
                 evaluator.evaluate_now()

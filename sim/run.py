@@ -53,8 +53,9 @@ from hermes.sim.device import DeviceDataError, SimDevice, VersionStore
 from hermes.sim.engine_driver import Driver, ServerCostModel, ServerLinkModel, Transfer
 from hermes.sim.events import VirtualClock, run_virtual
 from hermes.sim.executor import Executor, LocalExecutor, RayExecutor, RayMissing, build_trainer
+from hermes.sim.host import Host, HostSpec
 from hermes.sim.reference import fastest_alone
-from hermes.sim.server_cost import ZeroCost, probe_seconds
+from hermes.sim.server_cost import MeasuredCost, ZeroCost, probe_seconds
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +96,31 @@ def flops_per_sample(task: Task, spec: Any, train: Any) -> tuple[float, float]:
     return max(1.0, step.get_total_flops() / n), max(1.0, fwd.get_total_flops() / n)
 
 
+def charged_flops(spec: str) -> tuple[float, float]:
+    """``NAME:CxHxW`` (e.g. ``cnn:1x28x28``): FLOPs of one sample's training step and forward pass of the model
+    zoo's ``NAME`` built for that input (10 classes), counted as :func:`flops_per_sample` counts them.
+
+    ``hermes-sim --charge-model`` charges these on the virtual clock while the run's own model trains for
+    real: the compute of another model (the paper's) with the statistics of ours. Stated wherever it is used.
+    """
+    from hermes.common.models import build_model
+
+    name, _, shape_text = spec.partition(":")
+    with torch.random.fork_rng():  # the run's own random stream stays as the seed left it
+        try:
+            shape = tuple(int(d) for d in shape_text.lower().split("x"))
+            model = build_model(name, input_shape=shape, num_classes=10)
+        except (ValueError, TypeError) as exc:
+            raise SimError(f"--charge-model {spec!r}: {exc} (expected NAME:CxHxW, e.g. cnn:1x28x28)") from None
+        x, y = torch.randn(FLOP_BATCH, *shape), torch.randint(0, 10, (FLOP_BATCH,))
+        with FlopCounterMode(display=False) as fwd:
+            with torch.no_grad():
+                model(x)
+        with FlopCounterMode(display=False) as step:
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+    return step.get_total_flops() / FLOP_BATCH, fwd.get_total_flops() / FLOP_BATCH
+
+
 @dataclass
 class _Proc:
     """A device as build_summary reads an agent process (name, info, exit code, log)."""
@@ -111,7 +137,8 @@ class Simulation:
                  cost: ServerCostModel | None = None, population: str = "", link: str | None = None,
                  heartbeat_interval: float = 2.0, heartbeat_timeout: float = 10.0,
                  executor: Executor | None = None, split: str | Split | None = None, ray: str | None = None,
-                 alone: bool = False, jitter: float = 0.0) -> None:
+                 alone: bool = False, jitter: float = 0.0, host: HostSpec | None = None,
+                 charge_model: str | None = None) -> None:
         if alone:  # the population's fastest device by itself, with all the data (sim/reference.py)
             profiles = fastest_alone(profiles)
         if not profiles:
@@ -146,8 +173,13 @@ class Simulation:
         self.engine = Engine(config, metrics=ServerMetrics(), events=EventLog(self.out / "events.jsonl", clock=self.clock),
                              max_workers=max(len(self.profiles), 1), max_message_bytes=DEFAULT_MAX_MESSAGE_BYTES,
                              out_dir=str(self.out), task=self.task, clock=self.clock, splits=self.data.splits)
+        # The testbed machine's shared cores (sim/host.py), or None: every device and the server on their own.
+        self.host = Host(host) if host is not None else None
+        if self.host is not None and isinstance(cost, MeasuredCost):
+            raise SimError("--host takes the calibrated (or no) server cost, not the measured one")
         self.driver = Driver(self.engine, self.clock, transfer=transfer, server_link=server_link,
-                             cost=cost if cost is not None else ZeroCost(), heartbeat_timeout=heartbeat_timeout)
+                             cost=cost if cost is not None else ZeroCost(), heartbeat_timeout=heartbeat_timeout,
+                             host=self.host)
         self.combine = bool(config.combine_messages)
         spec = self.engine.spec
         # One trainer, every device's in turn (device.py says what is swapped in and out), built as an agent's.
@@ -159,6 +191,10 @@ class Simulation:
                        trainer=self.trainer, gate=None, from_baseline=config.pushes_from_baseline(),
                        validation_shards=[], data_source=KafkaRanges(), task=self.task)
         self.train_flops, self.eval_flops = flops_per_sample(self.task, spec, self.engine.train)
+        # --charge-model: another model's compute on the virtual clock (messages keep our model's real sizes).
+        self.charge_model = charge_model
+        if charge_model:
+            self.train_flops, self.eval_flops = charged_flops(charge_model)
         self.driver.push_extra_seconds = probe_seconds(
             self.driver.cost, scores=self.engine.policies.aggregation.probe is not None,
             samples=config.loss.eval_samples, forward_flops=self.eval_flops)
@@ -276,8 +312,10 @@ class Simulation:
         summary["alone"] = self.alone
         summary["virtual_seconds"] = round(self.clock.monotonic(), 6)
         summary["server_busy_seconds"] = round(self.driver.server_busy_seconds, 6)
-        summary["flops_per_sample"] = {"train": self.train_flops, "evaluate": self.eval_flops}
+        summary["flops_per_sample"] = {"train": self.train_flops, "evaluate": self.eval_flops,
+                                       "charged_model": self.charge_model}
         summary["compute_jitter"] = self.jitter
+        summary["host"] = self.host.stats(self.clock.monotonic()) if self.host is not None else None
         # Model copies the devices held: versions (shared) at their peak, own weights at the end.
         summary["sim"] = {"peak_versions_held": self.versions.peak,
                           "own_weights_held_at_end": sum(d.local is not None for d in self.devices),
