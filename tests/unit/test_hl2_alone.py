@@ -1,0 +1,53 @@
+"""Issue 31's hl2-alone comparison: how `alone` is timed from launch, and the per-agent breakdown's arithmetic."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from hermes.deploy.ddp_rank import process_started_at
+
+
+def test_process_start_is_read_from_proc_for_a_process_started_now() -> None:
+    before = time.time()
+    code = "from hermes.deploy.ddp_rank import process_started_at; print(process_started_at())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    after = time.time()
+    started = float(out)
+    # /proc's start tick is 10 ms, its uptime 10 ms: a child spawned between the two clocks reads between them.
+    assert before - 0.05 <= started <= after
+    here = process_started_at()
+    assert here is not None and here < before  # this test process started before it ran
+
+
+def _write_run(root: Path, key: str, summary: dict[str, object], log: str = "") -> dict[str, object]:
+    run_dir = root / "runs" / key
+    (run_dir / "logs").mkdir(parents=True)
+    (run_dir / "summary.json").write_text(json.dumps(summary))
+    (run_dir / "logs" / "worker-1.log").write_text(log)
+    return {"key": key, "run_dir": f"runs/{key}", "events": {"train_seconds_to_target": 7.5}}
+
+
+def test_breakdown_reads_both_clocks_and_leaves_shards_out_of_the_pull_bytes(tmp_path: Path) -> None:
+    worker = {"name": "worker-1", "speed": 1.0, "cycles": 10, "samples": 1280, "compute_seconds": 6.0,
+              "wait_seconds": 1.0, "prefetch_wait_seconds": 0.5, "pushes": 4, "pulls": 5, "bytes_sent": 400,
+              "bytes_received": 1500, "shard_bytes_fetched": 1000, "log": "logs/worker-1.log"}
+    runs = [_write_run(tmp_path, "hl2@lte/hermes/r0",
+                       {"workers": [worker], "seconds_to_target": 11.0, "model_updates": 3, "final_accuracy": 0.91},
+                       "x overlapped exchanges: 4.25s in flight, 0.10s waited for\n"),
+            _write_run(tmp_path, "hl2@lte/alone/r0",
+                       {"preset": "ddp", "workers": [{"name": "rank-0", "samples": 640}], "seconds_to_target": 9.0,
+                        "launch_seconds_to_target": 12.5, "final_accuracy": 0.9})]
+    (tmp_path / "results.json").write_text(json.dumps({"runs": runs}))
+    out = subprocess.run([sys.executable, "benchmarks/hl2_alone_breakdown.py", str(tmp_path), "--agents"],
+                         capture_output=True, text=True, check=True, cwd=Path(__file__).parents[2]).stdout
+    rows = {line.split("|")[2].strip(): line for line in out.splitlines() if line.startswith("| hl2@lte |")}
+    assert "| 7.5 [7.5-7.5] | 11.0 [11.0-11.0] | 1,280 [1,280-1,280] |" in rows["hermes"]
+    assert "| 7.5 [7.5-7.5] | 12.5 [12.5-12.5] | 640 [640-640] |" in rows["alone"]
+    agent = next(line for line in out.splitlines() if line.startswith("| hl2@lte/hermes/r0 | worker-1"))
+    cells = [c.strip() for c in agent.strip("|").split("|")]
+    # in flight from the log; 400 B / 4 pushes; (1500 - 1000 shard bytes) / 5 pulls
+    assert cells[8] == "4.25" and cells[11] == "100.00" and cells[12] == "100.00"
