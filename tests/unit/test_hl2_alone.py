@@ -51,3 +51,18 @@ def test_breakdown_reads_both_clocks_and_leaves_shards_out_of_the_pull_bytes(tmp
     cells = [c.strip() for c in agent.strip("|").split("|")]
     # in flight from the log; 400 B / 4 pushes; (1500 - 1000 shard bytes) / 5 pulls
     assert cells[8] == "4.25" and cells[11] == "100.00" and cells[12] == "100.00"
+
+
+def test_the_hl2_cluster_is_evaluated_on_a_grid_close_to_alone_s() -> None:
+    from hermes.deploy.bench.runner import plan
+    from hermes.deploy.bench.suites import builtin_suite
+
+    suite = builtin_suite("hl2-alone")
+    spec = next(s for s in plan(suite) if s.variant.label == "hermes-topk" and s.link == "lte")
+    args = spec.testbed_args(suite, Path("/tmp/x"))
+    # alone checks every 5 steps (about 0.08 s at pace 4); the server's default 1 s grid added about 0.5 s on
+    # average to the cluster's time to target.
+    assert "eval_interval_seconds=0.25" in args
+    alone = next(s for s in plan(suite) if s.variant.label == "alone")
+    a_args = alone.testbed_args(suite, Path("/tmp/x"))
+    assert a_args[a_args.index("--ddp-eval-every") + 1] == "5"
