@@ -301,6 +301,8 @@ EDGE_COMMON: dict[str, Any] = {
 }
 
 
+_LOCAL_TASK = "hermes.deploy.bench.local_task:task"
+
 # Issue 31's second comparison: a cluster whose other devices together have twice the fastest one's compute
 # (HL2: 0.75 + 0.75 + 0.5 against 1) against that fastest device alone, on the paper-size CNN and mnist1d. The
 # cluster's compute is 3 fastest devices: pace 4 keeps it within one of this machine's 2 shared cores (alone runs
@@ -311,6 +313,10 @@ ALONE_VARIANTS = [
     {"label": "asp-topk", "preset": "asp", "overrides": _TOPK_INT8},
     {"label": "hermes", "preset": "hermes"},
     {"label": "hermes-topk", "preset": "hermes", "overrides": _TOPK_INT8},
+    # The same with the training samples on the devices (deploy/bench/local_task.py), as alone's are: no shard
+    # records cross the agents' links.
+    {"label": "hermes-local", "preset": "hermes", "overrides": {"task": _LOCAL_TASK}},
+    {"label": "hermes-topk-local", "preset": "hermes", "overrides": {**_TOPK_INT8, "task": _LOCAL_TASK}},
 ]
 
 

@@ -66,3 +66,33 @@ def test_the_hl2_cluster_is_evaluated_on_a_grid_close_to_alone_s() -> None:
     alone = next(s for s in plan(suite) if s.variant.label == "alone")
     a_args = alone.testbed_args(suite, Path("/tmp/x"))
     assert a_args[a_args.index("--ddp-eval-every") + 1] == "5"
+
+
+def test_local_task_deals_disjoint_parts_without_the_servers_validation_samples() -> None:
+    import numpy as np
+
+    from hermes.common.datasets import validation_indices
+    from hermes.deploy.bench.local_task import device_part, part_indices
+
+    parts = [part_indices(1000, 4, p, 0.1, 0) for p in range(4)]
+    held = set(validation_indices(1000, 0.1, 0)[1].tolist())
+    union = set(np.concatenate(parts).tolist())
+    assert sum(len(p) for p in parts) == len(union) == 900  # disjoint, every train sample once
+    assert not union & held  # the loss probe's samples stay off the devices
+    assert [device_part(f"worker-{i}", 4) for i in (1, 2, 3, 4, 5)] == [0, 1, 2, 3, 0]
+    assert device_part("edge-box", 4) == device_part("edge-box", 4)
+
+
+def test_local_task_gives_each_agent_its_part_and_keeps_the_builtin_splits_for_alone() -> None:
+    from hermes.common.config import build_config
+    from hermes.common.datasets import validation_indices
+    from hermes.common.task import dataset_len
+    from hermes.common.task_registry import resolve_task
+
+    config = build_config("hermes", dataset="digits", min_workers=4, task="hermes.deploy.bench.local_task:task")
+    task = resolve_task(config.task, config)
+    assert task.local_data is not None and task.train_data is not None and task.test_data is not None
+    sizes = [len(task.local_data(f"worker-{i}")[1]) for i in (1, 2, 3, 4)]
+    n_train = dataset_len(task.train_data)
+    n_val = len(validation_indices(n_train, config.validation_fraction, config.seed)[1])
+    assert sum(sizes) == n_train - n_val and max(sizes) - min(sizes) <= 1
