@@ -165,6 +165,7 @@ class SimDevice:
         self.outbox: Outbox | None = None
         self.works: list[Work] = []
         self.prefetch: asyncio.Task[list[Work] | None] | None = None
+        self.heartbeat: asyncio.Task[None] | None = None  # this registration's heartbeat (the agent's thread)
         # overlap_push: the push in flight and the weights it carried.
         self.inflight: asyncio.Future[Message] | None = None
         self.inflight_pushed: torch.Tensor | None = None
@@ -216,10 +217,8 @@ class SimDevice:
                 await self.sim.driver.until(back)
                 continue
             self.offline_at = availability.next_change(now)
-            heartbeat: asyncio.Task[None] | None = None
             try:
                 await self.register()
-                heartbeat = asyncio.ensure_future(self.heartbeats(self.session))
                 await self.train()
                 await self.goodbye()
                 return
@@ -238,8 +237,9 @@ class SimDevice:
                 log.debug("%s: %s; registering again", self.name, exc)
                 self.forget_session()
             finally:
-                if heartbeat is not None:
-                    heartbeat.cancel()
+                if self.heartbeat is not None:
+                    self.heartbeat.cancel()
+                    self.heartbeat = None
                 self.abandon_requests()
 
     def abandon_requests(self) -> None:
@@ -276,6 +276,9 @@ class SimDevice:
                                      local_samples=0 if self.local_set is None else len(self.local_set))
         self.worker_id, self.token, self.key = rec.id, rec.token, rec.key
         self.session, self.seqs = f"s{sim.next_session()}", {}
+        # The agent's Session starts its heartbeat before the first pull (client.session.Session): a pull held
+        # for a training slot (concurrency.hold_pull) must not look like silence.
+        self.heartbeat = asyncio.ensure_future(self.heartbeats(self.session))
         self.totals.registrations += 1
         if self.rng is None:
             self.rng = np.random.default_rng(zlib.crc32(rec.id.encode()))

@@ -172,7 +172,8 @@ class Engine:
         self.membership.claims = self.claims
         self.screening.claims_clamped = self.claims.public
         # concurrency.limit (FedBuff's C): who may hold work at once; joins and leaves free a slot.
-        self.admission = Admission(config.concurrency.limit, self.telemetry)
+        self.admission = Admission(config.concurrency.limit, self.telemetry,
+                                   hold_pull=config.concurrency.hold_pull)
         if not self.admission.open:
             self.telemetry.subscribe(lambda fact, fields: self.on_loop(self.admission.listener, fact, fields))
         self.handlers = Handlers(

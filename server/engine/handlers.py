@@ -201,6 +201,14 @@ class Handlers:
         h = msg.header
         body = parse_body(PullModel, h.body)
         worker.pulls += 1
+        if self.admission is not None and not self.admission.open and self.admission.hold_pull:
+            # concurrency.hold_pull: a worker without a slot (a registration's pull) gets the model when its turn
+            # begins, not before it waits (10,000 devices: first turns ~800 versions stale otherwise).
+            if not await self.admission.admit(worker.id):
+                raise ProtocolError(ErrorCode.UNKNOWN_WORKER, f"worker {worker.id} left while it waited for a "
+                                                              "training slot; register again")
+            if self.step.shutting_down:
+                raise self.going_away()
         if body.if_newer and h.model_version == self.state.version:
             return self.reply(MsgType.MODEL, worker, h.seq, {"unchanged": True})
         if body.dtype not in _MODEL_DTYPES:

@@ -170,3 +170,36 @@ def test_a_worker_lost_while_it_waits_is_told_to_register_again(clock):
         assert exc.value.code is ErrorCode.UNKNOWN_WORKER
 
     _run(go())
+
+
+def test_a_registration_pull_beyond_the_limit_waits_for_a_slot_and_brings_the_model_of_that_moment(clock):
+    # concurrency.hold_pull: the first turn trains from the model current when the turn begins.
+    engine = _engine(clock, preset="fedbuff", **{"concurrency.limit": 1, "fedbuff.buffer_size": 1})
+    a, b = _Agent(engine, clock, "a"), _Agent(engine, clock, "b")
+
+    async def go():
+        assert (await a.request(MsgType.PULL_MODEL, {})).header.model_version == 0  # a takes the slot
+        assert engine.admission.holders == {a.rec.id}
+        await a.request(MsgType.REQUEST_WORK, {})  # a holder's request: at once
+        pull = asyncio.ensure_future(b.request(MsgType.PULL_MODEL, {}))
+        assert await _pending(pull), "b got the model while a held the only slot"
+        a_push = asyncio.ensure_future(a.request(MsgType.PUSH_UPDATE, {"samples": 1, "pull": True},
+                                                 payload=a.delta(0.5), model_version=0))
+        model = await asyncio.wait_for(pull, 5)
+        assert model.header.type is MsgType.MODEL and model.header.model_version == 1 == engine.state.version
+        assert engine.admission.holders == {b.rec.id} and await _pending(a_push)
+        assert (await b.request(MsgType.REQUEST_WORK, {})).header.type is MsgType.WORK  # b holds the slot
+
+    _run(go())
+
+
+def test_without_hold_pull_a_registration_pull_is_answered_at_once(clock):
+    engine = _engine(clock, preset="fedbuff", **{"concurrency.limit": 1, "concurrency.hold_pull": False})
+    a, b = _Agent(engine, clock, "a"), _Agent(engine, clock, "b")
+
+    async def go():
+        await a.request(MsgType.REQUEST_WORK, {})
+        model = await asyncio.wait_for(b.request(MsgType.PULL_MODEL, {}), 5)
+        assert model.header.type is MsgType.MODEL and engine.admission.holders == {a.rec.id}
+
+    _run(go())
