@@ -259,6 +259,10 @@ class SimDevice:
         if self.local is not None:
             self.totals.lost_cycles += 1
         self.local = None
+        # Back, it registers again and pulls the global model: the pulled version is not needed meanwhile
+        # (10,000 devices: 984 offline devices held one, 2026-11-27).
+        self.sim.versions.release(self.version)
+        self.version, self.anchor = None, None
 
     async def register(self) -> None:
         sim = self.sim

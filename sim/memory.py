@@ -10,7 +10,7 @@ not registered). For each state: how many devices reference a model version
 references it), and the bytes each state's devices hold of their own: own
 weights, the weights an overlapped push carried, a proximal anchor that is not
 a version, optimizer state, prefetched samples. The sample with the most
-device-held bytes is kept (``summary["sim"]["device_memory"]``).
+device-held bytes is kept (``summary["sim"]["device_memory"]``); so is a count at the stop.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from hermes.sim.device import SimDevice
     from hermes.sim.run import Simulation
 
-__all__ = ["SAMPLE_EVERY_S", "sample", "sampler"]
+__all__ = ["SAMPLE_EVERY_S", "keep_larger", "sample", "sampler"]
 
 # Virtual seconds between two counts (one pass over the devices each: 10,000 devices, about 20 ms).
 SAMPLE_EVERY_S = 5.0
@@ -49,7 +49,8 @@ def state_of(d: SimDevice, sim: Simulation, now: float) -> str:
     if not d.worker_id or d.worker_id not in sim.driver.active or not d.profile.availability.online(now):
         return "idle"
     admission = sim.engine.admission
-    return "training" if admission.open or d.worker_id in admission.holders else "waiting"
+    # By the holders, not by ``open``: a stop opens the admission for everyone held.
+    return "training" if admission.limit <= 0 or d.worker_id in admission.holders else "waiting"
 
 
 def sample(sim: Simulation) -> dict[str, Any]:
@@ -71,11 +72,16 @@ def sample(sim: Simulation) -> dict[str, Any]:
     return out
 
 
+def keep_larger(keep: dict[str, Any], got: dict[str, Any]) -> None:
+    """``keep`` becomes ``got`` when it holds more (device-held and version bytes) or is empty."""
+    if not keep or got["device_bytes"] + got["version_bytes"] > keep["device_bytes"] + keep["version_bytes"]:
+        keep.clear()
+        keep.update(got)
+
+
 async def sampler(sim: Simulation, keep: dict[str, Any]) -> None:
-    """Counts at each SAMPLE_EVERY_S; ``keep`` gets the count with the most device-held bytes."""
+    """Counts at each SAMPLE_EVERY_S until the run stops; ``keep`` gets the count with the most bytes."""
     while not sim.over:
         await asyncio.sleep(SAMPLE_EVERY_S)
-        got = sample(sim)
-        if not keep or got["device_bytes"] + got["version_bytes"] > keep["device_bytes"] + keep["version_bytes"]:
-            keep.clear()
-            keep.update(got)
+        if not sim.over:
+            keep_larger(keep, sample(sim))

@@ -215,6 +215,7 @@ class Simulation:
         everyone = asyncio.gather(*tasks)
         stopped = asyncio.ensure_future(driver.stopped.wait())
         await asyncio.wait(cast("set[asyncio.Future[Any]]", {stopped, everyone}), return_when=asyncio.FIRST_COMPLETED)
+        memory.keep_larger(self.device_memory, memory.sample(self))  # the devices as the run stops
         if not engine.stopping:
             engine.request_stop("no device is left")
         left = [t for t in tasks if not t.done()]
