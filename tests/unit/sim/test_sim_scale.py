@@ -43,8 +43,8 @@ def test_a_concurrency_bound_keeps_the_others_idle_and_rotates_every_device_thro
 def _staleness(out) -> list[int]:
     import json
 
-    return [e["staleness"] for e in map(json.loads, (out / "events.jsonl").read_text().splitlines())
-            if e["event"] == "update_applied"]
+    events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
+    return [t for e in events if e["event"] == "update_applied" for t in e["staleness"]]
 
 
 def test_a_device_waiting_for_its_first_slot_heartbeats_and_trains_from_the_model_of_its_turn(tmp_path):
