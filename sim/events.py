@@ -117,7 +117,7 @@ class _Timer(asyncio.TimerHandle):
         self.key = (when, *order)
 
     def __lt__(self, other: object) -> bool:
-        return self.key < other.key  # type: ignore[attr-defined,no-any-return]  # only _Timers share the heap
+        return self.key < other.key  # type: ignore[attr-defined]  # only _Timers share the heap
 
 
 class VirtualLoop(asyncio.SelectorEventLoop):
