@@ -63,3 +63,15 @@ def test_a_device_waiting_for_its_first_slot_heartbeats_and_trains_from_the_mode
     # Answered at once instead, a device trains its first turn from the model of its registration.
     _, _ = _run(tmp_path, "answered", config={**config, "concurrency.hold_pull": False}, **kw)
     assert max(_staleness(tmp_path / "answered")) > 0
+
+
+def test_a_device_that_goes_offline_lets_go_of_its_model_version(tmp_path):
+    # Back online it registers again and pulls the global model: meanwhile it needs no copy of the old one.
+    profiles = hl8(4, flops=2e9)
+    profiles[3] = dataclasses.replace(profiles[3], availability=IntervalAvailability([(0.0, 0.5), (100.0, 200.0)]))
+    sim, summary = _run(tmp_path, "off", profiles=profiles, preset="fedbuff",
+                        config={"max_seconds": 2.0, "target_accuracy": 0.99})
+    gone = sim.devices[3]
+    assert summary["workers"][3]["device"]["offline"] == 1 and summary["workers"][3]["device"]["cycles"] > 0
+    assert gone.version is None and gone.local is None
+    assert all(v in sim.versions.refs for v in (d.version for d in sim.devices[:3]))
