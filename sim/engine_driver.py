@@ -211,6 +211,7 @@ class Driver:
         ``channel``: the agent's data-plane client it goes through (its loop's, its prefetcher's, its
         overlapped push's): each is a session of its own, whose requests arrive in order.
         """
+        sent_at = self.now()
         seq = dev.seqs[channel] = dev.seqs.get(channel, 0) + 1
         header = Header(type=type_, worker=dev.worker_id, session=f"{dev.session}-{channel}", seq=seq,
                         ts=int(self.clock.time() * 1000), model_version=model_version, shapes=shapes, body=body)
@@ -222,6 +223,13 @@ class Driver:
         ops = OPS.get(type_, ("heartbeat",))
         if isinstance(self.cost, MeasuredCost):  # the scoring's CPU time is inside the handling it measures
             reply = await self.measured_turn(ops, frames)
+        elif type_ is MsgType.PULL_MODEL and self.pull_waits(dev.worker_id):
+            # Held for a training slot (concurrency.hold_pull): checked on arrival, the model encoded when the
+            # slot comes (10,000 devices registering at once would otherwise fill the CPU's FIFO with pulls
+            # not yet served).
+            await self.server_turn(("heartbeat",))
+            reply = await self.engine.handle(frames)
+            await self.server_turn(ops)
         else:
             await self.server_turn(ops, self.push_extra_seconds if type_ is MsgType.PUSH_UPDATE else 0.0)
             reply = await self.engine.handle(frames)
@@ -229,8 +237,14 @@ class Driver:
         await self.carry(dev, out, "down")
         await self.agent_cpu(out, self.host.spec.receive_cpu_s_per_byte if self.host else 0.0)
         dev.bytes_received += out
-        dev.answered_at = self.now()
+        # As the agent's TrafficCounter: the newest answered request's send time (the server's last_seen).
+        dev.answered_at = max(dev.answered_at, sent_at)
         return decode(reply)
+
+    def pull_waits(self, worker_id: str) -> bool:
+        """Whether the engine holds this worker's pull for a training slot (engine/admission.py)."""
+        admission = self.engine.admission
+        return not admission.open and admission.hold_pull and worker_id not in admission.holders
 
     # ---- evaluation --------------------------------------------------------------
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import math
 import time
@@ -34,6 +33,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from hermes.client.session import Job
+from hermes.common import readable_json
 from hermes.common.config import RunConfig
 from hermes.common.messages import KafkaRanges
 from hermes.common.task import Task
@@ -48,6 +48,7 @@ from hermes.server.metrics import ServerMetrics
 from hermes.server.outdir import prepare_out_dir
 from hermes.server.settings import DEFAULT_MAX_MESSAGE_BYTES
 from hermes.server.shardstore import load_splits
+from hermes.sim import memory
 from hermes.sim.data import Split, SplitError, parse_split, plan_data
 from hermes.sim.device import DeviceDataError, SimDevice, VersionStore
 from hermes.sim.engine_driver import Driver, ServerCostModel, ServerLinkModel, Transfer
@@ -212,6 +213,8 @@ class Simulation:
         for i, d in enumerate(self.devices):
             d.index = i
         self.wall_seconds = 0.0
+        # What the devices held, by state, at the count with the most (sim.memory).
+        self.device_memory: dict[str, Any] = {}
         # Per-cycle compute-time noise (log-normal, median 1, sigma ``jitter``; 0: none): a testbed agent's
         # cycles vary by sigma 0.2-0.5 on a loaded machine (docs/simulation.md#calibration-against-the-testbed-issue-27),
         # and the allocators react to it. Seeded, drawn in event order: deterministic.
@@ -243,10 +246,12 @@ class Simulation:
         engine.evaluator.stop()
         driver.monitor.start()
         evaluations = asyncio.ensure_future(driver.evaluations())
+        counting = asyncio.ensure_future(memory.sampler(self, self.device_memory))
         tasks = [asyncio.ensure_future(d.run()) for d in self.devices]
         everyone = asyncio.gather(*tasks)
         stopped = asyncio.ensure_future(driver.stopped.wait())
         await asyncio.wait(cast("set[asyncio.Future[Any]]", {stopped, everyone}), return_when=asyncio.FIRST_COMPLETED)
+        memory.keep_larger(self.device_memory, memory.sample(self))  # the devices as the run stops
         if not engine.stopping:
             engine.request_stop("no device is left")
         left = [t for t in tasks if not t.done()]
@@ -257,7 +262,8 @@ class Simulation:
         await asyncio.gather(everyone, return_exceptions=True)
         stopped.cancel()
         evaluations.cancel()
-        await asyncio.gather(evaluations, stopped, return_exceptions=True)
+        counting.cancel()
+        await asyncio.gather(evaluations, stopped, counting, return_exceptions=True)
         await driver.monitor.stop()
         for t in tasks:
             if not t.cancelled() and t.exception() is not None:
@@ -279,7 +285,7 @@ class Simulation:
         self.wall_seconds = time.perf_counter() - t0
         summary = self.summary(srv)
         tmp = self.out / "summary.json.tmp"
-        tmp.write_text(json.dumps(summary, indent=2))
+        tmp.write_text(readable_json.dumps(summary))
         tmp.replace(self.out / "summary.json")
         return summary
 
@@ -319,7 +325,8 @@ class Simulation:
         # Model copies the devices held: versions (shared) at their peak, own weights at the end.
         summary["sim"] = {"peak_versions_held": self.versions.peak,
                           "own_weights_held_at_end": sum(d.local is not None for d in self.devices),
-                          "optimizer_states_held_at_end": sum(d.opt_state is not None for d in self.devices)}
+                          "optimizer_states_held_at_end": sum(d.opt_state is not None for d in self.devices),
+                          "device_memory": self.device_memory}
         return summary
 
 

@@ -180,7 +180,8 @@ class Engine:
         self.screening.claims_windows = self.claims.windows_public
         self.screening.work_scale = self.claims.take_scale
         # concurrency.limit (FedBuff's C): who may hold work at once; joins and leaves free a slot.
-        self.admission = Admission(config.concurrency.limit, self.telemetry)
+        self.admission = Admission(config.concurrency.limit, self.telemetry,
+                                   hold_pull=config.concurrency.hold_pull)
         if not self.admission.open:
             self.telemetry.subscribe(lambda fact, fields: self.on_loop(self.admission.listener, fact, fields))
         self.handlers = Handlers(

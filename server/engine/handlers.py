@@ -202,10 +202,10 @@ class Handlers:
     async def on_pull(self, worker: WorkerRecord, msg: Message) -> Frames:
         h = msg.header
         body = parse_body(PullModel, h.body)
-        if self.admission is not None and not self.admission.open:
-            # concurrency.limit: taking the model starts a turn, so a worker without a slot gets it when its
-            # turn comes (a registration's pull, answered at once, had 900 of 1,000 devices train their first
-            # turn from version 0: deltas hundreds of versions stale, docs/simulation.md).
+        if self.admission is not None and not self.admission.open and self.admission.hold_pull:
+            # concurrency.hold_pull: taking the model starts a turn, so a worker without a slot (a registration's
+            # pull) gets it when its turn begins, not before it waits (answered at once, 900 of 1,000 devices
+            # trained their first turn from version 0; at 10,000 up to ~800 versions stale, docs/simulation.md).
             if not await self.admission.admit(worker.id):
                 raise ProtocolError(ErrorCode.UNKNOWN_WORKER, f"worker {worker.id} left while it waited for a "
                                                               "training slot; register again")

@@ -206,3 +206,15 @@ def test_a_pull_held_for_a_slot_is_told_to_register_again_when_the_worker_is_los
         assert exc.value.code is ErrorCode.UNKNOWN_WORKER
 
     _run(go())
+
+
+def test_without_hold_pull_a_registration_pull_is_answered_at_once(clock):
+    engine = _engine(clock, preset="fedbuff", **{"concurrency.limit": 1, "concurrency.hold_pull": False})
+    a, b = _Agent(engine, clock, "a"), _Agent(engine, clock, "b")
+
+    async def go():
+        await a.request(MsgType.REQUEST_WORK, {})
+        model = await asyncio.wait_for(b.request(MsgType.PULL_MODEL, {}), 5)
+        assert model.header.type is MsgType.MODEL and engine.admission.holders == {a.rec.id}
+
+    _run(go())
