@@ -60,11 +60,11 @@ SUITES = {
 }
 
 
-def run_suite(suite: str, tmp: Path, preset: str, k: float) -> dict[str, Any]:
+def run_suite(suite: str, tmp: Path, preset: str, k: float, env: dict[str, str | None]) -> dict[str, Any]:
     sys.path.insert(0, str(ROOT))
     if suite == "signflip":
         from tests.integration.test_signflip_live import _signflip_run
-        return _signflip_run(tmp, preset, k)
+        return {**_signflip_run(tmp, preset, k, env=env or None), **({"server_env": env} if env else {})}
     if suite == "claims":
         from tests.integration.test_lying_claims_live import _lying_run
         return {**_lying_run(tmp, preset, lie=k > 0), "k": k}
@@ -72,14 +72,14 @@ def run_suite(suite: str, tmp: Path, preset: str, k: float) -> dict[str, Any]:
     return {**live.RUNS[suite](tmp, preset, attack=k > 0), "k": k}
 
 
-def one_run(suite: str, preset: str, k: float, out: Path) -> dict[str, Any]:
+def one_run(suite: str, preset: str, k: float, out: Path, env: dict[str, str | None]) -> dict[str, Any]:
 
     load_before = loadavg()
     t0 = time.monotonic()
     # Absolute: the server runs with its out dir as cwd and would resolve a relative --out again inside it.
     tmp = Path(tempfile.mkdtemp(prefix=f"{preset}-k{k:g}-", dir=out.resolve()))
     try:
-        result = run_suite(suite, tmp, preset, k)
+        result = run_suite(suite, tmp, preset, k, env)
         held, why = True, ""
         shutil.rmtree(tmp)
     except AssertionError as exc:  # the run's own checks: not reached, an honest worker refused, ...
@@ -130,6 +130,9 @@ def main() -> int:
     ap.add_argument("--ks", default=None, help="signflip: 0,3,10,30; the other suites: 0,1 (0: the attack off)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", type=Path, default=Path("runs/attack-matrix"))
+    ap.add_argument("--server-env", action="append", default=[], metavar="HERMES_X=V",
+                    help="signflip: an environment variable for the servers (a screening setting to compare, "
+                         "e.g. HERMES_SCREENING__DIRECTION_NORM_FACTOR=2); recorded in each row")
     ap.add_argument("--report", type=Path, nargs="+", default=None,
                     help="print the table of these attack_matrix.jsonl files; run nothing")
     args = ap.parse_args()
@@ -142,13 +145,16 @@ def main() -> int:
     ks = [float(k) for k in (args.ks or SUITES[args.suite][1]).split(",")]
     if 0.0 not in ks:
         ap.error("--ks must include 0: the honest run each ratio is taken against")
+    if args.server_env and args.suite != "signflip":
+        ap.error("--server-env is for the signflip suite")
+    env: dict[str, str | None] = dict(kv.split("=", 1) for kv in args.server_env)
     args.out.mkdir(parents=True, exist_ok=True)
     log = args.out / "attack_matrix.jsonl"
     rows: list[dict[str, Any]] = []
     for preset in presets:
         for rep in range(args.repeats):
             for k in ks:
-                row = {**one_run(args.suite, preset, k, args.out), "repeat": rep}
+                row = {**one_run(args.suite, preset, k, args.out, env), "repeat": rep}
                 rows.append(row)
                 with log.open("a") as fh:
                     fh.write(json.dumps(row) + "\n")

@@ -170,11 +170,12 @@ def attacked_throughout_reach(srv: Any, attacker: SignFlipper, names: list[str],
 
 
 def _signflip_run(tmp_path: Path, preset: str, k: float, attacks: int | None = None,
-                  honest: int = 3) -> dict[str, Any]:
+                  honest: int = 3, env: dict[str, str | None] | None = None) -> dict[str, Any]:
     """The attacker flips for the whole run (``attacks=None``); k = 0: it pushes zeros at the same pace (the
-    honest time to target, for the 1.5x comparison)."""
+    honest time to target, for the 1.5x comparison). ``env``: the server's (a screening setting to compare)."""
     names = [f"honest-{i}" for i in range(honest)]
-    with running_server(tmp_path / "server", "--preset", preset, sets=("eval_interval_seconds=0.5",)) as srv:
+    with running_server(tmp_path / "server", "--preset", preset, sets=("eval_interval_seconds=0.5",),
+                        env=env) as srv:
         attacker = SignFlipper(srv, k, attacks)
         status, seconds, pushed = attacked_throughout_reach(srv, attacker, names, tmp_path,
                                                             f"{preset} to reach {TARGET} under the sign flips")
