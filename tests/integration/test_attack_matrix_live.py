@@ -275,6 +275,7 @@ class SybilFlipper(SignFlipper):
     def run(self, *, first_push_done: threading.Event) -> None:  # type: ignore[override]
         if self.flood:
             try:
+                first_push_done.set()  # the honest agents start now: the flood waits for them to join
                 self.register_flood()
             except BaseException as exc:  # reported by the run
                 self.error = exc
