@@ -103,7 +103,8 @@ def table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         med = statistics.median(held) if held else None
         ratio = None if med is None or base is None or k == 0 else med / base
         ok = len(held) == len(runs) and (k == 0 or (ratio is not None and ratio <= RULE))
-        loads = [r["load_before"] for r in runs] + [r["load_after"] for r in runs]
+        # The 1-minute load average before and after each run.
+        loads = [r[key][0] for r in runs for key in ("load_before", "load_after") if r.get(key)]
         cells.append({"suite": suite, "preset": preset, "k": k, "runs": len(runs), "held": len(held),
                       "median_s": med, "seconds": held, "ratio": ratio, "meets_rule": ok,
                       "load": [min(loads), max(loads)] if loads else None,
@@ -138,11 +139,21 @@ def main() -> int:
                          "e.g. HERMES_SCREENING__DIRECTION_NORM_FACTOR=2); recorded in each row")
     ap.add_argument("--report", type=Path, nargs="+", default=None,
                     help="print the table of these attack_matrix.jsonl files; run nothing")
+    ap.add_argument("--markdown", action="store_true", help="with --report: the table as markdown rows")
     args = ap.parse_args()
     if args.report:
         rows = [json.loads(line) for f in args.report for line in f.read_text().splitlines() if line.strip()]
         cells = table(rows)
-        show(cells, f"{len(rows)} runs from {len(args.report)} file(s)")
+        if args.markdown:
+            for c in cells:
+                print(f"| {c['suite']} | {c['preset']} | {c['k']:g} | {c['held']}/{c['runs']} | "
+                      + ", ".join(f"{x:.1f}" for x in c["seconds"]) + " | "
+                      + ("-" if c["median_s"] is None else f"{c['median_s']:.1f}") + " | "
+                      + ("-" if c["ratio"] is None else f"{c['ratio']:.2f}") + " | "
+                      + ("yes" if c["meets_rule"] else "**NO**") + " | "
+                      + f"{c['at'][0][11:16]}-{c['at'][1][11:16]}, {c['load'][0]:.0f}-{c['load'][1]:.0f} |")
+        else:
+            show(cells, f"{len(rows)} runs from {len(args.report)} file(s)")
         return 0 if all(c["meets_rule"] for c in cells) else 1
     presets = [p for p in (args.presets or SUITES[args.suite][0]).split(",") if p]
     ks = [float(k) for k in (args.ks or SUITES[args.suite][1]).split(",")]
