@@ -77,8 +77,11 @@ def _honest_ids(srv: LiveServer) -> dict[str, str]:
 
 
 def _reached_after(srv: LiveServer, version: Callable[[], int], what: str) -> tuple[dict[str, Any], float]:
-    """The status at the first evaluation >= TARGET of a model past ``version()``; the monotonic time then."""
+    """The status at the first evaluation >= TARGET of a model past ``version()`` with every honest agent in
+    the run (after a resume they register again: the checks below judge all three); the monotonic time then."""
     def reached() -> dict[str, Any] | None:
+        if len(_honest_ids(srv)) < len(HONEST):
+            return None
         s = srv.get_json("/v1/status")
         ev = s["evaluation"]
         return s if ev and ev["version"] > version() and ev["accuracy"] >= TARGET else None
