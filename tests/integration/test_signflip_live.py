@@ -70,13 +70,14 @@ class SignFlipper(Attacker):
             first_push_done.set()
             barrier = self.w.run_config["sync"] == "bsp"
             self.idle_until(lambda: (self.screening()["history"] or 0) >= 4 and self.direction is not None, HANG_S)
-            self.attack_version = self.srv.healthz()["model_version"]
-            self.attack_started.set()
             done = 0
             while not self.stop.is_set() and (self.attacks is None or done < self.attacks):
                 since = self.honest_pushes()
                 self.push(f"flip x{self.k:g}", -self.scaled(self.k))  # k = 0: zeros
                 done += 1
+                if done == 1:  # the attack began: the target counts only for a model made after the first flip
+                    self.attack_version = self.srv.healthz()["model_version"]
+                    self.attack_started.set()
                 if barrier:
                     # A barrier waits for every worker each round: zeros in the rounds between flips.
                     while not self.stop.is_set() and self.honest_pushes() < since + EVERY:
