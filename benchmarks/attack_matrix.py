@@ -1,25 +1,34 @@
 #!/usr/bin/env python
 """Issue 29's attack matrix, measured: honest and attacked runs side by side, medians of repeats.
 
-    python benchmarks/attack_matrix.py [--suite signflip|claims] [--presets asp,fedasync,fedbuff,bsp,hermes]
-        [--ks 0,3,10,30] [--repeats 3] [--out runs/attack-matrix]
+    python benchmarks/attack_matrix.py [--suite signflip|claims|takeover|barrier|sybils|journal]
+        [--presets asp,fedasync,fedbuff,bsp,hermes] [--ks 0,3,10,30] [--repeats 3] [--out runs/attack-matrix]
+    python benchmarks/attack_matrix.py --report runs/attack-matrix/*/attack_matrix.jsonl
 
-Each run is tests/integration/test_signflip_live.py's (``_signflip_run``): a real server with its
-default screening, 3 honest ``hermes-client`` agents on digits, and a sign-flip attacker with the
-join token that pushes 6 flips of the honest global step at k x the median accepted norm, one
-every 8 honest updates; k = 0 is the same run with the attacker only idling (the honest run).
-The run's own checks decide "held": the target 0.8 reached by a model evaluated after the last
-flip, no honest worker refused or quarantined, flips at k >= 10 refused or folded clipped. The
-time is from the agents' start to that evaluation. Within one repeat the ks run one after the
-other, so the load drifts over all of them alike; the table gives each k's median seconds, its
-ratio to k = 0's median, and issue 29's rule: every attacked run held and the ratio <= 1.5.
-``--suite claims`` runs tests/integration/test_lying_claims_live.py's instead: k = 0 a worker pushing
-zeros with truthful claims, k = 1 the same worker lying (samples 1e9 under bsp; 128 samples in 1e-6 s
-under edp-sgd).
+One suite per attack family; each run is a live test's run function (a real server with its default
+screening, three honest ``hermes-client`` agents on digits, the attacker through the real planes), and
+k = 0 is the same run with the attack switched off: the honest run each ratio is taken against.
+
+- ``signflip`` (tests/integration/test_signflip_live.py, ``_signflip_run``): the attacker pushes the
+  reverse of the honest global step at k x the median accepted norm, one every 8 honest pushes, for the
+  whole run; k = 0 pushes zeros at the same pace.
+- ``claims`` (test_lying_claims_live.py): a fourth worker pushing zeros, truthful (k = 0) or lying
+  (k = 1: samples 1e9 under bsp; 128 samples in 1e-6 s under edp-sgd).
+- ``takeover``, ``barrier``, ``sybils``, ``journal`` (test_attack_matrix_live.py): registrations of
+  the honest agents' names; a silent and an always-failing worker at a bsp barrier; a registration flood
+  from one join token whose admitted Sybils flip; a bit flipped mid-journal before a resume.
+
+Every run is timed the same way, attacked or not: from the honest agents' start to the first evaluation
+at or above the target (0.8) of a model made after the attack began, with the attack going on until
+then; the run's own checks decide "held" (target reached, no honest worker refused or quarantined, the
+suite's own). The table gives each k's median seconds over the runs that held, its ratio to k = 0's
+median, and issue 29's rule: every run held and the ratio <= 1.5. Within one repeat the ks run one
+after the other, so the load drifts over all of them alike.
 
 Take the bench lock (docs/testbed-and-bench.md): ``flock -w 900 /work/locks/bench.lock python
 benchmarks/attack_matrix.py ...``. Results go to OUT/attack_matrix.jsonl as each run ends, and
-the table to OUT/attack_matrix.json. Exit status 1 when a cell breaks the rule.
+the table to OUT/attack_matrix.json; ``--report`` prints the table of any jsonl files (one
+invocation may hold only a part of a suite). Exit status 1 when a cell breaks the rule.
 """
 
 from __future__ import annotations
@@ -40,84 +49,140 @@ ROOT = Path(__file__).resolve().parents[1]
 RULE = 1.5  # issue 29: each attacked run reaches the target within 1.5x the honest run's time
 
 
-def one_run(suite: str, preset: str, k: float, out: Path) -> dict[str, Any]:
+# suite: (default presets, default ks)
+SUITES = {
+    "signflip": ("asp,fedasync,fedbuff,bsp,hermes", "0,3,10,30"),
+    "claims": ("bsp,edp-sgd", "0,1"),
+    "takeover": ("asp", "0,1"),
+    "barrier": ("bsp", "0,1"),
+    "sybils": ("asp", "0,1"),
+    "journal": ("asp", "0,1"),
+}
+
+
+def run_suite(suite: str, tmp: Path, preset: str, k: float, env: dict[str, str | None]) -> dict[str, Any]:
     sys.path.insert(0, str(ROOT))
-    from tests.integration.test_lying_claims_live import _lying_run
-    from tests.integration.test_signflip_live import _signflip_run
+    if suite == "signflip":
+        from tests.integration.test_signflip_live import _signflip_run
+        return {**_signflip_run(tmp, preset, k, env=env or None), **({"server_env": env} if env else {})}
+    if suite == "claims":
+        from tests.integration.test_lying_claims_live import _lying_run
+        return {**_lying_run(tmp, preset, lie=k > 0), "k": k}
+    from tests.integration import test_attack_matrix_live as live
+    return {**live.RUNS[suite](tmp, preset, attack=k > 0), "k": k}
+
+
+def one_run(suite: str, preset: str, k: float, out: Path, env: dict[str, str | None]) -> dict[str, Any]:
 
     load_before = loadavg()
     t0 = time.monotonic()
     # Absolute: the server runs with its out dir as cwd and would resolve a relative --out again inside it.
     tmp = Path(tempfile.mkdtemp(prefix=f"{preset}-k{k:g}-", dir=out.resolve()))
     try:
-        if suite == "claims":
-            result = {**_lying_run(tmp, preset, lie=k > 0), "k": k}
-        else:
-            result = _signflip_run(tmp, preset, k)
+        result = run_suite(suite, tmp, preset, k, env)
         held, why = True, ""
         shutil.rmtree(tmp)
     except AssertionError as exc:  # the run's own checks: not reached, an honest worker refused, ...
         # Kept (server events, agents' logs) for the post-mortem.
         result, held, why = {"preset": preset, "k": k, "kept": str(tmp)}, False, str(exc).splitlines()[0][:300]
-    return {**result, "held": held, "why": why, "wall_s": round(time.monotonic() - t0, 1),
+    return {**result, "suite": suite, "held": held, "why": why, "wall_s": round(time.monotonic() - t0, 1),
             "load_before": load_before, "load_after": loadavg(), "at": time.strftime("%Y-%m-%dT%H:%M:%SZ",
                                                                                      time.gmtime())}
 
 
-def table(rows: list[dict[str, Any]], presets: list[str], ks: list[float]) -> list[dict[str, Any]]:
+def table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One cell per (suite, preset, k), in the order first seen; each ratio against the same suite and preset's k = 0."""
     cells = []
-    for preset in presets:
-        honest = [r["seconds_to_target"] for r in rows if r["preset"] == preset and r["k"] == 0 and r["held"]]
+    keys = list(dict.fromkeys((r.get("suite", "signflip"), r["preset"], r["k"]) for r in rows))
+    for suite, preset, k in keys:
+        same = [r for r in rows if r.get("suite", "signflip") == suite and r["preset"] == preset]
+        honest = [r["seconds_to_target"] for r in same if r["k"] == 0 and r["held"]]
         base = statistics.median(honest) if honest else None
-        for k in ks:
-            runs = [r for r in rows if r["preset"] == preset and r["k"] == k]
-            held = [r["seconds_to_target"] for r in runs if r["held"]]
-            med = statistics.median(held) if held else None
-            ratio = None if med is None or base is None or k == 0 else med / base
-            ok = len(held) == len(runs) and (k == 0 or (ratio is not None and ratio <= RULE))
-            cells.append({"preset": preset, "k": k, "runs": len(runs), "held": len(held), "median_s": med,
-                          "seconds": held, "ratio": ratio, "meets_rule": ok,
-                          "refused_flips": [r.get("refusals") for r in runs if r["held"] and k > 0],
-                          "failures": [r["why"] for r in runs if not r["held"]]})
+        runs = [r for r in same if r["k"] == k]
+        held = [r["seconds_to_target"] for r in runs if r["held"]]
+        med = statistics.median(held) if held else None
+        ratio = None if med is None or base is None or k == 0 else med / base
+        ok = len(held) == len(runs) and (k == 0 or (ratio is not None and ratio <= RULE))
+        # The 1-minute load average before and after each run.
+        loads = [r[key][0] for r in runs for key in ("load_before", "load_after") if r.get(key)]
+        cells.append({"suite": suite, "preset": preset, "k": k, "runs": len(runs), "held": len(held),
+                      "median_s": med, "seconds": held, "ratio": ratio, "meets_rule": ok,
+                      "load": [min(loads), max(loads)] if loads else None,
+                      "at": [min(r["at"] for r in runs), max(r["at"] for r in runs)],
+                      "refusals": [r.get("refusals") for r in runs if r["held"] and k > 0],
+                      "failures": [r["why"] for r in runs if not r["held"]]})
     return cells
+
+
+def show(cells: list[dict[str, Any]], title: str) -> None:
+    print_table(title, ["suite", "preset", "k", "held", "seconds", "median s", "x honest", f"<= {RULE}x", "load"],
+                [[c["suite"], c["preset"], f"{c['k']:g}", f"{c['held']}/{c['runs']}",
+                  ", ".join(f"{x:.1f}" for x in c["seconds"]),
+                  "-" if c["median_s"] is None else f"{c['median_s']:.1f}",
+                  "-" if c["ratio"] is None else f"{c['ratio']:.2f}", "yes" if c["meets_rule"] else "NO",
+                  "-" if c["load"] is None else f"{c['load'][0]:.1f}-{c['load'][1]:.1f}"] for c in cells])
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[1])
-    ap.add_argument("--suite", choices=("signflip", "claims"), default="signflip",
-                    help="claims: tests/integration/test_lying_claims_live.py's runs, k 0 truthful, 1 lying "
-                         "(samples 1e9 under bsp, 128 samples in 1e-6 s under edp-sgd)")
-    ap.add_argument("--presets", default=None, help="signflip: asp,fedasync,fedbuff,bsp,hermes; claims: bsp,edp-sgd")
-    ap.add_argument("--ks", default=None, help="signflip: 0,3,10,30; claims: 0,1")
+    ap.add_argument("--suite", choices=tuple(SUITES), default="signflip")
+    ap.add_argument("--presets", default=None, help="default: the suite's (" +
+                    "; ".join(f"{k}: {v[0]}" for k, v in SUITES.items()) + ")")
+    ap.add_argument("--ks", default=None, help="signflip: 0,3,10,30; the other suites: 0,1 (0: the attack off)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", type=Path, default=Path("runs/attack-matrix"))
+    ap.add_argument("--budget-s", type=float, default=None,
+                    help="start no repeat that would end past this many seconds (by the longest repeat so far): "
+                         "keeps one invocation under the bench lock's limit; run the rest in another")
+    ap.add_argument("--server-env", action="append", default=[], metavar="HERMES_X=V",
+                    help="signflip: an environment variable for the servers (a screening setting to compare, "
+                         "e.g. HERMES_SCREENING__DIRECTION_NORM_FACTOR=2); recorded in each row")
+    ap.add_argument("--report", type=Path, nargs="+", default=None,
+                    help="print the table of these attack_matrix.jsonl files; run nothing")
+    ap.add_argument("--markdown", action="store_true", help="with --report: the table as markdown rows")
     args = ap.parse_args()
-    claims = args.suite == "claims"
-    presets = [p for p in (args.presets or ("bsp,edp-sgd" if claims else "asp,fedasync,fedbuff,bsp,hermes")).split(",")
-               if p]
-    ks = [float(k) for k in (args.ks or ("0,1" if claims else "0,3,10,30")).split(",")]
+    if args.report:
+        rows = [json.loads(line) for f in args.report for line in f.read_text().splitlines() if line.strip()]
+        cells = table(rows)
+        if args.markdown:
+            for c in cells:
+                print(f"| {c['suite']} | {c['preset']} | {c['k']:g} | {c['held']}/{c['runs']} | "
+                      + ", ".join(f"{x:.1f}" for x in c["seconds"]) + " | "
+                      + ("-" if c["median_s"] is None else f"{c['median_s']:.1f}") + " | "
+                      + ("-" if c["ratio"] is None else f"{c['ratio']:.2f}") + " | "
+                      + ("yes" if c["meets_rule"] else "**NO**") + " | "
+                      + f"{c['at'][0][11:16]}-{c['at'][1][11:16]}, {c['load'][0]:.0f}-{c['load'][1]:.0f} |")
+        else:
+            show(cells, f"{len(rows)} runs from {len(args.report)} file(s)")
+        return 0 if all(c["meets_rule"] for c in cells) else 1
+    presets = [p for p in (args.presets or SUITES[args.suite][0]).split(",") if p]
+    ks = [float(k) for k in (args.ks or SUITES[args.suite][1]).split(",")]
     if 0.0 not in ks:
         ap.error("--ks must include 0: the honest run each ratio is taken against")
+    if args.server_env and args.suite != "signflip":
+        ap.error("--server-env is for the signflip suite")
+    env: dict[str, str | None] = dict(kv.split("=", 1) for kv in args.server_env)
     args.out.mkdir(parents=True, exist_ok=True)
     log = args.out / "attack_matrix.jsonl"
     rows: list[dict[str, Any]] = []
+    started, longest = time.monotonic(), 0.0
     for preset in presets:
         for rep in range(args.repeats):
+            if args.budget_s is not None and time.monotonic() - started + longest > args.budget_s:
+                print(f"budget: {preset} repeat {rep + 1} not started", flush=True)
+                break
+            rep_start = time.monotonic()
             for k in ks:
-                row = {**one_run(args.suite, preset, k, args.out), "repeat": rep}
+                row = {**one_run(args.suite, preset, k, args.out, env), "repeat": rep}
                 rows.append(row)
                 with log.open("a") as fh:
                     fh.write(json.dumps(row) + "\n")
-                print(f"{preset} k={k:g} #{rep + 1}: held={row['held']} "
+                print(f"{args.suite} {preset} k={k:g} #{rep + 1}: held={row['held']} "
                       f"seconds={row.get('seconds_to_target')} load={row['load_before']} {row['why']}", flush=True)
-    cells = table(rows, presets, ks)
+            longest = max(longest, time.monotonic() - rep_start)
+    cells = table(rows)
     (args.out / "attack_matrix.json").write_text(json.dumps({"cells": cells, "rows": rows}, indent=1))
-    print_table(f"{args.suite}, {args.repeats} repeats, load {loadavg()}",
-                ["preset", "k", "held", "median s", "x honest", f"<= {RULE}x"],
-                [[c["preset"], f"{c['k']:g}", f"{c['held']}/{c['runs']}",
-                  "-" if c["median_s"] is None else f"{c['median_s']:.1f}",
-                  "-" if c["ratio"] is None else f"{c['ratio']:.2f}", "yes" if c["meets_rule"] else "NO"]
-                 for c in cells])
+    show(cells, f"{args.suite}, {args.repeats} repeats, load {loadavg()}")
     return 0 if all(c["meets_rule"] for c in cells) else 1
 
 

@@ -17,6 +17,9 @@ honest, so every refusal is a false one; the expected count is 0 on every
 preset. It prints one table (preset, seed, pushes, refusals by reason, rate,
 quarantined, updates down-weighted and clipped, claims clamped, median norm, final
 accuracy), one line per preset over the seeds, and writes ``OUT/false_refusals.json``.
+The table over the seeds adds the elapsed-time floor's windows and margin (the lowest claimed
+compute / wall time of one window and of a worker's median of 5) and the updates judged at a work
+scale or with a drift allowance (docs/false-refusals.md 1b, 4).
 Down-weighted updates are folded (at the median norm), so they are not refusals; the
 events ``direction_tested``, ``effect_tested`` and ``update_downweighted`` in each run's
 ``events.jsonl`` hold the cosine, norm ratio, probe losses and staleness of every large update.
@@ -79,6 +82,12 @@ def run_one(args: argparse.Namespace, preset: str, seed: int) -> dict[str, Any]:
         "clipped": screening.get("clipped", 0),
         "clamped": sum((screening.get("claims_clamped") or {}).values()),
         "min_accepted_cosine": screening.get("min_accepted_cosine"),
+        # The elapsed-time floor's margin: windows closed and the lowest claimed compute / wall time.
+        "windows": (screening.get("claims_windows") or {}).get("closed"),
+        "min_compute_ratio": (screening.get("claims_windows") or {}).get("min_ratio"),
+        "min_median_ratio": (screening.get("claims_windows") or {}).get("min_median_ratio"),
+        "work_scaled": screening.get("work_scaled"),
+        "drift_allowed": screening.get("drift_allowed"),
         **judged(out / "events.jsonl"),
         "median_norm": screening.get("median_norm"),
         "screening_enabled": screening.get("enabled"),
@@ -133,7 +142,9 @@ def totals(rows: list[dict[str, Any]], preset: str) -> list[str]:
 
     return [preset, str(len(mine)), total("pushes"), total("refused"), str(sum(len(r["quarantined"]) for r in mine)),
             total("judged"), total("direction_failed"), total("effect_failed"), total("downweighted"),
-            extreme("max_ratio", max), extreme("min_cosine", min), extreme("max_staleness", max), total("clamped")]
+            extreme("max_ratio", max), extreme("min_cosine", min), extreme("max_staleness", max), total("clamped"),
+            total("windows"), extreme("min_compute_ratio", min), extreme("min_median_ratio", min),
+            total("work_scaled"), total("drift_allowed")]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -177,7 +188,9 @@ def report(args: argparse.Namespace, rows: list[dict[str, Any]], presets: list[s
         [[str(x) for x in _cells(r)] for r in rows])
     print_table("Over the seeds", ["preset", "runs", "pushes", "refused", "quarantined", "judged", "direction failed",
                                    "effect failed", "down-weighted", "max ratio", "min cosine", "max staleness",
-                                   "clamped"], [totals(rows, p) for p in presets])
+                                   "clamped", "windows", "min compute/wall", "min median of 5", "work-scaled",
+                                   "drift-allowed"],
+               [totals(rows, p) for p in presets])
     if any("error" in r or r["rc"] != 0 for r in rows):
         return 2
     return 1 if any(r.get("refused") for r in rows) else 0

@@ -1,6 +1,7 @@
 """``hermes-bench micro``: our hot paths against bare baselines, side by side in one run.
 
     python benchmarks/micro.py [--out DIR] [--quick] [--skip-kafka] [--kafka HOST:PORT] [--threads N]
+                               [--only SECTION,...] [--repeats N]
 
 (``hermes-bench micro`` runs this script from a repository checkout: it
 reaches into the server's and the agent's internals, so it is not installed.)
@@ -10,6 +11,9 @@ reaches into the server's and the agent's internals, so it is not installed.)
 - data plane: push and pull through ``hermes-server`` vs a bare pyzmq
   DEALER/ROUTER pair moving the same frames, and vs that pair also
   authenticating the bytes with the same MAC on both ends (foundation, part B);
+- compressed data plane (issue 31): top-k, int8 and PowerSGD pushes and int8 pulls through ``hermes-server``
+  vs the bare pair of ``micro_bare.py`` (same bytes, same MAC, the receiver's decode + check + add or
+  quantisation), wall and CPU per request, and the receiver's apply in process;
 - codec: signed ``wire.encode`` / ``wire.decode`` + ``verify_mac`` vs a bare msgpack header + raw
   buffer, without and with the same MAC (Poly1305, one-time key), and what protocol version 2
   did instead (CRC32C + HMAC-SHA256), for reference;
@@ -30,6 +34,8 @@ import hashlib
 import hmac
 import json
 import logging
+import os
+import statistics
 import sys
 import tempfile
 import time
@@ -236,30 +242,65 @@ def bench_compression(repeats: int, model_name: str = "edge-resnet") -> list[dic
     return rows
 
 
+def cpu_seconds(pids: list[int]) -> float:
+    """CPU time the processes have run so far, every thread of each (Linux schedstat, nanoseconds): unlike wall
+    time it does not grow while a process waits for a core, so it compares the two sides on a loaded machine."""
+    total = 0
+    for pid in pids:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            try:
+                total += int((task / "schedstat").read_text().split()[0])
+            except (OSError, ValueError, IndexError):
+                continue  # a thread that ended meanwhile
+    return total / 1e9
+
+
+def cpu_ms(fns: dict[str, tuple[Any, list[int]]], repeats: int, batch: int = 5) -> dict[str, float]:
+    """Median CPU ms per call of each function, over ``repeats`` batches run in turn; the CPU of ``pids`` (this
+    process and the peer process) is read around each batch. A function returning a float reports that many CPU
+    seconds itself (one part of a sequence)."""
+    samples: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(repeats):
+        for name, (fn, pids) in fns.items():
+            c0, own = cpu_seconds(pids), 0.0
+            for _ in range(batch):
+                got = fn()
+                own += got if isinstance(got, float) else 0.0
+            spent = own if own else cpu_seconds(pids) - c0
+            samples[name].append(spent / batch)
+    return {k: statistics.median(v) * 1e3 for k, v in samples.items()}
+
+
 def bench_compressed_dataplane(repeats: int, log_dir: str, threads: int | None, size: str = "1M",
                                hidden: list[int] | None = None) -> list[dict[str, Any]]:
-    """Compressed pushes and int8 pulls through ``hermes-server`` (issue 31) against a bare pyzmq DEALER/ROUTER
-    pair moving the same bytes with the same MAC, and against that pair plus the bare work the bytes ask for
-    (decode + ``torch.add_`` for a push; int8 quantisation for a pull that finds a new model), side by side.
+    """Compressed pushes and int8 pulls through ``hermes-server`` (issue 31) against the bare pair of
+    ``micro_bare.py``, side by side: a pyzmq DEALER/ROUTER moving the same compressed bytes, each end computing
+    the same MAC, and (the goal's comparison, ``bare_auth_apply``) the ROUTER also doing the work the bytes ask
+    for: decode to the dense update, finite check and add into its model for a push; int8 quantisation of its
+    model for a pull that finds a new version. The transport alone (``bare``, ``bare_auth``) is kept for
+    reference.
 
     The push's payload is encoded once beforehand: the agent's encode is the sender's work (its own row in the
-    compression table), not the data plane's. Where the time goes inside the server is timed piece by piece in
-    process (``pieces``): the boundary's decompression (size checks, copy, scatter / dequantise / P Q^T), the
-    finite check and the fold into the model."""
+    compression table), on neither side here. ``apply`` is the receiver's work alone, in process: our
+    decompression (size checks, decode), validation (the norm) and fold into the model against the bare decode,
+    finite check and ``add_``; ``pieces`` splits ours."""
     import torch
     from bench_foundation import JOIN_TOKEN, MLP_HIDDEN, BareRouter, ServerProcess, _pair, split_sizes
+    from micro_bare import BareWorkRouter, bare_decode
 
     from hermes.client.transport import ControlClient, DataClient
     from hermes.common.codec_spec import CodecSpec
     from hermes.common.codecs import Int8Codec, PowerSgdCodec, TopKCodec
     from hermes.common.control_messages import RegisterRequest
     from hermes.common.tensors import ModelSpec
-    from hermes.common.wire import Header, MsgType, encode
+    from hermes.common.wire import Header, MsgType, Payload, encode
     from hermes.server.engine.handlers import decompressed
     from hermes.server.state import ModelState, validate_update
 
     rows: list[dict[str, Any]] = []
+    me = os.getpid()
     bare = BareRouter()
+    work = BareWorkRouter()
     server = ServerProcess(hidden or MLP_HIDDEN[size], ["eval_max_samples=1"], log_dir, threads)
     try:
         reg = ControlClient(server.url, join_token=JOIN_TOKEN).register(
@@ -275,6 +316,8 @@ def bench_compressed_dataplane(repeats: int, log_dir: str, threads: int | None, 
             for codec in (TopKCodec(0.01), Int8Codec(1024, True, 0), PowerSgdCodec(4, 0)):
                 enc = codec.encode(delta32, shapes)
                 body = {"samples": 32, "loss": 1.0, "codec": enc.spec.model_dump(exclude_none=True)}
+                bare_spec = {**enc.spec.model_dump(exclude_none=True), "codec": enc.spec.name,
+                             "shapes": [list(s) for s in shapes]}
 
                 def push(data: torch.Tensor = enc.data, body: dict[str, Any] = body) -> None:
                     nonlocal version
@@ -286,28 +329,38 @@ def bench_compressed_dataplane(repeats: int, log_dir: str, threads: int | None, 
 
                 frames = encode(Header(type=MsgType.PUSH_UPDATE, seq=1, model_version=1), enc.data)
                 auth_frames = [b"A" + bytes(frames[0]), *frames[1:]]
-
-                def bare_apply(data: torch.Tensor = enc.data, cspec: CodecSpec = enc.spec) -> None:
-                    bare_model.add_(type(codec).decode_data(data, cspec, shapes))
-
-                def bare_auth_apply(auth_frames: list[Any] = auth_frames) -> None:
-                    bare.round_trip(auth_frames, auth=True)
-                    bare_apply()
-
                 t = timed_ms({"server": push, "bare": lambda frames=frames: bare.round_trip(frames),
                               "bare_auth": lambda af=auth_frames: bare.round_trip(af, auth=True),
-                              "bare_auth_apply": bare_auth_apply}, repeats)
+                              "bare_auth_apply": lambda bs=bare_spec, fr=frames: work.push(bs, fr[1:])}, repeats)
                 row = _pair(f"push {codec.name}", size, numel, enc.nbytes, len(frames) - 1, t)
                 row["bare_auth_apply_ms"] = t["bare_auth_apply"]["median"]
                 row["ratio_auth_apply"] = row["server_ms"] / row["bare_auth_apply_ms"]
-                # The server's own work on this push, piece by piece, in process.
+                row["cpu"] = cpu_ms({"server": (push, [server.proc.pid, me]),
+                                     "bare_auth_apply": (lambda bs=bare_spec, fr=frames: work.push(bs, fr[1:]),
+                                                         [work.proc.pid, me])}, max(3, repeats // 2))
+                # The receiver's work alone, in process: ours (as the push handler and the fold run it) and bare.
                 payload = encode_payload(enc.data)
                 dense = decompressed(spec, payload, enc.spec)
+                raw = memoryview(enc.data.numpy())
+
+                def ours_apply(p: Any = payload, c: CodecSpec = enc.spec) -> None:
+                    d = decompressed(spec, p, c)
+                    validate_update(spec, d)
+                    local.apply([(d, 1.0)])
+
+                def bare_apply(bs: dict[str, Any] = bare_spec, raw: memoryview = raw) -> None:
+                    d = bare_decode(bs, raw)
+                    if not torch.isfinite(d.sum()):
+                        raise ValueError("non-finite update")
+                    bare_model.add_(d)
+
                 pieces = timed_ms({
+                    "apply": ours_apply, "bare_apply": bare_apply,
                     "decompress": lambda p=payload, c=enc.spec: decompressed(spec, p, c),
-                    "bare_decode": lambda d=enc.data, c=enc.spec: type(codec).decode_data(d, c, shapes),
-                    "validate": lambda d=dense: validate_update(spec, d),
-                    "apply": lambda d=dense: local.apply([(d, 1.0)]),
+                    "bare_decode": lambda bs=bare_spec, raw=raw: bare_decode(bs, raw),
+                    # A fresh Payload each time: its norm is computed once and cached.
+                    "validate": lambda d=dense: validate_update(spec, Payload(d.dtype, d.chunks, d.shapes)),
+                    "fold": lambda d=dense: local.apply([(d, 1.0)]),
                     "bare_add": lambda: bare_model.add_(delta32),
                 }, repeats)
                 row["pieces"] = {k: v["median"] for k, v in pieces.items()}
@@ -325,32 +378,39 @@ def bench_compressed_dataplane(repeats: int, log_dir: str, threads: int | None, 
             req, req_auth = [f"pull:{nbytes}".encode()], [f"pullA:{nbytes}".encode()]
             t = timed_ms({"server": pull_int8, "bare": lambda: bare.round_trip(req),
                           "bare_auth": lambda: bare.round_trip(req_auth, auth=True)}, repeats)
-            rows.append(_pair("pull int8, cached", size, numel, nbytes, len(split_sizes(nbytes)), t))
+            row = _pair("pull int8, cached", size, numel, nbytes, len(split_sizes(nbytes)), t)
+            row["cpu"] = cpu_ms({"server": (pull_int8, [server.proc.pid, me]),
+                                 "bare_auth": (lambda: bare.round_trip(req_auth, auth=True), [bare.proc.pid, me])},
+                                max(3, repeats // 2))
+            rows.append(row)
 
-            quant = Int8Codec(1024, False, 0)
             # A push makes a new version, whose int8 bytes the next pull quantises.
             topk = TopKCodec(0.01).encode(delta32, shapes)
             topk_body = {"samples": 32, "loss": 1.0, "codec": topk.spec.model_dump(exclude_none=True)}
 
-            def pull_after_push() -> float:
+            def pull_after_push(clock: Any = time.perf_counter) -> float:
+                """Only the pull is timed (``clock``: wall, or the CPU of the server and this process)."""
                 nonlocal version
                 rep = dc.request(MsgType.PUSH_UPDATE, topk_body, payload=topk.data, model_version=version,
                                  idempotent=False)
                 version = rep.header.model_version
-                t0 = time.perf_counter()
+                # The push's tail (its reply's send, the agent's release of the payload frame) is the push's, not
+                # the pull's: a moment for it to end before the pull's clock starts (the bare pair has no push).
+                time.sleep(0.005)
+                t0 = clock()
                 pull_int8()
-                return time.perf_counter() - t0
-
-            def bare_auth_quantise() -> None:
-                quant.encode(bare_model, shapes)
-                bare.round_trip(req_auth, auth=True)
+                return clock() - t0
 
             t = timed_ms({"server": pull_after_push, "bare": lambda: bare.round_trip(req),
                           "bare_auth": lambda: bare.round_trip(req_auth, auth=True),
-                          "bare_auth_apply": bare_auth_quantise}, repeats)
+                          "bare_auth_apply": lambda: work.pull(1024, numel)}, repeats)
             row = _pair("pull int8 right after a push", size, numel, nbytes, len(split_sizes(nbytes)), t)
             row["bare_auth_apply_ms"] = t["bare_auth_apply"]["median"]
             row["ratio_auth_apply"] = row["server_ms"] / row["bare_auth_apply_ms"]
+            row["cpu"] = cpu_ms({"server": (lambda: pull_after_push(lambda: cpu_seconds([server.proc.pid, me])),
+                                            [server.proc.pid, me]),
+                                 "bare_auth_apply": (lambda: work.pull(1024, numel), [work.proc.pid, me])},
+                                max(3, repeats // 2))
             rows.append(row)
         finally:
             dc.close()
@@ -359,6 +419,7 @@ def bench_compressed_dataplane(repeats: int, log_dir: str, threads: int | None, 
         raise
     finally:
         server.close()
+        work.close()
         bare.close()
     return rows
 
@@ -370,8 +431,14 @@ def encode_payload(data: Any) -> Any:
     return decode(encode(Header(type=MsgType.PUSH_UPDATE, shapes=((data.numel(),),)), data, key=b"k" * 32)).payload
 
 
+SECTIONS = ("apply", "dataplane", "compressed", "codec", "compression", "evaluator", "kafka")
+
+
 def run_micro(out: Path, *, quick: bool, kafka: str | None, skip_kafka: bool, threads: int | None,
-              progress=lambda line: None) -> dict[str, Any]:
+              progress=lambda line: None, only: tuple[str, ...] = SECTIONS,
+              repeats: int | None = None) -> dict[str, Any]:
+    """``only``: the sections to run (all by default); ``repeats``: the data-plane rows' repeats (default 10 with
+    ``quick``, else 40)."""
     if threads:
         import torch
 
@@ -380,23 +447,30 @@ def run_micro(out: Path, *, quick: bool, kafka: str | None, skip_kafka: bool, th
     t0 = time.perf_counter()
     res: dict[str, Any] = {"machine": machine_info(), "versions": versions(), "quick": quick}
     reps = 7 if quick else 31
+    plane_reps = repeats or (10 if quick else 40)
     sizes = ("1M",) if quick else ("1M", "10M")
-    progress("micro: update apply vs bare axpy ...")
-    res["apply"] = bench_apply(reps, sizes)
-    progress("micro: data plane push/pull vs bare pyzmq (starts hermes-server) ...")
-    with tempfile.TemporaryDirectory(prefix="hermes-micro-") as log_dir:
-        res["dataplane"], _ = bench_dataplane(10 if quick else 40, log_dir, 1, threads, sizes)
-    progress("micro: compressed pushes and int8 pulls vs bare pyzmq (starts hermes-server) ...")
-    with tempfile.TemporaryDirectory(prefix="hermes-micro-") as log_dir:
-        res["compressed_dataplane"] = bench_compressed_dataplane(10 if quick else 40, log_dir, threads)
-    progress("micro: codec encode/decode vs bare msgpack + buffer ...")
-    res["codec"] = bench_codec(reps * 3)
-    progress("micro: compression codecs on the edge-sized model ...")
-    res["compression"] = bench_compression(reps)
-    progress("micro: evaluator seconds per evaluation vs bare forward passes ...")
-    res["evaluator"] = bench_evaluator(reps)
-    if skip_kafka:
-        res["kafka"] = {"skipped": "--skip-kafka"}
+    if "apply" in only:
+        progress("micro: update apply vs bare axpy ...")
+        res["apply"] = bench_apply(reps, sizes)
+    if "dataplane" in only:
+        progress("micro: data plane push/pull vs bare pyzmq (starts hermes-server) ...")
+        with tempfile.TemporaryDirectory(prefix="hermes-micro-") as log_dir:
+            res["dataplane"], _ = bench_dataplane(plane_reps, log_dir, 1, threads, sizes)
+    if "compressed" in only:
+        progress("micro: compressed pushes and int8 pulls vs bare pyzmq (starts hermes-server) ...")
+        with tempfile.TemporaryDirectory(prefix="hermes-micro-") as log_dir:
+            res["compressed_dataplane"] = bench_compressed_dataplane(plane_reps, log_dir, threads)
+    if "codec" in only:
+        progress("micro: codec encode/decode vs bare msgpack + buffer ...")
+        res["codec"] = bench_codec(reps * 3)
+    if "compression" in only:
+        progress("micro: compression codecs on the edge-sized model ...")
+        res["compression"] = bench_compression(reps)
+    if "evaluator" in only:
+        progress("micro: evaluator seconds per evaluation vs bare forward passes ...")
+        res["evaluator"] = bench_evaluator(reps)
+    if "kafka" not in only or skip_kafka:
+        res["kafka"] = {"skipped": "--skip-kafka" if skip_kafka else "not in --only"}
     else:
         progress("micro: shard fetch via Kafka vs ZeroMQ vs bare kafka-python (starts a broker) ...")
         res["kafka"] = bench_kafka(quick, kafka)
@@ -424,20 +498,23 @@ def ratio_rows(res: dict[str, Any]) -> list[list[str]]:
                      f"{r['server_ms']:.2f} ms", f"{r['bare_ms']:.2f} ms" + (f"; {auth:.2f} ms" if auth else ""),
                      f"{r['ratio']:.2f}" + (f"; {r['ratio_auth']:.2f}" if auth else "")])
     for r in res.get("compressed_dataplane", []):
-        work = "decode + add_" if r["op"].startswith("push") else "int8 quantisation"
         extra = r.get("bare_auth_apply_ms")
-        rows.append([f"data plane {r['op']} {r['size']}, {r['payload_bytes']:,} B (hermes-server vs bare pyzmq; + the "
-                     f"same MAC{f'; + the MAC and the bare {work}' if extra else ''})",
+        work = "decode, finite check, add_" if r["op"].startswith("push") else "int8 quantisation"
+        rows.append([f"data plane {r['op']} {r['size']}, {r['payload_bytes']:,} B (hermes-server vs bare pyzmq + the "
+                     f"same MAC{f' + the bare {work} (the goal); bare pyzmq + the MAC alone' if extra else ''})",
                      f"{r['server_ms']:.2f} ms",
-                     f"{r['bare_ms']:.2f} ms; {r['bare_auth_ms']:.2f} ms" + (f"; {extra:.2f} ms" if extra else ""),
-                     f"{r['ratio']:.2f}; {r['ratio_auth']:.2f}" + (f"; {r['ratio_auth_apply']:.2f}" if extra else "")])
+                     (f"{extra:.2f} ms; {r['bare_auth_ms']:.2f} ms" if extra else f"{r['bare_auth_ms']:.2f} ms"),
+                     (f"{r['ratio_auth_apply']:.2f}; {r['ratio_auth']:.2f}" if extra else f"{r['ratio_auth']:.2f}")])
+        if r.get("cpu"):
+            ours, theirs = r["cpu"]["server"], r["cpu"].get("bare_auth_apply", r["cpu"].get("bare_auth"))
+            rows.append([f"  CPU of the {r['op']} (server + agent vs the bare pair's two processes, every thread)",
+                         f"{ours:.2f} ms", f"{theirs:.2f} ms", f"{ours / theirs:.2f}"])
         if r.get("pieces"):
             pc = r["pieces"]
-            rows.append([f"  in the server, per {r['op']}: decompress; finite check; fold into the model "
-                         "(vs the bare decode; one add_)",
-                         f"{pc['decompress']:.2f}; {pc['validate']:.2f}; {pc['apply']:.2f} ms",
-                         f"{pc['bare_decode']:.2f}; {pc['bare_add']:.2f} ms",
-                         f"{(pc['decompress'] + pc['validate'] + pc['apply']) / (pc['bare_decode'] + pc['bare_add']):.2f}"])
+            rows.append([f"  apply of a {r['op']} in process: decompress + validate + fold (vs bare decode + "
+                         f"finite check + add_); ours = {pc['decompress']:.2f} + {pc['validate']:.2f} + "
+                         f"{pc['fold']:.2f} ms, the bare decode {pc['bare_decode']:.2f} ms",
+                         f"{pc['apply']:.2f} ms", f"{pc['bare_apply']:.2f} ms", f"{pc['apply'] / pc['bare_apply']:.2f}"])
     for r in res.get("codec", []):
         rows.append([f"codec {r['op']} {r['numel'] / 1e6:.0f}M {r['dtype']} (vs msgpack + buffer; + the same MAC; "
                      "[v2's crc32c + hmac-sha256])",
@@ -484,6 +561,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kafka", default=None, metavar="HOST:PORT", help="a running broker (default: start Tansu)")
     p.add_argument("--skip-kafka", action="store_true", help="leave out the shard-fetch comparison")
     p.add_argument("--threads", type=int, default=None, help="torch threads here and in the server")
+    p.add_argument("--only", default=",".join(SECTIONS), metavar="SECTION[,SECTION]",
+                   help=f"run only these sections (of {', '.join(SECTIONS)})")
+    p.add_argument("--repeats", type=int, default=None,
+                   help="repeats of each data-plane row (default 10 with --quick, else 40)")
 
 
 def _say(line: str) -> None:
@@ -496,8 +577,12 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     out = Path(args.out)
+    only = tuple(x.strip() for x in args.only.split(",") if x.strip())
+    unknown = sorted(set(only) - set(SECTIONS))
+    if unknown:
+        p.error(f"--only: no section {', '.join(unknown)} (sections: {', '.join(SECTIONS)})")
     res = run_micro(out, quick=args.quick, kafka=args.kafka, skip_kafka=args.skip_kafka, threads=args.threads,
-                    progress=_say)
+                    progress=_say, only=only, repeats=args.repeats)
     print_table("ours vs bare (ratio = our time / bare time)", ["comparison", "ours", "bare", "ratio"],
                 ratio_rows(res))
     if "skipped" in (res.get("kafka") or {}):

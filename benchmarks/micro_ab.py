@@ -1,6 +1,7 @@
 """Before/after for ``hermes-bench micro``: a base revision's micro suite and this checkout's, alternated.
 
-    python benchmarks/micro_ab.py --base REV [--repeats 5] [--out DIR] [--full]
+    python benchmarks/micro_ab.py --base REV [--after REV] [--repeats 5] [--out DIR] [--full]
+                                  [--only SECTION,...] [--plane-repeats N]
 
 The base revision is exported (``git archive``) into a temporary directory
 laid out as the installed ``hermes`` package, and its own
@@ -9,6 +10,13 @@ servers it starts inherit it); this checkout's runs as it is. Runs
 alternate base, this, base, this, ... so load from other processes hits
 both alike. Printed per comparison: the median over the repeats of our time
 and of the ratio to the bare baseline, for each side, and after / before.
+
+With ``--after REV`` the after side is that revision, exported when the run
+starts (not the working tree), and both sides run the after revision's
+``benchmarks/`` (the same bench and baselines, only the measured code
+differs): a run queued behind a lock measures the commits of its start.
+For the compressed rows the ratio is to the bare pair that also does the
+receiver's work (``micro_bare.py``).
 """
 
 from __future__ import annotations
@@ -64,6 +72,11 @@ def rows_of(res: dict[str, Any]) -> dict[str, tuple[float, float]]:
         out[f"{r['op']} {r['size']}"] = (r["server_ms"], r["ratio"])
     for r in res.get("codec", []):
         out[f"codec {r['op']} {r['dtype']}"] = (r["ms"], r["ratio"])
+    for r in res.get("compressed_dataplane", []):
+        out[r["op"]] = (r["server_ms"], r.get("ratio_auth_apply") or r["ratio_auth"])
+        if r.get("pieces"):
+            pc = r["pieces"]
+            out[f"apply, {r['op']}"] = (pc["apply"], pc["apply"] / pc["bare_apply"])
     return out
 
 
@@ -73,14 +86,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=5, help="runs of each side (default 5; medians are reported)")
     p.add_argument("--out", default="runs/bench-micro-ab", help="directory for every run's micro.json and ab.json")
     p.add_argument("--full", action="store_true", help="the full suite instead of --quick")
+    p.add_argument("--after", default=None, help="the after side's revision (default: this working tree)")
+    p.add_argument("--only", default=None, help="micro.py --only (its sections; default all)")
+    p.add_argument("--plane-repeats", type=int, default=None, help="micro.py --repeats (data-plane rows)")
     args = p.parse_args(argv)
     extra = ([] if args.full else ["--quick"]) + ["--skip-kafka", "--threads", "1"]
+    if args.only:
+        extra += ["--only", args.only]
+    if args.plane_repeats:
+        extra += ["--repeats", str(args.plane_repeats)]
     out = Path(args.out)
     runs: dict[str, list[dict[str, Any]]] = {"before": [], "after": []}
     with tempfile.TemporaryDirectory(prefix="hermes-micro-ab-") as tmp:
-        base_src = export(args.base, Path(tmp))
+        base_src = export(args.base, Path(tmp) / "base")
+        if args.after:
+            after_src = export(args.after, Path(tmp) / "after")
+            sides = (("before", after_src, Path(tmp) / "base" / "pkg"), ("after", after_src, Path(tmp) / "after" / "pkg"))
+        else:
+            sides = (("before", base_src, Path(tmp) / "base" / "pkg"), ("after", ROOT, None))
         for i in range(args.repeats):
-            for side, checkout, path in (("before", base_src, Path(tmp) / "pkg"), ("after", ROOT, None)):
+            for side, checkout, path in sides:
                 print(f"run {i + 1}/{args.repeats}: {side}", file=sys.stderr, flush=True)
                 runs[side].append(rows_of(run_once(checkout, path, out / f"{side}-{i}", extra)))
     summary = []

@@ -89,7 +89,7 @@ def cycle_record(work: Work, result: CycleResult, *, pushed: bool, decision: str
     """One cycle as the server's allocators and event log see it (the gate's fields when it decided)."""
     return CycleReport(dss=result.samples, batch_size=work.batch_size, accumulation=work.accumulation,
                        compute_seconds=result.compute_seconds, decision=decision, pushed=pushed,
-                       val_loss=val_loss, z=z, alpha=alpha, federated=result.federated)
+                       val_loss=val_loss, z=z, alpha=alpha, federated=result.federated, assignment=work.assignment)
 
 
 def run_cycles(host: Host, job: Job, session: Session, topology: Topology) -> str:

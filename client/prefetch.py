@@ -51,6 +51,8 @@ class Work:
     accumulation: int = 1
     # A federated evaluation round to answer before training (WorkReply.federated_round).
     federated_round: int | None = None
+    # The server's id of the assignment, named in this cycle's report (CycleReport.assignment).
+    assignment: int | None = None
 
 
 @dataclass(frozen=True)
@@ -189,6 +191,7 @@ class Prefetcher:
             cycle_samples=work.cycle_samples or None,
             accumulation=work.accumulation,
             federated_round=work.federated_round,
+            assignment=work.assignment,
         )
 
     def _draw(self, work: WorkReply) -> Work:
@@ -201,4 +204,4 @@ class Prefetcher:
         x, y = self.local.draw(n)
         return Work(epoch=work.epoch, shards=(), x=x, y=y, batch_size=work.batch_size,
                     lr=work.lr, fetched_bytes=0, cycle_samples=n, accumulation=work.accumulation,
-                    federated_round=work.federated_round)
+                    federated_round=work.federated_round, assignment=work.assignment)

@@ -181,6 +181,9 @@ class CycleReport(BaseModel):
     decision: Annotated[str, Field(max_length=32, strict=True)] = "always"
     # The answer to a federated evaluation request (WorkReply.federated_round), scored before this cycle trained.
     federated: FederatedReport | None = None
+    # The WORK reply's ``assignment`` this cycle trained (issue 29): the server times the claim against
+    # the wall time since it handed that out. Agents before the field leave it out (no elapsed-time floor).
+    assignment: Count | None = None
 
     def fields(self) -> dict[str, Any]:
         """The report as the registry and the event log keep it (``batch_size`` since issue 26, ``mbs`` before)."""
@@ -377,6 +380,8 @@ class WorkReply(Reply):
     then: list[WorkReply] | None = None
     # Score the pulled global model on the device's held-out data before this cycle (federated_eval).
     federated_round: int | None = None
+    # The assignment's id, for the cycle report to name (CycleReport.assignment); servers before it send none.
+    assignment: int | None = None
 
     def body(self) -> dict[str, Any]:
         """The wire body: the data-source fields sit beside the assignment's, as agents read them."""

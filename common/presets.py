@@ -31,11 +31,14 @@ PRESETS: dict[str, dict[str, Any]] = {
     # model worse (candidate loss 0.92 against 0.40) is added at 16%, not Eq. 6's 30%. To 0.9 on
     # mnist1d HL8 (2026-11-27): lan, 19 paired seeds, faster in 13, median 6.72 s against 7.46 s
     # (Wilcoxon p 0.055); lte, faster in 3 of 3, 11.1 s against 11.7 s; p = 4 no faster than 1.
+    # With n > 5 workers training at once each since-pull delta is added at 5 / n of its share
+    # (loss.concurrency_scale): with 100 devices at once the undamped deltas (60-80 versions stale)
+    # diverged (docs/simulation.md, "Hermes at 1,000 devices"); 4 agents are unchanged.
     "hermes": {
         "sync": "hermes", "aggregation": "loss", "gate": "zscore", "allocation": "dual-search",
         "momentum": 0.9, "lr": 0.1, "assignments_per_request": 4, "loss.reference": "pull", "overlap_push": True,
         "zscore.resync_factor": 4.0, "zscore.validation_samples": 128, "loss.eval_samples": 256,
-        "loss.sharpness": 2.0,
+        "loss.sharpness": 2.0, "loss.concurrency_scale": 5,
     },
     # Hermes as the paper runs it (paper 004; each switch at the paper's rule, tests/unit/policies/
     # test_paper_fidelity.py holds the paper's line for each): gated async pushes of w - w0, the

@@ -49,6 +49,22 @@ from hermes.common.task_registry import batch_of, resolve_task
 log = logging.getLogger(__name__)
 
 
+def process_started_at() -> float | None:
+    """This process's start on the wall clock (Linux /proc, 10 ms resolution); None where unreadable.
+
+    The ``alone`` baseline's time from launch starts here (interpreter start, imports, data, model), as the
+    cluster's starts at its agents' launch: torchrun's own launcher, which a device training alone would not
+    run, is left out.
+    """
+    try:
+        # Field 22 (starttime, clock ticks after boot) is the 20th after the parenthesised command name.
+        ticks = int(Path("/proc/self/stat").read_text().rpartition(")")[2].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def link_delay(nbytes: int, world: int, up_bps: float | None, down_bps: float | None, rtt: float) -> float:
     """Seconds a ring all-reduce of ``nbytes`` takes on the slowest rank's link.
 
@@ -207,6 +223,8 @@ def main(argv: list[str] | None = None) -> None:
     mine = np.arange(rank, dataset_len(train), world)  # this rank's share, as DistributedSampler deals it
     dist.barrier()
     t0 = time.time()
+    started = process_started_at()
+    startup = None if started is None else max(0.0, t0 - started)
     eval_seconds = compute = waited = 0.0
     steps = 0
     timeline: list[dict[str, Any]] = []
@@ -256,7 +274,7 @@ def main(argv: list[str] | None = None) -> None:
                                      "messages": state["allreduces"]})
     if rank == 0:
         _write_summary(Path(a.out), cfg, a, lr, world, count_parameters(model), timeline, reached_at, wall,
-                       steps, workers)
+                       steps, workers, startup)
     # Every rank past the summary before any tears gloo down: a rank whose peers had already
     # gone aborted in its destructor (measured: "terminate called without an active exception").
     dist.barrier()
@@ -265,7 +283,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def _write_summary(out: Path, cfg: Any, a: argparse.Namespace, lr: float, world: int, params: int,
                    timeline: list[dict[str, Any]], reached_at: float | None, wall: float, steps: int,
-                   workers: list[Any]) -> None:
+                   workers: list[Any], startup: float | None = None) -> None:
     last = timeline[-1] if timeline else {}
     summary = {
         "preset": "ddp", "dataset": cfg.dataset, "model": cfg.model, "clients": world, "parameters": params,
@@ -277,6 +295,10 @@ def _write_summary(out: Path, cfg: Any, a: argparse.Namespace, lr: float, world:
         # From the barrier after every rank joined, evaluations left out: the testbed's "train s".
         "seconds_to_target": None if reached_at is None else round(reached_at, 3),
         "train_seconds_to_target": None if reached_at is None else round(reached_at, 3),
+        # Rank 0's process start to the barrier (imports, data, model, gloo), and start-up plus training to
+        # target (evaluations still left out): the cluster's time from its agents' launch has its counterpart.
+        "startup_seconds": None if startup is None else round(startup, 3),
+        "launch_seconds_to_target": None if reached_at is None or startup is None else round(reached_at + startup, 3),
         "model_updates": steps,
         "messages_total": sum(w["messages"] for w in workers),
         "messages_by_type": {"allreduce": sum(w["messages"] for w in workers)},

@@ -61,15 +61,33 @@ class ScreeningSettings(BaseModel):
     # 4.0-5.2x raised the probe loss or pointed against the descent (2026-11-27); the sign flips at
     # k >= 10 are refused. 0: every direction failure is refused (before issue 29's false-refusal fix).
     downweight_below: float = Field(default=8.0, ge=0.0)
+    # An effect failure is evidence only when the update also points uphill: its cosine with the
+    # reference below this. Near 0 the first-order change of the loss is nil and a rise is curvature:
+    # edp-sgd's batch-5 worker was refused at 9.4x, cosine -0.016 (seed 1, 2026-11-27); the sign flips
+    # of the attack tests sit far below it. 0.0: any negative cosine counts (before this rule).
+    uphill_below: float = Field(default=-0.05, ge=-1.0, le=0.0)
     direction_window: int = Field(default=32, ge=1, le=10_000)
+    # Work-aware norm scale (issue 29, engine.claims.work_scale): an update is judged against the median
+    # norm x max(1, its assignment's lr x steps / batch over the median of the accepted updates'), at most
+    # work_scale_max; updates whose assignment the server does not know (no id on the cycle report, blend
+    # presets) at x 1. edp-sgd's partition cut one worker's batch to 5-6 and its honest updates reached
+    # 14-70x the batch-32 median (2026-11-27). False: the median norm alone, as before.
+    work_scale: bool = True
+    work_scale_max: float = Field(default=16.0, ge=1.0)
+    # Blend presets (hermes, fedasync; issue 29): a stale update's step (w0 + G) - w also undoes what the
+    # model moved since its base, so it is judged against the median plus that distance (the path length of
+    # the folds since, from the later of its base and the worker's own previous push: a base claimed older
+    # than that buys nothing). An honest hermes update at staleness 5 was refused at 14.3x the median,
+    # cosine -0.205, under load (2026-11-27). False: the median alone, as before.
+    stale_drift: bool = True
     sketch: int = Field(default=65_536, ge=16, le=1 << 24)
     # Claims (issue 29, engine.claims): samples and dss at most the assigned cycle_samples; cycle
-    # seconds at least this fraction of the time since the worker's last reply, and the speed they
-    # imply at most power_factor x the median of the other workers' (HL8 fleets differ by 8x).
+    # seconds at least this fraction of the wall time from the hand-out of the assignment the report
+    # names (or the worker's previous push reply, if later) to the push that carries it, and the speed
+    # they imply at most power_factor x the median of the other workers' (HL8 fleets differ by 8x).
     claims: bool = True
-    # 0 (off) by default: carried cycle reports (combine_messages) arrive together and were each
-    # compared with the whole interval, 100 false clamps in an honest edp-sgd run (2026-11-27).
-    min_compute_fraction: float = Field(default=0.0, ge=0.0, le=1.0)
+    # The elapsed-time floor (0: off). Reports naming no assignment (older agents) have none.
+    min_compute_fraction: float = Field(default=0.25, ge=0.0, le=1.0)
     power_factor: float = Field(default=8.0, gt=1.0)
     max_samples_unassigned: int = Field(default=4096, ge=1)
     # Cycle seconds are clamped only when off their bound by more than this factor (noise, not a lie).

@@ -71,6 +71,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="every device at the population's mean FLOP/s: the ideal cluster of the same total compute")
     p.add_argument("--jitter", type=float, default=0.0, metavar="SIGMA",
                    help="per-cycle compute-time noise, log-normal with this sigma (default 0: none)")
+    p.add_argument("--host", default="none", metavar="none|testbed[:KEY=VALUE,...]",
+                   help="the testbed machine's shared cores: the server's and the devices' CPU work by processor "
+                        "sharing of `cores` (2) with `background` other runnable processes (default none: every "
+                        "device and the server on their own; sim/host.py, docs/simulation.md)")
+    p.add_argument("--charge-model", default=None, metavar="NAME:CxHxW",
+                   help="charge the compute of the model zoo's NAME on inputs of CxHxW (e.g. cnn:1x28x28, the "
+                        "Hermes paper's MNIST CNN size) on the virtual clock while the run's own model trains for "
+                        "real (default: the run's own model's FLOPs)")
     p.add_argument("--quiet", action="store_true", help="no summary table at the end")
     return p
 
@@ -111,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     from hermes.common.task import TaskError
     from hermes.deploy.testbed_summary import format_summary
     from hermes.server.outdir import OutDirError, default_out_dir
+    from hermes.sim.host import HostError, on_host, parse_host
     from hermes.sim.links import ServerLink, transfer_seconds
     from hermes.sim.populations import PopulationError, build_population
     from hermes.sim.run import SimError, Simulation
@@ -129,6 +138,13 @@ def main(argv: list[str] | None = None) -> int:
     except PopulationError as exc:
         print(f"hermes-sim: --population: {exc}", file=sys.stderr)
         return 2
+    try:
+        host = parse_host(args.host)
+    except HostError as exc:
+        print(f"hermes-sim: {exc}", file=sys.stderr)
+        return 2
+    if host is not None:
+        profiles = on_host(profiles, args.population, host)
     if args.homogeneous:
         from hermes.sim.reference import homogeneous
 
@@ -139,7 +155,8 @@ def main(argv: list[str] | None = None) -> int:
         sim = Simulation(config, profiles, out=out, transfer=transfer_seconds, server_link=link,
                          cost=by_name(args.server_cost), population=args.population, link=args.link,
                          heartbeat_interval=args.heartbeat_interval, heartbeat_timeout=args.heartbeat_timeout,
-                         split=args.split, ray=args.ray, alone=args.alone, jitter=args.jitter)
+                         split=args.split, ray=args.ray, alone=args.alone, jitter=args.jitter,
+                         host=host, charge_model=args.charge_model)
         summary = sim.run()
     except (SimError, OutDirError, TaskError) as exc:
         print(f"hermes-sim: {exc}", file=sys.stderr)

@@ -33,6 +33,7 @@ from hermes.common.clock import Clock
 from hermes.common.wire import Header, Message, MsgType, decode, encode
 from hermes.server.engine import Engine
 from hermes.server.heartbeat import HeartbeatMonitor
+from hermes.sim.host import Host
 from hermes.sim.server_cost import MeasuredCost
 
 T = TypeVar("T")
@@ -102,7 +103,7 @@ class Endpoint(Protocol):
 
 class Driver:
     def __init__(self, engine: Engine, clock: Clock, *, transfer: Transfer, server_link: ServerLinkModel | None,
-                 cost: ServerCostModel, heartbeat_timeout: float) -> None:
+                 cost: ServerCostModel, heartbeat_timeout: float, host: Host | None = None) -> None:
         self.engine = engine
         self.clock = clock
         self.transfer = transfer
@@ -115,6 +116,10 @@ class Driver:
         # Server CPU seconds a push costs on top of its ops: the loss aggregation's scoring of models
         # (sim.server_cost.probe_seconds), set by the Simulation once it has counted the model's FLOPs.
         self.push_extra_seconds = 0.0
+        # --host (sim/host.py): the server's operations, evaluations and the agents' message handling are jobs
+        # on the shared cores; the server's FIFO then runs one operation at a time, in arrival order.
+        self.host = host
+        self._server_tail: asyncio.Future[None] | None = None
         self.monitor = HeartbeatMonitor(engine, heartbeat_timeout)
         self.stopped = asyncio.Event()
         engine.on_stop.append(lambda _reason: self.stopped.set())
@@ -143,10 +148,33 @@ class Driver:
         """Wait for the server's CPU, then hold it for these operations' cost (and ``extra`` seconds)."""
         workers = len(self.active)
         cost = sum(self.cost.seconds(op, params=self.params, workers=workers) for op in ops) + extra
+        if self.host is not None:
+            await self.hosted_turn(cost)
+            return
         start = max(self.server_free, self.now())
         self.server_free = start + cost
         self.server_busy_seconds += cost
         await self.until(self.server_free)
+
+    async def hosted_turn(self, cost: float) -> None:
+        """The server's FIFO on the shared host: wait for the operations before this one, then run on a core."""
+        assert self.host is not None
+        prev = self._server_tail
+        mine: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._server_tail = mine
+        try:
+            if prev is not None and not prev.done():
+                await asyncio.shield(prev)
+            t0 = self.now()
+            await self.host.run(cost)
+            self.server_busy_seconds += self.now() - t0
+        finally:
+            mine.set_result(None)
+
+    async def agent_cpu(self, nbytes: int, per_byte: float) -> None:
+        """An agent's encoding of what it sends, or its decoding of what it got, on the shared host."""
+        if self.host is not None:
+            await self.host.run(nbytes * per_byte)
 
     async def measured_turn(self, ops: tuple[str, ...], frames: list[bytes]) -> list[bytes]:
         """--server-cost measured: the message waits for the server's CPU, the engine handles it, and the
@@ -183,24 +211,40 @@ class Driver:
         ``channel``: the agent's data-plane client it goes through (its loop's, its prefetcher's, its
         overlapped push's): each is a session of its own, whose requests arrive in order.
         """
+        sent_at = self.now()
         seq = dev.seqs[channel] = dev.seqs.get(channel, 0) + 1
         header = Header(type=type_, worker=dev.worker_id, session=f"{dev.session}-{channel}", seq=seq,
                         ts=int(self.clock.time() * 1000), model_version=model_version, shapes=shapes, body=body)
         frames = encode(header, payload, key=dev.key)
         size = sum(len(f) for f in frames)
         dev.bytes_sent += size
+        await self.agent_cpu(size, self.host.spec.send_cpu_s_per_byte if self.host else 0.0)
         await self.carry(dev, size, "up")
         ops = OPS.get(type_, ("heartbeat",))
         if isinstance(self.cost, MeasuredCost):  # the scoring's CPU time is inside the handling it measures
             reply = await self.measured_turn(ops, frames)
+        elif type_ is MsgType.PULL_MODEL and self.pull_waits(dev.worker_id):
+            # Held for a training slot (concurrency.hold_pull): checked on arrival, the model encoded when the
+            # slot comes (10,000 devices registering at once would otherwise fill the CPU's FIFO with pulls
+            # not yet served).
+            await self.server_turn(("heartbeat",))
+            reply = await self.engine.handle(frames)
+            await self.server_turn(ops)
         else:
             await self.server_turn(ops, self.push_extra_seconds if type_ is MsgType.PUSH_UPDATE else 0.0)
             reply = await self.engine.handle(frames)
         out = sum(len(f) for f in reply)
         await self.carry(dev, out, "down")
+        await self.agent_cpu(out, self.host.spec.receive_cpu_s_per_byte if self.host else 0.0)
         dev.bytes_received += out
-        dev.answered_at = self.now()
+        # As the agent's TrafficCounter: the newest answered request's send time (the server's last_seen).
+        dev.answered_at = max(dev.answered_at, sent_at)
         return decode(reply)
+
+    def pull_waits(self, worker_id: str) -> bool:
+        """Whether the engine holds this worker's pull for a training slot (engine/admission.py)."""
+        admission = self.engine.admission
+        return not admission.open and admission.hold_pull and worker_id not in admission.holders
 
     # ---- evaluation --------------------------------------------------------------
 
@@ -213,7 +257,11 @@ class Driver:
             if evaluator.latest is not None and evaluator.latest.version == self.engine.state.version:
                 continue
             workers = len(self.active)
-            await asyncio.sleep(self.cost.seconds("evaluate", params=self.params, workers=workers))
+            seconds = self.cost.seconds("evaluate", params=self.params, workers=workers)
+            if self.host is not None:  # the evaluator's thread, beside the server's operations
+                await self.host.run(seconds)
+            else:
+                await asyncio.sleep(seconds)
             if not self.engine.stopping:
                 t0 = time.thread_time()
                 evaluator.evaluate_now()

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import math
 import time
@@ -34,6 +33,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from hermes.client.session import Job
+from hermes.common import readable_json
 from hermes.common.config import RunConfig
 from hermes.common.messages import KafkaRanges
 from hermes.common.task import Task
@@ -48,13 +48,15 @@ from hermes.server.metrics import ServerMetrics
 from hermes.server.outdir import prepare_out_dir
 from hermes.server.settings import DEFAULT_MAX_MESSAGE_BYTES
 from hermes.server.shardstore import load_splits
+from hermes.sim import memory
 from hermes.sim.data import Split, SplitError, parse_split, plan_data
 from hermes.sim.device import DeviceDataError, SimDevice, VersionStore
 from hermes.sim.engine_driver import Driver, ServerCostModel, ServerLinkModel, Transfer
 from hermes.sim.events import VirtualClock, run_virtual
 from hermes.sim.executor import Executor, LocalExecutor, RayExecutor, RayMissing, build_trainer
+from hermes.sim.host import Host, HostSpec
 from hermes.sim.reference import fastest_alone
-from hermes.sim.server_cost import ZeroCost, probe_seconds
+from hermes.sim.server_cost import MeasuredCost, ZeroCost, probe_seconds
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +97,31 @@ def flops_per_sample(task: Task, spec: Any, train: Any) -> tuple[float, float]:
     return max(1.0, step.get_total_flops() / n), max(1.0, fwd.get_total_flops() / n)
 
 
+def charged_flops(spec: str) -> tuple[float, float]:
+    """``NAME:CxHxW`` (e.g. ``cnn:1x28x28``): FLOPs of one sample's training step and forward pass of the model
+    zoo's ``NAME`` built for that input (10 classes), counted as :func:`flops_per_sample` counts them.
+
+    ``hermes-sim --charge-model`` charges these on the virtual clock while the run's own model trains for
+    real: the compute of another model (the paper's) with the statistics of ours. Stated wherever it is used.
+    """
+    from hermes.common.models import build_model
+
+    name, _, shape_text = spec.partition(":")
+    with torch.random.fork_rng():  # the run's own random stream stays as the seed left it
+        try:
+            shape = tuple(int(d) for d in shape_text.lower().split("x"))
+            model = build_model(name, input_shape=shape, num_classes=10)
+        except (ValueError, TypeError) as exc:
+            raise SimError(f"--charge-model {spec!r}: {exc} (expected NAME:CxHxW, e.g. cnn:1x28x28)") from None
+        x, y = torch.randn(FLOP_BATCH, *shape), torch.randint(0, 10, (FLOP_BATCH,))
+        with FlopCounterMode(display=False) as fwd:
+            with torch.no_grad():
+                model(x)
+        with FlopCounterMode(display=False) as step:
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+    return step.get_total_flops() / FLOP_BATCH, fwd.get_total_flops() / FLOP_BATCH
+
+
 @dataclass
 class _Proc:
     """A device as build_summary reads an agent process (name, info, exit code, log)."""
@@ -111,7 +138,8 @@ class Simulation:
                  cost: ServerCostModel | None = None, population: str = "", link: str | None = None,
                  heartbeat_interval: float = 2.0, heartbeat_timeout: float = 10.0,
                  executor: Executor | None = None, split: str | Split | None = None, ray: str | None = None,
-                 alone: bool = False, jitter: float = 0.0) -> None:
+                 alone: bool = False, jitter: float = 0.0, host: HostSpec | None = None,
+                 charge_model: str | None = None) -> None:
         if alone:  # the population's fastest device by itself, with all the data (sim/reference.py)
             profiles = fastest_alone(profiles)
         if not profiles:
@@ -146,8 +174,13 @@ class Simulation:
         self.engine = Engine(config, metrics=ServerMetrics(), events=EventLog(self.out / "events.jsonl", clock=self.clock),
                              max_workers=max(len(self.profiles), 1), max_message_bytes=DEFAULT_MAX_MESSAGE_BYTES,
                              out_dir=str(self.out), task=self.task, clock=self.clock, splits=self.data.splits)
+        # The testbed machine's shared cores (sim/host.py), or None: every device and the server on their own.
+        self.host = Host(host) if host is not None else None
+        if self.host is not None and isinstance(cost, MeasuredCost):
+            raise SimError("--host takes the calibrated (or no) server cost, not the measured one")
         self.driver = Driver(self.engine, self.clock, transfer=transfer, server_link=server_link,
-                             cost=cost if cost is not None else ZeroCost(), heartbeat_timeout=heartbeat_timeout)
+                             cost=cost if cost is not None else ZeroCost(), heartbeat_timeout=heartbeat_timeout,
+                             host=self.host)
         self.combine = bool(config.combine_messages)
         spec = self.engine.spec
         # One trainer, every device's in turn (device.py says what is swapped in and out), built as an agent's.
@@ -159,6 +192,10 @@ class Simulation:
                        trainer=self.trainer, gate=None, from_baseline=config.pushes_from_baseline(),
                        validation_shards=[], data_source=KafkaRanges(), task=self.task)
         self.train_flops, self.eval_flops = flops_per_sample(self.task, spec, self.engine.train)
+        # --charge-model: another model's compute on the virtual clock (messages keep our model's real sizes).
+        self.charge_model = charge_model
+        if charge_model:
+            self.train_flops, self.eval_flops = charged_flops(charge_model)
         self.driver.push_extra_seconds = probe_seconds(
             self.driver.cost, scores=self.engine.policies.aggregation.probe is not None,
             samples=config.loss.eval_samples, forward_flops=self.eval_flops)
@@ -176,6 +213,8 @@ class Simulation:
         for i, d in enumerate(self.devices):
             d.index = i
         self.wall_seconds = 0.0
+        # What the devices held, by state, at the count with the most (sim.memory).
+        self.device_memory: dict[str, Any] = {}
         # Per-cycle compute-time noise (log-normal, median 1, sigma ``jitter``; 0: none): a testbed agent's
         # cycles vary by sigma 0.2-0.5 on a loaded machine (docs/simulation.md#calibration-against-the-testbed-issue-27),
         # and the allocators react to it. Seeded, drawn in event order: deterministic.
@@ -207,10 +246,12 @@ class Simulation:
         engine.evaluator.stop()
         driver.monitor.start()
         evaluations = asyncio.ensure_future(driver.evaluations())
+        counting = asyncio.ensure_future(memory.sampler(self, self.device_memory))
         tasks = [asyncio.ensure_future(d.run()) for d in self.devices]
         everyone = asyncio.gather(*tasks)
         stopped = asyncio.ensure_future(driver.stopped.wait())
         await asyncio.wait(cast("set[asyncio.Future[Any]]", {stopped, everyone}), return_when=asyncio.FIRST_COMPLETED)
+        memory.keep_larger(self.device_memory, memory.sample(self))  # the devices as the run stops
         if not engine.stopping:
             engine.request_stop("no device is left")
         left = [t for t in tasks if not t.done()]
@@ -221,7 +262,8 @@ class Simulation:
         await asyncio.gather(everyone, return_exceptions=True)
         stopped.cancel()
         evaluations.cancel()
-        await asyncio.gather(evaluations, stopped, return_exceptions=True)
+        counting.cancel()
+        await asyncio.gather(evaluations, stopped, counting, return_exceptions=True)
         await driver.monitor.stop()
         for t in tasks:
             if not t.cancelled() and t.exception() is not None:
@@ -243,7 +285,7 @@ class Simulation:
         self.wall_seconds = time.perf_counter() - t0
         summary = self.summary(srv)
         tmp = self.out / "summary.json.tmp"
-        tmp.write_text(json.dumps(summary, indent=2))
+        tmp.write_text(readable_json.dumps(summary))
         tmp.replace(self.out / "summary.json")
         return summary
 
@@ -276,12 +318,15 @@ class Simulation:
         summary["alone"] = self.alone
         summary["virtual_seconds"] = round(self.clock.monotonic(), 6)
         summary["server_busy_seconds"] = round(self.driver.server_busy_seconds, 6)
-        summary["flops_per_sample"] = {"train": self.train_flops, "evaluate": self.eval_flops}
+        summary["flops_per_sample"] = {"train": self.train_flops, "evaluate": self.eval_flops,
+                                       "charged_model": self.charge_model}
         summary["compute_jitter"] = self.jitter
+        summary["host"] = self.host.stats(self.clock.monotonic()) if self.host is not None else None
         # Model copies the devices held: versions (shared) at their peak, own weights at the end.
         summary["sim"] = {"peak_versions_held": self.versions.peak,
                           "own_weights_held_at_end": sum(d.local is not None for d in self.devices),
-                          "optimizer_states_held_at_end": sum(d.opt_state is not None for d in self.devices)}
+                          "optimizer_states_held_at_end": sum(d.opt_state is not None for d in self.devices),
+                          "device_memory": self.device_memory}
         return summary
 
 

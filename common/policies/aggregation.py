@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from hermes.common.policies.base import Core, Policy, register
 from hermes.common.policies.lr_scaling import batch_scaled_lr
+from hermes.common.policies.staleness import StalenessFunction, staleness_weight
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,29 @@ class LossParams(BaseModel):
     sharpness: float = Field(
         default=1.0, gt=0.0, le=8.0, description="Exponent p on the Eq. 5 inverse losses: the worker's share is "
         "T_g^p / (T_g^p + T_w^p) (1 = Hermes).")
+    # A deviation (docs/papers.md): Hermes' convex blend cannot overshoot, but added since-pull
+    # deltas can. With C workers training at once each delta is about C versions stale, and C of
+    # them at a share of ~0.45 each moved the model ~0.45 C deltas per round: at C = 100 on mnist1d
+    # (generated population, 2026-11-27) staleness 60-80, shares 0.3-0.45, loss 2.2 -> 67 in 290
+    # versions. Hinge with a = 1 / (b + 1) is s = (b + 1) / (tau + 1) past b, so a round of C pushes
+    # moves the model ~0.45 (b + 1) deltas whatever C is (asynchronous SGD's step ~ 1 / delay:
+    # Mishchenko et al. 2022; Koloskova et al. 2022), and nothing changes up to b versions stale.
+    staleness: StalenessFunction = Field(
+        default="constant", description="With loss.reference pull: scale each delta's share by FedAsync's "
+        "staleness function s(tau) (Sec. 5.2): constant (1 = Hermes), polynomial ((tau + 1)^-a) or hinge (1 up "
+        "to b versions stale, then 1 / (a (tau - b) + 1)).")
+    staleness_a: float = Field(default=0.2, gt=0.0, le=16.0, description="a of loss.staleness (polynomial "
+                               "exponent, hinge slope; hinge with a = 1 / (b + 1) is min(1, (b + 1) / (tau + 1))).")
+    staleness_b: int = Field(default=4, ge=0, le=10_000, description="b of loss.staleness hinge: versions stale "
+                             "at full share.")
+    # A deviation (docs/papers.md): the same bound on a round's step, from the number of workers training at
+    # once instead of each delta's staleness. C devices that start together push deltas 0..C-1 versions
+    # stale, so a staleness rule still adds the harmonic sum ~(b+1) ln C shares in that first round (1,000
+    # devices, C = 100: loss 2.3 -> 6.2, then stuck at chance); scaled by m / C, every round adds ~m shares.
+    concurrency_scale: int = Field(
+        default=0, ge=0, le=10_000, description="m: with loss.reference pull, each delta's share times "
+        "min(1, m / n), n the workers training at once (holding a concurrency.limit slot, else active): a round "
+        "of n pushes adds about m shares whatever n; 0: off (Hermes).")
 
 
 def mean_weights(count: int) -> list[float]:
@@ -132,6 +156,7 @@ class Step:
 
     version: int  # the global model's version before the step (0: nothing folded yet)
     global_loss: float | None = None  # its probe loss (rules with needs_candidate_loss, version > 0)
+    training: int | None = None  # workers training at once (rules with needs_training_count)
 
 
 @dataclass(frozen=True)
@@ -155,6 +180,8 @@ class AggregationRule(Policy):
     needs_update_stack: ClassVar[bool] = False
     # A candidate is scored as the current model plus the delta (True) or as w0 + G (False).
     candidate_from_current: bool = False
+    # weigh() needs Step.training, the number of workers training at once.
+    needs_training_count: bool = False
     # Topology 'collective': each rank's weight in the all-reduced gradient
     # (client/collective.py GradientAllReduce): its samples, 1, or its compute power.
     gradient_weighting: ClassVar[str] = "samples"
@@ -247,6 +274,7 @@ class LossWeighted(AggregationRule):
         self.params = params
         # Instance attributes over the class's: loss.reference decides how a push folds.
         self.candidate_from_current = params.reference == "pull"
+        self.needs_training_count = self.candidate_from_current and params.concurrency_scale > 0
         self.op = "apply" if self.candidate_from_current else "blend"
 
     @classmethod
@@ -261,6 +289,10 @@ class LossWeighted(AggregationRule):
     def check_params(cls, core: Core, *, loss: LossParams, **sections: Any) -> None:
         if loss.server_lr != 1.0 and loss.reference != "pull":
             raise ValueError("loss.server_lr scales since-pull deltas: it needs loss.reference 'pull'")
+        if loss.staleness != "constant" and loss.reference != "pull":
+            raise ValueError("loss.staleness scales since-pull deltas: it needs loss.reference 'pull'")
+        if loss.concurrency_scale and loss.reference != "pull":
+            raise ValueError("loss.concurrency_scale scales since-pull deltas: it needs loss.reference 'pull'")
 
     def weigh(self, updates: Sequence[Update], step: Step, stack: Any = None) -> Weighing:
         (update,) = updates  # config validation keeps ``loss`` to one-at-a-time strategies
@@ -278,5 +310,14 @@ class LossWeighted(AggregationRule):
         facts["candidate_loss"] = round(update.candidate_loss, 6)
         share = weight
         if self.candidate_from_current and step.version > 0:
-            weight *= self.params.server_lr  # w <- w + server_lr * a * delta
+            p = self.params
+            damping = staleness_weight(p.staleness, update.staleness, p.staleness_a, p.staleness_b)
+            if p.staleness != "constant":
+                facts["staleness_scale"] = round(damping, 6)
+            if p.concurrency_scale and step.training:
+                # m / n of the workers training now: n pushes a round add ~m shares (docs/papers.md).
+                crowd = min(1.0, p.concurrency_scale / step.training)
+                facts["concurrency_scale"] = round(crowd, 6)
+                damping *= crowd
+            weight *= p.server_lr * damping  # w <- w + server_lr * a * s(tau) * delta
         return Weighing([weight], facts, share=share)

@@ -15,7 +15,9 @@ waits; when others wait, its push ends its turn: the slot goes to the worker
 that has waited longest, and the push's reply, which brings the model, waits
 for the worker's next turn, so a worker always trains from a model that is
 current when its turn begins (FedBuff's sampled client downloads the model
-when it starts). A gate-skipped cycle also ends the turn. Leaving, being
+when it starts). A gate-skipped cycle also ends the turn. A pull from a
+worker without a slot (its registration's) waits for a slot too and takes
+it (``hold_pull``), so the first turn is as fresh as the others. Leaving, being
 marked lost or registering again frees the slot. ``limit`` 0 (the default)
 admits everyone: a cluster no larger than the limit never waits either.
 Under ``overlap_push`` (preset hermes) a worker trains on while its push's
@@ -40,3 +42,9 @@ class ConcurrencyParams(BaseModel):
         "et al. 2022 Alg. 1); the others wait in order, and a push's reply (with the model) waits for the "
         "pusher's next turn when others wait. 0: no bound. Free-running or buffered sync policies only (a "
         "barrier, or SSP's bound, would wait for the idle workers).")
+    hold_pull: bool = Field(
+        default=True, description="A model pull from a worker without a slot (its registration's) waits for one and "
+        "takes it, so its first turn trains from the model current when the turn begins, as the push's reply does "
+        "(FedBuff's sampled client downloads the model when it starts). False: the pull is answered at once and "
+        "the first turn trains from the registration's model (10,000 devices, limit 100: deltas up to ~800 "
+        "versions stale).")

@@ -44,15 +44,13 @@ from pydantic import BaseModel, ConfigDict, Field
 from hermes.common.policies.aggregation import AggregationRule, Step, Update, Weighing
 from hermes.common.policies.base import Core, get, register
 from hermes.common.policies.robust import RobustParams, RobustRule
+from hermes.common.policies.staleness import StalenessFunction, staleness_weight
 from hermes.common.policies.sync import Decision, PushInfo, Release, SyncStrategy, Verdict
 
 log = logging.getLogger(__name__)
 
 __all__ = ["FedAsync", "FedAsyncParams", "FedBuff", "FedBuffParams", "FedBuffer", "fedbuff_weights",
            "staleness_weight"]
-
-StalenessFunction = Literal["constant", "polynomial", "hinge"]
-
 
 class FedAsyncParams(BaseModel):
     """The run config's ``fedasync`` section (aggregation 'fedasync')."""
@@ -81,19 +79,6 @@ class FedAsyncParams(BaseModel):
         default="none", description="Mix in, instead of the arriving model, this robust rule's statistic of the "
         "latest models of the last robust.window workers (common/policies/robust.py StalenessWindow; "
         "parameters in the robust section); none: FedAsync as the paper runs it.")
-
-
-def staleness_weight(function: StalenessFunction, staleness: int, a: float, b: int = 0) -> float:
-    """s(t - tau) of FedAsync Sec. 5.2, in (0, 1]."""
-    if staleness < 0:
-        raise ValueError(f"staleness must be >= 0, got {staleness}")
-    if function == "constant":
-        return 1.0
-    if function == "polynomial":
-        return float((staleness + 1) ** -a)
-    if function == "hinge":
-        return 1.0 if staleness <= b else 1.0 / (a * (staleness - b) + 1.0)
-    raise ValueError(f"unknown staleness function {function!r}")
 
 
 @register("aggregation", "fedasync")

@@ -62,7 +62,9 @@ class BarrierParams(BaseModel):
     deadline_factor: float = Field(
         default=2.0, gt=1.0, description="Deadline: this x the upper box-plot fence (Q3 + 1.5 IQR, Hermes Sec. IV-A) "
                                          "of the recent complete rounds' durations.")
-    min_wait_seconds: float = Field(default=10.0, gt=0.0, description="A round is never cut shorter than this.")
+    min_wait_seconds: float = Field(
+        default=1.0, gt=0.0, description="A round is never cut shorter than this (10 s cost a run with a silent "
+                                         "worker 2 x 10 s, several times honest bsp's time to target on digits).")
     skip_after: int = Field(
         default=2, ge=1, description="Rounds a worker may miss in a row before rounds stop waiting for it; "
                                      "its next push brings it back.")

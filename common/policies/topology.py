@@ -39,6 +39,8 @@ class Topology(Policy):
     server_sync: ClassVar[str | None] = None
     # The server hosts the group's rendezvous store and regroups its survivors (server/coordinator.py).
     needs_coordinator: ClassVar[bool] = False
+    # The server screens each push as one worker's update (server/engine/screening.py).
+    screens_pushes: ClassVar[bool] = True
     sections: ClassVar[tuple[str, ...]] = ("collective",)
 
 
@@ -60,6 +62,10 @@ class Collective(Topology):
 
     server_sync: ClassVar[str | None] = "asp"
     needs_coordinator: ClassVar[bool] = True
+    # Rank 0's pushes are copies of the group's all-reduced model, not one worker's update: the server must
+    # fold them exactly or its model (evaluated, checkpointed) drifts from the group's for good. Screened,
+    # a copy clipped to 0.12 under load left the server's model at 0.39 while the group trained on (2026-11-27).
+    screens_pushes: ClassVar[bool] = False
 
     requires: ClassVar[dict[str, str]] = {
         "lockstep": "all-reduces every step, a barrier by construction: it needs sync {providers}, not {sync}",

@@ -10,7 +10,10 @@ so a worker never trains from a model it got before it waited: waiting
 before the work request instead would have the worker train, after its
 wait, from the model of its previous push (1,000 devices, limit 100,
 K = 10: deltas 77 versions stale instead of about 10, and the model
-collapsed). A gate-skipped cycle, reported with the next work request or a
+collapsed). For the same reason a pull from a worker without a slot (its
+registration's) waits for one and takes it (``hold_pull``): otherwise the
+first turn trained from the model of the registration, before the wait
+(10,000 devices, limit 100: up to ~800 versions stale). A gate-skipped cycle, reported with the next work request or a
 stats report, also ends the turn, and that request waits. Leaving, being
 marked lost and registering again free the slot and answer a held work
 request "gone" (the worker registers again). A stop or a shutdown answers
@@ -33,8 +36,10 @@ __all__ = ["Admission"]
 
 
 class Admission:
-    def __init__(self, limit: int, telemetry: Telemetry) -> None:
+    def __init__(self, limit: int, telemetry: Telemetry, *, hold_pull: bool = True) -> None:
         self.limit = limit
+        # A pull from a worker without a slot waits for one (handlers.on_pull; concurrency.hold_pull).
+        self.hold_pull = hold_pull
         self.telemetry = telemetry
         self.holders: set[str] = set()
         # Workers waiting for a slot, oldest first: a held work request or a held push reply each.

@@ -17,15 +17,23 @@ took power weight 0.99995 in ``edp-sgd``. The bounds:
   out up to 8 assignments earlier, before a resize (2026-11-27).
   A worker that never asked for work: at most the smallest recent assignment of the
   others; before anyone has one, the allocator's current workload for it.
-* **Cycle seconds** are at least ``min_compute_fraction`` x the time since the
-  worker's previous push was answered (it cannot have trained the next cycle in
-  less than a fraction of that), and the speed they imply, dss / seconds, at most
+* **Cycle seconds** are at least ``min_compute_fraction`` x the wall time the cycle
+  can have taken: from when the server handed out the assignment it names
+  (``CycleReport.assignment``, the id of its WORK reply), or the worker's previous
+  push reply if that came later (a worker trains one cycle at a time, and a barrier
+  holds it until the reply), to the arrival of the push that carries the report.
+  Gate-skipped cycles reported since (carried on a work request or on that push)
+  share the window: their seconds count together. Judged on the median of the worker's
+  last 5 windows' ratios (one window stretched by load is noise). A report that names no assignment
+  (agents before the field) or one the server did not hand out has no window: the
+  floor is off for it, and only the speed bound below holds. The speed they imply, dss / seconds, at most
   ``power_factor`` x the median of the other workers' speeds (each the median of its
   last 5 bounded reports): edge fleets differ by 8x (HL8), a speed past that is a
   claim, not a device. Judged on the median of the worker's own last 5 claims: one
   fast cycle on a loaded machine (7 ms where the worker's usual is 30 ms) is noise,
   which clamped 1-3 honest reports in each of 8 of 16 presets' 30 s runs (2026-11-27);
-  a speed claimed again and again is a claim, and a liar's first report is its median.
+  a speed claimed again and again is a claim, and a liar's first report is its median. A worker
+  never handed an assignment is capped at 1x the others' median: it reports no work it was asked for.
 * **dss** of a cycle report is bounded like samples.
 
 A claim out of bounds is **clamped**, not refused: the update itself may be
@@ -40,10 +48,10 @@ from __future__ import annotations
 import bisect
 import logging
 import statistics
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from hermes.common.messages import CycleReport
 
@@ -68,6 +76,18 @@ class _Worker:
     outstanding: deque[int] = field(default_factory=lambda: deque(maxlen=_OUTSTANDING))
     trained: deque[int] = field(default_factory=lambda: deque(maxlen=_TRAINED))
     replied_at: float | None = None
+    # Assignment id -> when it was handed out (the elapsed-time floor's start) and its work scale, oldest first.
+    handed: OrderedDict[int, tuple[float, float | None]] = field(default_factory=OrderedDict)
+    # The work scale of the assignment the cycle riding on the latest push trained (screening's norm scale).
+    pushed_scale: float | None = None
+    # The open window: the earliest start and the claimed seconds of the cycles reported since the last push closed one.
+    window_start: float | None = None
+    window_seconds: float = 0.0
+    # The summed work scale of the window's cycles: what the push that closes it folds (gate-skipped cycles
+    # train on into the next push's since-pull delta).
+    window_work: float = 0.0
+    # Claimed compute / wall time of the worker's last closed windows (the floor judges their median).
+    ratios: deque[float] = field(default_factory=lambda: deque(maxlen=_SPEEDS))
     claimed: deque[float] = field(default_factory=lambda: deque(maxlen=_SPEEDS))  # as claimed
     bounded: deque[float] = field(default_factory=lambda: deque(maxlen=_SPEEDS))  # after the bounds
 
@@ -89,6 +109,14 @@ class Claims:
         # Every worker's latest positive speed, sorted: the median of the others' without a pass over all
         # workers per cycle report (that pass was 4.6 ms of each push with 1,000 simulated devices).
         self.speeds: list[float] = []
+        # Assignment ids, one counter for the run (unique across workers and rejoins).
+        self._next_id = 0
+        # The lowest claimed compute / elapsed wall time of a closed window, and how many were closed
+        # (the floor's honest margin, in the false-refusal table).
+        self.min_compute_ratio: float | None = None
+        # The lowest median of a worker's last 5 ratios: what the floor is judged on.
+        self.min_median_ratio: float | None = None
+        self.windows = 0
 
     @property
     def on(self) -> bool:
@@ -98,8 +126,17 @@ class Claims:
     def _of(self, worker_id: str) -> _Worker:
         return self.workers.setdefault(worker_id, _Worker())
 
-    def on_assign(self, worker_id: str, cycle_samples: int) -> None:
-        self._of(worker_id).outstanding.append(cycle_samples)
+    def on_assign(self, worker_id: str, cycle_samples: int, *, batch_size: int | None = None, accumulation: int = 1,
+                  lr: float | None = None) -> int:
+        """Record an assignment handed out now (its shape, where given: screening's work scale); its id."""
+        me = self._of(worker_id)
+        me.outstanding.append(cycle_samples)
+        self._next_id += 1
+        scale = None if batch_size is None or lr is None else work_scale(cycle_samples, batch_size, accumulation, lr)
+        me.handed[self._next_id] = (self.clock(), scale)
+        while len(me.handed) > _OUTSTANDING:  # a lost report must not keep its start for ever
+            me.handed.popitem(last=False)
+        return self._next_id
 
     def on_reply(self, worker_id: str) -> None:
         self._of(worker_id).replied_at = self.clock()
@@ -135,8 +172,9 @@ class Claims:
             return bound
         return claimed
 
-    def cycle(self, worker_id: str, report: CycleReport) -> CycleReport:
-        """A cycle report with dss and compute_seconds within bounds."""
+    def cycle(self, worker_id: str, report: CycleReport, *, on_push: bool = False) -> CycleReport:
+        """A cycle report with dss and compute_seconds within bounds; ``on_push``: it rides on the push of
+        its own update (``PushUpdate.cycle``), whose arrival closes its elapsed-time window."""
         s = self.settings
         if not self.on:
             return report
@@ -150,16 +188,15 @@ class Claims:
         # Timing claims within speed_tolerance of a bound are measurement noise, not lies: an honest
         # hl8 asp run had 223 clamps of a few ms each without it (2026-11-27).
         tol = s.speed_tolerance
-        if me.replied_at is not None:
-            floor = s.min_compute_fraction * (self.clock() - me.replied_at)
-            if seconds * tol < floor:
-                self._clamp(worker_id, "compute_seconds", seconds, floor)
-                seconds = floor
+        seconds = self._floor(worker_id, me, report, seconds, on_push)
         others = median_without(self.speeds, me.speed)
         if seconds > 0.0:
             me.claimed.append(dss / seconds)
         if others is not None and seconds > 0.0:
-            cap = s.power_factor * others
+            # A worker that was never handed an assignment reports no work the server asked for: its speed
+            # counts at most as the others' median (a claimer that only pushed took 0.945 of edp-sgd rounds
+            # beside three honest agents under the 8x bound, 2026-11-27). Agents ask for work before a cycle.
+            cap = (s.power_factor if me.outstanding or me.trained else 1.0) * others
             if dss / seconds > cap * tol and statistics.median(me.claimed) > cap * tol:
                 floor = dss / cap
                 self._clamp(worker_id, "compute_seconds", seconds, floor)
@@ -169,6 +206,64 @@ class Claims:
         if (dss, seconds) == (report.dss, report.compute_seconds):
             return report
         return report.model_copy(update={"dss": dss, "compute_seconds": seconds})
+
+    def _floor(self, worker_id: str, me: _Worker, report: CycleReport, seconds: float, on_push: bool) -> float:
+        """The elapsed-time floor: the seconds of the cycles in a window at least min_compute_fraction x
+        its wall time; the deficit, if any, is added to the report that closes it."""
+        found = me.handed.pop(report.assignment, None) if report.assignment is not None else None
+        if found is None:
+            # No window of the server's own: an agent before CycleReport.assignment, or an id it
+            # never handed this worker. The speed bound alone judges it, and screening the median.
+            if on_push:
+                me.pushed_scale = None
+                me.window_start, me.window_seconds, me.window_work = None, 0.0, 0.0
+            return seconds
+        handed, work = found
+        me.window_work += work or 0.0
+        if on_push:
+            me.pushed_scale = (me.window_work or None) if work is not None else None
+            if not report.pushed:
+                me.window_work = 0.0
+        now = self.clock()
+        # Not before the assignment existed, nor before the previous push's reply: the worker trains one
+        # cycle at a time, and under a barrier it waited for that reply (a wait that is not its compute).
+        start = handed if me.replied_at is None else max(handed, me.replied_at)
+        me.window_start = start if me.window_start is None else min(me.window_start, start)
+        me.window_seconds += seconds
+        if not on_push or not report.pushed:
+            return seconds  # a skipped cycle: its window closes with the next push
+        elapsed = max(0.0, now - me.window_start)
+        claimed = me.window_seconds
+        me.window_start, me.window_seconds, me.window_work = None, 0.0, 0.0
+        if elapsed <= 0.0:
+            return seconds
+        self.windows += 1
+        ratio = claimed / elapsed
+        if self.min_compute_ratio is None or ratio < self.min_compute_ratio:
+            self.min_compute_ratio = ratio
+        me.ratios.append(ratio)
+        typical = statistics.median(me.ratios)
+        if self.min_median_ratio is None or typical < self.min_median_ratio:
+            self.min_median_ratio = typical
+        # Judged on the median of the worker's last 5 windows, as speeds are: one window stretched by a
+        # loaded machine is noise (an honest variable-batching window was 0.26 of its wall time, the
+        # worker's usual 0.5-0.9, 2026-11-27); a liar's every window is near 0, its first one included.
+        floor = self.settings.min_compute_fraction * elapsed
+        if claimed < floor and typical < self.settings.min_compute_fraction:
+            raised = seconds + (floor - claimed)
+            self._clamp(worker_id, "compute_seconds", seconds, raised)
+            return raised
+        return seconds
+
+    def take_scale(self, worker_id: str) -> float | None:
+        """The work scale of the update this worker is pushing now, once: the sum over the cycles it folds
+        (its own and the gate-skipped ones reported since the last push, each naming its assignment);
+        None when unknown (no report on the push, no id, an id not handed to it)."""
+        me = self.workers.get(worker_id)
+        if me is None:
+            return None
+        scale, me.pushed_scale = me.pushed_scale, None
+        return scale
 
     def _add_speed(self, me: _Worker, speed: float) -> None:
         """Record a bounded speed; the sorted index holds each worker's median of its last few."""
@@ -186,6 +281,13 @@ class Claims:
     def public(self) -> dict[str, int]:
         return dict(self.clamped)
 
+    def windows_public(self) -> dict[str, Any]:
+        """The elapsed-time floor's record: windows closed, the lowest claimed compute / wall time, the floor."""
+        ratio = None if self.min_compute_ratio is None else round(self.min_compute_ratio, 4)
+        median = None if self.min_median_ratio is None else round(self.min_median_ratio, 4)
+        return {"closed": self.windows, "min_ratio": ratio, "min_median_ratio": median,
+                "floor": self.settings.min_compute_fraction}
+
 
 def median_without(ordered: list[float], mine: float | None) -> float | None:
     """statistics.median of ``ordered`` (sorted) with one occurrence of ``mine`` left out (None, 0: none is);
@@ -201,3 +303,18 @@ def median_without(ordered: list[float], mine: float | None) -> float | None:
     if n % 2:
         return kth(n // 2)
     return (kth(n // 2 - 1) + kth(n // 2)) / 2
+
+
+def work_scale(cycle_samples: int, batch_size: int, accumulation: int, lr: float) -> float:
+    """How large an honest update of this assignment can be, up to one constant: lr x steps / batch,
+    steps = samples / (batch x accumulation), batch the effective one (batch x accumulation).
+
+    An update is lr x the sum of its steps' mean gradients. Near convergence most samples' gradients are ~0
+    and a few hard ones dominate: one hard sample in a step's batch moves it by g / batch. So a cycle's
+    largest honest update grows as lr x steps / batch, not with the sqrt(1 / batch) of Gaussian noise
+    (edp-sgd seed 2: batch-5 cycles at 14-70x the median norm of batch-32 ones, 2026-11-27; see
+    docs/false-refusals.md).
+    """
+    batch = max(1, batch_size * max(1, accumulation))
+    return lr * max(1, cycle_samples) / float(batch * batch)
+

@@ -31,6 +31,7 @@ from hermes.common.config import RunConfig
 from hermes.common.messages import WorkReply
 from hermes.common.policies.allocation import Allocator
 from hermes.common.policies.sync import Decision, PushInfo, SyncStrategy
+from hermes.common.policies.topology import topology_of
 from hermes.common.shards import ShardQueue
 from hermes.common.task import Direction, Task, dataset_len
 from hermes.common.task_registry import batch_of, resolve_task
@@ -161,18 +162,26 @@ class Engine:
             validation_shards=self.validation_shards, local=self.local if self.local_data else None,
             kafka=self.kafka, collective=self.collective, replay=self.replay, telemetry=self.telemetry,
             metrics=metrics, run_clock=self.run_clock, run=self, takeover_after=takeover_after)
-        self.screening = Screening(screening or ScreeningSettings(), self.state, self.telemetry,
+        screening = screening or ScreeningSettings()
+        if screening.enabled and not topology_of(config.topology).screens_pushes:
+            log.info("screening off: topology %s folds the group's model copies, not one worker's updates",
+                     config.topology)
+            screening = screening.model_copy(update={"enabled": False})
+        self.screening = Screening(screening, self.state, self.telemetry,
                                    self.policies.aggregation.reference_loss,
                                    blend=self.policies.aggregation.op == "blend", clock=clock,
-                                   probe=self._screening_probe(screening or ScreeningSettings()))
+                                   probe=self._screening_probe(screening))
         # From-baseline presets: the model each worker measures its pushes from (late joiners, rejoins).
         self.bases = Bases(self.state.baseline) if config.pushes_from_baseline() else None
         self.claims = Claims(self.screening.settings, self.telemetry, clock.monotonic,
                              lambda wid: self.policies.allocator.workload(wid).dss)
         self.membership.claims = self.claims
         self.screening.claims_clamped = self.claims.public
+        self.screening.claims_windows = self.claims.windows_public
+        self.screening.work_scale = self.claims.take_scale
         # concurrency.limit (FedBuff's C): who may hold work at once; joins and leaves free a slot.
-        self.admission = Admission(config.concurrency.limit, self.telemetry)
+        self.admission = Admission(config.concurrency.limit, self.telemetry,
+                                   hold_pull=config.concurrency.hold_pull)
         if not self.admission.open:
             self.telemetry.subscribe(lambda fact, fields: self.on_loop(self.admission.listener, fact, fields))
         self.handlers = Handlers(
@@ -284,6 +293,12 @@ class Engine:
     def throughput(self, worker_id: str) -> float | None:
         rec = self.registry.get(worker_id)
         return rec.throughput() if rec is not None else None
+
+    def training_count(self) -> int:
+        """Workers training at once: those holding a concurrency.limit slot, else every active one."""
+        if not self.admission.open:
+            return len(self.admission.holders)
+        return len(self.registry.active_ids())
 
     # ---- lifecycle -------------------------------------------------------
 

@@ -36,10 +36,12 @@ from hermes.common.wire import (
     Message,
     MsgType,
     Payload,
+    PreparedPayload,
     ProtocolError,
     decode,
     dtype_from_name,
     encode,
+    prepare,
     verify_mac,
 )
 from hermes.server.auth import ReplayGuard
@@ -105,8 +107,8 @@ class Handlers:
         self.bases = bases
         # concurrency.limit (engine/admission.py): None or open, everyone may hold work.
         self.admission = admission
-        # compression.pull int8: chunk -> (version, the model's int8 bytes), the latest version only.
-        self._int8_models: dict[int, tuple[int, torch.Tensor]] = {}
+        # compression.pull int8: chunk -> (version, the model's int8 bytes framed once), the latest version only.
+        self._int8_models: dict[int, tuple[int, PreparedPayload]] = {}
         self._by_type: dict[MsgType, Callable[[WorkerRecord, Message], Awaitable[Frames]]] = {
             MsgType.PUSH_UPDATE: self.on_push,
             MsgType.PULL_MODEL: self.on_pull,
@@ -172,7 +174,7 @@ class Handlers:
         # The skipped cycles came before this one; the stats are as of the push.
         self._carried(worker, body.cycles, body.stats)
         if body.cycle is not None:
-            self.membership.observe_cycle(worker, body.cycle)
+            self.membership.observe_cycle(worker, body.cycle, on_push=True)
         payload = msg.payload
         if self.bases is not None and not body.copy_:
             base = self.bases.base(worker.id, body.base_version or 0)
@@ -200,6 +202,15 @@ class Handlers:
     async def on_pull(self, worker: WorkerRecord, msg: Message) -> Frames:
         h = msg.header
         body = parse_body(PullModel, h.body)
+        if self.admission is not None and not self.admission.open and self.admission.hold_pull:
+            # concurrency.hold_pull: taking the model starts a turn, so a worker without a slot (a registration's
+            # pull) gets it when its turn begins, not before it waits (answered at once, 900 of 1,000 devices
+            # trained their first turn from version 0; at 10,000 up to ~800 versions stale, docs/simulation.md).
+            if not await self.admission.admit(worker.id):
+                raise ProtocolError(ErrorCode.UNKNOWN_WORKER, f"worker {worker.id} left while it waited for a "
+                                                              "training slot; register again")
+            if self.step.shutting_down:
+                raise self.going_away()
         worker.pulls += 1
         if body.if_newer and h.model_version == self.state.version:
             return self.reply(MsgType.MODEL, worker, h.seq, {"unchanged": True})
@@ -241,13 +252,16 @@ class Handlers:
         if cached is None or cached[0] != version:
             data = (await offload(nbytes, Int8Codec(codec.chunk, False, 0).encode, prepared.tensor,
                                   self.spec.shapes)).data
-            # One entry per chunk size in use (the run's int8.chunk): bounded at a model's quarter each.
-            self._int8_models = {codec.chunk: (version, data)}
-            cached = (version, data)
+            # One entry per chunk size in use (the run's int8.chunk): bounded at a model's quarter each. Framed
+            # once, as the fp32 snapshot is: every pull of the version sends the same zmq frames (no new zero-copy
+            # buffer, and no wake of pyzmq's collector thread, per pull).
+            cached = (version, prepare(data))
+            self._int8_models = {codec.chunk: cached}
         if pin:
             assert self.bases is not None
             # The agent measures its next change from the model as it decodes it: so does its base.
-            self.bases.pin(worker.id, version, await offload(nbytes, decode_codec, cached[1], codec, self.spec.shapes))
+            self.bases.pin(worker.id, version,
+                           await offload(nbytes, decode_codec, cached[1].tensor, codec, self.spec.shapes))
         header = Header(type=type_, worker=worker.id, seq=h.seq, model_version=version, session=h.session,
                         body={**body, "codec": codec.model_dump(exclude_none=True), "stop": self.step.stopping})
         return await offload(nbytes // 4, encode, header, cached[1], key=worker.key)

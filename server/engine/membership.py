@@ -169,11 +169,12 @@ class Membership:
         # Never negative: short of data the agent trains what it has and carries nothing.
         worker.sample_credit = max(0, worker.sample_credit + given - wl.dss)
         self.note_assignment(worker.id, assignment.shards, keep)
+        lr = self.learning_rate(wl.effective_batch_size)
+        handed = (self.claims.on_assign(worker.id, wl.dss, batch_size=wl.batch_size, accumulation=wl.accumulation,
+                                        lr=lr) if self.claims is not None else None)
         work = WorkReply(epoch=assignment.epoch, shards=list(assignment.shards), batch_size=wl.batch_size,
                          cycle_samples=wl.dss, accumulation=wl.accumulation,
-                         lr=self.learning_rate(wl.effective_batch_size), data=self.kafka.ranges("train", assignment.shards))
-        if self.claims is not None:
-            self.claims.on_assign(worker.id, wl.dss)
+                         lr=lr, data=self.kafka.ranges("train", assignment.shards), assignment=handed)
         self.telemetry.emit("assignment", worker=worker.id, epoch=assignment.epoch, shards=list(assignment.shards),
                          dss=wl.dss, batch_size=wl.batch_size, accumulation=wl.accumulation, lr=work.lr)
         return work
@@ -181,11 +182,11 @@ class Membership:
     def _assign_local(self, worker: WorkerRecord, local: LocalAccount, wl: Workload) -> WorkReply:
         """Device-local data: the same workload, as a count of samples the agent draws from its own set."""
         epoch = local.take(wl.dss)
-        if self.claims is not None:
-            self.claims.on_assign(worker.id, wl.dss)
+        lr = self.learning_rate(wl.effective_batch_size)
+        handed = (self.claims.on_assign(worker.id, wl.dss, batch_size=wl.batch_size, accumulation=wl.accumulation,
+                                        lr=lr) if self.claims is not None else None)
         work = WorkReply(epoch=epoch, shards=[], local_samples=wl.dss, batch_size=wl.batch_size, cycle_samples=wl.dss,
-                         accumulation=wl.accumulation, lr=self.learning_rate(wl.effective_batch_size),
-                         data=KafkaRanges(source="local"))
+                         accumulation=wl.accumulation, lr=lr, data=KafkaRanges(source="local"), assignment=handed)
         self.telemetry.emit("assignment", worker=worker.id, epoch=epoch, shards=[], local_samples=wl.dss,
                          dss=wl.dss, batch_size=wl.batch_size, accumulation=wl.accumulation, lr=work.lr)
         return work
@@ -204,11 +205,12 @@ class Membership:
             self.queue.requeue(shards)
         return shards
 
-    def observe_cycle(self, worker: WorkerRecord, report: CycleReport) -> None:
-        """Record one local training cycle; feed the allocator; resize stragglers."""
+    def observe_cycle(self, worker: WorkerRecord, report: CycleReport, *, on_push: bool = False) -> None:
+        """Record one local training cycle (``on_push``: riding on its own update's push); feed the
+        allocator; resize stragglers."""
         elapsed = self.run_clock.elapsed()
         if self.claims is not None:
-            report = self.claims.cycle(worker.id, report)
+            report = self.claims.cycle(worker.id, report, on_push=on_push)
         cycle = report.fields()
         worker.record_cycle(elapsed, cycle)
         wid = worker.id

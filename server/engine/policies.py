@@ -56,6 +56,8 @@ class FoldContext(Protocol):
 
     def throughput(self, worker_id: str) -> float | None: ...
 
+    def training_count(self) -> int: ...
+
 
 def stack_updates(group: Sequence[Contribution]) -> torch.Tensor:
     """The group's deltas as rows of one fp32 matrix (half-precision ones widened)."""
@@ -119,7 +121,8 @@ class RuleFold:
         updates = [Update(samples=c.info.samples, staleness=c.info.staleness, candidate_loss=c.candidate_loss,
                           power=self.power(c.info.worker_id, ctx) if rule.needs_compute_power else None)
                    for c in group]
-        answer = rule.weigh(updates, Step(version=ctx.version, global_loss=global_loss), stack)
+        training = ctx.training_count() if rule.needs_training_count else None
+        answer = rule.weigh(updates, Step(version=ctx.version, global_loss=global_loss, training=training), stack)
         if answer.share is not None:
             self.metrics.blend_weight.observe(answer.share)
         return answer.weights, {**answer.facts, **facts}

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from hermes.common import readable_json
 from hermes.common.atomic_write import write_atomic
 from hermes.common.config import RunConfig
 from hermes.common.task import Task
@@ -157,7 +158,7 @@ class Reporting:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             summary["best_model_file"] = self.write_best_model()
             summary["final_model_file"] = self.write_final_model(final)
-            write_atomic(self.out_dir / "server_summary.json", json.dumps(summary, indent=2))
+            write_atomic(self.out_dir / "server_summary.json", readable_json.dumps(summary))
         self.telemetry.events.close()
         return summary
 

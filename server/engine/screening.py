@@ -12,6 +12,12 @@ two pushes of one 3e38 element made the model Inf (issue 15). The checks:
   quantile of the clients' norms the same way): a minority of attackers cannot
   move it, so a slowly growing stream of scaled updates hits the bound once it
   is ``norm_factor`` times the honest scale.
+* **At the scale of its work** (issue 29, no honest work thrown away): the median is scaled up for an
+  update whose assignment the server handed out with more expected movement than the accepted ones'
+  (``work_scale``: lr x steps / batch, engine.claims.work_scale; at most ``work_scale_max``), and, for
+  blends, by the path length the model moved since a stale update's base (``stale_drift``: its step
+  (w0 + G) - w also undoes that; counted from the worker's own previous push, never from an older
+  claimed base). Updates of an unknown assignment are judged at the median, as before.
 * **The first pushes** (fewer than ``min_history`` accepted norms) are not
   trusted: their norm is bounded by ``bootstrap_factor x ||w||``, the model's
   own scale, and where the preset scores candidates (Hermes' loss probe) the
@@ -37,6 +43,7 @@ worker, and answers ``rejected`` with the reason (the agent counts it and goes o
 from __future__ import annotations
 
 import asyncio
+import bisect
 import logging
 import math
 import statistics
@@ -101,6 +108,20 @@ class Screening:
         self.cosines_measured = 0
         # Claims clamped (engine.claims), reported beside the refusals; set by the engine.
         self.claims_clamped: Callable[[], dict[str, int]] | None = None
+        # The elapsed-time floor's honest margin (engine.claims: the lowest claimed compute / wall time of a
+        # window, and how many windows were closed); set by the engine.
+        self.claims_windows: Callable[[], dict[str, Any]] | None = None
+        # The work scale of the update a worker is pushing now (engine.claims.Claims.take_scale); set by the engine.
+        self.work_scale: Callable[[str], float | None] | None = None
+        # The work scales of recently accepted updates whose assignment is known (their median is x 1).
+        self.accepted_scales: deque[float] = deque(maxlen=settings.window)
+        self.work_scaled = 0  # updates judged at a work scale above 1
+        # Blends: the model's path length by version, (version, cumulative length), and the last model measured.
+        self._path: deque[tuple[int, float]] = deque(maxlen=4096)
+        self._path_model: tuple[int, torch.Tensor] | None = None
+        # The model version at each worker's latest screened push (the newest base it can have had since).
+        self._pushed_at: dict[str, int] = {}
+        self.drift_allowed = 0  # stale blends judged with a drift allowance
 
     def _step_sketch(self, payload: Payload) -> torch.Tensor:
         """What the fold would move the model by, on the direction reference's coordinates."""
@@ -146,11 +167,19 @@ class Screening:
         if not math.isfinite(norm):
             return self._refuse(worker, "norm", "norm overflows float32")
         history = [n for n in self.accepted if n > 0.0]
+        work = self.work_scale(worker.id) if self.work_scale is not None else None
+        relative = self._relative_work(work)
+        drift = 0.0
+        if self.blend and s.stale_drift:
+            drift = await offload(self.state.numel * 8, self._drift, worker.id,
+                                  None if staleness is None else self.state.version - staleness)
         if len(history) >= s.min_history:
             median = statistics.median(history)
-            if norm > s.norm_factor * median:
+            if norm > s.norm_factor * (median * relative + drift):
+                at = "" if relative == 1.0 else f" × work scale {relative:.3g}"
+                at += "" if drift == 0.0 else f" + drift {drift:.3g} since its base"
                 return self._refuse(worker, "norm",
-                                    f"norm {norm:.3g} > {s.norm_factor:g} × median {median:.3g}")
+                                    f"norm {norm:.3g} > {s.norm_factor:g} × median {median:.3g}{at}")
         else:
             scale = await offload(self.state.numel * 4, self._model_scale)
             if norm > s.bootstrap_factor * scale:
@@ -162,7 +191,9 @@ class Screening:
                     return self._refuse(worker, "loss", f"candidate loss {candidate_loss:.3g} > {s.loss_factor:g} × "
                                         f"global loss {reference:.3g} (first updates of the run)")
         sketch = None
-        typical = statistics.median(history) if history else None
+        # The expected norm of an update of this assignment's shape: the median x its relative work scale.
+        # A stale blend's, plus the distance the model moved since its base (it undoes that too).
+        typical = statistics.median(history) * relative + drift if history else None
         # Only updates bigger than direction_norm_factor x the median are judged by direction and
         # effect: honest asp steps after an overshoot sat at cosine -0.5 with the consensus and
         # -0.27..-0.53 with the server's descent direction at 2.6-4.5x the median (digits,
@@ -171,7 +202,7 @@ class Screening:
         large = ratio is not None and ratio > s.direction_norm_factor
         direction_failed: str | None = None
         direction_measured = False
-        uphill = False  # a negative cosine: to first order the update raises the probe loss
+        uphill = False  # a cosine below uphill_below: to first order the update raises the probe loss
         effect_failed: str | None = None
         # The consensus keeps every accepted update's sketch; the descent reference needs one only for
         # an update it judges (the sketch cost ~1.5 ms of every push on a 1M-parameter model, 2026-11-27).
@@ -187,7 +218,7 @@ class Screening:
                 # a tenth of it at ten times that.
                 bound = s.min_cosine * s.direction_norm_factor / ratio
                 ok = agreement >= bound
-                uphill = agreement < 0.0
+                uphill = agreement < s.uphill_below
                 self.telemetry.emit("direction_tested", worker=worker.id, cosine=round(agreement, 4),
                                     norm_ratio=round(ratio, 3), accepted=ok, staleness=staleness)
                 if not ok:
@@ -247,9 +278,47 @@ class Screening:
         # Zero updates carry no scale: kept out so a run of them cannot pull the median to 0.
         if norm > 0.0:
             self.accepted.append(norm)
+            if work is not None and s.work_scale and not self.blend:
+                self.accepted_scales.append(work)
         if sketch is not None:
             self.direction.accept(worker.id, sketch)
         return None
+
+    def _drift(self, worker_id: str, base: int | None) -> float:
+        """How far the model moved (path length of the folds) since the later of ``base`` and the version at
+        this worker's previous push; 0 for its first push. By the triangle inequality ||w_base - w|| is at
+        most that, so an honest stale blend's step is at most the median plus it."""
+        version, model = self.state.snapshot()
+        if self._path_model is None:
+            self._path.append((version, 0.0))
+        elif self._path_model[0] != version:
+            total = self._path[-1][1] + float(torch.linalg.vector_norm(model - self._path_model[1]))
+            self._path.append((version, total))
+        self._path_model = (version, model)
+        since = self._pushed_at.get(worker_id)
+        self._pushed_at[worker_id] = version
+        if since is None or base is None:
+            return 0.0
+        since = max(since, base)
+        # The first record at or after ``since`` (none older is kept: the allowance can only shrink).
+        i = bisect.bisect_left(self._path, (since, -math.inf))
+        if i >= len(self._path):
+            return 0.0
+        drift = self._path[-1][1] - self._path[i][1]
+        if drift > 0.0:
+            self.drift_allowed += 1
+        return drift
+
+    def _relative_work(self, work: float | None) -> float:
+        """max(1, this update's work scale over the median of the accepted ones'), at most work_scale_max;
+        1 where the shape is unknown or not the step's (blends: G spans many cycles)."""
+        s = self.settings
+        if not s.work_scale or self.blend or work is None or not self.accepted_scales:
+            return 1.0
+        relative = min(s.work_scale_max, max(1.0, work / statistics.median(self.accepted_scales)))
+        if relative > 1.0:
+            self.work_scaled += 1
+        return relative
 
     def _loss_after(self, payload: Payload, clip: float) -> float:
         """Probe loss of the model the fold would make at full weight: w + clip x step."""
@@ -286,8 +355,11 @@ class Screening:
             "history": len(history),
             "direction_workers": self.direction.workers(),
             "clipped": self.clipped,
+            "work_scaled": self.work_scaled,
+            "drift_allowed": self.drift_allowed,
             "downweighted": self.downweighted,
             "claims_clamped": {} if self.claims_clamped is None else self.claims_clamped(),
+            "claims_windows": {} if self.claims_windows is None else self.claims_windows(),
             "cosines_measured": self.cosines_measured,
             "min_accepted_cosine": None if self.min_accepted_cosine is None else round(self.min_accepted_cosine, 4),
         }

@@ -159,45 +159,57 @@ class Attacker:
                                headers={"X-Hermes-Token": self.w.token})
 
 
+def attack_then_reach(srv: LiveServer, attacker: Attacker, names: list[str], tmp_path: Path, what: str,
+                      target: float = TARGET, hang_s: float = 240.0) -> tuple[dict[str, Any], float]:
+    """Start the attacker, then the honest agents; wait for the attack to end and for an evaluation of a
+    later model at ``target`` (every honest agent joined by then); stop the run. The status at the target
+    and the seconds from the agents' start; every honest agent exited 0 without a traceback, and the
+    attacker raised nothing. Shared by the sign-flip and robust-window live tests."""
+    first = threading.Event()
+    thread = threading.Thread(target=attacker.run, kwargs={"first_push_done": first}, daemon=True)
+    thread.start()
+    assert first.wait(30), "the attacker's first push never came back"
+    t0 = time.monotonic()
+    agents = [start_agent(srv.url, n, tmp_path / f"{n}.log", "--threads", "1") for n in names]
+    try:
+        thread.join(timeout=hang_s)
+        assert not thread.is_alive(), ("the attack did not finish", attacker.replies)
+        after = srv.healthz()["model_version"]
+
+        def reached() -> dict[str, Any] | None:
+            # Every honest agent in the run too: a fast run can reach the target
+            # before a slow-starting agent has joined, and the callers count joins.
+            if not set(names) <= {e["name"] for e in _events(srv, "join")}:
+                return None
+            s = srv.get_json("/v1/status")
+            ev = s["evaluation"]
+            return s if ev and ev["version"] >= after and ev["accuracy"] >= target else None
+
+        # The join and this wait are the hang deadlines; how long the run took is not asserted (issue 32).
+        status = wait_for(reached, hang_s, what)
+        seconds = time.monotonic() - t0
+        r = srv.http.post(srv.url + "/v1/stop", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+        assert r.status_code == 200, r.text
+        codes = [a.wait(timeout=60) for a in agents]
+    finally:
+        kill_agents(agents)
+    logs = [(tmp_path / f"{n}.log").read_text(errors="replace") for n in names]
+    assert codes == [0] * len(names), [log[-2000:] for log in logs]
+    assert not any("Traceback" in log for log in logs)
+    assert attacker.error is None, (attacker.error, attacker.replies)
+    return status, seconds
+
+
 def _attacked_run(tmp_path: Path, preset: str, *extra: str, honest: int = 2, target: float = TARGET,
                   timeout: float = RUN_TIMEOUT_S * 2) -> None:
-    out = tmp_path / "server"
     names = [f"honest-{i}" for i in range(honest)]
     # No --target-accuracy: the server would stop the run at the first evaluation over the
     # target, maybe before the attack is over. The target must be reached by a model that
     # has been through the whole attack (an evaluation after the attacker's last push).
-    with running_server(out, "--preset", preset, *extra, sets=("eval_interval_seconds=0.5",)) as srv:
+    with running_server(tmp_path / "server", "--preset", preset, *extra, sets=("eval_interval_seconds=0.5",)) as srv:
         attacker = Attacker(srv)
-        first_done = threading.Event()
-        thread = threading.Thread(target=attacker.run, kwargs={"first_push_done": first_done}, daemon=True)
-        thread.start()
-        assert first_done.wait(30), "the attacker's first push never came back"
-        agents = [start_agent(srv.url, n, tmp_path / f"{n}.log", "--threads", "1") for n in names]
-        try:
-            thread.join(timeout=timeout)
-            assert not thread.is_alive(), ("the attack did not finish", attacker.replies)
-            after = srv.healthz()["model_version"]
-
-            def reached() -> dict[str, Any] | None:
-                # Every honest agent in the run too: a fast run can reach the target
-                # before a slow-starting agent has joined, and the checks below count joins.
-                if not set(names) <= {e["name"] for e in _events(srv, "join")}:
-                    return None
-                s = srv.get_json("/v1/status")
-                ev = s["evaluation"]
-                return s if ev and ev["version"] >= after and ev["accuracy"] >= target else None
-
-            # The join and this wait are the hang deadlines; how long the run took is not asserted (issue 32).
-            status = wait_for(reached, timeout, f"{preset} to reach {target} after the attack")
-            r = srv.http.post(srv.url + "/v1/stop", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
-            assert r.status_code == 200, r.text
-            codes = [a.wait(timeout=30) for a in agents]
-        finally:
-            kill_agents(agents)
-        logs = [(tmp_path / f"{n}.log").read_text(errors="replace") for n in names]
-        assert codes == [0] * honest, [log[-2000:] for log in logs]
-        assert not any("Traceback" in log for log in logs)
-        assert attacker.error is None, (attacker.error, attacker.replies)
+        status, _ = attack_then_reach(srv, attacker, names, tmp_path, f"{preset} to reach {target} after the attack",
+                                      target=target, hang_s=timeout)
         replies = attacker.replies
         attacks = [r for r in replies if r[0] != "idle"]
         # 1. the first push of the run was the attacker's, and refused as untrusted.

@@ -18,7 +18,8 @@ HANG_S = 120.0
 
 @pytest.fixture(scope="module")
 def bsp_server(server_factory):
-    return server_factory("--preset", "bsp")
+    # Plain BSP: these tests hold a round open between pushes; the deadline (1 s floor) is test_trust_screen's.
+    return server_factory("--preset", "bsp", "--set", "bsp.deadline=false")
 
 
 def _push_async(worker, delta, *, base, samples, timeout=HANG_S):

@@ -25,7 +25,9 @@ def _events(server, name: str) -> list[dict]:
 
 
 def test_silent_worker_is_lost_barrier_released_shards_requeued_and_it_rejoins(server_factory):
-    srv = server_factory("--preset", "bsp", "--heartbeat-interval", "0.25", "--heartbeat-timeout", "2")
+    # Plain BSP (no round deadline): the barrier must be released by the loss, nothing else.
+    srv = server_factory("--preset", "bsp", "--heartbeat-interval", "0.25", "--heartbeat-timeout", "2",
+                         "--set", "bsp.deadline=false")
     a, b = srv.register("steady"), srv.register("flaky")
     v0, m0 = a.pull()
     b_last = time.monotonic()  # the server last heard from the flaky worker no earlier than this
@@ -175,7 +177,7 @@ def test_agent_sigterm_at_a_barrier_abandons_the_wait_reports_and_leaves(server_
 
     from tests.conftest import JOIN_TOKEN
 
-    srv = server_factory("--preset", "bsp")
+    srv = server_factory("--preset", "bsp", "--set", "bsp.deadline=false")  # plain BSP: the push stays held
     srv.register("never-pushes")  # holds every barrier: the agent's first push waits
     env = {**os.environ, "HERMES_JOIN_TOKEN": JOIN_TOKEN, "PYTHONUNBUFFERED": "1"}
     log = tmp_path / "agent.log"

@@ -8,11 +8,12 @@ power weight 0.99995, 0.978 -> 0.183). Truthful (the honest run of the 1.5x comp
 ``benchmarks/attack_matrix.py --suite claims``), it claims one sample, or 128 samples in one second.
 
 The run must reach the target and no honest worker may be refused or quarantined. The liar's weight
-in a round must be at most an honest worker's under bsp (samples clamped to the assigned work); under
-edp-sgd at most 8 / (8 + n) beside n honest workers: a speed is bounded by 8x the median of the
-others' (server/engine/claims.py, power_factor), so a liar still takes up to 0.73 of a round beside
-three honest workers (measured 0.63-0.77, 2026-11-27; issue 29 measured 0.99995 before the bound). The 1.5x rule for this
-case is measured by benchmarks/attack_matrix.py --suite claims.
+in a round must be at most an honest worker's under bsp (samples clamped to the assigned work). Under
+edp-sgd a claimer that never asks for work is capped at the others' median speed (at most half a round
+beside three; it took 0.945 under the 8x bound alone, 2026-11-27; issue 29 measured 0.99995 before any
+bound). One that asks for work and names it in its reports (``work=True``) is held by the elapsed-time
+floor: its seconds at least 0.25 of the wall time since the hand-out. The 1.5x rule for this case is
+measured by benchmarks/attack_matrix.py --suite claims.
 """
 
 from __future__ import annotations
@@ -36,14 +37,25 @@ TARGET = 0.8
 HANG_S = 300.0
 
 
-def _claims(preset: str, lie: bool) -> dict[str, Any]:
+# A paced claimer (``work=True``) asks for work like an agent, holds each assignment as long as a device of
+# this speed would take to train it (honest digits agents here train 100-500 samples/s), and names it in its
+# cycle report. A fixed pace would make it faster the more work it is given: it trains nothing.
+REAL_SPEED = 256.0
+
+
+def _claims(preset: str, lie: bool, work: dict[str, Any] | None = None) -> dict[str, Any]:
     if preset == "edp-sgd":  # the compute power the partition allocator and the power rule read
+        if work is not None:  # the assignment it was handed, named (CycleReport.assignment)
+            cycle = {"dss": work["cycle_samples"], "batch_size": work["batch_size"],
+                     "compute_seconds": 1e-6 if lie else work["cycle_samples"] / REAL_SPEED,
+                     "assignment": work["assignment"]}
+            return {"samples": work["cycle_samples"], "cycle": cycle}
         cycle = {"dss": 128, "batch_size": 32, "compute_seconds": 1e-6 if lie else 1.0}
         return {"samples": 128, "cycle": cycle}
     return {"samples": 1_000_000_000 if lie else 1}
 
 
-def _lying_run(tmp_path: Path, preset: str, lie: bool, honest: int = 3) -> dict[str, Any]:
+def _lying_run(tmp_path: Path, preset: str, lie: bool, honest: int = 3, work: bool = False) -> dict[str, Any]:
     names = [f"honest-{i}" for i in range(honest)]
     with running_server(tmp_path / "server", "--preset", preset, sets=("eval_interval_seconds=0.5",)) as srv:
         claimer = srv.register("claimer")
@@ -54,10 +66,16 @@ def _lying_run(tmp_path: Path, preset: str, lie: bool, honest: int = 3) -> dict[
         def push_every_round() -> None:
             try:
                 while not stop.is_set():
+                    handed = None
+                    if work:
+                        reply = srv.exchange(claimer.frames(MsgType.REQUEST_WORK, body={}), timeout=120)
+                        assert reply.header.type is MsgType.WORK, reply.header
+                        handed = reply.header.body
+                        time.sleep(handed["cycle_samples"] / REAL_SPEED)  # what training it would take
                     version = srv.healthz()["model_version"]
                     msg = srv.exchange(claimer.frames(MsgType.PUSH_UPDATE, torch.zeros(claimer.numel),
                                                       model_version=version, shapes=claimer.shapes,
-                                                      body=_claims(preset, lie)), timeout=120)
+                                                      body=_claims(preset, lie, handed)), timeout=120)
                     replies.append(msg.header.body.get("status", msg.header.type.value))
                     if msg.header.body.get("stop"):
                         return
@@ -102,17 +120,22 @@ def _lying_run(tmp_path: Path, preset: str, lie: bool, honest: int = 3) -> dict[
         seen: dict[str, int] = {}
         worst = 0.0
         judged = 0
+        judged_weights: list[float] = []
         for e in applied:
             weights = dict(zip(e["workers"], e["weights"]))
             others = [w for w in weights if w != claimer.id]
             if claimer.id in weights and others and all(seen.get(w, 0) >= 2 for w in others):
                 judged += 1
                 mine, best_honest = weights[claimer.id], max(weights[w] for w in others)
+                judged_weights.append(mine)
                 if preset == "edp-sgd":
                     # Claims bound a speed to power_factor (8) x the median of the others' (HL8 fleets differ by 8x,
                     # server/engine/claims.py): a liar's power share is about 8 / (8 + n_honest), 0.73 beside three,
                     # a little more as the others' speeds move between the clamp and the fold (0.740 seen).
-                    assert mine <= 8 / (8 + len(others)) + 0.1, e
+                    # One that names its assignment is held by the elapsed-time floor too (checked below). One
+                    # that never asked for work is capped at the others' median speed (the clamp's tolerance, 2x,
+                    # lets a claim under 2x the median through): at most half of a round beside three.
+                    assert mine <= (8 / (8 + len(others)) if work else 0.5) + 0.1, e
                 else:
                     assert mine <= best_honest + 1e-9, e
                 worst = max(worst, mine)
@@ -121,9 +144,23 @@ def _lying_run(tmp_path: Path, preset: str, lie: bool, honest: int = 3) -> dict[
         assert judged, "the claimer was never folded beside honest workers"
         if lie:
             assert sum(screening["claims_clamped"].values()) >= 1, screening
-        result = {"suite": "claims", "preset": preset, "lie": lie, "seconds_to_target": round(seconds, 1),
+        floor = screening["claims_windows"]["floor"]
+        if work:
+            # Each cycle it named was held dss / REAL_SPEED after its hand-out: a window of at least that, so
+            # its seconds were raised to at least floor x that (4x its real speed at most, with the default 0.25).
+            cycles = {e["ts"]: e for e in _events(srv, "cycle") if e["worker"] == claimer.id}
+            raised = [e for e in _events(srv, "claim_clamped")
+                      if e["worker"] == claimer.id and e["field"] == "compute_seconds"]
+            if lie:
+                assert raised, screening
+                assert all(c["dss"] / c["compute_seconds"] <= REAL_SPEED / floor * 1.01 for c in cycles.values()
+                           if c["compute_seconds"] > 1e-6), sorted(c["dss"] / c["compute_seconds"] for c in cycles.values())
+            assert screening["claims_windows"]["closed"] >= 1, screening
+        shares = sorted(judged_weights)
+        result = {"suite": "claims", "preset": preset, "lie": lie, "work": work, "seconds_to_target": round(seconds, 1),
                   "claims_clamped": screening["claims_clamped"], "claimer_max_weight": round(worst, 4),
-                  "accuracy": status["evaluation"]["accuracy"]}
+                  "claimer_median_weight": round(shares[len(shares) // 2], 4) if shares else None,
+                  "claims_windows": screening["claims_windows"], "accuracy": status["evaluation"]["accuracy"]}
         (tmp_path / "claims.json").write_text(json.dumps(result))
         print(json.dumps(result))
         return result
@@ -132,3 +169,11 @@ def _lying_run(tmp_path: Path, preset: str, lie: bool, honest: int = 3) -> dict[
 @pytest.mark.parametrize(("preset", "lie"), [("bsp", True), ("edp-sgd", True)])
 def test_a_lying_claim_does_not_own_the_round(tmp_path, preset, lie):
     _lying_run(tmp_path, preset, lie)
+
+
+@pytest.mark.parametrize("lie", [True, False])
+def test_a_speed_liar_that_names_its_assignment_is_held_by_the_elapsed_time_floor(tmp_path, lie):
+    # issue 29: "speeds by the elapsed time between assignment and push". The claimer asks for work and holds
+    # each assignment as a REAL_SPEED device would; lying, it claims 1e-6 s; truthful, that time (the
+    # comparison: what its real speed earns).
+    _lying_run(tmp_path, "edp-sgd", lie, work=True)

@@ -22,8 +22,7 @@ import pytest
 import torch
 
 from tests.conftest import running_server, wait_for
-from tests.integration.test_attack_live import Attacker, _events
-from tests.integration.test_signflip_live import attack_then_reach
+from tests.integration.test_attack_live import Attacker, _events, attack_then_reach
 
 pytestmark = pytest.mark.integration
 

@@ -170,3 +170,51 @@ def test_a_worker_lost_while_it_waits_is_told_to_register_again(clock):
         assert exc.value.code is ErrorCode.UNKNOWN_WORKER
 
     _run(go())
+
+
+def test_a_pull_without_a_slot_waits_for_the_turn_and_brings_the_model_current_then(clock):
+    # A registration's pull answered at once had a waiting device train its first turn from version 0.
+    engine = _engine(clock, preset="fedbuff", **{"concurrency.limit": 1, "fedbuff.buffer_size": 1})
+    a, b = _Agent(engine, clock, "a"), _Agent(engine, clock, "b")
+
+    async def go():
+        await a.request(MsgType.REQUEST_WORK, {})
+        assert (await a.request(MsgType.PULL_MODEL, {})).header.model_version == 0  # a holder: at once
+        pull = asyncio.ensure_future(b.request(MsgType.PULL_MODEL, {}))
+        assert await _pending(pull), "b got the model while a held the only slot"
+        a_push = asyncio.ensure_future(a.request(MsgType.PUSH_UPDATE, {"samples": 1, "pull": True},
+                                                 payload=a.delta(0.5), model_version=0))
+        got = await asyncio.wait_for(pull, 5)
+        assert got.header.type is MsgType.MODEL and got.header.model_version == 1  # the model after a's push
+        assert engine.admission.holders == {b.rec.id} and await _pending(a_push)
+        assert (await b.request(MsgType.REQUEST_WORK, {})).header.type is MsgType.WORK  # its turn: at once
+
+    _run(go())
+
+
+def test_a_pull_held_for_a_slot_is_told_to_register_again_when_the_worker_is_lost(clock):
+    engine = _engine(clock, preset="fedbuff", **{"concurrency.limit": 1})
+    a, b = _Agent(engine, clock, "a"), _Agent(engine, clock, "b")
+
+    async def go():
+        await a.request(MsgType.REQUEST_WORK, {})
+        held = asyncio.ensure_future(b.request(MsgType.PULL_MODEL, {}))
+        assert await _pending(held)
+        await engine.leave(b.rec.id, "silent", state="lost")
+        with pytest.raises(ProtocolError) as exc:
+            await asyncio.wait_for(held, 5)
+        assert exc.value.code is ErrorCode.UNKNOWN_WORKER
+
+    _run(go())
+
+
+def test_without_hold_pull_a_registration_pull_is_answered_at_once(clock):
+    engine = _engine(clock, preset="fedbuff", **{"concurrency.limit": 1, "concurrency.hold_pull": False})
+    a, b = _Agent(engine, clock, "a"), _Agent(engine, clock, "b")
+
+    async def go():
+        await a.request(MsgType.REQUEST_WORK, {})
+        model = await asyncio.wait_for(b.request(MsgType.PULL_MODEL, {}), 5)
+        assert model.header.type is MsgType.MODEL and engine.admission.holders == {a.rec.id}
+
+    _run(go())

@@ -35,7 +35,8 @@ def _split(name: str, n: int, seed: int) -> ArrayDataset:
     return ArrayDataset(name, x, rng.integers(0, 3, n).astype(np.int64), num_classes=3)
 
 
-def _engine(clock: ManualClock, *, out_dir: str | None = None, **overrides) -> Engine:
+def _engine(clock: ManualClock, *, out_dir: str | None = None, screening: ScreeningSettings | None = None,
+            **overrides) -> Engine:
     config = build_config(overrides.pop("preset", "asp"), model="mlp", shard_size=SHARD, eval_max_samples=32,
                           **overrides)
     splits = (_split("toy", 128, 0), _split("toy-validation", 64, 1), _split("toy-test", 32, 2))
@@ -43,7 +44,7 @@ def _engine(clock: ManualClock, *, out_dir: str | None = None, **overrides) -> E
     # fold's arithmetic; the screening's own tests use realistic ones.
     return Engine(config, metrics=ServerMetrics(), events=EventLog(None, clock=clock), max_workers=8,
                   max_message_bytes=1 << 24, splits=splits, clock=clock, out_dir=out_dir,
-                  screening=ScreeningSettings(enabled=False),
+                  screening=screening or ScreeningSettings(enabled=False),
                   task=Task(model=lambda: build_model("mlp", input_shape=(8,), num_classes=3), name="toy"))
 
 
@@ -104,6 +105,33 @@ def test_push_is_folded_and_pull_serves_the_new_model(clock):
     assert pulled.header.model_version == 1 and pulled.header.body["unchanged"] is False
     assert unchanged.payload is None and unchanged.header.body["unchanged"] is True
     assert engine.message_counts == {"push_update": 1, "pull_model": 2}
+
+
+@pytest.mark.parametrize("topology", ["ps", "collective"])
+def test_rank_0s_model_copies_are_folded_exactly_under_the_collective_topology(clock, topology):
+    # The same pushes: three small ones, then one 6x their norm. Screened as one worker's update (ps) the
+    # large one is clipped; under the collective topology it is a copy of the group's model and must land
+    # whole, or the server's model parts from the group's for good.
+    extra = {"collective": {"world_size": 1}} if topology == "collective" else {}
+    engine = _engine(clock, preset="task-allocation", topology=topology,
+                     screening=ScreeningSettings(min_history=3), **extra)
+    agent = _Agent(engine, clock, "a")
+    _, before = engine.state.snapshot()
+
+    async def go():
+        for version, value in enumerate([0.01, 0.01, 0.01, 0.06]):
+            reply = await agent.request(MsgType.PUSH_UPDATE, {"samples": 4, "loss": 0.5},
+                                        payload=agent.delta(value), model_version=version)
+            assert reply.header.body["status"] == "applied", reply.header.body
+
+    _run(go())
+    _, after = engine.state.snapshot()
+    moved = float((after - before).mean())
+    assert engine.screening.settings.enabled is (topology == "ps")
+    if topology == "collective":
+        assert moved == pytest.approx(0.09, rel=1e-5)
+    else:
+        assert moved < 0.085
 
 
 def test_request_work_assigns_shards_of_the_workload(clock):

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import math
 
+import pytest
 import torch
 
 from hermes.common.clock import ManualClock
@@ -11,7 +13,7 @@ from hermes.common.messages import CycleReport
 from hermes.common.policies.robust import staleness_dampened
 from hermes.common.policies.sync import BarrierParams, BarrierStrategy, PushInfo, Release
 from hermes.common.wire import MsgType
-from hermes.server.engine.claims import Claims
+from hermes.server.engine.claims import Claims, work_scale
 from hermes.server.engine.direction import DirectionReference
 from hermes.server.engine.screening import ScreeningSettings
 from hermes.server.engine.telemetry import Telemetry
@@ -175,6 +177,33 @@ def test_a_moderately_large_update_that_raises_the_loss_is_down_weighted_not_ref
     assert engine.screening.public()["downweighted"] == 1 and not engine.screening.refusals
 
 
+@pytest.mark.parametrize("uphill_below,status", [(-0.05, "applied"), (0.0, "rejected")])
+def test_a_large_update_at_right_angles_to_the_descent_that_raises_the_loss_is_down_weighted(uphill_below, status):
+    # Cosine -0.01 (edp-sgd's batch-5 worker was refused at -0.016, 9.4x): the rise the effect test saw is
+    # curvature, not a step uphill, so it is not evidence enough to refuse (uphill_below 0.0: the old rule).
+    engine, clock = _engine_pushes(ScreeningSettings(min_history=3, effect_margin=1e-6, effect_slack=0.0,
+                                                     uphill_below=uphill_below, work_scale=False))
+    agents = [_Agent(engine, clock, n) for n in ("a", "b", "c")]
+    d = engine.screening.probe.descent()
+    d = d / float(d.norm())
+    r = torch.randn(d.numel(), generator=torch.Generator().manual_seed(0))
+    r = r - float(r @ d) * d
+    side = -0.01 * d + math.sqrt(1 - 0.01**2) * r / float(r.norm())
+
+    async def go() -> str:
+        for _ in range(2):
+            for a in agents:
+                await a.request(MsgType.PUSH_UPDATE, {"samples": 1}, payload=d * 1e-3,
+                                model_version=engine.state.version)
+        reply = await agents[0].request(MsgType.PUSH_UPDATE, {"samples": 1}, payload=side * 2e-2,
+                                        model_version=engine.state.version)
+        return reply.header.body["status"]
+
+    assert _run(go()) == status
+    assert engine.screening.refusals == ({} if status == "applied" else {"effect": 1})
+    assert engine.screening.public()["downweighted"] == (1 if status == "applied" else 0)
+
+
 def test_a_large_update_that_passes_is_folded_clipped_to_the_bound():
     engine, clock = _engine_pushes(ScreeningSettings(min_history=3))
     agents = [_Agent(engine, clock, n) for n in ("a", "b", "c")]
@@ -259,14 +288,14 @@ def test_a_cycle_handed_out_many_assignments_ago_is_bounded_by_its_own_assignmen
 
 def test_cycle_seconds_are_bounded_by_elapsed_time_and_the_fleet_median_speed():
     claims, clock, _ = _claims(min_compute_fraction=0.25, power_factor=2.0, speed_tolerance=1.0)
-    for w in ("h1", "h2", "liar"):
-        claims.on_assign(w, 128)
-        claims.on_reply(w)
+    ids = {w: claims.on_assign(w, 128) for w in ("h1", "h2", "liar")}
     clock.advance(1.0)
     honest = CycleReport(dss=128, batch_size=32, compute_seconds=0.8)
-    assert claims.cycle("h1", honest) is honest and claims.cycle("h2", honest) is honest
-    lie = claims.cycle("liar", CycleReport(dss=10**6, batch_size=32, compute_seconds=1e-6))
-    # dss to the assignment, seconds to 1/4 of the second since the reply (512/s), then to 2x the median speed.
+    assert claims.cycle("h1", honest.model_copy(update={"assignment": ids["h1"]}), on_push=True).compute_seconds == 0.8
+    assert claims.cycle("h2", honest.model_copy(update={"assignment": ids["h2"]}), on_push=True).compute_seconds == 0.8
+    lie = claims.cycle("liar", CycleReport(dss=10**6, batch_size=32, compute_seconds=1e-6, assignment=ids["liar"]),
+                       on_push=True)
+    # dss to the assignment, seconds to 1/4 of the second since the hand-out (512/s), then to 2x the median speed.
     assert lie.dss == 128
     assert abs(lie.dss / lie.compute_seconds - 2 * (128 / 0.8)) < 1e-6
     assert claims.public() == {"dss": 1, "compute_seconds": 2}
@@ -274,10 +303,89 @@ def test_cycle_seconds_are_bounded_by_elapsed_time_and_the_fleet_median_speed():
 
 def test_a_speed_within_the_bounds_is_left_as_claimed():
     claims, clock, seen = _claims(min_compute_fraction=0.25)
+    handed = claims.on_assign("w", 64)
+    clock.advance(1.0)
+    report = CycleReport(dss=64, batch_size=32, compute_seconds=0.3, assignment=handed)
+    assert claims.cycle("w", report, on_push=True) is report and not seen
+    assert claims.windows_public() == {"closed": 1, "min_ratio": 0.3, "min_median_ratio": 0.3, "floor": 0.25}
+
+
+def test_the_elapsed_time_window_starts_at_the_hand_out_or_the_last_reply_and_ends_at_the_push():
+    # Issue 29: each cycle judged against its own window, not the time since the last reply. Prefetch:
+    # the next assignment is handed out while the worker trains; a barrier: the worker waits for the reply.
+    claims, clock, seen = _claims(min_compute_fraction=0.5)
+    first = claims.on_assign("w", 64)
+    second = claims.on_assign("w", 64)  # prefetched at once
+    clock.advance(1.0)
+    report = CycleReport(dss=64, batch_size=32, compute_seconds=0.6, assignment=first)
+    assert claims.cycle("w", report, on_push=True) is report  # 0.6 of a 1 s window
+    clock.advance(5.0)  # held at the barrier: not compute
     claims.on_reply("w")
     clock.advance(1.0)
-    report = CycleReport(dss=64, batch_size=32, compute_seconds=0.3)
-    assert claims.cycle("w", report) is report and not seen
+    # The window of the second starts at the reply, not at its hand-out 7 s ago.
+    report = CycleReport(dss=64, batch_size=32, compute_seconds=0.6, assignment=second)
+    assert claims.cycle("w", report, on_push=True) is report and not seen
+    # No prefetch: the worker waited for its assignment after the reply; the window starts at the hand-out.
+    clock.advance(3.0)
+    third = claims.on_assign("w", 64)
+    clock.advance(1.0)
+    report = CycleReport(dss=64, batch_size=32, compute_seconds=0.6, assignment=third)
+    assert claims.cycle("w", report, on_push=True) is report and not seen
+    # The same claim from a worker whose cycle took 4 s of wall time after its hand-out is raised to half of it.
+    fourth = claims.on_assign("v", 64)
+    clock.advance(4.0)
+    lie = claims.cycle("v", CycleReport(dss=64, batch_size=32, compute_seconds=0.6, assignment=fourth), on_push=True)
+    assert lie.compute_seconds == 2.0
+    assert [(f["field"], f["claimed"], f["bound"]) for fact, f in seen if fact == "claim_clamped"] == [
+        ("compute_seconds", 0.6, 2.0)]
+    assert claims.windows_public()["min_ratio"] == 0.15
+
+
+def test_one_stretched_window_is_noise_and_the_floor_judges_the_median_of_five():
+    claims, clock, seen = _claims(min_compute_fraction=0.25)
+    for seconds in (0.6, 0.6, 0.1, 0.6):  # one window at 0.1 of its wall time: a loaded machine
+        handed = claims.on_assign("w", 64)
+        clock.advance(1.0)
+        report = CycleReport(dss=64, batch_size=32, compute_seconds=seconds, assignment=handed)
+        assert claims.cycle("w", report, on_push=True) is report
+    assert not seen
+    for _ in range(3):  # again and again: the median of the last five falls under the floor
+        handed = claims.on_assign("w", 64)
+        clock.advance(1.0)
+        last = claims.cycle("w", CycleReport(dss=64, batch_size=32, compute_seconds=0.1, assignment=handed),
+                            on_push=True)
+    assert last.compute_seconds == 0.25
+    assert [f["field"] for fact, f in seen if fact == "claim_clamped"] == ["compute_seconds"] * 2
+    assert claims.windows_public()["min_median_ratio"] == 0.1
+
+
+def test_gate_skipped_cycles_share_the_window_of_the_push_that_follows():
+    # hermes: skipped cycles' reports ride on the next work request or push; before issue 29's fix each
+    # of them was compared with the whole span (floor off). Their seconds now count together.
+    claims, clock, seen = _claims(min_compute_fraction=0.5)
+    ids = [claims.on_assign("w", 64) for _ in range(3)]
+    for i in ids[:2]:
+        clock.advance(1.0)
+        skipped = CycleReport(dss=64, batch_size=32, compute_seconds=0.9, assignment=i, pushed=False)
+        assert claims.cycle("w", skipped) is skipped  # carried: the window stays open
+    clock.advance(1.0)
+    pushed = CycleReport(dss=64, batch_size=32, compute_seconds=0.9, assignment=ids[2])
+    assert claims.cycle("w", pushed, on_push=True) is pushed and not seen  # 2.7 s of a 3 s window
+    assert claims.windows_public()["closed"] == 1
+
+
+def test_a_report_without_an_assignment_id_has_no_floor():
+    # Agents before CycleReport.assignment (and ids the server never handed this worker): the floor is off.
+    claims, clock, seen = _claims(min_compute_fraction=0.5)
+    claims.on_assign("w", 64)
+    clock.advance(10.0)
+    report = CycleReport(dss=64, batch_size=32, compute_seconds=0.01)
+    assert claims.cycle("w", report, on_push=True) is report
+    other = claims.on_assign("x", 64)
+    clock.advance(10.0)
+    foreign = CycleReport(dss=64, batch_size=32, compute_seconds=0.01, assignment=other)
+    assert claims.cycle("w", foreign, on_push=True) is foreign
+    assert not seen and claims.windows_public()["closed"] == 0
 
 
 def test_lying_samples_do_not_own_a_bsp_round():
@@ -528,4 +636,160 @@ def test_one_fast_cycle_is_noise_and_a_speed_claimed_again_and_again_is_clamped(
         last = claims.cycle("fast", CycleReport(dss=100, batch_size=32, compute_seconds=0.1))
     assert abs(last.dss / last.compute_seconds - 300.0) < 1e-6
     # The first repeat leaves the median at 250 (two fast of five); the next two are clamped.
+    assert [f["field"] for fact, f in seen if fact == "claim_clamped"] == ["compute_seconds"] * 2
+
+
+def test_a_small_batch_assignment_is_judged_at_its_work_scale_and_an_unassigned_update_is_not():
+    # edp-sgd seed 2 (2026-11-27): the partition cut the slowest worker's batch to 5 (cycle 20) while the
+    # others trained batch-32 cycles of 128; its honest updates reached 14-70x their median norm and 8 were
+    # refused. Its work scale, lr x steps / batch, is 6.4x theirs: 20x the median is 3.1x its expected norm.
+    engine, clock = _engine_pushes(ScreeningSettings(min_history=3, reference="consensus"))
+    agents = [_Agent(engine, clock, n) for n in ("a", "b", "c")]
+    small, stranger = _Agent(engine, clock, "small"), _Agent(engine, clock, "stranger")
+    gen = torch.Generator().manual_seed(3)
+    d = torch.randn(engine.spec.numel, generator=gen) * 1e-3
+
+    def cycle(agent: _Agent, dss: int, batch: int) -> dict:
+        handed = engine.claims.on_assign(agent.rec.id, dss, batch_size=batch, lr=0.05)
+        return {"dss": dss, "batch_size": batch, "compute_seconds": 0.1, "assignment": handed}
+
+    async def push(agent: _Agent, delta: torch.Tensor, body: dict) -> dict:
+        reply = await agent.request(MsgType.PUSH_UPDATE, body, payload=delta, model_version=engine.state.version)
+        return reply.header.body
+
+    async def go() -> tuple[list[str], list[dict], dict, dict]:
+        honest = []
+        for _ in range(4):
+            for a in agents:
+                honest.append((await push(a, _noisy(d, gen, 0.5e-3), {"samples": 128, "cycle": cycle(a, 128, 32)}))
+                              ["status"])
+        # The same direction, 20x and 40x the median norm: within the work-scaled bounds (4 x 6.4 to clip,
+        # 32 x 6.4 to refuse), so folded as they are or clipped, not refused.
+        small_replies = [await push(small, k * _noisy(d, gen, 0.5e-3), {"samples": 20, "cycle": cycle(small, 20, 5)})
+                         for k in (20, 40)]
+        # Without an assignment the server handed out (no id on its report), 40x is judged at x 1: refused
+        # as before. Its claimed batch of 5 buys it nothing.
+        bare = await push(stranger, 40 * d, {"samples": 20, "cycle": {"dss": 20, "batch_size": 5}})
+        flipped = [await push(small, -k * d, {"samples": 20, "cycle": cycle(small, 20, 5)}) for k in (40, 80)]
+        return honest, small_replies, bare, flipped
+
+    honest, small_replies, bare, flipped = _run(go())
+    assert set(honest) == {"applied"}
+    assert [r["status"] for r in small_replies] == ["applied", "applied"], small_replies
+    assert engine.screening.work_scaled >= 2
+    assert bare["status"] == "rejected" and "× median" in bare["reason"] and "work scale" not in bare["reason"], bare
+    # A sign flip at that work scale: at 40x the median (6.25x its expected norm) down-weighted, folded as one
+    # honest step of its shape; at 80x (12.5x) refused by direction, as a flip past 8x always was.
+    assert flipped[0]["status"] == "applied" and engine.screening.downweighted == 1, flipped
+    assert flipped[1]["status"] == "rejected" and "direction" in flipped[1]["reason"], flipped
+    assert engine.screening.refusals == {"norm": 1, "direction": 1}
+
+
+def test_work_scale_off_judges_every_update_against_the_median_alone():
+    engine, clock = _engine_pushes(ScreeningSettings(min_history=3, reference="consensus", work_scale=False))
+    agents = [_Agent(engine, clock, n) for n in ("a", "b", "c")]
+    small = _Agent(engine, clock, "small")
+    gen = torch.Generator().manual_seed(3)
+    d = torch.randn(engine.spec.numel, generator=gen) * 1e-3
+
+    async def go() -> dict:
+        for _ in range(4):
+            for a in agents:
+                handed = engine.claims.on_assign(a.rec.id, 128, batch_size=32, lr=0.05)
+                await a.request(MsgType.PUSH_UPDATE, {"samples": 128, "cycle": {
+                    "dss": 128, "batch_size": 32, "assignment": handed}}, payload=_noisy(d, gen, 0.5e-3),
+                    model_version=engine.state.version)
+        handed = engine.claims.on_assign(small.rec.id, 20, batch_size=5, lr=0.05)
+        reply = await small.request(MsgType.PUSH_UPDATE, {"samples": 20, "cycle": {
+            "dss": 20, "batch_size": 5, "assignment": handed}}, payload=40 * d, model_version=engine.state.version)
+        return reply.header.body
+
+    reply = _run(go())
+    assert reply["status"] == "rejected" and "norm" in reply["reason"], reply
+    assert engine.screening.work_scaled == 0
+
+
+def _blend_run(settings: ScreeningSettings) -> tuple[list[str], dict, dict, object]:
+    """fedasync (a blend: G = local - w0): two workers push fresh steps along d; a third, whose previous push
+    was at version 0, trained from version 1 while the model moved on, so its blend step also undoes
+    that path. Before it, a newcomer pushes the same step, claiming the same base, as its first push."""
+    engine, clock = _engine_pushes(settings, preset="fedasync")
+    fresh = [_Agent(engine, clock, n) for n in ("a", "b")]
+    slow, newcomer = _Agent(engine, clock, "slow"), _Agent(engine, clock, "newcomer")
+    gen = torch.Generator().manual_seed(5)
+    d = torch.randn(engine.spec.numel, generator=gen) * 1e-3
+    _, w0 = engine.state.snapshot()
+    w0 = w0.clone()
+
+    async def push(agent: _Agent, local: torch.Tensor, base: int) -> dict:
+        reply = await agent.request(MsgType.PUSH_UPDATE, {"samples": 1}, payload=local - w0, model_version=base)
+        return reply.header.body
+
+    async def go() -> tuple[list[str], dict, dict]:
+        statuses = [(await push(slow, w0 + _noisy(d, gen, 0.3e-3), 0))["status"]]
+        base_version, base = engine.state.snapshot()
+        base = base.clone()
+        for _ in range(12):
+            for a in fresh:
+                version, current = engine.state.snapshot()
+                statuses.append((await push(a, current + _noisy(d, gen, 0.3e-3), version))["status"])
+        # The step from a newcomer: it claims the same old base, but the server saw no push of it since.
+        mirror = await push(newcomer, base + _noisy(d, gen, 0.3e-3), base_version)
+        stale = await push(slow, base + _noisy(d, gen, 0.3e-3), base_version)
+        return statuses, stale, mirror
+
+    statuses, stale, mirror = _run(go())
+    return statuses, stale, mirror, engine
+
+
+def test_a_stale_blend_is_judged_against_the_median_plus_the_drift_since_its_base():
+    statuses, stale, mirror, engine = _blend_run(ScreeningSettings(min_history=3, reference="consensus"))
+    assert set(statuses) == {"applied"}, statuses
+    assert stale["status"] == "applied", stale
+    assert engine.screening.drift_allowed >= 1
+    assert mirror["status"] == "rejected", mirror
+
+
+def test_without_the_drift_allowance_the_same_stale_blend_is_refused():
+    statuses, stale, mirror, engine = _blend_run(ScreeningSettings(min_history=3, reference="consensus",
+                                                                   stale_drift=False))
+    assert set(statuses) == {"applied"}, statuses
+    assert stale["status"] == "rejected", stale
+    assert engine.screening.drift_allowed == 0
+
+
+def test_a_push_after_gate_skipped_cycles_carries_their_summed_work_scale():
+    # hermes under load (2026-11-27): an honest push carried 5 cycles (an in-flight one and three the gate
+    # skipped train on into the since-pull delta) and was refused by effect at 8.6x the one-cycle median.
+    claims, clock, _ = _claims()
+    ids = [claims.on_assign("w", 128, batch_size=32, lr=0.1) for _ in range(5)]
+    one = work_scale(128, 32, 1, 0.1)
+    for i in ids[:4]:
+        claims.cycle("w", CycleReport(dss=128, batch_size=32, compute_seconds=0.1, assignment=i, pushed=False))
+    assert claims.take_scale("w") is None  # nothing pushed yet
+    claims.cycle("w", CycleReport(dss=128, batch_size=32, compute_seconds=0.1, assignment=ids[4]), on_push=True)
+    assert abs(claims.take_scale("w") - 5 * one) < 1e-12
+    assert claims.take_scale("w") is None  # once per push
+    # The next push folds one cycle again; a report without an id leaves the scale unknown.
+    handed = claims.on_assign("w", 128, batch_size=32, lr=0.1)
+    claims.cycle("w", CycleReport(dss=128, batch_size=32, compute_seconds=0.1, assignment=handed), on_push=True)
+    assert abs(claims.take_scale("w") - one) < 1e-12
+    claims.cycle("w", CycleReport(dss=128, batch_size=32, compute_seconds=0.1), on_push=True)
+    assert claims.take_scale("w") is None
+    # lr x steps / batch: a batch of 5 for 20 samples is 6.4x a batch of 32 for 128.
+    assert abs(work_scale(20, 5, 1, 0.05) / work_scale(128, 32, 1, 0.05) - 6.4) < 1e-9
+
+
+def test_a_worker_never_handed_work_is_capped_at_the_median_speed():
+    # A claimer that only pushes (edp-sgd, 2026-11-27): under the 8x bound alone it took 0.945 of a round.
+    claims, _, seen = _claims(speed_tolerance=1.0)
+    for w, seconds in (("a", 1.0), ("b", 0.5), ("c", 0.25)):
+        claims.on_assign(w, 100)
+        claims.cycle(w, CycleReport(dss=100, batch_size=32, compute_seconds=seconds))
+    lie = claims.cycle("pusher", CycleReport(dss=100, batch_size=32, compute_seconds=1e-6))
+    assert abs(lie.dss / lie.compute_seconds - 200.0) < 1e-6  # the others' median, 200 samples/s
+    # Handed work, the same claim is capped at power_factor (8) x that median.
+    claims.on_assign("worker", 100)
+    handed = claims.cycle("worker", CycleReport(dss=100, batch_size=32, compute_seconds=1e-6))
+    assert abs(handed.dss / handed.compute_seconds - 8 * 200.0) < 1e-6
     assert [f["field"] for fact, f in seen if fact == "claim_clamped"] == ["compute_seconds"] * 2

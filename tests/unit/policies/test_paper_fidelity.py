@@ -207,6 +207,13 @@ def _blend_share_is_eq6(cfg: RunConfig) -> None:
     assert w == pytest.approx(0.4 / (0.4 + 0.9))  # Eq. 5-6: (1/T_w) / (1/T_w + 1/T_g)
 
 
+def _share_ignores_crowd(cfg: RunConfig) -> None:
+    rule = cfg.build_policy("aggregation")
+    few, many = (rule.weigh([Update(128, n, candidate_loss=0.5)], Step(version=200, global_loss=0.5, training=n))
+                 .weights[0] for n in (1, 100))
+    assert few == many  # Eq. 5-6 weigh by the losses alone, however many workers train at once
+
+
 def _pushes_whole_models(cfg: RunConfig) -> None:
     assert cfg.pushes_from_baseline() is True  # Alg. 2: G is measured from w0
 
@@ -309,8 +316,10 @@ DEVIATIONS: list[Deviation] = [
     Deviation("assignments_per_request", 1, {"hermes": 4}, _value("assignments_per_request", 1)),
     Deviation("combine_messages", False, {p: True for p in PRESETS if p != "hermes-paper"},
               _value("combine_messages", False), {"overlap_push": False}),  # overlapping needs combined replies
-    Deviation("loss.reference", "baseline", {"hermes": "pull"}, _pushes_whole_models),
+    Deviation("loss.reference", "baseline", {"hermes": "pull"}, _pushes_whole_models,
+              {"loss.concurrency_scale": 0}),  # the scale applies to since-pull deltas only
     Deviation("loss.sharpness", 1.0, {"hermes": 2.0}, _blend_share_is_eq6),
+    Deviation("loss.concurrency_scale", 0, {"hermes": 5}, _share_ignores_crowd),
     Deviation("momentum", 0.0, {"hermes": 0.9}, _value("momentum", 0.0)),
     Deviation("overlap_push", False, {"hermes": True}, _value("overlap_push", False)),
     Deviation("optimizer_reset_jump", None, {p: 0.5 for p in PRESETS}, _keeps_momentum),

@@ -38,3 +38,40 @@ def test_a_concurrency_bound_keeps_the_others_idle_and_rotates_every_device_thro
     _, again = _run(tmp_path, "c2-again", profiles=hl8(8), preset="fedbuff",
                     config={"concurrency.limit": 2, "fedbuff.buffer_size": 2, "target_accuracy": 0.8})
     assert deterministic_view(summary) == deterministic_view(again)
+
+
+def _staleness(out) -> list[int]:
+    import json
+
+    events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
+    return [t for e in events if e["event"] == "update_applied" for t in e["staleness"]]
+
+
+def test_a_device_waiting_for_its_first_slot_heartbeats_and_trains_from_the_model_of_its_turn(tmp_path):
+    # One slot, K = 1: every device's pull waits for the slot (concurrency.hold_pull), so every update is
+    # folded into the model it was trained from; the waits outlast the heartbeat timeout, and nobody is lost
+    # (the device beats from its registration on, as the agent's Session does).
+    kw = {"profiles": hl8(8, flops=2e9), "preset": "fedbuff", "heartbeat_interval": 0.01, "heartbeat_timeout": 0.04}
+    config = {"concurrency.limit": 1, "fedbuff.buffer_size": 1, "max_seconds": 3.0, "target_accuracy": 0.99}
+    sim, summary = _run(tmp_path, "held", config=config, **kw)
+    assert sim.driver.monitor.lost == 0 and sim.engine.admission.waited > 8
+    assert all(w["device"]["registrations"] == 1 and w["device"]["cycles"] > 0 for w in summary["workers"])
+    assert max(w["device"]["wait_seconds"] for w in summary["workers"]) > 0.04
+    assert set(_staleness(tmp_path / "held")) == {0}
+    memory = summary["sim"]["device_memory"]
+    assert memory["waiting"]["devices"] + memory["training"]["devices"] == 8
+    # Answered at once instead, a device trains its first turn from the model of its registration.
+    _, _ = _run(tmp_path, "answered", config={**config, "concurrency.hold_pull": False}, **kw)
+    assert max(_staleness(tmp_path / "answered")) > 0
+
+
+def test_a_device_that_goes_offline_lets_go_of_its_model_version(tmp_path):
+    # Back online it registers again and pulls the global model: meanwhile it needs no copy of the old one.
+    profiles = hl8(4, flops=2e9)
+    profiles[3] = dataclasses.replace(profiles[3], availability=IntervalAvailability([(0.0, 0.5), (100.0, 200.0)]))
+    sim, summary = _run(tmp_path, "off", profiles=profiles, preset="fedbuff",
+                        config={"max_seconds": 2.0, "target_accuracy": 0.99})
+    gone = sim.devices[3]
+    assert summary["workers"][3]["device"]["offline"] == 1 and summary["workers"][3]["device"]["cycles"] > 0
+    assert gone.version is None and gone.local is None
+    assert all(v in sim.versions.refs for v in (d.version for d in sim.devices[:3]))

@@ -1,0 +1,97 @@
+"""The host model's constants (``sim/host.py``): an agent's CPU per training sample and per message, on this machine.
+
+    python benchmarks/sim_host_calibrate.py [--repeats 30] [--hidden 320] [--json FILE]
+
+Measured in one process, one torch thread, ``time.thread_time`` (CPU seconds of this thread: the machine's
+other load delays them but does not add to them), on the calibration's task (mnist1d, the paper's CNN at
+``--hidden``):
+
+* ``thread_flops``: training FLOP/s of one agent thread, ``LocalTrainer.train_cycle`` on 128 samples in
+  batches of 32 (the testbed's cycle), times the FLOPs per sample the simulator counts
+  (``sim.run.flops_per_sample``);
+* ``push_cpu_s``: what an agent's push costs its own CPU: the update's signed encoding (``common.wire.encode``
+  with a key, which MACs the payload);
+* ``reply_cpu_s``: what a model reply costs it: decoding and MAC-checking the frames, then loading the
+  weights into its model (``load_flat``).
+
+The medians go into ``sim/host.py`` (``THREAD_FLOPS``, ``AGENT_PUSH_CPU_S``, ``AGENT_REPLY_CPU_S``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from hermes.common.config import build_config
+from hermes.common.task_registry import batch_of, resolve_task
+from hermes.common.tensors import build_checked, flatten, load_flat, spec_of
+from hermes.common.wire import Header, MsgType, decode, encode, verify_mac
+from hermes.deploy.bench.machine import loadavg
+from hermes.server.shardstore import load_splits
+from hermes.sim.executor import build_trainer
+from hermes.sim.run import flops_per_sample
+
+
+def _cpu(fn: Callable[[], object], repeats: int) -> list[float]:
+    out = []
+    for _ in range(repeats):
+        t0 = time.thread_time()
+        fn()
+        out.append(time.thread_time() - t0)
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--repeats", type=int, default=30)
+    p.add_argument("--hidden", type=int, default=320)
+    p.add_argument("--json", default=None, help="also write the figures here")
+    a = p.parse_args()
+    torch.set_num_threads(1)
+    cfg = build_config("asp", dataset="mnist1d", num_samples=20000, model_kwargs={"hidden": a.hidden})
+    task = resolve_task(cfg.task, cfg)
+    train, _validation, _test = load_splits(cfg, task)
+    # The spec as the server builds it (Engine._initial_state).
+    spec = spec_of(task.model(), cfg.model, task=task.name, input_shape=tuple(batch_of(train, [0])[0].shape[1:]))
+    trainer = build_trainer(task, cfg, spec)
+    x, y = batch_of(train, list(range(128)))
+    train_flops, _ = flops_per_sample(task, spec, train)
+    load_before = loadavg()
+    trainer.train_cycle(x, y, 32)  # warm-up
+    cycle = _cpu(lambda: trainer.train_cycle(x, y, 32), a.repeats)
+    key = b"k" * 32
+    flat = flatten(trainer.model).clone()
+    header = Header(type=MsgType.PUSH_UPDATE, worker="w", session="s", seq=1, model_version=1,
+                    shapes=tuple(tuple(t.shape) for t in trainer.model.parameters()), body={})
+    push = _cpu(lambda: encode(header, flat, key=key), a.repeats)
+    frames = [bytes(memoryview(f)) if not isinstance(f, bytes) else f for f in encode(header, flat, key=key)]
+    model = build_checked(task.model, spec)
+
+    def receive() -> None:
+        msg = decode(frames)
+        verify_mac(frames[0], msg.header, frames[1:], key)
+        load_flat(model, msg.payload.flat() if msg.payload is not None else flat)
+
+    reply = _cpu(receive, a.repeats)
+    med = {k: statistics.median(v) for k, v in (("cycle", cycle), ("push", push), ("reply", reply))}
+    figures = {
+        "thread_flops": 128 * train_flops / med["cycle"],
+        "cycle_cpu_s": med["cycle"], "train_flops_per_sample": train_flops,
+        "push_cpu_s": med["push"], "reply_cpu_s": med["reply"], "params": flat.numel(),
+        "repeats": a.repeats, "load_before": load_before, "load_after": loadavg(),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    }
+    print(json.dumps(figures, indent=2))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(figures, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

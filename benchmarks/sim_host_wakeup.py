@@ -1,0 +1,90 @@
+"""How long a ZeroMQ round trip between two processes waits for the scheduler on this machine, at its present load.
+
+    python benchmarks/sim_host_wakeup.py [--round-trips 300] [--json FILE]
+
+A DEALER in this process sends a 1-byte message to a ROUTER echo in another process over TCP loopback (the
+data plane's sockets), ``--round-trips`` times, one at a time, and takes the median round trip (wall clock: the
+scheduler's wake-ups are the point). Beside it, the runnable threads of the machine by nice value (``/proc``),
+sampled through the run: a process at nice 0 competes with the nice-0 ones (a nice-15 one weighs 36/1024 of
+one). ``sim/host.py`` turns the two into its per-handoff wait (``WAKEUP_S``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import multiprocessing as mp
+import statistics
+import time
+
+import zmq
+
+
+def _echo(port: int) -> None:
+    ctx = zmq.Context()
+    s = ctx.socket(zmq.ROUTER)
+    s.bind(f"tcp://127.0.0.1:{port}")
+    while True:
+        frames = s.recv_multipart()
+        if frames[-1] == b"stop":
+            break
+        s.send_multipart(frames)
+    s.close(0)
+    ctx.term()
+
+
+def runnable_by_nice() -> dict[int, int]:
+    by: dict[int, int] = {}
+    for st in glob.glob("/proc/[0-9]*/task/[0-9]*/stat"):
+        try:
+            rest = open(st).read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if rest[0] == "R":
+            by[int(rest[16])] = by.get(int(rest[16]), 0) + 1
+    return by
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--round-trips", type=int, default=300)
+    p.add_argument("--port", type=int, default=47911)
+    p.add_argument("--json", default=None)
+    a = p.parse_args()
+    proc = mp.get_context("spawn").Process(target=_echo, args=(a.port,), daemon=True)
+    proc.start()
+    ctx = zmq.Context()
+    s = ctx.socket(zmq.DEALER)
+    s.connect(f"tcp://127.0.0.1:{a.port}")
+    for _ in range(20):  # warm-up (connection, first wake-ups)
+        s.send(b"x")
+        s.recv()
+    rtts, samples = [], []
+    for i in range(a.round_trips):
+        if i % 30 == 0:
+            samples.append(runnable_by_nice())
+        t0 = time.perf_counter()
+        s.send(b"x")
+        s.recv()
+        rtts.append(time.perf_counter() - t0)
+        time.sleep(0.005)  # as an agent between messages: asleep, so each round trip wakes both sides
+    s.send(b"stop")
+    proc.join(5)
+    s.close(0)
+    ctx.term()
+    nice0 = [sum(v for k, v in smp.items() if k <= 0) for smp in samples]
+    out = {"round_trips": a.round_trips, "median_rtt_s": statistics.median(rtts),
+           "p25_rtt_s": statistics.quantiles(rtts, n=4)[0], "p75_rtt_s": statistics.quantiles(rtts, n=4)[2],
+           "runnable_nice0_median": statistics.median(nice0), "runnable_samples": samples,
+           "loadavg": open("/proc/loadavg").read().split()[:3],
+           "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
+    print(json.dumps({k: v for k, v in out.items() if k != "runnable_samples"}, indent=2))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(out, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

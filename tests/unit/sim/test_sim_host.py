@@ -1,0 +1,150 @@
+"""The host model (sim/host.py): processor sharing of the testbed machine's cores, and a run under it."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import pytest
+
+from hermes.common.config import build_config
+from hermes.sim.devices import ALWAYS_ON, DeviceProfile
+from hermes.sim.events import VirtualClock, run_virtual
+from hermes.sim.host import Host, HostError, HostSpec, on_host, parse_host
+from hermes.sim.links import transfer_seconds
+from hermes.sim.run import SimError, Simulation, deterministic_view
+from hermes.sim.server_cost import CalibratedCost, MeasuredCost
+
+
+def _finish_times(spec: HostSpec, jobs: list[tuple[float, float]], cancel: tuple[int, float] | None = None):
+    """Start each (start time, CPU seconds) job on one host; the virtual time each one ends (None: cancelled)."""
+    clock = VirtualClock(start=0.0)
+    host = Host(spec)
+
+    async def one(start: float, cpu: float) -> float:
+        await asyncio.sleep(start)
+        await host.run(cpu)
+        return clock.monotonic()
+
+    async def main():
+        tasks = [asyncio.ensure_future(one(s, c)) for s, c in jobs]
+        if cancel is not None:
+            await asyncio.sleep(cancel[1])
+            tasks[cancel[0]].cancel()
+        done = await asyncio.gather(*tasks, return_exceptions=True)
+        return [None if isinstance(d, asyncio.CancelledError) else d for d in done], host
+
+    return run_virtual(clock, main)
+
+
+def test_jobs_share_the_cores_as_kleinrocks_processor_sharing():
+    # One core, 1 s and 0.5 s of CPU started together: both at half speed until the short one ends at 1.0 s,
+    # then the long one alone: 0.5 s left at full speed, 1.5 s.
+    times, _ = _finish_times(HostSpec(cores=1), [(0.0, 1.0), (0.0, 0.5)])
+    assert times == pytest.approx([1.5, 1.0])
+    # Two cores, two jobs: each has its own core; a third makes them share (2/3 of a core each).
+    assert _finish_times(HostSpec(cores=2), [(0.0, 1.0), (0.0, 1.0)])[0] == pytest.approx([1.0, 1.0])
+    assert _finish_times(HostSpec(cores=2), [(0.0, 1.0)] * 3)[0] == pytest.approx([1.5] * 3)
+    # A job is one thread: alone on two cores it still takes its CPU seconds.
+    assert _finish_times(HostSpec(cores=2), [(0.0, 1.0)])[0] == pytest.approx([1.0])
+
+
+def test_background_processes_take_their_share_of_the_cores():
+    # 2 cores, 2 other runnable processes: one job runs at 2 / 3 of a core (1 s of CPU in 1.5 s).
+    times, host = _finish_times(HostSpec(cores=2, background=2), [(0.0, 1.0)])
+    assert times == pytest.approx([1.5])
+    stats = host.stats(1.5)
+    assert stats["cpu_seconds"] == pytest.approx(1.0)
+    assert stats["stretch_seconds"] == pytest.approx(0.5)
+    assert stats["mean_load"] == pytest.approx(3.0)
+
+
+def test_a_late_job_slows_the_running_one_from_when_it_arrives():
+    # One core: A (1 s) alone for 0.5 s, then B (0.25 s) arrives: both at half speed; B ends at 1.0, A at 1.25.
+    times, _ = _finish_times(HostSpec(cores=1), [(0.0, 1.0), (0.5, 0.25)])
+    assert times == pytest.approx([1.25, 1.0])
+
+
+def test_a_cancelled_job_leaves_the_host_and_the_others_speed_up():
+    # One core, two 1 s jobs; the second is cancelled at 0.5 s (each has 0.75 s left): the first ends at 1.25 s.
+    times, host = _finish_times(HostSpec(cores=1), [(0.0, 1.0), (0.0, 1.0)], cancel=(1, 0.5))
+    assert times[1] is None
+    assert times[0] == pytest.approx(1.25)
+    assert host.jobs == []
+
+
+def test_a_slowed_agent_computes_at_the_thread_rate_then_sleeps_the_rest():
+    host = Host(HostSpec(thread_flops=8e9))
+    # An agent slowed 8x (1e9 FLOP/s): 1 s of its work is 1/8 s of CPU and 7/8 s of sleep (client/trainer.py).
+    assert host.split(1.0, 1e9) == pytest.approx((0.125, 0.875))
+    # A device at or above the thread rate only computes.
+    assert host.split(1.0, 16e9) == pytest.approx((1.0, 0.0))
+
+
+def test_host_specs_parse_and_bad_ones_say_which_part():
+    assert parse_host(None) is None and parse_host("none") is None
+    assert parse_host("testbed") == HostSpec()
+    assert parse_host("testbed:background=6.5,cores=4") == HostSpec(background=6.5, cores=4)
+    assert parse_host("background=3") == HostSpec(background=3)
+    for bad, part in (("laptop", "expected none, testbed"), ("testbed:speed=2", "'speed=2'"),
+                      ("testbed:cores=two", "cores must be a number"), ("testbed:cores=0", "positive"),
+                      ("testbed:background=-1", ">= 0")):
+        with pytest.raises(HostError, match=part):
+            parse_host(bad)
+
+
+def test_the_testbed_agents_on_the_host_run_at_the_thread_rate_over_their_slowdown():
+    from hermes.sim.populations import build_population
+
+    spec = HostSpec(thread_flops=6e9)
+    devices = on_host(build_population("hl8", None, 0), "hl8", spec)
+    assert [d.flops for d in devices] == pytest.approx([6e9 / (32 / 6), 6e9 / (32 / 6), 6e9 / 8, 6e9])
+    generated = build_population("generated", 3, 0)
+    assert on_host(generated, "generated", spec) == generated
+
+
+def _devices() -> list[DeviceProfile]:
+    return [DeviceProfile(f"d{i}", "t", 2e8 / s, memory_mb=4096.0, up_mbps=math.inf, down_mbps=math.inf,
+                          rtt_s=0.0, availability=ALWAYS_ON) for i, s in enumerate((1.0, 2.0, 4.0, 8.0))]
+
+
+def _run(tmp_path, name: str, host: HostSpec | None, preset: str = "asp"):
+    config = build_config(preset, dataset="digits", model="mlp", seed=0, target_accuracy=0.8, max_seconds=120)
+    sim = Simulation(config, _devices(), out=tmp_path / name, transfer=transfer_seconds, cost=CalibratedCost(),
+                     population="test", host=host)
+    return sim.run()
+
+
+def test_a_run_on_a_busy_host_is_deterministic_and_its_devices_report_the_stretched_time(tmp_path):
+    spec = HostSpec(thread_flops=2e8, background=6.0)
+    first, second = _run(tmp_path, "a", spec), _run(tmp_path, "b", spec)
+    assert deterministic_view(first) == deterministic_view(second)
+    alone = _run(tmp_path, "c", None)
+    assert first["host"]["cpu_seconds"] > 0 and first["host"]["mean_load"] >= 6.0
+    assert alone["host"] is None
+    # The fastest device computes at 2 / (6 + runnable jobs) of a core: the compute seconds it reports per
+    # sample are at least 3.5x the unshared device's (2 / 7: it is never alone with the background).
+    def per_sample(summary):
+        w = summary["workers"][0]
+        return w["device"]["compute_seconds"] / w["device"]["samples"]
+
+    assert per_sample(first) >= 3.5 * per_sample(alone)
+
+
+def test_the_host_model_refuses_the_measured_server_cost(tmp_path):
+    config = build_config("asp", dataset="digits", model="mlp", seed=0, max_seconds=1)
+    with pytest.raises(SimError, match="--host"):
+        Simulation(config, _devices(), out=tmp_path / "m", transfer=transfer_seconds, cost=MeasuredCost(),
+                   population="test", host=HostSpec())
+
+
+def test_a_charged_model_is_counted_as_the_simulator_counts_its_own_and_a_bad_spec_is_one_line():
+    from hermes.sim.run import charged_flops
+
+    train, forward = charged_flops("cnn:1x28x28")
+    # The model zoo's CNN on MNIST's shape (114,314 parameters, the Hermes paper's size): its forward pass
+    # and a training step's forward plus backward, as torch's FlopCounterMode counts them.
+    assert forward > 1e6 and 2 * forward < train < 4 * forward
+    for bad in ("cnn:axb", "nosuchmodel:1x28x28"):
+        with pytest.raises(SimError, match=rf"--charge-model '{bad}': .*expected NAME:CxHxW"):
+            charged_flops(bad)

@@ -1,0 +1,93 @@
+"""The codecs' fast paths (issue 31's micro) give the bytes and vectors of the plain formulas they replaced: int8
+written into the message buffer (no padded copy), decoders reading the received buffer in place (and copying only
+an unaligned piece), PowerSGD writing each entry into the output."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from hermes.common.codec_spec import CodecSpec
+from hermes.common.codecs import Int8Codec, PowerSgdCodec, TopKCodec, decode, powersgd_matrix
+
+
+def plain_int8(x: torch.Tensor, chunk: int, gen: torch.Generator | None) -> torch.Tensor:
+    """QSGD with s = 127 and a chunk's max |x| as its norm (Alistarh et al. 2017, Sec. 3.1), as first written:
+    padded to whole chunks, scales then codes."""
+    n = x.numel()
+    xp = torch.nn.functional.pad(x, (0, -n % chunk)).view(-1, chunk)
+    scale = xp.abs().amax(dim=1) / 127.0
+    y = xp / torch.where(scale > 0, scale, torch.ones_like(scale))[:, None]
+    y = torch.floor(y + torch.rand(y.shape, generator=gen)) if gen is not None else torch.round(y)
+    q = y.clamp_(-127, 127).to(torch.int8).reshape(-1)[:n]
+    return torch.cat([scale.view(torch.uint8), q.view(torch.uint8)])
+
+
+def unaligned(data: torch.Tensor) -> torch.Tensor:
+    """The same bytes one byte off an aligned address, as a received frame may be."""
+    buf = torch.zeros(data.numel() + 1, dtype=torch.uint8)
+    buf[1:] = data
+    return buf[1:]
+
+
+@pytest.mark.parametrize("n", [0, 1, 16, 1000, 1024, 4099])
+@pytest.mark.parametrize("stochastic", [False, True])
+def test_int8_bytes_and_values_are_the_plain_formulas(n: int, stochastic: bool) -> None:
+    x = torch.randn(n, generator=torch.Generator().manual_seed(n)) * 3
+    if n >= 1024:
+        x[16:48] = 0.0  # an all-zero chunk: scale 0, codes 0
+    codec = Int8Codec(16, stochastic, seed=7)
+    reference_gen = torch.Generator().manual_seed(7) if stochastic else None
+    for _ in range(2):  # the generator's stream stays the plain layout's across calls
+        data = codec.encode(x, ((n,),)).data
+        assert torch.equal(data, plain_int8(x, 16, reference_gen))
+    spec = CodecSpec(name="int8", chunk=16)
+    chunks = -(-n // 16)
+    scale = data[: 4 * chunks].clone().view(torch.float32)
+    q = data[4 * chunks :].clone().view(torch.int8).float()
+    expected = (torch.nn.functional.pad(q, (0, -n % 16)).view(-1, 16) * scale[:, None]).reshape(-1)[:n]
+    assert torch.equal(decode(data, spec, ((n,),)), expected)
+    assert torch.equal(decode(unaligned(data), spec, ((n,),)), expected)
+
+
+def test_topk_and_powersgd_decode_in_place_and_unaligned() -> None:
+    shapes = ((30, 20), (30,), (9, 30), (9,), (2, 3, 4, 4))
+    n = sum(math.prod(s) for s in shapes)
+    x = torch.randn(n, generator=torch.Generator().manual_seed(1))
+    enc = TopKCodec(0.1).encode(x, shapes)
+    k = enc.spec.k
+    assert k is not None
+    idx = enc.data[: 4 * k].clone().view(torch.int32).long()
+    dense = torch.zeros(n)
+    dense[idx] = enc.data[4 * k :].clone().view(torch.float32)
+    assert torch.equal(decode(enc.data, enc.spec, shapes), dense)
+    assert torch.equal(decode(unaligned(enc.data), enc.spec, shapes), dense)
+
+    enc = PowerSgdCodec(2, 0).encode(x, shapes)
+    floats, parts, off = enc.data.clone().view(torch.float32), [], 0
+    for shape in shapes:
+        mn = powersgd_matrix(shape, 2)
+        if mn is None:
+            parts.append(floats[off : off + math.prod(shape)])
+            off += math.prod(shape)
+            continue
+        p = floats[off : off + 2 * mn[0]].view(mn[0], 2)
+        q = floats[off + 2 * mn[0] : off + 2 * (mn[0] + mn[1])].view(mn[1], 2)
+        off += 2 * (mn[0] + mn[1])
+        parts.append((p @ q.T).reshape(-1))
+    assert torch.equal(decode(enc.data, enc.spec, shapes), torch.cat(parts))
+    assert torch.equal(decode(unaligned(enc.data), enc.spec, shapes), torch.cat(parts))
+
+
+def test_decoded_vectors_do_not_alias_the_received_buffer() -> None:
+    """The dense update is folded and journaled after the frame is gone: it must be memory of its own."""
+    shapes = ((40,),)
+    x = torch.randn(40, generator=torch.Generator().manual_seed(2))
+    for codec in (Int8Codec(16, False, 0), TopKCodec(0.5), PowerSgdCodec(1, 0)):
+        enc = codec.encode(x, shapes)
+        out = decode(enc.data, enc.spec, shapes)
+        before = out.clone()
+        enc.data.fill_(0)
+        assert torch.equal(out, before)

@@ -1,0 +1,98 @@
+"""Issue 31's hl2-alone comparison: how `alone` is timed from launch, and the per-agent breakdown's arithmetic."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from hermes.deploy.ddp_rank import process_started_at
+
+
+def test_process_start_is_read_from_proc_for_a_process_started_now() -> None:
+    before = time.time()
+    code = "from hermes.deploy.ddp_rank import process_started_at; print(process_started_at())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    after = time.time()
+    started = float(out)
+    # /proc's start tick is 10 ms, its uptime 10 ms: a child spawned between the two clocks reads between them.
+    assert before - 0.05 <= started <= after
+    here = process_started_at()
+    assert here is not None and here < before  # this test process started before it ran
+
+
+def _write_run(root: Path, key: str, summary: dict[str, object], log: str = "") -> dict[str, object]:
+    run_dir = root / "runs" / key
+    (run_dir / "logs").mkdir(parents=True)
+    (run_dir / "summary.json").write_text(json.dumps(summary))
+    (run_dir / "logs" / "worker-1.log").write_text(log)
+    return {"key": key, "run_dir": f"runs/{key}", "events": {"train_seconds_to_target": 7.5}}
+
+
+def test_breakdown_reads_both_clocks_and_leaves_shards_out_of_the_pull_bytes(tmp_path: Path) -> None:
+    worker = {"name": "worker-1", "speed": 1.0, "cycles": 10, "samples": 1280, "compute_seconds": 6.0,
+              "wait_seconds": 1.0, "prefetch_wait_seconds": 0.5, "pushes": 4, "pulls": 5, "bytes_sent": 400,
+              "bytes_received": 1500, "shard_bytes_fetched": 1000, "log": "logs/worker-1.log"}
+    runs = [_write_run(tmp_path, "hl2@lte/hermes/r0",
+                       {"workers": [worker], "seconds_to_target": 11.0, "model_updates": 3, "final_accuracy": 0.91},
+                       "x overlapped exchanges: 4.25s in flight, 0.10s waited for\n"),
+            _write_run(tmp_path, "hl2@lte/alone/r0",
+                       {"preset": "ddp", "workers": [{"name": "rank-0", "samples": 640}], "seconds_to_target": 9.0,
+                        "launch_seconds_to_target": 12.5, "final_accuracy": 0.9})]
+    (tmp_path / "results.json").write_text(json.dumps({"runs": runs}))
+    out = subprocess.run([sys.executable, "benchmarks/hl2_alone_breakdown.py", str(tmp_path), "--agents"],
+                         capture_output=True, text=True, check=True, cwd=Path(__file__).parents[2]).stdout
+    rows = {line.split("|")[2].strip(): line for line in out.splitlines() if line.startswith("| hl2@lte |")}
+    assert "| 7.5 [7.5-7.5] | 11.0 [11.0-11.0] | 1,280 [1,280-1,280] |" in rows["hermes"]
+    assert "| 7.5 [7.5-7.5] | 12.5 [12.5-12.5] | 640 [640-640] |" in rows["alone"]
+    agent = next(line for line in out.splitlines() if line.startswith("| hl2@lte/hermes/r0 | worker-1"))
+    cells = [c.strip() for c in agent.strip("|").split("|")]
+    # in flight from the log; 400 B / 4 pushes; (1500 - 1000 shard bytes) / 5 pulls
+    assert cells[8] == "4.25" and cells[11] == "100.00" and cells[12] == "100.00"
+
+
+def test_the_hl2_cluster_is_evaluated_on_a_grid_close_to_alone_s() -> None:
+    from hermes.deploy.bench.runner import plan
+    from hermes.deploy.bench.suites import builtin_suite
+
+    suite = builtin_suite("hl2-alone")
+    spec = next(s for s in plan(suite) if s.variant.label == "hermes-topk" and s.link == "lte")
+    args = spec.testbed_args(suite, Path("/tmp/x"))
+    # alone checks every 5 steps (about 0.08 s at pace 4); the server's default 1 s grid added about 0.5 s on
+    # average to the cluster's time to target.
+    assert "eval_interval_seconds=0.25" in args
+    alone = next(s for s in plan(suite) if s.variant.label == "alone")
+    a_args = alone.testbed_args(suite, Path("/tmp/x"))
+    assert a_args[a_args.index("--ddp-eval-every") + 1] == "5"
+
+
+def test_local_task_deals_disjoint_parts_without_the_servers_validation_samples() -> None:
+    import numpy as np
+
+    from hermes.common.datasets import validation_indices
+    from hermes.deploy.bench.local_task import device_part, part_indices
+
+    parts = [part_indices(1000, 4, p, 0.1, 0) for p in range(4)]
+    held = set(validation_indices(1000, 0.1, 0)[1].tolist())
+    union = set(np.concatenate(parts).tolist())
+    assert sum(len(p) for p in parts) == len(union) == 900  # disjoint, every train sample once
+    assert not union & held  # the loss probe's samples stay off the devices
+    assert [device_part(f"worker-{i}", 4) for i in (1, 2, 3, 4, 5)] == [0, 1, 2, 3, 0]
+    assert device_part("edge-box", 4) == device_part("edge-box", 4)
+
+
+def test_local_task_gives_each_agent_its_part_and_keeps_the_builtin_splits_for_alone() -> None:
+    from hermes.common.config import build_config
+    from hermes.common.datasets import validation_indices
+    from hermes.common.task import dataset_len
+    from hermes.common.task_registry import resolve_task
+
+    config = build_config("hermes", dataset="digits", min_workers=4, task="hermes.deploy.bench.local_task:task")
+    task = resolve_task(config.task, config)
+    assert task.local_data is not None and task.train_data is not None and task.test_data is not None
+    sizes = [len(task.local_data(f"worker-{i}")[1]) for i in (1, 2, 3, 4)]
+    n_train = dataset_len(task.train_data)
+    n_val = len(validation_indices(n_train, config.validation_fraction, config.seed)[1])
+    assert sum(sizes) == n_train - n_val and max(sizes) - min(sizes) <= 1
