@@ -78,6 +78,9 @@ def test_power_aggregation_weighs_updates_by_measured_compute_power(server_facto
     # EDP-SGD Sec. 4.2: g_m weighted by CP_m / sum(CP); CP = samples / seconds (DP-SGD Eq. 2).
     server = server_factory("--preset", "edp-sgd")
     a, b = server.register("pow-a"), server.register("pow-b")
+    # Work asked for first, as agents do: a speed claim from a worker never handed an assignment counts at
+    # most as the others' median (engine.claims), which made this test depend on which push came first.
+    _work(a), _work(b)
     v0, m0 = a.pull()
     # Honest-sized (screening is on).
     da, db = torch.full((a.numel,), 2.0 ** -8), torch.full((a.numel,), -(2.0 ** -8))
