@@ -93,6 +93,17 @@ class ModelState:
             raise ValueError(f"initial vector has {initial.numel()} elements, spec {spec.numel}")
         self.spec = spec
         self._flat = initial.detach().to(torch.float32).clone().contiguous()
+        # Variances cannot be negative. Folds add deltas, so a BatchNorm running_var that several
+        # workers (or a stale delta) moved down goes below zero, and the next forward is NaN: the
+        # edge-resnet server refused 19 of 42 pushes as "candidate loss nan" on lte (2026-11-27).
+        # Each fold projects these entries back onto [0, inf).
+        self._nonneg: list[tuple[int, int]] = []
+        off = 0
+        for name, shape in spec.entries:
+            n = math.prod(shape)
+            if name.endswith("running_var"):
+                self._nonneg.append((off, off + n))
+            off += n
         # w0, the model every replica started from: from-baseline updates
         # (Hermes' G) are measured against it.
         self._baseline = self._flat.clone()
@@ -177,7 +188,13 @@ class ModelState:
             out = self._baseline.clone()
         for off, piece in payload.fp32_pieces():
             out[off : off + piece.numel()].add_(piece)
+        self._project(out)  # the model a fold would make, as the fold would make it
         return out
+
+    def _project(self, flat: torch.Tensor) -> None:
+        """Variances (``running_var``) onto [0, inf), in place: what a fold may not leave negative."""
+        for lo, hi in self._nonneg:
+            flat[lo:hi].clamp_(min=0.0)
 
     def blend(self, payload: Payload, weight: float) -> int:
         """w <- (1 - weight) * w + weight * (w0 + G) as one step (Hermes Eq. 6).
@@ -201,11 +218,13 @@ class ModelState:
             return self._version
 
     def _keep_finite(self) -> None:
-        """Roll a non-finite fold back to the last good model (caller holds the lock).
+        """Project variances onto [0, inf), then roll a non-finite fold back to the last good model (caller
+        holds the lock).
 
         Checked under the lock, so no pull or snapshot ever sees the bad model.
         The version still advances: agents pull the restored model as a new one.
         """
+        self._project(self._flat)
         if self._bound < _SAFE_MAGNITUDE:  # False for inf and NaN too
             return
         if not (bool(torch.isfinite(self._flat.sum())) or bool(torch.isfinite(self._flat).all())):

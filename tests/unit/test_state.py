@@ -300,3 +300,19 @@ def test_validate_rejects_wrong_dtype(dtype):
 
 def test_validate_rejects_missing_payload():
     assert _code(None) is ErrorCode.BAD_REQUEST
+
+
+def test_a_fold_never_leaves_a_running_variance_negative():
+    # Deltas are added: two workers' (or a stale) lowering of BatchNorm's running_var took it below zero and
+    # the model's next forward to NaN (edge-resnet on lte, 2026-11-27). Only the variances are projected.
+    spec = ModelSpec(name="bn", entries=(("bn.weight", (2,)), ("bn.running_mean", (2,)), ("bn.running_var", (2,))))
+    st = ModelState(spec, torch.ones(6))
+    delta = torch.tensor([-3.0, -3.0, -3.0, -3.0, -0.5, -3.0])
+    p = Payload(dtype=torch.float32, chunks=(delta,), shapes=spec.shapes)
+    assert torch.equal(st.candidate(p, from_current=True), torch.tensor([-2.0, -2.0, -2.0, -2.0, 0.5, 0.0]))
+    st.apply([(p, 1.0)])
+    _, after = st.snapshot()
+    assert torch.equal(after, torch.tensor([-2.0, -2.0, -2.0, -2.0, 0.5, 0.0]))
+    st.blend(Payload(dtype=torch.float32, chunks=(torch.full((6,), -4.0),), shapes=spec.shapes), 1.0)
+    _, blended = st.snapshot()
+    assert torch.equal(blended, torch.tensor([-3.0, -3.0, -3.0, -3.0, 0.0, 0.0]))
