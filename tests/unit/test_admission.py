@@ -156,13 +156,15 @@ def test_a_request_held_for_a_slot_is_answered_with_the_stop(clock):
     assert _run(go()).header.body["stop"] is True
 
 
-def test_a_worker_lost_while_it_waits_is_told_to_register_again(clock):
+@pytest.mark.parametrize("waits_with", [MsgType.REQUEST_WORK, MsgType.PULL_MODEL])
+def test_a_worker_lost_while_it_waits_is_told_to_register_again(clock, waits_with):
+    # A held work request, or a registration's pull held for a slot (concurrency.hold_pull).
     engine = _engine(clock, preset="fedbuff", **{"concurrency.limit": 1})
     a, b = _Agent(engine, clock, "a"), _Agent(engine, clock, "b")
 
     async def go():
         await a.request(MsgType.REQUEST_WORK, {})
-        held = asyncio.ensure_future(b.request(MsgType.REQUEST_WORK, {}))
+        held = asyncio.ensure_future(b.request(waits_with, {}))
         assert await _pending(held)
         await engine.leave(b.rec.id, "silent", state="lost")
         with pytest.raises(ProtocolError) as exc:
@@ -188,22 +190,6 @@ def test_a_pull_without_a_slot_waits_for_the_turn_and_brings_the_model_current_t
         assert got.header.type is MsgType.MODEL and got.header.model_version == 1  # the model after a's push
         assert engine.admission.holders == {b.rec.id} and await _pending(a_push)
         assert (await b.request(MsgType.REQUEST_WORK, {})).header.type is MsgType.WORK  # its turn: at once
-
-    _run(go())
-
-
-def test_a_pull_held_for_a_slot_is_told_to_register_again_when_the_worker_is_lost(clock):
-    engine = _engine(clock, preset="fedbuff", **{"concurrency.limit": 1})
-    a, b = _Agent(engine, clock, "a"), _Agent(engine, clock, "b")
-
-    async def go():
-        await a.request(MsgType.REQUEST_WORK, {})
-        held = asyncio.ensure_future(b.request(MsgType.PULL_MODEL, {}))
-        assert await _pending(held)
-        await engine.leave(b.rec.id, "silent", state="lost")
-        with pytest.raises(ProtocolError) as exc:
-            await asyncio.wait_for(held, 5)
-        assert exc.value.code is ErrorCode.UNKNOWN_WORKER
 
     _run(go())
 
