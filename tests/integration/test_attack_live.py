@@ -27,6 +27,7 @@ been refused.
 from __future__ import annotations
 
 import json
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -159,18 +160,25 @@ class Attacker:
                                headers={"X-Hermes-Token": self.w.token})
 
 
+def start_attack(srv: LiveServer, attacker: Attacker, names: list[str],
+                 tmp_path: Path) -> tuple[threading.Thread, float, list[subprocess.Popen]]:
+    """Start the attacker and wait for its first push's reply, then the honest agents (one torch thread
+    each, logs in ``tmp_path``): the attacker's thread, the agents' start (monotonic) and the agents."""
+    first = threading.Event()
+    thread = threading.Thread(target=attacker.run, kwargs={"first_push_done": first}, daemon=True)
+    thread.start()
+    assert first.wait(30), "the attacker's first push never came back"
+    t0 = time.monotonic()
+    return thread, t0, [start_agent(srv.url, n, tmp_path / f"{n}.log", "--threads", "1") for n in names]
+
+
 def attack_then_reach(srv: LiveServer, attacker: Attacker, names: list[str], tmp_path: Path, what: str,
                       target: float = TARGET, hang_s: float = 240.0) -> tuple[dict[str, Any], float]:
     """Start the attacker, then the honest agents; wait for the attack to end and for an evaluation of a
     later model at ``target`` (every honest agent joined by then); stop the run. The status at the target
     and the seconds from the agents' start; every honest agent exited 0 without a traceback, and the
     attacker raised nothing. Shared by the sign-flip and robust-window live tests."""
-    first = threading.Event()
-    thread = threading.Thread(target=attacker.run, kwargs={"first_push_done": first}, daemon=True)
-    thread.start()
-    assert first.wait(30), "the attacker's first push never came back"
-    t0 = time.monotonic()
-    agents = [start_agent(srv.url, n, tmp_path / f"{n}.log", "--threads", "1") for n in names]
+    thread, t0, agents = start_attack(srv, attacker, names, tmp_path)
     try:
         thread.join(timeout=hang_s)
         assert not thread.is_alive(), ("the attack did not finish", attacker.replies)

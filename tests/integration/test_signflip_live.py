@@ -25,8 +25,8 @@ from typing import Any
 import pytest
 import torch
 
-from tests.conftest import ADMIN_TOKEN, JOIN_TOKEN, kill_agents, running_server, start_agent, wait_for
-from tests.integration.test_attack_live import Attacker, _events
+from tests.conftest import ADMIN_TOKEN, JOIN_TOKEN, kill_agents, running_server, wait_for
+from tests.integration.test_attack_live import Attacker, _events, start_attack
 
 pytestmark = pytest.mark.integration
 
@@ -105,12 +105,7 @@ def attacked_throughout_reach(srv: Any, attacker: SignFlipper, names: list[str],
 
     Attacked (k > 0) and honest (k = 0, zeros at the same pace) runs are timed alike: same start, same target,
     same evaluation cadence, and the attack's effect is in every model evaluated after it began."""
-    first = threading.Event()
-    thread = threading.Thread(target=attacker.run, kwargs={"first_push_done": first}, daemon=True)
-    thread.start()
-    assert first.wait(30), "the attacker never pulled"
-    t0 = time.monotonic()
-    agents = [start_agent(srv.url, n, tmp_path / f"{n}.log", "--threads", "1") for n in names]
+    thread, t0, agents = start_attack(srv, attacker, names, tmp_path)
     try:
         assert attacker.attack_started.wait(hang_s), "the attack never started"
         assert attacker.error is None, (attacker.error, attacker.replies)
