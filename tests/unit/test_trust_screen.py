@@ -66,6 +66,18 @@ def _engine_pushes(settings: ScreeningSettings, preset: str = "asp"):
     return engine, clock
 
 
+async def _history(engine, agents, step: torch.Tensor) -> list[str]:
+    """Two rounds of the same honest push from every agent, each at the current version: the median norm
+    and the reference the next push is judged against. Their statuses."""
+    statuses = []
+    for _ in range(2):
+        for a in agents:
+            reply = await a.request(MsgType.PUSH_UPDATE, {"samples": 1}, payload=step,
+                                    model_version=engine.state.version)
+            statuses.append(reply.header.body["status"])
+    return statuses
+
+
 def test_the_engine_refuses_a_scaled_sign_flip_and_keeps_honest_pushes():
     engine, clock = _engine_pushes(ScreeningSettings(min_history=3, reference="consensus"))
     agents = [_Agent(engine, clock, n) for n in ("a", "b", "c")]
@@ -135,12 +147,7 @@ def test_the_effect_test_refuses_a_large_update_that_raises_the_probe_loss():
     g = g / float(g.norm()) * 1e-2
 
     async def go() -> tuple[list[str], str, str]:
-        honest = []
-        for _ in range(2):
-            for a in agents:
-                reply = await a.request(MsgType.PUSH_UPDATE, {"samples": 1}, payload=g,
-                                        model_version=engine.state.version)
-                honest.append(reply.header.body["status"])
+        honest = await _history(engine, agents, g)
         up = await agents[0].request(MsgType.PUSH_UPDATE, {"samples": 1}, payload=-300 * g,
                                      model_version=engine.state.version)
         down = await agents[1].request(MsgType.PUSH_UPDATE, {"samples": 1}, payload=10 * g,
@@ -161,9 +168,7 @@ def test_a_moderately_large_update_that_raises_the_loss_is_down_weighted_not_ref
     g = g / float(g.norm()) * 1e-3
 
     async def go() -> str:
-        for _ in range(2):
-            for a in agents:
-                await a.request(MsgType.PUSH_UPDATE, {"samples": 1}, payload=g, model_version=engine.state.version)
+        await _history(engine, agents, g)
         reply = await agents[0].request(MsgType.PUSH_UPDATE, {"samples": 1}, payload=-6 * g,
                                         model_version=engine.state.version)
         return reply.header.body["status"]
@@ -191,10 +196,7 @@ def test_a_large_update_at_right_angles_to_the_descent_that_raises_the_loss_is_d
     side = -0.01 * d + math.sqrt(1 - 0.01**2) * r / float(r.norm())
 
     async def go() -> str:
-        for _ in range(2):
-            for a in agents:
-                await a.request(MsgType.PUSH_UPDATE, {"samples": 1}, payload=d * 1e-3,
-                                model_version=engine.state.version)
+        await _history(engine, agents, d * 1e-3)
         reply = await agents[0].request(MsgType.PUSH_UPDATE, {"samples": 1}, payload=side * 2e-2,
                                         model_version=engine.state.version)
         return reply.header.body["status"]
@@ -211,9 +213,7 @@ def test_a_large_update_that_passes_is_folded_clipped_to_the_bound():
     g = g / float(g.norm()) * 1e-3
 
     async def go() -> str:
-        for _ in range(2):
-            for a in agents:
-                await a.request(MsgType.PUSH_UPDATE, {"samples": 1}, payload=g, model_version=engine.state.version)
+        await _history(engine, agents, g)
         reply = await agents[0].request(MsgType.PUSH_UPDATE, {"samples": 1}, payload=20 * g,
                                         model_version=engine.state.version)
         return reply.header.body["status"]
@@ -526,9 +526,7 @@ def test_a_direction_failure_below_the_refusal_size_is_down_weighted_and_above_i
     g = g / float(g.norm()) * 1e-3
 
     async def go() -> tuple[str, str]:
-        for _ in range(2):
-            for a in agents:
-                await a.request(MsgType.PUSH_UPDATE, {"samples": 1}, payload=g, model_version=engine.state.version)
+        await _history(engine, agents, g)
         uphill = (await agents[0].request(MsgType.PUSH_UPDATE, {"samples": 1}, payload=-6 * g,
                                           model_version=engine.state.version)).header.body
         flip = (await agents[1].request(MsgType.PUSH_UPDATE, {"samples": 1}, payload=-12 * g,
@@ -552,9 +550,7 @@ def test_with_downweight_below_zero_every_direction_failure_is_refused():
     g = g / float(g.norm()) * 1e-3
 
     async def go() -> str:
-        for _ in range(2):
-            for a in agents:
-                await a.request(MsgType.PUSH_UPDATE, {"samples": 1}, payload=g, model_version=engine.state.version)
+        await _history(engine, agents, g)
         reply = await agents[0].request(MsgType.PUSH_UPDATE, {"samples": 1}, payload=-6 * g,
                                         model_version=engine.state.version)
         return reply.header.body.get("reason", "applied")
@@ -573,9 +569,7 @@ def test_a_large_update_down_the_descent_that_raises_the_loss_is_down_weighted_a
     g = g / float(g.norm()) * 1e-3
 
     async def go() -> str:
-        for _ in range(2):
-            for a in agents:
-                await a.request(MsgType.PUSH_UPDATE, {"samples": 1}, payload=g, model_version=engine.state.version)
+        await _history(engine, agents, g)
         # Far down the descent (judged unclipped): overshoots, so the probe loss rises, while the direction agrees.
         reply = await agents[0].request(MsgType.PUSH_UPDATE, {"samples": 1}, payload=20000 * g,
                                         model_version=engine.state.version)
@@ -601,10 +595,7 @@ def test_a_large_uphill_update_that_raises_the_loss_is_refused_even_within_the_c
         return size * (cos * g + (1.0 - cos * cos) ** 0.5 * r)
 
     async def go() -> tuple[str, str, str]:
-        for _ in range(2):
-            for a in agents:
-                await a.request(MsgType.PUSH_UPDATE, {"samples": 1}, payload=1e-3 * g,
-                                model_version=engine.state.version)
+        await _history(engine, agents, 1e-3 * g)
         out = []
         for cos, size in ((-0.1, 12e-3), (-0.1, 6e-3), (0.1, 12e-3)):
             reply = await agents[0].request(MsgType.PUSH_UPDATE, {"samples": 1}, payload=tilted(cos, size),
