@@ -297,7 +297,6 @@ class Testbed:
         churn_t0: float | None = None
         while True:
             elapsed = time.time() - t0
-            self.run_chaos(elapsed, status.get("model_version"))
             if self.churn is not None and (status.get("model_version") or 0) >= 1:
                 # Churn times count from the first update: the start gate waits for every agent first.
                 churn_t0 = elapsed if churn_t0 is None else churn_t0
@@ -317,6 +316,9 @@ class Testbed:
                     break
                 log.warning("status poll failed: %s", exc)
                 status = status or {}
+            # On the version just read, not the last loop's: updates can come 30 ms apart, and a
+            # fault meant for version 1 fired a poll and a sleep late lands after version 17.
+            self.run_chaos(time.time() - t0, status.get("model_version"))
             if reached_at is None:
                 reached_at = self._target_reached(status, t0)
                 if reached_at is not None:

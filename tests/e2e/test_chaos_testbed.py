@@ -51,9 +51,12 @@ def _check_agent_killed(out: Path, s: dict, agent: str, *, barrier: bool) -> Non
 
 # Killed early and with a target far enough away that the run outlasts the
 # heartbeat timeout: what is tested is training on after the loss.
+# Hermes on digits applies an update every ~30 ms and is at 0.92 by version 14 (a CI run
+# reached 0.93 at version 17, the version the kill fired at, a poll late): killing the fast
+# worker leaves the three slow ones more of the way to train.
 @pytest.mark.parametrize("preset,profile,agent,version,target", [
     pytest.param("bsp", "hl4", "worker-2", 2, "0.9", marks=pytest.mark.slow),  # one per default suite
-    ("hermes", "hl8", "worker-3", 1, "0.93"),
+    ("hermes", "hl8", "worker-4", 1, "0.93"),
 ])
 def test_run_survives_a_killed_agent(preset, profile, agent, version, target, tmp_path):
     out = tmp_path / f"kill-{preset}"
