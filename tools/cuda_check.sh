@@ -16,7 +16,7 @@ python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . 2>&1 | 
 nvidia-smi -L
 python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name(), 'bf16', torch.cuda.is_bf16_supported())"
 export PYTHONUNBUFFERED=1 HERMES_PRECISION_CACHE=off
-timeout 300 python3 -m pytest -q -p no:cacheprovider -o addopts="" -s tests/cuda 2>&1 | tee "$out/cuda-tests.log" | grep -v "^$" | tail -40
+timeout 380 python3 -m pytest -q -p no:cacheprovider -o addopts="" -s tests/cuda 2>&1 | tee "$out/cuda-tests.log" | grep -v "^$" | tail -40
 timeout 100 python3 benchmarks/precision.py --device cuda --repeats 2 2>&1 | tee "$out/precision.log"
 timeout 75 hermes-testbed --device cuda --topology collective --preset task-allocation --clients 2 --dataset digits \
     --target-accuracy 0.9 --max-seconds 60 --out /tmp/coll --quiet > "$out/collective.log" 2>&1

@@ -109,3 +109,34 @@ def test_a_testbed_of_gpu_agents_reaches_its_target(preset: str, tmp_path: Path)
         # Timed in a fresh process: kernel loading must not count as step time (it made
         # fp16 and bf16 look 200-300x slower than fp32 on an H100).
         assert max(timings.values()) < 10 * min(timings.values()), timings
+
+
+def test_the_edge_model_trains_under_fp16_autocast_and_keeps_its_batchnorm_statistics_finite() -> None:
+    """Wave 3's edge-sized model (issue 31) on the GPU: BatchNorm under autocast, fp32 master weights."""
+    train, _ = load_dataset("synthetic-cifar", num_samples=2048)
+    x, y = torch.from_numpy(train.x), torch.from_numpy(train.y)
+    torch.manual_seed(0)
+    model = build_model("edge-resnet", input_shape=tuple(x.shape[1:]), num_classes=10)
+    trainer = LocalTrainer(model, lr=0.05, momentum=0.9, device=CUDA, precision="fp16", seed=0)
+    first = trainer.train_cycle(x[:1024], y[:1024], 32)
+    for _ in range(3):
+        last = trainer.train_cycle(x[:1024], y[:1024], 32)
+    assert math.isfinite(first.loss) and last.loss < first.loss, (first.loss, last.loss)
+    buffers = dict(trainer.model.named_buffers())
+    variances = [b for n, b in buffers.items() if n.endswith("running_var")]
+    assert variances and all(bool(torch.isfinite(v).all()) and bool((v >= 0).all()) for v in variances)
+    assert all(p.dtype == torch.float32 for p in trainer.model.parameters())
+
+
+@pytest.mark.parametrize("codec", ["int8", "topk"])
+def test_gpu_agents_with_compressed_pushes_reach_the_target(codec: str, tmp_path: Path) -> None:
+    """Compressed pushes (issue 31) from agents that train on the GPU: the codec runs on what the
+    GPU produced, the server folds the decompressed update."""
+    out = tmp_path / codec
+    run_testbed(out, "--device", "cuda", "--clients", "2", "--profile", "hl2", "--preset", "asp",
+                "--target-accuracy", "0.9", "--quiet", "--set", f"compression.push={codec}",
+                "--set", "compression.pull=fp16", timeout=300)
+    summary = json.loads((out / "server_summary.json").read_text())
+    assert summary["outcome"] == "target_reached", summary["stop_reason"]
+    assert summary["config"]["compression"]["push"] == codec
+    assert all(w["device"].startswith("cuda") for w in summary["workers"])
