@@ -179,6 +179,7 @@ class Engine:
         self.screening.claims_clamped = self.claims.public
         self.screening.claims_windows = self.claims.windows_public
         self.screening.work_scale = self.claims.take_scale
+        self.policies.aggregation.power_cap = self.claims.cap_powers
         # concurrency.limit (FedBuff's C): who may hold work at once; joins and leaves free a slot.
         self.admission = Admission(config.concurrency.limit, self.telemetry,
                                    hold_pull=config.concurrency.hold_pull)
