@@ -200,6 +200,8 @@ class Screening:
         # 2026-11-27); a smaller update moves the model no more than a few honest steps.
         ratio = None if typical is None or norm <= 0.0 else norm / typical
         large = ratio is not None and ratio > s.direction_norm_factor
+        # Between uphill_from and the gate: only the direction is measured, and an uphill update down-weighted.
+        band = not large and ratio is not None and 0.0 < s.uphill_from < ratio
         direction_failed: str | None = None
         direction_measured = False
         uphill = False  # a cosine below uphill_below: to first order the update raises the probe loss
@@ -207,10 +209,27 @@ class Screening:
         # The consensus keeps every accepted update's sketch; the descent reference needs one only for
         # an update it judges (the sketch cost ~1.5 ms of every push on a 1M-parameter model, 2026-11-27).
         keeps_history = s.reference != "descent" or self.probe is None
-        if s.direction and norm > 0.0 and (large or keeps_history):
+        if s.direction and norm > 0.0 and (large or band or keeps_history):
             sketch = await offload(payload_bytes(payload) * 2, self._step_sketch, payload)
-            agreement = await self._cosine(worker.id, sketch) if large else None
-            if agreement is not None:
+            agreement = await self._cosine(worker.id, sketch) if large or band else None
+            if agreement is not None and band:
+                assert ratio is not None
+                # Under the gate an update moves the model by a few honest steps at most, but a flip there
+                # still undoes them: k = 3 every 8 honest pushes cancels ~3 of the 8 (issue 29). Folded at
+                # the expected norm it undoes one; too little evidence to refuse (honest asp reached cosine
+                # -0.5 at 4.5x after an overshoot, 2026-11-27), so it is down-weighted only.
+                downhill = agreement >= s.uphill_below
+                self.telemetry.emit("direction_tested", worker=worker.id, cosine=round(agreement, 4),
+                                    norm_ratio=round(ratio, 3), accepted=downhill, staleness=staleness,
+                                    work_scale=round(relative, 3), band=True)
+                if not downhill:
+                    self.downweighted += 1
+                    self.telemetry.emit("update_downweighted", worker=worker.id, norm_ratio=round(ratio, 3),
+                                        direction=(f"cosine {agreement:.3f} with the {s.reference} direction < "
+                                                   f"{s.uphill_below:g} at {ratio:.3g} × the median norm"),
+                                        effect=None, staleness=staleness)
+                    self._scale[id(payload)] = 1.0 / ratio
+            elif agreement is not None:
                 assert ratio is not None
                 direction_measured = True
                 # The bar rises with the update's size, as Zeno++'s score <g, u> - rho ||u||^2

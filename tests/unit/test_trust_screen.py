@@ -916,3 +916,34 @@ def test_the_engine_bounds_the_power_rule_s_round_by_the_claims():
     engine, _ = _engine_pushes(ScreeningSettings(), preset="edp-sgd")
     assert engine.policies.aggregation.power_cap == engine.claims.cap_powers
 
+
+@pytest.mark.parametrize("uphill_from", [2.0, 0.0])
+def test_a_flip_under_the_gate_is_down_weighted_and_an_honest_step_there_folds_whole(uphill_from):
+    # Issue 29's matrix: the sign flip at k = 3 (-3x the median step, every 8 honest pushes) sat under the 4x
+    # gate and was folded as it was, undoing ~3 honest steps each time (asp: 1.51x the honest time). From
+    # uphill_from (2) x the median its direction is measured: pointing uphill it folds at the median norm.
+    engine, clock = _engine_pushes(ScreeningSettings(min_history=3, uphill_from=uphill_from, work_scale=False))
+    agents = [_Agent(engine, clock, n) for n in ("a", "b", "c")]
+    g, _ = _tilted(engine, 0.0)
+
+    async def push(agent: _Agent, delta: torch.Tensor) -> tuple[str, float]:
+        _, before = engine.state.snapshot()
+        before = before.clone()
+        reply = await agent.request(MsgType.PUSH_UPDATE, {"samples": 1}, payload=delta,
+                                    model_version=engine.state.version)
+        _, after = engine.state.snapshot()
+        return reply.header.body.get("reason", "applied"), float((after - before).norm())
+
+    async def go() -> tuple[tuple[str, float], tuple[str, float]]:
+        await _history(engine, agents, 1e-3 * g)
+        return await push(agents[0], -3e-3 * g), await push(agents[1], 3e-3 * g)
+
+    (flip, flip_moved), (honest, honest_moved) = _run(go())
+    assert flip == "applied" and honest == "applied" and not engine.screening.refusals
+    assert abs(honest_moved - 3e-3) < 1e-5  # along the descent: folded whole
+    if uphill_from:
+        assert abs(flip_moved - 1e-3) < 1e-5  # folded at the median norm: one honest step undone, not three
+        assert engine.screening.public()["downweighted"] == 1
+    else:  # the rule before: under the gate nothing is judged
+        assert abs(flip_moved - 3e-3) < 1e-5
+        assert engine.screening.public()["downweighted"] == 0
