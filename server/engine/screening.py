@@ -276,7 +276,7 @@ class Screening:
                     self.telemetry.emit("effect_tested", worker=worker.id, loss_before=round(before, 5),
                                         loss_after=round(at_median, 5) if math.isfinite(at_median) else None,
                                         norm_ratio=1.0, accepted=contained, staleness=staleness,
-                                        work_scale=round(relative, 3))
+                                        work_scale=round(relative, 3), at="median")
                     if contained:
                         uphill = False  # not evidence: a down-weight folds it harmlessly
         if direction_failed is not None or effect_failed is not None:
