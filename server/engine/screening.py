@@ -113,6 +113,8 @@ class Screening:
         self.claims_windows: Callable[[], dict[str, Any]] | None = None
         # The work scale of the update a worker is pushing now (engine.claims.Claims.take_scale); set by the engine.
         self.work_scale: Callable[[str], float | None] | None = None
+        # A worker's expected fold weight over a typical worker's, where the rule weighs by compute power; set by the engine.
+        self.fold_share: Callable[[str], float | None] | None = None
         # The work scales of recently accepted updates whose assignment is known (their median is x 1).
         self.accepted_scales: deque[float] = deque(maxlen=settings.window)
         self.work_scaled = 0  # updates judged at a work scale above 1
@@ -168,7 +170,7 @@ class Screening:
             return self._refuse(worker, "norm", "norm overflows float32")
         history = [n for n in self.accepted if n > 0.0]
         work = self.work_scale(worker.id) if self.work_scale is not None else None
-        relative = self._relative_work(work)
+        relative = self._relative_work(work, self.fold_share(worker.id) if self.fold_share is not None else None)
         drift = 0.0
         if self.blend and s.stale_drift:
             drift = await offload(self.state.numel * 8, self._drift, worker.id,
@@ -347,13 +349,20 @@ class Screening:
             self.drift_allowed += 1
         return drift
 
-    def _relative_work(self, work: float | None) -> float:
+    def _relative_work(self, work: float | None, share: float | None = None) -> float:
         """max(1, this update's work scale over the median of the accepted ones'), at most work_scale_max;
-        1 where the shape is unknown or not the step's (blends: G spans many cycles)."""
+        1 where the shape is unknown or not the step's (blends: G spans many cycles). Times 1 / ``share``
+        (at most work_scale_max) for an update the rule folds at ``share`` < 1 of a typical worker's weight."""
         s = self.settings
-        if not s.work_scale or self.blend or work is None or not self.accepted_scales:
-            return 1.0
-        relative = min(s.work_scale_max, max(1.0, work / statistics.median(self.accepted_scales)))
+        relative = 1.0
+        if s.work_scale and not self.blend and work is not None and self.accepted_scales:
+            relative = min(s.work_scale_max, max(1.0, work / statistics.median(self.accepted_scales)))
+        if s.work_scale and share is not None and 0.0 < share < 1.0:
+            # The power rule (EDP-SGD) folds it at CP_i / sum(CP): an update at 1/8 of a typical weight moves
+            # the model 1/8 as far. edp-sgd's slowest worker, its batch cut to 4 beside a 94 (fast worker
+            # unclamped, issue 29), pushed honest 16-sample updates at 145-240x the median norm, weight 0.03,
+            # probe loss unchanged, and was refused by norm (2026-11-27). Its weight is the claims' bounded power.
+            relative *= min(s.work_scale_max, 1.0 / share)
         if relative > 1.0:
             self.work_scaled += 1
         return relative

@@ -947,3 +947,40 @@ def test_a_flip_under_the_gate_is_down_weighted_and_an_honest_step_there_folds_w
     else:  # the rule before: under the gate nothing is judged
         assert abs(flip_moved - 3e-3) < 1e-5
         assert engine.screening.public()["downweighted"] == 0
+
+
+def test_an_update_the_power_rule_folds_at_a_small_share_is_judged_at_that_share():
+    # edp-sgd seed 1 (2026-11-27, the fast worker unclamped): the slowest worker, batch 4 beside 94, pushed
+    # honest updates at 145-240x the median norm, folded at weight 0.03 of 4 (0.12 of a typical worker's),
+    # the probe loss unchanged; the norm bound refused 4. Folded at 1/8 of a typical weight, it may be 8x larger.
+    engine, clock = _engine_pushes(ScreeningSettings(min_history=3, work_scale=True))
+    agents = [_Agent(engine, clock, n) for n in ("a", "b", "c")]
+    small = _Agent(engine, clock, "small")
+    g, _ = _tilted(engine, 0.0)
+    shares = {small.rec.id: 0.125}
+    engine.screening.fold_share = shares.get
+
+    async def go() -> tuple[str, str]:
+        await _history(engine, agents, 1e-3 * g)
+        within = await small.request(MsgType.PUSH_UPDATE, {"samples": 1}, payload=40e-3 * g,
+                                     model_version=engine.state.version)
+        shares[small.rec.id] = 1.0  # a typical worker's weight: 40x is past the 32x bound
+        past = await small.request(MsgType.PUSH_UPDATE, {"samples": 1}, payload=40e-3 * g,
+                                   model_version=engine.state.version)
+        return within.header.body.get("reason", "applied"), past.header.body.get("reason", "applied")
+
+    within, past = _run(go())
+    assert within == "applied", within
+    assert "norm" in past and "32" in past, past
+    assert engine.screening.refusals == {"norm": 1}
+
+
+def test_the_engine_s_fold_share_is_a_worker_s_share_of_the_compute_powers():
+    engine, clock = _engine_pushes(ScreeningSettings(), preset="edp-sgd")
+    agents = [_Agent(engine, clock, n) for n in ("a", "b")]
+    powers = {agents[0].rec.id: 300.0, agents[1].rec.id: 100.0}
+    engine.policies.aggregation.power_of = powers.get
+    assert engine._fold_share(agents[0].rec.id) == 2 * 300 / 400
+    assert engine._fold_share(agents[1].rec.id) == 2 * 100 / 400
+    asp, _ = _engine_pushes(ScreeningSettings())
+    assert asp._fold_share(_Agent(asp, clock, "x").rec.id) is None  # not weighed by power
