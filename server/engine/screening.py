@@ -113,6 +113,8 @@ class Screening:
         self.claims_windows: Callable[[], dict[str, Any]] | None = None
         # The work scale of the update a worker is pushing now (engine.claims.Claims.take_scale); set by the engine.
         self.work_scale: Callable[[str], float | None] | None = None
+        # A worker's expected fold weight over a typical worker's, where the rule weighs by compute power; set by the engine.
+        self.fold_share: Callable[[str], float | None] | None = None
         # The work scales of recently accepted updates whose assignment is known (their median is x 1).
         self.accepted_scales: deque[float] = deque(maxlen=settings.window)
         self.work_scaled = 0  # updates judged at a work scale above 1
@@ -168,7 +170,7 @@ class Screening:
             return self._refuse(worker, "norm", "norm overflows float32")
         history = [n for n in self.accepted if n > 0.0]
         work = self.work_scale(worker.id) if self.work_scale is not None else None
-        relative = self._relative_work(work)
+        relative = self._relative_work(work, self.fold_share(worker.id) if self.fold_share is not None else None)
         drift = 0.0
         if self.blend and s.stale_drift:
             drift = await offload(self.state.numel * 8, self._drift, worker.id,
@@ -200,6 +202,8 @@ class Screening:
         # 2026-11-27); a smaller update moves the model no more than a few honest steps.
         ratio = None if typical is None or norm <= 0.0 else norm / typical
         large = ratio is not None and ratio > s.direction_norm_factor
+        # Between uphill_from and the gate: only the direction is measured, and an uphill update down-weighted.
+        band = not large and ratio is not None and 0.0 < s.uphill_from < ratio
         direction_failed: str | None = None
         direction_measured = False
         uphill = False  # a cosine below uphill_below: to first order the update raises the probe loss
@@ -207,10 +211,27 @@ class Screening:
         # The consensus keeps every accepted update's sketch; the descent reference needs one only for
         # an update it judges (the sketch cost ~1.5 ms of every push on a 1M-parameter model, 2026-11-27).
         keeps_history = s.reference != "descent" or self.probe is None
-        if s.direction and norm > 0.0 and (large or keeps_history):
+        if s.direction and norm > 0.0 and (large or band or keeps_history):
             sketch = await offload(payload_bytes(payload) * 2, self._step_sketch, payload)
-            agreement = await self._cosine(worker.id, sketch) if large else None
-            if agreement is not None:
+            agreement = await self._cosine(worker.id, sketch) if large or band else None
+            if agreement is not None and band:
+                assert ratio is not None
+                # Under the gate an update moves the model by a few honest steps at most, but a flip there
+                # still undoes them: k = 3 every 8 honest pushes cancels ~3 of the 8 (issue 29). Folded at
+                # the expected norm it undoes one; too little evidence to refuse (honest asp reached cosine
+                # -0.5 at 4.5x after an overshoot, 2026-11-27), so it is down-weighted only.
+                downhill = agreement >= s.uphill_below
+                self.telemetry.emit("direction_tested", worker=worker.id, cosine=round(agreement, 4),
+                                    norm_ratio=round(ratio, 3), accepted=downhill, staleness=staleness,
+                                    work_scale=round(relative, 3), band=True)
+                if not downhill:
+                    self.downweighted += 1
+                    self.telemetry.emit("update_downweighted", worker=worker.id, norm_ratio=round(ratio, 3),
+                                        direction=(f"cosine {agreement:.3f} with the {s.reference} direction < "
+                                                   f"{s.uphill_below:g} at {ratio:.3g} × the median norm"),
+                                        effect=None, staleness=staleness)
+                    self._scale[id(payload)] = 1.0 / ratio
+            elif agreement is not None:
                 assert ratio is not None
                 direction_measured = True
                 # The bar rises with the update's size, as Zeno++'s score <g, u> - rho ||u||^2
@@ -220,7 +241,8 @@ class Screening:
                 ok = agreement >= bound
                 uphill = agreement < s.uphill_below
                 self.telemetry.emit("direction_tested", worker=worker.id, cosine=round(agreement, 4),
-                                    norm_ratio=round(ratio, 3), accepted=ok, staleness=staleness)
+                                    norm_ratio=round(ratio, 3), accepted=ok, staleness=staleness,
+                                    work_scale=round(relative, 3))
                 if not ok:
                     direction_failed = (f"cosine {agreement:.3f} with the {s.reference} direction "
                                         f"< {bound:.3g} at {ratio:.3g} × the median norm")
@@ -240,10 +262,25 @@ class Screening:
             ok = math.isfinite(after) and after <= bound
             self.telemetry.emit("effect_tested", worker=worker.id, loss_before=round(before, 5),
                                 loss_after=round(after, 5) if math.isfinite(after) else None,
-                                norm_ratio=round(ratio, 3), accepted=ok, staleness=staleness)
+                                norm_ratio=round(ratio, 3), accepted=ok, staleness=staleness,
+                                work_scale=round(relative, 3))
             if not ok:
                 effect_failed = (f"probe loss {after:.3g} after the update > {1.0 + s.effect_margin:g} × "
                                  f"{before:.3g} + {s.effect_slack:g} before, at {ratio:.3g} × the median norm")
+                if (s.refuse_uncontained_only and uphill and direction_failed is None
+                        and ratio > s.downweight_below):
+                    # Refusing is only worth it when down-weighting would not contain the harm: the model
+                    # this update makes folded at the expected norm (what a down-weight folds) must fail
+                    # the same bound. An honest, stale hermes step at 8.38x raised the clipped probe
+                    # loss 0.707 -> 1.23 (matrix, 2026-11-27); at the median norm it moves it a quarter of that.
+                    at_median = await asyncio.to_thread(self._loss_after, payload, 1.0 / ratio)
+                    contained = math.isfinite(at_median) and at_median <= bound
+                    self.telemetry.emit("effect_tested", worker=worker.id, loss_before=round(before, 5),
+                                        loss_after=round(at_median, 5) if math.isfinite(at_median) else None,
+                                        norm_ratio=1.0, accepted=contained, staleness=staleness,
+                                        work_scale=round(relative, 3), at="median")
+                    if contained:
+                        uphill = False  # not evidence: a down-weight folds it harmlessly
         if direction_failed is not None or effect_failed is not None:
             assert ratio is not None
             # Refused only on evidence (issue 29: no honest work thrown away): an update above
@@ -256,7 +293,10 @@ class Screening:
             # seconds' oscillation, and edp-sgd's large-partition worker 8x+ updates that agreed
             # with the descent but raised the probe loss (2026-11-27, docs/security-screening.md).
             if not direction_measured:
-                evidence = effect_failed
+                # The effect's verdict alone refuses only where the operator switched the direction test
+                # off; with it on but unmeasured (a zero reference), a raised probe loss is no evidence
+                # of intent (issue 29: honest large steps raise it too), so it is down-weighted.
+                evidence = effect_failed if not s.direction else None
             else:
                 evidence = direction_failed or (effect_failed if uphill else None)
             if evidence is not None and ratio > s.downweight_below:
@@ -309,13 +349,20 @@ class Screening:
             self.drift_allowed += 1
         return drift
 
-    def _relative_work(self, work: float | None) -> float:
+    def _relative_work(self, work: float | None, share: float | None = None) -> float:
         """max(1, this update's work scale over the median of the accepted ones'), at most work_scale_max;
-        1 where the shape is unknown or not the step's (blends: G spans many cycles)."""
+        1 where the shape is unknown or not the step's (blends: G spans many cycles). Times 1 / ``share``
+        (at most work_scale_max) for an update the rule folds at ``share`` < 1 of a typical worker's weight."""
         s = self.settings
-        if not s.work_scale or self.blend or work is None or not self.accepted_scales:
-            return 1.0
-        relative = min(s.work_scale_max, max(1.0, work / statistics.median(self.accepted_scales)))
+        relative = 1.0
+        if s.work_scale and not self.blend and work is not None and self.accepted_scales:
+            relative = min(s.work_scale_max, max(1.0, work / statistics.median(self.accepted_scales)))
+        if s.work_scale and share is not None and 0.0 < share < 1.0:
+            # The power rule (EDP-SGD) folds it at CP_i / sum(CP): an update at 1/8 of a typical weight moves
+            # the model 1/8 as far. edp-sgd's slowest worker, its batch cut to 4 beside a 94 (fast worker
+            # unclamped, issue 29), pushed honest 16-sample updates at 145-240x the median norm, weight 0.03,
+            # probe loss unchanged, and was refused by norm (2026-11-27). Its weight is the claims' bounded power.
+            relative *= min(s.work_scale_max, 1.0 / share)
         if relative > 1.0:
             self.work_scaled += 1
         return relative
