@@ -71,6 +71,11 @@ class ScreeningSettings(BaseModel):
     # was refused at 8.38x, probe loss 0.707 -> 1.23 clipped to 4x (matrix, 2026-11-27); the fedbuff
     # k = 10 flips raised it 0.30 -> 1.94. False: refused on the clipped verdict, as before.
     refuse_uncontained_only: bool = True
+    # A stale update (base at least this many versions old) whose direction fails is refused only when
+    # folding it at the expected norm would fail the effect test too: its cosine is taken against the
+    # *current* reference, which moved since its base. An honest omnilearn-asp update at 9.71x, staleness 3,
+    # cosine -0.419 was refused (seed 3, 2026-11-27). 0: off (a stale direction failure is refused as a fresh one).
+    stale_contain_from: int = Field(default=1, ge=0)
     # Updates between this and direction_norm_factor x their expected norm have their direction measured too:
     # one whose cosine is below uphill_below is down-weighted (folded at the expected norm), never refused,
     # and the rest fold as they are. The sign flip at k = 3 (every 8 honest pushes, under the 4x gate) was

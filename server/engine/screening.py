@@ -208,6 +208,7 @@ class Screening:
         direction_measured = False
         uphill = False  # a cosine below uphill_below: to first order the update raises the probe loss
         effect_failed: str | None = None
+        effect: tuple[float, float] | None = None  # the probe loss before, and what the effect test allows
         # The consensus keeps every accepted update's sketch; the descent reference needs one only for
         # an update it judges (the sketch cost ~1.5 ms of every push on a 1M-parameter model, 2026-11-27).
         keeps_history = s.reference != "descent" or self.probe is None
@@ -259,6 +260,7 @@ class Screening:
             after = await asyncio.to_thread(self._loss_after, payload, clip)
             _, before = await asyncio.to_thread(self.probe.global_loss)
             bound = (1.0 + s.effect_margin) * before + s.effect_slack
+            effect = (before, bound)
             ok = math.isfinite(after) and after <= bound
             self.telemetry.emit("effect_tested", worker=worker.id, loss_before=round(before, 5),
                                 loss_after=round(after, 5) if math.isfinite(after) else None,
@@ -273,13 +275,7 @@ class Screening:
                     # this update makes folded at the expected norm (what a down-weight folds) must fail
                     # the same bound. An honest, stale hermes step at 8.38x raised the clipped probe
                     # loss 0.707 -> 1.23 (matrix, 2026-11-27); at the median norm it moves it a quarter of that.
-                    at_median = await asyncio.to_thread(self._loss_after, payload, 1.0 / ratio)
-                    contained = math.isfinite(at_median) and at_median <= bound
-                    self.telemetry.emit("effect_tested", worker=worker.id, loss_before=round(before, 5),
-                                        loss_after=round(at_median, 5) if math.isfinite(at_median) else None,
-                                        norm_ratio=1.0, accepted=contained, staleness=staleness,
-                                        work_scale=round(relative, 3), at="median")
-                    if contained:
+                    if await self._contained(worker, payload, ratio, before, bound, staleness, relative):
                         uphill = False  # not evidence: a down-weight folds it harmlessly
         if direction_failed is not None or effect_failed is not None:
             assert ratio is not None
@@ -299,6 +295,12 @@ class Screening:
                 evidence = effect_failed if not s.direction else None
             else:
                 evidence = direction_failed or (effect_failed if uphill else None)
+                if (direction_failed is not None and s.refuse_uncontained_only and effect is not None
+                        and 0 < s.stale_contain_from <= (staleness or 0) and ratio > s.downweight_below
+                        and await self._contained(worker, payload, ratio, *effect, staleness, relative)):
+                    # Stale: the cosine was taken against where the model is now, not where the update
+                    # started; refused only if a down-weight would not contain it either.
+                    evidence = None
             if evidence is not None and ratio > s.downweight_below:
                 return self._refuse(worker, "direction" if direction_failed is not None else "effect", evidence)
             self.downweighted += 1
@@ -366,6 +368,17 @@ class Screening:
         if relative > 1.0:
             self.work_scaled += 1
         return relative
+
+    async def _contained(self, worker: WorkerRecord, payload: Payload, ratio: float, before: float, bound: float,
+                         staleness: int | None, relative: float) -> bool:
+        """Whether the model this update makes folded at the expected norm (a down-weight) passes the effect bound."""
+        at_median = await asyncio.to_thread(self._loss_after, payload, 1.0 / ratio)
+        contained = math.isfinite(at_median) and at_median <= bound
+        self.telemetry.emit("effect_tested", worker=worker.id, loss_before=round(before, 5),
+                            loss_after=round(at_median, 5) if math.isfinite(at_median) else None,
+                            norm_ratio=1.0, accepted=contained, staleness=staleness,
+                            work_scale=round(relative, 3), at="median")
+        return contained
 
     def _loss_after(self, payload: Payload, clip: float) -> float:
         """Probe loss of the model the fold would make at full weight: w + clip x step."""

@@ -734,16 +734,26 @@ def _blend_run(settings: ScreeningSettings) -> tuple[list[str], dict, dict, obje
 
 
 def test_a_stale_blend_is_judged_against_the_median_plus_the_drift_since_its_base():
-    statuses, stale, mirror, engine = _blend_run(ScreeningSettings(min_history=3, reference="consensus"))
+    # stale_contain_from off: the drift allowance alone decides (with it on, the newcomer's step is
+    # down-weighted instead, the next test).
+    statuses, stale, mirror, engine = _blend_run(ScreeningSettings(min_history=3, reference="consensus",
+                                                                   stale_contain_from=0))
     assert set(statuses) == {"applied"}, statuses
     assert stale["status"] == "applied", stale
     assert engine.screening.drift_allowed >= 1
     assert mirror["status"] == "rejected", mirror
 
 
+def test_a_newcomer_claiming_a_stale_base_is_folded_at_the_median_norm_when_that_contains_it():
+    statuses, stale, mirror, engine = _blend_run(ScreeningSettings(min_history=3, reference="consensus"))
+    assert set(statuses) == {"applied"} and stale["status"] == "applied", (statuses, stale)
+    assert mirror["status"] == "applied", mirror
+    assert engine.screening.refusals == {} and engine.screening.public()["downweighted"] >= 1
+
+
 def test_without_the_drift_allowance_the_same_stale_blend_is_refused():
     statuses, stale, mirror, engine = _blend_run(ScreeningSettings(min_history=3, reference="consensus",
-                                                                   stale_drift=False))
+                                                                   stale_drift=False, stale_contain_from=0))
     assert set(statuses) == {"applied"}, statuses
     assert stale["status"] == "rejected", stale
     assert engine.screening.drift_allowed == 0
@@ -984,3 +994,40 @@ def test_the_engine_s_fold_share_is_a_worker_s_share_of_the_compute_powers():
     assert engine._fold_share(agents[1].rec.id) == 2 * 100 / 400
     asp, _ = _engine_pushes(ScreeningSettings())
     assert asp._fold_share(_Agent(asp, clock, "x").rec.id) is None  # not weighed by power
+
+
+@pytest.mark.parametrize("stale_contain_from,staleness,margin,expected", [
+    (1, 3, None, "applied"),    # stale, and a down-weight contains it: folded at the median norm
+    (1, 0, None, "cosine"),     # the same update fresh: refused by direction
+    (0, 3, None, "cosine"),     # the rule off: refused as before
+    (1, 3, 0.0, "cosine"),      # stale, but even a median-norm fold raises the probe loss: refused
+])
+def test_a_stale_update_failing_the_direction_is_refused_only_when_a_down_weight_would_not_contain_it(
+        stale_contain_from, staleness, margin, expected):
+    # Issue 29's false refusals: an honest omnilearn-asp update at 9.71x, staleness 3, cosine -0.419 with the
+    # descent at the *current* model was refused (seed 3, 2026-11-27). Its base was three versions back.
+    settings = ScreeningSettings(min_history=3, work_scale=False, stale_contain_from=stale_contain_from)
+    if margin is not None:
+        settings = settings.model_copy(update={"effect_margin": margin, "effect_slack": 0.0})
+    engine, clock = _engine_pushes(settings)
+    agents = [_Agent(engine, clock, n) for n in ("a", "b", "c")]
+    g = engine.screening.probe.descent()
+    g = g / float(g.norm()) * 1e-3
+
+    async def go() -> str:
+        await _history(engine, agents, g)
+        reply = await agents[0].request(MsgType.PUSH_UPDATE, {"samples": 1}, payload=-12 * g,
+                                        model_version=engine.state.version - staleness)
+        return reply.header.body.get("reason", "applied")
+
+    _, before = engine.state.snapshot()
+    before = before.clone()
+    outcome = _run(go())
+    assert expected in outcome, outcome
+    if expected == "applied":
+        _, after = engine.state.snapshot()
+        # Six steps of +1e-3 and the flip against them at the median norm (1e-3): 5e-3 net.
+        assert abs(float((after - before).norm()) - 5e-3) < 1e-4
+        assert engine.screening.refusals == {} and engine.screening.public()["downweighted"] == 1
+    else:
+        assert engine.screening.refusals == {"direction": 1}
