@@ -12,6 +12,7 @@ from hermes.common.codecs import decode as decode_codec
 from hermes.common.config import build_config
 from hermes.common.wire import MsgType
 from hermes.sim.links import transfer_seconds
+from hermes.sim.memory import own_bytes
 from hermes.sim.run import Simulation, deterministic_view
 from tests.unit.sim.test_sim_core import hl8
 
@@ -95,6 +96,8 @@ def test_the_device_step_encodes_with_its_own_codec_and_keeps_what_it_dropped(tm
     sent = decode_codec(delta, update.codec, shapes)
     assert torch.allclose(sent + codec.residual, local - reference)
     assert int((sent != 0).sum()) == update.codec.k
+    # The residual is the device's own memory (sim.memory's count of what a device holds).
+    assert own_bytes(first)["codec"] == 4 * reference.numel() and own_bytes(second)["codec"] == 0
     # Each device its own codec (an agent's is its process's): another device's residual starts empty.
     second.local = first.local.clone()
     second.job()
