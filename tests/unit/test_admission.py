@@ -80,6 +80,22 @@ def test_a_gate_skipped_cycle_ends_the_turn_and_the_request_that_reported_it_wai
     _run(go())
 
 
+def test_with_turns_ending_at_a_push_a_gate_skipped_cycle_keeps_the_slot():
+    adm = Admission(1, Telemetry(ServerMetrics(), EventLog(None)), skipped_ends_turn=False)
+
+    async def go():
+        assert await adm.admit("a")
+        b = asyncio.ensure_future(adm.admit("b"))
+        adm.cycle_done("a")  # concurrency.turn_ends=push: a skipped cycle is not the end of a's turn
+        assert await _pending(b)
+        assert await adm.admit("a")  # a's next work request: still a holder
+        reply = asyncio.ensure_future(adm.next_turn("a"))  # its push ends the turn
+        assert await b and await _pending(reply)
+
+    _run(go())
+    assert build_config("fedbuff").concurrency.turn_ends == "cycle"
+
+
 def test_a_worker_that_registers_again_or_leaves_while_waiting_is_answered_gone_and_a_stop_answers_everyone():
     adm = _admission(1)
 
