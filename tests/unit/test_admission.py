@@ -172,6 +172,23 @@ def test_a_request_held_for_a_slot_is_answered_with_the_stop(clock):
     assert _run(go()).header.body["stop"] is True
 
 
+def test_a_pull_held_for_a_slot_is_answered_with_the_stop_and_no_model(clock):
+    # 100,000 simulated devices: the stop released 80,000 held pulls, and each carried a model nobody would train.
+    engine = _engine(clock, preset="fedbuff", **{"concurrency.limit": 1})
+    a, b = _Agent(engine, clock, "a"), _Agent(engine, clock, "b")
+
+    async def go():
+        await a.request(MsgType.REQUEST_WORK, {})
+        held = asyncio.ensure_future(b.request(MsgType.PULL_MODEL, {}))
+        assert await _pending(held)
+        engine.request_stop("operator request")
+        return await asyncio.wait_for(held, 5)
+
+    reply = _run(go())
+    assert reply.header.type is MsgType.MODEL and reply.header.body == {"unchanged": True, "stop": True}
+    assert reply.payload is None
+
+
 @pytest.mark.parametrize("waits_with", [MsgType.REQUEST_WORK, MsgType.PULL_MODEL])
 def test_a_worker_lost_while_it_waits_is_told_to_register_again(clock, waits_with):
     # A held work request, or a registration's pull held for a slot (concurrency.hold_pull).
