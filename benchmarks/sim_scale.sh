@@ -10,7 +10,7 @@
 #   table   the 1,000-device table: hermes, fedbuff, fedasync, bsp, and the fastest device alone
 #   growth  fedbuff on 100, 1,000, 10,000 devices to 0.9 and 100,000 for a bounded 10 virtual seconds
 #   bounded fedbuff on 1,000, 10,000 and 100,000 devices for 10 virtual seconds each (fedbuff-N-b10)
-#   RUN     one of the names below (e.g. fedbuff-1000)
+#   RUN     one of the names below (e.g. fedbuff-1000; hermes-1000-c10: hermes with C = 10, the goal run)
 #
 # Every asynchronous run bounds concurrency (concurrency.limit, FedBuff's C) at $C (default 100): unbounded,
 # fedbuff on 1,000 devices collapsed (docs/simulation.md). A run name ending in -nohold sets
@@ -66,6 +66,7 @@ run() {
     fedbuff-100) one "$name" 100 fedbuff 600 --set concurrency.limit="$C" ;;
     fedbuff-1000) one "$name" 1000 fedbuff 600 --set concurrency.limit="$C" ;;
     hermes-1000) one "$name" 1000 hermes 600 --set concurrency.limit="$C" ;;
+    hermes-1000-c10) one "$name" 1000 hermes 60 --set concurrency.limit=10 ;;  # C = 2m (docs: Hermes at 1,000 devices)
     fedasync-1000) one "$name" 1000 fedasync 600 --set concurrency.limit="$C" ;;
     bsp-1000) one "$name" 1000 bsp 600 ;;
     alone-1000) one "$name" 1000 asp 3600 --alone ;;

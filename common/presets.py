@@ -33,12 +33,15 @@ PRESETS: dict[str, dict[str, Any]] = {
     # (Wilcoxon p 0.055); lte, faster in 3 of 3, 11.1 s against 11.7 s; p = 4 no faster than 1.
     # With n > 5 workers training at once each since-pull delta is added at 5 / n of its share
     # (loss.concurrency_scale): with 100 devices at once the undamped deltas (60-80 versions stale)
-    # diverged (docs/simulation.md, "Hermes at 1,000 devices"); 4 agents are unchanged.
+    # diverged (docs/simulation.md, "Hermes at 1,000 devices"); 4 agents are unchanged. Under a
+    # concurrency.limit a turn lasts until the gate pushes (concurrency.turn_ends push): turns of one
+    # gated cycle pushed 9% of the cycles on 1,000 devices (limit 10: 0.55 after 850 cycles; until
+    # the push: 0.88 after 1,248); without a limit nothing changes.
     "hermes": {
         "sync": "hermes", "aggregation": "loss", "gate": "zscore", "allocation": "dual-search",
         "momentum": 0.9, "lr": 0.1, "assignments_per_request": 4, "loss.reference": "pull", "overlap_push": True,
         "zscore.resync_factor": 4.0, "zscore.validation_samples": 128, "loss.eval_samples": 256,
-        "loss.sharpness": 2.0, "loss.concurrency_scale": 5,
+        "loss.sharpness": 2.0, "loss.concurrency_scale": 5, "concurrency.turn_ends": "push",
     },
     # Hermes as the paper runs it (paper 004; each switch at the paper's rule, tests/unit/policies/
     # test_paper_fidelity.py holds the paper's line for each): gated async pushes of w - w0, the

@@ -46,6 +46,9 @@ from hermes.client.session import AgentStats, Job, Outbox, take_cycle
 from hermes.client.shard_fetch import records_to_tensors
 from hermes.client.topology import LossNotFinite, judge_cycle, update_of
 from hermes.client.trainer import LocalTrainer
+from hermes.common.codec_spec import CodecSpec
+from hermes.common.codecs import Compressor
+from hermes.common.codecs import decode as decode_codec
 from hermes.common.control_messages import Hints
 from hermes.common.messages import (
     IN_FLIGHT,
@@ -171,6 +174,9 @@ class SimDevice:
         self.inflight_pushed: torch.Tensor | None = None
         self.offline_at: float | None = None
         self._job: Job | None = None
+        # compression.push: the agent's codec and its error-feedback residual, one per device for its life (the
+        # agent builds it once, client.session.Job.from_registration); built at the first push.
+        self.push_codec: Compressor | None = None
         self._own = _OwnWeights()
         self.last_report = -1e18
         self.stop_reason = ""
@@ -388,7 +394,10 @@ class SimDevice:
         client.overlap.rebase), the device keeps its version and, rebased, its own weights."""
         assert reply.payload is not None
         flat = reply.payload.flat()
-        if flat.dtype != torch.float32:
+        codec = reply.header.body.get("codec")
+        if codec is not None:  # compression.pull int8 (client.session.Session._adopt)
+            flat = decode_codec(flat, CodecSpec.model_validate(codec), self.sim.engine.spec.shapes)
+        elif flat.dtype != torch.float32:
             flat = flat.float()
         target = flat if pushed is None else rebase(flat, self.weights(), pushed)
         if self.opt_state is not None:
@@ -404,7 +413,7 @@ class SimDevice:
         self.anchor = None if pushed is None or not self.sim.proximal else target
 
     async def pull(self, force: bool, pushed: torch.Tensor | None = None) -> None:
-        body = request_body(PullModel(if_newer=not force, dtype=self.sim.config.pull_dtype))
+        body = request_body(PullModel(if_newer=not force, dtype=self.sim.pull_dtype, codec=self.sim.pull_codec))
         reply = await self.request(MsgType.PULL_MODEL, body, model_version=self.version or 0)
         self.totals.pulls += 1
         if reply.payload is not None:
@@ -493,7 +502,9 @@ class SimDevice:
         (update_of reads them with ``flat()``): loading them into the shared trainer again is not needed."""
         if self._job is None:
             trainer = self.sim.job.trainer if self.gate is not None else cast("LocalTrainer", self._own)
-            self._job = replace(self.sim.job, gate=self.gate, trainer=trainer)
+            if self.sim.push_codec_name != "none":
+                self.push_codec = self.sim.config.build_policy("compression", self.sim.push_codec_name)
+            self._job = replace(self.sim.job, gate=self.gate, trainer=trainer, push_codec=self.push_codec)
         self._own.weights = self.local
         return self._job
 
@@ -569,8 +580,8 @@ class SimDevice:
                 continue
             if self.outbox is not None:
                 cycles, stats = self.outbox.take()
-                update = update.model_copy(update={"pull": True, "pull_dtype": sim.config.pull_dtype,
-                                                   "cycles": cycles, "stats": stats})
+                update = update.model_copy(update={"pull": True, "pull_dtype": sim.pull_dtype,
+                                                   "cycles": cycles, "stats": stats, "pull_codec": sim.pull_codec})
             overlap = sim.config.overlap_push and self.outbox is not None
             send = sim.driver.request(self, MsgType.PUSH_UPDATE, request_body(update), payload=delta,
                                       model_version=self.version or 0,

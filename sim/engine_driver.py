@@ -229,7 +229,8 @@ class Driver:
             # not yet served).
             await self.server_turn(("heartbeat",))
             reply = await self.engine.handle(frames)
-            await self.server_turn(ops)
+            if decode(reply).payload is not None:  # a pull released by the stop gets no model to encode
+                await self.server_turn(ops)
         else:
             await self.server_turn(ops, self.push_extra_seconds if type_ is MsgType.PUSH_UPDATE else 0.0)
             reply = await self.engine.handle(frames)

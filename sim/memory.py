@@ -9,7 +9,7 @@ not registered). For each state: how many devices reference a model version
 (the weights of a version are held once in ``VersionStore``, whoever
 references it), and the bytes each state's devices hold of their own: own
 weights, the weights an overlapped push carried, a proximal anchor that is not
-a version, optimizer state, prefetched samples. The sample with the most
+a version, optimizer state, prefetched samples, the push codec's error-feedback residual. The sample with the most
 device-held bytes is kept (``summary["sim"]["device_memory"]``); so is a count at the stop.
 """
 
@@ -41,8 +41,10 @@ def own_bytes(d: SimDevice) -> dict[str, int]:
     opt = 0 if d.opt_state is None else sum(_nbytes(s.values()) for s in d.opt_state.values())
     data = sum(_nbytes((w.x, w.y)) for w in d.works) + (0 if d.carry is None else _nbytes(d.carry))
     anchor = d.anchor if d.anchor is not None and all(d.anchor is not v for v in d.sim.versions.flat.values()) else None
+    # compression.push with error feedback: what the codec dropped, kept for the next push (a model's size).
+    residual = getattr(d.push_codec, "residual", None)
     return {"weights": _nbytes((d.local,)), "pushed": _nbytes((d.inflight_pushed,)), "anchor": _nbytes((anchor,)),
-            "optimizer": opt, "samples": data}
+            "optimizer": opt, "samples": data, "codec": _nbytes((residual,))}
 
 
 def state_of(d: SimDevice, sim: Simulation, now: float) -> str:

@@ -32,8 +32,10 @@ import numpy as np
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from hermes.client.session import _PULL_DTYPES as PULL_DTYPES
 from hermes.client.session import Job
 from hermes.common import readable_json
+from hermes.common.codec_spec import CodecSpec
 from hermes.common.config import RunConfig
 from hermes.common.messages import KafkaRanges
 from hermes.common.task import Task
@@ -182,6 +184,12 @@ class Simulation:
                              cost=cost if cost is not None else ZeroCost(), heartbeat_timeout=heartbeat_timeout,
                              host=self.host)
         self.combine = bool(config.combine_messages)
+        # The codecs as an agent applies them (client.session): compression.push per device (sim/device.py);
+        # compression.pull fp16/bf16 travel as the pull dtype, int8 as a codec the server quantises.
+        self.push_codec_name = config.compression.push
+        self.pull_dtype = PULL_DTYPES.get(config.pull_codec, "float32")
+        self.pull_codec = (CodecSpec(name="int8", chunk=config.int8.chunk) if config.pull_codec == "int8"
+                           else None)
         spec = self.engine.spec
         # One trainer, every device's in turn (device.py says what is swapped in and out), built as an agent's.
         self.trainer = build_trainer(self.task, config, spec)

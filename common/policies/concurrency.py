@@ -15,7 +15,9 @@ waits; when others wait, its push ends its turn: the slot goes to the worker
 that has waited longest, and the push's reply, which brings the model, waits
 for the worker's next turn, so a worker always trains from a model that is
 current when its turn begins (FedBuff's sampled client downloads the model
-when it starts). A gate-skipped cycle also ends the turn. A pull from a
+when it starts). A gate-skipped cycle also ends the turn (``turn_ends``
+"cycle"), unless the turn lasts until the worker pushes (``turn_ends`` "push",
+preset hermes: FedBuff's turn is one reported update). A pull from a
 worker without a slot (its registration's) waits for a slot too and takes
 it (``hold_pull``), so the first turn is as fresh as the others. Leaving, being
 marked lost or registering again frees the slot. ``limit`` 0 (the default)
@@ -27,6 +29,8 @@ running or buffered): a barrier, or SSP's bound, would wait for the idle ones.
 """
 
 from __future__ import annotations
+
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -48,3 +52,10 @@ class ConcurrencyParams(BaseModel):
         "(FedBuff's sampled client downloads the model when it starts). False: the pull is answered at once and "
         "the first turn trains from the registration's model (10,000 devices, limit 100: deltas up to ~800 "
         "versions stale).")
+    # "cycle" gave hermes on 1,000 devices (limit 10-100) turns of one gated cycle: 2 warm-up cycles per device,
+    # then mostly z-scores above the threshold, 9% of its cycles pushed, each push's delta spanning many turns and
+    # so many versions stale (docs/simulation.md, "Hermes at 1,000 devices", 2026-11-27).
+    turn_ends: Literal["cycle", "push"] = Field(
+        default="cycle", description="What ends a worker's turn when others wait: 'cycle', any cycle it reports "
+        "(a push, or a cycle its gate did not push); 'push', only a push (FedBuff's turn: one reported update), "
+        "so a gated worker trains from its turn's model until its gate fires.")

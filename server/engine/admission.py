@@ -14,7 +14,8 @@ collapsed). For the same reason a pull from a worker without a slot (its
 registration's) waits for one and takes it (``hold_pull``): otherwise the
 first turn trained from the model of the registration, before the wait
 (10,000 devices, limit 100: up to ~800 versions stale). A gate-skipped cycle, reported with the next work request or a
-stats report, also ends the turn, and that request waits. Leaving, being
+stats report, also ends the turn, and that request waits (unless
+``concurrency.turn_ends`` is "push": then only a push does). Leaving, being
 marked lost and registering again free the slot and answer a held work
 request "gone" (the worker registers again). A stop or a shutdown answers
 everything held, as the start gate does.
@@ -36,8 +37,11 @@ __all__ = ["Admission"]
 
 
 class Admission:
-    def __init__(self, limit: int, telemetry: Telemetry, *, hold_pull: bool = True) -> None:
+    def __init__(self, limit: int, telemetry: Telemetry, *, hold_pull: bool = True,
+                 skipped_ends_turn: bool = True) -> None:
         self.limit = limit
+        # concurrency.turn_ends "cycle": a cycle the gate did not push ends the turn too ("push": only a push).
+        self.skipped_ends_turn = skipped_ends_turn
         # A pull from a worker without a slot waits for one (handlers.on_pull; concurrency.hold_pull).
         self.hold_pull = hold_pull
         self.telemetry = telemetry
@@ -72,7 +76,7 @@ class Admission:
 
     def cycle_done(self, worker_id: str) -> None:
         """A cycle its gate did not push was reported: the worker's turn ends if anybody waits."""
-        if not self.open and worker_id in self.holders and self.waiting:
+        if self.skipped_ends_turn and not self.open and worker_id in self.holders and self.waiting:
             self.holders.discard(worker_id)
             self._grant()
 

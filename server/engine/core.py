@@ -183,7 +183,8 @@ class Engine:
         self.screening.fold_share = self._fold_share
         # concurrency.limit (FedBuff's C): who may hold work at once; joins and leaves free a slot.
         self.admission = Admission(config.concurrency.limit, self.telemetry,
-                                   hold_pull=config.concurrency.hold_pull)
+                                   hold_pull=config.concurrency.hold_pull,
+                                   skipped_ends_turn=config.concurrency.turn_ends == "cycle")
         if not self.admission.open:
             self.telemetry.subscribe(lambda fact, fields: self.on_loop(self.admission.listener, fact, fields))
         self.handlers = Handlers(

@@ -211,6 +211,10 @@ class Handlers:
                                                               "training slot; register again")
             if self.step.shutting_down:
                 raise self.going_away()
+            if self.step.stopping:
+                # Released by the stop: told to stop, without a model it would not train from (100,000 simulated
+                # devices: 80,000 held pulls released at once were 24 s of server CPU and 7.6 GB on its link).
+                return self.reply(MsgType.MODEL, worker, h.seq, {"unchanged": True, "stop": True})
         worker.pulls += 1
         if body.if_newer and h.model_version == self.state.version:
             return self.reply(MsgType.MODEL, worker, h.seq, {"unchanged": True})

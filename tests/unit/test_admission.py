@@ -80,6 +80,22 @@ def test_a_gate_skipped_cycle_ends_the_turn_and_the_request_that_reported_it_wai
     _run(go())
 
 
+def test_with_turns_ending_at_a_push_a_gate_skipped_cycle_keeps_the_slot():
+    adm = Admission(1, Telemetry(ServerMetrics(), EventLog(None)), skipped_ends_turn=False)
+
+    async def go():
+        assert await adm.admit("a")
+        b = asyncio.ensure_future(adm.admit("b"))
+        adm.cycle_done("a")  # concurrency.turn_ends=push: a skipped cycle is not the end of a's turn
+        assert await _pending(b)
+        assert await adm.admit("a")  # a's next work request: still a holder
+        reply = asyncio.ensure_future(adm.next_turn("a"))  # its push ends the turn
+        assert await b and await _pending(reply)
+
+    _run(go())
+    assert build_config("fedbuff").concurrency.turn_ends == "cycle"
+
+
 def test_a_worker_that_registers_again_or_leaves_while_waiting_is_answered_gone_and_a_stop_answers_everyone():
     adm = _admission(1)
 
@@ -154,6 +170,23 @@ def test_a_request_held_for_a_slot_is_answered_with_the_stop(clock):
         return await asyncio.wait_for(held, 5)
 
     assert _run(go()).header.body["stop"] is True
+
+
+def test_a_pull_held_for_a_slot_is_answered_with_the_stop_and_no_model(clock):
+    # 100,000 simulated devices: the stop released 80,000 held pulls, and each carried a model nobody would train.
+    engine = _engine(clock, preset="fedbuff", **{"concurrency.limit": 1})
+    a, b = _Agent(engine, clock, "a"), _Agent(engine, clock, "b")
+
+    async def go():
+        await a.request(MsgType.REQUEST_WORK, {})
+        held = asyncio.ensure_future(b.request(MsgType.PULL_MODEL, {}))
+        assert await _pending(held)
+        engine.request_stop("operator request")
+        return await asyncio.wait_for(held, 5)
+
+    reply = _run(go())
+    assert reply.header.type is MsgType.MODEL and reply.header.body == {"unchanged": True, "stop": True}
+    assert reply.payload is None
 
 
 @pytest.mark.parametrize("waits_with", [MsgType.REQUEST_WORK, MsgType.PULL_MODEL])

@@ -75,3 +75,22 @@ def test_a_device_that_goes_offline_lets_go_of_its_model_version(tmp_path):
     assert summary["workers"][3]["device"]["offline"] == 1 and summary["workers"][3]["device"]["cycles"] > 0
     assert gone.version is None and gone.local is None
     assert all(v in sim.versions.refs for v in (d.version for d in sim.devices[:3]))
+
+
+def test_hermes_turns_last_until_the_gate_pushes_under_a_concurrency_bound(tmp_path):
+    # Eight gated devices, two slots. Preset hermes (concurrency.turn_ends push): a gate-skipped cycle keeps the
+    # slot, so every turn ends with a push and more of the cycles are pushed than when any cycle ends the turn.
+    config = {"concurrency.limit": 2, "max_seconds": 2.0, "target_accuracy": 0.99}
+    runs = {}
+    for ends in ("push", "cycle"):
+        sim, summary = _run(tmp_path, ends, profiles=hl8(8, flops=2e9), preset="hermes",
+                            config={**config, "concurrency.turn_ends": ends})
+        pushes = sum(w["device"]["pushes"] for w in summary["workers"])
+        cycles = sum(w["device"]["cycles"] for w in summary["workers"])
+        runs[ends] = (sim.engine.admission.granted, pushes, cycles)
+    (granted, pushes, cycles), (granted_c, pushes_c, cycles_c) = runs["push"], runs["cycle"]
+    assert pushes > 0 and pushes_c > 0
+    # A turn is granted at a registration's pull or after a push (and a device lost or back: none here).
+    assert granted <= pushes + 8, runs
+    assert granted_c > pushes_c + 8, runs
+    assert pushes / cycles > pushes_c / cycles_c, runs
