@@ -38,13 +38,14 @@ LOCAL = ["--set", "momentum=0.9", "--set", "lr=0.03"]
 # Federated cells: 512-sample cycles (16 local steps), at most 200 devices training at once (FedBuff's C).
 FEDERATED = ["--set", "cycle_samples=512", "--set", "concurrency.limit=200"]
 # Virtual-second budgets: the distributed cells are bounded so that one fits the sim lock's 8 minutes of wall time on
-# this loaded 2-core machine (about 0.2-0.6 virtual s a wall s); alone runs to its target.
+# this loaded 2-core machine (a run got a fifth of a core at load 19: hermes ~0.1 virtual s a wall s, fedbuff and bsp
+# ~0.2, fedasync ~0.02, which updates the model and answers with it on every arrival); alone runs to its target.
 CELLS: dict[str, list[str]] = {
     "alone": ["--alone", "--preset", "asp", *LOCAL, "--max-seconds", "900"],
     "hermes": ["--preset", "hermes", *LOCAL, *FEDERATED, "--max-seconds", "60"],
-    "fedbuff": ["--preset", "fedbuff", *LOCAL, *FEDERATED, "--max-seconds", "60"],
-    "fedasync": ["--preset", "fedasync", *LOCAL, *FEDERATED, "--max-seconds", "60"],
-    "bsp": ["--preset", "bsp", *LOCAL, "--set", "cycle_samples=512", "--max-seconds", "120"],
+    "fedbuff": ["--preset", "fedbuff", *LOCAL, *FEDERATED, "--max-seconds", "40"],
+    "fedasync": ["--preset", "fedasync", *LOCAL, *FEDERATED, "--max-seconds", "5"],
+    "bsp": ["--preset", "bsp", *LOCAL, "--set", "cycle_samples=512", "--max-seconds", "60"],
 }
 
 
@@ -77,6 +78,7 @@ def run_cell(cell: str, root: Path, lock: str, limit: int, extra: list[str]) -> 
             wrapped = [*pre, *wrapped]
         rc = subprocess.run(wrapped, stdout=log, stderr=subprocess.STDOUT, env=env, check=False).returncode
     record["rc"] = rc
+    record["wall_limit"] = limit
     record["ended_utc"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     record["load_after"] = _load()
     m = re.search(r"START (\S+) (.+)", Path(f"{out}.log").read_text())
@@ -100,6 +102,7 @@ def cell_row(root: Path, cell: str) -> dict[str, Any] | None:
         s = json.loads((out / "summary.json").read_text())
     except OSError:
         rec["summary"] = None
+        rec["timeline"] = _evaluations(out / "events.jsonl")
         return rec
     timeline = s.get("accuracy_timeline") or []
     rec["summary"] = {
@@ -111,6 +114,18 @@ def cell_row(root: Path, cell: str) -> dict[str, Any] | None:
         "samples": sum((w.get("device") or {}).get("samples", 0) for w in s["workers"]),
     }
     return rec
+
+
+def _evaluations(events: Path) -> list[dict[str, Any]]:
+    """The evaluations a run logged (virtual s, accuracy), for a run stopped before it wrote its summary."""
+    if not events.exists():
+        return []
+    out = []
+    for line in events.read_text().splitlines():
+        if '"evaluation"' in line:
+            e = json.loads(line)
+            out.append({"elapsed": e["elapsed"], "accuracy": e["accuracy"]})
+    return out
 
 
 def _accuracy_at(timeline: list[dict[str, Any]], t: float) -> float | None:
@@ -133,9 +148,14 @@ def table(root: Path) -> str:
             lines.append(f"| {cell} | not run |" + " |" * 11)
             continue
         s = r["summary"]
-        if s is None:
-            lines.append(f"| {cell} | killed (rc {r['rc']}) |" + " |" * 7 + f" {r['cpu_s']} | {r['peak_rss_mb']} MB | "
-                         f"{r.get('load_before')} / {r['load_after']} ({r.get('started_utc')}) |")
+        if s is None:  # stopped at the wall limit: what its evaluations said by then
+            tl = r.get("timeline") or []
+            last = tl[-1] if tl else None
+            then = _accuracy_at(a["timeline"], last["elapsed"]) if a and last else None
+            at_end = f"{last['accuracy']} ({last['elapsed']:.0f} s)" if last else "-"
+            lines.append(f"| {cell} | no: stopped at the wall limit (rc {r['rc']}) | - | - | {at_end} | "
+                         f"{then if then is not None else '-'} | | | | {r.get('wall_limit', '-')} | {r['cpu_s']} | "
+                         f"{r['peak_rss_mb']} MB | {r.get('load_before')} / {r['load_after']} ({r.get('started_utc')}) |")
             continue
         t, end = s["to_target"], s["virtual"]
         last = s["timeline"][-1] if s["timeline"] else None

@@ -67,3 +67,17 @@ def test_breakdown_counts_the_devices_compute(tmp_path):
     assert "on average 1 devices computing at once" in text
     # (1e9 + 3e9) x 30 s over 60 s: 2 GFLOP/s delivered.
     assert "compute delivered 2 GFLOP/s" in text
+
+
+def test_a_cell_stopped_at_the_wall_limit_reports_its_last_evaluation(tmp_path):
+    dev = [{"flops": 1e9, "device": {"cycles": 1, "samples": 128}}]
+    _cell(tmp_path, "alone", reached=True, to_target=300.0, virtual=300.0,
+          timeline=[(5.0, 0.3), (30.0, 0.7), (300.0, 0.98)], workers=dev)
+    out = tmp_path / "hermes"
+    out.mkdir()
+    (tmp_path / "hermes.json").write_text(json.dumps({"cell": "hermes", "rc": 124, "wall_limit": 480, "load_after": "9"}))
+    (out / "events.jsonl").write_text("\n".join(json.dumps(e) for e in (
+        {"event": "evaluation", "elapsed": 5.0, "accuracy": 0.1}, {"event": "push", "elapsed": 6.0},
+        {"event": "evaluation", "elapsed": 35.0, "accuracy": 0.33})) + "\n")
+    row = next(line for line in st.table(tmp_path).splitlines() if line.startswith("| hermes"))
+    assert "stopped at the wall limit (rc 124)" in row and "| 0.33 (35 s) | 0.7 |" in row and "| 480 |" in row
