@@ -213,6 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--lock", default="/work/locks/sim.lock", help="flock file ('' for none)")
     r.add_argument("--limit", type=int, default=480, help="wall seconds a cell may take (timeout)")
     r.add_argument("--set", action="append", default=[], help="extra run-config override for every cell")
+    r.add_argument("--max-seconds", type=float, default=None, help="every cell's virtual-second budget instead of its own")
     t = sub.add_parser("table", help="the markdown table of a run directory")
     t.add_argument("root")
     b = sub.add_parser("breakdown", help="where one run's virtual time went")
@@ -225,6 +226,8 @@ def main(argv: list[str] | None = None) -> int:
         root = Path(args.out)
         root.mkdir(parents=True, exist_ok=True)
         extra = [x for kv in args.set for x in ("--set", kv)]
+        if args.max_seconds is not None:  # the last --max-seconds on a command line wins
+            extra += ["--max-seconds", f"{args.max_seconds:g}"]
         for cell in args.cells:
             run_cell(cell, root, args.lock, args.limit, extra)
         print(table(root))
