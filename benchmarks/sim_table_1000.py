@@ -44,6 +44,8 @@ CELLS: dict[str, list[str]] = {
     "alone": ["--alone", "--preset", "asp", *LOCAL, "--max-seconds", "900"],
     "hermes": ["--preset", "hermes", *LOCAL, *FEDERATED, "--max-seconds", "60"],
     "fedbuff": ["--preset", "fedbuff", *LOCAL, *FEDERATED, "--max-seconds", "40"],
+    # FedBuff with its preset's own local optimizer (plain SGD, lr 0.1): is the local momentum what destabilizes it?
+    "fedbuff-sgd": ["--preset", "fedbuff", "--set", "momentum=0.0", "--set", "lr=0.1", *FEDERATED, "--max-seconds", "40"],
     "fedasync": ["--preset", "fedasync", *LOCAL, *FEDERATED, "--max-seconds", "5"],
     "bsp": ["--preset", "bsp", *LOCAL, "--set", "cycle_samples=512", "--max-seconds", "60"],
 }
