@@ -38,15 +38,15 @@ LOCAL = ["--set", "momentum=0.9", "--set", "lr=0.03"]
 # Federated cells: 512-sample cycles (16 local steps), at most 200 devices training at once (FedBuff's C).
 FEDERATED = ["--set", "cycle_samples=512", "--set", "concurrency.limit=200"]
 # Virtual-second budgets: the distributed cells are bounded so that one fits the sim lock's 8 minutes of wall time on
-# this loaded 2-core machine (a run got a fifth of a core at load 19: hermes ~0.1 virtual s a wall s, fedbuff and bsp
-# ~0.2, fedasync ~0.02, which updates the model and answers with it on every arrival); alone runs to its target.
+# this loaded 2-core machine (2026-11-27, load 11-19: a run got a fifth to a third of a core and simulated 0.07-0.4
+# virtual s a wall s, with a 15 virtual s exit grace after the budget); alone runs to its target.
 CELLS: dict[str, list[str]] = {
     "alone": ["--alone", "--preset", "asp", *LOCAL, "--max-seconds", "900"],
     "hermes": ["--preset", "hermes", *LOCAL, *FEDERATED, "--max-seconds", "60"],
     "fedbuff": ["--preset", "fedbuff", *LOCAL, *FEDERATED, "--max-seconds", "40"],
     # FedBuff with its preset's own local optimizer (plain SGD, lr 0.1): is the local momentum what destabilizes it?
     "fedbuff-sgd": ["--preset", "fedbuff", "--set", "momentum=0.0", "--set", "lr=0.1", *FEDERATED, "--max-seconds", "40"],
-    "fedasync": ["--preset", "fedasync", *LOCAL, *FEDERATED, "--max-seconds", "5"],
+    "fedasync": ["--preset", "fedasync", *LOCAL, *FEDERATED, "--max-seconds", "40"],
     "bsp": ["--preset", "bsp", *LOCAL, "--set", "cycle_samples=512", "--max-seconds", "60"],
 }
 
