@@ -136,18 +136,38 @@ def _accuracy_at(timeline: list[dict[str, Any]], t: float) -> float | None:
     return before[-1]["accuracy"] if before else None
 
 
+def _first_at_or_above(timeline: list[dict[str, Any]], accuracy: float) -> float | None:
+    """The virtual second of the first evaluation at or above ``accuracy``."""
+    return next((e["elapsed"] for e in timeline if e["accuracy"] >= accuracy), None)
+
+
+def _alone_reached(a: dict[str, Any] | None, accuracy: float | None, end: float) -> str:
+    """When alone first reached the accuracy a bounded cell ended at (``end`` virtual s), and the ratio of the two.
+
+    Evaluations come each 5 virtual s: an accuracy alone had by its first one gives only bounds.
+    """
+    if not a or accuracy is None or not a["timeline"]:
+        return "-"
+    t = _first_at_or_above(a["timeline"], accuracy)
+    if t is None:
+        return "never"
+    if t <= a["timeline"][0]["elapsed"]:
+        return f"<= {t:.0f} s (>= {end / t:.0f}x)"
+    return f"{t:.0f} s ({end / t:.1f}x)"
+
+
 def table(root: Path) -> str:
     rows = {c: cell_row(root, c) for c in CELLS}
     alone = rows.get("alone")
     a = alone["summary"] if alone else None
     base = a["to_target"] if a and a["reached"] else None
     lines = [f"| system | reached {TARGET} | virtual s to {TARGET} | against alone | accuracy at the end of its "
-             "budget (virtual s) | alone's accuracy then | cycles | samples trained | messages | wall s | CPU s | "
+             "budget (virtual s) | alone's accuracy then | alone first reached that accuracy at (cell's time / alone's) | cycles | samples trained | messages | wall s | CPU s | "
              "peak RSS | load before / after (start, UTC) |",
-             "|---|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "|---|---|---:|---|---|---:|---|---:|---:|---:|---:|---:|---:|---|"]
     for cell, r in rows.items():
         if r is None:
-            lines.append(f"| {cell} | not run |" + " |" * 11)
+            lines.append(f"| {cell} | not run |" + " |" * 12)
             continue
         s = r["summary"]
         if s is None:  # stopped at the wall limit: what its evaluations said by then
@@ -156,7 +176,8 @@ def table(root: Path) -> str:
             then = _accuracy_at(a["timeline"], last["elapsed"]) if a and last else None
             at_end = f"{last['accuracy']} ({last['elapsed']:.0f} s)" if last else "-"
             lines.append(f"| {cell} | no: stopped at the wall limit (rc {r['rc']}) | - | - | {at_end} | "
-                         f"{then if then is not None else '-'} | | | | {r.get('wall_limit', '-')} | {r['cpu_s']} | "
+                         f"{then if then is not None else '-'} | {_alone_reached(a, last['accuracy'] if last else None, last['elapsed'] if last else 0.0)} | | | | "
+                         f"{r.get('wall_limit', '-')} | {r['cpu_s']} | "
                          f"{r['peak_rss_mb']} MB | {r.get('load_before')} / {r['load_after']} ({r.get('started_utc')}) |")
             continue
         t, end = s["to_target"], s["virtual"]
@@ -171,7 +192,8 @@ def table(root: Path) -> str:
         at_end = f"{last['accuracy']} ({last['elapsed']:.0f} s)" if last else "-"
         lines.append(
             f"| {cell} | {'yes' if s['reached'] else 'no'} | {t if t is not None else '-'} | {vs} | {at_end} | "
-            f"{then if then is not None else '-'} | {s['cycles']:,} | {s['samples']:,} | {s['messages']:,} | "
+            f"{then if then is not None else '-'} | {'-' if cell == 'alone' else _alone_reached(a, last['accuracy'] if last else None, end)} | "
+            f"{s['cycles']:,} | {s['samples']:,} | {s['messages']:,} | "
             f"{s['wall']:.0f} | {r['cpu_s']} | {r['peak_rss_mb']} MB | {r.get('load_before')} / {r['load_after']} "
             f"({r.get('started_utc')}) |")
     return "\n".join(lines)
