@@ -156,18 +156,34 @@ def _alone_reached(a: dict[str, Any] | None, accuracy: float | None, end: float)
     return f"{t:.0f} s ({end / t:.1f}x)"
 
 
+def _best(timeline: list[dict[str, Any]]) -> str:
+    """A cell's best accuracy with the first virtual second it had it."""
+    if not timeline:
+        return "-"
+    best = max(e["accuracy"] for e in timeline)
+    return f"{best} ({_first_at_or_above(timeline, best):.0f} s)"
+
+
+def _against_alone(a: dict[str, Any] | None, timeline: list[dict[str, Any]]) -> str:
+    """When alone first had a cell's best accuracy, and the cell's time to it over alone's."""
+    if not timeline:
+        return "-"
+    best = max(e["accuracy"] for e in timeline)
+    return _alone_reached(a, best, _first_at_or_above(timeline, best) or 0.0)
+
+
 def table(root: Path) -> str:
     rows = {c: cell_row(root, c) for c in CELLS}
     alone = rows.get("alone")
     a = alone["summary"] if alone else None
     base = a["to_target"] if a and a["reached"] else None
     lines = [f"| system | reached {TARGET} | virtual s to {TARGET} | against alone | accuracy at the end of its "
-             "budget (virtual s) | alone's accuracy then | alone first reached that accuracy at (cell's time / alone's) | cycles | samples trained | messages | wall s | CPU s | "
+             "budget (virtual s) | alone's accuracy then | the cell's best (first at) | alone first had it at (ratio) | cycles | samples trained | messages | wall s | CPU s | "
              "peak RSS | load before / after (start, UTC) |",
-             "|---|---|---:|---|---|---:|---|---:|---:|---:|---:|---:|---:|---|"]
+             "|---|---|---:|---|---|---:|---|---|---:|---:|---:|---:|---:|---:|---|"]
     for cell, r in rows.items():
         if r is None:
-            lines.append(f"| {cell} | not run |" + " |" * 12)
+            lines.append(f"| {cell} | not run |" + " |" * 13)
             continue
         s = r["summary"]
         if s is None:  # stopped at the wall limit: what its evaluations said by then
@@ -176,7 +192,7 @@ def table(root: Path) -> str:
             then = _accuracy_at(a["timeline"], last["elapsed"]) if a and last else None
             at_end = f"{last['accuracy']} ({last['elapsed']:.0f} s)" if last else "-"
             lines.append(f"| {cell} | no: stopped at the wall limit (rc {r['rc']}) | - | - | {at_end} | "
-                         f"{then if then is not None else '-'} | {_alone_reached(a, last['accuracy'] if last else None, last['elapsed'] if last else 0.0)} | | | | "
+                         f"{then if then is not None else '-'} | {_best(tl)} | {_against_alone(a, tl)} | | | | "
                          f"{r.get('wall_limit', '-')} | {r['cpu_s']} | "
                          f"{r['peak_rss_mb']} MB | {r.get('load_before')} / {r['load_after']} ({r.get('started_utc')}) |")
             continue
@@ -192,7 +208,8 @@ def table(root: Path) -> str:
         at_end = f"{last['accuracy']} ({last['elapsed']:.0f} s)" if last else "-"
         lines.append(
             f"| {cell} | {'yes' if s['reached'] else 'no'} | {t if t is not None else '-'} | {vs} | {at_end} | "
-            f"{then if then is not None else '-'} | {'-' if cell == 'alone' else _alone_reached(a, last['accuracy'] if last else None, end)} | "
+            f"{then if then is not None else '-'} | {'-' if cell == 'alone' else _best(s['timeline'])} | "
+            f"{'-' if cell == 'alone' else _against_alone(a, s['timeline'])} | "
             f"{s['cycles']:,} | {s['samples']:,} | {s['messages']:,} | "
             f"{s['wall']:.0f} | {r['cpu_s']} | {r['peak_rss_mb']} MB | {r.get('load_before')} / {r['load_after']} "
             f"({r.get('started_utc')}) |")

@@ -52,8 +52,8 @@ def test_table_compares_each_cell_with_the_device_alone(tmp_path):
     assert "not reached in 75 s (alone: 300 s)" in rows["fedbuff"]
     # alone's accuracy at the same virtual second as the cell's last evaluation.
     assert "| 0.41 (60 s) | 0.88 |" in rows["fedbuff"]
-    # Alone first had 0.41 at 60 s; the cell ended at 75 virtual s with it.
-    assert "| 60 s (1.2x) |" in rows["fedbuff"]
+    # The cell's best, 0.41, first at 60 s; alone first had it at 60 s too.
+    assert "| 0.41 (60 s) | 60 s (1.0x) |" in rows["fedbuff"]
     assert "**5.0x faster**" in rows["hermes"]
     assert "3,072" in rows["fedbuff"] and "2000 MB" in rows["fedbuff"] and "12.0" in rows["fedbuff"]
     assert "not run" in rows["bsp"]
@@ -84,4 +84,4 @@ def test_a_cell_stopped_at_the_wall_limit_reports_its_last_evaluation(tmp_path):
         {"event": "evaluation", "elapsed": 35.0, "accuracy": 0.33})) + "\n")
     row = next(line for line in st.table(tmp_path).splitlines() if line.startswith("| hermes"))
     assert "stopped at the wall limit (rc 124)" in row and "| 0.33 (35 s) | 0.7 |" in row and "| 480 |" in row
-    assert "| 30 s (1.2x) |" in row
+    assert "| 0.33 (35 s) | 30 s (1.2x) |" in row
