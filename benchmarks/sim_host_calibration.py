@@ -100,6 +100,28 @@ def testbed_runs(dirs: list[str]) -> dict[tuple[str, str], list[dict[str, Any]]]
     return cells
 
 
+def earlier_runs(spec: str | None) -> dict[tuple[str, str], list[dict[str, Any]]]:
+    """Testbed runs kept from an earlier table's JSON (``FILE:lte/asp,lte/fedbuff``: those cells' runs), for
+    cells whose raw run folders are gone: their per-run figures (train s, messages, share, background)."""
+    if not spec:
+        return {}
+    path, _, cells = spec.rpartition(":")
+    wanted = {tuple(c.split("/")) for c in cells.split(",")}
+    out: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for row in json.loads(Path(path).read_text()):
+        key = (row["link"], row["preset"])
+        if key in wanted:
+            out.setdefault(key, []).extend({**r, "earlier": path} for r in row["testbed_runs"])
+    return out
+
+
+def all_testbed_runs(a: argparse.Namespace) -> dict[tuple[str, str], list[dict[str, Any]]]:
+    cells = testbed_runs(a.testbed) if a.testbed else {}
+    for key, runs in earlier_runs(getattr(a, "earlier", None)).items():
+        cells.setdefault(key, []).extend(runs)
+    return cells
+
+
 def cell_background(runs: list[dict[str, Any]]) -> float:
     return statistics.median(r["background"] for r in runs if r["background"] is not None)
 
@@ -127,7 +149,7 @@ def previous_cells(path: str | None) -> dict[tuple[str, str], dict[str, Any]]:
 
 
 def sim_main(a: argparse.Namespace) -> int:
-    cells = testbed_runs(a.testbed) if a.testbed else {}
+    cells = all_testbed_runs(a)
     previous = previous_cells(a.previous)
     wanted = [tuple(c.split("/")) for c in a.cells.split(",")] if a.cells else sorted(cells)
     for link, preset in wanted:
@@ -146,7 +168,7 @@ def sim_main(a: argparse.Namespace) -> int:
                 continue
             cmd = [sys.executable, "-m", "hermes.sim.cli", "--population", "hl8", "--preset", preset, *TASK,
                    "--target-accuracy", str(target_of(link, preset)), "--max-seconds", str(budget), "--seed", str(seed),
-                   "--link", link, "--host", f"testbed:background={b}", "--jitter", str(JITTER),
+                   "--link", link, "--host", f"testbed:background={b}{a.host_extra}", "--jitter", str(JITTER),
                    "--out", str(out), "--quiet"]
             print(" ".join(cmd), flush=True)
             subprocess.run(cmd, check=False)
@@ -162,7 +184,7 @@ def _fmt(x: float | None, nd: int = 1) -> str:
 
 
 def table_main(a: argparse.Namespace) -> int:
-    cells: dict[tuple[str, str], Any] = dict(testbed_runs(a.testbed))
+    cells: dict[tuple[str, str], Any] = dict(all_testbed_runs(a))
     previous = previous_cells(a.previous)
     for key in previous:
         cells.setdefault(key, None)
@@ -206,7 +228,8 @@ def table_main(a: argparse.Namespace) -> int:
                "messages_ok": ok_m, "testbed_runs": runs, "sim_runs": sims}
         row["testbed_session"] = "previous" if old else "this"
         rows.append(row)
-        out.append(f"| {link} | {preset}{' (a)' if old else ''} | {t:g} | {row['testbed_reached']} | {_fmt(tb_med)} | {_fmt(_median(tb_m), 0)} | "
+        mixed = any(r.get("earlier") for r in runs)
+        out.append(f"| {link} | {preset}{' (a)' if old else ''}{' (b)' if mixed else ''} | {t:g} | {row['testbed_reached']} | {_fmt(tb_med)} | {_fmt(_median(tb_m), 0)} | "
                    f"{_fmt(row['share'], 2)} | {b:.1f} ({'/'.join(f'{x:.1f}' for x in sim_b) or '-'}) | {row['sim_reached']} | {_fmt(sm_med)} | {_fmt(_median(sm_m), 0)} | "
                    f"{_fmt(tr, 2)} {'ok' if ok_t else 'MISS'} | {_fmt(mr, 2)} {'ok' if ok_m else 'MISS'} |")
     print("| link | preset | target | testbed reached | testbed train s | testbed messages | testbed core share | "
@@ -228,13 +251,16 @@ def main(argv: list[str] | None = None) -> int:
     m = sub.add_parser("sim")
     m.add_argument("--testbed", nargs="*", default=[])
     m.add_argument("--previous", default=None, help="the earlier session's testbed medians (JSON)")
+    m.add_argument("--earlier", default=None, help="FILE:link/preset,...: testbed runs kept in an earlier table's JSON")
     m.add_argument("--out", required=True)
     m.add_argument("--cells", default="")
     m.add_argument("--seeds", default="0,1,2")
     m.add_argument("--max-seconds", type=float, default=None)
+    m.add_argument("--host-extra", default="", help="appended to each run's --host spec, e.g. ',wakeups=0'")
     t = sub.add_parser("table")
     t.add_argument("--testbed", nargs="*", default=[])
     t.add_argument("--previous", default=None, help="the earlier session's testbed medians (JSON)")
+    t.add_argument("--earlier", default=None, help="FILE:link/preset,...: testbed runs kept in an earlier table's JSON")
     t.add_argument("--sim", required=True)
     t.add_argument("--json", default=None)
     a = p.parse_args(argv)

@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import glob
 import json
 import multiprocessing as mp
+import os
 import statistics
 import time
 

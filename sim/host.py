@@ -16,7 +16,15 @@ policy; it is processor sharing. With ``--host`` the simulation models it:
   (``client/trainer.py``, ``_emulate_slowdown``): the sleep takes no core. So a device of ``flops`` below the
   host's thread rate computes ``work / thread_flops`` on the host and then sleeps the rest of
   ``work / flops``; a device at or above the thread rate computes ``work / flops`` (never sleeps). Its
-  steps alternate as the agent's do (``steps`` chunks a cycle).
+  steps alternate as the agent's do (``steps`` chunks a cycle);
+* a thread woken by a message waits for a core first (``wakeups``): processor sharing is fluid, but the
+  scheduler is not. A long CPU burst gets its fair share either way (the agents' compute matched), while a
+  short one that wakes when every core is taken waits for a running task's slice to end, and on the
+  testbed each message wakes a thread in each process it crosses (ZeroMQ's I/O threads, the server's event
+  loop, the agent's thread). ``Host.wake`` charges that wait, no CPU: a request/reply round trip waits
+  ``WAKEUP_RTT_S`` and a thread hop of the server's event loop (``asyncio.to_thread``) ``WAKEUP_HOP_S``,
+  both measured means against the number of other nice-0 runnable processes
+  (``benchmarks/sim_host_wakeup.py --burners``), read at the host's ``jobs + background``.
 
 The constants are this machine's, measured by ``benchmarks/sim_host_calibrate.py`` (one torch thread,
 ``time.thread_time``): an agent thread's training FLOP/s and an agent's CPU per message. ``background``
@@ -46,6 +54,13 @@ AGENT_SEND_CPU_S_PER_BYTE = 0.000142 / (108_618 * 4)
 AGENT_RECEIVE_CPU_S_PER_BYTE = 0.000301 / (108_618 * 4)
 # The testbed machine's cores (os.cpu_count() on it: 2 vCPU AMD EPYC).
 CORES = 2.0
+# benchmarks/sim_host_wakeup.py --burners 0,1,2,3,4,5,6,8 --round-trips 400 (nice 0, under the bench lock, DATE):
+# the mean wall seconds of a 1-byte ZeroMQ DEALER/ROUTER round trip between two processes (each asleep 5 ms
+# between messages, as an agent between its messages) and of an asyncio loop's ``to_thread`` hop, beside K
+# nice-0 processes spinning on the 2 cores. Means, not medians: a wake-up finds a core free or waits for a
+# slice (bimodal), and a run's time adds the means. (K, round trip s, thread hop s); linear between, and
+# past the last K along the last segment.
+WAKEUP_RTT_S: tuple[tuple[float, float, float], ...] = ((0.0, 0.0, 0.0),)
 # Below this many CPU seconds a job counts as finished (float rounding of the shares; far below any cost).
 EPS_S = 1e-12
 
@@ -61,12 +76,17 @@ class HostSpec:
     thread_flops: float = THREAD_FLOPS
     send_cpu_s_per_byte: float = AGENT_SEND_CPU_S_PER_BYTE
     receive_cpu_s_per_byte: float = AGENT_RECEIVE_CPU_S_PER_BYTE
+    # 1: messages and the server's thread hops wait the measured wake-up latency (WAKEUP_RTT_S); 0: they do
+    # not (the fluid model alone, as before 2026-11-27 session 4).
+    wakeups: float = 1.0
 
     def __post_init__(self) -> None:
         if not self.cores > 0 or not self.thread_flops > 0:
             raise HostError("host cores and thread_flops must be positive")
         if self.background < 0 or self.send_cpu_s_per_byte < 0 or self.receive_cpu_s_per_byte < 0:
             raise HostError("host background and per-byte costs must be >= 0")
+        if self.wakeups not in (0.0, 1.0):
+            raise HostError("host wakeups must be 0 (off) or 1 (the measured latencies)")
 
 
 def parse_host(text: str | None) -> HostSpec | None:
@@ -114,6 +134,7 @@ class Host:
         self.cpu_seconds = 0.0
         self.runnable_seconds = 0.0
         self.stretch_seconds = 0.0  # wall (virtual) seconds jobs spent beyond their CPU seconds
+        self.wakeup_seconds_total = 0.0  # virtual seconds threads waited to be scheduled (wake)
 
     def rate(self, n: int | None = None) -> float:
         """The share of a core each of ``n`` runnable jobs gets (Kleinrock's processor sharing, one thread each)."""
@@ -173,6 +194,22 @@ class Host:
                 self._reschedule(loop)
             raise
 
+    def wakeup_seconds(self, what: str) -> float:
+        """The mean wait of a thread woken now for a core: ``rtt`` (a message's round trip, its wake-ups on
+        both sides) or ``hop`` (the server loop's thread hop), at the host's ``jobs + background`` other
+        runnable processes (WAKEUP_RTT_S, interpolated)."""
+        if not self.spec.wakeups:
+            return 0.0
+        column = {"rtt": 1, "hop": 2}[what]
+        return interpolate(WAKEUP_RTT_S, len(self.jobs) + self.spec.background, column)
+
+    async def wake(self, what: str, share: float = 1.0) -> None:
+        """Wait ``share`` of a woken thread's mean wait for a core (``wakeup_seconds``); it takes no CPU."""
+        seconds = share * self.wakeup_seconds(what)
+        if seconds > 0:
+            self.wakeup_seconds_total += seconds
+            await asyncio.sleep(seconds)
+
     def split(self, seconds: float, flops: float) -> tuple[float, float]:
         """``seconds`` of a device's work at ``flops``: (CPU seconds on the host, sleep seconds after).
 
@@ -189,7 +226,22 @@ class Host:
         return {"cores": self.spec.cores, "background": self.spec.background,
                 "thread_flops": self.spec.thread_flops, "cpu_seconds": round(self.cpu_seconds, 6),
                 "mean_runnable_jobs": round(mean, 4), "stretch_seconds": round(self.stretch_seconds, 6),
+                "wakeups": self.spec.wakeups, "wakeup_seconds": round(self.wakeup_seconds_total, 6),
                 "mean_load": round(mean + self.spec.background, 4) if math.isfinite(mean) else None}
+
+
+def interpolate(table: tuple[tuple[float, ...], ...], x: float, column: int) -> float:
+    """``table[.][column]`` at ``x`` of its first column: linear between rows, along the nearest segment
+    outside them, never below 0."""
+    rows = sorted(table)
+    if len(rows) == 1:
+        return rows[0][column]
+    i = 1
+    while i < len(rows) - 1 and rows[i][0] < x:
+        i += 1
+    (x0, *a), (x1, *b) = rows[i - 1], rows[i]
+    y0, y1 = a[column - 1], b[column - 1]
+    return max(0.0, y0 + (y1 - y0) * (x - x0) / (x1 - x0))
 
 
 def on_host(profiles: list[Any], population: str, spec: HostSpec) -> list[Any]:

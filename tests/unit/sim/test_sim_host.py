@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -148,3 +149,63 @@ def test_a_charged_model_is_counted_as_the_simulator_counts_its_own_and_a_bad_sp
     for bad in ("cnn:axb", "nosuchmodel:1x28x28"):
         with pytest.raises(SimError, match=rf"--charge-model '{bad}': .*expected NAME:CxHxW"):
             charged_flops(bad)
+
+
+def test_the_wakeup_table_interpolates_between_its_rows_and_extends_its_last_segment():
+    from hermes.sim.host import interpolate
+
+    table = ((0.0, 0.0, 0.0), (2.0, 0.002, 0.001), (4.0, 0.010, 0.003))
+    assert interpolate(table, 1.0, 1) == pytest.approx(0.001)
+    assert interpolate(table, 3.0, 2) == pytest.approx(0.002)
+    # Past the last row, along the last segment (a longer queue of runnable processes, a longer wait).
+    assert interpolate(table, 6.0, 1) == pytest.approx(0.018)
+    # Never below zero.
+    assert interpolate(((0.0, 0.001, 0.0), (1.0, 0.003, 0.0)), -5.0, 1) == 0.0
+
+
+def test_a_woken_thread_waits_the_measured_latency_at_the_hosts_load_and_takes_no_cpu(monkeypatch):
+    import hermes.sim.host as host_mod
+
+    monkeypatch.setattr(host_mod, "WAKEUP_RTT_S", ((0.0, 0.0, 0.0), (4.0, 0.008, 0.004)))
+    clock = VirtualClock(start=0.0)
+    host = Host(HostSpec(background=2.0))
+
+    async def main():
+        # Background 2 and one job running: 3 others, so a round trip waits 6 ms, half of it 3 ms.
+        job = asyncio.ensure_future(host.run(1.0))
+        await asyncio.sleep(0)
+        assert host.wakeup_seconds("rtt") == pytest.approx(0.006)
+        t0 = clock.monotonic()
+        await host.wake("rtt", 0.5)
+        waited = clock.monotonic() - t0
+        await job
+        return waited
+
+    waited = run_virtual(clock, main)
+    assert waited == pytest.approx(0.003)
+    assert host.wakeup_seconds_total == pytest.approx(0.003)
+    # The wait took no CPU: the job alone got its share (2 cores, 1 + 2 background: 2/3), 1 s in 1.5 s.
+    assert host.cpu_seconds == pytest.approx(1.0)
+    # Switched off, nobody waits.
+    assert Host(HostSpec(background=2.0, wakeups=0)).wakeup_seconds("hop") == 0.0
+    with pytest.raises(HostError, match="wakeups"):
+        HostSpec(wakeups=0.5)
+
+
+def test_under_the_host_every_round_trip_waits_for_its_wakeups_and_each_fold_for_its_thread_hop(tmp_path, monkeypatch):
+    import hermes.sim.host as host_mod
+
+    monkeypatch.setattr(host_mod, "WAKEUP_RTT_S", ((0.0, 0.004, 0.002), (10.0, 0.004, 0.002)))
+    spec = HostSpec(thread_flops=2e8, background=1.0)
+    woken = _run(tmp_path, "w", spec)
+    still = _run(tmp_path, "s", replace(spec, wakeups=0))
+    assert still["host"]["wakeup_seconds"] == 0.0
+    # 4 ms a request/reply (2 on each side) and 2 ms a fold, whatever the load in this table.
+    requests = sum(v for k, v in woken["messages_by_type"].items() if k not in ("register", "heartbeat", "leave"))
+    expected = 0.004 * requests + 0.002 * woken["model_updates"]
+    assert woken["host"]["wakeup_seconds"] == pytest.approx(expected, rel=0.05)
+    # Waiting between messages, each device pushes less often in the same virtual time.
+    def per_second(summary):
+        return summary["model_updates"] / summary["virtual_seconds"]
+
+    assert per_second(woken) < per_second(still)
