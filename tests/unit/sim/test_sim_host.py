@@ -151,16 +151,15 @@ def test_a_charged_model_is_counted_as_the_simulator_counts_its_own_and_a_bad_sp
             charged_flops(bad)
 
 
-def test_the_wakeup_table_interpolates_between_its_rows_and_extends_its_last_segment():
+def test_the_wakeup_table_interpolates_between_its_rows_and_holds_its_ends_outside_them():
     from hermes.sim.host import interpolate
 
     table = ((0.0, 0.0, 0.0), (2.0, 0.002, 0.001), (4.0, 0.010, 0.003))
     assert interpolate(table, 1.0, 1) == pytest.approx(0.001)
     assert interpolate(table, 3.0, 2) == pytest.approx(0.002)
-    # Past the last row, along the last segment (a longer queue of runnable processes, a longer wait).
-    assert interpolate(table, 6.0, 1) == pytest.approx(0.018)
-    # Never below zero.
-    assert interpolate(((0.0, 0.001, 0.0), (1.0, 0.003, 0.0)), -5.0, 1) == 0.0
+    # Outside the measured loads, the nearest measurement (nothing was measured there).
+    assert interpolate(table, 6.0, 1) == pytest.approx(0.010)
+    assert interpolate(table, -1.0, 2) == 0.0
 
 
 def test_a_woken_thread_waits_the_measured_latency_at_the_hosts_load_and_takes_no_cpu(monkeypatch):
@@ -209,3 +208,19 @@ def test_under_the_host_every_round_trip_waits_for_its_wakeups_and_each_fold_for
         return summary["model_updates"] / summary["virtual_seconds"]
 
     assert per_second(woken) < per_second(still)
+
+
+def test_a_slowed_agent_sleeps_after_its_training_but_not_after_its_gates_validation(tmp_path):
+    # client/trainer.py: _emulate_slowdown follows each training step; LocalTrainer.evaluate (the gate's
+    # validation pass) has none, so on the testbed a slowed agent validates at the thread's rate.
+    config = build_config("asp", dataset="digits", model="mlp", seed=0, max_seconds=1)
+    sim = Simulation(config, _devices(), out=tmp_path / "v", transfer=transfer_seconds, cost=CalibratedCost(),
+                     population="test", host=HostSpec(thread_flops=2e8))
+    slowed = sim.devices[3]  # 2e8 / 8 FLOP/s: 1 s of its work is 1/8 s of CPU
+
+    async def main():
+        return await slowed.busy(1.0, 4), await slowed.busy(1.0, 1, slowed=False)
+
+    trained, validated = run_virtual(sim.clock, main)
+    assert trained == pytest.approx(1.0)
+    assert validated == pytest.approx(0.125)
