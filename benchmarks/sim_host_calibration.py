@@ -33,7 +33,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hermes.sim.host import CORES, THREAD_FLOPS
+from hermes.sim.host import CORES, THREAD_FLOPS, Host, HostSpec
 
 TRAIN_FLOPS = 953_600.0  # the calibration task's training FLOPs a sample (sim.run.flops_per_sample)
 TARGET = 0.9
@@ -60,10 +60,26 @@ def at_target(summary: dict[str, Any], target: float, start: float) -> tuple[flo
     return None, None
 
 
-def share(summary: dict[str, Any]) -> float | None:
+def share(summary: dict[str, Any], events: Path | None = None) -> float | None:
+    """From the workers' totals; with the run's events each worker's CPU is priced by its cycles' batch sizes
+    (``Host.cycle_factor``: the per-step part of a step; 1 at batch 32)."""
+    factor: dict[str, list[float]] = {}
+    if events is not None and events.exists():
+        host = Host(HostSpec())
+        for line in events.open():
+            if '"cycle"' not in line:
+                continue
+            e = json.loads(line)
+            if e.get("event") != "cycle" or not e.get("dss"):
+                continue
+            n = int(e["dss"])
+            acc = factor.setdefault(e["worker"], [0.0, 0.0])
+            acc[0] += n * host.cycle_factor(n, -(-n // max(1, int(e.get("batch_size") or 32))))
+            acc[1] += n
     cpu = wall = 0.0
     for w in summary.get("workers", []):
-        c = (w.get("samples") or 0) * TRAIN_FLOPS / THREAD_FLOPS
+        f = factor.get(w.get("id"), [1.0, 1.0])
+        c = (w.get("samples") or 0) * TRAIN_FLOPS / THREAD_FLOPS * (f[0] / f[1] if f[1] else 1.0)
         s = float(w.get("slowdown") or 1.0)
         busy = (w.get("compute_seconds") or 0.0) - (s - 1) * c
         if c > 0 and busy > 0:
@@ -90,7 +106,7 @@ def testbed_runs(dirs: list[str]) -> dict[tuple[str, str], list[dict[str, Any]]]
             secs, msgs = at_target(summ, t, start)
             if t == TARGET and summ.get("reached_target") and ev.get("train_seconds_to_target") is not None:
                 secs, msgs = ev["train_seconds_to_target"], summ["messages_total"]
-            r = share(summ)
+            r = share(summ, Path(d) / run["run_dir"] / "events.jsonl")
             slow = [float(w.get("slowdown") or 1.0) for w in summ["workers"]]
             cells.setdefault((run["link"] or "lan", run["preset"]), []).append({
                 "key": f"{d}:{run['key']}", "seed": run["seed"], "target": t, "train_s": secs, "messages": msgs,

@@ -524,7 +524,8 @@ class SimDevice:
                 if sim.host is None:
                     await self.until(sim.driver.now() + compute + gate_eval)
                 else:  # the testbed's shared cores (sim/host.py): the time it took is what the agent reports
-                    compute = await self.busy(compute, -(-len(y) // max(1, work.batch_size)))
+                    steps = -(-len(y) // max(1, work.batch_size))
+                    compute = await self.busy(compute * sim.host.cycle_factor(len(y), steps), steps)
                     await self.busy(gate_eval, 1, slowed=False)
             except Offline:
                 # Trained, then lost: the device's shuffling stream moved on all the same.
