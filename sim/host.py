@@ -17,8 +17,8 @@ policy; it is processor sharing. With ``--host`` the simulation models it:
   host's thread rate computes ``work / thread_flops`` on the host and then sleeps the rest of
   ``work / flops``; a device at or above the thread rate computes ``work / flops`` (never sleeps). Its
   steps alternate as the agent's do (``steps`` chunks a cycle);
-* a training step costs a fixed part besides its samples' FLOPs (``step_share`` of a batch-32 step): a testbed
-  agent's cycle in larger batches is cheaper per sample, as measured;
+* a training step costs a fixed part besides its samples' FLOPs: a testbed agent's cycle in larger batches is
+  cheaper per sample, as measured (``BATCH_COST``, ``batch_cost``);
 * a thread woken by a message waits for a core first (``wakeups``): processor sharing is fluid, but the
   scheduler is not. A long CPU burst gets its fair share either way (the agents' compute matched), while a
   short one that wakes when every core is taken waits for a running task's slice to end, and on the
@@ -54,15 +54,17 @@ THREAD_FLOPS = 7.567e9
 # charged nothing: its header's cost is below the model's resolution).
 AGENT_SEND_CPU_S_PER_BYTE = 0.000142 / (108_618 * 4)
 AGENT_RECEIVE_CPU_S_PER_BYTE = 0.000301 / (108_618 * 4)
-# A training step's CPU that does not grow with its batch (the optimizer step, zero_grad, the framework's per-call
-# overhead), as a share of a batch-32 step's (the batch THREAD_FLOPS was measured at): benchmarks/sim_host_calibrate.py
-# on 2026-11-27 23:17 UTC (15 repeats, load average 10.3 -> 10.2; docs/bench/sim-calibration-4/host-constants.json):
-# 256 samples in batches of 16, 32, 64, 128 took 36.9, 24.5, 15.0, 11.5 ms of thread CPU, least squares
-# 1.822 ms a step + 32.46 us a sample, so a batch-32 step is 1.822 / (1.822 + 32 x 0.03246) = 0.637 fixed.
-# The FLOPs model alone makes a sample cost the same in any batch; on the testbed a batch of 64 costs 0.68x
-# per sample, which the Hermes paper's MBS search finds and uses (docs/simulation.md).
+# A training step's CPU has a part that does not grow with its batch (the optimizer step, zero_grad, the
+# framework's per-call overhead), so a sample costs less in a larger batch: benchmarks/sim_host_calibrate.py on
+# 2026-11-27 23:17 UTC (15 repeats, load average 10.3 -> 10.2; docs/bench/sim-calibration-4/host-constants.json):
+# 256 samples in batches of 16, 32, 64, 128 took 36.86, 24.48, 15.01, 11.54 ms of thread CPU (a straight line
+# through them: 1.82 ms a step + 32.5 us a sample). A sample's cost in a batch of B over its cost in a batch of
+# REFERENCE_BATCH (the batch THREAD_FLOPS was measured at), linear between the measured B, the nearest outside.
+# The FLOPs model alone makes every batch cost the same per sample; on the testbed a batch of 64 costs 0.61x per
+# sample, which the Hermes paper's MBS search finds and uses (docs/simulation.md).
 REFERENCE_BATCH = 32
-STEP_SHARE = 1.822e-3 / (1.822e-3 + REFERENCE_BATCH * 32.46e-6)
+BATCH_COST: tuple[tuple[float, float], ...] = (
+    (16.0, 36.86 / 24.48), (32.0, 1.0), (64.0, 15.01 / 24.48), (128.0, 11.54 / 24.48))
 # The testbed machine's cores (os.cpu_count() on it: 2 vCPU AMD EPYC).
 CORES = 2.0
 # benchmarks/sim_host_wakeup.py --burners 0,1,2,3,4,5,6,8 --round-trips 400 (nice 0, under the bench lock,
@@ -98,8 +100,8 @@ class HostSpec:
     thread_flops: float = THREAD_FLOPS
     send_cpu_s_per_byte: float = AGENT_SEND_CPU_S_PER_BYTE
     receive_cpu_s_per_byte: float = AGENT_RECEIVE_CPU_S_PER_BYTE
-    # The share of a batch-32 training step that is per step, not per sample (STEP_SHARE; 0: the FLOPs model alone).
-    step_share: float = STEP_SHARE
+    # 1: a training sample's cost depends on its batch as measured (BATCH_COST); 0: the FLOPs model alone.
+    batch_cost: float = 1.0
     # 1: messages and the server's thread hops wait the measured wake-up latency (WAKEUP_RTT_S); 0: they do
     # not (the fluid model alone, as before 2026-11-27 session 4).
     wakeups: float = 1.0
@@ -109,8 +111,8 @@ class HostSpec:
             raise HostError("host cores and thread_flops must be positive")
         if self.background < 0 or self.send_cpu_s_per_byte < 0 or self.receive_cpu_s_per_byte < 0:
             raise HostError("host background and per-byte costs must be >= 0")
-        if not 0 <= self.step_share < 1:
-            raise HostError("host step_share must be in [0, 1)")
+        if self.batch_cost not in (0.0, 1.0):
+            raise HostError("host batch_cost must be 0 (off) or 1 (the measured costs)")
         if self.wakeups not in (0.0, 1.0):
             raise HostError("host wakeups must be 0 (off) or 1 (the measured latencies)")
 
@@ -237,12 +239,11 @@ class Host:
             await asyncio.sleep(seconds)
 
     def cycle_factor(self, samples: int, steps: int) -> float:
-        """A cycle's time in ``steps`` steps over the FLOPs model's (which is right at REFERENCE_BATCH): the per-step
-        share of a batch-32 step is paid per step, the rest per sample (STEP_SHARE)."""
-        if samples <= 0 or steps <= 0:
+        """A cycle's time in ``steps`` steps over the FLOPs model's (which is right at REFERENCE_BATCH): a sample's
+        cost at the cycle's batch (``samples / steps``) over its cost at REFERENCE_BATCH (BATCH_COST)."""
+        if samples <= 0 or steps <= 0 or not self.spec.batch_cost:
             return 1.0
-        f = self.spec.step_share
-        return (1 - f) + f * REFERENCE_BATCH * steps / samples
+        return interpolate(BATCH_COST, samples / steps, 1)
 
     def split(self, seconds: float, flops: float) -> tuple[float, float]:
         """``seconds`` of a device's work at ``flops``: (CPU seconds on the host, sleep seconds after).

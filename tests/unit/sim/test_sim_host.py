@@ -226,17 +226,15 @@ def test_a_slowed_agent_sleeps_after_its_training_but_not_after_its_gates_valida
     assert validated == pytest.approx(0.125)
 
 
-def test_a_cycle_in_larger_batches_is_cheaper_per_sample_by_the_measured_per_step_share():
-    from hermes.sim.host import REFERENCE_BATCH, STEP_SHARE
-
+def test_a_cycle_in_larger_batches_is_cheaper_per_sample_as_measured():
     host = Host(HostSpec())
     # The FLOPs model is right at the batch THREAD_FLOPS was measured at: 128 samples in 4 steps of 32.
-    assert host.cycle_factor(128, 128 // REFERENCE_BATCH) == pytest.approx(1.0)
-    # 64 samples in one step of 64: the per-sample part whole, the per-step part once for two steps' worth.
-    assert host.cycle_factor(64, 1) == pytest.approx(1 - STEP_SHARE / 2)
-    # The measurement (23:17 UTC): 256 samples in batches of 64 took 15.0 ms against 24.5 ms in batches of 32
-    # (0.61); the straight line fitted over batches 16-128 says 0.68.
-    assert host.cycle_factor(256, 4) == pytest.approx(15.0 / 24.5, rel=0.12)
-    assert Host(HostSpec(step_share=0)).cycle_factor(64, 1) == 1.0
-    with pytest.raises(HostError, match="step_share"):
-        HostSpec(step_share=1.0)
+    assert host.cycle_factor(128, 4) == pytest.approx(1.0)
+    # The measurement (23:17 UTC): 256 samples in batches of 64 took 15.01 ms against 24.48 ms in batches of 32.
+    assert host.cycle_factor(64, 1) == pytest.approx(15.01 / 24.48)
+    assert host.cycle_factor(256, 16) == pytest.approx(36.86 / 24.48)
+    # Between measured batches, linear; a partial last step counts as a smaller batch.
+    assert 15.01 / 24.48 < host.cycle_factor(96, 2) < 1.0
+    assert Host(HostSpec(batch_cost=0)).cycle_factor(64, 1) == 1.0
+    with pytest.raises(HostError, match="batch_cost"):
+        HostSpec(batch_cost=0.5)
