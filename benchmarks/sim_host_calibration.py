@@ -196,6 +196,13 @@ def _median(xs: list[float]) -> float | None:
     return statistics.median(xs) if xs else None
 
 
+def median_with_misses(reached: list[float], runs: int) -> float | None:
+    """The median of ``runs`` runs of which ``reached`` got there, a miss slower than any; None if that is a miss."""
+    values = sorted(reached) + [float("inf")] * (runs - len(reached))
+    med = statistics.median(values) if values else float("inf")
+    return med if med != float("inf") else None
+
+
 def _fmt(x: float | None, nd: int = 1) -> str:
     return "-" if x is None else f"{x:,.{nd}f}"
 
@@ -227,9 +234,9 @@ def table_main(a: argparse.Namespace) -> int:
                          "train_s": secs, "messages": msgs, "host": s.get("host")})
         sm_t = [x["train_s"] for x in sims if x["train_s"] is not None]
         sm_m = [x["messages"] for x in sims if x["train_s"] is not None]
-        # The testbed's median of 3: a run that missed counts as slower than every one that reached.
-        tb_med = statistics.median(tb_t) if len(tb_t) * 2 > len(runs) else None
-        sm_med = _median(sm_t) if len(sm_t) * 2 > len(sims) else None
+        # The median of 3 on both sides: a run that missed counts as slower than every one that reached.
+        tb_med = median_with_misses(tb_t, len(runs))
+        sm_med = median_with_misses(sm_t, len(sims))
         tr = sm_med / tb_med if tb_med and sm_med else None
         sm_mm, tb_mm = _median(sm_m), _median(tb_m)
         mr = sm_mm / tb_mm if sm_mm is not None and tb_mm else None

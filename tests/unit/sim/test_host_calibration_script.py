@@ -37,3 +37,9 @@ def test_the_background_a_core_share_implies_inverts_processor_sharing():
     assert hc.background(0.5, [1.0]) == pytest.approx(3.0)
     # A slowed agent computes 1 / (1 + (s - 1) r) of its time: one more part-time competitor.
     assert hc.background(0.5, [1.0, 3.0]) == pytest.approx(3.0 - 0.5)
+
+
+def test_the_median_of_three_counts_a_miss_as_slower_than_every_run_that_reached():
+    assert hc.median_with_misses([46.7, 95.4], 3) == pytest.approx(95.4)
+    assert hc.median_with_misses([96.4], 3) is None
+    assert hc.median_with_misses([30.0, 10.0, 20.0], 3) == pytest.approx(20.0)
