@@ -79,10 +79,23 @@ def main() -> int:
 
     reply = _cpu(receive, a.repeats)
     med = {k: statistics.median(v) for k, v in (("cycle", cycle), ("push", push), ("reply", reply))}
+    # A step's cost that does not grow with its batch (optimizer step, zero_grad, the framework's per-call
+    # overhead): 256 samples in batches of each size, CPU = steps x step + samples x sample, least squares.
+    x256, y256 = batch_of(train, list(range(256)))
+    by_batch = {}
+    for bs in (16, 32, 64, 128):
+        trainer.train_cycle(x256, y256, bs)
+        by_batch[bs] = statistics.median(_cpu(lambda bs=bs: trainer.train_cycle(x256, y256, bs), a.repeats))
+    pts = [(256 / bs, t) for bs, t in by_batch.items()]
+    n = len(pts)
+    mx, my = sum(p[0] for p in pts) / n, sum(p[1] for p in pts) / n
+    step_s = sum((p[0] - mx) * (p[1] - my) for p in pts) / sum((p[0] - mx) ** 2 for p in pts)
+    sample_s = (my - step_s * mx) / 256
     figures = {
         "thread_flops": 128 * train_flops / med["cycle"],
         "cycle_cpu_s": med["cycle"], "train_flops_per_sample": train_flops,
         "push_cpu_s": med["push"], "reply_cpu_s": med["reply"], "params": flat.numel(),
+        "cycle256_cpu_s_by_batch": by_batch, "step_cpu_s": step_s, "sample_cpu_s": sample_s,
         "repeats": a.repeats, "load_before": load_before, "load_after": loadavg(),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     }

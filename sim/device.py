@@ -193,13 +193,17 @@ class SimDevice:
             raise Offline
         await self.sim.driver.until(t)
 
-    async def busy(self, seconds: float, steps: int) -> float:
+    async def busy(self, seconds: float, steps: int, *, slowed: bool = True) -> float:
         """``seconds`` of this device's own work on the simulated host (sim/host.py), in ``steps`` steps, each its CPU
-        burst on the shared cores and then its slowdown's sleep, as a testbed agent's; the virtual seconds it took."""
+        burst on the shared cores and then its slowdown's sleep, as a testbed agent's; the virtual seconds it took.
+        ``slowed=False``: work the testbed agent does not slow (its gate's validation pass, ``LocalTrainer.evaluate``,
+        has no ``_emulate_slowdown``): the CPU burst alone."""
         host = self.sim.host
         assert host is not None
         t0 = self.sim.driver.now()
         cpu, sleep = host.split(seconds, self.profile.flops)
+        if not slowed:
+            sleep = 0.0
         for _ in range(max(1, steps) if seconds > 0 else 0):
             burst = asyncio.ensure_future(host.run(cpu / max(1, steps)))
             if self.offline_at is None:
@@ -531,8 +535,9 @@ class SimDevice:
                 if sim.host is None:
                     await self.until(sim.driver.now() + compute + gate_eval)
                 else:  # the testbed's shared cores (sim/host.py): the time it took is what the agent reports
-                    compute = await self.busy(compute, -(-len(y) // max(1, work.batch_size)))
-                    await self.busy(gate_eval, 1)
+                    steps = -(-len(y) // max(1, work.batch_size))
+                    compute = await self.busy(compute * sim.host.cycle_factor(len(y), steps), steps)
+                    await self.busy(gate_eval, 1, slowed=False)
             except Offline:
                 # Trained, then lost: the device's shuffling stream moved on all the same.
                 self.take_cycle_outputs(sim.executor.result(pending))

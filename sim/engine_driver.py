@@ -126,10 +126,15 @@ class Driver:
         # The active workers the cost model is told of, kept from the engine's join and leave facts: asking
         # the registry for them was a pass over every worker per request (4% of a 1,000-device run).
         self.active: set[str] = set(engine.registry.active_ids())
+        # Folds not yet charged their thread hop (--host: the testbed server journals each fold through
+        # asyncio.to_thread, server/engine/folding.py; the simulated engine has no checkpointer).
+        self.unhopped_folds = 0
         engine.telemetry.subscribe(self._membership)
 
     def _membership(self, fact: str, fields: Mapping[str, Any]) -> None:
-        if fact == "join":
+        if fact == "update_applied":
+            self.unhopped_folds += 1
+        elif fact == "join":
             self.active.add(fields["worker"])
         elif fact == "leave":
             self.active.discard(fields["worker"])
@@ -220,6 +225,8 @@ class Driver:
         dev.bytes_sent += size
         await self.agent_cpu(size, self.host.spec.send_cpu_s_per_byte if self.host else 0.0)
         await self.carry(dev, size, "up")
+        if self.host is not None:  # the server's threads wake for it (half a round trip's wake-ups)
+            await self.host.wake("rtt", 0.5)
         ops = OPS.get(type_, ("heartbeat",))
         if isinstance(self.cost, MeasuredCost):  # the scoring's CPU time is inside the handling it measures
             reply = await self.measured_turn(ops, frames)
@@ -234,8 +241,14 @@ class Driver:
         else:
             await self.server_turn(ops, self.push_extra_seconds if type_ is MsgType.PUSH_UPDATE else 0.0)
             reply = await self.engine.handle(frames)
+        if self.host is not None and self.unhopped_folds:
+            # The fold this request made journals through a thread hop before any reply goes out.
+            self.unhopped_folds = 0
+            await self.host.wake("hop")
         out = sum(len(f) for f in reply)
         await self.carry(dev, out, "down")
+        if self.host is not None:  # the agent's threads wake for the reply
+            await self.host.wake("rtt", 0.5)
         await self.agent_cpu(out, self.host.spec.receive_cpu_s_per_byte if self.host else 0.0)
         dev.bytes_received += out
         # As the agent's TrafficCounter: the newest answered request's send time (the server's last_seen).

@@ -16,7 +16,17 @@ policy; it is processor sharing. With ``--host`` the simulation models it:
   (``client/trainer.py``, ``_emulate_slowdown``): the sleep takes no core. So a device of ``flops`` below the
   host's thread rate computes ``work / thread_flops`` on the host and then sleeps the rest of
   ``work / flops``; a device at or above the thread rate computes ``work / flops`` (never sleeps). Its
-  steps alternate as the agent's do (``steps`` chunks a cycle).
+  steps alternate as the agent's do (``steps`` chunks a cycle);
+* a training step costs a fixed part besides its samples' FLOPs: a testbed agent's cycle in larger batches is
+  cheaper per sample, as measured (``BATCH_COST``, ``batch_cost``);
+* a thread woken by a message waits for a core first (``wakeups``): processor sharing is fluid, but the
+  scheduler is not. A long CPU burst gets its fair share either way (the agents' compute matched), while a
+  short one that wakes when every core is taken waits for a running task's slice to end, and on the
+  testbed each message wakes a thread in each process it crosses (ZeroMQ's I/O threads, the server's event
+  loop, the agent's thread). ``Host.wake`` charges that wait, no CPU: a request/reply round trip waits
+  ``WAKEUP_RTT_S`` and a thread hop of the server's event loop (``asyncio.to_thread``) ``WAKEUP_HOP_S``,
+  both measured means against the number of other nice-0 runnable processes
+  (``benchmarks/sim_host_wakeup.py --burners``), read at the host's ``jobs + background``.
 
 The constants are this machine's, measured by ``benchmarks/sim_host_calibrate.py`` (one torch thread,
 ``time.thread_time``): an agent thread's training FLOP/s and an agent's CPU per message. ``background``
@@ -44,8 +54,37 @@ THREAD_FLOPS = 7.567e9
 # charged nothing: its header's cost is below the model's resolution).
 AGENT_SEND_CPU_S_PER_BYTE = 0.000142 / (108_618 * 4)
 AGENT_RECEIVE_CPU_S_PER_BYTE = 0.000301 / (108_618 * 4)
+# A training step's CPU has a part that does not grow with its batch (the optimizer step, zero_grad, the
+# framework's per-call overhead), so a sample costs less in a larger batch: benchmarks/sim_host_calibrate.py on
+# 2026-11-27 23:17 UTC (15 repeats, load average 10.3 -> 10.2; docs/bench/sim-calibration-4/host-constants.json):
+# 256 samples in batches of 16, 32, 64, 128 took 36.86, 24.48, 15.01, 11.54 ms of thread CPU (a straight line
+# through them: 1.82 ms a step + 32.5 us a sample). A sample's cost in a batch of B over its cost in a batch of
+# REFERENCE_BATCH (the batch THREAD_FLOPS was measured at), linear between the measured B, the nearest outside.
+# The FLOPs model alone makes every batch cost the same per sample; on the testbed a batch of 64 costs 0.61x per
+# sample, which the Hermes paper's MBS search finds and uses (docs/simulation.md).
+REFERENCE_BATCH = 32
+BATCH_COST: tuple[tuple[float, float], ...] = (
+    (16.0, 36.86 / 24.48), (32.0, 1.0), (64.0, 15.01 / 24.48), (128.0, 11.54 / 24.48))
 # The testbed machine's cores (os.cpu_count() on it: 2 vCPU AMD EPYC).
 CORES = 2.0
+# benchmarks/sim_host_wakeup.py --burners 0,1,2,3,4,5,6,8 --round-trips 400 (nice 0, under the bench lock,
+# 2026-11-27 22:37-22:39 UTC, load average 12.3 -> 18.5 of mostly nice-15 work; docs/bench/sim-calibration-4/):
+# the mean wall seconds of a 1-byte ZeroMQ DEALER/ROUTER round trip between two processes (each asleep 5 ms
+# between messages, as an agent between its messages) and of an asyncio loop's ``to_thread`` hop, beside K
+# nice-0 processes spinning on the 2 cores. Means, not medians: a wake-up finds a core free or waits for a
+# slice (bimodal), and a run's time adds the means. (K, round trip s, thread hop s); linear between, the
+# nearest row's outside (not measured past 8). Not monotonic in K (5-8 spinners waited less than 3-4; one
+# measurement of 400 each: K = 0's mean, 2.0 ms against a 0.4 ms median, is the machine's other load).
+WAKEUP_RTT_S: tuple[tuple[float, float, float], ...] = (
+    (0.0, 0.00203, 0.00028),
+    (1.0, 0.00095, 0.00039),
+    (2.0, 0.00524, 0.00030),
+    (3.0, 0.00914, 0.00139),
+    (4.0, 0.01305, 0.00455),
+    (5.0, 0.00504, 0.00169),
+    (6.0, 0.00470, 0.00133),
+    (8.0, 0.00604, 0.00211),
+)
 # Below this many CPU seconds a job counts as finished (float rounding of the shares; far below any cost).
 EPS_S = 1e-12
 
@@ -61,12 +100,21 @@ class HostSpec:
     thread_flops: float = THREAD_FLOPS
     send_cpu_s_per_byte: float = AGENT_SEND_CPU_S_PER_BYTE
     receive_cpu_s_per_byte: float = AGENT_RECEIVE_CPU_S_PER_BYTE
+    # 1: a training sample's cost depends on its batch as measured (BATCH_COST); 0: the FLOPs model alone.
+    batch_cost: float = 1.0
+    # 1: messages and the server's thread hops wait the measured wake-up latency (WAKEUP_RTT_S); 0: they do
+    # not (the fluid model alone, as before 2026-11-27 session 4).
+    wakeups: float = 1.0
 
     def __post_init__(self) -> None:
         if not self.cores > 0 or not self.thread_flops > 0:
             raise HostError("host cores and thread_flops must be positive")
         if self.background < 0 or self.send_cpu_s_per_byte < 0 or self.receive_cpu_s_per_byte < 0:
             raise HostError("host background and per-byte costs must be >= 0")
+        if self.batch_cost not in (0.0, 1.0):
+            raise HostError("host batch_cost must be 0 (off) or 1 (the measured costs)")
+        if self.wakeups not in (0.0, 1.0):
+            raise HostError("host wakeups must be 0 (off) or 1 (the measured latencies)")
 
 
 def parse_host(text: str | None) -> HostSpec | None:
@@ -114,6 +162,7 @@ class Host:
         self.cpu_seconds = 0.0
         self.runnable_seconds = 0.0
         self.stretch_seconds = 0.0  # wall (virtual) seconds jobs spent beyond their CPU seconds
+        self.wakeup_seconds_total = 0.0  # virtual seconds threads waited to be scheduled (wake)
 
     def rate(self, n: int | None = None) -> float:
         """The share of a core each of ``n`` runnable jobs gets (Kleinrock's processor sharing, one thread each)."""
@@ -173,6 +222,29 @@ class Host:
                 self._reschedule(loop)
             raise
 
+    def wakeup_seconds(self, what: str) -> float:
+        """The mean wait of a thread woken now for a core: ``rtt`` (a message's round trip, its wake-ups on
+        both sides) or ``hop`` (the server loop's thread hop), at the host's ``jobs + background`` other
+        runnable processes (WAKEUP_RTT_S, interpolated)."""
+        if not self.spec.wakeups:
+            return 0.0
+        column = {"rtt": 1, "hop": 2}[what]
+        return interpolate(WAKEUP_RTT_S, len(self.jobs) + self.spec.background, column)
+
+    async def wake(self, what: str, share: float = 1.0) -> None:
+        """Wait ``share`` of a woken thread's mean wait for a core (``wakeup_seconds``); it takes no CPU."""
+        seconds = share * self.wakeup_seconds(what)
+        if seconds > 0:
+            self.wakeup_seconds_total += seconds
+            await asyncio.sleep(seconds)
+
+    def cycle_factor(self, samples: int, steps: int) -> float:
+        """A cycle's time in ``steps`` steps over the FLOPs model's (which is right at REFERENCE_BATCH): a sample's
+        cost at the cycle's batch (``samples / steps``) over its cost at REFERENCE_BATCH (BATCH_COST)."""
+        if samples <= 0 or steps <= 0 or not self.spec.batch_cost:
+            return 1.0
+        return interpolate(BATCH_COST, samples / steps, 1)
+
     def split(self, seconds: float, flops: float) -> tuple[float, float]:
         """``seconds`` of a device's work at ``flops``: (CPU seconds on the host, sleep seconds after).
 
@@ -189,7 +261,23 @@ class Host:
         return {"cores": self.spec.cores, "background": self.spec.background,
                 "thread_flops": self.spec.thread_flops, "cpu_seconds": round(self.cpu_seconds, 6),
                 "mean_runnable_jobs": round(mean, 4), "stretch_seconds": round(self.stretch_seconds, 6),
+                "wakeups": self.spec.wakeups, "wakeup_seconds": round(self.wakeup_seconds_total, 6),
                 "mean_load": round(mean + self.spec.background, 4) if math.isfinite(mean) else None}
+
+
+def interpolate(table: tuple[tuple[float, ...], ...], x: float, column: int) -> float:
+    """``table[.][column]`` at ``x`` of its first column: linear between rows, the nearest row's outside them."""
+    rows = sorted(table)
+    if x <= rows[0][0]:
+        return rows[0][column]
+    if x >= rows[-1][0]:
+        return rows[-1][column]
+    i = 1
+    while i < len(rows) - 1 and rows[i][0] < x:
+        i += 1
+    (x0, *a), (x1, *b) = rows[i - 1], rows[i]
+    y0, y1 = a[column - 1], b[column - 1]
+    return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
 
 
 def on_host(profiles: list[Any], population: str, spec: HostSpec) -> list[Any]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -148,3 +149,92 @@ def test_a_charged_model_is_counted_as_the_simulator_counts_its_own_and_a_bad_sp
     for bad in ("cnn:axb", "nosuchmodel:1x28x28"):
         with pytest.raises(SimError, match=rf"--charge-model '{bad}': .*expected NAME:CxHxW"):
             charged_flops(bad)
+
+
+def test_the_wakeup_table_interpolates_between_its_rows_and_holds_its_ends_outside_them():
+    from hermes.sim.host import interpolate
+
+    table = ((0.0, 0.0, 0.0), (2.0, 0.002, 0.001), (4.0, 0.010, 0.003))
+    assert interpolate(table, 1.0, 1) == pytest.approx(0.001)
+    assert interpolate(table, 3.0, 2) == pytest.approx(0.002)
+    # Outside the measured loads, the nearest measurement (nothing was measured there).
+    assert interpolate(table, 6.0, 1) == pytest.approx(0.010)
+    assert interpolate(table, -1.0, 2) == 0.0
+
+
+def test_a_woken_thread_waits_the_measured_latency_at_the_hosts_load_and_takes_no_cpu(monkeypatch):
+    import hermes.sim.host as host_mod
+
+    monkeypatch.setattr(host_mod, "WAKEUP_RTT_S", ((0.0, 0.0, 0.0), (4.0, 0.008, 0.004)))
+    clock = VirtualClock(start=0.0)
+    host = Host(HostSpec(background=2.0))
+
+    async def main():
+        # Background 2 and one job running: 3 others, so a round trip waits 6 ms, half of it 3 ms.
+        job = asyncio.ensure_future(host.run(1.0))
+        await asyncio.sleep(0)
+        assert host.wakeup_seconds("rtt") == pytest.approx(0.006)
+        t0 = clock.monotonic()
+        await host.wake("rtt", 0.5)
+        waited = clock.monotonic() - t0
+        await job
+        return waited
+
+    waited = run_virtual(clock, main)
+    assert waited == pytest.approx(0.003)
+    assert host.wakeup_seconds_total == pytest.approx(0.003)
+    # The wait took no CPU: the job alone got its share (2 cores, 1 + 2 background: 2/3), 1 s in 1.5 s.
+    assert host.cpu_seconds == pytest.approx(1.0)
+    # Switched off, nobody waits.
+    assert Host(HostSpec(background=2.0, wakeups=0)).wakeup_seconds("hop") == 0.0
+    with pytest.raises(HostError, match="wakeups"):
+        HostSpec(wakeups=0.5)
+
+
+def test_under_the_host_every_round_trip_waits_for_its_wakeups_and_each_fold_for_its_thread_hop(tmp_path, monkeypatch):
+    import hermes.sim.host as host_mod
+
+    monkeypatch.setattr(host_mod, "WAKEUP_RTT_S", ((0.0, 0.004, 0.002), (10.0, 0.004, 0.002)))
+    spec = HostSpec(thread_flops=2e8, background=1.0)
+    woken = _run(tmp_path, "w", spec)
+    still = _run(tmp_path, "s", replace(spec, wakeups=0))
+    assert still["host"]["wakeup_seconds"] == 0.0
+    # 4 ms a request/reply (2 on each side) and 2 ms a fold, whatever the load in this table.
+    requests = sum(v for k, v in woken["messages_by_type"].items() if k not in ("register", "heartbeat", "leave"))
+    expected = 0.004 * requests + 0.002 * woken["model_updates"]
+    assert woken["host"]["wakeup_seconds"] == pytest.approx(expected, rel=0.05)
+    # Waiting between messages, each device pushes less often in the same virtual time.
+    def per_second(summary):
+        return summary["model_updates"] / summary["virtual_seconds"]
+
+    assert per_second(woken) < per_second(still)
+
+
+def test_a_slowed_agent_sleeps_after_its_training_but_not_after_its_gates_validation(tmp_path):
+    # client/trainer.py: _emulate_slowdown follows each training step; LocalTrainer.evaluate (the gate's
+    # validation pass) has none, so on the testbed a slowed agent validates at the thread's rate.
+    config = build_config("asp", dataset="digits", model="mlp", seed=0, max_seconds=1)
+    sim = Simulation(config, _devices(), out=tmp_path / "v", transfer=transfer_seconds, cost=CalibratedCost(),
+                     population="test", host=HostSpec(thread_flops=2e8))
+    slowed = sim.devices[3]  # 2e8 / 8 FLOP/s: 1 s of its work is 1/8 s of CPU
+
+    async def main():
+        return await slowed.busy(1.0, 4), await slowed.busy(1.0, 1, slowed=False)
+
+    trained, validated = run_virtual(sim.clock, main)
+    assert trained == pytest.approx(1.0)
+    assert validated == pytest.approx(0.125)
+
+
+def test_a_cycle_in_larger_batches_is_cheaper_per_sample_as_measured():
+    host = Host(HostSpec())
+    # The FLOPs model is right at the batch THREAD_FLOPS was measured at: 128 samples in 4 steps of 32.
+    assert host.cycle_factor(128, 4) == pytest.approx(1.0)
+    # The measurement (23:17 UTC): 256 samples in batches of 64 took 15.01 ms against 24.48 ms in batches of 32.
+    assert host.cycle_factor(64, 1) == pytest.approx(15.01 / 24.48)
+    assert host.cycle_factor(256, 16) == pytest.approx(36.86 / 24.48)
+    # Between measured batches, linear; a partial last step counts as a smaller batch.
+    assert 15.01 / 24.48 < host.cycle_factor(96, 2) < 1.0
+    assert Host(HostSpec(batch_cost=0)).cycle_factor(64, 1) == 1.0
+    with pytest.raises(HostError, match="batch_cost"):
+        HostSpec(batch_cost=0.5)

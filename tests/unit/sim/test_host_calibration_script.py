@@ -1,0 +1,45 @@
+"""benchmarks/sim_host_calibration.py: a cell pools its runs kept in an earlier table with new ones."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import sim_host_calibration as hc  # noqa: E402
+
+
+def test_earlier_runs_join_only_the_cells_named_and_set_the_cells_background(tmp_path):
+    rows = [{"link": "lte", "preset": "asp", "testbed_runs": [
+                {"seed": 0, "train_s": 210.0, "messages": 2182, "share": 0.1, "background": 16.0},
+                {"seed": 1, "train_s": 180.0, "messages": 1980, "share": 0.13, "background": 12.8}]},
+            {"link": "lte", "preset": "bsp", "testbed_runs": [{"seed": 0, "train_s": 57.0, "messages": 700,
+                                                               "share": 0.3, "background": 3.0}]}]
+    path = tmp_path / "table.json"
+    path.write_text(json.dumps(rows))
+    cells = hc.all_testbed_runs(argparse.Namespace(testbed=[], earlier=f"{path}:lte/asp"))
+    assert list(cells) == [("lte", "asp")]
+    assert [r["seed"] for r in cells[("lte", "asp")]] == [0, 1]
+    assert all(r["earlier"] == str(path) for r in cells[("lte", "asp")])
+    # A third run at a lower load: the cell's background is the median of the three.
+    cells[("lte", "asp")].append({"seed": 2, "background": 2.0})
+    assert hc.cell_background(cells[("lte", "asp")]) == pytest.approx(12.8)
+
+
+def test_the_background_a_core_share_implies_inverts_processor_sharing():
+    # 2 cores, the unslowed agent alone computing with B others: r = 2 / (1 + B) -> B = 2 / r - 1.
+    assert hc.background(0.5, [1.0]) == pytest.approx(3.0)
+    # A slowed agent computes 1 / (1 + (s - 1) r) of its time: one more part-time competitor.
+    assert hc.background(0.5, [1.0, 3.0]) == pytest.approx(3.0 - 0.5)
+
+
+def test_the_median_of_three_counts_a_miss_as_slower_than_every_run_that_reached():
+    assert hc.median_with_misses([46.7, 95.4], 3) == pytest.approx(95.4)
+    assert hc.median_with_misses([96.4], 3) is None
+    assert hc.median_with_misses([30.0, 10.0, 20.0], 3) == pytest.approx(20.0)
