@@ -200,9 +200,12 @@ def test_hermes_differs_from_the_paper_preset_only_by_the_measured_deviations():
 
     paper, fast = build_config(preset="hermes-paper").model_dump(), build_config(preset="hermes").model_dump()
     differ = {k for k in paper if paper[k] != fast[k]}
-    # Every difference is a deviation row (tests/unit/policies/test_paper_fidelity.py checks each switch).
+    # Every difference is a deviation row (tests/unit/policies/test_paper_fidelity.py checks each switch),
+    # except concurrency.turn_ends, which acts only under a concurrency.limit, a bound the paper has not.
     assert differ == {"preset", "momentum", "loss", "overlap_push", "zscore", "early_stop", "combine_messages",
-                      "assignments_per_request", "dual_search", "rebalance"}
+                      "assignments_per_request", "dual_search", "rebalance", "concurrency"}
+    assert {k for k in paper["concurrency"] if paper["concurrency"][k] != fast["concurrency"][k]} == {"turn_ends"}
+    assert paper["concurrency"]["limit"] == fast["concurrency"]["limit"] == 0
     assert (paper["zscore"]["resync_factor"], fast["zscore"]["resync_factor"]) == (None, 4.0)
     assert (paper["zscore"]["validation_samples"], fast["zscore"]["validation_samples"]) == (256, 128)
     assert {k for k in paper["zscore"] if paper["zscore"][k] != fast["zscore"][k]} == {
