@@ -56,7 +56,7 @@ def build(codec_name: str, real_clock: bool = False) -> tuple[Any, Any, Any]:
     return engine, enc.data, {"samples": 32, "loss": 1.0, "codec": enc.spec.model_dump(exclude_none=True)}
 
 
-async def run(codec_name: str, pushes: int, profile: bool, top: int) -> None:
+async def run(codec_name: str, pushes: int, profile: bool, top: int, pull_after: bool = False) -> None:
     from hermes.common.wire import Header, MsgType, decode, encode
 
     engine, data, body = build(codec_name)
@@ -70,6 +70,13 @@ async def run(codec_name: str, pushes: int, profile: bool, top: int) -> None:
         header = Header(type=MsgType.PUSH_UPDATE, worker=rec.id, session="s", seq=next(seq), ts=int(engine.clock.time() * 1000),
                         model_version=version, body=body, shapes=(tuple(data.shape),))
         frames = encode(header, data, key=rec.key)
+        if pull_after:
+            # Only the int8 pull after the push is timed: the quantisation of a new version, framing, MAC.
+            await engine.handle(frames)
+            frames = encode(Header(type=MsgType.PULL_MODEL, worker=rec.id, session="s", seq=next(seq),
+                                   ts=int(engine.clock.time() * 1000), model_version=version,
+                                   body={"dtype": "float32", "codec": {"name": "int8", "chunk": 1024}}), None,
+                            key=rec.key)
         if prof is not None and i >= 10:
             prof.enable()
         t0 = time.thread_time()
@@ -77,6 +84,8 @@ async def run(codec_name: str, pushes: int, profile: bool, top: int) -> None:
         times.append(time.thread_time() - t0)
         if prof is not None:
             prof.disable()
+        if pull_after:
+            continue
         status = decode(reply).header.body.get("status")
         if status != "applied":
             raise SystemExit(f"push {i} not applied: {decode(reply).header.body}")
@@ -170,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pushes", type=int, default=300)
     p.add_argument("--profile", action="store_true")
     p.add_argument("--top", type=int, default=30)
+    p.add_argument("--pull-after", action="store_true", help="time an int8 pull after each push instead")
     p.add_argument("--served", metavar="PROFILE_OUT", default=None,
                    help="profile a real hermes-server (cProfile, written here) instead of the engine in process")
     args = p.parse_args(argv)
@@ -179,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(1)
-    asyncio.run(run(args.codec, args.pushes, args.profile, args.top))
+    asyncio.run(run(args.codec, args.pushes, args.profile, args.top, args.pull_after))
     return 0
 
 
