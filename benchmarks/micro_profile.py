@@ -64,7 +64,7 @@ async def run(codec_name: str, pushes: int, profile: bool, top: int, pull_after:
     rec, _ = engine.register("w")
     seq = itertools.count(1)
     times: list[float] = []
-    prof = cProfile.Profile() if profile else None
+    prof = cProfile.Profile(time.thread_time) if profile else None
     for i in range(pushes):
         version = engine.state.version
         header = Header(type=MsgType.PUSH_UPDATE, worker=rec.id, session="s", seq=next(seq), ts=int(engine.clock.time() * 1000),
