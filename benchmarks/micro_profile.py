@@ -33,15 +33,13 @@ def build(codec_name: str, real_clock: bool = False) -> tuple[Any, Any, Any]:
     payload + body of one push in the codec."""
     import torch
 
-    from hermes.common.clock import ManualClock
+    from hermes.common.clock import SYSTEM_CLOCK, ManualClock
     from hermes.common.codecs import Int8Codec, PowerSgdCodec, TopKCodec
     from hermes.common.config import build_config
     from hermes.server.engine import Engine
     from hermes.server.engine.screening import ScreeningSettings
     from hermes.server.events import EventLog
     from hermes.server.metrics import ServerMetrics
-
-    from hermes.common.clock import SYSTEM_CLOCK
 
     clock = SYSTEM_CLOCK if real_clock else ManualClock()
     config = build_config("asp", model="mlp", dataset="digits", model_kwargs={"hidden": MLP_HIDDEN["1M"]},

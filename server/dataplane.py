@@ -82,7 +82,7 @@ class DataPlane:
         else:
             self.port = sock.bind_to_random_port(f"tcp://{self.host}")
         self._sock = sock
-        self._fd = sock.getsockopt(zmq.FD)
+        self._fd = int(sock.getsockopt(zmq.FD))
         asyncio.get_running_loop().add_reader(self._fd, self._readable.set)
         self._task = asyncio.create_task(self._serve(), name="hermes-dataplane")
         log.info("data plane listening on tcp://%s:%d", self.host, self.port)
@@ -114,7 +114,7 @@ class DataPlane:
                 # The FD only signals a change (edge-like): wait for the next one unless a message came in
                 # meanwhile (reading EVENTS re-arms the FD).
                 self._readable.clear()
-                if not self._sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                if not _has_message(self._sock):
                     await self._readable.wait()
                 continue
             except zmq.ZMQError as exc:
@@ -212,8 +212,13 @@ class DataPlane:
                 break
         # A send processes the socket's pending commands, which can consume the FD's signal of a message
         # that came in: wake the receive loop if one is waiting.
-        if not sock.closed and sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+        if not sock.closed and _has_message(sock):
             self._readable.set()
+
+
+def _has_message(sock: zmq.Socket) -> bool:
+    """Whether a message waits (reading EVENTS also processes the socket's commands, re-arming its FD)."""
+    return bool(int(sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN)
 
 
 def socket_frame_cap(max_message_bytes: int) -> int:
