@@ -13,6 +13,7 @@ import logging
 
 import msgpack
 import zmq
+import zmq.asyncio
 
 from hermes.common.wire import MAX_HEADER_BYTES, ErrorCode, Header, ProtocolError, error_frames
 from hermes.server.aio import cancel_and_wait
@@ -52,21 +53,15 @@ class DataPlane:
         self._error_budget = RateLimiter(error_replies_per_second, error_reply_burst, clock=engine.clock)
         # Freed frame buffers go back to the OS once a flood of refusals is over (server/heap.py).
         self._trimmer = HeapTrimmer(trim_quiet_s)
-        self._ctx: zmq.Context | None = None
-        self._sock: zmq.Socket | None = None
-        # Set by the loop's reader on the socket's FD; cleared when a receive finds nothing (_serve).
-        self._readable = asyncio.Event()
-        self._fd: int | None = None
+        self._ctx: zmq.asyncio.Context | None = None
+        self._sock: zmq.asyncio.Socket | None = None
         self._task: asyncio.Task | None = None
         self._inflight: set[asyncio.Task] = set()
         self._per_peer: dict[bytes, int] = {}
         self.inflight_bytes = 0
 
     async def start(self) -> int:
-        # A plain socket read and written without blocking from the loop's thread, woken by the loop's
-        # reader on its FD: zmq.asyncio's future per receive and send, its poller and its flag enums were
-        # 0.8 ms of the loop's CPU a request (a top-1% push of 1M parameters, 2026-11-27, issue 31).
-        self._ctx = zmq.Context()
+        self._ctx = zmq.asyncio.Context()
         sock = self._ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.MAXMSGSIZE, socket_frame_cap(self.engine.max_message_bytes))
@@ -82,8 +77,6 @@ class DataPlane:
         else:
             self.port = sock.bind_to_random_port(f"tcp://{self.host}")
         self._sock = sock
-        self._fd = int(sock.getsockopt(zmq.FD))
-        asyncio.get_running_loop().add_reader(self._fd, self._readable.set)
         self._task = asyncio.create_task(self._serve(), name="hermes-dataplane")
         log.info("data plane listening on tcp://%s:%d", self.host, self.port)
         return self.port
@@ -96,9 +89,6 @@ class DataPlane:
         for t in list(self._inflight):
             t.cancel()
         await self._trimmer.close()
-        if self._fd is not None:
-            asyncio.get_running_loop().remove_reader(self._fd)
-            self._fd = None
         if self._sock is not None:
             self._sock.close(linger=0)
         if self._ctx is not None:
@@ -109,17 +99,11 @@ class DataPlane:
         assert self._sock is not None
         while True:
             try:
-                frames = self._sock.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                # The FD only signals a change (edge-like): wait for the next one unless a message came in
-                # meanwhile (reading EVENTS re-arms the FD).
-                self._readable.clear()
-                if not _has_message(self._sock):
-                    await self._readable.wait()
-                continue
+                frames = await self._sock.recv_multipart(copy=False)
+            except asyncio.CancelledError:
+                raise
             except zmq.ZMQError as exc:
                 log.warning("data plane receive failed: %s", exc)
-                await asyncio.sleep(0)
                 continue
             identity = frames[0].bytes
             size = sum(len(f.buffer) for f in frames[1:])
@@ -192,33 +176,12 @@ class DataPlane:
         await self._send(identity, reply)
 
     async def _send(self, identity: bytes, reply: list) -> None:
-        sock = self._sock
-        if sock is None:
-            return
-        wait = 0.001
-        while True:
-            try:
-                sock.send_multipart([identity, *reply], zmq.NOBLOCK, copy=False)
-                break
-            except zmq.Again:
-                # The peer's queue is full (its high-water mark): wait for it as a blocking send would.
-                await asyncio.sleep(wait)
-                wait = min(2 * wait, 0.05)
-                if sock.closed:
-                    return
-            except zmq.ZMQError as exc:
-                # The peer went away (ROUTER_MANDATORY): its event, not our crash.
-                log.info("could not reply to %s: %s", identity.hex(), exc)
-                break
-        # A send processes the socket's pending commands, which can consume the FD's signal of a message
-        # that came in: wake the receive loop if one is waiting.
-        if not sock.closed and _has_message(sock):
-            self._readable.set()
-
-
-def _has_message(sock: zmq.Socket) -> bool:
-    """Whether a message waits (reading EVENTS also processes the socket's commands, re-arming its FD)."""
-    return bool(int(sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN)
+        assert self._sock is not None
+        try:
+            await self._sock.send_multipart([identity, *reply], copy=False)
+        except zmq.ZMQError as exc:
+            # The peer went away (ROUTER_MANDATORY): its event, not our crash.
+            log.info("could not reply to %s: %s", identity.hex(), exc)
 
 
 def socket_frame_cap(max_message_bytes: int) -> int:

@@ -1,10 +1,10 @@
 """The data plane's receive loop under concurrent requests: every request gets its reply.
 
-The ROUTER socket is read without blocking on the event loop's thread and woken by the loop's reader on its FD,
-which signals only a change: a send (a reply) can consume the signal of a request that came in meanwhile. Eight
-agents with a request in flight each, replies and receives interleaving, must all be answered; a lost wake-up
-leaves the requests unanswered (nobody else sends), and the agents' timeout fails the test. The engine and the
-real DataPlane run on an event loop in a thread of this process; the agents are the real DataClient.
+A ROUTER socket on an event loop is woken through its FD, which signals only a change (a send can consume the
+signal of a request that came in meanwhile). Eight agents with a request in flight each, replies and receives
+interleaving, must all be answered; a lost wake-up leaves requests unanswered (nobody else sends), and the agents'
+timeout fails the test (it does with the FD's reader made a no-op). The engine and the real DataPlane run on an
+event loop in a thread of this process; the agents are the real DataClient.
 """
 
 from __future__ import annotations
