@@ -2,10 +2,13 @@
 no sockets, the micro's 1M-parameter mlp under the asp preset with screening as the server runs it.
 
     python benchmarks/micro_profile.py [--codec topk|int8|powersgd|fp32] [--pushes 300] [--profile] [--top 30]
+                                       [--pull-after] [--served PROFILE_OUT|-]
 
-Prints the median and the fastest third's median of one push (``handle``: decode, MAC, body, decompression,
-validation, screening, the fold, the reply); ``--profile`` adds cProfile's cumulative table over the pushes.
-A development tool, not a comparison: the comparison with the bare pair is ``hermes-bench micro``.
+Prints the median and the fastest third's median of one push's CPU in this thread (``handle``: decode, MAC,
+body, decompression, validation, screening, the fold, the reply); ``--profile`` adds cProfile's tables (thread
+CPU) over the pushes; ``--pull-after`` times an int8 pull after each push instead. ``--served`` sends the pushes
+through the real ``DataPlane`` in a process of its own and prints its loop thread's CPU a push (``-``: no
+profile). A development tool, not a comparison: the comparison with the bare pair is ``hermes-bench micro``.
 """
 
 from __future__ import annotations
