@@ -74,6 +74,12 @@ def rows_of(res: dict[str, Any]) -> dict[str, tuple[float, float]]:
         out[f"codec {r['op']} {r['dtype']}"] = (r["ms"], r["ratio"])
     for r in res.get("compressed_dataplane", []):
         out[r["op"]] = (r["server_ms"], r.get("ratio_auth_apply") or r["ratio_auth"])
+        if r.get("cpu"):
+            # CPU per request of both processes, every thread: unlike wall time, not grown by waits for a core.
+            ours, bare = r["cpu"]["server"], r["cpu"].get("bare_auth_apply", r["cpu"].get("bare_auth"))
+            out[f"CPU, {r['op']}"] = (ours, ours / bare)
+            if "bare_after_push" in r["cpu"]:
+                out[f"CPU, {r['op']}, vs the bare pull after a bare push"] = (ours, ours / r["cpu"]["bare_after_push"])
         if r.get("pieces"):
             pc = r["pieces"]
             out[f"apply, {r['op']}"] = (pc["apply"], pc["apply"] / pc["bare_apply"])

@@ -271,6 +271,7 @@ PEERS = [{"label": "ddp", "preset": "bsp", "runner": "ddp", "overrides": {"lr": 
 # top-5%: 0.10 of fp32's bytes a push (indices and values), under issue 31's 1/8, and closer to uncompressed than
 # top-1% (benchmarks/compression_accuracy.py, docs/compression.md).
 _TOPK_INT8 = {"compression.push": "topk", "topk.ratio": 0.05, "compression.pull": "int8"}
+_LOCAL_TASK = "hermes.deploy.bench.local_task:task"
 _PSGD_INT8 = {"compression.push": "powersgd", "powersgd.rank": 4, "compression.pull": "int8"}
 EDGE_VARIANTS = [
     {"label": "bsp", "preset": "bsp"},
@@ -287,6 +288,13 @@ EDGE_VARIANTS = [
     # 3 times in 50 cycles (edge-lte, 2026-11-27): the server's model lagged its local one.
     {"label": "hermes-ungated", "preset": "hermes", "overrides": {"gate": "always"}},
     {"label": "hermes-ungated-topk", "preset": "hermes", "overrides": {"gate": "always", **_TOPK_INT8}},
+    # The training samples on the devices, as DDP's ranks and alone hold theirs (deploy/bench/local_task.py): on
+    # lte the fast agent's shard records (synthetic-cifar in fp32, 12 KB a sample) took 101 MB of the 135 MB it
+    # received (2026-11-27 dev run), more than its 30 Mbit/s downlink carries at its training speed.
+    {"label": "hermes-ungated-local", "preset": "hermes", "overrides": {"gate": "always", "task": _LOCAL_TASK}},
+    {"label": "hermes-ungated-topk-local", "preset": "hermes",
+     "overrides": {"gate": "always", **_TOPK_INT8, "task": _LOCAL_TASK}},
+    {"label": "bsp-local", "preset": "bsp", "overrides": {"task": _LOCAL_TASK}},
     {"label": "ddp", "preset": "bsp", "runner": "ddp"},
     {"label": "ddp-fp16", "preset": "bsp", "runner": "ddp", "ddp_hook": "fp16"},
     *({"label": f"ddp-powersgd-r{r}", "preset": "bsp", "runner": "ddp", "ddp_hook": "powersgd",
@@ -308,8 +316,6 @@ EDGE_COMMON: dict[str, Any] = {
                   "eval_interval_seconds": 2.0},
 }
 
-
-_LOCAL_TASK = "hermes.deploy.bench.local_task:task"
 
 # Issue 31's second comparison: a cluster whose other devices together have twice the fastest one's compute
 # (HL2: 0.75 + 0.75 + 0.5 against 1) against that fastest device alone, on the paper-size CNN and mnist1d. The

@@ -34,13 +34,17 @@ def test_compressed_pushes_and_int8_pulls_are_measured_against_bare_pyzmq(tmp_pa
                                     "bare_add"}
     for r in (*rows[:3], rows[4]):
         assert r["ratio_auth_apply"] == r["server_ms"] / r["bare_auth_apply_ms"]
-    for r in rows:
+    for r in rows[:4]:
         # CPU per request on both sides, from the processes' own counters.
         assert set(r["cpu"]) in ({"server", "bare_auth_apply"}, {"server", "bare_auth"})
-        assert all(v > 0 for v in r["cpu"].values())
+    # The pull after a push also against the bare pull after a bare push (the same conditions).
+    assert set(rows[4]["cpu"]) == {"server", "bare_auth_apply", "bare_after_push"}
+    assert rows[4]["ratio_after_push"] == rows[4]["server_ms"] / rows[4]["bare_after_push_ms"]
+    assert all(v > 0 for r in rows for v in r["cpu"].values())
     table = ratio_rows({"compressed_dataplane": rows})
-    # Per push: the round trip, its CPU and the apply in process; per pull: the round trip and its CPU.
-    assert len(table) == 3 * 3 + 2 * 2 and table[0][0].startswith("data plane push topk tiny")
+    # Per push: the round trip, its CPU and the apply in process; per pull: the round trip and its CPU (and the
+    # pull after a push its CPU against the bare pull after a bare push).
+    assert len(table) == 3 * 3 + 2 * 2 + 1 and table[0][0].startswith("data plane push topk tiny")
 
 
 def test_the_bare_work_decodes_what_our_codecs_encode() -> None:

@@ -19,6 +19,10 @@ def test_edge_suites_build_and_every_variant_runs_here(name: str, link: str) -> 
     assert check_runnable(suite) == []
     labels = {v.label for v in suite.variants}
     assert {"alone", "ddp-fp16", "ddp-powersgd-r1", "ddp-powersgd-r8", "bsp"} <= labels
+    # The device-local variants hold their samples on the devices, as DDP's ranks do: no shard crosses the link.
+    for label in ("hermes-ungated-local", "hermes-ungated-topk-local", "bsp-local"):
+        overrides = next(v for v in suite.variants if v.label == label).overrides
+        assert overrides["task"] == "hermes.deploy.bench.local_task:task", label
 
 
 def test_the_hl2_suite_builds_and_its_other_devices_have_twice_the_fastest_compute() -> None:

@@ -1,0 +1,201 @@
+"""Where a compressed push's time goes on the server, in process (issue 31): ``Engine.handle`` on signed frames,
+no sockets, the micro's 1M-parameter mlp under the asp preset with screening as the server runs it.
+
+    python benchmarks/micro_profile.py [--codec topk|int8|powersgd|fp32] [--pushes 300] [--profile] [--top 30]
+                                       [--pull-after] [--served PROFILE_OUT|-]
+
+Prints the median and the fastest third's median of one push's CPU in this thread (``handle``: decode, MAC,
+body, decompression, validation, screening, the fold, the reply); ``--profile`` adds cProfile's tables (thread
+CPU) over the pushes; ``--pull-after`` times an int8 pull after each push instead. ``--served`` sends the pushes
+through the real ``DataPlane`` in a process of its own and prints its loop thread's CPU a push (``-``: no
+profile). A development tool, not a comparison: the comparison with the bare pair is ``hermes-bench micro``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import itertools
+import json
+import pstats
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+if str(Path(__file__).resolve().parent) not in sys.path:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_foundation import MLP_HIDDEN  # noqa: E402
+
+
+def build(codec_name: str, real_clock: bool = False) -> tuple[Any, Any, Any]:
+    """An engine as ``hermes-server --set preset=asp --set model=mlp`` builds it, one registered worker, and the
+    payload + body of one push in the codec."""
+    import torch
+
+    from hermes.common.clock import SYSTEM_CLOCK, ManualClock
+    from hermes.common.codecs import Int8Codec, PowerSgdCodec, TopKCodec
+    from hermes.common.config import build_config
+    from hermes.server.engine import Engine
+    from hermes.server.engine.screening import ScreeningSettings
+    from hermes.server.events import EventLog
+    from hermes.server.metrics import ServerMetrics
+
+    clock = SYSTEM_CLOCK if real_clock else ManualClock()
+    config = build_config("asp", model="mlp", dataset="digits", model_kwargs={"hidden": MLP_HIDDEN["1M"]},
+                          eval_max_samples=1)
+    engine = Engine(config, metrics=ServerMetrics(), events=EventLog(None, clock=clock), max_workers=8,
+                    max_message_bytes=1 << 26, clock=clock, screening=ScreeningSettings())
+    delta = torch.randn(engine.spec.numel, generator=torch.Generator().manual_seed(1)) * 1e-6
+    codecs = {"topk": TopKCodec(0.01), "int8": Int8Codec(1024, True, 0), "powersgd": PowerSgdCodec(4, 0)}
+    if codec_name == "fp32":
+        return engine, delta, {"samples": 32, "loss": 1.0}
+    enc = codecs[codec_name].encode(delta, engine.spec.shapes)
+    return engine, enc.data, {"samples": 32, "loss": 1.0, "codec": enc.spec.model_dump(exclude_none=True)}
+
+
+async def run(codec_name: str, pushes: int, profile: bool, top: int, pull_after: bool = False) -> None:
+    from hermes.common.wire import Header, MsgType, decode, encode
+
+    engine, data, body = build(codec_name)
+    engine.start()
+    rec, _ = engine.register("w")
+    seq = itertools.count(1)
+    times: list[float] = []
+    prof = cProfile.Profile(time.thread_time) if profile else None
+    for i in range(pushes):
+        version = engine.state.version
+        header = Header(type=MsgType.PUSH_UPDATE, worker=rec.id, session="s", seq=next(seq), ts=int(engine.clock.time() * 1000),
+                        model_version=version, body=body, shapes=(tuple(data.shape),))
+        frames = encode(header, data, key=rec.key)
+        if pull_after:
+            # Only the int8 pull after the push is timed: the quantisation of a new version, framing, MAC.
+            await engine.handle(frames)
+            frames = encode(Header(type=MsgType.PULL_MODEL, worker=rec.id, session="s", seq=next(seq),
+                                   ts=int(engine.clock.time() * 1000), model_version=version,
+                                   body={"dtype": "float32", "codec": {"name": "int8", "chunk": 1024}}), None,
+                            key=rec.key)
+        if prof is not None and i >= 10:
+            prof.enable()
+        t0 = time.thread_time()
+        reply = await engine.handle(frames)
+        times.append(time.thread_time() - t0)
+        if prof is not None:
+            prof.disable()
+        if pull_after:
+            continue
+        status = decode(reply).header.body.get("status")
+        if status != "applied":
+            raise SystemExit(f"push {i} not applied: {decode(reply).header.body}")
+    times = times[10:]
+    fast = sorted(times)[: max(1, len(times) // 3)]
+    print(f"{codec_name}: {len(times)} pushes in process (Engine.handle, CPU of this thread), median {statistics.median(times) * 1e3:.3f} ms, fastest third's "
+          f"median {statistics.median(fast) * 1e3:.3f} ms")
+    if prof is not None:
+        pstats.Stats(prof).sort_stats("cumulative").print_stats(top)
+        pstats.Stats(prof).sort_stats("tottime").print_stats(top)
+
+
+def plane_main(codec_name: str, out: str) -> None:
+    """The child of ``--served``: the engine behind the real ``DataPlane`` (its asyncio ROUTER loop, admission,
+    a task per request, the reply's send) on one thread, under cProfile until the parent says stop."""
+    import zmq
+
+    from hermes.server.dataplane import DataPlane
+
+    async def serve() -> None:
+        engine, _, _ = build(codec_name, real_clock=True)
+        engine.start()
+        rec, _ = engine.register("profile")
+        plane = DataPlane(engine, "127.0.0.1", 0)
+        port = await plane.start()
+        print(json.dumps({"port": port, "worker": rec.id, "token": rec.token, "spec": engine.spec.to_dict()}),
+              flush=True)
+        # The loop thread's CPU, not wall: a loaded machine's waits for a core are not ours.
+        prof = cProfile.Profile(time.thread_time) if out != "-" else None
+        if prof is not None:
+            prof.enable()
+        c0, n0 = time.thread_time(), engine.message_counts.get("push_update", 0)
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+        c1, n1 = time.thread_time(), engine.message_counts.get("push_update", 0)
+        if prof is not None:
+            prof.disable()
+            prof.dump_stats(out)
+        print(f"data plane loop thread: {(c1 - c0) / max(1, n1 - n0) * 1e3:.3f} ms CPU a push ({n1 - n0} pushes)",
+              file=sys.stderr)
+        await plane.stop()
+
+    del zmq
+    import torch
+
+    torch.set_num_threads(1)
+    asyncio.run(serve())
+
+
+def served(codec_name: str, pushes: int, out: str, top: int) -> None:
+    """The same pushes through the real data plane in a process of its own, profiled there (``plane_main``)."""
+    import subprocess
+
+    import torch
+
+    from hermes.client.transport import DataClient
+    from hermes.common.codecs import Int8Codec, PowerSgdCodec, TopKCodec
+    from hermes.common.tensors import ModelSpec
+    from hermes.common.wire import MsgType
+
+    child = subprocess.Popen([sys.executable, __file__, "--plane", codec_name, out], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    assert child.stdin is not None and child.stdout is not None
+    try:
+        info = json.loads(child.stdout.readline())
+        spec = ModelSpec.from_dict(info["spec"])
+        dc = DataClient(f"tcp://127.0.0.1:{info['port']}", info["worker"], info["token"], timeout=60.0)
+        version = 0
+        delta = torch.randn(spec.numel, generator=torch.Generator().manual_seed(1)) * 1e-6
+        codecs = {"topk": TopKCodec(0.01), "int8": Int8Codec(1024, True, 0), "powersgd": PowerSgdCodec(4, 0)}
+        enc = codecs[codec_name].encode(delta, spec.shapes)
+        body = {"samples": 32, "loss": 1.0, "codec": enc.spec.model_dump(exclude_none=True)}
+        t0 = time.perf_counter()
+        for _ in range(pushes):
+            rep = dc.request(MsgType.PUSH_UPDATE, body, payload=enc.data, model_version=version, idempotent=False)
+            version = rep.header.model_version
+        print(f"{pushes} pushes through the data plane: {(time.perf_counter() - t0) / pushes * 1e3:.3f} ms each")
+        dc.close()
+    finally:
+        child.stdin.write("stop\n")
+        child.stdin.close()
+        child.wait(timeout=60)
+    if out != "-":
+        stats = pstats.Stats(out)
+        stats.sort_stats("tottime").print_stats(top)
+        stats.sort_stats("cumulative").print_stats(top)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--codec", default="topk", choices=("topk", "int8", "powersgd", "fp32"))
+    p.add_argument("--pushes", type=int, default=300)
+    p.add_argument("--profile", action="store_true")
+    p.add_argument("--top", type=int, default=30)
+    p.add_argument("--pull-after", action="store_true", help="time an int8 pull after each push instead")
+    p.add_argument("--served", metavar="PROFILE_OUT", default=None,
+                   help="profile a real hermes-server (cProfile, written here) instead of the engine in process")
+    args = p.parse_args(argv)
+    if args.served:
+        served(args.codec, args.pushes, args.served, args.top)
+        return 0
+    import torch
+
+    torch.set_num_threads(1)
+    asyncio.run(run(args.codec, args.pushes, args.profile, args.top, args.pull_after))
+    return 0
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--plane"]:
+        plane_main(sys.argv[2], sys.argv[3])
+    else:
+        sys.exit(main())
