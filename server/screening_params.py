@@ -66,6 +66,11 @@ class ScreeningSettings(BaseModel):
     # edp-sgd's batch-5 worker was refused at 9.4x, cosine -0.016 (seed 1, 2026-11-27); the sign flips
     # of the attack tests sit far below it. 0.0: any negative cosine counts (before this rule).
     uphill_below: float = Field(default=-0.05, ge=-1.0, le=0.0)
+    # An uphill update that failed the effect test is refused only when folding it down-weighted (at the
+    # expected norm) would still fail it: down-weighting contains anything else. An honest hermes update
+    # was refused at 8.38x, probe loss 0.707 -> 1.23 clipped to 4x (matrix, 2026-11-27); the fedbuff
+    # k = 10 flips raised it 0.30 -> 1.94. False: refused on the clipped verdict, as before.
+    refuse_uncontained_only: bool = True
     direction_window: int = Field(default=32, ge=1, le=10_000)
     # Work-aware norm scale (issue 29, engine.claims.work_scale): an update is judged against the median
     # norm x max(1, its assignment's lr x steps / batch over the median of the accepted updates'), at most

@@ -220,7 +220,8 @@ class Screening:
                 ok = agreement >= bound
                 uphill = agreement < s.uphill_below
                 self.telemetry.emit("direction_tested", worker=worker.id, cosine=round(agreement, 4),
-                                    norm_ratio=round(ratio, 3), accepted=ok, staleness=staleness)
+                                    norm_ratio=round(ratio, 3), accepted=ok, staleness=staleness,
+                                    work_scale=round(relative, 3))
                 if not ok:
                     direction_failed = (f"cosine {agreement:.3f} with the {s.reference} direction "
                                         f"< {bound:.3g} at {ratio:.3g} × the median norm")
@@ -240,10 +241,25 @@ class Screening:
             ok = math.isfinite(after) and after <= bound
             self.telemetry.emit("effect_tested", worker=worker.id, loss_before=round(before, 5),
                                 loss_after=round(after, 5) if math.isfinite(after) else None,
-                                norm_ratio=round(ratio, 3), accepted=ok, staleness=staleness)
+                                norm_ratio=round(ratio, 3), accepted=ok, staleness=staleness,
+                                work_scale=round(relative, 3))
             if not ok:
                 effect_failed = (f"probe loss {after:.3g} after the update > {1.0 + s.effect_margin:g} × "
                                  f"{before:.3g} + {s.effect_slack:g} before, at {ratio:.3g} × the median norm")
+                if (s.refuse_uncontained_only and uphill and direction_failed is None
+                        and ratio > s.downweight_below):
+                    # Refusing is only worth it when down-weighting would not contain the harm: the model
+                    # this update makes folded at the expected norm (what a down-weight folds) must fail
+                    # the same bound. An honest, stale hermes step at 8.38x raised the clipped probe
+                    # loss 0.707 -> 1.23 (matrix, 2026-11-27); at the median norm it moves it a quarter of that.
+                    at_median = await asyncio.to_thread(self._loss_after, payload, 1.0 / ratio)
+                    contained = math.isfinite(at_median) and at_median <= bound
+                    self.telemetry.emit("effect_tested", worker=worker.id, loss_before=round(before, 5),
+                                        loss_after=round(at_median, 5) if math.isfinite(at_median) else None,
+                                        norm_ratio=1.0, accepted=contained, staleness=staleness,
+                                        work_scale=round(relative, 3))
+                    if contained:
+                        uphill = False  # not evidence: a down-weight folds it harmlessly
         if direction_failed is not None or effect_failed is not None:
             assert ratio is not None
             # Refused only on evidence (issue 29: no honest work thrown away): an update above
@@ -256,7 +272,10 @@ class Screening:
             # seconds' oscillation, and edp-sgd's large-partition worker 8x+ updates that agreed
             # with the descent but raised the probe loss (2026-11-27, docs/security-screening.md).
             if not direction_measured:
-                evidence = effect_failed
+                # The effect's verdict alone refuses only where the operator switched the direction test
+                # off; with it on but unmeasured (a zero reference), a raised probe loss is no evidence
+                # of intent (issue 29: honest large steps raise it too), so it is down-weighted.
+                evidence = effect_failed if not s.direction else None
             else:
                 evidence = direction_failed or (effect_failed if uphill else None)
             if evidence is not None and ratio > s.downweight_below:

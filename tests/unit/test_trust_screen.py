@@ -784,3 +784,72 @@ def test_a_worker_never_handed_work_is_capped_at_the_median_speed():
     handed = claims.cycle("worker", CycleReport(dss=100, batch_size=32, compute_seconds=1e-6))
     assert abs(handed.dss / handed.compute_seconds - 8 * 200.0) < 1e-6
     assert [f["field"] for fact, f in seen if fact == "claim_clamped"] == ["compute_seconds"] * 2
+
+
+def _tilted(engine, cos: float, seed: int = 5) -> tuple[torch.Tensor, torch.Tensor]:
+    """The descent direction (unit) and a unit vector at ``cos`` to it."""
+    g = engine.screening.probe.descent()
+    g = g / float(g.norm())
+    r = torch.randn(g.numel(), generator=torch.Generator().manual_seed(seed))
+    r = r - float(torch.dot(r, g)) * g
+    return g, cos * g + (1.0 - cos * cos) ** 0.5 * r / float(r.norm())
+
+
+def test_an_uphill_update_whose_harm_a_down_weight_contains_is_down_weighted_not_refused():
+    # The matrix's honest hermes run (2026-11-27): an update at 8.38x the median norm, pointing slightly
+    # uphill, raised the probe loss 0.707 -> 1.23 clipped to 4x and was refused by effect. Folded at the
+    # median norm (what a down-weight folds) it raises it less than the bound: refusing protects nothing.
+    engine, clock = _engine_pushes(ScreeningSettings(min_history=3, effect_margin=1e-6, work_scale=False))
+    agents = [_Agent(engine, clock, n) for n in ("a", "b", "c")]
+    probe = engine.screening.probe
+    g, up = _tilted(engine, -0.1)
+
+    async def history() -> None:
+        await _history(engine, agents, 1e-3 * g)
+
+    _run(history())
+    _, w = engine.state.snapshot()
+    base = probe.loss_of(w)
+    rise_median, rise_clip = (probe.loss_of(w + s * up) - base for s in (1e-3, 4e-3))
+    assert 0.0 < rise_median < rise_clip, (rise_median, rise_clip)
+    # The slack between the two rises: the clipped fold fails the effect test, the down-weighted one passes.
+    slack = (rise_median + rise_clip) / 2
+    outcome = {}
+    for contained_only in (True, False):
+        engine.screening.settings = engine.screening.settings.model_copy(
+            update={"effect_slack": slack, "refuse_uncontained_only": contained_only})
+
+        async def push() -> str:
+            reply = await agents[0].request(MsgType.PUSH_UPDATE, {"samples": 1}, payload=9e-3 * up,
+                                            model_version=engine.state.version)
+            return reply.header.body.get("reason", "applied")
+
+        _, w = engine.state.snapshot()
+        outcome[contained_only] = _run(push())
+        if contained_only:
+            _, after = engine.state.snapshot()
+            # Folded at the median norm: the 9e-3 update moved the model by 1e-3.
+            assert abs(float((after - w).norm()) - 1e-3) < 1e-5
+    assert outcome[True] == "applied", outcome
+    assert "probe loss" in outcome[False], outcome  # the rule before: refused on the clipped verdict
+    assert engine.screening.refusals == {"effect": 1} and engine.screening.public()["downweighted"] == 1
+
+
+def test_with_the_direction_on_but_unmeasured_the_effect_alone_refuses_nothing():
+    # The consensus reference in warm-up (too few other workers) measures no cosine: a large update that
+    # raises the probe loss is down-weighted, never refused on the effect alone (issue 29).
+    settings = ScreeningSettings(min_history=3, reference="consensus", min_workers=10, effect_margin=1e-6,
+                                 effect_slack=0.0, work_scale=False)
+    engine, clock = _engine_pushes(settings)
+    engine.screening.direction.min_workers = settings.min_workers  # built with the default settings' 2
+    agents = [_Agent(engine, clock, n) for n in ("a", "b", "c")]
+    g, _ = _tilted(engine, 0.0)
+
+    async def go() -> str:
+        await _history(engine, agents, 1e-3 * g)
+        reply = await agents[0].request(MsgType.PUSH_UPDATE, {"samples": 1}, payload=-20e-3 * g,
+                                        model_version=engine.state.version)
+        return reply.header.body.get("reason", "applied")
+
+    assert _run(go()) == "applied"
+    assert not engine.screening.refusals and engine.screening.public()["downweighted"] == 1
