@@ -98,15 +98,23 @@ def run_one(args: argparse.Namespace, preset: str, seed: int) -> dict[str, Any]:
 
 def judged(events: Path) -> dict[str, Any]:
     """The large updates screening judged (direction_tested / effect_tested events): how many, the
-    largest norm ratio, the lowest cosine, the most stale, and how many failed each test."""
+    largest norm ratio, the lowest cosine, the most stale, and how many failed each test; apart, the
+    updates under the gate whose direction was measured (``band``, screening.uphill_from) and how many of
+    those were down-weighted as uphill. The effect re-measured at the median norm (``at``) is not a judgement."""
     direction: list[dict[str, Any]] = []
     effect: list[dict[str, Any]] = []
+    band: list[dict[str, Any]] = []
     try:
         with open(events) as fh:
             for line in fh:
                 if '"direction_tested"' in line or '"effect_tested"' in line:
                     e = json.loads(line)
-                    (direction if e["event"] == "direction_tested" else effect).append(e)
+                    if e.get("band"):
+                        band.append(e)
+                    elif e["event"] == "direction_tested":
+                        direction.append(e)
+                    elif e.get("at") is None and e["norm_ratio"] > 1.0:
+                        effect.append(e)
     except OSError:
         return {}
     stale = [e["staleness"] for e in direction + effect if e.get("staleness") is not None]
@@ -117,6 +125,9 @@ def judged(events: Path) -> dict[str, Any]:
         "max_staleness": max(stale, default=None),
         "direction_failed": sum(not e["accepted"] for e in direction),
         "effect_failed": sum(not e["accepted"] for e in effect),
+        "band": len(band),
+        "band_uphill": sum(not e["accepted"] for e in band),
+        "band_min_cosine": min((e["cosine"] for e in band), default=None),
     }
 
 
@@ -144,7 +155,8 @@ def totals(rows: list[dict[str, Any]], preset: str) -> list[str]:
             total("judged"), total("direction_failed"), total("effect_failed"), total("downweighted"),
             extreme("max_ratio", max), extreme("min_cosine", min), extreme("max_staleness", max), total("clamped"),
             total("windows"), extreme("min_compute_ratio", min), extreme("min_median_ratio", min),
-            total("work_scaled"), total("drift_allowed")]
+            total("work_scaled"), total("drift_allowed"), total("band"), total("band_uphill"),
+            extreme("band_min_cosine", min)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -189,7 +201,7 @@ def report(args: argparse.Namespace, rows: list[dict[str, Any]], presets: list[s
     print_table("Over the seeds", ["preset", "runs", "pushes", "refused", "quarantined", "judged", "direction failed",
                                    "effect failed", "down-weighted", "max ratio", "min cosine", "max staleness",
                                    "clamped", "windows", "min compute/wall", "min median of 5", "work-scaled",
-                                   "drift-allowed"],
+                                   "drift-allowed", "2-4x measured", "2-4x uphill", "2-4x min cosine"],
                [totals(rows, p) for p in presets])
     if any("error" in r or r["rc"] != 0 for r in rows):
         return 2

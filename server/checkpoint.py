@@ -22,6 +22,15 @@ torn (the process died while writing it) was never acknowledged and is
 dropped. With ``durable_acks`` off nothing is journaled: the window of loss
 is then every update since the last checkpoint.
 
+A record damaged before the end (a flipped bit) refuses the resume, naming the
+acknowledged updates it would lose; with the operator's
+``--resume-truncate-corrupt`` the damaged record(s) are skipped and the
+checksum-verified records after them replayed (``salvage``): each record is a
+step against the model of its moment, so replaying the later ones without the
+damaged one is what a lost update does in asynchronous training. The skipped
+versions are kept as empty steps (op ``lost``) so that versions and later
+journals stay in step.
+
 What a restart does not keep: worker secrets (every agent registers again
 and gets a new one; ids stay with names), sync-strategy state (barriers
 start over as agents rejoin), and the shard queue's progress after the last
@@ -95,23 +104,7 @@ class Journal:
 
     def append(self, version: int, op: str, payloads: Sequence[Payload], weights: Sequence[float],
                *, elapsed: float | None = None, at: float | None = None) -> None:
-        head = json.dumps({
-            "version": version, "op": op, "weights": [float(w) for w in weights],
-            # The run's training seconds and wall-clock time of the fold: the last moment a
-            # resumed server knows its predecessor was alive (downtime starts there).
-            "elapsed": elapsed, "at": at,
-            "deltas": [{"dtype": dtype_name(p.dtype), "numel": p.numel} for p in payloads],
-        }).encode()
-        length = _REC_HEAD.pack(len(head))
-        crc = crc32c.crc32c(head)
-        parts: list[Any] = [RECORD_MARK, length, _REC_HEAD.pack(crc32c.crc32c(head, crc32c.crc32c(length))), head]
-        for p in payloads:
-            for chunk in p.chunks:
-                b = bytes_of(chunk)
-                crc = crc32c.crc32c(b, crc)
-                parts.append(b)
-        parts.append(_REC_HEAD.pack(crc))
-        self._fh.writelines(parts)
+        self._fh.writelines(record_parts(version, op, payloads, weights, elapsed=elapsed, at=at))
         self._fh.flush()
         if self.fsync:
             os.fsync(self._fh.fileno())
@@ -121,6 +114,31 @@ class Journal:
             self._fh.close()
 
 
+def record_parts(version: int, op: str, payloads: Sequence[Payload], weights: Sequence[float],
+                 *, elapsed: float | None = None, at: float | None = None) -> list[Any]:
+    """One format-2 record's bytes, in parts (see Journal)."""
+    head = json.dumps({
+        "version": version, "op": op, "weights": [float(w) for w in weights],
+        # The run's training seconds and wall-clock time of the fold: the last moment a
+        # resumed server knows its predecessor was alive (downtime starts there).
+        "elapsed": elapsed, "at": at,
+        "deltas": [{"dtype": dtype_name(p.dtype), "numel": p.numel} for p in payloads],
+    }).encode()
+    length = _REC_HEAD.pack(len(head))
+    crc = crc32c.crc32c(head)
+    parts: list[Any] = [RECORD_MARK, length, _REC_HEAD.pack(crc32c.crc32c(head, crc32c.crc32c(length))), head]
+    for p in payloads:
+        for chunk in p.chunks:
+            b = bytes_of(chunk)
+            crc = crc32c.crc32c(b, crc)
+            parts.append(b)
+    parts.append(_REC_HEAD.pack(crc))
+    return parts
+
+
+# A skipped (damaged) record's stand-in after a salvage: an empty step, so versions stay in step.
+LOST = "lost"
+
 Record = tuple[dict[str, Any], list[torch.Tensor]]
 
 
@@ -129,9 +147,12 @@ class JournalScan:
     """What one journal file holds: the records before any damage, and what the damage costs.
 
     ``good_end``: bytes of intact records from the start. ``corrupt_at``: the byte of a damaged
-    record that intact records follow (None: no such record). ``lost``: the acknowledged
-    updates that resuming without that record would drop (the damaged one and every intact
-    one after it). ``tail``: bytes of an unfinished last record (never acknowledged).
+    record that intact records follow (None: no such record). ``salvaged``: the intact records
+    after it, verified by their own checksums, with their byte spans; ``missing``: the versions
+    between them that no intact record holds (the damaged records). ``lost``: the acknowledged
+    updates a resume past the damage drops: the missing ones when the salvage is sound (versions
+    rising after the intact ones), else the damaged one and every intact one after it.
+    ``tail``: bytes of an unfinished last record (never acknowledged).
     """
 
     path: Path
@@ -140,6 +161,10 @@ class JournalScan:
     corrupt_at: int | None = None
     lost: int = 0
     tail: int = 0
+    salvaged: list[Record] = field(default_factory=list)
+    spans: list[tuple[int, int]] = field(default_factory=list)
+    missing: list[int] = field(default_factory=list)
+    sound: bool = True
 
 
 def _parse_record(data: bytes, pos: int) -> tuple[Record, int] | None:
@@ -179,17 +204,50 @@ def _parse_record(data: bytes, pos: int) -> tuple[Record, int] | None:
     return (head, deltas), end + 4
 
 
-def _intact_after(data: bytes, pos: int) -> int:
-    """Intact format-2 records after a damaged one at ``pos``, found by their markers."""
-    count, at = 0, data.find(RECORD_MARK, pos + 1)
+def _intact_after(data: bytes, pos: int) -> tuple[list[Record], list[tuple[int, int]]]:
+    """Intact format-2 records after a damaged one at ``pos``, found by their markers, with their byte spans."""
+    records: list[Record] = []
+    spans: list[tuple[int, int]] = []
+    at = data.find(RECORD_MARK, pos + 1)
     while at >= 0:
         parsed = _parse_record(data, at)
         if parsed is None:
             at = data.find(RECORD_MARK, at + 1)
             continue
-        count += 1
+        records.append(parsed[0])
+        spans.append((at, parsed[1]))
         at = data.find(RECORD_MARK, parsed[1])
-    return count
+    return records, spans
+
+
+def _base_version(path: Path) -> int | None:
+    """The checkpoint version a journal follows (``journal-<V>.log``): its first record is V + 1."""
+    try:
+        return int(path.stem.split("-", 1)[1])
+    except (IndexError, ValueError):
+        return None
+
+
+def _salvage(scan: JournalScan) -> None:
+    """The versions the damaged records held, from the intact ones around them; unsound (the old rule:
+    everything from the damage on is lost) when the salvaged versions do not rise after the intact ones."""
+    before = scan.records[-1][0]["version"] if scan.records else _base_version(scan.path)
+    versions = [int(head["version"]) for head, _ in scan.salvaged]
+    if before is None:
+        before = versions[0] - 2  # at least the damaged record itself
+    previous, missing = int(before), list[int]()
+    for v in versions:
+        if v <= previous:
+            scan.sound = False
+            break
+        missing.extend(range(previous + 1, v))
+        previous = v
+    if scan.sound:
+        scan.missing = missing
+        scan.lost = len(missing)
+    else:
+        scan.missing = []
+        scan.lost = len(scan.salvaged) + 1
 
 
 def scan_journal(path: Path) -> JournalScan:
@@ -205,9 +263,11 @@ def scan_journal(path: Path) -> JournalScan:
         pos = parsed[1]
     scan.good_end = pos
     if pos < len(data):
-        after = _intact_after(data, pos)
-        if after:
-            scan.corrupt_at, scan.lost = pos, after + 1
+        scan.salvaged, scan.spans = _intact_after(data, pos)
+        if scan.salvaged:
+            scan.corrupt_at = pos
+            _salvage(scan)
+            scan.tail = len(data) - scan.spans[-1][1]
         else:
             scan.tail = len(data) - pos
     return scan
@@ -225,13 +285,22 @@ def scan_journals(directory: Path) -> list[JournalScan]:
 
 
 def journal_damage(scans: Sequence[JournalScan]) -> tuple[JournalScan, int] | None:
-    """The first journal with a damaged record before its end, and the acknowledged updates
-    lost if the run resumes without it (the damaged record, the intact ones after it, and
-    every record of the later journals); None when every journal is intact up to a torn tail."""
+    """The first journal with a damaged record before its end, and the acknowledged updates lost if
+    the run resumes past the damage: the damaged records of every journal, where the records after
+    them can be salvaged (``JournalScan.sound``); from the first journal where they cannot, that one's
+    damaged record, the intact ones after it and every record of the later journals. None when every
+    journal is intact up to a torn tail."""
+    first: JournalScan | None = None
+    lost = 0
     for i, scan in enumerate(scans):
-        if scan.corrupt_at is not None:
-            return scan, scan.lost + sum(len(s.records) for s in scans[i + 1 :])
-    return None
+        if scan.corrupt_at is None:
+            continue
+        first = first or scan
+        lost += scan.lost
+        if not scan.sound:
+            lost += sum(len(s.records) + len(s.salvaged) for s in scans[i + 1 :])
+            break
+    return None if first is None else (first, lost)
 
 
 def check_model_file(path: Path) -> None:
@@ -271,9 +340,10 @@ def check_resumable(directory: str | Path, meta: Mapping[str, Any], *, truncate_
     if damage is not None and not truncate_corrupt:
         scan, lost = damage
         raise CheckpointError(
-            f"{scan.path.name}: damaged record at byte {scan.corrupt_at} with intact records after it; "
-            f"resuming would lose {lost} acknowledged update(s): restore the file, or resume with "
-            "--resume-truncate-corrupt to drop them")
+            f"{scan.path.name}: damaged record at byte {scan.corrupt_at} with {len(scan.salvaged)} intact "
+            f"record(s) after it; resuming would lose {lost} acknowledged update(s): restore the file, or "
+            "resume with --resume-truncate-corrupt to skip the damaged record(s)"
+            + (" and replay the intact ones after" if scan.sound else " and drop everything after"))
 
 
 # ---------------------------------------------------------------------------
@@ -347,7 +417,7 @@ class Checkpointer:
         # What the resume restored (checkpoint version, journaled updates replayed, downtime); None on a fresh run.
         self.resumed_from: dict[str, Any] | None = None
         self._task: asyncio.Task | None = None
-        # --resume-truncate-corrupt: resume past a damaged journal record, dropping what follows it.
+        # --resume-truncate-corrupt: resume past a damaged journal record, skipping it (salvage).
         self.truncate_corrupt = False
         self.dropped_updates = 0
 
@@ -462,8 +532,10 @@ class Checkpointer:
         Keeps the last replayed record's (elapsed, at) stamp in ``last_alive``. A torn tail
         (never acknowledged) is cut off the file, so the resumed run appends after intact
         records; a damaged record before the end refuses the resume (check_resumable)
-        unless ``truncate_corrupt``: then it and everything after it are dropped, the
-        damaged files kept beside as ``*.damaged``.
+        unless ``truncate_corrupt``: then the damaged records are skipped and the
+        verified ones after them replayed (``_salvage_damaged``), or, where that is not
+        sound, it and everything after it are dropped; the damaged files are kept beside
+        as ``*.damaged`` either way.
         """
         replayed = 0
         scans = scan_journals(self.dir)
@@ -473,7 +545,14 @@ class Checkpointer:
             if not self.truncate_corrupt:
                 raise CheckpointError(f"{scan.path.name}: damaged record at byte {scan.corrupt_at} with intact "
                                       f"records after it; resuming would lose {lost} acknowledged update(s)")
-            scans = self._drop_damaged(scans, scan, lost)
+            for i, damaged in enumerate(scans):
+                if damaged.corrupt_at is None:
+                    continue
+                if not damaged.sound:
+                    scans = self._drop_damaged(scans, damaged, damaged.lost + sum(
+                        len(s.records) + len(s.salvaged) for s in scans[i + 1 :]))
+                    break
+                self._salvage_damaged(damaged)
         for scan in scans:
             if scan.tail:
                 log.warning("journal %s: %d trailing bytes of an unfinished record dropped (never acknowledged)",
@@ -486,6 +565,9 @@ class Checkpointer:
                     raise CheckpointError(f"{scan.path.name}: update {head['version']} follows {state.version}; "
                                           "the journal has a gap")
                 payloads = [Payload(dtype=d.dtype, chunks=(d,), shapes=((d.numel(),),)) for d in deltas]
+                if head["op"] == LOST:  # a damaged record skipped by a salvage: the version, no step
+                    state.apply([])
+                    continue
                 if head["op"] == "blend":
                     state.blend(payloads[0], head["weights"][0])
                 else:
@@ -495,6 +577,39 @@ class Checkpointer:
                     self.last_alive = (float(head["elapsed"]), float(head["at"]))
         return replayed
 
+    def _salvage_damaged(self, damaged: JournalScan) -> None:
+        """--resume-truncate-corrupt, where sound: the journal rewritten as its intact records, the damaged
+        ones replaced by empty ``lost`` records of their versions (so a later resume replays the same), the
+        damaged file kept beside. Replaying the later records without the damaged one is what a lost update
+        does in asynchronous training: each is a step computed against the model of its moment, and the
+        model it now lands on lacks one step, as if that update had been refused. Under a barrier preset a
+        record is a round's combined fold: the round is lost, and the rounds after it land one round stale."""
+        data = damaged.path.read_bytes()
+        damaged.path.with_name(damaged.path.name + ".damaged").write_bytes(data)
+        rewritten: list[tuple[int, bytes]] = [(int(head["version"]), data[a:b])
+                                              for (head, _), (a, b) in zip(damaged.salvaged, damaged.spans)]
+        lost: list[Record] = []
+        for v in damaged.missing:
+            head = {"version": v, "op": LOST, "weights": [], "elapsed": None, "at": None, "deltas": []}
+            rewritten.append((v, b"".join(record_parts(v, LOST, [], []))))
+            lost.append((head, []))
+        rewritten.sort(key=lambda vb: vb[0])
+        tmp = damaged.path.with_name(damaged.path.name + ".salvage")
+        with open(tmp, "wb") as fh:
+            fh.write(data[: damaged.good_end])
+            fh.writelines(b for _, b in rewritten)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, damaged.path)
+        self.dropped_updates += len(damaged.missing)
+        log.warning("--resume-truncate-corrupt: %s has %d damaged record(s) from byte %s (version(s) %s); skipped "
+                    "as lost updates, and the %d verified record(s) after them replayed (the damaged journal kept "
+                    "as %s.damaged)", damaged.path.name, len(damaged.missing), damaged.corrupt_at,
+                    ", ".join(map(str, damaged.missing)) or "none", len(damaged.salvaged), damaged.path.name)
+        damaged.records = sorted([*damaged.records, *damaged.salvaged, *lost], key=lambda r: int(r[0]["version"]))
+        damaged.corrupt_at, damaged.lost, damaged.tail = None, 0, 0
+        damaged.salvaged, damaged.spans, damaged.missing = [], [], []
+
     def _drop_damaged(self, scans: list[JournalScan], damaged: JournalScan, lost: int) -> list[JournalScan]:
         """--resume-truncate-corrupt: keep the records before the damage, move the rest aside."""
         i = scans.index(damaged)
@@ -503,7 +618,7 @@ class Checkpointer:
         data = damaged.path.read_bytes()
         damaged.path.with_name(damaged.path.name + ".damaged").write_bytes(data)
         os.truncate(damaged.path, damaged.good_end)
-        self.dropped_updates = lost
+        self.dropped_updates += lost
         log.warning("--resume-truncate-corrupt: %s has a damaged record at byte %s; dropped %d acknowledged "
                     "update(s) from there on (the damaged journal kept as %s.damaged)", damaged.path.name,
                     damaged.corrupt_at, lost, damaged.path.name)

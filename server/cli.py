@@ -119,8 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="seconds between checkpoints (default 60; one is also written on shutdown)")
     ft.add_argument("--resume", metavar="DIR", help="continue the run checkpointed in DIR (and keep checkpointing there)")
     ft.add_argument("--resume-truncate-corrupt", action="store_true", default=None, dest="resume_truncate_corrupt",
-                    help="with --resume: resume past a damaged journal record, dropping it and every acknowledged "
-                         "update after it (refused by default, naming how many would be lost) [HERMES_RESUME_TRUNCATE_CORRUPT=1]")
+                    help="with --resume: resume past a damaged journal record, skipping it and replaying the verified "
+                         "records after it (refused by default, naming how many would be lost) [HERMES_RESUME_TRUNCATE_CORRUPT=1]")
     ft.add_argument("--no-durable-acks", dest="durable_acks", action="store_false", default=None,
                     help="acknowledge updates without journaling them first (a crash then loses every update "
                          "since the last checkpoint)")

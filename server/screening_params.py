@@ -71,6 +71,11 @@ class ScreeningSettings(BaseModel):
     # was refused at 8.38x, probe loss 0.707 -> 1.23 clipped to 4x (matrix, 2026-11-27); the fedbuff
     # k = 10 flips raised it 0.30 -> 1.94. False: refused on the clipped verdict, as before.
     refuse_uncontained_only: bool = True
+    # Updates between this and direction_norm_factor x their expected norm have their direction measured too:
+    # one whose cosine is below uphill_below is down-weighted (folded at the expected norm), never refused,
+    # and the rest fold as they are. The sign flip at k = 3 (every 8 honest pushes, under the 4x gate) was
+    # folded whole, cancelling ~3 of those 8 steps (asp, 1.51x the honest time, 2026-11-27). 0: off.
+    uphill_from: float = Field(default=2.0, ge=0.0)
     direction_window: int = Field(default=32, ge=1, le=10_000)
     # Work-aware norm scale (issue 29, engine.claims.work_scale): an update is judged against the median
     # norm x max(1, its assignment's lr x steps / batch over the median of the accepted updates'), at most

@@ -90,8 +90,8 @@ class ServerSettings(BaseSettings):
     register_burst: int = Field(default=32, ge=1, description="registrations a client address may make at once")
     join_token_max_workers: int = Field(default=64, ge=0, description="worker names one join token may register "
                                         "(0 = no cap; rejoins of a name do not count)")
-    resume_truncate_corrupt: bool = Field(default=False, description="resume past a damaged journal record, dropping "
-                                          "it and every acknowledged update after it")
+    resume_truncate_corrupt: bool = Field(default=False, description="resume past a damaged journal record, skipping "
+                                          "it and replaying the verified records after it")
     replay_window_seconds: float = Field(default=300.0, gt=0, description="how far a signed message's timestamp may be from the server clock")
     http_read_timeout_seconds: float = Field(default=10.0, gt=0, description="longest wait for each chunk of an HTTP request body before a 408")
     # Fault tolerance: heartbeats (hermes.server.heartbeat), checkpoints (hermes.server.checkpoint).

@@ -49,7 +49,7 @@ import bisect
 import logging
 import statistics
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -109,6 +109,8 @@ class Claims:
         # Every worker's latest positive speed, sorted: the median of the others' without a pass over all
         # workers per cycle report (that pass was 4.6 ms of each push with 1,000 simulated devices).
         self.speeds: list[float] = []
+        # Fold-time power caps (cap_powers): how many powers were lowered.
+        self.powers_capped = 0
         # Assignment ids, one counter for the run (unique across workers and rejoins).
         self._next_id = 0
         # The lowest claimed compute / elapsed wall time of a closed window, and how many were closed
@@ -192,7 +194,12 @@ class Claims:
         others = median_without(self.speeds, me.speed)
         if seconds > 0.0:
             me.claimed.append(dss / seconds)
-        if others is not None and seconds > 0.0:
+        # A worker whose claimed compute agrees with the server's own clock (the elapsed-time windows) is not
+        # held to the others' speed: samples a second compare badly across batch sizes (a step's fixed cost
+        # dominates a batch of 5), and edp-sgd's fast worker measured above 16x the others' median once the
+        # partition cut their batches to 5-6, 5 honest clamps in 5 seeds (2026-11-27). Its own windows bound it:
+        # the floor holds any claim to 1 / min_compute_fraction x what the wall time allows.
+        if others is not None and seconds > 0.0 and not self.vouched(me):
             # A worker that was never handed an assignment reports no work the server asked for: its speed
             # counts at most as the others' median (a claimer that only pushed took 0.945 of edp-sgd rounds
             # beside three honest agents under the 8x bound, 2026-11-27). Agents ask for work before a cycle.
@@ -255,6 +262,12 @@ class Claims:
             return raised
         return seconds
 
+    def vouched(self, me: _Worker) -> bool:
+        """The worker's claimed compute is at least min_compute_fraction of the wall time of its windows, as
+        they came (the median of its last 5, before any floor): the server's clock vouches for its speed."""
+        fraction = self.settings.min_compute_fraction
+        return fraction > 0.0 and bool(me.ratios) and statistics.median(me.ratios) >= fraction
+
     def take_scale(self, worker_id: str) -> float | None:
         """The work scale of the update this worker is pushing now, once: the sum over the cycles it folds
         (its own and the gate-skipped ones reported since the last push, each naming its assignment);
@@ -278,8 +291,35 @@ class Claims:
         if me is not None and me.speed:
             del self.speeds[bisect.bisect_left(self.speeds, me.speed)]
 
+    def cap_powers(self, worker_ids: Sequence[str], powers: list[float]) -> list[float]:
+        """One round's compute powers (the power rule's CP_m, DP-SGD Eq. 2), each at most power_factor x the median
+        of the OTHER members' powers in this round (1x for a worker never handed an assignment), unless its windows
+        vouch for its speed (``vouched``).
+
+        The claims bound a speed against the whole fleet's median, so a liar's share of a round grew as fewer
+        honest workers were in it: 0.926 beside two (attack matrix, 2026-11-27), 0.673 beside three while its
+        first, unbounded claims (no other speed to compare with yet) still made its epoch's power. Against the
+        round's own members its weight CP_m / sum(CP) is at most f / (f + n - 1) in a round of n equal others,
+        what an honest worker f times their speed earns, however few are in the round."""
+        if not self.on or len(powers) < 2:
+            return powers
+        capped = list(powers)
+        for i, (wid, power) in enumerate(zip(worker_ids, powers)):
+            me = self.workers.get(wid)
+            if me is not None and self.vouched(me):
+                continue
+            factor = self.settings.power_factor if me is not None and (me.outstanding or me.trained) else 1.0
+            cap = factor * statistics.median(p for j, p in enumerate(powers) if j != i)
+            if power > cap:
+                capped[i] = cap
+                self.powers_capped += 1
+                self.telemetry.emit("power_capped", worker=wid, power=round(power, 6), bound=round(cap, 6),
+                                    round_size=len(powers))
+        return capped
+
     def public(self) -> dict[str, int]:
-        return dict(self.clamped)
+        """Clamps by field; ``power``: fold-time caps of a round's powers (cap_powers)."""
+        return {**self.clamped, **({"power": self.powers_capped} if self.powers_capped else {})}
 
     def windows_public(self) -> dict[str, Any]:
         """The elapsed-time floor's record: windows closed, the lowest claimed compute / wall time, the floor."""

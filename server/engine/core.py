@@ -179,6 +179,8 @@ class Engine:
         self.screening.claims_clamped = self.claims.public
         self.screening.claims_windows = self.claims.windows_public
         self.screening.work_scale = self.claims.take_scale
+        self.policies.aggregation.power_cap = self.claims.cap_powers
+        self.screening.fold_share = self._fold_share
         # concurrency.limit (FedBuff's C): who may hold work at once; joins and leaves free a slot.
         self.admission = Admission(config.concurrency.limit, self.telemetry,
                                    hold_pull=config.concurrency.hold_pull)
@@ -289,6 +291,21 @@ class Engine:
     @property
     def shard_bytes_served(self) -> dict[str, int]:
         return self.counters.shard_bytes
+
+    def _fold_share(self, worker_id: str) -> float | None:
+        """n x the worker's share of the active workers' compute powers (1: a typical worker's fold weight), where the
+        rule weighs by them (EDP-SGD); None otherwise or while a power is unknown."""
+        agg = self.policies.aggregation
+        if not agg.rule.needs_compute_power:
+            return None
+        ids = self.registry.active_ids()
+        if worker_id not in ids:
+            return None
+        powers = [agg.power(w, self) for w in ids]
+        known = [p for p in powers if p is not None and p > 0.0]
+        if len(known) != len(powers):
+            return None
+        return len(known) * known[ids.index(worker_id)] / sum(known)
 
     def throughput(self, worker_id: str) -> float | None:
         rec = self.registry.get(worker_id)

@@ -78,6 +78,8 @@ class RuleFold:
         self.probe = probe
         self.metrics = metrics
         self.power_of = power_of
+        # Bounds one round's powers against each other (engine.claims.Claims.cap_powers, issue 29); set by the engine.
+        self.power_cap: Callable[[Sequence[str], list[float]], list[float]] | None = None
         # How the model state folds the weights (AggregationRule.op); also the journal's op.
         self.op = rule.op
         # A robust rule under a sync that folds one update at a time runs over this window (issue 29):
@@ -118,9 +120,13 @@ class RuleFold:
         if self.probe is not None and ctx.version > 0:
             _, global_loss = await asyncio.to_thread(self.probe.global_loss)
         stack = await asyncio.to_thread(stack_updates, group) if rule.needs_update_stack else None
+        powers: list[float | None] = [None] * len(group)
+        if rule.needs_compute_power:
+            powers = [self.power(c.info.worker_id, ctx) for c in group]
+            if self.power_cap is not None and all(p is not None for p in powers):
+                powers = list(self.power_cap([c.info.worker_id for c in group], [p or 0.0 for p in powers]))
         updates = [Update(samples=c.info.samples, staleness=c.info.staleness, candidate_loss=c.candidate_loss,
-                          power=self.power(c.info.worker_id, ctx) if rule.needs_compute_power else None)
-                   for c in group]
+                          power=power) for c, power in zip(group, powers)]
         training = ctx.training_count() if rule.needs_training_count else None
         answer = rule.weigh(updates, Step(version=ctx.version, global_loss=global_loss, training=training), stack)
         if answer.share is not None:

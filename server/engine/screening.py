@@ -113,6 +113,8 @@ class Screening:
         self.claims_windows: Callable[[], dict[str, Any]] | None = None
         # The work scale of the update a worker is pushing now (engine.claims.Claims.take_scale); set by the engine.
         self.work_scale: Callable[[str], float | None] | None = None
+        # A worker's expected fold weight over a typical worker's, where the rule weighs by compute power; set by the engine.
+        self.fold_share: Callable[[str], float | None] | None = None
         # The work scales of recently accepted updates whose assignment is known (their median is x 1).
         self.accepted_scales: deque[float] = deque(maxlen=settings.window)
         self.work_scaled = 0  # updates judged at a work scale above 1
@@ -168,7 +170,7 @@ class Screening:
             return self._refuse(worker, "norm", "norm overflows float32")
         history = [n for n in self.accepted if n > 0.0]
         work = self.work_scale(worker.id) if self.work_scale is not None else None
-        relative = self._relative_work(work)
+        relative = self._relative_work(work, self.fold_share(worker.id) if self.fold_share is not None else None)
         drift = 0.0
         if self.blend and s.stale_drift:
             drift = await offload(self.state.numel * 8, self._drift, worker.id,
@@ -200,6 +202,8 @@ class Screening:
         # 2026-11-27); a smaller update moves the model no more than a few honest steps.
         ratio = None if typical is None or norm <= 0.0 else norm / typical
         large = ratio is not None and ratio > s.direction_norm_factor
+        # Between uphill_from and the gate: only the direction is measured, and an uphill update down-weighted.
+        band = not large and ratio is not None and 0.0 < s.uphill_from < ratio
         direction_failed: str | None = None
         direction_measured = False
         uphill = False  # a cosine below uphill_below: to first order the update raises the probe loss
@@ -207,10 +211,27 @@ class Screening:
         # The consensus keeps every accepted update's sketch; the descent reference needs one only for
         # an update it judges (the sketch cost ~1.5 ms of every push on a 1M-parameter model, 2026-11-27).
         keeps_history = s.reference != "descent" or self.probe is None
-        if s.direction and norm > 0.0 and (large or keeps_history):
+        if s.direction and norm > 0.0 and (large or band or keeps_history):
             sketch = await offload(payload_bytes(payload) * 2, self._step_sketch, payload)
-            agreement = await self._cosine(worker.id, sketch) if large else None
-            if agreement is not None:
+            agreement = await self._cosine(worker.id, sketch) if large or band else None
+            if agreement is not None and band:
+                assert ratio is not None
+                # Under the gate an update moves the model by a few honest steps at most, but a flip there
+                # still undoes them: k = 3 every 8 honest pushes cancels ~3 of the 8 (issue 29). Folded at
+                # the expected norm it undoes one; too little evidence to refuse (honest asp reached cosine
+                # -0.5 at 4.5x after an overshoot, 2026-11-27), so it is down-weighted only.
+                downhill = agreement >= s.uphill_below
+                self.telemetry.emit("direction_tested", worker=worker.id, cosine=round(agreement, 4),
+                                    norm_ratio=round(ratio, 3), accepted=downhill, staleness=staleness,
+                                    work_scale=round(relative, 3), band=True)
+                if not downhill:
+                    self.downweighted += 1
+                    self.telemetry.emit("update_downweighted", worker=worker.id, norm_ratio=round(ratio, 3),
+                                        direction=(f"cosine {agreement:.3f} with the {s.reference} direction < "
+                                                   f"{s.uphill_below:g} at {ratio:.3g} × the median norm"),
+                                        effect=None, staleness=staleness)
+                    self._scale[id(payload)] = 1.0 / ratio
+            elif agreement is not None:
                 assert ratio is not None
                 direction_measured = True
                 # The bar rises with the update's size, as Zeno++'s score <g, u> - rho ||u||^2
@@ -257,7 +278,7 @@ class Screening:
                     self.telemetry.emit("effect_tested", worker=worker.id, loss_before=round(before, 5),
                                         loss_after=round(at_median, 5) if math.isfinite(at_median) else None,
                                         norm_ratio=1.0, accepted=contained, staleness=staleness,
-                                        work_scale=round(relative, 3))
+                                        work_scale=round(relative, 3), at="median")
                     if contained:
                         uphill = False  # not evidence: a down-weight folds it harmlessly
         if direction_failed is not None or effect_failed is not None:
@@ -328,13 +349,20 @@ class Screening:
             self.drift_allowed += 1
         return drift
 
-    def _relative_work(self, work: float | None) -> float:
+    def _relative_work(self, work: float | None, share: float | None = None) -> float:
         """max(1, this update's work scale over the median of the accepted ones'), at most work_scale_max;
-        1 where the shape is unknown or not the step's (blends: G spans many cycles)."""
+        1 where the shape is unknown or not the step's (blends: G spans many cycles). Times 1 / ``share``
+        (at most work_scale_max) for an update the rule folds at ``share`` < 1 of a typical worker's weight."""
         s = self.settings
-        if not s.work_scale or self.blend or work is None or not self.accepted_scales:
-            return 1.0
-        relative = min(s.work_scale_max, max(1.0, work / statistics.median(self.accepted_scales)))
+        relative = 1.0
+        if s.work_scale and not self.blend and work is not None and self.accepted_scales:
+            relative = min(s.work_scale_max, max(1.0, work / statistics.median(self.accepted_scales)))
+        if s.work_scale and share is not None and 0.0 < share < 1.0:
+            # The power rule (EDP-SGD) folds it at CP_i / sum(CP): an update at 1/8 of a typical weight moves
+            # the model 1/8 as far. edp-sgd's slowest worker, its batch cut to 4 beside a 94 (fast worker
+            # unclamped, issue 29), pushed honest 16-sample updates at 145-240x the median norm, weight 0.03,
+            # probe loss unchanged, and was refused by norm (2026-11-27). Its weight is the claims' bounded power.
+            relative *= min(s.work_scale_max, 1.0 / share)
         if relative > 1.0:
             self.work_scaled += 1
         return relative

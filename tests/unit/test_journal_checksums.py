@@ -9,9 +9,12 @@ import crc32c
 import pytest
 import torch
 
+from hermes.common.tensors import ModelSpec
 from hermes.common.wire import Payload
 from hermes.server.checkpoint import (
+    LOST,
     RECORD_MARK,
+    Checkpointer,
     CheckpointError,
     Journal,
     check_model_file,
@@ -21,14 +24,15 @@ from hermes.server.checkpoint import (
     scan_journal,
     scan_journals,
 )
+from hermes.server.state import ModelState
 from hermes.server.tensorfile import write_tensors
 
 
-def _journal(path, n: int = 10, numel: int = 64) -> list[int]:
-    """n records; the byte offset where each starts."""
+def _journal(path, n: int = 10, numel: int = 64, first: int = 1) -> list[int]:
+    """n records, versions from ``first``, record v's delta all v; the byte offset where each starts."""
     j = Journal(path, fsync=False)
     starts = []
-    for v in range(1, n + 1):
+    for v in range(first, first + n):
         starts.append(path.stat().st_size if path.exists() else 0)
         d = torch.full((numel,), float(v))
         j.append(v, "apply", [Payload(d.dtype, (d,), ((numel,),))], [1.0])
@@ -59,8 +63,9 @@ def test_one_flipped_bit_mid_journal_counts_the_updates_it_would_lose(tmp_path, 
     _flip(path, offset)
     scan = scan_journal(path)
     assert [h["version"] for h, _ in scan.records] == [1, 2, 3, 4]
-    # The damaged 5th and the 5 intact ones after it.
-    assert scan.corrupt_at == rec4 and scan.lost == 6 and scan.tail == 0
+    # The damaged 5th is lost; the 5 intact ones after it are verified by their own checksums (salvage).
+    assert [h["version"] for h, _ in scan.salvaged] == [6, 7, 8, 9, 10] and scan.missing == [5]
+    assert scan.corrupt_at == rec4 and scan.lost == 1 and scan.tail == 0 and scan.sound
 
 
 def test_a_torn_or_damaged_last_record_is_a_tail_not_damage(tmp_path) -> None:
@@ -76,12 +81,25 @@ def test_a_torn_or_damaged_last_record_is_a_tail_not_damage(tmp_path) -> None:
     assert len(scan.records) == 3 and scan.corrupt_at is None and scan.tail > 0
 
 
-def test_later_journals_count_as_lost_too(tmp_path) -> None:
+def test_later_journals_are_not_lost_with_the_damaged_record(tmp_path) -> None:
     starts = _journal(tmp_path / "journal-0.log", 5)
-    _journal(tmp_path / "journal-5.log", 3)
+    _journal(tmp_path / "journal-5.log", 3, first=6)
     _flip(tmp_path / "journal-0.log", starts[1] + 20)
     damage = journal_damage(scan_journals(tmp_path))
-    assert damage is not None and damage[0].path.name == "journal-0.log" and damage[1] == 4 + 3
+    assert damage is not None and damage[0].path.name == "journal-0.log" and damage[1] == 1
+
+
+def test_where_the_versions_after_the_damage_do_not_rise_everything_after_it_is_lost(tmp_path) -> None:
+    # Records after the damage that do not continue the versions (a file pieced together from two runs):
+    # replaying them would not be a lost update, so the old rule holds: the damaged one and all after it.
+    starts = _journal(tmp_path / "journal-0.log", 5)
+    _journal(tmp_path / "journal-0.log", 3)  # versions 1-3 again, appended
+    _journal(tmp_path / "journal-5.log", 2, first=6)
+    _flip(tmp_path / "journal-0.log", starts[3] + 20)
+    scans = scan_journals(tmp_path)
+    assert not scans[0].sound and scans[0].lost == 1 + 1 + 3
+    damage = journal_damage(scans)
+    assert damage is not None and damage[1] == 5 + 2
 
 
 def test_format_1_journals_still_read(tmp_path) -> None:
@@ -122,6 +140,54 @@ def test_resume_is_refused_with_the_count_unless_told_to_truncate(tmp_path) -> N
     starts = _journal(tmp_path / "journal-0.log", 10)
     _flip(tmp_path / "journal-0.log", starts[6] + 30)
     meta = {"model_file": "model-0.safetensors"}
-    with pytest.raises(CheckpointError, match=r"would lose 4 acknowledged update\(s\).*--resume-truncate-corrupt"):
+    # The damaged 7th only: the 3 after it are verified by their own checksums and would be replayed.
+    with pytest.raises(CheckpointError, match=r"3 intact record\(s\) after it; resuming would lose 1 acknowledged "
+                                              r"update\(s\).*--resume-truncate-corrupt.*replay the intact ones"):
         check_resumable(tmp_path, meta)
     check_resumable(tmp_path, meta, truncate_corrupt=True)
+
+
+_SPEC = ModelSpec(name="toy", input_shape=(4,), entries=(("w", (64,)),))
+
+
+def _replayed(directory, *, truncate_corrupt: bool) -> tuple[ModelState, Checkpointer]:
+    state = ModelState(_SPEC, torch.zeros(64))
+    ckpt = Checkpointer(None, directory, interval=3600.0, durable_acks=True)  # type: ignore[arg-type]
+    ckpt.truncate_corrupt = truncate_corrupt
+    ckpt._replay(state)
+    return state, ckpt
+
+
+def test_the_operator_s_resume_skips_exactly_the_damaged_record_and_replays_the_verified_ones(tmp_path) -> None:
+    # Issue 29's matrix: one bit flipped mid-journal and the resume (with the override) dropped every record
+    # after the damaged one, 10 of 20 acknowledged updates. A real journal file, one byte flipped mid-file.
+    path = tmp_path / "journal-0.log"
+    _journal(path, 20)
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    path.write_bytes(bytes(data))
+    scan = scan_journal(path)
+    assert len(scan.missing) == 1 and len(scan.records) + len(scan.salvaged) == 19
+    damaged = scan.missing[0]
+    with pytest.raises(CheckpointError, match="would lose 1 acknowledged"):
+        _replayed(tmp_path, truncate_corrupt=False)
+    assert path.read_bytes() == bytes(data)  # refused: nothing touched
+    state, ckpt = _replayed(tmp_path, truncate_corrupt=True)
+    _, model = state.snapshot()
+    # Every update but the damaged one (record v adds v to every element); the version counts the lost one too.
+    assert state.version == 20 and ckpt.dropped_updates == 1
+    assert torch.equal(model, torch.full((64,), float(sum(range(1, 21)) - damaged)))
+    assert (tmp_path / "journal-0.log.damaged").read_bytes() == bytes(data)
+    # The journal now holds the intact records and an empty one for the lost version: clean, the same again.
+    again = scan_journal(path)
+    assert again.corrupt_at is None and again.tail == 0
+    assert [h["version"] for h, _ in again.records] == list(range(1, 21))
+    assert [h["op"] for h, _ in again.records if h["version"] == damaged] == [LOST]
+    state2, ckpt2 = _replayed(tmp_path, truncate_corrupt=False)
+    assert state2.version == 20 and torch.equal(state2.snapshot()[1], model) and ckpt2.dropped_updates == 0
+    # The resumed server appends after them.
+    j = Journal(path, fsync=False)
+    d = torch.full((64,), 100.0)
+    j.append(21, "apply", [Payload(d.dtype, (d,), ((64,),))], [1.0])
+    j.close()
+    assert [h["version"] for h, _ in read_journal(path)][-2:] == [20, 21]

@@ -853,3 +853,134 @@ def test_with_the_direction_on_but_unmeasured_the_effect_alone_refuses_nothing()
 
     assert _run(go()) == "applied"
     assert not engine.screening.refusals and engine.screening.public()["downweighted"] == 1
+
+
+def _windows(claims: Claims, clock: ManualClock, worker: str, dss: int, seconds: float, wall: float,
+             n: int = 3) -> CycleReport:
+    """``n`` cycles of ``dss`` samples named by their assignment, each claiming ``seconds`` in ``wall`` s of the
+    server's clock from hand-out to push; the last one as the server bounded it."""
+    out = None
+    for _ in range(n):
+        handed = claims.on_assign(worker, dss, batch_size=32, lr=0.1)
+        clock.advance(wall)
+        out = claims.cycle(worker, CycleReport(dss=dss, batch_size=32, compute_seconds=seconds, assignment=handed),
+                           on_push=True)
+    assert out is not None
+    return out
+
+
+def test_a_fast_worker_whose_windows_vouch_for_its_speed_is_not_held_to_the_fleet_median():
+    # edp-sgd seeds 2 and 4 (2026-11-27): the fast worker measured above 16x (power_factor 8 x tolerance 2) the
+    # others' median in samples a second once the partition cut their batches to 5-6: 5 honest clamps. A speed
+    # the server's own clock agrees with (claimed compute >= min_compute_fraction of the window) is not clamped.
+    claims, clock, seen = _claims()
+    for w in ("slow1", "slow2", "slow3"):
+        _windows(claims, clock, w, 20, 0.5, 0.6)  # 40 samples/s: batches of 5, a step's fixed cost dominates
+    fast = _windows(claims, clock, "fast", 256, 0.3, 0.35)  # 853 samples/s: 21x the others' median
+    assert fast.compute_seconds == 0.3 and not seen
+    # The same speed claimed in 1/100 of the window's wall time: not vouched for, clamped to 8x the median.
+    liar = _windows(claims, clock, "liar", 256, 0.3, 30.0)
+    assert liar.compute_seconds > 0.3
+    assert {f["field"] for fact, f in seen if fact == "claim_clamped"} == {"compute_seconds"}
+    assert all(f["worker"] == "liar" for fact, f in seen if fact == "claim_clamped")
+
+
+def test_a_round_s_powers_are_bounded_against_its_own_members():
+    # Attack matrix, edp-sgd (2026-11-27): a liar's power share reached 0.926 beside two honest workers and
+    # 0.673 beside three, against the claims' fleet-wide bound. Against the round's own members:
+    claims, clock, seen = _claims()
+    for w in ("h1", "h2", "h3"):
+        _windows(claims, clock, w, 128, 0.8, 1.0)  # vouched: claimed 0.8 of the wall time
+    share = {}
+
+    def weights(ids: list[str], powers: list[float]) -> list[float]:
+        capped = claims.cap_powers(ids, powers)
+        return [p / sum(capped) for p in capped]
+
+    # Never handed work (the matrix's claimer): at most the others' median, one worker's share.
+    share["unassigned"] = weights(["liar", "h1", "h2"], [1e8, 100.0, 50.0])[0]
+    assert abs(share["unassigned"] - 75 / 225) < 1e-9
+    # Handed work but not vouched for (1e-6 s claimed in 1 s windows): power_factor x the round's median.
+    _windows(claims, clock, "named", 128, 1e-6, 1.0)
+    share["named"] = weights(["named", "h1", "h2"], [1e8, 100.0, 100.0])[0]
+    assert abs(share["named"] - 8 / (8 + 2)) < 1e-9  # the live test's bound, 8 / (8 + n_honest), now exact
+    # An honest fast worker 20x the others in the round, vouched for by its windows: its power stands.
+    assert weights(["h1", "h2", "h3"], [2000.0, 100.0, 100.0])[0] == 2000 / 2200
+    assert claims.public()["power"] == 2
+    assert [f["worker"] for fact, f in seen if fact == "power_capped"] == ["liar", "named"]
+    off, _, _ = _claims(claims=False)
+    assert off.cap_powers(["liar", "h1"], [1e8, 1.0]) == [1e8, 1.0]
+
+
+def test_the_engine_bounds_the_power_rule_s_round_by_the_claims():
+    engine, _ = _engine_pushes(ScreeningSettings(), preset="edp-sgd")
+    assert engine.policies.aggregation.power_cap == engine.claims.cap_powers
+
+
+@pytest.mark.parametrize("uphill_from", [2.0, 0.0])
+def test_a_flip_under_the_gate_is_down_weighted_and_an_honest_step_there_folds_whole(uphill_from):
+    # Issue 29's matrix: the sign flip at k = 3 (-3x the median step, every 8 honest pushes) sat under the 4x
+    # gate and was folded as it was, undoing ~3 honest steps each time (asp: 1.51x the honest time). From
+    # uphill_from (2) x the median its direction is measured: pointing uphill it folds at the median norm.
+    engine, clock = _engine_pushes(ScreeningSettings(min_history=3, uphill_from=uphill_from, work_scale=False))
+    agents = [_Agent(engine, clock, n) for n in ("a", "b", "c")]
+    g, _ = _tilted(engine, 0.0)
+
+    async def push(agent: _Agent, delta: torch.Tensor) -> tuple[str, float]:
+        _, before = engine.state.snapshot()
+        before = before.clone()
+        reply = await agent.request(MsgType.PUSH_UPDATE, {"samples": 1}, payload=delta,
+                                    model_version=engine.state.version)
+        _, after = engine.state.snapshot()
+        return reply.header.body.get("reason", "applied"), float((after - before).norm())
+
+    async def go() -> tuple[tuple[str, float], tuple[str, float]]:
+        await _history(engine, agents, 1e-3 * g)
+        return await push(agents[0], -3e-3 * g), await push(agents[1], 3e-3 * g)
+
+    (flip, flip_moved), (honest, honest_moved) = _run(go())
+    assert flip == "applied" and honest == "applied" and not engine.screening.refusals
+    assert abs(honest_moved - 3e-3) < 1e-5  # along the descent: folded whole
+    if uphill_from:
+        assert abs(flip_moved - 1e-3) < 1e-5  # folded at the median norm: one honest step undone, not three
+        assert engine.screening.public()["downweighted"] == 1
+    else:  # the rule before: under the gate nothing is judged
+        assert abs(flip_moved - 3e-3) < 1e-5
+        assert engine.screening.public()["downweighted"] == 0
+
+
+def test_an_update_the_power_rule_folds_at_a_small_share_is_judged_at_that_share():
+    # edp-sgd seed 1 (2026-11-27, the fast worker unclamped): the slowest worker, batch 4 beside 94, pushed
+    # honest updates at 145-240x the median norm, folded at weight 0.03 of 4 (0.12 of a typical worker's),
+    # the probe loss unchanged; the norm bound refused 4. Folded at 1/8 of a typical weight, it may be 8x larger.
+    engine, clock = _engine_pushes(ScreeningSettings(min_history=3, work_scale=True))
+    agents = [_Agent(engine, clock, n) for n in ("a", "b", "c")]
+    small = _Agent(engine, clock, "small")
+    g, _ = _tilted(engine, 0.0)
+    shares = {small.rec.id: 0.125}
+    engine.screening.fold_share = shares.get
+
+    async def go() -> tuple[str, str]:
+        await _history(engine, agents, 1e-3 * g)
+        within = await small.request(MsgType.PUSH_UPDATE, {"samples": 1}, payload=40e-3 * g,
+                                     model_version=engine.state.version)
+        shares[small.rec.id] = 1.0  # a typical worker's weight: 40x is past the 32x bound
+        past = await small.request(MsgType.PUSH_UPDATE, {"samples": 1}, payload=40e-3 * g,
+                                   model_version=engine.state.version)
+        return within.header.body.get("reason", "applied"), past.header.body.get("reason", "applied")
+
+    within, past = _run(go())
+    assert within == "applied", within
+    assert "norm" in past and "32" in past, past
+    assert engine.screening.refusals == {"norm": 1}
+
+
+def test_the_engine_s_fold_share_is_a_worker_s_share_of_the_compute_powers():
+    engine, clock = _engine_pushes(ScreeningSettings(), preset="edp-sgd")
+    agents = [_Agent(engine, clock, n) for n in ("a", "b")]
+    powers = {agents[0].rec.id: 300.0, agents[1].rec.id: 100.0}
+    engine.policies.aggregation.power_of = powers.get
+    assert engine._fold_share(agents[0].rec.id) == 2 * 300 / 400
+    assert engine._fold_share(agents[1].rec.id) == 2 * 100 / 400
+    asp, _ = _engine_pushes(ScreeningSettings())
+    assert asp._fold_share(_Agent(asp, clock, "x").rec.id) is None  # not weighed by power
