@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import statistics
 import sys
 import tempfile
@@ -81,13 +80,30 @@ def one_run(suite: str, preset: str, k: float, out: Path, env: dict[str, str | N
     try:
         result = run_suite(suite, tmp, preset, k, env)
         held, why = True, ""
-        shutil.rmtree(tmp)
     except AssertionError as exc:  # the run's own checks: not reached, an honest worker refused, ...
-        # Kept (server events, agents' logs) for the post-mortem.
-        result, held, why = {"preset": preset, "k": k, "kept": str(tmp)}, False, str(exc).splitlines()[0][:300]
-    return {**result, "suite": suite, "held": held, "why": why, "wall_s": round(time.monotonic() - t0, 1),
+        result, held, why = {"preset": preset, "k": k}, False, str(exc).splitlines()[0][:300]
+    # Every run's server events and agents' logs are kept for the post-mortem (~0.2 MB a run); the models are not.
+    for model in tmp.rglob("*.safetensors"):
+        model.unlink()
+    return {**result, **training_seconds(tmp), "suite": suite, "held": held, "why": why, "kept": str(tmp),
+            "wall_s": round(time.monotonic() - t0, 1),
             "load_before": load_before, "load_after": loadavg(), "at": time.strftime("%Y-%m-%dT%H:%M:%SZ",
                                                                                      time.gmtime())}
+
+
+def training_seconds(tmp: Path) -> dict[str, Any]:
+    """Seconds from the server's first applied honest update to the run's stop (which follows the target's
+    evaluation within a status poll): the time to target without the agents' start-up (python, torch and the
+    data set: 3 s at load 3, 25 s at load 12; it is the same work attacked or not, and its noise hid the
+    attacks' effect). Only for runs with one server (the journal suite's two are timed from the agents' start)."""
+    logs = list(tmp.rglob("events.jsonl"))
+    if len(logs) != 1:
+        return {}
+    events = [json.loads(line) for line in logs[0].read_text().splitlines() if line.strip()]
+    honest = {e["worker"] for e in events if e["event"] == "join" and str(e.get("name", "")).startswith("honest")}
+    first = next((e["ts"] for e in events if e["event"] == "update_applied" and honest & set(e["workers"])), None)
+    stop = next((e["ts"] for e in events if e["event"] == "stop_requested"), None)
+    return {} if first is None or stop is None else {"train_s": round(stop - first, 1)}
 
 
 def table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -103,10 +119,17 @@ def table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         med = statistics.median(held) if held else None
         ratio = None if med is None or base is None or k == 0 else med / base
         ok = len(held) == len(runs) and (k == 0 or (ratio is not None and ratio <= RULE))
+        # The same from the first applied honest update (training_seconds): beside the rule, not instead of it.
+        train_base = [r["train_s"] for r in same if r["k"] == 0 and r["held"] and "train_s" in r]
+        train = [r["train_s"] for r in runs if r["held"] and "train_s" in r]
+        train_med = statistics.median(train) if train else None
+        train_ratio = (None if train_med is None or not train_base or k == 0
+                       else train_med / statistics.median(train_base))
         # The 1-minute load average before and after each run.
         loads = [r[key][0] for r in runs for key in ("load_before", "load_after") if r.get(key)]
         cells.append({"suite": suite, "preset": preset, "k": k, "runs": len(runs), "held": len(held),
                       "median_s": med, "seconds": held, "ratio": ratio, "meets_rule": ok,
+                      "train_s": train, "train_median_s": train_med, "train_ratio": train_ratio,
                       "load": [min(loads), max(loads)] if loads else None,
                       "at": [min(r["at"] for r in runs), max(r["at"] for r in runs)],
                       "refusals": [r.get("refusals") for r in runs if r["held"] and k > 0],
@@ -115,11 +138,14 @@ def table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def show(cells: list[dict[str, Any]], title: str) -> None:
-    print_table(title, ["suite", "preset", "k", "held", "seconds", "median s", "x honest", f"<= {RULE}x", "load"],
+    print_table(title, ["suite", "preset", "k", "held", "seconds", "median s", "x honest", f"<= {RULE}x",
+                        "train s", "x honest (train)", "load"],
                 [[c["suite"], c["preset"], f"{c['k']:g}", f"{c['held']}/{c['runs']}",
                   ", ".join(f"{x:.1f}" for x in c["seconds"]),
                   "-" if c["median_s"] is None else f"{c['median_s']:.1f}",
                   "-" if c["ratio"] is None else f"{c['ratio']:.2f}", "yes" if c["meets_rule"] else "NO",
+                  ", ".join(f"{x:.1f}" for x in c.get("train_s", [])),
+                  "-" if c.get("train_ratio") is None else f"{c['train_ratio']:.2f}",
                   "-" if c["load"] is None else f"{c['load'][0]:.1f}-{c['load'][1]:.1f}"] for c in cells])
 
 
@@ -151,6 +177,8 @@ def main() -> int:
                       + ("-" if c["median_s"] is None else f"{c['median_s']:.1f}") + " | "
                       + ("-" if c["ratio"] is None else f"{c['ratio']:.2f}") + " | "
                       + ("yes" if c["meets_rule"] else "**NO**") + " | "
+                      + (", ".join(f"{x:.1f}" for x in c["train_s"]) or "-") + " | "
+                      + ("-" if c["train_ratio"] is None else f"{c['train_ratio']:.2f}") + " | "
                       + f"{c['at'][0][11:16]}-{c['at'][1][11:16]}, {c['load'][0]:.0f}-{c['load'][1]:.0f} |")
         else:
             show(cells, f"{len(rows)} runs from {len(args.report)} file(s)")

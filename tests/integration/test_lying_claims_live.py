@@ -116,12 +116,21 @@ def _lying_run(tmp_path: Path, preset: str, lie: bool, honest: int = 3, work: bo
         assert set(screening["quarantined"]) <= {claimer.id}, screening
         # The claimer's weight in the rounds it was folded in beside honest workers whose speed the server had
         # seen (a worker's first round has no measured power yet: the rule gives it next to nothing).
-        applied = _events(srv, "update_applied")
+        events = [json.loads(line) for line in (srv.out_dir / "events.jsonl").read_text().splitlines()]
+        # The most a claim counts (a full cycle: what an honest worker counts at most), and each honest worker's
+        # samples in its latest cycle report (logged before the fold that counts it).
+        bound = max((e["bound"] for e in events if e["event"] == "claim_clamped" and e["worker"] == claimer.id
+                     and e["field"] == "samples"), default=None)
+        dss: dict[str, int] = {}
         seen: dict[str, int] = {}
         worst = 0.0
         judged = 0
         judged_weights: list[float] = []
-        for e in applied:
+        for e in events:
+            if e["event"] == "cycle":
+                dss[e["worker"]] = e["dss"]
+            if e["event"] != "update_applied":
+                continue
             weights = dict(zip(e["workers"], e["weights"]))
             others = [w for w in weights if w != claimer.id]
             if claimer.id in weights and others and all(seen.get(w, 0) >= 2 for w in others):
@@ -137,7 +146,12 @@ def _lying_run(tmp_path: Path, preset: str, lie: bool, honest: int = 3, work: bo
                     # lets a claim under 2x the median through): at most half of a round beside three.
                     assert mine <= (8 / (8 + len(others)) if work else 0.5) + 0.1, e
                 else:
-                    assert mine <= best_honest + 1e-9, e
+                    # Weights follow the counted samples: the claimer counts at most ``bound``, a full cycle. Beside
+                    # an honest short cycle (an epoch's last: 77 of 128) that outweighs the honest worker as a
+                    # truthful full cycle would (0.624 against 0.376 in a matrix run), never more.
+                    best = max(others, key=weights.__getitem__)
+                    allowed = best_honest * max(1.0, bound / dss[best]) if bound and dss.get(best) else best_honest
+                    assert mine <= allowed + 1e-9, (e, bound, dss.get(best))
                 worst = max(worst, mine)
             for w in weights:
                 seen[w] = seen.get(w, 0) + 1
