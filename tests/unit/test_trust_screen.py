@@ -66,6 +66,14 @@ def _engine_pushes(settings: ScreeningSettings, preset: str = "asp"):
     return engine, clock
 
 
+def _three_along_the_descent(settings: ScreeningSettings):
+    """An asp engine with ``settings``, three agents, and the probe's descent direction at the median norm 1e-3."""
+    engine, clock = _engine_pushes(settings)
+    agents = [_Agent(engine, clock, n) for n in ("a", "b", "c")]
+    g = engine.screening.probe.descent()
+    return engine, agents, g / float(g.norm()) * 1e-3
+
+
 async def _history(engine, agents, step: torch.Tensor) -> list[str]:
     """Two rounds of the same honest push from every agent, each at the current version: the median norm
     and the reference the next push is judged against. Their statuses."""
@@ -161,11 +169,8 @@ def test_the_effect_test_refuses_a_large_update_that_raises_the_probe_loss():
 
 
 def test_a_moderately_large_update_that_raises_the_loss_is_down_weighted_not_refused():
-    engine, clock = _engine_pushes(ScreeningSettings(min_history=3, direction=False, effect_margin=1e-6,
-                                                     effect_slack=0.0))
-    agents = [_Agent(engine, clock, n) for n in ("a", "b", "c")]
-    g = engine.screening.probe.descent()
-    g = g / float(g.norm()) * 1e-3
+    engine, agents, g = _three_along_the_descent(ScreeningSettings(min_history=3, direction=False, effect_margin=1e-6,
+                                                                   effect_slack=0.0))
 
     async def go() -> str:
         await _history(engine, agents, g)
@@ -207,10 +212,7 @@ def test_a_large_update_at_right_angles_to_the_descent_that_raises_the_loss_is_d
 
 
 def test_a_large_update_that_passes_is_folded_clipped_to_the_bound():
-    engine, clock = _engine_pushes(ScreeningSettings(min_history=3))
-    agents = [_Agent(engine, clock, n) for n in ("a", "b", "c")]
-    g = engine.screening.probe.descent()
-    g = g / float(g.norm()) * 1e-3
+    engine, agents, g = _three_along_the_descent(ScreeningSettings(min_history=3))
 
     async def go() -> str:
         await _history(engine, agents, g)
@@ -520,10 +522,7 @@ def test_a_median_over_the_fedbuff_buffer_ignores_one_outlier():
 def test_a_direction_failure_below_the_refusal_size_is_down_weighted_and_above_it_refused():
     # Issue 29's false refusals: an honest 5.2x update at cosine -0.57 with the descent (asp, seed 3)
     # was refused. Refused now only above downweight_below (8) x the median; below, folded at the median.
-    engine, clock = _engine_pushes(ScreeningSettings(min_history=3, effect=False))
-    agents = [_Agent(engine, clock, n) for n in ("a", "b", "c")]
-    g = engine.screening.probe.descent()
-    g = g / float(g.norm()) * 1e-3
+    engine, agents, g = _three_along_the_descent(ScreeningSettings(min_history=3, effect=False))
 
     async def go() -> tuple[str, str]:
         await _history(engine, agents, g)
@@ -544,10 +543,7 @@ def test_a_direction_failure_below_the_refusal_size_is_down_weighted_and_above_i
 
 
 def test_with_downweight_below_zero_every_direction_failure_is_refused():
-    engine, clock = _engine_pushes(ScreeningSettings(min_history=3, effect=False, downweight_below=0.0))
-    agents = [_Agent(engine, clock, n) for n in ("a", "b", "c")]
-    g = engine.screening.probe.descent()
-    g = g / float(g.norm()) * 1e-3
+    engine, agents, g = _three_along_the_descent(ScreeningSettings(min_history=3, effect=False, downweight_below=0.0))
 
     async def go() -> str:
         await _history(engine, agents, g)
@@ -562,11 +558,8 @@ def test_with_downweight_below_zero_every_direction_failure_is_refused():
 def test_a_large_update_down_the_descent_that_raises_the_loss_is_down_weighted_at_any_size():
     # edp-sgd's large-partition worker: 8x+ the median, along the descent, the probe loss up. With the
     # direction on it is folded at the median norm; the effect alone refuses only with direction off.
-    engine, clock = _engine_pushes(ScreeningSettings(min_history=3, effect_margin=1e-6, effect_slack=0.0,
-                                                     norm_factor=1e6, clip=False))
-    agents = [_Agent(engine, clock, n) for n in ("a", "b", "c")]
-    g = engine.screening.probe.descent()
-    g = g / float(g.norm()) * 1e-3
+    engine, agents, g = _three_along_the_descent(ScreeningSettings(min_history=3, effect_margin=1e-6, effect_slack=0.0,
+                                                                   norm_factor=1e6, clip=False))
 
     async def go() -> str:
         await _history(engine, agents, g)
@@ -1009,10 +1002,7 @@ def test_a_stale_update_failing_the_direction_is_refused_only_when_a_down_weight
     settings = ScreeningSettings(min_history=3, work_scale=False, stale_contain_from=stale_contain_from)
     if margin is not None:
         settings = settings.model_copy(update={"effect_margin": margin, "effect_slack": 0.0})
-    engine, clock = _engine_pushes(settings)
-    agents = [_Agent(engine, clock, n) for n in ("a", "b", "c")]
-    g = engine.screening.probe.descent()
-    g = g / float(g.norm()) * 1e-3
+    engine, agents, g = _three_along_the_descent(settings)
 
     async def go() -> str:
         await _history(engine, agents, g)
