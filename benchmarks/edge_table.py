@@ -17,18 +17,11 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from hermes.common.readable_json import read_object
 from hermes.deploy.bench.aggregate import event_figures
 
 # edge-resnet (stem_stride 2): 1,213,162 floats (BatchNorm's statistics included) and the frame's header.
 FP32_PUSH_BYTES = 4_852_648
-
-
-def _read(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def run_rows(out: Path) -> list[dict[str, Any]]:
@@ -36,7 +29,7 @@ def run_rows(out: Path) -> list[dict[str, Any]]:
     rows = []
     for summary_path in sorted(out.glob("runs/*/*/r*/summary.json")):
         d = summary_path.parent
-        summary, meta = _read(summary_path), _read(d / "run.json") or {}
+        summary, meta = read_object(summary_path), read_object(d / "run.json") or {}
         if summary is None or meta.get("error"):
             continue
         train = event_figures(d / "events.jsonl").get("train_seconds_to_target") if (d / "events.jsonl").is_file() \

@@ -10,9 +10,10 @@ JSON, still readable line by line, about as fast as ``json.dumps(obj)``.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
-__all__ = ["dumps"]
+__all__ = ["dumps", "read_object"]
 
 
 def dumps(obj: Any) -> str:
@@ -28,3 +29,12 @@ def dumps(obj: Any) -> str:
         else:
             lines.append(f"  {name}: {json.dumps(value)}")
     return "{\n" + ",\n".join(lines) + "\n}"
+
+
+def read_object(path: Path) -> dict[str, Any] | None:
+    """The JSON object in ``path``; None if the file is missing, unreadable, not JSON or not an object."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None

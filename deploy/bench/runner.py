@@ -26,6 +26,7 @@ from typing import Any
 
 from hermes.common.atomic_write import write_atomic
 from hermes.common.clock import SYSTEM_CLOCK, Clock
+from hermes.common.readable_json import read_object
 from hermes.deploy.bench.aggregate import event_figures
 from hermes.deploy.bench.machine import loadavg, machine_info, versions
 from hermes.deploy.bench.suites import OWN_LINKS, Suite, Variant
@@ -160,7 +161,7 @@ def plan(suite: Suite) -> list[RunSpec]:
 
 def is_finished(spec: RunSpec, suite: Suite, out: Path) -> bool:
     d = spec.run_dir(out)
-    meta = _read_json(d / "run.json")
+    meta = read_object(d / "run.json")
     return (d / "summary.json").is_file() and meta is not None and meta.get("identity") == spec.identity(suite)
 
 
@@ -257,8 +258,8 @@ def run_one(spec: RunSpec, suite: Suite, out: Path, launcher: Launcher) -> dict[
 
 def collect(spec: RunSpec, suite: Suite, out: Path) -> dict[str, Any]:
     d = spec.run_dir(out)
-    meta = _read_json(d / "run.json") or {}
-    summary = _read_json(d / "summary.json")
+    meta = read_object(d / "run.json") or {}
+    summary = read_object(d / "summary.json")
     status = "ok" if summary is not None and not meta.get("error") else "failed"
     return {
         "key": spec.key, "variant": spec.variant.label, "preset": spec.variant.preset,
@@ -296,7 +297,7 @@ def write_results(out: Path, suite: Suite, runs: list[dict[str, Any]], started: 
     report of the same results renders the same whenever it is rendered."""
     suite_json = suite.model_dump(mode="json")
     now = clock.time()
-    previous = _read_json(out / "results.json")
+    previous = read_object(out / "results.json")
     unchanged = (previous is not None and previous.get("suite") == suite_json
                  and previous.get("runs") == json.loads(json.dumps(runs)))
     results = {
@@ -336,14 +337,6 @@ def _hms(seconds: float) -> str:
     h, rem = divmod(seconds, 3600)
     m, s = divmod(rem, 60)
     return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s"
-
-
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def _tail(path: Path, lines: int = 5) -> str:
