@@ -67,6 +67,14 @@ log = logging.getLogger(__name__)
 _PULL_DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
 
 
+def pull_encoding(config: RunConfig) -> tuple[str, CodecSpec | None]:
+    """compression.pull as a pull asks for it: (PullModel.dtype, PullModel.codec). fp16/bf16 travel as the
+    pull dtype, int8 as a codec (the server quantises); the simulator's devices ask the same way."""
+    pull = config.pull_codec
+    return (_PULL_DTYPES.get(pull, "float32"),
+            CodecSpec(name="int8", chunk=config.int8.chunk) if pull == "int8" else None)
+
+
 def finite_or_none(v: float | None) -> float | None:
     return v if v is not None and math.isfinite(v) else None
 
@@ -229,10 +237,7 @@ class Session:
         self.combine = ("combine_messages" in self.config.model_fields_set and self.config.combine_messages
                         and not self.rendezvous)
         self.outbox: Outbox | None = Outbox() if self.combine else None
-        # compression.pull: fp16/bf16 travel as the pull dtype, int8 as a codec (the server quantises).
-        pull = self.config.pull_codec
-        self.pull_dtype = _PULL_DTYPES.get(pull, "float32")
-        self.pull_codec = CodecSpec(name="int8", chunk=self.config.int8.chunk) if pull == "int8" else None
+        self.pull_dtype, self.pull_codec = pull_encoding(self.config)
         self.shapes = ModelSpec.from_dict(reg.model_spec).shapes
         self.prefetcher = Prefetcher(self.data_client, stats=shard_stats, kafka_bootstrap=kafka_bootstrap, local=local,
                                      combine=self.combine,

@@ -32,10 +32,8 @@ import numpy as np
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from hermes.client.session import _PULL_DTYPES as PULL_DTYPES
-from hermes.client.session import Job
+from hermes.client.session import Job, pull_encoding
 from hermes.common import readable_json
-from hermes.common.codec_spec import CodecSpec
 from hermes.common.config import RunConfig
 from hermes.common.messages import KafkaRanges
 from hermes.common.task import Task
@@ -187,9 +185,7 @@ class Simulation:
         # The codecs as an agent applies them (client.session): compression.push per device (sim/device.py);
         # compression.pull fp16/bf16 travel as the pull dtype, int8 as a codec the server quantises.
         self.push_codec_name = config.compression.push
-        self.pull_dtype = PULL_DTYPES.get(config.pull_codec, "float32")
-        self.pull_codec = (CodecSpec(name="int8", chunk=config.int8.chunk) if config.pull_codec == "int8"
-                           else None)
+        self.pull_dtype, self.pull_codec = pull_encoding(config)
         spec = self.engine.spec
         # One trainer, every device's in turn (device.py says what is swapped in and out), built as an agent's.
         self.trainer = build_trainer(self.task, config, spec)
