@@ -45,6 +45,8 @@ import math
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+import numpy as np
+
 # benchmarks/sim_host_calibrate.py on 2026-11-27 19:43 UTC (20 repeats, load average 18.5 before and after:
 # CPU seconds of one thread, which other processes' load delays but inflates little): the paper's CNN (hidden
 # 320) on mnist1d, 128 samples in batches of 32 in 16.13 ms of CPU, 953,600 training FLOPs a sample.
@@ -268,16 +270,7 @@ class Host:
 def interpolate(table: tuple[tuple[float, ...], ...], x: float, column: int) -> float:
     """``table[.][column]`` at ``x`` of its first column: linear between rows, the nearest row's outside them."""
     rows = sorted(table)
-    if x <= rows[0][0]:
-        return rows[0][column]
-    if x >= rows[-1][0]:
-        return rows[-1][column]
-    i = 1
-    while i < len(rows) - 1 and rows[i][0] < x:
-        i += 1
-    (x0, *a), (x1, *b) = rows[i - 1], rows[i]
-    y0, y1 = a[column - 1], b[column - 1]
-    return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    return float(np.interp(x, [r[0] for r in rows], [r[column] for r in rows]))
 
 
 def on_host(profiles: list[Any], population: str, spec: HostSpec) -> list[Any]:
