@@ -43,8 +43,10 @@ def test_agents_train_with_int8_pushes_and_pulls(tmp_path: Path) -> None:
     assert summary["model_version"] >= UPDATES and min(losses[1:]) < losses[0], losses
     numel = summary["model"]["numel"]
     workers = [w for w in summary["workers"] if w["name"].startswith("agent-")]
+    # Both agents took part; how the budget splits between them is the scheduler's (CI saw 11 and 1).
+    assert len(workers) == 2 and sum(w["pushes"] for w in workers) >= UPDATES, workers
     for w in workers:
-        assert w["pushes"] >= 2
+        assert w["pushes"] >= 1, w
         # int8: 1 byte a parameter plus 4 per 1024-element chunk, under 1.2 with headers (4 in fp32).
         assert w["bytes_sent"] < 1.2 * numel * w["pushes"] + 4096 * (w["pushes"] + w["pulls"]) + 65536, w
         models = w["bytes_received"] - w["shard_bytes_fetched"]
