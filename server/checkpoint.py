@@ -327,6 +327,17 @@ def check_model_file(path: Path) -> None:
             raise CheckpointError(f"{path}: no {name!r} tensor: the checkpoint cannot be resumed")
 
 
+def _aside(path: Path) -> Path:
+    """Where a damaged journal is kept: ``NAME.damaged``, or ``NAME.damaged.N`` when an earlier salvage
+    already kept one there (a second damaged resume must not overwrite the first one's evidence)."""
+    aside = path.with_name(path.name + ".damaged")
+    n = 1
+    while aside.exists():
+        aside = path.with_name(f"{path.name}.damaged.{n}")
+        n += 1
+    return aside
+
+
 def check_resumable(directory: str | Path, meta: Mapping[str, Any], *, truncate_corrupt: bool = False) -> None:
     """Refuse (CheckpointError, one line) a resume that would fail or silently lose acknowledged
     updates: a missing or truncated model file, a damaged journal record before the end
@@ -585,7 +596,8 @@ class Checkpointer:
         model it now lands on lacks one step, as if that update had been refused. Under a barrier preset a
         record is a round's combined fold: the round is lost, and the rounds after it land one round stale."""
         data = damaged.path.read_bytes()
-        damaged.path.with_name(damaged.path.name + ".damaged").write_bytes(data)
+        aside = _aside(damaged.path)
+        aside.write_bytes(data)
         rewritten: list[tuple[int, bytes]] = [(int(head["version"]), data[a:b])
                                               for (head, _), (a, b) in zip(damaged.salvaged, damaged.spans)]
         lost: list[Record] = []
@@ -604,8 +616,8 @@ class Checkpointer:
         self.dropped_updates += len(damaged.missing)
         log.warning("--resume-truncate-corrupt: %s has %d damaged record(s) from byte %s (version(s) %s); skipped "
                     "as lost updates, and the %d verified record(s) after them replayed (the damaged journal kept "
-                    "as %s.damaged)", damaged.path.name, len(damaged.missing), damaged.corrupt_at,
-                    ", ".join(map(str, damaged.missing)) or "none", len(damaged.salvaged), damaged.path.name)
+                    "as %s)", damaged.path.name, len(damaged.missing), damaged.corrupt_at,
+                    ", ".join(map(str, damaged.missing)) or "none", len(damaged.salvaged), aside.name)
         damaged.records = sorted([*damaged.records, *damaged.salvaged, *lost], key=lambda r: int(r[0]["version"]))
         damaged.corrupt_at, damaged.lost, damaged.tail = None, 0, 0
         damaged.salvaged, damaged.spans, damaged.missing = [], [], []
@@ -614,14 +626,14 @@ class Checkpointer:
         """--resume-truncate-corrupt: keep the records before the damage, move the rest aside."""
         i = scans.index(damaged)
         for later in scans[i + 1 :]:
-            later.path.replace(later.path.with_name(later.path.name + ".damaged"))
-        data = damaged.path.read_bytes()
-        damaged.path.with_name(damaged.path.name + ".damaged").write_bytes(data)
+            later.path.replace(_aside(later.path))
+        aside = _aside(damaged.path)
+        aside.write_bytes(damaged.path.read_bytes())
         os.truncate(damaged.path, damaged.good_end)
         self.dropped_updates += lost
         log.warning("--resume-truncate-corrupt: %s has a damaged record at byte %s; dropped %d acknowledged "
-                    "update(s) from there on (the damaged journal kept as %s.damaged)", damaged.path.name,
-                    damaged.corrupt_at, lost, damaged.path.name)
+                    "update(s) from there on (the damaged journal kept as %s)", damaged.path.name,
+                    damaged.corrupt_at, lost, aside.name)
         damaged.corrupt_at, damaged.lost, damaged.tail = None, 0, 0
         return scans[: i + 1]
 

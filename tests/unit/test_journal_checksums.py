@@ -191,3 +191,20 @@ def test_the_operator_s_resume_skips_exactly_the_damaged_record_and_replays_the_
     j.append(21, "apply", [Payload(d.dtype, (d,), ((64,),))], [1.0])
     j.close()
     assert [h["version"] for h, _ in read_journal(path)][-2:] == [20, 21]
+
+
+def test_a_second_damaged_resume_keeps_the_first_one_s_damaged_file(tmp_path) -> None:
+    # Nothing overwrites a user's earlier results: each --resume-truncate-corrupt keeps its own evidence.
+    path = tmp_path / "journal-0.log"
+    _journal(path, 20)
+    first = bytearray(path.read_bytes())
+    first[len(first) // 4] ^= 0x10
+    path.write_bytes(bytes(first))
+    _replayed(tmp_path, truncate_corrupt=True)
+    second = bytearray(path.read_bytes())
+    second[3 * len(second) // 4] ^= 0x10
+    path.write_bytes(bytes(second))
+    state, ckpt = _replayed(tmp_path, truncate_corrupt=True)
+    assert ckpt.dropped_updates == 1 and state.version == 20
+    assert (tmp_path / "journal-0.log.damaged").read_bytes() == bytes(first)
+    assert (tmp_path / "journal-0.log.damaged.1").read_bytes() == bytes(second)
