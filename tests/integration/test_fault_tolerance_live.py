@@ -177,7 +177,9 @@ def test_agent_sigterm_at_a_barrier_abandons_the_wait_reports_and_leaves(server_
 
     from tests.conftest import JOIN_TOKEN
 
-    srv = server_factory("--preset", "bsp", "--set", "bsp.deadline=false")  # plain BSP: the push stays held
+    # Plain BSP: the push stays held. No heartbeat timeout: under load the agent's start-up took longer than the
+    # default 30 s, the silent member was marked lost and the barrier closed without it (a suite run saw version 2).
+    srv = server_factory("--preset", "bsp", "--heartbeat-timeout", "0", "--set", "bsp.deadline=false")
     srv.register("never-pushes")  # holds every barrier: the agent's first push waits
     env = {**os.environ, "HERMES_JOIN_TOKEN": JOIN_TOKEN, "PYTHONUNBUFFERED": "1"}
     log = tmp_path / "agent.log"
