@@ -5,8 +5,8 @@ pull must cost at least, written as plainly as torch allows and sharing no code 
 The bare pair is a pyzmq DEALER (this process) and ROUTER (its own process, as the server is), moving the same
 compressed bytes in the same frames, each end computing the same MAC (Poly1305 under a one-time key) over them:
 
-- a push: the ROUTER authenticates the payload, decodes it to the dense fp32 update (top-k scatter, int8 scale
-  multiply, PowerSGD P Q^T), checks that it is finite (one fp32 sum, the least a server folding untrusted
+- a push: the ROUTER authenticates the payload, decodes it to the dense fp32 update (top-k scatter into a kept
+  zero vector whose last k elements it zeroes again, as our server does; int8 scale multiply, PowerSGD P Q^T), checks that it is finite (one fp32 sum, the least a server folding untrusted
   updates must do) and adds it to its model, then acks;
 - a pull that finds a new model: the ROUTER quantises its model to int8 (nearest, a scale per chunk),
   authenticates the bytes and sends them; the DEALER authenticates what it received.
@@ -44,8 +44,10 @@ def _matrix(shape: list[int], rank: int) -> tuple[int, int] | None:
     return None if (m + n) * rank >= m * n else (m, n)
 
 
-def bare_decode(spec: dict[str, Any], buf: Any) -> Any:
-    """The dense fp32 update of one compressed payload (``buf``: the received frame's bytes)."""
+def bare_decode(spec: dict[str, Any], buf: Any, reuse: dict[str, Any] | None = None) -> Any:
+    """The dense fp32 update of one compressed payload (``buf``: the received frame's bytes). ``reuse``: top-k
+    writes into the zero vector kept there, the last push's elements zeroed again (what our server does,
+    ``codecs.DenseScratch``; the caller drops the result before the next push)."""
     import torch
 
     shapes = spec["shapes"]
@@ -54,9 +56,17 @@ def bare_decode(spec: dict[str, Any], buf: Any) -> Any:
         warnings.simplefilter("ignore", UserWarning)  # received frames are read-only; never written
         if spec["codec"] == "topk":
             k = spec["k"]
-            out = torch.zeros(n)
-            out[torch.frombuffer(buf, dtype=torch.int32, count=k)] = torch.frombuffer(
-                buf, dtype=torch.float32, count=k, offset=4 * k)
+            idx = torch.frombuffer(buf, dtype=torch.int32, count=k)
+            if reuse is None:
+                out = torch.zeros(n)
+            else:
+                out = reuse.get("out")
+                if out is None or out.numel() != n:
+                    out = reuse["out"] = torch.zeros(n)
+                else:
+                    out[reuse["idx"]] = 0.0
+                reuse["idx"] = idx.clone()
+            out[idx] = torch.frombuffer(buf, dtype=torch.float32, count=k, offset=4 * k)
             return out
         if spec["codec"] == "int8":
             chunk = spec["chunk"]
@@ -119,6 +129,7 @@ def router_main(port: int) -> None:
     sock.bind(f"tcp://127.0.0.1:{port}")
     header, ack = b"h" * BARE_HEADER_BYTES, b"a" * 96
     model: Any = None
+    reuse: dict[str, Any] = {}
     print("ready", flush=True)
     while True:
         frames = sock.recv_multipart(copy=False)
@@ -133,10 +144,11 @@ def router_main(port: int) -> None:
         if first[:1] == b"W":
             bufs = [f.buffer for f in frames[2:]]
             bare_mac(bufs)
-            delta = bare_decode(spec, bufs[0])
+            delta = bare_decode(spec, bufs[0], reuse)
             if not torch.isfinite(delta.sum()):
                 raise ValueError("non-finite update")
             model.add_(delta)
+            del delta
             sock.send_multipart([ident, ack], copy=False)
         else:
             data = bare_quantise(model, spec["chunk"])
