@@ -11,9 +11,10 @@ compressed bytes in the same frames, each end computing the same MAC (Poly1305 u
 - a pull that finds a new model: the ROUTER quantises its model to int8 (nearest, a scale per chunk),
   authenticates the bytes and sends them; the DEALER authenticates what it received.
 
-Not done by the bare pair, done by ours: the header's fields, replay and session checks, the body's schema,
-the size checks of the codec spec, the update's norm (screening reads it; the bare finite check costs the
-same pass), screening, the sync rule, the model's version and snapshot, telemetry, metrics, the signed reply.
+A push's ack is authenticated too (the ROUTER MACs it, the DEALER computes the MAC of what came), as our signed
+reply is. Not done by the bare pair, done by ours: the header's fields, replay and session checks, the body's
+schema, the size checks of the codec spec, the update's norm (screening reads it; the bare finite check costs
+the same pass), screening, the sync rule, the model's version and snapshot, telemetry, metrics.
 """
 
 from __future__ import annotations
@@ -117,7 +118,7 @@ def bare_quantise(model: Any, chunk: int) -> Any:
 
 
 def router_main(port: int) -> None:
-    """[b"W" + json spec, *payload] -> MAC, decode, finite check, add; one ack frame.
+    """[b"W" + json spec, *payload] -> MAC, decode, finite check, add; an ack frame and its MAC.
     [b"Q" + json {"chunk", "numel"}] -> quantise the model, MAC, send a header-sized frame and the bytes.
     [b"stop"] -> ack and exit."""
     import torch
@@ -149,7 +150,8 @@ def router_main(port: int) -> None:
                 raise ValueError("non-finite update")
             model.add_(delta)
             del delta
-            sock.send_multipart([ident, ack], copy=False)
+            # The ack authenticated as ours is (its MAC, the agent checks it): the same MAC both ways.
+            sock.send_multipart([ident, ack, bare_mac([ack]).encode()], copy=False)
         else:
             data = bare_quantise(model, spec["chunk"])
             view = memoryview(data.numpy())
@@ -181,7 +183,8 @@ class BareWorkRouter:
         """One compressed push: MAC here, send; there MAC, decode, check, add; ack."""
         bare_mac(payload)
         self.sock.send_multipart([b"W" + json.dumps(spec).encode(), *payload], copy=False)
-        self.sock.recv_multipart(copy=False)
+        reply = self.sock.recv_multipart(copy=False)
+        bare_mac([reply[0].buffer])  # the ack's MAC checked (recomputed; a real check compares it too)
 
     def pull(self, chunk: int, numel: int) -> int:
         """One int8 pull of a new model: there quantise and MAC; here MAC what came."""

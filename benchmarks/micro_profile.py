@@ -21,6 +21,7 @@ import json
 import pstats
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -99,10 +100,20 @@ async def run(codec_name: str, pushes: int, profile: bool, top: int, pull_after:
         pstats.Stats(prof).sort_stats("tottime").print_stats(top)
 
 
-def plane_main(codec_name: str, out: str) -> None:
+def plane_main(codec_name: str, out: str, rcvhwm: int | None = None) -> None:
     """The child of ``--served``: the engine behind the real ``DataPlane`` (its asyncio ROUTER loop, admission,
-    a task per request, the reply's send) on one thread, under cProfile until the parent says stop."""
+    a task per request, the reply's send) on one thread, under cProfile until the parent says stop. ``rcvhwm``:
+    the data plane's ROUTER with this RCVHWM instead of its 1 (an experiment, ``--rcvhwm``)."""
     import zmq
+    import zmq.asyncio
+
+    if rcvhwm is not None:
+        setsockopt = zmq.asyncio.Socket.setsockopt
+
+        def patched(self: Any, option: int, value: Any) -> None:
+            setsockopt(self, option, rcvhwm if option == zmq.RCVHWM else value)
+
+        zmq.asyncio.Socket.setsockopt = patched  # type: ignore[method-assign]
 
     from hermes.server.dataplane import DataPlane
 
@@ -119,23 +130,24 @@ def plane_main(codec_name: str, out: str) -> None:
         if prof is not None:
             prof.enable()
         c0, n0 = time.thread_time(), engine.message_counts.get("push_update", 0)
+        s0 = int(Path(f"/proc/self/task/{threading.get_native_id()}/schedstat").read_text().split()[2])
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
         c1, n1 = time.thread_time(), engine.message_counts.get("push_update", 0)
         if prof is not None:
             prof.disable()
             prof.dump_stats(out)
-        print(f"data plane loop thread: {(c1 - c0) / max(1, n1 - n0) * 1e3:.3f} ms CPU a push ({n1 - n0} pushes)",
-              file=sys.stderr)
+        slices = int(Path(f"/proc/self/task/{threading.get_native_id()}/schedstat").read_text().split()[2]) - s0
+        print(f"data plane loop thread: {(c1 - c0) / max(1, n1 - n0) * 1e3:.3f} ms CPU a push, "
+              f"{slices / max(1, n1 - n0):.2f} runs on a CPU a push ({n1 - n0} pushes)", file=sys.stderr)
         await plane.stop()
 
-    del zmq
     import torch
 
     torch.set_num_threads(1)
     asyncio.run(serve())
 
 
-def served(codec_name: str, pushes: int, out: str, top: int) -> None:
+def served(codec_name: str, pushes: int, out: str, top: int, rcvhwm: int | None = None) -> None:
     """The same pushes through the real data plane in a process of its own, profiled there (``plane_main``)."""
     import subprocess
 
@@ -146,7 +158,8 @@ def served(codec_name: str, pushes: int, out: str, top: int) -> None:
     from hermes.common.tensors import ModelSpec
     from hermes.common.wire import MsgType
 
-    child = subprocess.Popen([sys.executable, __file__, "--plane", codec_name, out], stdin=subprocess.PIPE,
+    child = subprocess.Popen([sys.executable, __file__, "--plane", codec_name, out,
+                              *([] if rcvhwm is None else [str(rcvhwm)])], stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, text=True)
     assert child.stdin is not None and child.stdout is not None
     try:
@@ -183,9 +196,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pull-after", action="store_true", help="time an int8 pull after each push instead")
     p.add_argument("--served", metavar="PROFILE_OUT", default=None,
                    help="profile a real hermes-server (cProfile, written here) instead of the engine in process")
+    p.add_argument("--rcvhwm", type=int, default=None,
+                   help="with --served: the data plane's RCVHWM instead of 1 (an experiment; 1 bounds memory)")
     args = p.parse_args(argv)
     if args.served:
-        served(args.codec, args.pushes, args.served, args.top)
+        served(args.codec, args.pushes, args.served, args.top, args.rcvhwm)
         return 0
     import torch
 
@@ -196,6 +211,6 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--plane"]:
-        plane_main(sys.argv[2], sys.argv[3])
+        plane_main(sys.argv[2], sys.argv[3], int(sys.argv[4]) if len(sys.argv) > 4 else None)
     else:
         sys.exit(main())
