@@ -2,7 +2,7 @@
 no sockets, the micro's 1M-parameter mlp under the asp preset with screening as the server runs it.
 
     python benchmarks/micro_profile.py [--codec topk|int8|powersgd|fp32] [--pushes 300] [--profile] [--top 30]
-                                       [--pull-after] [--served PROFILE_OUT|-]
+                                       [--pull-after] [--served PROFILE_OUT|-] [--rcvhwm N] [--pieces]
 
 Prints the median and the fastest third's median of one push's CPU in this thread (``handle``: decode, MAC,
 body, decompression, validation, screening, the fold, the reply); ``--profile`` adds cProfile's tables (thread
@@ -98,6 +98,65 @@ async def run(codec_name: str, pushes: int, profile: bool, top: int, pull_after:
     if prof is not None:
         pstats.Stats(prof).sort_stats("cumulative").print_stats(top)
         pstats.Stats(prof).sort_stats("tottime").print_stats(top)
+
+
+async def pieces(codec_name: str, repeats: int = 30, calls: int = 20) -> None:
+    """Each piece of a push's handling timed alone, hot (thread CPU, the median over ``repeats`` of ``calls``
+    calls): what ``handle`` is made of, beside ``handle`` itself."""
+    import torch
+    import zmq
+
+    from hermes.common.messages import PushUpdate, parse_body
+    from hermes.common.wire import Header, MsgType, Payload, decode, encode, verify_mac
+    from hermes.server.engine.handlers import _request, decompressed
+    from hermes.server.state import validate_update
+
+    engine, data, body = build(codec_name)
+    engine.start()
+    rec, _ = engine.register("w")
+    spec = engine.spec
+
+    def frames_of(seq: int) -> list[Any]:
+        h = Header(type=MsgType.PUSH_UPDATE, worker=rec.id, session="s", seq=seq, ts=int(engine.clock.time() * 1000),
+                   model_version=engine.state.version, body=body, shapes=(tuple(data.shape),))
+        return [zmq.Frame(bytes(f)) for f in encode(h, data, key=rec.key)]
+
+    zf = frames_of(1)
+    head = Header.unpack(zf[0].buffer)
+    msg = decode(zf, header=head, max_message_bytes=1 << 26)
+    codec = parse_body(PushUpdate, head.body).codec
+    assert codec is not None and msg.payload is not None
+    dense = decompressed(spec, msg.payload, codec)
+    _request.set(head)
+    fns = {
+        "header unpack": lambda: Header.unpack(zf[0].buffer),
+        "frame decode": lambda: decode(zf, header=head, max_message_bytes=1 << 26),
+        "MAC check": lambda: verify_mac(zf[0], head, zf[1:], rec.key),
+        "body schema": lambda: parse_body(PushUpdate, head.body),
+        "decompression": lambda: decompressed(spec, msg.payload, codec),
+        "torch.zeros": lambda: torch.zeros(spec.numel),
+        "validation (norm)": lambda: validate_update(spec, Payload(dense.dtype, dense.chunks, dense.shapes)),
+        "signed reply": lambda: engine.handlers.reply(MsgType.PUSH_REPLY, rec, 1, {"status": "applied"}),
+        "event line": lambda: engine.telemetry.emit("update_applied", version=1, workers=[rec.id], staleness=[0],
+                                                    weights=[1.0]),
+        "fold": lambda: engine.state.apply([(dense, 1.0)]),
+    }
+    samples: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            t0 = time.thread_time()
+            for _ in range(calls):
+                fn()
+            samples[name].append((time.thread_time() - t0) / calls * 1e3)
+    handles = []
+    for i in range(300):
+        frames = frames_of(i + 2)
+        t0 = time.thread_time()
+        await engine.handle(frames)
+        handles.append((time.thread_time() - t0) * 1e3)
+    for name, v in samples.items():
+        print(f"{name:18s} {statistics.median(v):.4f} ms")
+    print(f"{'Engine.handle':18s} {statistics.median(handles[20:]):.4f} ms (whole pushes, not hot)")
 
 
 def plane_main(codec_name: str, out: str, rcvhwm: int | None = None) -> None:
@@ -198,7 +257,14 @@ def main(argv: list[str] | None = None) -> int:
                    help="profile a real hermes-server (cProfile, written here) instead of the engine in process")
     p.add_argument("--rcvhwm", type=int, default=None,
                    help="with --served: the data plane's RCVHWM instead of 1 (an experiment; 1 bounds memory)")
+    p.add_argument("--pieces", action="store_true", help="each piece of a push timed alone, hot, and handle")
     args = p.parse_args(argv)
+    if args.pieces:
+        import torch
+
+        torch.set_num_threads(1)
+        asyncio.run(pieces(args.codec))
+        return 0
     if args.served:
         served(args.codec, args.pushes, args.served, args.top, args.rcvhwm)
         return 0
