@@ -61,7 +61,8 @@ class DenseScratch:
     decode wrote are zeroed again instead. Only when that decode's result is gone (the fold applied it and no
     buffer, barrier or journal holds it: the memory's use count, as ``ModelState`` reuses snapshot buffers) is
     the vector reused; otherwise a new one is allocated. Same values as ``torch.zeros`` then the scatter, bit
-    for bit (+0.0 everywhere else). Thread-safe: big payloads are decoded in worker threads."""
+    for bit (+0.0 everywhere else). Keeps one n-element fp32 vector from the first decode on. Thread-safe: big
+    payloads are decoded in worker threads."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
