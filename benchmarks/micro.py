@@ -343,13 +343,18 @@ def bench_compressed_dataplane(repeats: int, log_dir: str, threads: int | None, 
                 dense = decompressed(spec, payload, enc.spec)
                 raw = memoryview(enc.data.numpy())
 
-                def ours_apply(p: Any = payload, c: CodecSpec = enc.spec) -> None:
-                    d = decompressed(spec, p, c)
+                # As the server and the bare ROUTER decode top-k: into a zero vector kept between pushes (a
+                # revision from before codecs.DenseScratch, measured by micro_ab, allocates one a push).
+                scratch, reuse = dense_scratch(), {}
+
+                def ours_apply(p: Any = payload, c: CodecSpec = enc.spec, scratch: Any = scratch) -> None:
+                    d = decompressed(spec, p, c) if scratch is None else decompressed(spec, p, c, scratch)
                     validate_update(spec, d)
                     local.apply([(d, 1.0)])
 
-                def bare_apply(bs: dict[str, Any] = bare_spec, raw: memoryview = raw) -> None:
-                    d = bare_decode(bs, raw)
+                def bare_apply(bs: dict[str, Any] = bare_spec, raw: memoryview = raw,
+                               reuse: dict[str, Any] = reuse) -> None:
+                    d = bare_decode(bs, raw, reuse)
                     if not torch.isfinite(d.sum()):
                         raise ValueError("non-finite update")
                     bare_model.add_(d)
@@ -440,6 +445,15 @@ def bench_compressed_dataplane(repeats: int, log_dir: str, threads: int | None, 
         work.close()
         bare.close()
     return rows
+
+
+def dense_scratch() -> Any:
+    """The server's reused top-k zero vector (``codecs.DenseScratch``), None in revisions without one."""
+    try:
+        from hermes.common.codecs import DenseScratch
+    except ImportError:
+        return None
+    return DenseScratch()
 
 
 def encode_payload(data: Any) -> Any:

@@ -5,15 +5,16 @@ pull must cost at least, written as plainly as torch allows and sharing no code 
 The bare pair is a pyzmq DEALER (this process) and ROUTER (its own process, as the server is), moving the same
 compressed bytes in the same frames, each end computing the same MAC (Poly1305 under a one-time key) over them:
 
-- a push: the ROUTER authenticates the payload, decodes it to the dense fp32 update (top-k scatter, int8 scale
-  multiply, PowerSGD P Q^T), checks that it is finite (one fp32 sum, the least a server folding untrusted
+- a push: the ROUTER authenticates the payload, decodes it to the dense fp32 update (top-k scatter into a kept
+  zero vector whose last k elements it zeroes again, as our server does; int8 scale multiply, PowerSGD P Q^T), checks that it is finite (one fp32 sum, the least a server folding untrusted
   updates must do) and adds it to its model, then acks;
 - a pull that finds a new model: the ROUTER quantises its model to int8 (nearest, a scale per chunk),
   authenticates the bytes and sends them; the DEALER authenticates what it received.
 
-Not done by the bare pair, done by ours: the header's fields, replay and session checks, the body's schema,
-the size checks of the codec spec, the update's norm (screening reads it; the bare finite check costs the
-same pass), screening, the sync rule, the model's version and snapshot, telemetry, metrics, the signed reply.
+A push's ack is authenticated too (the ROUTER MACs it, the DEALER computes the MAC of what came), as our signed
+reply is. Not done by the bare pair, done by ours: the header's fields, replay and session checks, the body's
+schema, the size checks of the codec spec, the update's norm (screening reads it; the bare finite check costs
+the same pass), screening, the sync rule, the model's version and snapshot, telemetry, metrics.
 """
 
 from __future__ import annotations
@@ -44,8 +45,10 @@ def _matrix(shape: list[int], rank: int) -> tuple[int, int] | None:
     return None if (m + n) * rank >= m * n else (m, n)
 
 
-def bare_decode(spec: dict[str, Any], buf: Any) -> Any:
-    """The dense fp32 update of one compressed payload (``buf``: the received frame's bytes)."""
+def bare_decode(spec: dict[str, Any], buf: Any, reuse: dict[str, Any] | None = None) -> Any:
+    """The dense fp32 update of one compressed payload (``buf``: the received frame's bytes). ``reuse``: top-k
+    writes into the zero vector kept there, the last push's elements zeroed again (what our server does,
+    ``codecs.DenseScratch``; the caller drops the result before the next push)."""
     import torch
 
     shapes = spec["shapes"]
@@ -54,9 +57,17 @@ def bare_decode(spec: dict[str, Any], buf: Any) -> Any:
         warnings.simplefilter("ignore", UserWarning)  # received frames are read-only; never written
         if spec["codec"] == "topk":
             k = spec["k"]
-            out = torch.zeros(n)
-            out[torch.frombuffer(buf, dtype=torch.int32, count=k)] = torch.frombuffer(
-                buf, dtype=torch.float32, count=k, offset=4 * k)
+            idx = torch.frombuffer(buf, dtype=torch.int32, count=k)
+            if reuse is None:
+                out = torch.zeros(n)
+            else:
+                out = reuse.get("out")
+                if out is None or out.numel() != n:
+                    out = reuse["out"] = torch.zeros(n)
+                else:
+                    out[reuse["idx"]] = 0.0
+                reuse["idx"] = idx.clone()
+            out[idx] = torch.frombuffer(buf, dtype=torch.float32, count=k, offset=4 * k)
             return out
         if spec["codec"] == "int8":
             chunk = spec["chunk"]
@@ -107,7 +118,7 @@ def bare_quantise(model: Any, chunk: int) -> Any:
 
 
 def router_main(port: int) -> None:
-    """[b"W" + json spec, *payload] -> MAC, decode, finite check, add; one ack frame.
+    """[b"W" + json spec, *payload] -> MAC, decode, finite check, add; an ack frame and its MAC.
     [b"Q" + json {"chunk", "numel"}] -> quantise the model, MAC, send a header-sized frame and the bytes.
     [b"stop"] -> ack and exit."""
     import torch
@@ -119,6 +130,7 @@ def router_main(port: int) -> None:
     sock.bind(f"tcp://127.0.0.1:{port}")
     header, ack = b"h" * BARE_HEADER_BYTES, b"a" * 96
     model: Any = None
+    reuse: dict[str, Any] = {}
     print("ready", flush=True)
     while True:
         frames = sock.recv_multipart(copy=False)
@@ -133,11 +145,13 @@ def router_main(port: int) -> None:
         if first[:1] == b"W":
             bufs = [f.buffer for f in frames[2:]]
             bare_mac(bufs)
-            delta = bare_decode(spec, bufs[0])
+            delta = bare_decode(spec, bufs[0], reuse)
             if not torch.isfinite(delta.sum()):
                 raise ValueError("non-finite update")
             model.add_(delta)
-            sock.send_multipart([ident, ack], copy=False)
+            del delta
+            # The ack authenticated as ours is (its MAC, the agent checks it): the same MAC both ways.
+            sock.send_multipart([ident, ack, bare_mac([ack]).encode()], copy=False)
         else:
             data = bare_quantise(model, spec["chunk"])
             view = memoryview(data.numpy())
@@ -169,7 +183,8 @@ class BareWorkRouter:
         """One compressed push: MAC here, send; there MAC, decode, check, add; ack."""
         bare_mac(payload)
         self.sock.send_multipart([b"W" + json.dumps(spec).encode(), *payload], copy=False)
-        self.sock.recv_multipart(copy=False)
+        reply = self.sock.recv_multipart(copy=False)
+        bare_mac([reply[0].buffer])  # the ack's MAC checked (recomputed; a real check compares it too)
 
     def pull(self, chunk: int, numel: int) -> int:
         """One int8 pull of a new model: there quantise and MAC; here MAC what came."""

@@ -2,7 +2,7 @@
 no sockets, the micro's 1M-parameter mlp under the asp preset with screening as the server runs it.
 
     python benchmarks/micro_profile.py [--codec topk|int8|powersgd|fp32] [--pushes 300] [--profile] [--top 30]
-                                       [--pull-after] [--served PROFILE_OUT|-]
+                                       [--pull-after] [--served PROFILE_OUT|-] [--rcvhwm N] [--pieces]
 
 Prints the median and the fastest third's median of one push's CPU in this thread (``handle``: decode, MAC,
 body, decompression, validation, screening, the fold, the reply); ``--profile`` adds cProfile's tables (thread
@@ -21,6 +21,7 @@ import json
 import pstats
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -99,10 +100,79 @@ async def run(codec_name: str, pushes: int, profile: bool, top: int, pull_after:
         pstats.Stats(prof).sort_stats("tottime").print_stats(top)
 
 
-def plane_main(codec_name: str, out: str) -> None:
-    """The child of ``--served``: the engine behind the real ``DataPlane`` (its asyncio ROUTER loop, admission,
-    a task per request, the reply's send) on one thread, under cProfile until the parent says stop."""
+async def pieces(codec_name: str, repeats: int = 30, calls: int = 20) -> None:
+    """Each piece of a push's handling timed alone, hot (thread CPU, the median over ``repeats`` of ``calls``
+    calls): what ``handle`` is made of, beside ``handle`` itself."""
+    import torch
     import zmq
+
+    from hermes.common.messages import PushUpdate, parse_body
+    from hermes.common.wire import Header, MsgType, Payload, decode, encode, verify_mac
+    from hermes.server.engine.handlers import _request, decompressed
+    from hermes.server.state import validate_update
+
+    engine, data, body = build(codec_name)
+    engine.start()
+    rec, _ = engine.register("w")
+    spec = engine.spec
+
+    def frames_of(seq: int) -> list[Any]:
+        h = Header(type=MsgType.PUSH_UPDATE, worker=rec.id, session="s", seq=seq, ts=int(engine.clock.time() * 1000),
+                   model_version=engine.state.version, body=body, shapes=(tuple(data.shape),))
+        return [zmq.Frame(bytes(f)) for f in encode(h, data, key=rec.key)]
+
+    zf = frames_of(1)
+    head = Header.unpack(zf[0].buffer)
+    msg = decode(zf, header=head, max_message_bytes=1 << 26)
+    codec = parse_body(PushUpdate, head.body).codec
+    assert codec is not None and msg.payload is not None
+    dense = decompressed(spec, msg.payload, codec)
+    _request.set(head)
+    fns = {
+        "header unpack": lambda: Header.unpack(zf[0].buffer),
+        "frame decode": lambda: decode(zf, header=head, max_message_bytes=1 << 26),
+        "MAC check": lambda: verify_mac(zf[0], head, zf[1:], rec.key),
+        "body schema": lambda: parse_body(PushUpdate, head.body),
+        "decompression": lambda: decompressed(spec, msg.payload, codec),
+        "torch.zeros": lambda: torch.zeros(spec.numel),
+        "validation (norm)": lambda: validate_update(spec, Payload(dense.dtype, dense.chunks, dense.shapes)),
+        "signed reply": lambda: engine.handlers.reply(MsgType.PUSH_REPLY, rec, 1, {"status": "applied"}),
+        "event line": lambda: engine.telemetry.emit("update_applied", version=1, workers=[rec.id], staleness=[0],
+                                                    weights=[1.0]),
+        "fold": lambda: engine.state.apply([(dense, 1.0)]),
+    }
+    samples: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            t0 = time.thread_time()
+            for _ in range(calls):
+                fn()
+            samples[name].append((time.thread_time() - t0) / calls * 1e3)
+    handles = []
+    for i in range(300):
+        frames = frames_of(i + 2)
+        t0 = time.thread_time()
+        await engine.handle(frames)
+        handles.append((time.thread_time() - t0) * 1e3)
+    for name, v in samples.items():
+        print(f"{name:18s} {statistics.median(v):.4f} ms")
+    print(f"{'Engine.handle':18s} {statistics.median(handles[20:]):.4f} ms (whole pushes, not hot)")
+
+
+def plane_main(codec_name: str, out: str, rcvhwm: int | None = None) -> None:
+    """The child of ``--served``: the engine behind the real ``DataPlane`` (its asyncio ROUTER loop, admission,
+    a task per request, the reply's send) on one thread, under cProfile until the parent says stop. ``rcvhwm``:
+    the data plane's ROUTER with this RCVHWM instead of its 1 (an experiment, ``--rcvhwm``)."""
+    import zmq
+    import zmq.asyncio
+
+    if rcvhwm is not None:
+        setsockopt = zmq.asyncio.Socket.setsockopt
+
+        def patched(self: Any, option: int, value: Any) -> None:
+            setsockopt(self, option, rcvhwm if option == zmq.RCVHWM else value)
+
+        zmq.asyncio.Socket.setsockopt = patched  # type: ignore[method-assign]
 
     from hermes.server.dataplane import DataPlane
 
@@ -119,23 +189,24 @@ def plane_main(codec_name: str, out: str) -> None:
         if prof is not None:
             prof.enable()
         c0, n0 = time.thread_time(), engine.message_counts.get("push_update", 0)
+        s0 = int(Path(f"/proc/self/task/{threading.get_native_id()}/schedstat").read_text().split()[2])
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
         c1, n1 = time.thread_time(), engine.message_counts.get("push_update", 0)
         if prof is not None:
             prof.disable()
             prof.dump_stats(out)
-        print(f"data plane loop thread: {(c1 - c0) / max(1, n1 - n0) * 1e3:.3f} ms CPU a push ({n1 - n0} pushes)",
-              file=sys.stderr)
+        slices = int(Path(f"/proc/self/task/{threading.get_native_id()}/schedstat").read_text().split()[2]) - s0
+        print(f"data plane loop thread: {(c1 - c0) / max(1, n1 - n0) * 1e3:.3f} ms CPU a push, "
+              f"{slices / max(1, n1 - n0):.2f} runs on a CPU a push ({n1 - n0} pushes)", file=sys.stderr)
         await plane.stop()
 
-    del zmq
     import torch
 
     torch.set_num_threads(1)
     asyncio.run(serve())
 
 
-def served(codec_name: str, pushes: int, out: str, top: int) -> None:
+def served(codec_name: str, pushes: int, out: str, top: int, rcvhwm: int | None = None) -> None:
     """The same pushes through the real data plane in a process of its own, profiled there (``plane_main``)."""
     import subprocess
 
@@ -146,7 +217,8 @@ def served(codec_name: str, pushes: int, out: str, top: int) -> None:
     from hermes.common.tensors import ModelSpec
     from hermes.common.wire import MsgType
 
-    child = subprocess.Popen([sys.executable, __file__, "--plane", codec_name, out], stdin=subprocess.PIPE,
+    child = subprocess.Popen([sys.executable, __file__, "--plane", codec_name, out,
+                              *([] if rcvhwm is None else [str(rcvhwm)])], stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, text=True)
     assert child.stdin is not None and child.stdout is not None
     try:
@@ -183,9 +255,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pull-after", action="store_true", help="time an int8 pull after each push instead")
     p.add_argument("--served", metavar="PROFILE_OUT", default=None,
                    help="profile a real hermes-server (cProfile, written here) instead of the engine in process")
+    p.add_argument("--rcvhwm", type=int, default=None,
+                   help="with --served: the data plane's RCVHWM instead of 1 (an experiment; 1 bounds memory)")
+    p.add_argument("--pieces", action="store_true", help="each piece of a push timed alone, hot, and handle")
     args = p.parse_args(argv)
+    if args.pieces:
+        import torch
+
+        torch.set_num_threads(1)
+        asyncio.run(pieces(args.codec))
+        return 0
     if args.served:
-        served(args.codec, args.pushes, args.served, args.top)
+        served(args.codec, args.pushes, args.served, args.top, args.rcvhwm)
         return 0
     import torch
 
@@ -196,6 +277,6 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--plane"]:
-        plane_main(sys.argv[2], sys.argv[3])
+        plane_main(sys.argv[2], sys.argv[3], int(sys.argv[4]) if len(sys.argv) > 4 else None)
     else:
         sys.exit(main())

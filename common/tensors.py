@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import torch
@@ -33,11 +34,13 @@ class ModelSpec:
     # One sample's input shape, as the task's data gives it (informational).
     input_shape: tuple[int, ...] = ()
 
-    @property
+    # Computed once (the spec is frozen): the push path reads both several times a push, and a model's
+    # entries run to a hundred and more (issue 31's micro path).
+    @cached_property
     def numel(self) -> int:
         return sum(math.prod(s) for _, s in self.entries)
 
-    @property
+    @cached_property
     def shapes(self) -> tuple[tuple[int, ...], ...]:
         return tuple(s for _, s in self.entries)
 

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from hermes.common.clock import Clock
-from hermes.common.codecs import Int8Codec
+from hermes.common.codecs import DenseScratch, Int8Codec
 from hermes.common.codecs import decode as decode_codec
 from hermes.common.messages import (
     MAX_SHARDS_PER_FETCH,
@@ -70,14 +70,16 @@ _MODEL_DTYPES = ("float32", "float16", "bfloat16")
 Frames = list[Any]
 
 
-def decompressed(spec: ModelSpec, payload: Payload | None, codec: CodecSpec) -> Payload:
+def decompressed(spec: ModelSpec, payload: Payload | None, codec: CodecSpec,
+                 scratch: DenseScratch | None = None) -> Payload:
     """A compressed push's update as the fp32 payload it stands for: what screening, the rules, the loss probes
-    and the journal see (compression.push). The buffer's size must follow from the codec spec and the model."""
+    and the journal see (compression.push). The buffer's size must follow from the codec spec and the model.
+    ``scratch``: a top-k push's zeroed vector, reused once the last push's update is gone."""
     if payload is None or payload.dtype != torch.uint8:
         raise ProtocolError(ErrorCode.BAD_DTYPE, f"a {codec.name} push travels as uint8 bytes, not "
                                                  f"{'nothing' if payload is None else payload.dtype}")
     try:
-        flat = decode_codec(payload.flat(), codec, spec.shapes)
+        flat = decode_codec(payload.flat(), codec, spec.shapes, scratch)
     except CodecError as exc:
         raise ProtocolError(ErrorCode.BAD_SHAPE, str(exc)) from None
     return Payload(dtype=torch.float32, chunks=(flat,), shapes=spec.shapes)
@@ -109,6 +111,7 @@ class Handlers:
         self.admission = admission
         # compression.pull int8: chunk -> (version, the model's int8 bytes framed once), the latest version only.
         self._int8_models: dict[int, tuple[int, PreparedPayload]] = {}
+        self._topk_scratch = DenseScratch()
         self._by_type: dict[MsgType, Callable[[WorkerRecord, Message], Awaitable[Frames]]] = {
             MsgType.PUSH_UPDATE: self.on_push,
             MsgType.PULL_MODEL: self.on_pull,
@@ -167,7 +170,8 @@ class Handlers:
                 ErrorCode.BAD_REQUEST, f"base model_version {h.model_version} not in [0, {self.state.version}]"
             )
         if body.codec is not None:
-            msg = Message(h, await offload(4 * self.spec.numel, decompressed, self.spec, msg.payload, body.codec))
+            msg = Message(h, await offload(4 * self.spec.numel, decompressed, self.spec, msg.payload, body.codec,
+                                         self._topk_scratch))
         await offload(payload_bytes(msg.payload), validate_update, self.spec, msg.payload)
         assert msg.payload is not None  # validate_update refuses a push without one
         worker.pushes += 1

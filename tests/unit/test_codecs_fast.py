@@ -91,3 +91,49 @@ def test_decoded_vectors_do_not_alias_the_received_buffer() -> None:
         before = out.clone()
         enc.data.fill_(0)
         assert torch.equal(out, before)
+
+
+def test_topk_decode_into_a_reused_zero_vector_is_bit_for_bit_a_fresh_one() -> None:
+    """DenseScratch: the k elements the last decode wrote are zeroed again instead of a new zero vector a push;
+    every decode equals torch.zeros + the scatter, bit for bit (-0.0 and a sender's repeated indices included)."""
+    from hermes.common.codecs import DenseScratch
+
+    scratch, shapes, gen = DenseScratch(), ((50, 20), (40,)), torch.Generator().manual_seed(3)
+    first = None
+    for i in range(6):
+        delta = torch.randn(1040, generator=gen)
+        delta[7] = -0.0 if i % 2 else delta[7]
+        enc = TopKCodec(0.05).encode(delta, shapes)
+        got = decode(enc.data, enc.spec, shapes, scratch)
+        want = decode(enc.data, enc.spec, shapes)
+        assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+        if first is None:
+            first = got.data_ptr()
+        else:
+            assert got.data_ptr() == first  # the last result was dropped: its memory is reused
+        del got
+    # A sender's repeated indices: the last value wins, as with a fresh vector.
+    idx, values = torch.tensor([5, 9, 5, 1000], dtype=torch.int32), torch.tensor([1.0, 2.0, 3.0, 4.0])
+    data = torch.cat([idx.view(torch.uint8), values.view(torch.uint8)])
+    spec = CodecSpec(name="topk", k=4)
+    assert torch.equal(decode(data, spec, shapes, scratch), decode(data, spec, shapes))
+
+
+def test_topk_scratch_never_writes_a_vector_someone_still_holds() -> None:
+    from hermes.common.codecs import DenseScratch
+
+    scratch, shapes = DenseScratch(), ((100,),)
+    a_enc = TopKCodec(0.1).encode(torch.arange(100.0), shapes)
+    b_enc = TopKCodec(0.1).encode(-torch.arange(100.0), shapes)
+    held = decode(a_enc.data, a_enc.spec, shapes, scratch)
+    kept = held.clone()
+    view = held[10:]  # a view holds the memory too (as a buffered update's chunk would)
+    del held
+    other = decode(b_enc.data, b_enc.spec, shapes, scratch)
+    assert other.data_ptr() != view.data_ptr() - 40
+    assert torch.equal(view, kept[10:])
+    assert torch.equal(other, decode(b_enc.data, b_enc.spec, shapes))
+    # Both let go: the newer vector is the one reused, and it reads zeros outside the new indices.
+    del view, other
+    again = decode(a_enc.data, a_enc.spec, shapes, scratch)
+    assert torch.equal(again, kept)
