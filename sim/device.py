@@ -205,7 +205,9 @@ class SimDevice:
         if not slowed:
             sleep = 0.0
         for _ in range(max(1, steps) if seconds > 0 else 0):
-            burst = asyncio.ensure_future(host.run(cpu / max(1, steps)))
+            # A slowed agent's thread sleeps between its steps (and before the first, for the reply it waited
+            # on): each step a woken sleeper's burst (HostSpec.sleeper).
+            burst = asyncio.ensure_future(host.run(cpu / max(1, steps), woken=sleep > 0))
             if self.offline_at is None:
                 await burst
             else:
