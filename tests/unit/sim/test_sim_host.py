@@ -250,6 +250,28 @@ def test_a_slowed_agent_sleeps_after_its_training_but_not_after_its_gates_valida
     assert validated == pytest.approx(0.125)
 
 
+def test_with_sleeper_a_slowed_agents_steps_and_any_agents_first_step_after_a_wait_run_at_a_core_of_their_own(tmp_path):
+    # One core and one other runnable process: a plain job runs at half a core. sleeper 0.5 s covers every step.
+    config = build_config("asp", dataset="digits", model="mlp", seed=0, max_seconds=1)
+    sim = Simulation(config, _devices(), out=tmp_path / "s", transfer=transfer_seconds, cost=CalibratedCost(),
+                     population="test", host=HostSpec(cores=1, background=1, thread_flops=2e8, sleeper=0.5))
+    fast, slowed = sim.devices[0], sim.devices[3]
+
+    async def main():
+        return (await fast.busy(0.4, 2), await fast.busy(0.4, 2, after_wait=False),
+                await slowed.busy(1.0, 4), await slowed.busy(1.0, 1, slowed=False, after_wait=False))
+
+    after_wait, busy_on, slowed_steps, validation = run_virtual(sim.clock, main)
+    # The unslowed agent: its first step (0.2 s of CPU) at a full core after the reply it waited on, the second at
+    # half a core (0.4 s); without a wait before it, both at half a core.
+    assert after_wait == pytest.approx(0.6)
+    assert busy_on == pytest.approx(0.8)
+    # The slowed agent (1/8 of the thread): each of its 4 steps follows a sleep, 1/32 s of CPU at a full core, then
+    # 7/32 s asleep: 1 s, as alone; its validation, not after a sleep, at half a core: 2 x 1/8 s.
+    assert slowed_steps == pytest.approx(1.0)
+    assert validation == pytest.approx(0.25)
+
+
 def test_a_cycle_in_larger_batches_is_cheaper_per_sample_as_measured():
     host = Host(HostSpec())
     # The FLOPs model is right at the batch THREAD_FLOPS was measured at: 128 samples in 4 steps of 32.
