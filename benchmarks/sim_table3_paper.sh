@@ -2,8 +2,9 @@
 # Hermes Table III in simulation, in the paper's setting (docs/simulation.md#hermes-table-iii-in-simulation):
 # 12 Table II workers, the paper's MNIST CNN compute charged (cnn:1x28x28, 114,314 parameters) while the mnist1d
 # CNN of the same size trains on mnist1d 200k to a high target (many BSP rounds, as the paper's 800), DSS 2500 and
-# MBS 16 (Hermes Fig. 12's first sizes) and lr 0.1 (Table I), one seed. Each cell one hermes-sim process, one
-# torch thread, under the sim lock, at most WALL s of wall time (default 480).
+# MBS 16 (Hermes Fig. 12's first sizes), plain SGD at lr 0.1 for every framework (Table I; our `hermes` preset's
+# momentum 0.9 is overridden too), one seed. Each cell one hermes-sim process, one torch thread, under the sim
+# lock, at most WALL s of wall time (default 480; a cell it stops has events but no summary).
 #   benchmarks/sim_table3_paper.sh OUT [LABEL...]     then: python benchmarks/sim_table3_paper.py OUT
 OUT=${1:-runs/t3}; shift
 TARGET=${TARGET:-0.97}; MAXS=${MAXS:-400}; WALL=${WALL:-480}
