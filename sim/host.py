@@ -32,7 +32,9 @@ policy; it is processor sharing. With ``--host`` the simulation models it:
   lag, so a thread that slept while others ran wakes eligible and preempts them, where fluid sharing gives it
   the same share as the always-busy threads. Measured on the testbed (``lan`` ``hermes-paper``, seed 3,
   2026-11-28): the slowed agents' core share 0.51-0.58 against the unslowed agent's 0.36, a 5.33x agent's
-  single 64-sample step 24-26 ms a cycle (what it takes at a full core), 35 ms in the fluid model.
+  single 64-sample step 24-26 ms a cycle (what it takes at a full core), 35 ms in the fluid model; seed 4, at
+  background 5.81, gave every agent the same share: the credit depends on the load, so it stays off by default.
+  Besides the slowed agents' steps, any agent's first step after the reply it waited on is such a burst.
 
 The constants are this machine's, measured by ``benchmarks/sim_host_calibrate.py`` (one torch thread,
 ``time.thread_time``): an agent thread's training FLOP/s and an agent's CPU per message. ``background``
