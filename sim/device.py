@@ -193,19 +193,21 @@ class SimDevice:
             raise Offline
         await self.sim.driver.until(t)
 
-    async def busy(self, seconds: float, steps: int, *, slowed: bool = True) -> float:
+    async def busy(self, seconds: float, steps: int, *, slowed: bool = True, after_wait: bool = True) -> float:
         """``seconds`` of this device's own work on the simulated host (sim/host.py), in ``steps`` steps, each its CPU
         burst on the shared cores and then its slowdown's sleep, as a testbed agent's; the virtual seconds it took.
         ``slowed=False``: work the testbed agent does not slow (its gate's validation pass, ``LocalTrainer.evaluate``,
-        has no ``_emulate_slowdown``): the CPU burst alone."""
+        has no ``_emulate_slowdown``): the CPU burst alone. A step that follows a block of the thread (the slowdown's
+        sleep after each step; ``after_wait``: the reply it waited on before the first) is a woken sleeper's burst
+        (HostSpec.sleeper)."""
         host = self.sim.host
         assert host is not None
         t0 = self.sim.driver.now()
         cpu, sleep = host.split(seconds, self.profile.flops)
         if not slowed:
             sleep = 0.0
-        for _ in range(max(1, steps) if seconds > 0 else 0):
-            burst = asyncio.ensure_future(host.run(cpu / max(1, steps)))
+        for i in range(max(1, steps) if seconds > 0 else 0):
+            burst = asyncio.ensure_future(host.run(cpu / max(1, steps), woken=sleep > 0 or (i == 0 and after_wait)))
             if self.offline_at is None:
                 await burst
             else:
@@ -537,7 +539,8 @@ class SimDevice:
                 else:  # the testbed's shared cores (sim/host.py): the time it took is what the agent reports
                     steps = -(-len(y) // max(1, work.batch_size))
                     compute = await self.busy(compute * sim.host.cycle_factor(len(y), steps), steps)
-                    await self.busy(gate_eval, 1, slowed=False)
+                    # The validation follows the training: after a sleep only if the agent is slowed.
+                    await self.busy(gate_eval, 1, slowed=False, after_wait=sim.host.split(1.0, self.profile.flops)[1] > 0)
             except Offline:
                 # Trained, then lost: the device's shuffling stream moved on all the same.
                 self.take_cycle_outputs(sim.executor.result(pending))

@@ -26,7 +26,15 @@ policy; it is processor sharing. With ``--host`` the simulation models it:
   loop, the agent's thread). ``Host.wake`` charges that wait, no CPU: a request/reply round trip waits
   ``WAKEUP_RTT_S`` and a thread hop of the server's event loop (``asyncio.to_thread``) ``WAKEUP_HOP_S``,
   both measured means against the number of other nice-0 runnable processes
-  (``benchmarks/sim_host_wakeup.py --burners``), read at the host's ``jobs + background``.
+  (``benchmarks/sim_host_wakeup.py --burners``), read at the host's ``jobs + background``;
+* a slowed agent's step right after its slowdown's sleep runs on a core of its own for up to ``sleeper`` CPU
+  seconds (off by default): the kernel (EEVDF, Linux >= 6.6; this machine's is 6.18) keeps a sleeping task's
+  lag, so a thread that slept while others ran wakes eligible and preempts them, where fluid sharing gives it
+  the same share as the always-busy threads. Measured on the testbed (``lan`` ``hermes-paper``, seed 3,
+  2026-11-28): the slowed agents' core share 0.51-0.58 against the unslowed agent's 0.36, a 5.33x agent's
+  single 64-sample step 24-26 ms a cycle (what it takes at a full core), 35 ms in the fluid model; seed 4, at
+  background 5.81, gave every agent the same share: the credit depends on the load, so it stays off by default.
+  Besides the slowed agents' steps, any agent's first step after the reply it waited on is such a burst.
 
 The constants are this machine's, measured by ``benchmarks/sim_host_calibrate.py`` (one torch thread,
 ``time.thread_time``): an agent thread's training FLOP/s and an agent's CPU per message. ``background``
@@ -107,6 +115,9 @@ class HostSpec:
     # 1: messages and the server's thread hops wait the measured wake-up latency (WAKEUP_RTT_S); 0: they do
     # not (the fluid model alone, as before 2026-11-27 session 4).
     wakeups: float = 1.0
+    # > 0: CPU seconds of a slowed agent's step after its sleep that run at a full core (EEVDF keeps a
+    # sleeper's lag); the rest of the step, and every busy thread, share what is left. 0: fluid sharing only.
+    sleeper: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.cores > 0 or not self.thread_flops > 0:
@@ -117,6 +128,8 @@ class HostSpec:
             raise HostError("host batch_cost must be 0 (off) or 1 (the measured costs)")
         if self.wakeups not in (0.0, 1.0):
             raise HostError("host wakeups must be 0 (off) or 1 (the measured latencies)")
+        if not 0.0 <= self.sleeper < 1.0:
+            raise HostError("host sleeper must be CPU seconds in [0, 1)")
 
 
 def parse_host(text: str | None) -> HostSpec | None:
@@ -143,12 +156,13 @@ def parse_host(text: str | None) -> HostSpec | None:
 
 
 class _Job:
-    __slots__ = ("future", "remaining", "seq")
+    __slots__ = ("future", "prio", "remaining", "seq")
 
-    def __init__(self, remaining: float, future: asyncio.Future[None], seq: int) -> None:
+    def __init__(self, remaining: float, future: asyncio.Future[None], seq: int, prio: bool = False) -> None:
         self.remaining = remaining
         self.future = future
         self.seq = seq
+        self.prio = prio  # a woken sleeper's burst (HostSpec.sleeper): a core of its own while cores last
 
 
 class Host:
@@ -173,16 +187,27 @@ class Host:
             return 1.0
         return min(1.0, self.spec.cores / (n + self.spec.background))
 
+    def rates(self) -> tuple[float, float]:
+        """(a woken sleeper's burst, any other job): the bursts take a core each while there are cores (they
+        share the cores when more), the others and ``background`` share what is left."""
+        p = sum(1 for j in self.jobs if j.prio)
+        if p == 0:
+            return 1.0, self.rate()
+        rp = min(1.0, self.spec.cores / p)
+        n = len(self.jobs) - p
+        left = self.spec.cores - p * rp
+        return rp, (min(1.0, left / (n + self.spec.background)) if n and left > 0 else 0.0)
+
     def _advance(self, now: float) -> None:
         dt = now - self._last
         if dt > 0 and self.jobs:
-            r = self.rate()
+            rp, r = self.rates()
             for j in self.jobs:
-                j.remaining -= dt * r
-            n = len(self.jobs)
-            self.cpu_seconds += dt * r * n
-            self.runnable_seconds += dt * n
-            self.stretch_seconds += dt * (1 - r) * n
+                rj = rp if j.prio else r
+                j.remaining -= dt * rj
+                self.cpu_seconds += dt * rj
+                self.stretch_seconds += dt * (1 - rj)
+            self.runnable_seconds += dt * len(self.jobs)
         self._last = max(self._last, now)
 
     def _reschedule(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -190,29 +215,45 @@ class Host:
             self._timer.cancel()
             self._timer = None
         if self.jobs:
-            first = min(j.remaining for j in self.jobs)
-            self._timer = loop.call_at(self._last + max(0.0, first) / self.rate(), self._fire, loop)
+            rp, r = self.rates()
+            # A job served at rate 0 (every core to sleepers' bursts) finishes after one of those.
+            first = min(max(0.0, j.remaining) / (rp if j.prio else r) for j in self.jobs if (rp if j.prio else r) > 0)
+            self._timer = loop.call_at(self._last + first, self._fire, loop)
 
     def _fire(self, loop: asyncio.AbstractEventLoop) -> None:
         self._timer = None
         self._advance(loop.time())
         done = [j for j in self.jobs if j.remaining <= EPS_S]
-        if not done:  # rounding left a sliver: finish the smallest one
-            done = [min(self.jobs, key=lambda j: (j.remaining, j.seq))]
+        if not done:  # rounding left a sliver: finish the smallest one being served
+            rp, r = self.rates()
+            served = [j for j in self.jobs if (rp if j.prio else r) > 0]
+            done = [min(served, key=lambda j: (j.remaining, j.seq))]
         self.jobs = [j for j in self.jobs if j not in done]
         for j in sorted(done, key=lambda j: j.seq):
             if not j.future.done():
                 j.future.set_result(None)
         self._reschedule(loop)
 
-    async def run(self, cpu_seconds: float) -> None:
-        """Run ``cpu_seconds`` of one thread's work on the host; returns when it is done (virtual time)."""
+    async def run(self, cpu_seconds: float, *, woken: bool = False) -> None:
+        """Run ``cpu_seconds`` of one thread's work on the host; returns when it is done (virtual time).
+        ``woken``: the thread slept before it (a slowed agent's step): its first ``spec.sleeper`` CPU seconds
+        run at a core of their own (``rates``)."""
+        if not cpu_seconds > 0:
+            return
+        if woken and self.spec.sleeper > 0:
+            head = min(cpu_seconds, self.spec.sleeper)
+            await self._run(head, prio=True)
+            await self._run(cpu_seconds - head, prio=False)
+            return
+        await self._run(cpu_seconds, prio=False)
+
+    async def _run(self, cpu_seconds: float, *, prio: bool) -> None:
         if not cpu_seconds > 0:
             return
         loop = asyncio.get_running_loop()
         self._advance(loop.time())
         self._seq += 1
-        job = _Job(cpu_seconds, loop.create_future(), self._seq)
+        job = _Job(cpu_seconds, loop.create_future(), self._seq, prio)
         self.jobs.append(job)
         self._reschedule(loop)
         try:

@@ -17,18 +17,20 @@ from hermes.sim.run import SimError, Simulation, deterministic_view
 from hermes.sim.server_cost import CalibratedCost, MeasuredCost
 
 
-def _finish_times(spec: HostSpec, jobs: list[tuple[float, float]], cancel: tuple[int, float] | None = None):
-    """Start each (start time, CPU seconds) job on one host; the virtual time each one ends (None: cancelled)."""
+def _finish_times(spec: HostSpec, jobs: list[tuple[float, float]], cancel: tuple[int, float] | None = None,
+                  woken: tuple[int, ...] = ()):
+    """Start each (start time, CPU seconds) job on one host; the virtual time each one ends (None: cancelled).
+    ``woken``: the indices of jobs that are a sleeper's burst (``Host.run(woken=True)``)."""
     clock = VirtualClock(start=0.0)
     host = Host(spec)
 
-    async def one(start: float, cpu: float) -> float:
+    async def one(start: float, cpu: float, sleeper: bool) -> float:
         await asyncio.sleep(start)
-        await host.run(cpu)
+        await host.run(cpu, woken=sleeper)
         return clock.monotonic()
 
     async def main():
-        tasks = [asyncio.ensure_future(one(s, c)) for s, c in jobs]
+        tasks = [asyncio.ensure_future(one(s, c, i in woken)) for i, (s, c) in enumerate(jobs)]
         if cancel is not None:
             await asyncio.sleep(cancel[1])
             tasks[cancel[0]].cancel()
@@ -72,6 +74,28 @@ def test_a_cancelled_job_leaves_the_host_and_the_others_speed_up():
     assert times[1] is None
     assert times[0] == pytest.approx(1.25)
     assert host.jobs == []
+
+
+def test_a_woken_sleepers_burst_takes_a_core_of_its_own_up_to_its_credit_and_only_with_the_switch_on():
+    # 2 cores, 2 background processes, a busy job (1 s of CPU) and a sleeper's burst of 6 ms at 0.1 s.
+    jobs = [(0.0, 1.0), (0.1, 0.006)]
+    # Fluid sharing (sleeper off, the default): the burst shares like any job, 2 / 4 of a core: 12 ms.
+    off, _ = _finish_times(HostSpec(cores=2, background=2), jobs, woken=(1,))
+    assert off[1] == pytest.approx(0.112)
+    # sleeper = 4 ms: its first 4 ms at a full core, the last 2 ms back at the fair share (2 / 4): 8 ms in all;
+    # meanwhile the busy job and the background share the one core left (1 / 3 of a core, not 2 / 3).
+    on, host = _finish_times(HostSpec(cores=2, background=2, sleeper=0.004), jobs, woken=(1,))
+    assert on[1] == pytest.approx(0.108)
+    assert on[0] > off[0]
+    assert host.stats(on[0])["cpu_seconds"] == pytest.approx(1.006)
+    # A job not woken is never served as a sleeper's burst.
+    assert _finish_times(HostSpec(cores=2, background=2, sleeper=0.004), jobs)[0] == pytest.approx(off)
+    # More bursts than cores: they share the cores and the busy job waits (rate 0) until one ends.
+    three, _ = _finish_times(HostSpec(cores=2, sleeper=0.004), [(0.0, 0.01), (0.0, 0.003), (0.0, 0.003),
+                                                                  (0.0, 0.003)], woken=(1, 2, 3))
+    assert three[1:] == pytest.approx([0.0045] * 3)
+    with pytest.raises(HostError, match="sleeper"):
+        HostSpec(sleeper=-0.001)
 
 
 def test_a_slowed_agent_computes_at_the_thread_rate_then_sleeps_the_rest():
@@ -224,6 +248,28 @@ def test_a_slowed_agent_sleeps_after_its_training_but_not_after_its_gates_valida
     trained, validated = run_virtual(sim.clock, main)
     assert trained == pytest.approx(1.0)
     assert validated == pytest.approx(0.125)
+
+
+def test_with_sleeper_a_slowed_agents_steps_and_any_agents_first_step_after_a_wait_run_at_a_core_of_their_own(tmp_path):
+    # One core and one other runnable process: a plain job runs at half a core. sleeper 0.5 s covers every step.
+    config = build_config("asp", dataset="digits", model="mlp", seed=0, max_seconds=1)
+    sim = Simulation(config, _devices(), out=tmp_path / "s", transfer=transfer_seconds, cost=CalibratedCost(),
+                     population="test", host=HostSpec(cores=1, background=1, thread_flops=2e8, sleeper=0.5))
+    fast, slowed = sim.devices[0], sim.devices[3]
+
+    async def main():
+        return (await fast.busy(0.4, 2), await fast.busy(0.4, 2, after_wait=False),
+                await slowed.busy(1.0, 4), await slowed.busy(1.0, 1, slowed=False, after_wait=False))
+
+    after_wait, busy_on, slowed_steps, validation = run_virtual(sim.clock, main)
+    # The unslowed agent: its first step (0.2 s of CPU) at a full core after the reply it waited on, the second at
+    # half a core (0.4 s); without a wait before it, both at half a core.
+    assert after_wait == pytest.approx(0.6)
+    assert busy_on == pytest.approx(0.8)
+    # The slowed agent (1/8 of the thread): each of its 4 steps follows a sleep, 1/32 s of CPU at a full core, then
+    # 7/32 s asleep: 1 s, as alone; its validation, not after a sleep, at half a core: 2 x 1/8 s.
+    assert slowed_steps == pytest.approx(1.0)
+    assert validation == pytest.approx(0.25)
 
 
 def test_a_cycle_in_larger_batches_is_cheaper_per_sample_as_measured():
