@@ -103,6 +103,9 @@ class Suite(BaseModel):
     # cluster's total compute exceeds this machine's cores, every device is slowed alike so the comparison with
     # the fastest device alone stays fair (issue 31).
     pace: float = Field(default=1.0, ge=1.0)
+    # hermes-testbed --slowdown-mode for every run, alone included (common/pace.py): floor keeps the emulated
+    # devices at their profile's speed when co-located processes inflate their steps' work.
+    slowdown_mode: Literal["cpu", "floor"] = "cpu"
     # The DDP peer (and alone) evaluate every this many steps; their clock leaves evaluations out.
     ddp_eval_every: int = Field(default=20, ge=1)
 
