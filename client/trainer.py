@@ -281,7 +281,11 @@ class LocalTrainer:
         if self.slowdown > 1.0:
             # The loop sets self.slowdown every cycle (a --slowdown-schedule); the pacer's mode: common/pace.py.
             self._pacer.set_slowdown(self.slowdown)
-            time.sleep(self._pacer.sleep_seconds(self._work_seconds(t0, cpu0), samples))
+            pause = self._pacer.sleep_seconds(self._work_seconds(t0, cpu0), samples, time.perf_counter() - t0)
+            if pause > 0:
+                t1 = time.perf_counter()
+                time.sleep(pause)
+                self._pacer.slept(pause, time.perf_counter() - t1)
 
     def _work_seconds(self, t0: float, cpu0: float) -> float:
         """The step's own work, which the emulated slowdown multiplies.

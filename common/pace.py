@@ -12,11 +12,15 @@ sleeping after each step. Two rules for how long:
   speed: the emulation charged the cluster for sharing the emulating machine, which real devices do not.
 - ``floor``: the device's nominal step is S times the step's uncontended cost, estimated as the least work
   per sample seen over the last ``window`` steps (contention only ever adds to a step's cost), and the step
-  sleeps its nominal time less its work. Work that contention inflated no longer slows the device beyond its
-  nominal time; a step whose work exceeds its nominal time does not sleep at all (the host is then the
-  bottleneck, as in ``cpu`` mode). Time the step spent descheduled (wall less CPU time) is added once in both
-  modes. ``alone`` (``deploy/ddp_rank.py``) paces the same way, so both
-  sides of the comparison run at their profile's speed.
+  lasts that nominal time on the wall clock: it sleeps the nominal time less the wall time it has taken
+  (computing, and waiting for a core), less what the previous sleep overslept (a sleeping process woken late
+  by a busy host; the credit is at most one nominal step, and only the sleep's own overshoot counts, never
+  time spent outside the step). Contention that fits in the nominal step no longer slows the device; a step
+  that takes longer than its nominal time does not sleep (the host is then the bottleneck, as in ``cpu``
+  mode). ``alone`` (``deploy/ddp_rank.py``) paces the same way, so both sides of the comparison run at their
+  profile's speed. Measured first with the step's CPU time in place of its wall time (2026-11-28): the
+  fastest agent's median step did not move (23-24 ms against 13.2 ms nominal), since the time lost was
+  waiting for a core and waking from the sleep, not CPU time.
 
 Not from a paper: an emulation rule of this testbed, chosen per run (``hermes-testbed --slowdown-mode``).
 """
@@ -48,6 +52,7 @@ class StepPacer:
         self.slowdown = float(slowdown)
         self.mode: SlowdownMode = mode
         self._per_sample: deque[float] = deque(maxlen=window)
+        self._overslept = 0.0
 
     def set_slowdown(self, slowdown: float) -> None:
         """A device whose speed changes mid-run (``--slowdown-schedule``); the cost estimate is kept."""
@@ -55,13 +60,20 @@ class StepPacer:
             raise ValueError(f"slowdown must be a finite number >= 1, got {slowdown!r}")
         self.slowdown = float(slowdown)
 
-    def sleep_seconds(self, work: float, samples: int) -> float:
-        """After a step of ``samples`` samples that took ``work`` seconds of its own work: how long to sleep
-        (never negative)."""
+    def sleep_seconds(self, work: float, samples: int, elapsed: float | None = None) -> float:
+        """After a step of ``samples`` samples that took ``work`` seconds of its own work (``elapsed`` wall
+        seconds so far; ``work`` when not given): how long to sleep (never negative)."""
         if self.slowdown <= 1.0:
             return 0.0
         if self.mode == "cpu" or samples <= 0:
             return max(0.0, work) * (self.slowdown - 1.0)
         self._per_sample.append(max(0.0, work) / samples)
         nominal = self.slowdown * min(self._per_sample) * samples
-        return max(0.0, nominal - max(0.0, work))
+        spent = max(0.0, work if elapsed is None else elapsed)
+        credit, self._overslept = min(self._overslept, nominal), 0.0
+        return max(0.0, nominal - spent - credit)
+
+    def slept(self, requested: float, actual: float) -> None:
+        """How long the last sleep really took: in ``floor`` mode its overshoot shortens the next step's sleep."""
+        if self.mode == "floor":
+            self._overslept = max(0.0, actual - requested)

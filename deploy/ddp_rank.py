@@ -250,11 +250,15 @@ def main(argv: list[str] | None = None) -> None:
             if pacer.mode == "floor":
                 # The agent's trainer times its optimizer step too (client/trainer.py): the same window here.
                 work = min(time.perf_counter() - s0, time.thread_time() - c0)
-            extra = pacer.sleep_seconds(work, len(idx))
+            # floor: the step's wall time counts where it holds no all-reduce (one rank: alone); with several
+            # ranks it holds the others' and the link's time, so their CPU time stands for it.
+            extra = pacer.sleep_seconds(work, len(idx), time.perf_counter() - s0 if world == 1 else None)
             compute += work + extra
             waited += time.perf_counter() - s0 - work
             if extra > 0:
+                t1 = time.perf_counter()
                 time.sleep(extra)  # the agent's delay injection, on compute only
+                pacer.slept(extra, time.perf_counter() - t1)
             steps += 1
             if steps % a.eval_every:
                 continue

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -39,6 +40,21 @@ def test_floor_mode_holds_a_step_at_slowdown_times_its_least_cost():
     assert pacer.sleep_seconds(0.050, 32) == 0.0
 
 
+def test_floor_mode_counts_wall_time_and_makes_up_an_oversleep():
+    pacer = StepPacer(4.0, "floor")
+    # 10 ms of work, but 25 ms on the wall (waiting for a core): 40 ms nominal, 15 ms left to sleep.
+    assert pacer.sleep_seconds(0.010, 32, elapsed=0.025) == pytest.approx(0.015)
+    pacer.slept(0.015, 0.022)  # woken 7 ms late
+    assert pacer.sleep_seconds(0.010, 32, elapsed=0.010) == pytest.approx(0.023)
+    # The credit is spent once, and is never more than one nominal step.
+    assert pacer.sleep_seconds(0.010, 32, elapsed=0.010) == pytest.approx(0.030)
+    pacer.slept(0.0, 1.0)
+    assert pacer.sleep_seconds(0.010, 32, elapsed=0.0) == 0.0
+    cpu = StepPacer(4.0)
+    cpu.slept(0.03, 0.05)  # cpu mode keeps no credit: the rule of every earlier measurement
+    assert cpu.sleep_seconds(0.010, 32, elapsed=0.5) == pytest.approx(0.030)
+
+
 def test_floor_reference_follows_the_last_window_of_steps():
     pacer = StepPacer(2.0, "floor", window=2)
     pacer.sleep_seconds(0.001, 10)
@@ -64,15 +80,32 @@ def test_no_slowdown_never_sleeps_and_bad_settings_are_refused():
         StepPacer(2.0, "floor", window=0)
 
 
-@pytest.mark.parametrize(("mode", "expected"), [("cpu", [0.01, 0.03, 0.01]), ("floor", [0.01, 0.0, 0.01])])
-def test_the_trainer_sleeps_what_its_mode_says(monkeypatch, mode, expected):
+@pytest.mark.parametrize(("mode", "works", "expected"), [
+    ("cpu", [0.01, 0.03, 0.01], [0.01, 0.03, 0.01]),
+    # The second step's work inflated 3x by contention: it outlasts its nominal 20 ms and does not sleep.
+    ("floor", [0.01, 0.03, 0.01], [0.01, 0.01]),
+    # Each sleep overslept 5 ms (woken late): the next step's sleep is that much shorter.
+    ("floor", [0.01, 0.01, 0.01], [0.01, 0.005, 0.005]),
+])
+def test_the_trainer_sleeps_what_its_mode_says(monkeypatch, mode, works, expected):
     torch.manual_seed(0)
     trainer = LocalTrainer(build_model("cnn", input_shape=(1, 8, 8), num_classes=10), lr=0.01,
                            device=torch.device("cpu"), precision="fp32", slowdown=2.0, slowdown_mode=mode)
-    works = iter([0.01, 0.03, 0.01])  # the second step's work inflated 3x by contention
-    slept: list[float] = []
-    monkeypatch.setattr(trainer, "_work_seconds", lambda t0, cpu0: next(works))
-    monkeypatch.setattr("hermes.client.trainer.time.sleep", slept.append)
+    # A clock that moves only by the steps' scripted work and the sleeps (each 5 ms late): no timing here.
+    clock, scripted, slept = [0.0], iter(works), []
+
+    def work(t0: float, cpu0: float) -> float:
+        w = next(scripted)
+        clock[0] += w
+        return w
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        clock[0] += seconds + 0.005
+
+    monkeypatch.setattr(trainer, "_work_seconds", work)
+    monkeypatch.setattr("hermes.client.trainer.time",
+                        SimpleNamespace(perf_counter=lambda: clock[0], thread_time=lambda: 0.0, sleep=sleep))
     rng = np.random.default_rng(0)
     x = rng.standard_normal((96, 1, 8, 8)).astype(np.float32)
     y = rng.integers(0, 10, 96).astype(np.int64)
