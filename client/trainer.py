@@ -214,7 +214,7 @@ class LocalTrainer:
                 if grad_hook is not None and not ctx.stepped:
                     # Every rank must join every all-reduce: a step that skipped ctx.step still takes part.
                     ctx.stop = grad_hook(params, len(chunk))
-                self._emulate_slowdown(t0, cpu0, len(chunk))
+                self._emulate_slowdown(t0, cpu0, len(chunk), waited=grad_hook is not None)
                 compute += time.perf_counter() - t0
                 stopped = ctx.stop
                 if stopped:
@@ -277,11 +277,13 @@ class LocalTrainer:
         xb, yb = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
         return (xb, yb) if self.transform is None else self.transform(xb, yb, train)
 
-    def _emulate_slowdown(self, t0: float, cpu0: float, samples: int) -> None:
+    def _emulate_slowdown(self, t0: float, cpu0: float, samples: int, *, waited: bool = False) -> None:
         if self.slowdown > 1.0:
             # The loop sets self.slowdown every cycle (a --slowdown-schedule); the pacer's mode: common/pace.py.
             self._pacer.set_slowdown(self.slowdown)
-            pause = self._pacer.sleep_seconds(self._work_seconds(t0, cpu0), samples, time.perf_counter() - t0)
+            # ``waited``: the step's wall time holds a collective's waiting, which is no part of its compute.
+            work = self._work_seconds(t0, cpu0)
+            pause = self._pacer.sleep_seconds(work, samples, None if waited else time.perf_counter() - t0)
             if pause > 0:
                 t1 = time.perf_counter()
                 time.sleep(pause)

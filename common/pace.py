@@ -4,10 +4,9 @@ The testbed runs every emulated device on this machine's shared cores and makes 
 sleeping after each step. Two rules for how long:
 
 - ``cpu`` (the default, every measurement before 2026-11-28): sleep (S - 1) times the step's own work, its
-  thread CPU time with one intra-op thread (``LocalTrainer._work_seconds``). Work that co-located processes
-  inflate (cache and SMT contention, and the descheduling the wall clock would count) is multiplied by S too.
-  With four agents, a server and link shims on 2 cores, an HL2 agent's step at pace 4 took 1.5-1.9x its
-  uncontended cost at the median (hl2-alone on lte, 2026-11-28: fastest agent p5 14.1 ms, p50 20.8 ms a step,
+  thread CPU time with one intra-op thread (``LocalTrainer._work_seconds``). Time the step waits for a core,
+  and the sleep's late wake-up on a busy host, come on top. With four agents, a server and link shims on 2
+  cores, an HL2 agent's step at pace 4 took 1.4-1.9x its uncontended cost at the median (hl2-alone on lte, 2026-11-28: fastest agent p5 14.1 ms, p50 20.8 ms a step,
   13.2 ms uncontended), while the fastest device run by itself (``alone``, one process) ran at its nominal
   speed: the emulation charged the cluster for sharing the emulating machine, which real devices do not.
 - ``floor``: the device's nominal step is S times the step's uncontended cost, estimated as the least work
