@@ -19,6 +19,7 @@ from hermes.client.preflight import (
     tls_context,
 )
 from hermes.common.cli_env import HermesParser
+from hermes.common.pace import SLOWDOWN_MODES
 
 EXIT_OK, EXIT_CONFIG, EXIT_UNREACHABLE, EXIT_REMOTE, EXIT_GROUP = 0, 2, 3, 4, 5
 
@@ -58,6 +59,10 @@ def build_parser() -> HermesParser:
                    help="torch intra-op threads (default or 0: the cores this process may use, from its CPU "
                         "affinity and cgroup quota)")
     p.add_argument("--slowdown", type=float, default=1.0, help="emulate a device this many times slower (>= 1)")
+    p.add_argument("--slowdown-mode", choices=SLOWDOWN_MODES, default="cpu",
+                   help="how the slowdown is emulated: cpu multiplies each step's work (default), floor its "
+                        "uncontended cost, so contention from co-located processes does not slow it further "
+                        "(common/pace.py)")
     p.add_argument("--slowdown-schedule", default="",
                    help="speed changes mid-run as SECONDS:SLOWDOWN pairs, e.g. '30:8,60:1'")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
@@ -158,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
 
     agent = Agent(AgentOptions(
         server=args.server, name=name, threads=args.threads, slowdown=args.slowdown, device=args.device,
+        slowdown_mode=args.slowdown_mode,
         request_timeout=args.request_timeout, connect_retries=args.connect_retries,
         progress=not args.no_progress, max_cycles=args.max_cycles,
         slowdown_schedule=parse_schedule(args.slowdown_schedule),

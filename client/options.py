@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from hermes.common.pace import SlowdownMode
 from hermes.common.task import Task
 
 __all__ = ["AgentOptions"]
@@ -17,6 +18,9 @@ class AgentOptions:
     # The library default stays 1: in-process agents (tests) share one process.
     threads: int | None = 1
     slowdown: float = 1.0
+    # How the slowdown is emulated (common/pace.py): 'cpu' multiplies each step's work, 'floor' its
+    # uncontended cost.
+    slowdown_mode: SlowdownMode = "cpu"
     device: str = "auto"
     request_timeout: float = 30.0
     connect_retries: int = 8

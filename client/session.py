@@ -52,6 +52,7 @@ from hermes.common.messages import (
     parse_reply,
     request_body,
 )
+from hermes.common.pace import SlowdownMode
 from hermes.common.policies import base as policies
 from hermes.common.policies.compression import CodecSpec
 from hermes.common.policies.gate import ZScoreGate
@@ -153,7 +154,7 @@ class Job:
     @classmethod
     def from_registration(cls, session: Session, device: torch.device,
                           slowdown: float, task: Task, model: nn.Module | None = None,
-                          local_data: Any = None) -> Job:
+                          local_data: Any = None, slowdown_mode: SlowdownMode = "cpu") -> Job:
         """The job of the first registration; ``model`` is the task's model the start-up check built."""
         reg, config, worker_id = session.reg, session.config, session.worker_id
         spec = ModelSpec.from_dict(reg.model_spec)
@@ -173,7 +174,7 @@ class Job:
             weight_decay=config.weight_decay, device=device, precision=precision,
             slowdown=slowdown, seed=zlib.crc32(worker_id.encode()), loss=task.loss, optimizer=task.optimizer,
             reset_jump=config.optimizer_reset_jump, proximal_rho=config.proximal_rho(),
-            train_step=task.train_step, transform=task.transform,
+            train_step=task.train_step, transform=task.transform, slowdown_mode=slowdown_mode,
         )
         gate: ZScoreGate | None = config.build_policy("gate")
         return cls(spec=spec, config=config, precision=precision, wire_dtype=dtype_from_name(config.wire_dtype),

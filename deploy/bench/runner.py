@@ -98,6 +98,8 @@ class RunSpec:
             args += ["--target-accuracy", f"{suite.target_accuracy:g}"]
         if pace != 1:
             args += ["--pace", f"{pace:.6g}"]
+        if suite.slowdown_mode != "cpu":
+            args += ["--slowdown-mode", suite.slowdown_mode]
         if self.variant.runner in ("ddp", "alone"):
             args += ["--peer", "ddp"]
         if self.variant.ddp_hook != "allreduce":
