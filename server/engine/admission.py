@@ -19,13 +19,22 @@ stats report, also ends the turn, and that request waits (unless
 marked lost and registering again free the slot and answer a held work
 request "gone" (the worker registers again). A stop or a shutdown answers
 everything held, as the start gate does.
+
+``concurrency.admit`` "fastest" (Oort's system utility; the rule and its source
+are in the policy module) gives a freed slot to the waiting worker with the
+highest observed speed instead of the longest-waiting one: speeds come from
+the ``cycle`` telemetry facts (dss / compute_seconds after the claims'
+bounds, the median of the last 5), and untried workers go first while fewer
+than ``explore`` x limit slots hold untried workers.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections import OrderedDict
+import math
+import statistics
+from collections import OrderedDict, deque
 from collections.abc import Mapping
 from typing import Any
 
@@ -38,8 +47,13 @@ __all__ = ["Admission"]
 
 class Admission:
     def __init__(self, limit: int, telemetry: Telemetry, *, hold_pull: bool = True,
-                 skipped_ends_turn: bool = True) -> None:
+                 skipped_ends_turn: bool = True, admit: str = "fifo", explore: float = 0.1) -> None:
         self.limit = limit
+        # concurrency.admit "fastest": a freed slot goes to the fastest waiting worker (Oort's system utility).
+        self.fastest = admit == "fastest"
+        # Untried workers may hold at most this many slots at once (Oort's bounded exploration), at least one.
+        self.explore_slots = max(1, math.ceil(explore * limit))
+        self.speeds: dict[str, deque[float]] = {}
         # concurrency.turn_ends "cycle": a cycle the gate did not push ends the turn too ("push": only a push).
         self.skipped_ends_turn = skipped_ends_turn
         # A pull from a worker without a slot waits for one (handlers.on_pull; concurrency.hold_pull).
@@ -106,6 +120,15 @@ class Admission:
         """Telemetry's join and leave facts free the worker's slot (a rejoin starts a new session)."""
         if fact in ("join", "leave"):
             self.release(str(fields["worker"]))
+        elif fact == "cycle" and self.fastest:
+            seconds = float(fields.get("compute_seconds") or 0.0)
+            if seconds > 0.0:
+                self.speeds.setdefault(str(fields["worker"]), deque(maxlen=5)).append(float(fields["dss"]) / seconds)
+
+    def speed(self, worker_id: str) -> float | None:
+        """The worker's observed samples a second of compute (the median of its last 5 cycles); None untried."""
+        seen = self.speeds.get(worker_id)
+        return statistics.median(seen) if seen else None
 
     async def _wait(self, worker_id: str) -> bool:
         self.waited += 1
@@ -118,11 +141,38 @@ class Admission:
 
     def _grant(self) -> None:
         while self.waiting and len(self.holders) < self.limit:
-            worker_id, future = self.waiting.popitem(last=False)
+            if self.fastest:
+                worker_id = self._pick()
+                future = self.waiting.pop(worker_id)
+            else:
+                worker_id, future = self.waiting.popitem(last=False)
             if future.done():
                 continue
             self._take(worker_id)
             future.set_result(True)
+
+    def _pick(self) -> str:
+        """``admit`` "fastest": the oldest untried waiting worker while untried holders are under the exploration
+        share, else the fastest tried one (the oldest of equals), else the oldest: a free slot never stays idle."""
+        trying = sum(1 for h in self.holders if h not in self.speeds)
+        untried: str | None = None
+        best: str | None = None
+        best_speed = -1.0
+        for worker_id, future in self.waiting.items():
+            if future.done():
+                return worker_id  # void: dropped by the caller without taking a slot
+            speed = self.speed(worker_id)
+            if speed is None:
+                if untried is None:
+                    untried = worker_id
+                    if trying < self.explore_slots:
+                        return worker_id
+            elif speed > best_speed:
+                best, best_speed = worker_id, speed
+        if best is not None:
+            return best
+        assert untried is not None  # waiting is not empty
+        return untried
 
     def _take(self, worker_id: str) -> None:
         self.holders.add(worker_id)

@@ -237,3 +237,87 @@ def test_without_hold_pull_a_registration_pull_is_answered_at_once(clock):
         assert model.header.type is MsgType.MODEL and engine.admission.holders == {a.rec.id}
 
     _run(go())
+
+
+def _fast_admission(limit: int, explore: float = 0.0) -> Admission:
+    return Admission(limit, Telemetry(ServerMetrics(), EventLog(None)), admit="fastest", explore=explore)
+
+
+def _cycle(adm: Admission, worker: str, dss: int, seconds: float) -> None:
+    adm.listener("cycle", {"worker": worker, "dss": dss, "batch_size": 32, "compute_seconds": seconds})
+
+
+def test_admit_fastest_gives_a_freed_slot_to_the_fastest_waiting_worker_not_the_oldest():
+    adm = _fast_admission(1)
+    for worker, seconds in (("slow", 8.0), ("mid", 2.0), ("fast", 0.5)):
+        _cycle(adm, worker, 512, seconds)
+    assert adm.speed("fast") == 1024.0 and adm.speed("slow") == 64.0 and adm.speed("new") is None
+
+    async def go():
+        assert await adm.admit("a")
+        slow = asyncio.ensure_future(adm.admit("slow"))  # waits first
+        mid = asyncio.ensure_future(adm.admit("mid"))
+        fast = asyncio.ensure_future(adm.admit("fast"))
+        assert await _pending(slow) and await _pending(mid) and await _pending(fast)
+        adm.release("a")
+        assert await fast and await _pending(slow) and await _pending(mid)
+        adm.release("fast")
+        assert await mid and await _pending(slow)
+        adm.release("mid")
+        assert await slow
+
+    _run(go())
+
+
+def test_admit_fifo_keeps_the_oldest_first_whatever_the_speeds():
+    adm = Admission(1, Telemetry(ServerMetrics(), EventLog(None)))
+    _cycle(adm, "fast", 512, 0.5)
+    _cycle(adm, "slow", 512, 8.0)
+    assert adm.speed("fast") is None  # fifo keeps no speeds
+
+    async def go():
+        assert await adm.admit("a")
+        slow = asyncio.ensure_future(adm.admit("slow"))
+        fast = asyncio.ensure_future(adm.admit("fast"))
+        assert await _pending(slow) and await _pending(fast)
+        adm.release("a")
+        assert await slow and await _pending(fast)
+
+    _run(go())
+
+
+def test_admit_fastest_tries_untried_workers_within_the_exploration_share_and_never_leaves_a_slot_idle():
+    adm = _fast_admission(4, explore=0.25)  # one slot for untried workers
+    _cycle(adm, "k1", 512, 1.0)
+    _cycle(adm, "k2", 512, 4.0)
+
+    async def go():
+        for w in ("a", "b", "c", "d"):
+            _cycle(adm, w, 512, 1.0)
+            assert await adm.admit(w)
+        waits = {w: asyncio.ensure_future(adm.admit(w)) for w in ("n1", "k2", "n2", "k1")}
+        for f in waits.values():
+            assert await _pending(f)
+        adm.release("a")  # no untried holder: the oldest untried goes first
+        assert await waits["n1"] and adm.holders == {"b", "c", "d", "n1"}
+        adm.release("b")  # n1 fills the exploration share: the fastest known
+        assert await waits["k1"] and await _pending(waits["n2"]) and await _pending(waits["k2"])
+        adm.release("c")
+        assert await waits["k2"] and await _pending(waits["n2"])
+        adm.release("d")  # only an untried one waits: it takes the slot beyond the share rather than leave it idle
+        assert await waits["n2"] and adm.holders == {"n1", "k1", "k2", "n2"}
+        # a cycle's median speed over the last 5 reports: one slow outlier does not reorder
+        for s in (1.0, 1.0, 9.0):
+            _cycle(adm, "k1", 512, s)
+        assert adm.speed("k1") == 512.0
+
+    _run(go())
+
+
+def test_the_config_takes_admit_fastest_and_refuses_an_unknown_order():
+    cfg = build_config("fedbuff", **{"concurrency.limit": 5, "concurrency.admit": "fastest",
+                                     "concurrency.explore": 0.2})
+    assert cfg.concurrency.admit == "fastest" and cfg.concurrency.explore == 0.2
+    assert build_config("fedbuff").concurrency.admit == "fifo"
+    with pytest.raises(ValueError):
+        build_config("fedbuff", **{"concurrency.limit": 5, "concurrency.admit": "random"})
