@@ -47,6 +47,16 @@ CELLS: dict[str, list[str]] = {
     # FedBuff with its preset's own local optimizer (plain SGD, lr 0.1): is the local momentum what destabilizes it?
     "fedbuff-sgd": ["--preset", "fedbuff", "--set", "momentum=0.0", "--set", "lr=0.1", *FEDERATED, "--max-seconds", "40"],
     "fedasync": ["--preset", "fedasync", *LOCAL, *FEDERATED, "--max-seconds", "40"],
+    # Branch sim-table4: the C slots go to the fastest devices (concurrency.admit fastest, Oort's system utility)
+    # and each delta is one SGD step of 32 samples, so a FedBuff step of K = C = 32 deltas is one step of a
+    # 1,024-sample batch, a few tenths of a second old: large-batch SGD (plain, lr 1.0; local momentum with
+    # C > K diverged in the exploration, docs/simulation.md).
+    "fedbuff-fastest": ["--preset", "fedbuff", "--set", "momentum=0", "--set", "lr=1.0", "--set", "cycle_samples=32",
+                        "--set", "concurrency.limit=32", "--set", "fedbuff.buffer_size=32",
+                        "--set", "concurrency.admit=fastest", "--max-seconds", "45"],
+    # hermes' own rules with the 50 slots going to the fastest devices (512-sample cycles, the common optimizer).
+    "hermes-fastest": ["--preset", "hermes", *LOCAL, *FEDERATED, "--set", "concurrency.limit=50",
+                       "--set", "concurrency.admit=fastest", "--max-seconds", "60"],
     "bsp": ["--preset", "bsp", *LOCAL, "--set", "cycle_samples=512", "--max-seconds", "60"],
 }
 
