@@ -35,7 +35,7 @@ import logging
 import math
 import statistics
 from collections import OrderedDict, deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from hermes.server.engine.telemetry import Telemetry
@@ -47,10 +47,19 @@ __all__ = ["Admission"]
 
 class Admission:
     def __init__(self, limit: int, telemetry: Telemetry, *, hold_pull: bool = True,
-                 skipped_ends_turn: bool = True, admit: str = "fifo", explore: float = 0.1) -> None:
+                 skipped_ends_turn: bool = True, admit: str = "fifo", explore: float = 0.1,
+                 clock: Callable[[], float] | None = None) -> None:
         self.limit = limit
-        # concurrency.admit "fastest": a freed slot goes to the fastest waiting worker (Oort's system utility).
-        self.fastest = admit == "fastest"
+        # concurrency.admit "fastest" / "quickest": a freed slot goes to the fastest waiting worker (Oort's
+        # system utility), by samples a second of compute / of its whole turn (transfers and replies included).
+        self.fastest = admit in ("fastest", "quickest")
+        self.quickest = admit == "quickest"
+        if self.quickest and clock is None:
+            raise ValueError("concurrency.admit 'quickest' times turns: it needs a clock")
+        self.clock = clock
+        # quickest: when each holder's turn began and the samples its cycles reported since.
+        self.turn_began: dict[str, float] = {}
+        self.turn_samples: dict[str, int] = {}
         # Untried workers may hold at most this many slots at once (Oort's bounded exploration), at least one.
         self.explore_slots = max(1, math.ceil(explore * limit))
         self.speeds: dict[str, deque[float]] = {}
@@ -78,10 +87,12 @@ class Admission:
 
     async def next_turn(self, worker_id: str) -> bool:
         """A push: the worker's turn ends if anybody waits, and its reply waits for its next slot."""
+        if self.quickest and not self.open:
+            self._time_turn(worker_id)
         if self.open or (worker_id in self.holders and not self.waiting):
             return True
         if worker_id in self.holders:
-            self.holders.discard(worker_id)
+            self._drop(worker_id)
             self._grant()
         elif len(self.holders) < self.limit and not self.waiting:
             self._take(worker_id)
@@ -91,7 +102,7 @@ class Admission:
     def cycle_done(self, worker_id: str) -> None:
         """A cycle its gate did not push was reported: the worker's turn ends if anybody waits."""
         if self.skipped_ends_turn and not self.open and worker_id in self.holders and self.waiting:
-            self.holders.discard(worker_id)
+            self._drop(worker_id)
             self._grant()
 
     def release(self, worker_id: str) -> None:
@@ -102,7 +113,7 @@ class Admission:
         if future is not None and not future.done():
             future.set_result(False)
         if worker_id in self.holders:
-            self.holders.discard(worker_id)
+            self._drop(worker_id)
             self._grant()
 
     def open_all(self, reason: str) -> None:
@@ -120,10 +131,30 @@ class Admission:
         """Telemetry's join and leave facts free the worker's slot (a rejoin starts a new session)."""
         if fact in ("join", "leave"):
             self.release(str(fields["worker"]))
+        elif fact == "cycle" and self.quickest:
+            worker_id = str(fields["worker"])
+            if worker_id in self.turn_samples:
+                self.turn_samples[worker_id] += int(fields["dss"])
         elif fact == "cycle" and self.fastest:
             seconds = float(fields.get("compute_seconds") or 0.0)
             if seconds > 0.0:
-                self.speeds.setdefault(str(fields["worker"]), deque(maxlen=5)).append(float(fields["dss"]) / seconds)
+                self._observe(str(fields["worker"]), float(fields["dss"]) / seconds)
+
+    def _observe(self, worker_id: str, speed: float) -> None:
+        self.speeds.setdefault(worker_id, deque(maxlen=5)).append(speed)
+
+    def _time_turn(self, worker_id: str) -> None:
+        """quickest: a push closes the holder's turn; its samples over the turn's seconds are its speed, and a
+        holder that keeps its slot (nobody waits) starts the next turn now."""
+        began = self.turn_began.get(worker_id)
+        if began is None or worker_id not in self.holders:
+            return
+        assert self.clock is not None
+        now = self.clock()
+        samples = self.turn_samples.get(worker_id, 0)
+        if samples > 0 and now > began:
+            self._observe(worker_id, samples / (now - began))
+        self.turn_began[worker_id], self.turn_samples[worker_id] = now, 0
 
     def speed(self, worker_id: str) -> float | None:
         """The worker's observed samples a second of compute (the median of its last 5 cycles); None untried."""
@@ -174,7 +205,15 @@ class Admission:
         assert untried is not None  # waiting is not empty
         return untried
 
+    def _drop(self, worker_id: str) -> None:
+        self.holders.discard(worker_id)
+        self.turn_began.pop(worker_id, None)
+        self.turn_samples.pop(worker_id, None)
+
     def _take(self, worker_id: str) -> None:
+        if self.quickest:
+            assert self.clock is not None
+            self.turn_began[worker_id], self.turn_samples[worker_id] = self.clock(), 0
         self.holders.add(worker_id)
         self.granted += 1
         self.peak = max(self.peak, len(self.holders))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import statistics
 
 import pytest
 
@@ -321,3 +322,39 @@ def test_the_config_takes_admit_fastest_and_refuses_an_unknown_order():
     assert build_config("fedbuff").concurrency.admit == "fifo"
     with pytest.raises(ValueError):
         build_config("fedbuff", **{"concurrency.limit": 5, "concurrency.admit": "random"})
+
+
+def test_admit_quickest_ranks_by_the_turn_the_server_timed_not_the_compute_claimed(clock):
+    # a computes slowly (4 s claimed) but its turn, grant to push, took 1 s; b claims 0.5 s of compute but its
+    # turn took 4 s (a slow link): "quickest" (Oort's round duration) puts a first, "fastest" would put b.
+    adm = Admission(2, Telemetry(ServerMetrics(), EventLog(None)), admit="quickest", explore=0.0,
+                    clock=clock.monotonic)
+
+    async def go():
+        assert await adm.admit("a") and await adm.admit("b")
+        w1 = asyncio.ensure_future(adm.admit("w1"))
+        w2 = asyncio.ensure_future(adm.admit("w2"))
+        assert await _pending(w1) and await _pending(w2)
+        clock.advance(1.0)
+        _cycle(adm, "a", 512, 4.0)
+        a_reply = asyncio.ensure_future(adm.next_turn("a"))  # a's slot: the oldest untried, w1
+        assert await w1 and await _pending(a_reply)
+        assert adm.speed("a") == 512.0
+        clock.advance(3.0)
+        _cycle(adm, "b", 512, 0.5)
+        b_reply = asyncio.ensure_future(adm.next_turn("b"))  # untried w1 fills the share: the quickest, a
+        assert await a_reply and await _pending(w2) and await _pending(b_reply)
+        assert adm.speed("b") == 128.0 and adm.holders == {"w1", "a"}
+        # a's next turn is timed from its grant (4 s), not from its earlier turn's start
+        clock.advance(0.5)
+        _cycle(adm, "a", 256, 4.0)
+        a_again = asyncio.ensure_future(adm.next_turn("a"))
+        assert await b_reply and await _pending(w2) and await _pending(a_again)
+        assert adm.speed("a") == statistics.median([512.0, 512.0])
+
+    _run(go())
+
+
+def test_admit_quickest_without_a_clock_is_refused():
+    with pytest.raises(ValueError, match="needs a clock"):
+        Admission(2, Telemetry(ServerMetrics(), EventLog(None)), admit="quickest")
