@@ -91,6 +91,8 @@ class Admission:
             self._time_turn(worker_id)
         if self.open or (worker_id in self.holders and not self.waiting):
             return True
+        if self.fastest and worker_id in self.holders and self._keeps(worker_id):
+            return True
         if worker_id in self.holders:
             self._drop(worker_id)
             self._grant()
@@ -182,28 +184,45 @@ class Admission:
             self._take(worker_id)
             future.set_result(True)
 
-    def _pick(self) -> str:
-        """``admit`` "fastest": the oldest untried waiting worker while untried holders are under the exploration
-        share, else the fastest tried one (the oldest of equals), else the oldest: a free slot never stays idle."""
-        trying = sum(1 for h in self.holders if h not in self.speeds)
+    def _keeps(self, worker_id: str) -> bool:
+        """``admit`` "fastest": a pushing holder keeps its slot (its reply goes at once) unless an untried worker
+        is due a turn or a waiting worker is faster: the slot goes to the best of the waiting and the pusher."""
+        mine = self.speed(worker_id)
+        others = [h for h in self.holders if h != worker_id]
+        worker, speed = self._candidate(sum(1 for h in others if h not in self.speeds))
+        if worker is None:
+            return True
+        if speed is None:  # an untried worker: due while the exploration share has room, else never before me
+            return not (sum(1 for h in others if h not in self.speeds) < self.explore_slots)
+        return mine is not None and mine >= speed
+
+    def _candidate(self, trying: int) -> tuple[str | None, float | None]:
+        """The waiting worker "fastest" would admit next, with its speed (None: untried); void entries skipped."""
         untried: str | None = None
         best: str | None = None
         best_speed = -1.0
         for worker_id, future in self.waiting.items():
             if future.done():
-                return worker_id  # void: dropped by the caller without taking a slot
+                continue
             speed = self.speed(worker_id)
             if speed is None:
                 if untried is None:
                     untried = worker_id
                     if trying < self.explore_slots:
-                        return worker_id
+                        return worker_id, None
             elif speed > best_speed:
                 best, best_speed = worker_id, speed
         if best is not None:
-            return best
-        assert untried is not None  # waiting is not empty
-        return untried
+            return best, best_speed
+        return untried, None
+
+    def _pick(self) -> str:
+        """``admit`` "fastest": the oldest untried waiting worker while untried holders are under the exploration
+        share, else the fastest tried one (the oldest of equals), else the oldest: a free slot never stays idle."""
+        worker, _ = self._candidate(sum(1 for h in self.holders if h not in self.speeds))
+        if worker is None:  # only void entries wait: drop one (the caller skips it)
+            return next(iter(self.waiting))
+        return worker
 
     def _drop(self, worker_id: str) -> None:
         self.holders.discard(worker_id)

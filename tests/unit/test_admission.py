@@ -325,32 +325,49 @@ def test_the_config_takes_admit_fastest_and_refuses_an_unknown_order():
 
 
 def test_admit_quickest_ranks_by_the_turn_the_server_timed_not_the_compute_claimed(clock):
-    # a computes slowly (4 s claimed) but its turn, grant to push, took 1 s; b claims 0.5 s of compute but its
-    # turn took 4 s (a slow link): "quickest" (Oort's round duration) puts a first, "fastest" would put b.
+    # a claims 4 s of compute but its turn, grant to push, took 1 s; b claims 0.5 s but its turn took 4 s (a slow
+    # link): "quickest" (Oort's round duration) times a at 512 samples/s and b at 128, where "fastest" would
+    # rank b 8x above a.
     adm = Admission(2, Telemetry(ServerMetrics(), EventLog(None)), admit="quickest", explore=0.0,
                     clock=clock.monotonic)
 
     async def go():
         assert await adm.admit("a") and await adm.admit("b")
-        w1 = asyncio.ensure_future(adm.admit("w1"))
-        w2 = asyncio.ensure_future(adm.admit("w2"))
-        assert await _pending(w1) and await _pending(w2)
+        w = asyncio.ensure_future(adm.admit("w"))
+        assert await _pending(w)
         clock.advance(1.0)
         _cycle(adm, "a", 512, 4.0)
-        a_reply = asyncio.ensure_future(adm.next_turn("a"))  # a's slot: the oldest untried, w1
-        assert await w1 and await _pending(a_reply)
-        assert adm.speed("a") == 512.0
+        # untried b holds the one exploration slot and only untried w waits: a keeps its slot, replied at once
+        assert await adm.next_turn("a") and adm.speed("a") == 512.0 and await _pending(w)
         clock.advance(3.0)
         _cycle(adm, "b", 512, 0.5)
-        b_reply = asyncio.ensure_future(adm.next_turn("b"))  # untried w1 fills the share: the quickest, a
-        assert await a_reply and await _pending(w2) and await _pending(b_reply)
-        assert adm.speed("b") == 128.0 and adm.holders == {"w1", "a"}
-        # a's next turn is timed from its grant (4 s), not from its earlier turn's start
-        clock.advance(0.5)
+        b_reply = asyncio.ensure_future(adm.next_turn("b"))  # no untried holder now: w is due its try
+        assert await w and await _pending(b_reply)
+        assert adm.speed("b") == 128.0 and adm.holders == {"a", "w"}
+        clock.advance(0.5)  # a's turn is timed from its last push (it kept the slot): 256 samples in 3.5 s
         _cycle(adm, "a", 256, 4.0)
-        a_again = asyncio.ensure_future(adm.next_turn("a"))
-        assert await b_reply and await _pending(w2) and await _pending(a_again)
-        assert adm.speed("a") == statistics.median([512.0, 512.0])
+        assert await adm.next_turn("a") and await _pending(b_reply)  # a (median 292.6) beats b (128)
+        assert adm.speed("a") == statistics.median([512.0, 256 / 3.5])
+
+    _run(go())
+
+
+def test_admit_fastest_a_pusher_keeps_its_slot_unless_a_faster_worker_waits():
+    adm = _fast_admission(1)
+    _cycle(adm, "a", 1000, 1.0)
+    _cycle(adm, "slow", 100, 1.0)
+    _cycle(adm, "quick", 5000, 1.0)
+
+    async def go():
+        assert await adm.admit("a")
+        slow = asyncio.ensure_future(adm.admit("slow"))
+        assert await _pending(slow)
+        assert await adm.next_turn("a")  # a is faster than everyone waiting: its reply goes at once
+        quick = asyncio.ensure_future(adm.admit("quick"))
+        assert await _pending(quick)
+        a_reply = asyncio.ensure_future(adm.next_turn("a"))  # quick is faster: the slot goes to it, a waits
+        assert await quick and await _pending(a_reply) and await _pending(slow)
+        assert adm.holders == {"quick"}
 
     _run(go())
 
