@@ -10,6 +10,10 @@ training sample) while the mnist1d CNN trains for real, target 0.98 test accurac
     python benchmarks/sim_table_1000.py table runs/sim-table-1000                   # the markdown table
     python benchmarks/sim_table_1000.py breakdown runs/sim-table-1000/fedbuff       # where the virtual time went
 
+The cells ``fedbuff-fastest`` and ``hermes-fastest`` (branch sim-table4) give the C slots to the fastest devices
+(``concurrency.admit=fastest``, Oort's system utility); docs/simulation.md, "The 1,000-device table with fast-device
+admission", has their exploration and why even they lose to the device alone here.
+
 Each cell is one ``hermes-sim`` process, one torch thread, at normal priority under ``flock -w 900
 /work/locks/sim.lock`` (``--lock``; ``--lock ''`` runs without it), inside ``/usr/bin/time -v`` (peak RSS) and
 ``timeout`` (``--limit``, wall seconds, 480 by default); the load average is read before and after each run.
