@@ -67,6 +67,10 @@ CELLS: dict[str, list[str]] = {
     "fedbuff-fastest-m3": ["--preset", "fedbuff", "--set", "momentum=0.9", "--set", "lr=0.3",
                            "--set", "cycle_samples=32", "--set", "concurrency.limit=32", "--set", "fedbuff.buffer_size=32",
                            "--set", "concurrency.admit=fastest", "--set", "overlap_push=true", "--max-seconds", "150"],
+    # And at lr 0.4 (a single device at batch 1,024 diverged at lr 0.5, L2 in the docs).
+    "fedbuff-fastest-m4": ["--preset", "fedbuff", "--set", "momentum=0.9", "--set", "lr=0.4",
+                           "--set", "cycle_samples=32", "--set", "concurrency.limit=32", "--set", "fedbuff.buffer_size=32",
+                           "--set", "concurrency.admit=fastest", "--set", "overlap_push=true", "--max-seconds", "150"],
     # hermes' own rules with the 50 slots going to the fastest devices (512-sample cycles, the common optimizer).
     "hermes-fastest": ["--preset", "hermes", *LOCAL, *FEDERATED, "--set", "concurrency.limit=50",
                        "--set", "concurrency.admit=fastest", "--max-seconds", "60"],
