@@ -287,6 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--limit", type=int, default=480, help="wall seconds a cell may take (timeout)")
     r.add_argument("--set", action="append", default=[], help="extra run-config override for every cell")
     r.add_argument("--max-seconds", type=float, default=None, help="every cell's virtual-second budget instead of its own")
+    r.add_argument("--seed", type=int, default=None, help="another seed (population, data, training) for every cell")
     t = sub.add_parser("table", help="the markdown table of a run directory")
     t.add_argument("root")
     b = sub.add_parser("breakdown", help="where one run's virtual time went")
@@ -299,6 +300,8 @@ def main(argv: list[str] | None = None) -> int:
         root = Path(args.out)
         root.mkdir(parents=True, exist_ok=True)
         extra = [x for kv in args.set for x in ("--set", kv)]
+        if args.seed is not None:  # the last --seed on a command line wins, as --max-seconds
+            extra += ["--seed", str(args.seed)]
         if args.max_seconds is not None:  # the last --max-seconds on a command line wins
             extra += ["--max-seconds", f"{args.max_seconds:g}"]
         for cell in args.cells:
