@@ -10,6 +10,10 @@ training sample) while the mnist1d CNN trains for real, target 0.98 test accurac
     python benchmarks/sim_table_1000.py table runs/sim-table-1000                   # the markdown table
     python benchmarks/sim_table_1000.py breakdown runs/sim-table-1000/fedbuff       # where the virtual time went
 
+The cells ``fedbuff-fastest`` and ``hermes-fastest`` (branch sim-table4) give the C slots to the fastest devices
+(``concurrency.admit=fastest``, Oort's system utility); docs/simulation.md, "The 1,000-device table with fast-device
+admission", has their exploration and why even they lose to the device alone here.
+
 Each cell is one ``hermes-sim`` process, one torch thread, at normal priority under ``flock -w 900
 /work/locks/sim.lock`` (``--lock``; ``--lock ''`` runs without it), inside ``/usr/bin/time -v`` (peak RSS) and
 ``timeout`` (``--limit``, wall seconds, 480 by default); the load average is read before and after each run.
@@ -47,6 +51,34 @@ CELLS: dict[str, list[str]] = {
     # FedBuff with its preset's own local optimizer (plain SGD, lr 0.1): is the local momentum what destabilizes it?
     "fedbuff-sgd": ["--preset", "fedbuff", "--set", "momentum=0.0", "--set", "lr=0.1", *FEDERATED, "--max-seconds", "40"],
     "fedasync": ["--preset", "fedasync", *LOCAL, *FEDERATED, "--max-seconds", "40"],
+    # Branch sim-table4: the C slots go to the fastest devices (concurrency.admit fastest, Oort's system utility)
+    # and each delta is one SGD step of 32 samples, so a FedBuff step of K = C = 32 deltas is one step of a
+    # 1,024-sample batch, a few tenths of a second old: large-batch SGD (plain, lr 1.0; local momentum with
+    # C > K diverged in the exploration, docs/simulation.md).
+    "fedbuff-fastest": ["--preset", "fedbuff", "--set", "momentum=0", "--set", "lr=1.0", "--set", "cycle_samples=32",
+                        "--set", "concurrency.limit=32", "--set", "fedbuff.buffer_size=32",
+                        "--set", "concurrency.admit=fastest", "--max-seconds", "45"],
+    # The same with local momentum 0.9 at lr 0.2 (a single device's batch-1,024 setting that trained stably, L1 in
+    # the docs) and overlap_push: each device trains its next step while its push travels (3.4 steps a second).
+    "fedbuff-fastest-m": ["--preset", "fedbuff", "--set", "momentum=0.9", "--set", "lr=0.2",
+                          "--set", "cycle_samples=32", "--set", "concurrency.limit=32", "--set", "fedbuff.buffer_size=32",
+                          "--set", "concurrency.admit=fastest", "--set", "overlap_push=true", "--max-seconds", "150"],
+    # The same at lr 0.3 (0.80 at 30 virtual s where lr 0.2 had 0.74).
+    "fedbuff-fastest-m3": ["--preset", "fedbuff", "--set", "momentum=0.9", "--set", "lr=0.3",
+                           "--set", "cycle_samples=32", "--set", "concurrency.limit=32", "--set", "fedbuff.buffer_size=32",
+                           "--set", "concurrency.admit=fastest", "--set", "overlap_push=true", "--max-seconds", "150"],
+    # And at lr 0.4 (a single device at batch 1,024 diverged at lr 0.5, L2 in the docs).
+    "fedbuff-fastest-m4": ["--preset", "fedbuff", "--set", "momentum=0.9", "--set", "lr=0.4",
+                           "--set", "cycle_samples=32", "--set", "concurrency.limit=32", "--set", "fedbuff.buffer_size=32",
+                           "--set", "concurrency.admit=fastest", "--set", "overlap_push=true", "--max-seconds", "150"],
+    # lr 0.3 with 48 slots and K = 48 (1,536-sample steps): 0.98 at 85.1 virtual s, 3.06x alone (seed 1: 2.28x; 2026-11-28; measured as
+    # ``run fedbuff-fastest-m3 --set concurrency.limit=48 --set fedbuff.buffer_size=48``, the same command line).
+    "fedbuff-fastest-c48": ["--preset", "fedbuff", "--set", "momentum=0.9", "--set", "lr=0.3",
+                            "--set", "cycle_samples=32", "--set", "concurrency.limit=48", "--set", "fedbuff.buffer_size=48",
+                            "--set", "concurrency.admit=fastest", "--set", "overlap_push=true", "--max-seconds", "150"],
+    # hermes' own rules with the 50 slots going to the fastest devices (512-sample cycles, the common optimizer).
+    "hermes-fastest": ["--preset", "hermes", *LOCAL, *FEDERATED, "--set", "concurrency.limit=50",
+                       "--set", "concurrency.admit=fastest", "--max-seconds", "60"],
     "bsp": ["--preset", "bsp", *LOCAL, "--set", "cycle_samples=512", "--max-seconds", "60"],
 }
 
@@ -255,6 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--limit", type=int, default=480, help="wall seconds a cell may take (timeout)")
     r.add_argument("--set", action="append", default=[], help="extra run-config override for every cell")
     r.add_argument("--max-seconds", type=float, default=None, help="every cell's virtual-second budget instead of its own")
+    r.add_argument("--seed", type=int, default=None, help="another seed (population, data, training) for every cell")
     t = sub.add_parser("table", help="the markdown table of a run directory")
     t.add_argument("root")
     b = sub.add_parser("breakdown", help="where one run's virtual time went")
@@ -267,6 +300,8 @@ def main(argv: list[str] | None = None) -> int:
         root = Path(args.out)
         root.mkdir(parents=True, exist_ok=True)
         extra = [x for kv in args.set for x in ("--set", kv)]
+        if args.seed is not None:  # the last --seed on a command line wins, as --max-seconds
+            extra += ["--seed", str(args.seed)]
         if args.max_seconds is not None:  # the last --max-seconds on a command line wins
             extra += ["--max-seconds", f"{args.max_seconds:g}"]
         for cell in args.cells:

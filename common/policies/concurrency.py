@@ -26,6 +26,26 @@ Under ``overlap_push`` (preset hermes) a worker trains on while its push's
 reply waits, so the bound holds for the workers' turns, not for every cycle
 trained. It applies to sync policies that never wait for a member (free
 running or buffered): a barrier, or SSP's bound, would wait for the idle ones.
+
+Who gets a freed slot (``admit``): "fifo", the longest-waiting worker (the
+default; FedBuff samples clients without regard to speed), or "fastest", the
+waiting worker with the highest observed speed (samples a second of compute,
+the median of its last cycle reports), after Oort's participant selection
+(Lai, Zhu, Madhyastha, Chowdhury, "Oort: Efficient Federated Learning via
+Guided Participant Selection", OSDI 2021, Sec. 4: a client's utility is its
+statistical utility times a system-speed factor, with a bounded share of
+exploration for clients never tried; the text is not among
+/work/shared/papers, so no equation is cited). Here the statistical factor is
+taken as equal for every worker (IID shards), so the order is speed alone:
+"fastest" by samples a second of compute (the cycle reports, after the
+claims' bounds), "quickest" by samples a second of the whole turn as the
+server's clock times it, from the slot's grant to the push (Oort's round
+duration: a fast device behind a slow uplink is not quick).
+A worker never observed is tried while fewer than ``explore`` x limit slots
+(at least one) are held by untried workers, oldest first; otherwise the
+fastest known waits first. With 1,000 devices whose median is 6x slower
+than the fastest, the C slots then go to the fast devices, whose deltas are
+short and fresh (docs/simulation.md, "The 1,000-device table").
 """
 
 from __future__ import annotations
@@ -59,3 +79,12 @@ class ConcurrencyParams(BaseModel):
         default="cycle", description="What ends a worker's turn when others wait: 'cycle', any cycle it reports "
         "(a push, or a cycle its gate did not push); 'push', only a push (FedBuff's turn: one reported update), "
         "so a gated worker trains from its turn's model until its gate fires.")
+    admit: Literal["fifo", "fastest", "quickest"] = Field(
+        default="fifo", description="Who gets a freed slot: 'fifo', the longest-waiting worker; 'fastest', the "
+        "waiting worker with the highest observed samples a second of compute (Oort's system utility, Lai et al. "
+        "OSDI 2021); 'quickest', of its whole turn as the server times it (from the slot to the push: the "
+        "transfers and replies included, Oort's round duration); untried workers first while fewer than "
+        "explore x limit slots hold untried workers.")
+    explore: float = Field(
+        default=0.1, ge=0.0, le=1.0, description="With admit 'fastest': the share of the limit that untried workers "
+        "may hold at once (at least one slot): Oort's bounded exploration.")

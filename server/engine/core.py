@@ -184,7 +184,9 @@ class Engine:
         # concurrency.limit (FedBuff's C): who may hold work at once; joins and leaves free a slot.
         self.admission = Admission(config.concurrency.limit, self.telemetry,
                                    hold_pull=config.concurrency.hold_pull,
-                                   skipped_ends_turn=config.concurrency.turn_ends == "cycle")
+                                   skipped_ends_turn=config.concurrency.turn_ends == "cycle",
+                                   admit=config.concurrency.admit, explore=config.concurrency.explore,
+                                   clock=clock.monotonic)
         if not self.admission.open:
             self.telemetry.subscribe(lambda fact, fields: self.on_loop(self.admission.listener, fact, fields))
         self.handlers = Handlers(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import statistics
 
 import pytest
 
@@ -237,3 +238,140 @@ def test_without_hold_pull_a_registration_pull_is_answered_at_once(clock):
         assert model.header.type is MsgType.MODEL and engine.admission.holders == {a.rec.id}
 
     _run(go())
+
+
+def _fast_admission(limit: int, explore: float = 0.0) -> Admission:
+    return Admission(limit, Telemetry(ServerMetrics(), EventLog(None)), admit="fastest", explore=explore)
+
+
+def _cycle(adm: Admission, worker: str, dss: int, seconds: float) -> None:
+    adm.listener("cycle", {"worker": worker, "dss": dss, "batch_size": 32, "compute_seconds": seconds})
+
+
+def test_admit_fastest_gives_a_freed_slot_to_the_fastest_waiting_worker_not_the_oldest():
+    adm = _fast_admission(1)
+    for worker, seconds in (("slow", 8.0), ("mid", 2.0), ("fast", 0.5)):
+        _cycle(adm, worker, 512, seconds)
+    assert adm.speed("fast") == 1024.0 and adm.speed("slow") == 64.0 and adm.speed("new") is None
+
+    async def go():
+        assert await adm.admit("a")
+        slow = asyncio.ensure_future(adm.admit("slow"))  # waits first
+        mid = asyncio.ensure_future(adm.admit("mid"))
+        fast = asyncio.ensure_future(adm.admit("fast"))
+        assert await _pending(slow) and await _pending(mid) and await _pending(fast)
+        adm.release("a")
+        assert await fast and await _pending(slow) and await _pending(mid)
+        adm.release("fast")
+        assert await mid and await _pending(slow)
+        adm.release("mid")
+        assert await slow
+
+    _run(go())
+
+
+def test_admit_fifo_keeps_the_oldest_first_whatever_the_speeds():
+    adm = Admission(1, Telemetry(ServerMetrics(), EventLog(None)))
+    _cycle(adm, "fast", 512, 0.5)
+    _cycle(adm, "slow", 512, 8.0)
+    assert adm.speed("fast") is None  # fifo keeps no speeds
+
+    async def go():
+        assert await adm.admit("a")
+        slow = asyncio.ensure_future(adm.admit("slow"))
+        fast = asyncio.ensure_future(adm.admit("fast"))
+        assert await _pending(slow) and await _pending(fast)
+        adm.release("a")
+        assert await slow and await _pending(fast)
+
+    _run(go())
+
+
+def test_admit_fastest_tries_untried_workers_within_the_exploration_share_and_never_leaves_a_slot_idle():
+    adm = _fast_admission(4, explore=0.25)  # one slot for untried workers
+    _cycle(adm, "k1", 512, 1.0)
+    _cycle(adm, "k2", 512, 4.0)
+
+    async def go():
+        for w in ("a", "b", "c", "d"):
+            _cycle(adm, w, 512, 1.0)
+            assert await adm.admit(w)
+        waits = {w: asyncio.ensure_future(adm.admit(w)) for w in ("n1", "k2", "n2", "k1")}
+        for f in waits.values():
+            assert await _pending(f)
+        adm.release("a")  # no untried holder: the oldest untried goes first
+        assert await waits["n1"] and adm.holders == {"b", "c", "d", "n1"}
+        adm.release("b")  # n1 fills the exploration share: the fastest known
+        assert await waits["k1"] and await _pending(waits["n2"]) and await _pending(waits["k2"])
+        adm.release("c")
+        assert await waits["k2"] and await _pending(waits["n2"])
+        adm.release("d")  # only an untried one waits: it takes the slot beyond the share rather than leave it idle
+        assert await waits["n2"] and adm.holders == {"n1", "k1", "k2", "n2"}
+        # a cycle's median speed over the last 5 reports: one slow outlier does not reorder
+        for s in (1.0, 1.0, 9.0):
+            _cycle(adm, "k1", 512, s)
+        assert adm.speed("k1") == 512.0
+
+    _run(go())
+
+
+def test_the_config_takes_admit_fastest_and_refuses_an_unknown_order():
+    cfg = build_config("fedbuff", **{"concurrency.limit": 5, "concurrency.admit": "fastest",
+                                     "concurrency.explore": 0.2})
+    assert cfg.concurrency.admit == "fastest" and cfg.concurrency.explore == 0.2
+    assert build_config("fedbuff").concurrency.admit == "fifo"
+    with pytest.raises(ValueError):
+        build_config("fedbuff", **{"concurrency.limit": 5, "concurrency.admit": "random"})
+
+
+def test_admit_quickest_ranks_by_the_turn_the_server_timed_not_the_compute_claimed(clock):
+    # a claims 4 s of compute but its turn, grant to push, took 1 s; b claims 0.5 s but its turn took 4 s (a slow
+    # link): "quickest" (Oort's round duration) times a at 512 samples/s and b at 128, where "fastest" would
+    # rank b 8x above a.
+    adm = Admission(2, Telemetry(ServerMetrics(), EventLog(None)), admit="quickest", explore=0.0,
+                    clock=clock.monotonic)
+
+    async def go():
+        assert await adm.admit("a") and await adm.admit("b")
+        w = asyncio.ensure_future(adm.admit("w"))
+        assert await _pending(w)
+        clock.advance(1.0)
+        _cycle(adm, "a", 512, 4.0)
+        # untried b holds the one exploration slot and only untried w waits: a keeps its slot, replied at once
+        assert await adm.next_turn("a") and adm.speed("a") == 512.0 and await _pending(w)
+        clock.advance(3.0)
+        _cycle(adm, "b", 512, 0.5)
+        b_reply = asyncio.ensure_future(adm.next_turn("b"))  # no untried holder now: w is due its try
+        assert await w and await _pending(b_reply)
+        assert adm.speed("b") == 128.0 and adm.holders == {"a", "w"}
+        clock.advance(0.5)  # a's turn is timed from its last push (it kept the slot): 256 samples in 3.5 s
+        _cycle(adm, "a", 256, 4.0)
+        assert await adm.next_turn("a") and await _pending(b_reply)  # a (median 292.6) beats b (128)
+        assert adm.speed("a") == statistics.median([512.0, 256 / 3.5])
+
+    _run(go())
+
+
+def test_admit_fastest_a_pusher_keeps_its_slot_unless_a_faster_worker_waits():
+    adm = _fast_admission(1)
+    _cycle(adm, "a", 1000, 1.0)
+    _cycle(adm, "slow", 100, 1.0)
+    _cycle(adm, "quick", 5000, 1.0)
+
+    async def go():
+        assert await adm.admit("a")
+        slow = asyncio.ensure_future(adm.admit("slow"))
+        assert await _pending(slow)
+        assert await adm.next_turn("a")  # a is faster than everyone waiting: its reply goes at once
+        quick = asyncio.ensure_future(adm.admit("quick"))
+        assert await _pending(quick)
+        a_reply = asyncio.ensure_future(adm.next_turn("a"))  # quick is faster: the slot goes to it, a waits
+        assert await quick and await _pending(a_reply) and await _pending(slow)
+        assert adm.holders == {"quick"}
+
+    _run(go())
+
+
+def test_admit_quickest_without_a_clock_is_refused():
+    with pytest.raises(ValueError, match="needs a clock"):
+        Admission(2, Telemetry(ServerMetrics(), EventLog(None)), admit="quickest")

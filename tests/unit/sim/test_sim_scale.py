@@ -94,3 +94,20 @@ def test_hermes_turns_last_until_the_gate_pushes_under_a_concurrency_bound(tmp_p
     assert granted <= pushes + 8, runs
     assert granted_c > pushes_c + 8, runs
     assert pushes / cycles > pushes_c / cycles_c, runs
+
+
+def test_admit_fastest_gives_the_slots_to_the_fast_devices(tmp_path):
+    # Eight HL8 devices (two each of 1x, 1/2, 1/4, 1/8 the speed), two slots. FIFO rotates every device through;
+    # concurrency.admit fastest (Oort's system utility) tries each once within the exploration share, then keeps
+    # the slots with the fastest: the fast devices train most of the cycles.
+    config = {"concurrency.limit": 2, "fedbuff.buffer_size": 2, "max_seconds": 20.0, "target_accuracy": 0.99}
+    share = {}
+    for admit in ("fifo", "fastest"):
+        sim, summary = _run(tmp_path, admit, profiles=hl8(8), preset="fedbuff",
+                            config={**config, "concurrency.admit": admit})
+        fastest = max(p.flops for p in hl8(8))
+        fast = sum(w["device"]["cycles"] for w in summary["workers"] if w["flops"] == fastest)
+        share[admit] = fast / sum(w["device"]["cycles"] for w in summary["workers"])
+        if admit == "fastest":
+            assert sim.engine.admission.fastest and sim.engine.admission.speeds
+    assert share["fastest"] > share["fifo"] + 0.2, share
