@@ -135,3 +135,63 @@ def test_scoring_with_batch_statistics_ignores_the_candidates_running_statistics
     folding, *_ = _probe(recalibrate=False)
     assert folding.candidate_loss(_flat_payload(broken), from_current=True) != pytest.approx(
         folding.candidate_loss(_flat_payload(torch.zeros_like(w)), from_current=True))
+
+
+# ---- through the engine: a push folded by the hermes preset ---------------------------------------------------
+
+
+def _bn_engine(bn_stats: str):
+    import numpy as np
+
+    from hermes.common.clock import ManualClock
+    from hermes.common.config import build_config
+    from hermes.common.datasets import ArrayDataset
+    from hermes.common.task import Task
+    from hermes.server.engine import Engine
+    from hermes.server.engine.screening import ScreeningSettings
+    from hermes.server.events import EventLog
+
+    def split(name: str, n: int, seed: int) -> ArrayDataset:
+        rng = np.random.default_rng(seed)
+        x = np.ascontiguousarray((rng.standard_normal((n, 4)) * 3 + 1).astype(np.float32))
+        return ArrayDataset(name, x, rng.integers(0, 3, n).astype(np.int64), num_classes=3)
+
+    clock = ManualClock()
+    config = build_config("hermes", model="mlp", shard_size=16, eval_max_samples=32, **{"loss.bn_stats": bn_stats})
+    splits = (split("toy", 128, 0), split("toy-validation", 64, 1), split("toy-test", 32, 2))
+    return Engine(config, metrics=ServerMetrics(), events=EventLog(None, clock=clock), max_workers=8,
+                  max_message_bytes=1 << 24, splits=splits, clock=clock, screening=ScreeningSettings(enabled=False),
+                  task=Task(model=_model, name="toy-bn")), clock
+
+
+def _push(engine, clock, delta: torch.Tensor) -> dict:
+    import asyncio
+
+    from hermes.common.wire import Header, MsgType, decode, encode
+
+    rec, _ = engine.register("a")
+    header = Header(type=MsgType.PUSH_UPDATE, worker=rec.id, session="s0", seq=1, ts=int(clock.time() * 1000),
+                    model_version=0, body={"samples": 4, "loss": 0.5}, shapes=engine.spec.shapes)
+    return decode(asyncio.run(engine.handle(encode(header, delta, key=rec.key)))).header.body
+
+
+@pytest.mark.parametrize("bn_stats", ["recalibrate", "fold"])
+def test_the_engine_measures_a_folds_statistics_under_recalibrate_and_adds_them_under_fold(bn_stats):
+    engine, clock = _bn_engine(bn_stats)
+    _, w = engine.state.snapshot()
+    w = w.clone()
+    delta = _scale_first_layer(_model(), w, 10.0)
+    assert _push(engine, clock, delta)["status"] == "applied"
+    _, after = engine.state.snapshot()
+    folded = _model()
+    load_flat(folded, after)
+    probe = engine.policies.aggregation.probe
+    h = folded[0](probe.x)
+    measured = torch.allclose(folded[1].running_var, h.var(0, unbiased=True), rtol=1e-4, atol=1e-5)
+    if bn_stats == "recalibrate":
+        assert measured and probe.global_loss()[0] == engine.state.version  # the fold's loss, cached
+        assert torch.allclose(folded[1].running_mean, h.mean(0), rtol=1e-5, atol=1e-5)
+    else:
+        # The first push is folded at weight 1: the statistics are w's plus the delta's, 100x the old variance.
+        assert not measured
+        assert torch.allclose(after, w + delta)
