@@ -6,7 +6,7 @@ put together from several invocations (the bench lock's 12-minute rule), so this
 ``hermes-bench report``'s *train s*), median [min-max] over the repeats that reached it, how many did, the final
 accuracy, the bytes an agent sent per push against an fp32 push, and the load average before each run.
 
-    python benchmarks/edge_table.py runs/edge-lte [--fp32-bytes 4852648]
+    python benchmarks/edge_table.py runs/edge-lte [--fp32-bytes 4852648] [--best hermes-ungated-topk-local]
 """
 
 from __future__ import annotations
@@ -70,14 +70,39 @@ def table(rows: list[dict[str, Any]], fp32_bytes: int) -> str:
     return "\n".join(lines)
 
 
+def ratios(rows: list[dict[str, Any]], best: str) -> str:
+    """Per link: each other variant's median train s over ``best``'s (how many times sooner ``best`` got there),
+    from the repeats that reached the target; and the same ratio repeat by repeat (the same seed, one invocation)."""
+    lines = [f"| link | against | median / median (`{best}` that many times sooner) | repeat by repeat |",
+             "| --- | --- | ---: | --- |"]
+    for cell in sorted({r["cell"] for r in rows}):
+        mine = {r["repeat"]: r["train_s"] for r in rows if r["cell"] == cell and r["label"] == best and r["reached"]}
+        if not mine:
+            continue
+        for label in sorted({r["label"] for r in rows if r["cell"] == cell} - {best}):
+            theirs = {r["repeat"]: r["train_s"] for r in rows
+                      if r["cell"] == cell and r["label"] == label and r["reached"]}
+            if not theirs:
+                lines.append(f"| {cell} | `{label}` | not reached | |")
+                continue
+            ratio = statistics.median(theirs.values()) / statistics.median(mine.values())
+            each = ", ".join(f"{k}: {theirs[k] / mine[k]:.2f}x" for k in sorted(mine) if k in theirs)
+            lines.append(f"| {cell} | `{label}` | {ratio:.2f}x | {each} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path, help="a hermes-bench --out folder")
     parser.add_argument("--fp32-bytes", type=int, default=FP32_PUSH_BYTES, help="bytes of one fp32 push")
     parser.add_argument("--json", action="store_true", help="the rows as JSON instead of the table")
+    parser.add_argument("--best", help="also print every variant's median time over this variant's")
     args = parser.parse_args()
     rows = run_rows(args.out)
     print(json.dumps(rows, indent=1) if args.json else table(rows, args.fp32_bytes))
+    if args.best and not args.json:
+        print()
+        print(ratios(rows, args.best))
 
 
 if __name__ == "__main__":

@@ -36,12 +36,14 @@ PRESETS: dict[str, dict[str, Any]] = {
     # diverged (docs/simulation.md, "Hermes at 1,000 devices"); 4 agents are unchanged. Under a
     # concurrency.limit a turn lasts until the gate pushes (concurrency.turn_ends push): turns of one
     # gated cycle pushed 9% of the cycles on 1,000 devices (limit 10: 0.55 after 850 cycles; until
-    # the push: 0.88 after 1,248); without a limit nothing changes.
+    # the push: 0.88 after 1,248); without a limit nothing changes. BatchNorm statistics are measured on
+    # the probe's samples, not folded (loss.bn_stats; models without BatchNorm: no change).
     "hermes": {
         "sync": "hermes", "aggregation": "loss", "gate": "zscore", "allocation": "dual-search",
         "momentum": 0.9, "lr": 0.1, "assignments_per_request": 4, "loss.reference": "pull", "overlap_push": True,
         "zscore.resync_factor": 4.0, "zscore.validation_samples": 128, "loss.eval_samples": 256,
         "loss.sharpness": 2.0, "loss.concurrency_scale": 5, "concurrency.turn_ends": "push",
+        "loss.bn_stats": "recalibrate",
     },
     # Hermes as the paper runs it (paper 004; each switch at the paper's rule, tests/unit/policies/
     # test_paper_fidelity.py holds the paper's line for each): gated async pushes of w - w0, the

@@ -8,50 +8,116 @@ loss is cached per version so each push costs one scoring, not two.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
 
 from hermes.common.task import Task
 from hermes.common.task_registry import batch_of
-from hermes.common.tensors import ModelSpec, build_checked, float_state, load_flat
+from hermes.common.tensors import ModelSpec, build_checked, flatten, float_state, load_flat
 from hermes.common.wire import Payload
 from hermes.server.metrics import ServerMetrics
 from hermes.server.state import ModelState
+
+# BatchNorm's running statistics in a flat model vector (``ModelSpec.entries`` names).
+_BN_STATS = ("running_mean", "running_var")
+
+
+def bn_stat_ranges(spec: ModelSpec) -> list[tuple[int, int]]:
+    """[lo, hi) of every BatchNorm running mean and variance in the flat vector."""
+    ranges, off = [], 0
+    for name, shape in spec.entries:
+        n = math.prod(shape)
+        if name.rsplit(".", 1)[-1] in _BN_STATS:
+            ranges.append((off, off + n))
+        off += n
+    return ranges
 
 
 class LossProbe:
     def __init__(
         self, task: Task, spec: ModelSpec, state: ModelState, validation: Any, *, samples: int, seed: int,
-        metrics: ServerMetrics, batch_size: int = 1024,
+        metrics: ServerMetrics, batch_size: int = 1024, recalibrate: bool = False,
     ) -> None:
         self.task = task
         self.state = state
         self.metrics = metrics
         self.batch_size = batch_size
         self.model = build_checked(task.model, spec).eval()
+        # loss.bn_stats recalibrate: models are scored with BatchNorm's statistics of the probe's samples, and
+        # every fold's BatchNorm statistics are measured on them (recalibrated), not added up from the deltas.
+        self._bn = [m for m in self.model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)
+                    and m.track_running_stats] if recalibrate else []
+        self.stat_ranges = bn_stat_ranges(spec) if self._bn else []
         idx = np.sort(np.random.default_rng([seed, 0x1055]).permutation(len(validation))[:samples])
         self.x, self.y = batch_of(validation, idx.tolist())
         self._lock = threading.Lock()  # one replica, one scoring at a time
         self._global: tuple[int, float] | None = None
         self._descent: tuple[int, torch.Tensor] | None = None
 
+    @property
+    def recalibrates(self) -> bool:
+        return bool(self.stat_ranges)
+
     @torch.inference_mode()
-    def _score(self, flat: torch.Tensor) -> float:
+    def _score(self, flat: torch.Tensor, stats_out: torch.Tensor | None = None) -> float:
+        """The probe loss of ``flat``; with recalibration, scored with its BatchNorm statistics measured on the
+        probe's samples, which go into ``stats_out`` (the flat layout) when given."""
         with self._lock:
             t0 = time.perf_counter()
             load_flat(self.model, flat)
+            for m in self._bn:
+                # momentum None: a cumulative average over the batches, the statistics of the samples themselves.
+                m.reset_running_stats()
+                m.momentum = None
+                m.train()
             total = 0.0
-            for i in range(0, len(self.y), self.batch_size):
-                xb, yb = self.x[i : i + self.batch_size], self.y[i : i + self.batch_size]
-                if self.task.transform is not None:  # as the evaluator scores (train False)
-                    xb, yb = self.task.transform(xb, yb, False)
-                total += float(self.task.loss(self.model(xb), yb)) * len(yb)
+            try:
+                for i in range(0, len(self.y), self.batch_size):
+                    xb, yb = self.x[i : i + self.batch_size], self.y[i : i + self.batch_size]
+                    if self.task.transform is not None:  # as the evaluator scores (train False)
+                        xb, yb = self.task.transform(xb, yb, False)
+                    total += float(self.task.loss(self.model(xb), yb)) * len(yb)
+            finally:
+                for m in self._bn:
+                    m.eval()
+            if stats_out is not None and self._bn:
+                measured = flatten(self.model)
+                for lo, hi in self.stat_ranges:
+                    stats_out[lo:hi] = measured[lo:hi]
             self.metrics.loss_eval_seconds.observe(time.perf_counter() - t0)
             return total / max(1, len(self.y))
+
+    def recalibration(self, terms: Sequence[tuple[Payload, float]]) -> tuple[Payload, float] | None:
+        """The fold's BatchNorm statistics measured instead of added (loss.bn_stats recalibrate; the SWA
+        procedure, Izmailov et al. 2018, Sec. 3.2: the statistics of the averaged weights recomputed on
+        data): with w' = w + sum_k a_k delta_k, one more delta whose statistics entries are the probe samples'
+        statistics of w' minus w's, applied at weight 1 in the same fold (and journaled with it, so a resume
+        replays it). Its probe loss comes back too: it is the new global model's. None: nothing to measure.
+        Caller holds the step lock (no other fold moves w meanwhile)."""
+        if not self.stat_ranges:
+            return None
+        _, flat = self.state.snapshot()
+        after = flat.clone()
+        for payload, weight in terms:
+            for off, piece in payload.fp32_pieces():
+                after[off : off + piece.numel()].add_(piece, alpha=weight)
+        measured = after.clone()
+        loss = self._score(after, stats_out=measured)
+        delta = torch.zeros_like(after)
+        for lo, hi in self.stat_ranges:
+            torch.sub(measured[lo:hi], after[lo:hi], out=delta[lo:hi])
+        return Payload(dtype=torch.float32, chunks=(delta,), shapes=((delta.numel(),),)), loss
+
+    def set_global(self, version: int, loss: float) -> None:
+        """The probe loss of ``version`` measured by its fold (recalibration), cached as global_loss's."""
+        self._global = (version, loss)
 
     def loss_of(self, flat: torch.Tensor) -> float:
         """The probe loss of any model (screening's effect test)."""

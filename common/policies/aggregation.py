@@ -75,6 +75,14 @@ class LossParams(BaseModel):
     # once instead of each delta's staleness. C devices that start together push deltas 0..C-1 versions
     # stale, so a staleness rule still adds the harmonic sum ~(b+1) ln C shares in that first round (1,000
     # devices, C = 100: loss 2.3 -> 6.2, then stuck at chance); scaled by m / C, every round adds ~m shares.
+    # A deviation (docs/compression.md, "BatchNorm statistics"): Hermes folds a model's every float, and
+    # BatchNorm's running statistics added at a share stop describing the folded weights: on edge-resnet
+    # (lte, 2026-11-28) variance deltas were 338 of a push's norm 339, candidates went negative, and a fold
+    # at share 0.18 of a candidate scoring 1.29 took the global model to chance (loss 2.30) for 30 s.
+    bn_stats: Literal["fold", "recalibrate"] = Field(
+        default="fold", description="BatchNorm running statistics: fold (added with the rest of the delta, "
+        "Hermes) or recalibrate (candidates scored with the probe samples' batch statistics; each fold's "
+        "statistics measured on the probe samples, SWA's procedure, Izmailov et al. 2018 Sec. 3.2).")
     concurrency_scale: int = Field(
         default=0, ge=0, le=10_000, description="m: with loss.reference pull, each delta's share times "
         "min(1, m / n), n the workers training at once (holding a concurrency.limit slot, else active): a round "

@@ -297,6 +297,14 @@ EDGE_VARIANTS = [
     {"label": "hermes-ungated-local", "preset": "hermes", "overrides": {"gate": "always", "task": _LOCAL_TASK}},
     {"label": "hermes-ungated-topk-local", "preset": "hermes",
      "overrides": {"gate": "always", **_TOPK_INT8, "task": _LOCAL_TASK}},
+    # The server's work a push (docs/compression.md, "BatchNorm statistics"), switched side by side with
+    # hermes-ungated-topk-local: the loss probe on 128 validation samples instead of the preset's 256
+    # (loss.eval_samples: half the forward passes of scoring and recalibration, noisier shares), and screening off
+    # (no direction test's backward pass; what the defences cost here).
+    {"label": "hermes-ungated-topk-local-p128", "preset": "hermes",
+     "overrides": {"gate": "always", **_TOPK_INT8, "task": _LOCAL_TASK, "loss.eval_samples": 128}},
+    {"label": "hermes-ungated-topk-local-unscreened", "preset": "hermes", "screening": False,
+     "overrides": {"gate": "always", **_TOPK_INT8, "task": _LOCAL_TASK}},
     {"label": "bsp-local", "preset": "bsp", "overrides": {"task": _LOCAL_TASK}},
     {"label": "ddp", "preset": "bsp", "runner": "ddp"},
     {"label": "ddp-fp16", "preset": "bsp", "runner": "ddp", "ddp_hook": "fp16"},

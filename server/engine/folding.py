@@ -33,10 +33,18 @@ async def fold(self: FoldHost, group: list[Contribution]) -> None:
     elif op == "blend" and rule.window is not None:
         # fedasync.robust (issue 29): the model mixed in is the robust statistic of the window's models.
         terms = [(await offload(nbytes, rule.combined, group), weights[0])]
+    recalibrated = None
+    if op == "apply" and rule.probe is not None and rule.probe.recalibrates:
+        # loss.bn_stats recalibrate: the step's BatchNorm statistics measured, not added (LossProbe.recalibration).
+        recalibrated = await asyncio.to_thread(rule.probe.recalibration, terms)
+        if recalibrated is not None:
+            terms = [*terms, (recalibrated[0], 1.0)]
     if op == "blend":
         version = await asyncio.to_thread(self.state.blend, terms[0][0], terms[0][1])
     else:
         version = await offload(nbytes, self.state.apply, terms)
+    if recalibrated is not None and rule.probe is not None:
+        rule.probe.set_global(version, recalibrated[1])
     while self.state.rollbacks:
         bad, restored = self.state.rollbacks.pop(0)
         self.telemetry.emit("model_restored", bad_version=bad, restored=restored, version=version,

@@ -202,7 +202,7 @@ def build_policies(
     probe = None
     if rule.needs_candidate_loss:
         probe = LossProbe(task, spec, state, validation, samples=config.loss.eval_samples, seed=config.seed,
-                          metrics=metrics)
+                          metrics=metrics, recalibrate=config.loss.bn_stats == "recalibrate")
     # Allocators that measure compute power (partition) answer it; the others leave it to throughput.
     power_of = allocator.power if isinstance(allocator, PowerMeter) else None
     # Robust rules group a barrier's round or a buffer; under a sync that folds one update at a time they run

@@ -216,4 +216,6 @@ def test_hermes_differs_from_the_paper_preset_only_by_the_measured_deviations():
     assert (paper["loss"]["eval_samples"], fast["loss"]["eval_samples"]) == (512, 256)
     assert (paper["loss"]["sharpness"], fast["loss"]["sharpness"]) == (1.0, 2.0)
     assert {k for k in paper["loss"] if paper["loss"][k] != fast["loss"][k]} == {"reference", "eval_samples",
-                                                                               "sharpness", "concurrency_scale"}
+                                                                               "sharpness", "concurrency_scale",
+                                                                               "bn_stats"}
+    assert (paper["loss"]["bn_stats"], fast["loss"]["bn_stats"]) == ("fold", "recalibrate")

@@ -320,6 +320,7 @@ DEVIATIONS: list[Deviation] = [
               {"loss.concurrency_scale": 0}),  # the scale applies to since-pull deltas only
     Deviation("loss.sharpness", 1.0, {"hermes": 2.0}, _blend_share_is_eq6),
     Deviation("loss.concurrency_scale", 0, {"hermes": 5}, _share_ignores_crowd),
+    Deviation("loss.bn_stats", "fold", {"hermes": "recalibrate"}, _value("loss.bn_stats", "fold")),
     Deviation("momentum", 0.0, {"hermes": 0.9}, _value("momentum", 0.0)),
     Deviation("overlap_push", False, {"hermes": True}, _value("overlap_push", False)),
     Deviation("optimizer_reset_jump", None, {p: 0.5 for p in PRESETS}, _keeps_momentum),
