@@ -32,15 +32,16 @@ class HeartbeatMonitor:
         self._task: asyncio.Task | None = None
 
     def start(self) -> None:
-        if self.timeout > 0:
-            self._task = asyncio.create_task(self._run(), name="hermes-heartbeats")
+        # Runs with timeout 0 too (nobody is marked lost then): its loop is also the engine's tick, which
+        # releases a barrier at its deadline; without it --heartbeat-timeout 0 silently lost bsp.deadline.
+        self._task = asyncio.create_task(self._run(), name="hermes-heartbeats")
 
     async def stop(self) -> None:
         await cancel_and_wait(self._task)
 
     async def _run(self) -> None:
         # Check several times per timeout so a loss is noticed within ~1.25 timeouts.
-        period = max(0.05, min(1.0, self.timeout / 4))
+        period = max(0.05, min(1.0, self.timeout / 4)) if self.timeout > 0 else 1.0
         while True:
             await asyncio.sleep(period)
             try:
@@ -52,7 +53,9 @@ class HeartbeatMonitor:
                 log.exception("heartbeat sweep failed")
 
     async def sweep(self, now: float | None = None) -> list[str]:
-        """Mark every active worker silent past the timeout lost; returns their ids."""
+        """Mark every active worker silent past the timeout lost; returns their ids (none with timeout 0)."""
+        if self.timeout <= 0:
+            return []
         now = self.engine.clock.time() if now is None else now
         silent = [r for r in self.engine.registry.all()
                   if r.state == "active" and now - r.last_seen > self.timeout]

@@ -111,7 +111,9 @@ def _burst(srv: LiveServer, worker_id: str) -> None:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/PID/status")
 def test_64_peers_of_maximum_size_frames_stay_under_the_memory_bound(server_factory):
-    srv = server_factory("--max-message-bytes", str(LIMIT), env={"MALLOC_MMAP_THRESHOLD_": "131072"})
+    # No heartbeat timeout: the registered worker only talks between bursts, which under load outlast 30 s.
+    srv = server_factory("--max-message-bytes", str(LIMIT), "--heartbeat-timeout", "0",
+                         env={"MALLOC_MMAP_THRESHOLD_": "131072"})
     worker = srv.register("mem-bound")
     worker.pull()
     base = _mem(srv)["VmRSS"]
@@ -133,7 +135,7 @@ def test_64_peers_of_maximum_size_frames_stay_under_the_memory_bound(server_fact
 def test_default_allocator_gets_each_bursts_memory_back(server_factory):
     # glibc's default keeps freed frame buffers in its arenas; the server trims them once a burst
     # is over, so every burst starts from the baseline and none takes the peak past the bound.
-    srv = server_factory("--max-message-bytes", str(LIMIT))
+    srv = server_factory("--max-message-bytes", str(LIMIT), "--heartbeat-timeout", "0")  # as above
     worker = srv.register("mem-reuse")
     base = _mem(srv)["VmRSS"]
     bound = PEERS * socket_frame_cap(LIMIT) + 4 * LIMIT + SLACK

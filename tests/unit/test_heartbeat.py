@@ -84,3 +84,48 @@ def test_a_recent_data_plane_answer_stands_in_for_a_beat_and_an_old_one_does_not
     control.answer = ServerUnreachable("down")
     clock.advance(31.0)
     assert not hb.tick() and lost == ["server unreachable for 31s"]
+
+
+def test_server_monitor_with_timeout_zero_marks_nobody_lost_and_still_ticks(monkeypatch) -> None:
+    # --heartbeat-timeout 0 (never lost) used to stop the monitor, whose loop is also the engine's tick:
+    # a barrier's deadline (bsp.deadline) then never released a round.
+    import asyncio
+    from types import SimpleNamespace
+
+    from hermes.server import heartbeat
+
+    periods: list[float] = []
+    left: list[str] = []
+
+    class Engine:
+        registry = SimpleNamespace(all=lambda: [SimpleNamespace(id="w1", name="silent", state="active", last_seen=0.0)])
+        clock = SimpleNamespace(time=lambda: 1e9)
+        membership = SimpleNamespace(forget_unreturned=lambda *a: left.append("forgot"))
+        ticks = 0
+
+        async def leave(self, worker_id: str, reason: str, *, state: str) -> None:
+            left.append(worker_id)
+
+        async def tick(self) -> None:
+            self.ticks += 1
+            if self.ticks == 2:
+                raise asyncio.CancelledError
+
+    async def no_wait(period: float) -> None:
+        periods.append(period)
+
+    monkeypatch.setattr(heartbeat.asyncio, "sleep", no_wait)
+    engine = Engine()
+    monitor = heartbeat.HeartbeatMonitor(engine, 0.0)  # type: ignore[arg-type]
+
+    async def run() -> None:
+        monitor.start()
+        assert monitor._task is not None
+        try:
+            await monitor._task
+        except asyncio.CancelledError:
+            pass
+
+    asyncio.run(run())
+    assert engine.ticks == 2 and periods == [1.0, 1.0]
+    assert left == [] and monitor.lost == 0
