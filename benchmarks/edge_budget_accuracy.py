@@ -98,9 +98,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{comp} - {plain}, points, per repeat: last {', '.join(f'{100 * d:+.1f}' for d in diffs_last)} "
               f"(median {100 * statistics.median(diffs_last):+.1f}); mean of last "
               f"{', '.join(f'{100 * d:+.1f}' for d in diffs_mean)} (median {100 * statistics.median(diffs_mean):+.1f})")
-    # Binomial standard error of one accuracy on n test samples, at 0.8.
-    se = math.sqrt(0.8 * 0.2 / a.test_samples)
-    print(f"one evaluation's standard error at accuracy 0.8 on {a.test_samples} test samples: {100 * se:.1f} points")
+    # Binomial standard error of one accuracy on n test samples, at the runs' median accuracy.
+    accs = [r["budget"]["last"] for r in rows if r["budget"]]
+    at = statistics.median(accs) if accs else 0.8
+    se = math.sqrt(at * (1 - at) / a.test_samples)
+    print(f"one evaluation's standard error at accuracy {at:.3f} on {a.test_samples} test samples: "
+          f"{100 * se:.1f} points")
     return 0
 
 

@@ -35,4 +35,5 @@ def test_budget_counts_from_the_last_join_and_leaves_later_evaluations_out(tmp_p
     assert "| `plain` | r0 | 81.0 (20.0) | 79.0 |" in out
     assert "| `plain` | r1 | did not train that long | - |" in out
     assert "per repeat: last +1.0 (median +1.0); mean of last +1.0 (median +1.0)" in out
-    assert "on 500 test samples: 1.8 points" in out
+    # Binomial, at the median of the comparable runs' last evaluations (0.815): sqrt(0.815 * 0.185 / 500).
+    assert "at accuracy 0.815 on 500 test samples: 1.7 points" in out
