@@ -71,7 +71,8 @@ CELLS: dict[str, list[str]] = {
     "fedbuff-fastest-m4": ["--preset", "fedbuff", "--set", "momentum=0.9", "--set", "lr=0.4",
                            "--set", "cycle_samples=32", "--set", "concurrency.limit=32", "--set", "fedbuff.buffer_size=32",
                            "--set", "concurrency.admit=fastest", "--set", "overlap_push=true", "--max-seconds", "150"],
-    # lr 0.3 with 48 slots and K = 48 (1,536-sample steps): 0.98 at 85.1 virtual s, 3.06x alone (seed 1: 2.28x; 2026-11-28; measured as
+    # lr 0.3 with 48 slots and K = 48 (1,536-sample steps): 0.98 at 85.1 virtual s, 3.06x alone (seeds 1-3: 2.28x,
+    # 4.43x, 3.10x; median over seeds 0-3 3.08x; 2026-11-28; measured as
     # ``run fedbuff-fastest-m3 --set concurrency.limit=48 --set fedbuff.buffer_size=48``, the same command line).
     "fedbuff-fastest-c48": ["--preset", "fedbuff", "--set", "momentum=0.9", "--set", "lr=0.3",
                             "--set", "cycle_samples=32", "--set", "concurrency.limit=48", "--set", "fedbuff.buffer_size=48",
