@@ -88,10 +88,12 @@ def _check_server_resumed(out: Path, s: dict) -> dict:
     return chaos
 
 
+# Killed early, with the target further off: at 0.9 and version 15 the kill came when hermes was already at the
+# target (a run under load evaluated 0.92 at version 15), so the resumed server stopped with no update after it.
 def test_run_survives_a_server_restart(tmp_path):
     out = tmp_path / "kill-server"
-    _, s = run_testbed(out, "--preset", "hermes", "--profile", "hl8", "--target-accuracy", "0.9", "--quiet",
-                       "--chaos", "kill-server@v15", "--checkpoint-interval", "2", *FAST_HEARTBEATS)
+    _, s = run_testbed(out, "--preset", "hermes", "--profile", "hl8", "--target-accuracy", "0.93", "--quiet",
+                       "--chaos", "kill-server@v3", "--checkpoint-interval", "2", *FAST_HEARTBEATS)
     chaos = _check_server_resumed(out, s)
     # Time to target, with and without the restart: the server's training seconds exclude
     # its downtime, the testbed's seconds_to_target (from the agents' launch) include it.
