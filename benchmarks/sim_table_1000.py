@@ -41,6 +41,16 @@ WORKLOAD = ["--population", "generated", "--devices", "1000", "--dataset", "mnis
 LOCAL = ["--set", "momentum=0.9", "--set", "lr=0.03"]
 # Federated cells: 512-sample cycles (16 local steps), at most 200 devices training at once (FedBuff's C).
 FEDERATED = ["--set", "cycle_samples=512", "--set", "concurrency.limit=200"]
+
+
+def _fast_fedbuff_momentum(lr: str, slots: int) -> list[str]:
+    """FedBuff with C = K = ``slots`` slots going to the fastest devices, one-step 32-sample deltas, local momentum
+    0.9 at ``lr`` and overlap_push (each device trains its next step while its push travels)."""
+    return ["--preset", "fedbuff", "--set", "momentum=0.9", "--set", f"lr={lr}", "--set", "cycle_samples=32",
+            "--set", f"concurrency.limit={slots}", "--set", f"fedbuff.buffer_size={slots}",
+            "--set", "concurrency.admit=fastest", "--set", "overlap_push=true", "--max-seconds", "150"]
+
+
 # Virtual-second budgets: the distributed cells are bounded so that one fits the sim lock's 8 minutes of wall time on
 # this loaded 2-core machine (2026-11-27, load 11-19: a run got a fifth to a third of a core and simulated 0.07-0.4
 # virtual s a wall s, with a 15 virtual s exit grace after the budget); alone runs to its target.
@@ -60,23 +70,15 @@ CELLS: dict[str, list[str]] = {
                         "--set", "concurrency.admit=fastest", "--max-seconds", "45"],
     # The same with local momentum 0.9 at lr 0.2 (a single device's batch-1,024 setting that trained stably, L1 in
     # the docs) and overlap_push: each device trains its next step while its push travels (3.4 steps a second).
-    "fedbuff-fastest-m": ["--preset", "fedbuff", "--set", "momentum=0.9", "--set", "lr=0.2",
-                          "--set", "cycle_samples=32", "--set", "concurrency.limit=32", "--set", "fedbuff.buffer_size=32",
-                          "--set", "concurrency.admit=fastest", "--set", "overlap_push=true", "--max-seconds", "150"],
+    "fedbuff-fastest-m": _fast_fedbuff_momentum("0.2", 32),
     # The same at lr 0.3 (0.80 at 30 virtual s where lr 0.2 had 0.74).
-    "fedbuff-fastest-m3": ["--preset", "fedbuff", "--set", "momentum=0.9", "--set", "lr=0.3",
-                           "--set", "cycle_samples=32", "--set", "concurrency.limit=32", "--set", "fedbuff.buffer_size=32",
-                           "--set", "concurrency.admit=fastest", "--set", "overlap_push=true", "--max-seconds", "150"],
+    "fedbuff-fastest-m3": _fast_fedbuff_momentum("0.3", 32),
     # And at lr 0.4 (a single device at batch 1,024 diverged at lr 0.5, L2 in the docs).
-    "fedbuff-fastest-m4": ["--preset", "fedbuff", "--set", "momentum=0.9", "--set", "lr=0.4",
-                           "--set", "cycle_samples=32", "--set", "concurrency.limit=32", "--set", "fedbuff.buffer_size=32",
-                           "--set", "concurrency.admit=fastest", "--set", "overlap_push=true", "--max-seconds", "150"],
+    "fedbuff-fastest-m4": _fast_fedbuff_momentum("0.4", 32),
     # lr 0.3 with 48 slots and K = 48 (1,536-sample steps): 0.98 at 85.1 virtual s, 3.06x alone (seeds 1-3: 2.28x,
     # 4.43x, 3.10x; median over seeds 0-3 3.08x; 2026-11-28; measured as
     # ``run fedbuff-fastest-m3 --set concurrency.limit=48 --set fedbuff.buffer_size=48``, the same command line).
-    "fedbuff-fastest-c48": ["--preset", "fedbuff", "--set", "momentum=0.9", "--set", "lr=0.3",
-                            "--set", "cycle_samples=32", "--set", "concurrency.limit=48", "--set", "fedbuff.buffer_size=48",
-                            "--set", "concurrency.admit=fastest", "--set", "overlap_push=true", "--max-seconds", "150"],
+    "fedbuff-fastest-c48": _fast_fedbuff_momentum("0.3", 48),
     # hermes' own rules with the 50 slots going to the fastest devices (512-sample cycles, the common optimizer).
     "hermes-fastest": ["--preset", "hermes", *LOCAL, *FEDERATED, "--set", "concurrency.limit=50",
                        "--set", "concurrency.admit=fastest", "--max-seconds", "60"],

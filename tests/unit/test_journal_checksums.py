@@ -197,14 +197,12 @@ def test_a_second_damaged_resume_keeps_the_first_one_s_damaged_file(tmp_path) ->
     # Nothing overwrites a user's earlier results: each --resume-truncate-corrupt keeps its own evidence.
     path = tmp_path / "journal-0.log"
     _journal(path, 20)
-    first = bytearray(path.read_bytes())
-    first[len(first) // 4] ^= 0x10
-    path.write_bytes(bytes(first))
+    _flip(path, path.stat().st_size // 4)
+    first = path.read_bytes()
     _replayed(tmp_path, truncate_corrupt=True)
-    second = bytearray(path.read_bytes())
-    second[3 * len(second) // 4] ^= 0x10
-    path.write_bytes(bytes(second))
+    _flip(path, 3 * path.stat().st_size // 4)
+    second = path.read_bytes()
     state, ckpt = _replayed(tmp_path, truncate_corrupt=True)
     assert ckpt.dropped_updates == 1 and state.version == 20
-    assert (tmp_path / "journal-0.log.damaged").read_bytes() == bytes(first)
-    assert (tmp_path / "journal-0.log.damaged.1").read_bytes() == bytes(second)
+    assert (tmp_path / "journal-0.log.damaged").read_bytes() == first
+    assert (tmp_path / "journal-0.log.damaged.1").read_bytes() == second
