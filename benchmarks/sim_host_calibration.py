@@ -2,6 +2,7 @@
 
     python benchmarks/sim_host_calibration.py share TESTBED_BENCH_DIR...            # per testbed run: r, background
     python benchmarks/sim_host_calibration.py sim --testbed DIR... --out SIMDIR [--cells lan/asp,...] [--seeds 0,1,2]
+                                             [--seed-background] [--host-extra ,sleeper=auto]
     python benchmarks/sim_host_calibration.py table --testbed DIR... --sim SIMDIR [--json FILE]
 
 Testbed side: ``hermes-bench run benchmarks/suites/sim-calibration.toml`` folders (any number; a cell's runs are
@@ -183,6 +184,12 @@ def sim_main(a: argparse.Namespace) -> int:
             out = Path(a.out) / f"{link}-{preset}-s{seed}"
             if (out / "summary.json").exists():
                 continue
+            if a.seed_background:  # the testbed run of this seed's own background, not the cell's median
+                mine = [r["background"] for r in runs or [] if int(r["seed"]) == seed and r["background"] is not None]
+                if not mine:
+                    print(f"{link}/{preset} seed {seed}: no testbed run of that seed", file=sys.stderr)
+                    continue
+                b = round(float(mine[0]), 2)
             cmd = [sys.executable, "-m", "hermes.sim.cli", "--population", "hl8", "--preset", preset, *TASK,
                    "--target-accuracy", str(target_of(link, preset)), "--max-seconds", str(budget), "--seed", str(seed),
                    "--link", link, "--host", f"testbed:background={b}{a.host_extra}", "--jitter", str(JITTER),
@@ -281,6 +288,8 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--seeds", default="0,1,2")
     m.add_argument("--max-seconds", type=float, default=None)
     m.add_argument("--host-extra", default="", help="appended to each run's --host spec, e.g. ',wakeups=0'")
+    m.add_argument("--seed-background", action="store_true",
+                   help="each seed at the background of the testbed run with that seed (else the cell's median)")
     t = sub.add_parser("table")
     t.add_argument("--testbed", nargs="*", default=[])
     t.add_argument("--previous", default=None, help="the earlier session's testbed medians (JSON)")

@@ -175,6 +175,41 @@ def test_a_charged_model_is_counted_as_the_simulator_counts_its_own_and_a_bad_sp
             charged_flops(bad)
 
 
+def test_sleeper_auto_takes_the_measured_credit_at_the_hosts_load_when_the_burst_starts(monkeypatch):
+    import hermes.sim.host as host_mod
+
+    # Credit 4 ms beside 2 other runnable processes, none beside 6: 2 ms at 4 (linear between).
+    monkeypatch.setattr(host_mod, "SLEEPER_CREDIT_S", ((2.0, 0.004), (6.0, 0.0)))
+    jobs = [(0.0, 1.0), (0.1, 0.006)]
+    # Background 1 and the busy job: 2 others when the burst wakes: its first 4 ms at a full core, the last 2 ms
+    # at the fair share (2 / 3 of a core: 3 ms): 7 ms, as a fixed sleeper=0.004 gives.
+    auto, _ = _finish_times(HostSpec(cores=2, background=1, sleeper="auto"), jobs, woken=(1,))
+    fixed, _ = _finish_times(HostSpec(cores=2, background=1, sleeper=0.004), jobs, woken=(1,))
+    assert auto[1] == pytest.approx(0.107) and auto == pytest.approx(fixed)
+    # Background 3: 4 others, 2 ms of credit, the last 4 ms at 2 / 5 of a core (10 ms): 12 ms.
+    mid, _ = _finish_times(HostSpec(cores=2, background=3, sleeper="auto"), jobs, woken=(1,))
+    assert mid[1] == pytest.approx(0.112)
+    # Background 5: 6 others, no credit: fluid sharing, 2 / 7 of a core, 21 ms, as with the switch off.
+    none, _ = _finish_times(HostSpec(cores=2, background=5, sleeper="auto"), jobs, woken=(1,))
+    off, _ = _finish_times(HostSpec(cores=2, background=5), jobs, woken=(1,))
+    assert none[1] == pytest.approx(0.121) and none == pytest.approx(off)
+    # Parsed from --host; anything else but a number in [0, 1) is refused with the field's name.
+    assert parse_host("testbed:background=2,sleeper=auto").sleeper == "auto"
+    assert parse_host("testbed:sleeper=0.005").sleeper == 0.005
+    for bad in ("testbed:sleeper=auto2", "testbed:sleeper=1.5"):
+        with pytest.raises(HostError, match="sleeper"):
+            parse_host(bad)
+
+
+def test_the_measured_sleeper_credit_table_is_a_credit_by_competitors():
+    from hermes.sim.host import SLEEPER_CREDIT_S
+
+    ks = [k for k, _ in SLEEPER_CREDIT_S]
+    assert ks == sorted(ks) and len(set(ks)) == len(ks) and len(ks) >= 5
+    # A credit is CPU seconds of one burst: never negative, and below a slice's order (no burst is longer).
+    assert all(0.0 <= c < 0.05 for _, c in SLEEPER_CREDIT_S)
+
+
 def test_the_wakeup_table_interpolates_between_its_rows_and_holds_its_ends_outside_them():
     from hermes.sim.host import interpolate
 
