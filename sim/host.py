@@ -167,7 +167,7 @@ def parse_host(text: str | None) -> HostSpec | None:
     if head != "testbed":
         raise HostError(f"--host {text!r}: expected none, testbed or testbed:KEY=VALUE,...")
     known = {f.name for f in fields(HostSpec)}
-    changes: dict[str, float | str] = {}
+    changes: dict[str, Any] = {}  # float, or SLEEPER_AUTO for sleeper
     for part in filter(None, (p.strip() for p in rest.split(","))):
         key, eq, value = part.partition("=")
         if not eq or key not in known:
