@@ -43,3 +43,24 @@ def test_the_median_of_three_counts_a_miss_as_slower_than_every_run_that_reached
     assert hc.median_with_misses([46.7, 95.4], 3) == pytest.approx(95.4)
     assert hc.median_with_misses([96.4], 3) is None
     assert hc.median_with_misses([30.0, 10.0, 20.0], 3) == pytest.approx(20.0)
+
+
+def test_seed_background_runs_each_seed_at_its_own_testbed_runs_background(tmp_path, monkeypatch, capsys):
+    rows = [{"link": "lan", "preset": "hermes-paper", "testbed_runs": [
+        {"seed": 0, "background": 6.66}, {"seed": 1, "background": 4.05}, {"seed": 3, "background": 2.53}]}]
+    path = tmp_path / "table.json"
+    path.write_text(json.dumps(rows))
+    cmds: list[list[str]] = []
+    monkeypatch.setattr(hc.subprocess, "run", lambda cmd, check: cmds.append(cmd))
+
+    def hosts(*extra: str) -> list[str]:
+        cmds.clear()
+        assert hc.main(["sim", "--earlier", f"{path}:lan/hermes-paper", "--cells", "lan/hermes-paper", "--seeds",
+                        "0,1,2", "--host-extra", ",sleeper=auto", "--out", str(tmp_path / "out"), *extra]) == 0
+        return [c[c.index("--host") + 1] for c in cmds]
+
+    # Without the flag every seed runs at the cell's median background (of 6.66, 4.05 and 2.53).
+    assert hosts() == ["testbed:background=4.05,sleeper=auto"] * 3
+    # With it, each seed at its own run's; a seed the testbed has no run of is one line on stderr, not run.
+    assert hosts("--seed-background") == ["testbed:background=6.66,sleeper=auto", "testbed:background=4.05,sleeper=auto"]
+    assert "lan/hermes-paper seed 2: no testbed run of that seed" in capsys.readouterr().err
