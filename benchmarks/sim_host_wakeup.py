@@ -6,8 +6,9 @@
 A DEALER in this process sends a 1-byte message to a ROUTER echo in another process over TCP loopback (the
 data plane's sockets), ``--round-trips`` times, one at a time, and takes the median round trip (wall clock: the
 scheduler's wake-ups are the point). Beside it, the runnable threads of the machine by nice value (``/proc``),
-sampled through the run: a process at nice 0 competes with the nice-0 ones (a nice-15 one weighs 36/1024 of
-one).
+sampled through the run: inside one session a nice-15 thread weighs 36/1024 of a nice-0 one, but this machine
+shares the CPU between sessions first (autogroups: ``sim_host_sleeper.py``), so another session's nice-15 work
+competes as a nice-0 process would.
 
 ``--burners K,...``: the same, once for each K with K nice-0 processes spinning on the CPU beside it (what the
 testbed's computing agents and the machine's other nice-0 work are to its server and agents), and beside the
