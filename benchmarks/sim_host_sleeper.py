@@ -1,6 +1,6 @@
 """How much of a core a thread that sleeps between CPU bursts gets beside K busy processes (``HostSpec.sleeper``).
 
-    python benchmarks/sim_host_sleeper.py [--burners 0,1,2,3,4,6,8] [--bursts 30] [--groups same,own] [--json FILE]
+    python benchmarks/sim_host_sleeper.py [--burners 0,1,2,3,4,6,8] [--bursts 30] [--groups same,own] [--duty 0.5] [--json FILE]
 
 On the testbed a slowed agent computes a step and then sleeps ``s - 1`` times its CPU (``client/trainer.py``),
 and every agent sleeps while it waits on a reply. This machine's kernel (EEVDF, Linux >= 6.6) keeps a sleeping
@@ -118,6 +118,15 @@ def _burn_alone(stop_at: float) -> None:
     _burn(stop_at)
 
 
+def _burn_intermittent(stop_at: float, duty: float) -> None:
+    """A spinner in a session of its own that computes 10 ms of CPU and sleeps, busy ``duty`` of its time when it
+    has a core (another engineer's testbed agent or simulation rather than a spinning process)."""
+    os.setsid()
+    while time.time() < stop_at:
+        spin_cpu(0.010)
+        time.sleep(0.010 * (1 - duty) / duty)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--burners", default="0,1,2,3,4,6,8", help="comma-separated counts of nice-0 CPU spinners")
@@ -125,21 +134,30 @@ def main() -> int:
     p.add_argument("--busy-s", type=float, default=0.5, help="wall seconds of the busy spin before (the reference with no spinners)")
     p.add_argument("--groups", default="same,own",
                    help="same: the spinners in this session's autogroup; own: each in a session of its own")
+    p.add_argument("--duty", type=float, default=1.0,
+                   help="< 1: the K spinners compute 10 ms and sleep (busy this share), each in its own session, "
+                        "and one more, always busy in its own session, is the reference share")
     p.add_argument("--json", default=None)
     a = p.parse_args()
     autogroup = open("/proc/sys/kernel/sched_autogroup_enabled").read().strip()
     out: dict = {"cpus": os.cpu_count(), "kernel": os.uname().release, "sched_autogroup_enabled": autogroup}
     for group in a.groups.split(","):
         target = {"same": _burn, "own": _burn_alone}[group]
-        by: dict = out.setdefault(f"by_burners_{group}", {})
+        ctx = mp.get_context("spawn")
+        by: dict = out.setdefault(f"by_burners_{group}" + (f"_duty{a.duty:g}" if a.duty < 1 else ""), {})
         for k in (int(x) for x in a.burners.split(",")):
-            spin = [mp.get_context("spawn").Process(target=target, args=(time.time() + 300,), daemon=True)
+            if a.duty < 1:
+                spin = [ctx.Process(target=_burn_alone, args=(time.time() + 300,), daemon=True)] + [
+                    ctx.Process(target=_burn_intermittent, args=(time.time() + 300, a.duty), daemon=True)
                     for _ in range(k)]
+            else:
+                spin = [ctx.Process(target=target, args=(time.time() + 300,), daemon=True) for _ in range(k)]
             for b in spin:
                 b.start()
             time.sleep(0.7)
             try:
-                r = measure(a.bursts, a.busy_s, [b.pid for b in spin if b.pid is not None])
+                reference = spin[:1] if a.duty < 1 else spin
+                r = measure(a.bursts, a.busy_s, [b.pid for b in reference if b.pid is not None])
             finally:
                 for b in spin:
                     b.terminate()
