@@ -36,7 +36,7 @@ policy; it is processor sharing. With ``--host`` the simulation models it:
   background 5.81, gave every agent the same share: the credit depends on the load, so it stays off by default.
   Besides the slowed agents' steps, any agent's first step after the reply it waited on is such a burst.
   ``sleeper="auto"`` reads the credit measured beside K competing sessions (``SLEEPER_CREDIT_S``,
-  ``benchmarks/sim_host_sleeper.py``): 0.4-1.5 ms at K = 1-8, not the 5 ms fitted to seed 3; with it
+  ``benchmarks/sim_host_sleeper.py``): 0.35-1.5 ms at K = 1-8, not the 5 ms fitted to seed 3; with it
   ``hermes-paper``'s cells miss by more than without (docs/simulation.md), so it is off by default too.
 
 The constants are this machine's, measured by ``benchmarks/sim_host_calibrate.py`` (one torch thread,
