@@ -201,6 +201,24 @@ def test_sleeper_auto_takes_the_measured_credit_at_the_hosts_load_when_the_burst
             parse_host(bad)
 
 
+def test_a_run_with_sleeper_auto_is_deterministic_and_its_credit_shortens_the_stretch(tmp_path, monkeypatch):
+    import hermes.sim.host as host_mod
+
+    # A credit of 50 ms at every load, so every woken step of the small run is credited in full.
+    monkeypatch.setattr(host_mod, "SLEEPER_CREDIT_S", ((0.0, 0.05), (8.0, 0.05)))
+    auto = HostSpec(thread_flops=2e8, background=3.0, sleeper="auto")
+    first, second = _run(tmp_path, "a", auto), _run(tmp_path, "b", auto)
+    assert deterministic_view(first) == deterministic_view(second)
+    assert first["host"]["sleeper"] == "auto"
+    fluid = _run(tmp_path, "c", replace(auto, sleeper=0.0))
+    # The credited bursts ran at a full core where fluid sharing gave them 2 / (3 + jobs): less time stretched
+    # a CPU second.
+    def stretch(s):
+        return s["host"]["stretch_seconds"] / s["host"]["cpu_seconds"]
+
+    assert stretch(first) < stretch(fluid)
+
+
 def test_the_measured_sleeper_credit_table_is_a_credit_by_competitors():
     from hermes.sim.host import SLEEPER_CREDIT_S
 
