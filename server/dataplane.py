@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+from typing import cast
 
 import msgpack
 import zmq
@@ -21,6 +22,12 @@ from hermes.server.engine import Engine
 from hermes.server.heap import HeapTrimmer
 
 log = logging.getLogger(__name__)
+
+# Plain ints: pyzmq's flag enums build an enum object per operation (issue 31: the loop's CPU a request).
+_NOBLOCK = int(zmq.NOBLOCK)
+_SNDMORE_NOBLOCK = int(zmq.SNDMORE) | _NOBLOCK
+_EVENTS = int(zmq.EVENTS)
+_POLLIN = int(zmq.POLLIN)
 
 
 class DataPlane:
@@ -82,7 +89,7 @@ class DataPlane:
         else:
             self.port = sock.bind_to_random_port(f"tcp://{self.host}")
         self._sock = sock
-        self._fd = sock.getsockopt(zmq.FD)
+        self._fd = cast(int, sock.getsockopt(zmq.FD))
         asyncio.get_running_loop().add_reader(self._fd, self._on_fd)
         self._task = asyncio.create_task(self._serve(), name="hermes-dataplane")
         log.info("data plane listening on tcp://%s:%d", self.host, self.port)
@@ -110,19 +117,19 @@ class DataPlane:
         commands, which clears the FD, so the reader does not fire again until something changes; the receive
         loop is woken only when a message is there."""
         sock = self._sock
-        if sock is not None and not sock.closed and sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+        if sock is not None and not sock.closed and cast(int, sock.get(_EVENTS)) & _POLLIN:
             self._readable.set()
 
     async def _serve(self) -> None:
         assert self._sock is not None
         while True:
             try:
-                frames = self._sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                frames = _recv_message(self._sock)
             except zmq.Again:
                 # The FD only signals a change (edge-like): wait for the next one unless a message came in
                 # meanwhile (reading EVENTS re-arms the FD).
                 self._readable.clear()
-                if not self._sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                if not cast(int, self._sock.get(_EVENTS)) & _POLLIN:
                     await self._readable.wait()
                 continue
             except zmq.ZMQError as exc:
@@ -206,7 +213,7 @@ class DataPlane:
         wait = 0.001
         while True:
             try:
-                sock.send_multipart([identity, *reply], zmq.NOBLOCK, copy=False)
+                _send_message(sock, identity, reply)
                 break
             except zmq.Again:
                 # The peer's queue is full (its high-water mark): wait for it as a blocking send would.
@@ -221,6 +228,28 @@ class DataPlane:
         # A send processes the socket's pending commands, which can consume the FD's signal of a message
         # that came in: wake the receive loop if one is waiting.
         self._on_fd()
+
+
+def _recv_message(sock: zmq.Socket) -> list[zmq.Frame]:
+    """One whole multipart message without blocking (``zmq.Again`` when none is queued). Its frames' own
+    ``more`` flag ends it, not a RCVMORE getsockopt a frame as ``recv_multipart``'s; the parts of a message
+    arrive together, so none after the first can be missing."""
+    frame = sock.recv(_NOBLOCK, copy=False)
+    frames = [frame]
+    while frame.more:
+        frame = sock.recv(_NOBLOCK, copy=False)
+        frames.append(frame)
+    return frames
+
+
+def _send_message(sock: zmq.Socket, identity: bytes, reply: list) -> None:
+    """``send_multipart([identity, *reply], NOBLOCK, copy=False)`` without its per-frame type check and flag
+    enums (the reply's frames are bytes, memoryviews or zmq.Frames, ours). Atomic as that is: a ROUTER
+    queues a message's parts only when the last one is sent, and ``zmq.Again`` is raised by the first."""
+    last = len(reply) - 1
+    sock.send(identity, _SNDMORE_NOBLOCK if reply else _NOBLOCK, copy=False)
+    for i, part in enumerate(reply):
+        sock.send(part, _NOBLOCK if i == last else _SNDMORE_NOBLOCK, copy=False)
 
 
 def socket_frame_cap(max_message_bytes: int) -> int:
