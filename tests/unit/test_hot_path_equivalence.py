@@ -122,3 +122,76 @@ def test_data_plane_receive_and_send_keep_messages_whole() -> None:
         router.close(linger=0)
         dealer.close(linger=0)
         ctx.term()
+
+
+def _toy_engine(clock):
+    import numpy as np
+
+    from hermes.common.config import build_config
+    from hermes.common.datasets import ArrayDataset
+    from hermes.common.models import build_model
+    from hermes.common.task import Task
+    from hermes.server.engine import Engine
+    from hermes.server.engine.screening import ScreeningSettings
+    from hermes.server.events import EventLog
+    from hermes.server.metrics import ServerMetrics
+
+    def split(name: str, n: int, seed: int) -> ArrayDataset:
+        rng = np.random.default_rng(seed)
+        x = np.ascontiguousarray(rng.standard_normal((n, 8)).astype(np.float32))
+        return ArrayDataset(name, x, rng.integers(0, 3, n).astype(np.int64), num_classes=3)
+
+    config = build_config("asp", model="mlp", shard_size=16, eval_max_samples=32)
+    return Engine(config, metrics=ServerMetrics(), events=EventLog(None, clock=clock), max_workers=4,
+                  max_message_bytes=1 << 24, splits=(split("toy", 128, 0), split("toy-validation", 64, 1),
+                                                     split("toy-test", 32, 2)),
+                  clock=clock, screening=ScreeningSettings(enabled=False),
+                  task=Task(model=lambda: build_model("mlp", input_shape=(8,), num_classes=3), name="toy"))
+
+
+def test_int8_pulls_serve_the_version_cached_and_echo_the_codec_asked() -> None:
+    """A cached int8 pull (no snapshot asked of the state) sends the bytes a fresh quantisation of the current
+    model gives, under the current version; a new version is quantised again; the codec entry echoed is the
+    one each request asked for."""
+    import asyncio
+
+    import torch
+
+    from hermes.common.clock import ManualClock
+    from hermes.common.codec_spec import CodecSpec
+    from hermes.common.codecs import Int8Codec
+    from hermes.common.wire import decode
+
+    clock = ManualClock()
+    engine = _toy_engine(clock)
+    rec, _ = engine.register("a")
+    seq = iter(range(1, 100))
+
+    async def request(type_: MsgType, body: dict, payload: torch.Tensor | None = None, version: int = 0):
+        header = Header(type=type_, worker=rec.id, session="s", seq=next(seq), ts=int(clock.time() * 1000),
+                        model_version=version, body=body, shapes=engine.spec.shapes if payload is not None else ())
+        return decode(await engine.handle(encode(header, payload, key=rec.key)))
+
+    def fresh() -> bytes:
+        _, flat = engine.state.snapshot()
+        return Int8Codec(64, False, 0).encode(flat, engine.spec.shapes).data.numpy().tobytes()
+
+    async def go() -> None:
+        int8 = {"name": "int8", "chunk": 64}
+        first = await request(MsgType.PULL_MODEL, {"dtype": "float32", "codec": int8})
+        again = await request(MsgType.PULL_MODEL, {"dtype": "float32", "codec": int8})
+        for msg in (first, again):
+            assert msg.header.model_version == 0 and msg.header.body["codec"] == int8
+            assert msg.payload is not None and msg.payload.flat().numpy().tobytes() == fresh()
+        other = await request(MsgType.PULL_MODEL, {"dtype": "float32", "codec": {**int8, "rank": 2}})
+        assert other.header.body["codec"] == CodecSpec(name="int8", chunk=64, rank=2).model_dump(exclude_none=True)
+        assert other.payload is not None and other.payload.flat().numpy().tobytes() == fresh()
+        pushed = await request(MsgType.PUSH_UPDATE, {"samples": 4, "loss": 0.5},
+                               payload=torch.full((engine.spec.numel,), 0.25), version=0)
+        assert pushed.header.body["status"] == "applied"
+        after = await request(MsgType.PULL_MODEL, {"dtype": "float32", "codec": int8}, version=0)
+        assert after.header.model_version == 1 and after.header.body["codec"] == int8
+        assert after.payload is not None and after.payload.flat().numpy().tobytes() == fresh()
+        assert after.payload.flat().numpy().tobytes() != first.payload.flat().numpy().tobytes()
+
+    asyncio.run(go())
