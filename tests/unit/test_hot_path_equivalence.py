@@ -195,3 +195,46 @@ def test_int8_pulls_serve_the_version_cached_and_echo_the_codec_asked() -> None:
         assert after.payload.flat().numpy().tobytes() != first.payload.flat().numpy().tobytes()
 
     asyncio.run(go())
+
+
+def test_agent_waits_in_slices_for_a_late_reply_and_stops_on_cancel() -> None:
+    """The agent's receive with a timeout (not poll then receive): a reply later than one 0.25 s slice is
+    still taken; a cancel during a wait ends it with RequestCancelled; no reply at all is a timeout."""
+    import threading
+
+    from hermes.client.transport import DataClient, RequestCancelled, ServerUnreachable
+
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    token = "t" * 43
+    cancel = threading.Event()
+    dc = DataClient(f"tcp://127.0.0.1:{port}", "w0001", token, timeout=HANG_S, retries=0, cancel=cancel)
+
+    def answer_late(delay: float) -> None:
+        assert router.poll(int(HANG_S * 1000))
+        identity, first = router.recv_multipart()[:2]
+        asked = Header.unpack(first)
+        time.sleep(delay)
+        reply = Header(type=MsgType.STATS_ACK, worker=asked.worker, session=asked.session, seq=asked.seq)
+        router.send_multipart([identity, *encode(reply, None, key=token.encode())])
+
+    try:
+        late = threading.Thread(target=answer_late, args=(0.6,))
+        late.start()
+        got = dc.request(MsgType.REPORT_STATS, {})
+        late.join(HANG_S)
+        assert got.header.type is MsgType.STATS_ACK and got.header.seq == 1
+        threading.Timer(0.4, cancel.set).start()
+        t0 = time.monotonic()
+        with pytest.raises(RequestCancelled):
+            dc.request(MsgType.REPORT_STATS, {})
+        assert time.monotonic() - t0 < HANG_S
+        cancel.clear()
+        with pytest.raises(ServerUnreachable):
+            dc.request(MsgType.REPORT_STATS, {}, timeout=0.3)
+    finally:
+        dc.close()
+        router.close(linger=0)
+        ctx.term()
