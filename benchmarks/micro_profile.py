@@ -188,16 +188,16 @@ def plane_main(codec_name: str, out: str, rcvhwm: int | None = None) -> None:
         prof = cProfile.Profile(time.thread_time) if out != "-" else None
         if prof is not None:
             prof.enable()
-        c0, n0 = time.thread_time(), engine.message_counts.get("push_update", 0)
+        c0, n0 = time.thread_time(), sum(engine.message_counts.values())
         s0 = int(Path(f"/proc/self/task/{threading.get_native_id()}/schedstat").read_text().split()[2])
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
-        c1, n1 = time.thread_time(), engine.message_counts.get("push_update", 0)
+        c1, n1 = time.thread_time(), sum(engine.message_counts.values())
         if prof is not None:
             prof.disable()
             prof.dump_stats(out)
         slices = int(Path(f"/proc/self/task/{threading.get_native_id()}/schedstat").read_text().split()[2]) - s0
-        print(f"data plane loop thread: {(c1 - c0) / max(1, n1 - n0) * 1e3:.3f} ms CPU a push, "
-              f"{slices / max(1, n1 - n0):.2f} runs on a CPU a push ({n1 - n0} pushes)", file=sys.stderr)
+        print(f"data plane loop thread: {(c1 - c0) / max(1, n1 - n0) * 1e3:.3f} ms CPU a request, "
+              f"{slices / max(1, n1 - n0):.2f} runs on a CPU a request ({n1 - n0} requests)", file=sys.stderr)
         await plane.stop()
 
     import torch

@@ -227,6 +227,7 @@ class DataClient:
         sock.setsockopt(zmq.LINGER, 0)
         sock.connect(self.address)
         self._sock = sock
+        self._rcvtimeo = -1  # the socket's receive timeout, set per wait (_await_reply)
 
     def close(self) -> None:
         if self._sock is not None:
@@ -283,12 +284,17 @@ class DataClient:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return None
-            # In slices, so a cancel (stop, lost registration) ends a long barrier wait.
-            if not self._sock.poll(int(min(remaining, 0.25) * 1000)):
+            # In slices, so a cancel (stop, lost registration) ends a long barrier wait. A receive with a
+            # timeout, not poll then receive: Socket.poll builds a Poller a call (issue 31, the agent's CPU).
+            slice_ms = int(min(remaining, 0.25) * 1000)
+            if slice_ms != self._rcvtimeo:
+                self._sock.rcvtimeo = self._rcvtimeo = slice_ms
+            try:
+                frames = self._sock.recv_multipart(copy=False)
+            except zmq.Again:
                 if self.cancel is not None and self.cancel.is_set():
-                    raise RequestCancelled(f"wait for reply {seq} cancelled")
+                    raise RequestCancelled(f"wait for reply {seq} cancelled") from None
                 continue
-            frames = self._sock.recv_multipart(copy=False)
             self.counter.bytes_received += sum(len(f.buffer) for f in frames)
             try:
                 msg = decode(frames)

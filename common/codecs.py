@@ -8,6 +8,7 @@ and the receiver's bounds are described in the policy module's docstring.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import threading
@@ -41,7 +42,7 @@ def _view(data: torch.Tensor, off: int, n: int, dtype: torch.dtype) -> tuple[tor
 
     Decoders only read these views (what they return is always new memory), so a read-only received frame is
     not copied: a clone per piece was a third of an int8 push's decode (issue 31). An unaligned piece is copied."""
-    item = torch.empty(0, dtype=dtype).element_size()
+    item = dtype.itemsize  # not an empty tensor's element_size(): a tensor built per piece (issue 31)
     size = n * item
     piece = data[off : off + size]
     if piece.data_ptr() % item or piece.storage_offset() % item or not piece.is_contiguous():
@@ -50,6 +51,15 @@ def _view(data: torch.Tensor, off: int, n: int, dtype: torch.dtype) -> tuple[tor
 
 
 def _numel(shapes: Shapes) -> int:
+    try:
+        return _numel_of_tuple(shapes)
+    except TypeError:  # a list: not hashable
+        return sum(math.prod(s) for s in shapes)
+
+
+@functools.lru_cache(maxsize=64)
+def _numel_of_tuple(shapes: tuple[tuple[int, ...], ...]) -> int:
+    # Cached: a run has one model's shapes, and every decode asks two or three times (issue 31).
     return sum(math.prod(s) for s in shapes)
 
 

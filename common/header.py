@@ -167,7 +167,10 @@ class Header:
             raise ProtocolError(ErrorCode.MALFORMED, f"header is not msgpack: {exc}") from None
         if not isinstance(obj, dict):
             raise ProtocolError(ErrorCode.MALFORMED, "header must be a msgpack map")
-        proto = _field(obj, "proto", int)
+        get = obj.get
+        proto = get("proto")
+        if type(proto) is not int:  # exact types (what msgpack gives) pass without _field's checks (issue 31)
+            proto = _field(obj, "proto", int)
         if proto != PROTOCOL_VERSION:
             raise ProtocolError(
                 ErrorCode.UNSUPPORTED_VERSION,
@@ -175,37 +178,46 @@ class Header:
                 + (" (version 3 signs with Poly1305 instead of HMAC-SHA256 + CRC32C: install the same "
                    "hermes-edge release on server and agents)" if proto == 2 else ""),
             )
-        type_name = _field(obj, "type", str)
+        type_name = get("type")
+        if type(type_name) is not str:
+            type_name = _field(obj, "type", str)
         msg_type = _TYPES.get(type_name)
         if msg_type is None:
             raise ProtocolError(ErrorCode.UNKNOWN_TYPE, f"unknown message type {type_name!r}")
         shapes = []
-        for s in _field(obj, "shapes", list, default=[]):
+        raw_shapes = get("shapes", [])
+        for s in raw_shapes if type(raw_shapes) is list else _field(obj, "shapes", list, default=[]):
             if not isinstance(s, list) or not all(type(d) is int and d >= 0 for d in s):
                 raise ProtocolError(ErrorCode.MALFORMED, f"shape {s!r} is not a list of non-negative ints")
             shapes.append(tuple(s))
-        frame_bytes = _field(obj, "frame_bytes", list, default=[])
+        frame_bytes = get("frame_bytes", [])
+        if type(frame_bytes) is not list:
+            frame_bytes = _field(obj, "frame_bytes", list, default=[])
         if not all(type(n) is int and n >= 0 for n in frame_bytes):
             raise ProtocolError(ErrorCode.MALFORMED, "frame_bytes must be non-negative ints")
-        return cls(
-            type=msg_type,
-            proto=proto,
-            worker=_field(obj, "worker", str, default=""),
-            session=_field(obj, "session", str, default=""),
-            seq=_field(obj, "seq", int, default=0),
-            ts=_field(obj, "ts", int, default=0),
-            model_version=_field(obj, "model_version", int, default=0),
-            dtype=_field(obj, "dtype", str, default=""),
-            shapes=tuple(shapes),
-            frame_bytes=tuple(frame_bytes),
-            checksum=_field(obj, "checksum", int, default=0),
-            body=_field(obj, "body", dict, default={}),
-            nonce=_field(obj, "nonce", str, default=""),
-            mac=_field(obj, "mac", str, default=""),
-        )
+        # In the order the fields were always checked (the first bad one is the one named).
+        fields: dict[str, Any] = {}
+        for key, kind, default in _SCALARS:
+            value = get(key, default)
+            fields[key] = value if type(value) is kind else _field(obj, key, kind, default)
+        body = get("body")
+        if type(body) is not dict:
+            body = _field(obj, "body", dict, default={})
+        for key, kind, default in _SIGNATURE:
+            value = get(key, default)
+            fields[key] = value if type(value) is kind else _field(obj, key, kind, default)
+        return cls(type=msg_type, proto=proto, shapes=tuple(shapes), frame_bytes=tuple(frame_bytes), body=body,
+                   **fields)
 
 
 _MISSING = object()
+
+# The header's scalar fields with their types and defaults, read by ``Header.unpack`` (before and after body).
+_SCALARS: tuple[tuple[str, type, Any], ...] = (
+    ("worker", str, ""), ("session", str, ""), ("seq", int, 0), ("ts", int, 0), ("model_version", int, 0),
+    ("dtype", str, ""), ("checksum", int, 0),
+)
+_SIGNATURE: tuple[tuple[str, type, Any], ...] = (("nonce", str, ""), ("mac", str, ""))
 
 
 def _field(obj: dict[str, Any], key: str, kind: type, default: Any = _MISSING) -> Any:

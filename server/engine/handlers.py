@@ -109,8 +109,9 @@ class Handlers:
         self.bases = bases
         # concurrency.limit (engine/admission.py): None or open, everyone may hold work.
         self.admission = admission
-        # compression.pull int8: chunk -> (version, the model's int8 bytes framed once), the latest version only.
-        self._int8_models: dict[int, tuple[int, PreparedPayload]] = {}
+        # compression.pull int8: chunk -> (version, the model's int8 bytes framed once, the codec spec and its
+        # reply entry), the latest version only.
+        self._int8_models: dict[int, tuple[int, PreparedPayload, CodecSpec, dict[str, Any]]] = {}
         self._topk_scratch = DenseScratch()
         self._by_type: dict[MsgType, Callable[[WorkerRecord, Message], Awaitable[Frames]]] = {
             MsgType.PUSH_UPDATE: self.on_push,
@@ -255,24 +256,35 @@ class Handlers:
             raise ProtocolError(ErrorCode.BAD_DTYPE, f"models are served in codec int8 (with its chunk) or a pull "
                                                      f"dtype, not codec {codec.name!r}")
         nbytes = 4 * self.spec.numel
-        version, prepared = await offload(nbytes, self.state.prepared, torch.float32)
         cached = self._int8_models.get(codec.chunk)
-        if cached is None or cached[0] != version:
-            data = (await offload(nbytes, Int8Codec(codec.chunk, False, 0).encode, prepared.tensor,
-                                  self.spec.shapes)).data
-            # One entry per chunk size in use (the run's int8.chunk): bounded at a model's quarter each. Framed
-            # once, as the fp32 snapshot is: every pull of the version sends the same zmq frames (no new zero-copy
-            # buffer, and no wake of pyzmq's collector thread, per pull).
-            cached = (version, prepare(data))
-            self._int8_models = {codec.chunk: cached}
+        # The cached bytes of the model's current version are served as they are, without asking the state
+        # for its snapshot (issue 31: a cached pull is request overhead only). A fold racing this read in a
+        # worker thread is harmless: the bytes and the version sent are one consistent, immutable pair.
+        if cached is None or cached[0] != self.state.version:
+            version, prepared = await offload(nbytes, self.state.prepared, torch.float32)
+            cached = self._int8_models.get(codec.chunk)
+            if cached is None or cached[0] != version:
+                data = (await offload(nbytes, Int8Codec(codec.chunk, False, 0).encode, prepared.tensor,
+                                      self.spec.shapes)).data
+                # One entry per chunk size in use (the run's int8.chunk): bounded at a model's quarter each.
+                # Framed once, as the fp32 snapshot is: every pull of the version sends the same zmq frames (no
+                # new zero-copy buffer, and no wake of pyzmq's collector thread, per pull); the reply's codec
+                # entry is dumped once too.
+                cached = (version, prepare(data), codec, codec.model_dump(exclude_none=True))
+                self._int8_models = {codec.chunk: cached}
+        version, frames, dumped_spec, dumped = cached
+        if codec != dumped_spec:  # the same chunk asked with other fields: echoed as asked
+            dumped = codec.model_dump(exclude_none=True)
         if pin:
             assert self.bases is not None
             # The agent measures its next change from the model as it decodes it: so does its base.
             self.bases.pin(worker.id, version,
-                           await offload(nbytes, decode_codec, cached[1].tensor, codec, self.spec.shapes))
+                           await offload(nbytes, decode_codec, frames.tensor, codec, self.spec.shapes))
         header = Header(type=type_, worker=worker.id, seq=h.seq, model_version=version, session=h.session,
-                        body={**body, "codec": codec.model_dump(exclude_none=True), "stop": self.step.stopping})
-        return await offload(nbytes // 4, encode, header, cached[1], key=worker.key)
+                        body={**body, "codec": dumped, "stop": self.step.stopping})
+        # Only the signature is per request (the MAC covers the payload under a one-time key, so it cannot be
+        # computed ahead): the frames are the version's.
+        return await offload(nbytes // 4, encode, header, frames, key=worker.key)
 
     async def on_request_work(self, worker: WorkerRecord, msg: Message) -> Frames:
         body = parse_body(RequestWork, msg.header.body)

@@ -175,8 +175,9 @@ class Screening:
         if self.blend and s.stale_drift:
             drift = await offload(self.state.numel * 8, self._drift, worker.id,
                                   None if staleness is None else self.state.version - staleness)
+        # Once: the norm test and the expected norm below read the same list (issue 31: a push's Python).
+        median = statistics.median(history) if history else 0.0
         if len(history) >= s.min_history:
-            median = statistics.median(history)
             if norm > s.norm_factor * (median * relative + drift):
                 at = "" if relative == 1.0 else f" × work scale {relative:.3g}"
                 at += "" if drift == 0.0 else f" + drift {drift:.3g} since its base"
@@ -195,7 +196,7 @@ class Screening:
         sketch = None
         # The expected norm of an update of this assignment's shape: the median x its relative work scale.
         # A stale blend's, plus the distance the model moved since its base (it undoes that too).
-        typical = statistics.median(history) * relative + drift if history else None
+        typical = median * relative + drift if history else None
         # Only updates bigger than direction_norm_factor x the median are judged by direction and
         # effect: honest asp steps after an overshoot sat at cosine -0.5 with the consensus and
         # -0.27..-0.53 with the server's descent direction at 2.6-4.5x the median (digits,

@@ -1,8 +1,8 @@
 """The data plane's receive loop under concurrent requests: every request gets its reply.
 
 A ROUTER socket on an event loop is woken through its FD, which signals only a change (a send can consume the
-signal of a request that came in meanwhile): zmq.asyncio handles that today, and a plain-socket loop tried for
-speed (issue 31, reverted: no gain shown) had to. Eight agents with a request in flight each, replies and
+signal of a request that came in meanwhile): the data plane's plain-socket loop (issue 31) checks for a message
+after every send and before every wait. Eight agents with a request in flight each, replies and
 receives interleaving, must all be answered; a lost wake-up leaves requests unanswered (nobody else sends), and
 the agents' timeout fails the test (it did with that loop's FD reader made a no-op). The engine and the real
 DataPlane run on an event loop in a thread of this process; the agents are the real DataClient.

@@ -1,0 +1,240 @@
+"""The request hot path's shortcuts (issue 31) give what the general code gave: the header copy in ``encode``,
+``Header.unpack``'s exact-type path and its errors, the data plane's frame-by-frame receive and part-by-part
+send over a real ZeroMQ pair, and the codecs' cached element count."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import msgpack
+import pytest
+import zmq
+
+from hermes.common import codecs
+from hermes.common.header import PROTOCOL_VERSION, ErrorCode, Header, MsgType, ProtocolError
+from hermes.common.wire import _replaced, encode
+from hermes.server.dataplane import _recv_message, _send_message
+
+HANG_S = 30.0
+
+
+def _full_header() -> Header:
+    return Header(type=MsgType.PUSH_UPDATE, worker="w0007", session="s" * 16, seq=9, ts=123, model_version=4,
+                  dtype="float32", shapes=((2, 3), (4,)), frame_bytes=(40,), checksum=77,
+                  body={"samples": 32, "codec": {"name": "topk", "k": 3}}, nonce="n" * 32, mac="m" * 32)
+
+
+def test_replaced_is_dataclasses_replace() -> None:
+    h = _full_header()
+    changes = dict(dtype="uint8", shapes=((10,),), frame_bytes=(10,), checksum=0, nonce="", mac="")
+    got, want = _replaced(h, **changes), dataclasses.replace(h, **changes)
+    assert got == want and got.__dict__ == want.__dict__
+    assert h.dtype == "float32"  # the original is untouched
+    # What makes the copy the same object: no slots, no __post_init__ (a change here must revisit _replaced).
+    assert not hasattr(Header, "__slots__") and not hasattr(Header, "__post_init__")
+
+
+def test_unpack_round_trips_every_field() -> None:
+    h = _full_header()
+    assert Header.unpack(h.pack()) == h
+    minimal = msgpack.packb({"type": "push_update", "proto": PROTOCOL_VERSION})
+    got = Header.unpack(minimal)
+    assert got == Header(type=MsgType.PUSH_UPDATE)
+    got.body["x"] = 1  # a fresh default each time, never shared
+    assert Header.unpack(minimal).body == {}
+
+
+def _raw(**over: object) -> bytes:
+    fields = {"type": "push_update", "proto": PROTOCOL_VERSION, "worker": "w", "session": "s", "seq": 1, "ts": 2,
+              "model_version": 0, "dtype": "", "shapes": [], "frame_bytes": [], "checksum": 0, "body": {},
+              "nonce": "", "mac": ""}
+    fields.update(over)
+    return msgpack.packb(fields)
+
+
+@pytest.mark.parametrize(("over", "message"), [
+    ({"seq": True}, "header field 'seq' must be int, got bool"),
+    ({"worker": 5}, "header field 'worker' must be str, got int"),
+    ({"checksum": "0"}, "header field 'checksum' must be int, got str"),
+    ({"body": []}, "header field 'body' must be dict, got list"),
+    ({"nonce": 1}, "header field 'nonce' must be str, got int"),
+    ({"mac": None}, "header field 'mac' must be str, got NoneType"),
+    ({"shapes": {}}, "header field 'shapes' must be list, got dict"),
+    ({"frame_bytes": 3}, "header field 'frame_bytes' must be list, got int"),
+    ({"proto": None}, "header field 'proto' must be int, got NoneType"),
+    ({"type": 1}, "header field 'type' must be str, got int"),
+    # Several bad fields: the first in the order the fields were always read is the one named.
+    ({"body": [], "nonce": 1}, "header field 'body' must be dict, got list"),
+    ({"ts": 1.5, "body": []}, "header field 'ts' must be int, got float"),
+])
+def test_unpack_refuses_wrong_types_as_before(over: dict[str, object], message: str) -> None:
+    with pytest.raises(ProtocolError) as err:
+        Header.unpack(_raw(**over))
+    assert err.value.code is ErrorCode.MALFORMED
+    assert err.value.message == message
+
+
+def test_unpack_names_a_missing_required_field() -> None:
+    with pytest.raises(ProtocolError, match="header field 'proto' is missing"):
+        Header.unpack(msgpack.packb({"type": "push_update"}))
+
+
+def test_codec_element_count_is_the_same_cached_or_not() -> None:
+    shapes = ((3, 4), (5,), (2, 1, 3))
+    assert codecs._numel(shapes) == 23
+    assert codecs._numel([list(s) for s in shapes]) == 23  # a list (not hashable): counted, not cached
+    assert codecs._numel(()) == 0
+
+
+def test_data_plane_receive_and_send_keep_messages_whole() -> None:
+    ctx = zmq.Context()
+    router, dealer = ctx.socket(zmq.ROUTER), ctx.socket(zmq.DEALER)
+    try:
+        for s in (router, dealer):
+            s.setsockopt(zmq.LINGER, 0)
+        port = router.bind_to_random_port("tcp://127.0.0.1")
+        dealer.connect(f"tcp://127.0.0.1:{port}")
+        with pytest.raises(zmq.Again):
+            _recv_message(router)  # nothing queued: never blocks
+        payload = bytes(range(256)) * 400  # above pyzmq's copy threshold: sent zero-copy
+        frames = encode(dataclasses.replace(_full_header(), shapes=()), payload, key=b"k" * 32)
+        for i in range(2):
+            dealer.send_multipart([*frames, f"tail {i}".encode()], copy=False)
+        got = []
+        deadline = time.monotonic() + HANG_S
+        while len(got) < 2 and time.monotonic() < deadline:
+            try:
+                got.append(_recv_message(router))
+            except zmq.Again:
+                router.poll(100)
+        assert len(got) == 2
+        for i, msg in enumerate(got):
+            assert [m.bytes for m in msg[1:]] == [bytes(f) for f in frames] + [f"tail {i}".encode()]
+        identity = got[0][0].bytes
+        _send_message(router, identity, [b"reply", memoryview(payload), zmq.Frame(b"last")])
+        _send_message(router, identity, [b"second"])
+        assert dealer.poll(int(HANG_S * 1000))
+        assert dealer.recv_multipart() == [b"reply", payload, b"last"]
+        assert dealer.poll(int(HANG_S * 1000))
+        assert dealer.recv_multipart() == [b"second"]
+    finally:
+        router.close(linger=0)
+        dealer.close(linger=0)
+        ctx.term()
+
+
+def _toy_engine(clock):
+    import numpy as np
+
+    from hermes.common.config import build_config
+    from hermes.common.datasets import ArrayDataset
+    from hermes.common.models import build_model
+    from hermes.common.task import Task
+    from hermes.server.engine import Engine
+    from hermes.server.engine.screening import ScreeningSettings
+    from hermes.server.events import EventLog
+    from hermes.server.metrics import ServerMetrics
+
+    def split(name: str, n: int, seed: int) -> ArrayDataset:
+        rng = np.random.default_rng(seed)
+        x = np.ascontiguousarray(rng.standard_normal((n, 8)).astype(np.float32))
+        return ArrayDataset(name, x, rng.integers(0, 3, n).astype(np.int64), num_classes=3)
+
+    config = build_config("asp", model="mlp", shard_size=16, eval_max_samples=32)
+    return Engine(config, metrics=ServerMetrics(), events=EventLog(None, clock=clock), max_workers=4,
+                  max_message_bytes=1 << 24, splits=(split("toy", 128, 0), split("toy-validation", 64, 1),
+                                                     split("toy-test", 32, 2)),
+                  clock=clock, screening=ScreeningSettings(enabled=False),
+                  task=Task(model=lambda: build_model("mlp", input_shape=(8,), num_classes=3), name="toy"))
+
+
+def test_int8_pulls_serve_the_version_cached_and_echo_the_codec_asked() -> None:
+    """A cached int8 pull (no snapshot asked of the state) sends the bytes a fresh quantisation of the current
+    model gives, under the current version; a new version is quantised again; the codec entry echoed is the
+    one each request asked for."""
+    import asyncio
+
+    import torch
+
+    from hermes.common.clock import ManualClock
+    from hermes.common.codec_spec import CodecSpec
+    from hermes.common.codecs import Int8Codec
+    from hermes.common.wire import decode
+
+    clock = ManualClock()
+    engine = _toy_engine(clock)
+    rec, _ = engine.register("a")
+    seq = iter(range(1, 100))
+
+    async def request(type_: MsgType, body: dict, payload: torch.Tensor | None = None, version: int = 0):
+        header = Header(type=type_, worker=rec.id, session="s", seq=next(seq), ts=int(clock.time() * 1000),
+                        model_version=version, body=body, shapes=engine.spec.shapes if payload is not None else ())
+        return decode(await engine.handle(encode(header, payload, key=rec.key)))
+
+    def fresh() -> bytes:
+        _, flat = engine.state.snapshot()
+        return Int8Codec(64, False, 0).encode(flat, engine.spec.shapes).data.numpy().tobytes()
+
+    async def go() -> None:
+        int8 = {"name": "int8", "chunk": 64}
+        first = await request(MsgType.PULL_MODEL, {"dtype": "float32", "codec": int8})
+        again = await request(MsgType.PULL_MODEL, {"dtype": "float32", "codec": int8})
+        for msg in (first, again):
+            assert msg.header.model_version == 0 and msg.header.body["codec"] == int8
+            assert msg.payload is not None and msg.payload.flat().numpy().tobytes() == fresh()
+        other = await request(MsgType.PULL_MODEL, {"dtype": "float32", "codec": {**int8, "rank": 2}})
+        assert other.header.body["codec"] == CodecSpec(name="int8", chunk=64, rank=2).model_dump(exclude_none=True)
+        assert other.payload is not None and other.payload.flat().numpy().tobytes() == fresh()
+        pushed = await request(MsgType.PUSH_UPDATE, {"samples": 4, "loss": 0.5},
+                               payload=torch.full((engine.spec.numel,), 0.25), version=0)
+        assert pushed.header.body["status"] == "applied"
+        after = await request(MsgType.PULL_MODEL, {"dtype": "float32", "codec": int8}, version=0)
+        assert after.header.model_version == 1 and after.header.body["codec"] == int8
+        assert after.payload is not None and after.payload.flat().numpy().tobytes() == fresh()
+        assert after.payload.flat().numpy().tobytes() != first.payload.flat().numpy().tobytes()
+
+    asyncio.run(go())
+
+
+def test_agent_waits_in_slices_for_a_late_reply_and_stops_on_cancel() -> None:
+    """The agent's receive with a timeout (not poll then receive): a reply later than one 0.25 s slice is
+    still taken; a cancel during a wait ends it with RequestCancelled; no reply at all is a timeout."""
+    import threading
+
+    from hermes.client.transport import DataClient, RequestCancelled, ServerUnreachable
+
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    token = "t" * 43
+    cancel = threading.Event()
+    dc = DataClient(f"tcp://127.0.0.1:{port}", "w0001", token, timeout=HANG_S, retries=0, cancel=cancel)
+
+    def answer_late(delay: float) -> None:
+        assert router.poll(int(HANG_S * 1000))
+        identity, first = router.recv_multipart()[:2]
+        asked = Header.unpack(first)
+        time.sleep(delay)
+        reply = Header(type=MsgType.STATS_ACK, worker=asked.worker, session=asked.session, seq=asked.seq)
+        router.send_multipart([identity, *encode(reply, None, key=token.encode())])
+
+    try:
+        late = threading.Thread(target=answer_late, args=(0.6,))
+        late.start()
+        got = dc.request(MsgType.REPORT_STATS, {})
+        late.join(HANG_S)
+        assert got.header.type is MsgType.STATS_ACK and got.header.seq == 1
+        threading.Timer(0.4, cancel.set).start()
+        t0 = time.monotonic()
+        with pytest.raises(RequestCancelled):
+            dc.request(MsgType.REPORT_STATS, {})
+        assert time.monotonic() - t0 < HANG_S
+        cancel.clear()
+        with pytest.raises(ServerUnreachable):
+            dc.request(MsgType.REPORT_STATS, {}, timeout=0.3)
+    finally:
+        dc.close()
+        router.close(linger=0)
+        ctx.term()
