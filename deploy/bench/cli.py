@@ -57,7 +57,7 @@ def add_suite_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--churn", metavar="SPEC", help="agents leave and come back in every run (hermes-testbed --churn)")
     p.add_argument("--slowdown-mode", choices=("cpu", "floor"),
                    help="how every run's emulated devices slow down, alone included (hermes-testbed "
-                        "--slowdown-mode; default: the suite's, cpu)")
+                        "--slowdown-mode; default: the suite's: cpu, floor for hl2-alone)")
     p.add_argument("--skip-unknown", action="store_true",
                    help="run the variants whose presets exist here and leave out the others (default: refuse)")
     p.add_argument("--dry-run", action="store_true", help="print the runs and exit")
