@@ -348,6 +348,13 @@ ALONE_VARIANTS = [
      "overrides": {**_TOPK_INT8, "topk.ratio": 0.1, "task": _LOCAL_TASK}},
     {"label": "hermes-int8-local", "preset": "hermes",
      "overrides": {"compression.push": "int8", "compression.pull": "int8", "task": _LOCAL_TASK}},
+    # lte (2026-11-28, hl2lte5): less CPU a cycle and a push on the 2 cores the agents share with the server,
+    # whose exchanges it lengthens: the gate scores 64 validation samples (the preset's 128; hermes-sim put
+    # top-5% device-local at 1.85x alone with it), and the server's loss probe 128 (the preset's 256).
+    {"label": "hermes-topk-local-v64", "preset": "hermes",
+     "overrides": {**_TOPK_INT8, "task": _LOCAL_TASK, "zscore.validation_samples": 64}},
+    {"label": "hermes-topk-local-lean", "preset": "hermes",
+     "overrides": {**_TOPK_INT8, "task": _LOCAL_TASK, "zscore.validation_samples": 64, "loss.eval_samples": 128}},
 ]
 
 
