@@ -112,3 +112,26 @@ def test_the_hl2_suite_paces_every_run_by_floor_alone_included() -> None:
     edge = builtin_suite("edge-lte")
     spec = next(s for s in plan(edge) if s.variant.label == "alone")
     assert "--slowdown-mode" not in spec.testbed_args(edge, Path("/tmp/x"))
+
+
+def test_exchange_row_counts_updates_and_evaluations_up_to_the_target(tmp_path: Path) -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    try:
+        from hl2_alone_breakdown import exchange_row
+    finally:
+        sys.path.pop(0)
+    events = [
+        {"ts": 100.0, "event": "join", "worker": "w1"},
+        {"ts": 100.5, "event": "update_applied", "staleness": [0], "weights": [0.5]},
+        {"ts": 101.0, "event": "evaluation", "seconds": 0.1},
+        {"ts": 101.2, "event": "update_applied", "staleness": [2, 4], "weights": [0.25, 0.75]},
+        {"ts": 102.0, "event": "evaluation", "seconds": 0.3},
+        {"ts": 102.0, "event": "target_reached"},
+        {"ts": 103.0, "event": "update_applied", "staleness": [9], "weights": [1.0]},  # after the target
+    ]
+    (tmp_path / "events.jsonl").write_text("\n".join(json.dumps(e) for e in events) + "\n{cut")
+    row = exchange_row(tmp_path)
+    assert row is not None
+    assert row["updates"] == 3 and row["stale_p50"] == 2 and row["stale_p90"] == 4
+    assert row["evals"] == 2 and abs(row["eval_s"] - 0.4) < 1e-9 and abs(row["eval_share"] - 0.2) < 1e-9
+    assert exchange_row(tmp_path / "none") is None
