@@ -8,6 +8,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from hermes.deploy.ddp_rank import process_started_at
 
 
@@ -135,3 +137,37 @@ def test_exchange_row_counts_updates_and_evaluations_up_to_the_target(tmp_path: 
     assert row["updates"] == 3 and row["stale_p50"] == 2 and row["stale_p90"] == 4
     assert row["evals"] == 2 and abs(row["eval_s"] - 0.4) < 1e-9 and abs(row["eval_share"] - 0.2) < 1e-9
     assert exchange_row(tmp_path / "none") is None
+
+
+def test_the_hl2_server_runs_on_one_torch_thread_unless_a_variant_says_otherwise(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from hermes.deploy import testbed
+    from hermes.deploy.bench.runner import plan
+    from hermes.deploy.bench.suites import builtin_suite
+    from hermes.deploy.testbed_cli import build_parser
+
+    suite = builtin_suite("hl2-alone")
+
+    def args(label: str) -> list[str]:
+        spec = next(s for s in plan(suite) if s.variant.label == label and s.link == "lte")
+        return spec.testbed_args(suite, tmp_path / "x")
+
+    a = args("hermes-topk-local")
+    assert a[a.index("--server-threads") + 1] == "1"
+    a = args("hermes-topk-local-2t")
+    assert a[a.index("--server-threads") + 1] == "2"
+    assert "--server-threads" not in args("alone")  # the DDP peer's rank sets its own (one thread)
+    edge = builtin_suite("edge-lte")
+    spec = next(s for s in plan(edge) if s.variant.label == "bsp")
+    assert "--server-threads" not in spec.testbed_args(edge, tmp_path / "y")
+
+    # ... and the testbed hands it to the server's torch through OMP_NUM_THREADS, to the server only.
+    monkeypatch.setattr(testbed, "wait_healthy", lambda *a, **k: None)
+    monkeypatch.chdir(tmp_path)
+    for argv, want in ((["--server-threads", "1"], "1"), ([], None)):
+        bed = testbed.Testbed(build_parser().parse_args(["--out", str(tmp_path / f"run{want}"), *argv]))
+        seen: list[dict[str, str]] = []
+        monkeypatch.setattr(bed, "_spawn", lambda name, cmd, info, env=None: seen.append(env or {}) or
+                            testbed.Proc(name, None, tmp_path / "log", info))  # type: ignore[arg-type]
+        bed.start_server()
+        assert seen[0].get("OMP_NUM_THREADS") == want
