@@ -164,9 +164,10 @@ def test_the_hl2_server_runs_on_one_torch_thread_unless_a_variant_says_otherwise
     # ... and the testbed hands it to the server's torch through OMP_NUM_THREADS, to the server only.
     monkeypatch.setattr(testbed, "wait_healthy", lambda *a, **k: None)
     monkeypatch.chdir(tmp_path)
+    seen: list[dict[str, str]] = []
     for argv, want in ((["--server-threads", "1"], "1"), ([], None)):
         bed = testbed.Testbed(build_parser().parse_args(["--out", str(tmp_path / f"run{want}"), *argv]))
-        seen: list[dict[str, str]] = []
+        seen.clear()
         monkeypatch.setattr(bed, "_spawn", lambda name, cmd, info, env=None: seen.append(env or {}) or
                             testbed.Proc(name, None, tmp_path / "log", info))  # type: ignore[arg-type]
         bed.start_server()
