@@ -361,6 +361,10 @@ ALONE_VARIANTS = [
      "overrides": {**_TOPK_INT8, "task": _LOCAL_TASK, "zscore.validation_samples": 64}},
     {"label": "hermes-topk-local-lean", "preset": "hermes",
      "overrides": {**_TOPK_INT8, "task": _LOCAL_TASK, "zscore.validation_samples": 64, "loss.eval_samples": 128}},
+    # Eight assignments a work request (the preset's 4): device-local agents waited 0.14-0.27 s of 7 s for their
+    # next assignment over lte (seed 0, 2026-11-28); hermes-sim seed 0 put =8 at 3.11 s against =2's 3.63.
+    {"label": "hermes-topk-local-a8", "preset": "hermes",
+     "overrides": {**_TOPK_INT8, "task": _LOCAL_TASK, "assignments_per_request": 8}},
     # The suite's server on two torch threads, torch's default on this 2-core machine (every figure before
     # 2026-11-28 04:10 UTC): what the suite's one server thread changes, side by side.
     {"label": "hermes-topk-local-2t", "preset": "hermes", "server_threads": 2,
