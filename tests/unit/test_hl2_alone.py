@@ -172,3 +172,31 @@ def test_the_hl2_server_runs_on_one_torch_thread_unless_a_variant_says_otherwise
                             testbed.Proc(name, None, tmp_path / "log", info))  # type: ignore[arg-type]
         bed.start_server()
         assert seen[0].get("OMP_NUM_THREADS") == want
+
+
+def test_seed_table_takes_medians_and_per_seed_ratios_against_that_seeds_alone(tmp_path: Path) -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    try:
+        from hl2_seeds import table
+    finally:
+        sys.path.pop(0)
+    outs = []
+    for k, (alone, hermes) in enumerate(((8.0, 4.0), (10.0, 8.0), (6.0, None))):
+        out = tmp_path / f"s{k}"
+        out.mkdir()
+        runs = [{"variant": "alone", "seed": k, "loadavg_before": [1.5],
+                 "summary": {"reached_target": True, "workers": [{"samples": 100}]},
+                 "events": {"train_seconds_to_target": alone}},
+                {"variant": "hermes", "seed": k, "loadavg_before": [2.0],
+                 "summary": {"reached_target": hermes is not None, "workers": [{"samples": 150}, {"samples": 50}]},
+                 "events": {"train_seconds_to_target": hermes}}]
+        (out / "results.json").write_text(json.dumps({"runs": runs}))
+        outs.append(out)
+    lines = table(outs)
+    alone_row = next(r for r in lines if r.startswith("| `alone`"))
+    hermes_row = next(r for r in lines if r.startswith("| `hermes`"))
+    assert "| 8.0 |" in alone_row and "1.00x" in alone_row  # median of 8, 10, 6
+    # One seed missed the target: no median and no ratio of medians, but the per-seed ratios stay.
+    assert "4.0, 8.0, missed | - | - | 2.00, 1.25, - |" in hermes_row and "200 / 200 / 200" in hermes_row
+    lines = table(outs[:2])
+    assert "| 6.0 | 1.50x |" in next(r for r in lines if r.startswith("| `hermes`"))  # 9.0 / 6.0
