@@ -139,7 +139,7 @@ def test_exchange_row_counts_updates_and_evaluations_up_to_the_target(tmp_path: 
     assert exchange_row(tmp_path / "none") is None
 
 
-def test_the_hl2_server_runs_on_one_torch_thread_unless_a_variant_says_otherwise(
+def test_server_threads_reach_the_server_from_the_variant_or_the_suite(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from hermes.deploy import testbed
     from hermes.deploy.bench.runner import plan
@@ -152,9 +152,12 @@ def test_the_hl2_server_runs_on_one_torch_thread_unless_a_variant_says_otherwise
         spec = next(s for s in plan(suite) if s.variant.label == label and s.link == "lte")
         return spec.testbed_args(suite, tmp_path / "x")
 
-    a = args("hermes-topk-local")
+    assert "--server-threads" not in args("hermes-topk-local")  # the suite's: torch's default
+    a = args("hermes-topk-local-1t")
     assert a[a.index("--server-threads") + 1] == "1"
-    a = args("hermes-topk-local-2t")
+    assert "--server-threads" not in args("alone")
+    suite = suite.model_copy(update={"server_threads": 2})
+    a = args("hermes-topk-local")
     assert a[a.index("--server-threads") + 1] == "2"
     assert "--server-threads" not in args("alone")  # the DDP peer's rank sets its own (one thread)
     edge = builtin_suite("edge-lte")
