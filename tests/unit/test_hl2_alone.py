@@ -203,3 +203,16 @@ def test_seed_table_takes_medians_and_per_seed_ratios_against_that_seeds_alone(t
     assert "4.0, 8.0, missed | - | - | 2.00, 1.25, - |" in hermes_row and "200 / 200 / 200" in hermes_row
     lines = table(outs[:2])
     assert "| 6.0 | 1.50x |" in next(r for r in lines if r.startswith("| `hermes`"))  # 9.0 / 6.0
+
+
+def test_bench_pace_flag_slows_the_cluster_and_alone_alike() -> None:
+    from hermes.deploy.bench.cli import build_parser, suite_from_args
+    from hermes.deploy.bench.runner import plan
+
+    suite = suite_from_args(build_parser().parse_args(["hl2-alone", "--out", "/tmp/x", "--pace", "6"]))
+    for label in ("alone", "hermes-topk-local"):
+        spec = next(s for s in plan(suite) if s.variant.label == label and s.link == "lte")
+        args = spec.testbed_args(suite, Path("/tmp/x"))
+        assert args[args.index("--pace") + 1] == "6", label  # HL2's fastest device is hl1's speed
+    default = suite_from_args(build_parser().parse_args(["hl2-alone", "--out", "/tmp/x"]))
+    assert default.pace == 4.0
