@@ -2,8 +2,8 @@
 
     python benchmarks/hl2_seeds.py runs/hl2-5-lte-t1-s0 runs/hl2-5-lte-t1-s1 runs/hl2-5-lte-t1-s2
 
-Each folder is one ``hermes-bench hl2-alone --repeats 1 --seed K`` invocation (the bench lock's 10-minute rule
-splits medians of 3 into one invocation per seed). For every variant: the training time to target of each seed
+Each folder is one ``hermes-bench hl2-alone --seed K`` invocation (the bench lock's 10-minute rule splits medians
+of 3 into one invocation per seed where they do not fit one); a folder of ``--repeats N`` gives N seeds. For every variant: the training time to target of each seed
 (from the last agent's join; ``alone``: from its training start, evaluations left out), the median, the ratio
 ``alone`` median / variant median, each seed's ratio against that seed's ``alone``, the samples to target and
 the load average (1 min) before each run. Prints Markdown.
@@ -18,10 +18,11 @@ from pathlib import Path
 from typing import Any
 
 
-def seed_runs(out: Path) -> dict[str, dict[str, Any]]:
-    """One invocation's runs by variant: train s, samples, load before, seed (runs that missed the target: None)."""
+def seed_runs(out: Path) -> list[dict[str, dict[str, Any]]]:
+    """One invocation's runs, a dict by variant per seed (``--repeats 3`` folders hold three): train s, samples,
+    load before, seed (runs that missed the target: train s None)."""
     results = json.loads((out / "results.json").read_text())
-    found: dict[str, dict[str, Any]] = {}
+    by_seed: dict[Any, dict[str, dict[str, Any]]] = {}
     for rec in results.get("runs", []):
         summary = rec.get("summary") or {}
         events = rec.get("events") or {}
@@ -30,13 +31,14 @@ def seed_runs(out: Path) -> dict[str, dict[str, Any]]:
             train = None
         workers = summary.get("workers") or []
         load = rec.get("loadavg_before") or [None]
-        found[rec["variant"]] = {"train_s": train, "samples": sum(w.get("samples", 0) for w in workers) or None,
-                                 "load": load[0], "seed": rec.get("seed")}
-    return found
+        by_seed.setdefault(rec.get("seed"), {})[rec["variant"]] = {
+            "train_s": train, "samples": sum(w.get("samples", 0) for w in workers) or None, "load": load[0],
+            "seed": rec.get("seed")}
+    return [by_seed[k] for k in sorted(by_seed, key=lambda k: (k is None, k or 0))]
 
 
 def table(outs: list[Path]) -> list[str]:
-    seeds = [seed_runs(o) for o in outs]
+    seeds = [runs for o in outs for runs in seed_runs(o)]
     variants: list[str] = []
     for s in seeds:
         variants += [v for v in s if v not in variants]

@@ -216,3 +216,17 @@ def test_bench_pace_flag_slows_the_cluster_and_alone_alike() -> None:
         assert args[args.index("--pace") + 1] == "6", label  # HL2's fastest device is hl1's speed
     default = suite_from_args(build_parser().parse_args(["hl2-alone", "--out", "/tmp/x"]))
     assert default.pace == 4.0
+
+
+def test_seed_table_splits_a_repeats_folder_into_its_seeds(tmp_path: Path) -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    try:
+        from hl2_seeds import table
+    finally:
+        sys.path.pop(0)
+    runs = [{"variant": v, "seed": k, "loadavg_before": [1.0], "summary": {"reached_target": True},
+             "events": {"train_seconds_to_target": t}}
+            for k, pair in enumerate(((9.0, 3.0), (6.0, 4.0), (12.0, 8.0))) for v, t in zip(("alone", "hermes"), pair)]
+    (tmp_path / "results.json").write_text(json.dumps({"runs": runs}))
+    row = next(r for r in table([tmp_path]) if r.startswith("| `hermes`"))
+    assert "| 3.0, 4.0, 8.0 | 4.0 | 2.25x | 3.00, 1.50, 1.50 |" in row
