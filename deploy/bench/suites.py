@@ -378,7 +378,8 @@ BUILTIN: dict[str, dict[str, Any]] = {
     "hl2-alone": {
         "description": "A 4-agent HL2 cluster against its fastest device alone (the other three have twice "
                        "its compute), on lan, lte and constrained links; mnist1d 20k, the paper-size CNN, target "
-                       "0.9, pace 4; asp and hermes with and without top-k pushes (issue 31).",
+                       "0.9, pace 4, every run paced by --slowdown-mode floor; asp and hermes with and without top-k "
+                       "pushes (issue 31).",
         "variants": ALONE_VARIANTS, "profiles": ["hl2"], "links": ["lan", "lte", "constrained"], "clients": 4,
         "repeats": 3, "dataset": "mnist1d", "target_accuracy": 0.9, "max_seconds": 90.0, "pace": 4.0,
         "ddp_eval_every": 5, "baseline": "alone",
