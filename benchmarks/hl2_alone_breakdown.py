@@ -8,6 +8,11 @@ left out on both sides as on the training clock), the samples every worker train
 per agent: cycles, compute, waiting (of it: waiting for shard records), seconds an overlapped exchange was in
 flight, pushes, pulls, bytes sent per push and received per pull (shard records left out), shard bytes.
 Reads the runs' summaries and agent logs only; prints Markdown.
+
+``--exchanges``: per cluster run, from its server's ``events.jsonl`` up to the evaluation that reached the target:
+the staleness (versions) and loss-weighted share of the applied updates, the server's evaluations (how many, the
+CPU seconds they took beside the agents on the same cores), and per agent the mean seconds a push was in flight
+(from its log) and the cycles it trained per push: where a cluster spends its extra samples on a slow link.
 """
 
 from __future__ import annotations
@@ -57,6 +62,44 @@ def run_rows(run_dir: Path, record: dict[str, Any]) -> tuple[dict[str, Any], lis
     return head, rows
 
 
+def _pct(xs: list[float], q: float) -> float | None:
+    if not xs:
+        return None
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def exchange_row(run_dir: Path) -> dict[str, Any] | None:
+    """A cluster run's exchange figures up to its target (None: no events log)."""
+    path = run_dir / "events.jsonl"
+    if not path.is_file():
+        return None
+    stale: list[float] = []
+    shares: list[float] = []
+    evals: list[float] = []
+    t0 = t_end = None
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            e = json.loads(line)
+        except ValueError:
+            continue  # a line cut by the run's end
+        kind = e.get("event")
+        if kind == "join" and t0 is None:
+            t0 = e.get("ts")
+        elif kind == "update_applied":
+            stale += [float(x) for x in e.get("staleness", [])]
+            shares += [float(x) for x in e.get("weights", [])]
+        elif kind == "evaluation":
+            evals.append(float(e.get("seconds", 0.0)))
+        elif kind == "target_reached":
+            t_end = e.get("ts")
+            break
+    span = (t_end - t0) if (t0 is not None and t_end is not None) else None
+    return {"updates": len(stale), "stale_p50": _pct(stale, 0.5), "stale_p90": _pct(stale, 0.9),
+            "share_p50": _pct(shares, 0.5), "evals": len(evals), "eval_s": sum(evals),
+            "eval_share": (sum(evals) / span) if span else None}
+
+
 def _f(x: Any, nd: int = 2) -> str:
     if x is None:
         return "-"
@@ -71,12 +114,15 @@ def main() -> None:
     p.add_argument("--cells", help="comma-separated cells (hl2, hl2@lte, ...); default all")
     p.add_argument("--variants", help="comma-separated variant labels; default all")
     p.add_argument("--agents", action="store_true", help="also print the per-agent rows of every run")
+    p.add_argument("--exchanges", action="store_true",
+                   help="also print every cluster run's staleness, evaluation cost and exchange time per push")
     a = p.parse_args()
     results = json.loads((a.out / "results.json").read_text())
     cells = set(a.cells.split(",")) if a.cells else None
     variants = set(a.variants.split(",")) if a.variants else None
     table: dict[tuple[str, str], list[dict[str, Any]]] = {}
     agents: list[str] = []
+    exchanges: list[str] = []
     for rec in results.get("runs", []):
         key = rec.get("key", "")
         cell, variant, rep = (key.split("/") + ["", "", ""])[:3]
@@ -87,6 +133,14 @@ def main() -> None:
             continue
         head, rows = run_rows(run_dir, rec)
         table.setdefault((cell, variant), []).append(head)
+        ex = exchange_row(run_dir) if a.exchanges else None
+        if ex is not None:
+            per_push = [r["in_flight"] / r["pushes"] for r in rows if r["in_flight"] is not None and r["pushes"]]
+            cyc_push = [r["cycles"] / r["pushes"] for r in rows if r["cycles"] and r["pushes"]]
+            exchanges.append(" | ".join(_f(v) for v in (
+                key, head["train_s"], head["samples"], ex["updates"], ex["stale_p50"], ex["stale_p90"],
+                ex["share_p50"], ex["evals"], ex["eval_s"], ex["eval_share"],
+                " / ".join(f"{x:.3f}" for x in per_push), " / ".join(f"{x:.1f}" for x in cyc_push))))
         if a.agents:
             for r in rows:
                 agents.append(" | ".join(_f(v) for v in (key, r["name"], r["speed"], r["cycles"], r["samples"],
@@ -103,6 +157,12 @@ def main() -> None:
             return f"{statistics.median(xs):,.1f} [{min(xs):,.1f}-{max(xs):,.1f}]"
         print(f"| {cell} | {variant} | {len(heads)} | {med('train_s')} | {med('launch_s')} | "
               f"{med('samples').replace('.0', '')} | {med('final')} |")
+    if exchanges:
+        print("\n| run | train s | samples | updates | staleness p50 | p90 | share p50 | evaluations | their s | "
+              "their s / train s | s in flight a push, per agent | cycles a push, per agent |")
+        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |")
+        for line in exchanges:
+            print(f"| {line} |")
     if agents:
         print("\n| run | agent | speed | cycles | samples | compute s | wait s | of it shards s | exchange in "
               "flight s | pushes | pulls | B sent / push | B recv / pull (no shards) | shard B |")

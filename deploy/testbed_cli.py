@@ -57,6 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="change the profile mid-run, e.g. '0:hl1,30:hl8,60:hl1' (OmniLearn's HL steps)")
     p.add_argument("--threads", dest="max_threads", type=int, default=1,
                    help="torch threads of the fastest agent; the slower ones get proportionally fewer (default 1)")
+    p.add_argument("--server-threads", type=int, default=None,
+                   help="the server's torch threads (its OMP_NUM_THREADS; default: torch's, every core): 1 keeps "
+                        "its evaluations and loss probes off the cores the emulated devices share with it")
     p.add_argument("--topology", choices=names("topology"), default="ps",
                    help="ps: the server holds the model (default); collective: the agents all-reduce "
                         "gradients among themselves (torch.distributed gloo) and the server coordinates")
@@ -155,6 +158,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if not args.pace >= 1.0:
         print("hermes-testbed: --pace must be >= 1", file=sys.stderr)
+        return 2
+    if args.server_threads is not None and args.server_threads < 1:
+        print("hermes-testbed: --server-threads must be >= 1", file=sys.stderr)
         return 2
     if args.kafka not in (None, "", "off", "auto"):
         host, sep, port = args.kafka.rpartition(":")

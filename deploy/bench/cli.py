@@ -57,7 +57,10 @@ def add_suite_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--churn", metavar="SPEC", help="agents leave and come back in every run (hermes-testbed --churn)")
     p.add_argument("--slowdown-mode", choices=("cpu", "floor"),
                    help="how every run's emulated devices slow down, alone included (hermes-testbed "
-                        "--slowdown-mode; default: the suite's, cpu)")
+                        "--slowdown-mode; default: the suite's: cpu, floor for hl2-alone)")
+    p.add_argument("--pace", type=float,
+                   help="every device slowed alike by this factor, alone included (hermes-testbed --pace; default: the "
+                        "suite's)")
     p.add_argument("--skip-unknown", action="store_true",
                    help="run the variants whose presets exist here and leave out the others (default: refuse)")
     p.add_argument("--dry-run", action="store_true", help="print the runs and exit")
@@ -90,7 +93,7 @@ def suite_from_args(args: argparse.Namespace) -> Suite:
     suite = suite.with_changes(
         repeats=args.repeats, clients=args.clients, dataset=args.dataset, model=args.model,
         target_accuracy=args.target_accuracy, max_seconds=args.max_seconds, seed=args.seed, churn=args.churn,
-        slowdown_mode=args.slowdown_mode,
+        slowdown_mode=args.slowdown_mode, pace=args.pace,
         profiles=[x.strip() for x in args.profiles.split(",") if x.strip()] if args.profiles else None,
         links=[x.strip() for x in args.links.split(",") if x.strip()] if args.links else None,
     )

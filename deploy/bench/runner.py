@@ -100,6 +100,9 @@ class RunSpec:
             args += ["--pace", f"{pace:.6g}"]
         if suite.slowdown_mode != "cpu":
             args += ["--slowdown-mode", suite.slowdown_mode]
+        server_threads = self.variant.server_threads or suite.server_threads
+        if server_threads is not None and self.variant.runner == "testbed":
+            args += ["--server-threads", str(server_threads)]
         if self.variant.runner in ("ddp", "alone"):
             args += ["--peer", "ddp"]
         if self.variant.ddp_hook != "allreduce":

@@ -126,7 +126,10 @@ class Testbed:
                              faults_pending=bool(self.chaos) or self._schedule_pending(), resume=resume)
         if self.server is not None:
             self.procs.remove(self.server)
-        self.server = self._spawn("server", cmd, {}, {"HERMES_ADMIN_TOKEN": self.admin_token})
+        env = {"HERMES_ADMIN_TOKEN": self.admin_token}
+        if getattr(a, "server_threads", None):
+            env["OMP_NUM_THREADS"] = str(a.server_threads)  # torch's intra-op threads, read at its import
+        self.server = self._spawn("server", cmd, {}, env)
         try:
             wait_healthy(self.server.popen, self.url, timeout=a.startup_timeout, log_path=self.server.log_path,
                          interval=0.2)

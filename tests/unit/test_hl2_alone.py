@@ -8,6 +8,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from hermes.deploy.ddp_rank import process_started_at
 
 
@@ -96,3 +98,135 @@ def test_local_task_gives_each_agent_its_part_and_keeps_the_builtin_splits_for_a
     n_train = dataset_len(task.train_data)
     n_val = len(validation_indices(n_train, config.validation_fraction, config.seed)[1])
     assert sum(sizes) == n_train - n_val and max(sizes) - min(sizes) <= 1
+
+
+def test_the_hl2_suite_paces_every_run_by_floor_alone_included() -> None:
+    from hermes.deploy.bench.runner import plan
+    from hermes.deploy.bench.suites import builtin_suite
+
+    # Real devices do not share cores: the cluster's agents must not be slowed for waiting on the emulating
+    # machine's (issue 31's fairness rule), and alone must be paced by the same rule.
+    suite = builtin_suite("hl2-alone")
+    for label in ("alone", "hermes-topk-local"):
+        spec = next(s for s in plan(suite) if s.variant.label == label and s.link == "lte")
+        args = spec.testbed_args(suite, Path("/tmp/x"))
+        assert args[args.index("--slowdown-mode") + 1] == "floor", label
+    edge = builtin_suite("edge-lte")
+    spec = next(s for s in plan(edge) if s.variant.label == "alone")
+    assert "--slowdown-mode" not in spec.testbed_args(edge, Path("/tmp/x"))
+
+
+def test_exchange_row_counts_updates_and_evaluations_up_to_the_target(tmp_path: Path) -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    try:
+        from hl2_alone_breakdown import exchange_row
+    finally:
+        sys.path.pop(0)
+    events = [
+        {"ts": 100.0, "event": "join", "worker": "w1"},
+        {"ts": 100.5, "event": "update_applied", "staleness": [0], "weights": [0.5]},
+        {"ts": 101.0, "event": "evaluation", "seconds": 0.1},
+        {"ts": 101.2, "event": "update_applied", "staleness": [2, 4], "weights": [0.25, 0.75]},
+        {"ts": 102.0, "event": "evaluation", "seconds": 0.3},
+        {"ts": 102.0, "event": "target_reached"},
+        {"ts": 103.0, "event": "update_applied", "staleness": [9], "weights": [1.0]},  # after the target
+    ]
+    (tmp_path / "events.jsonl").write_text("\n".join(json.dumps(e) for e in events) + "\n{cut")
+    row = exchange_row(tmp_path)
+    assert row is not None
+    assert row["updates"] == 3 and row["stale_p50"] == 2 and row["stale_p90"] == 4
+    assert row["evals"] == 2 and abs(row["eval_s"] - 0.4) < 1e-9 and abs(row["eval_share"] - 0.2) < 1e-9
+    assert exchange_row(tmp_path / "none") is None
+
+
+def test_server_threads_reach_the_server_from_the_variant_or_the_suite(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from hermes.deploy import testbed
+    from hermes.deploy.bench.runner import plan
+    from hermes.deploy.bench.suites import builtin_suite
+    from hermes.deploy.testbed_cli import build_parser
+
+    suite = builtin_suite("hl2-alone")
+
+    def args(label: str) -> list[str]:
+        spec = next(s for s in plan(suite) if s.variant.label == label and s.link == "lte")
+        return spec.testbed_args(suite, tmp_path / "x")
+
+    assert "--server-threads" not in args("hermes-topk-local")  # the suite's: torch's default
+    a = args("hermes-topk-local-1t")
+    assert a[a.index("--server-threads") + 1] == "1"
+    assert "--server-threads" not in args("alone")
+    suite = suite.model_copy(update={"server_threads": 2})
+    a = args("hermes-topk-local")
+    assert a[a.index("--server-threads") + 1] == "2"
+    assert "--server-threads" not in args("alone")  # the DDP peer's rank sets its own (one thread)
+    edge = builtin_suite("edge-lte")
+    spec = next(s for s in plan(edge) if s.variant.label == "bsp")
+    assert "--server-threads" not in spec.testbed_args(edge, tmp_path / "y")
+
+    # ... and the testbed hands it to the server's torch through OMP_NUM_THREADS, to the server only.
+    monkeypatch.setattr(testbed, "wait_healthy", lambda *a, **k: None)
+    monkeypatch.chdir(tmp_path)
+    seen: list[dict[str, str]] = []
+    for argv, want in ((["--server-threads", "1"], "1"), ([], None)):
+        bed = testbed.Testbed(build_parser().parse_args(["--out", str(tmp_path / f"run{want}"), *argv]))
+        seen.clear()
+        monkeypatch.setattr(bed, "_spawn", lambda name, cmd, info, env=None: seen.append(env or {}) or
+                            testbed.Proc(name, None, tmp_path / "log", info))  # type: ignore[arg-type]
+        bed.start_server()
+        assert seen[0].get("OMP_NUM_THREADS") == want
+
+
+def test_seed_table_takes_medians_and_per_seed_ratios_against_that_seeds_alone(tmp_path: Path) -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    try:
+        from hl2_seeds import table
+    finally:
+        sys.path.pop(0)
+    outs = []
+    for k, (alone, hermes) in enumerate(((8.0, 4.0), (10.0, 8.0), (6.0, None))):
+        out = tmp_path / f"s{k}"
+        out.mkdir()
+        runs = [{"variant": "alone", "seed": k, "loadavg_before": [1.5],
+                 "summary": {"reached_target": True, "workers": [{"samples": 100}]},
+                 "events": {"train_seconds_to_target": alone}},
+                {"variant": "hermes", "seed": k, "loadavg_before": [2.0],
+                 "summary": {"reached_target": hermes is not None, "workers": [{"samples": 150}, {"samples": 50}]},
+                 "events": {"train_seconds_to_target": hermes}}]
+        (out / "results.json").write_text(json.dumps({"runs": runs}))
+        outs.append(out)
+    lines = table(outs)
+    alone_row = next(r for r in lines if r.startswith("| `alone`"))
+    hermes_row = next(r for r in lines if r.startswith("| `hermes`"))
+    assert "| 8.0 |" in alone_row and "1.00x" in alone_row  # median of 8, 10, 6
+    # One seed missed the target: no median and no ratio of medians, but the per-seed ratios stay.
+    assert "4.0, 8.0, missed | - | - | 2.00, 1.25, - |" in hermes_row and "200 / 200 / 200" in hermes_row
+    lines = table(outs[:2])
+    assert "| 6.0 | 1.50x |" in next(r for r in lines if r.startswith("| `hermes`"))  # 9.0 / 6.0
+
+
+def test_bench_pace_flag_slows_the_cluster_and_alone_alike() -> None:
+    from hermes.deploy.bench.cli import build_parser, suite_from_args
+    from hermes.deploy.bench.runner import plan
+
+    suite = suite_from_args(build_parser().parse_args(["hl2-alone", "--out", "/tmp/x", "--pace", "6"]))
+    for label in ("alone", "hermes-topk-local"):
+        spec = next(s for s in plan(suite) if s.variant.label == label and s.link == "lte")
+        args = spec.testbed_args(suite, Path("/tmp/x"))
+        assert args[args.index("--pace") + 1] == "6", label  # HL2's fastest device is hl1's speed
+    default = suite_from_args(build_parser().parse_args(["hl2-alone", "--out", "/tmp/x"]))
+    assert default.pace == 4.0
+
+
+def test_seed_table_splits_a_repeats_folder_into_its_seeds(tmp_path: Path) -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    try:
+        from hl2_seeds import table
+    finally:
+        sys.path.pop(0)
+    runs = [{"variant": v, "seed": k, "loadavg_before": [1.0], "summary": {"reached_target": True},
+             "events": {"train_seconds_to_target": t}}
+            for k, pair in enumerate(((9.0, 3.0), (6.0, 4.0), (12.0, 8.0))) for v, t in zip(("alone", "hermes"), pair)]
+    (tmp_path / "results.json").write_text(json.dumps({"runs": runs}))
+    row = next(r for r in table([tmp_path]) if r.startswith("| `hermes`"))
+    assert "| 3.0, 4.0, 8.0 | 4.0 | 2.25x | 3.00, 1.50, 1.50 |" in row
