@@ -51,6 +51,15 @@ def _fast_fedbuff_momentum(lr: str, slots: int) -> list[str]:
             "--set", "concurrency.admit=fastest", "--set", "overlap_push=true", "--max-seconds", "150"]
 
 
+def _fast_hermes(lr: str, slots: int, *extra: str) -> list[str]:
+    """The ``hermes`` preset with fedbuff-fastest-c48's winning settings (branch simhermes6): the ``slots`` slots go
+    to the fastest devices, one-step 32-sample cycles (the dual search's mini-batch bounded to 32), local momentum 0.9
+    at ``lr``, overlap_push (the preset's own); the preset's loss-weighted aggregation, gate and dual search stay on."""
+    return ["--preset", "hermes", "--set", "momentum=0.9", "--set", f"lr={lr}", "--set", "cycle_samples=32",
+            "--set", f"concurrency.limit={slots}", "--set", "concurrency.admit=fastest",
+            "--set", "dual_search.mbs_min=32", "--set", "dual_search.mbs_max=32", *extra, "--max-seconds", "150"]
+
+
 # Virtual-second budgets: the distributed cells are bounded so that one fits the sim lock's 8 minutes of wall time on
 # this loaded 2-core machine (2026-11-27, load 11-19: a run got a fifth to a third of a core and simulated 0.07-0.4
 # virtual s a wall s, with a 15 virtual s exit grace after the budget); alone runs to its target.
