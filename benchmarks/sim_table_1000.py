@@ -91,6 +91,15 @@ CELLS: dict[str, list[str]] = {
     # hermes' own rules with the 50 slots going to the fastest devices (512-sample cycles, the common optimizer).
     "hermes-fastest": ["--preset", "hermes", *LOCAL, *FEDERATED, "--set", "concurrency.limit=50",
                        "--set", "concurrency.admit=fastest", "--max-seconds", "60"],
+    # Branch simhermes6: the hermes preset with fedbuff-fastest-c48's settings (48 slots to the fastest, one-step
+    # 32-sample cycles, local momentum 0.9 at lr 0.3, overlap_push), its loss-weighted fold of since-pull deltas
+    # with m = 3 (each delta at 3/48 of its Eq. 5-6 share: a round of 48 pushes adds ~1.5 deltas), the server
+    # scoring each candidate on 8 samples (256: the server was busy 0.1 s a push and saturated at ~9 pushes a
+    # virtual s), the dual search bounded to DSS = MBS = 32 (shards of 32) and no gate (docs/simulation.md,
+    # "Hermes beating the device alone").
+    "hermes-fastest-c48": _fast_hermes("0.3", 48, "--set", "gate=always", "--set", "loss.concurrency_scale=3",
+                                       "--set", "loss.eval_samples=8", "--set", "shard_size=32",
+                                       "--set", "dual_search.dss_max=32"),
     "bsp": ["--preset", "bsp", *LOCAL, "--set", "cycle_samples=512", "--max-seconds", "60"],
 }
 
