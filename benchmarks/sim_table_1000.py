@@ -100,6 +100,12 @@ CELLS: dict[str, list[str]] = {
     "hermes-fastest-c48": _fast_hermes("0.3", 48, "--set", "gate=always", "--set", "loss.concurrency_scale=3",
                                        "--set", "loss.eval_samples=8", "--set", "shard_size=32",
                                        "--set", "dual_search.dss_max=32"),
+    # The same with Eq. 5-6's own exponent (loss.sharpness 1, the preset's 2): late in training the candidate (the
+    # model plus a whole delta) scores 3-5x worse than the model on the 8 probe samples, and the squared ratio folded
+    # the deltas at a twentieth of their weight (docs/simulation.md, "Why hermes is slow late").
+    "hermes-fastest-c48-p1": _fast_hermes("0.3", 48, "--set", "gate=always", "--set", "loss.concurrency_scale=3",
+                                          "--set", "loss.eval_samples=8", "--set", "shard_size=32",
+                                          "--set", "dual_search.dss_max=32", "--set", "loss.sharpness=1"),
     "bsp": ["--preset", "bsp", *LOCAL, "--set", "cycle_samples=512", "--max-seconds", "60"],
 }
 
