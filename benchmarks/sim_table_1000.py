@@ -12,7 +12,9 @@ training sample) while the mnist1d CNN trains for real, target 0.98 test accurac
 
 The cells ``fedbuff-fastest`` and ``hermes-fastest`` (branch sim-table4) give the C slots to the fastest devices
 (``concurrency.admit=fastest``, Oort's system utility); docs/simulation.md, "The 1,000-device table with fast-device
-admission", has their exploration and why even they lose to the device alone here.
+admission", has their exploration and why even they lose to the device alone here. The cells ``hermes-fastest-c48``
+and ``hermes-fastest-c48-p1`` (branch simhermes6) are the ``hermes`` preset with fedbuff-fastest-c48's settings;
+"Hermes beating the device alone at 1,000 devices" there has their exploration and figures.
 
 Each cell is one ``hermes-sim`` process, one torch thread, at normal priority under ``flock -w 900
 /work/locks/sim.lock`` (``--lock``; ``--lock ''`` runs without it), inside ``/usr/bin/time -v`` (peak RSS) and
