@@ -104,7 +104,9 @@ CELLS: dict[str, list[str]] = {
                                        "--set", "dual_search.dss_max=32"),
     # The same with Eq. 5-6's own exponent (loss.sharpness 1, the preset's 2): late in training the candidate (the
     # model plus a whole delta) scores 3-5x worse than the model on the 8 probe samples, and the squared ratio folded
-    # the deltas at a twentieth of their weight (docs/simulation.md, "Why hermes is slow late").
+    # the deltas at a twentieth of their weight (docs/simulation.md, "Why hermes is slow late"). 0.98 at 85.1, 120.1,
+    # 110.1, 135.1 virtual s on seeds 0-3: 3.06x, 2.37x, 4.23x, 2.41x alone (hermes-fastest-c48: 2.26x, 1.78x on
+    # seeds 0, 1; 2026-11-28, under the sim lock).
     "hermes-fastest-c48-p1": _fast_hermes("0.3", 48, "--set", "gate=always", "--set", "loss.concurrency_scale=3",
                                           "--set", "loss.eval_samples=8", "--set", "shard_size=32",
                                           "--set", "dual_search.dss_max=32", "--set", "loss.sharpness=1"),
