@@ -12,7 +12,9 @@ training sample) while the mnist1d CNN trains for real, target 0.98 test accurac
 
 The cells ``fedbuff-fastest`` and ``hermes-fastest`` (branch sim-table4) give the C slots to the fastest devices
 (``concurrency.admit=fastest``, Oort's system utility); docs/simulation.md, "The 1,000-device table with fast-device
-admission", has their exploration and why even they lose to the device alone here.
+admission", has their exploration and why even they lose to the device alone here. The cells ``hermes-fastest-c48``
+and ``hermes-fastest-c48-p1`` (branch simhermes6) are the ``hermes`` preset with fedbuff-fastest-c48's settings;
+"Hermes beating the device alone at 1,000 devices" there has their exploration and figures.
 
 Each cell is one ``hermes-sim`` process, one torch thread, at normal priority under ``flock -w 900
 /work/locks/sim.lock`` (``--lock``; ``--lock ''`` runs without it), inside ``/usr/bin/time -v`` (peak RSS) and
@@ -51,6 +53,15 @@ def _fast_fedbuff_momentum(lr: str, slots: int) -> list[str]:
             "--set", "concurrency.admit=fastest", "--set", "overlap_push=true", "--max-seconds", "150"]
 
 
+def _fast_hermes(lr: str, slots: int, *extra: str) -> list[str]:
+    """The ``hermes`` preset with fedbuff-fastest-c48's winning settings (branch simhermes6): the ``slots`` slots go
+    to the fastest devices, one-step 32-sample cycles (the dual search's mini-batch bounded to 32), local momentum 0.9
+    at ``lr``, overlap_push (the preset's own); the preset's loss-weighted aggregation, gate and dual search stay on."""
+    return ["--preset", "hermes", "--set", "momentum=0.9", "--set", f"lr={lr}", "--set", "cycle_samples=32",
+            "--set", f"concurrency.limit={slots}", "--set", "concurrency.admit=fastest",
+            "--set", "dual_search.mbs_min=32", "--set", "dual_search.mbs_max=32", *extra, "--max-seconds", "150"]
+
+
 # Virtual-second budgets: the distributed cells are bounded so that one fits the sim lock's 8 minutes of wall time on
 # this loaded 2-core machine (2026-11-27, load 11-19: a run got a fifth to a third of a core and simulated 0.07-0.4
 # virtual s a wall s, with a 15 virtual s exit grace after the budget); alone runs to its target.
@@ -82,6 +93,23 @@ CELLS: dict[str, list[str]] = {
     # hermes' own rules with the 50 slots going to the fastest devices (512-sample cycles, the common optimizer).
     "hermes-fastest": ["--preset", "hermes", *LOCAL, *FEDERATED, "--set", "concurrency.limit=50",
                        "--set", "concurrency.admit=fastest", "--max-seconds", "60"],
+    # Branch simhermes6: the hermes preset with fedbuff-fastest-c48's settings (48 slots to the fastest, one-step
+    # 32-sample cycles, local momentum 0.9 at lr 0.3, overlap_push), its loss-weighted fold of since-pull deltas
+    # with m = 3 (each delta at 3/48 of its Eq. 5-6 share: a round of 48 pushes adds ~1.5 deltas), the server
+    # scoring each candidate on 8 samples (256: the server was busy 0.1 s a push and saturated at ~9 pushes a
+    # virtual s), the dual search bounded to DSS = MBS = 32 (shards of 32) and no gate (docs/simulation.md,
+    # "Hermes beating the device alone").
+    "hermes-fastest-c48": _fast_hermes("0.3", 48, "--set", "gate=always", "--set", "loss.concurrency_scale=3",
+                                       "--set", "loss.eval_samples=8", "--set", "shard_size=32",
+                                       "--set", "dual_search.dss_max=32"),
+    # The same with Eq. 5-6's own exponent (loss.sharpness 1, the preset's 2): late in training the candidate (the
+    # model plus a whole delta) scores 3-5x worse than the model on the 8 probe samples, and the squared ratio folded
+    # the deltas at a twentieth of their weight (docs/simulation.md, "Why hermes is slow late"). 0.98 at 85.1, 120.1,
+    # 110.1, 135.1 virtual s on seeds 0-3: 3.06x, 2.37x, 4.23x, 2.41x alone (hermes-fastest-c48: 2.26x, 1.78x on
+    # seeds 0, 1; 2026-11-28, under the sim lock).
+    "hermes-fastest-c48-p1": _fast_hermes("0.3", 48, "--set", "gate=always", "--set", "loss.concurrency_scale=3",
+                                          "--set", "loss.eval_samples=8", "--set", "shard_size=32",
+                                          "--set", "dual_search.dss_max=32", "--set", "loss.sharpness=1"),
     "bsp": ["--preset", "bsp", *LOCAL, "--set", "cycle_samples=512", "--max-seconds", "60"],
 }
 

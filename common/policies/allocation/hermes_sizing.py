@@ -32,6 +32,8 @@ class DualSearchAllocator(Policy):
                 raise ValueError(f"{name}={v}: dual-search mini-batch sizes are powers of two")
         if not d.mbs_min <= core.batch_size <= d.mbs_max:
             raise ValueError(f"batch_size={core.batch_size} outside [mbs_min, mbs_max]=[{d.mbs_min}, {d.mbs_max}]")
+        if d.dss_max is not None and not core.shard_size <= d.dss_max:
+            raise ValueError(f"dual_search.dss_max={d.dss_max} < shard_size={core.shard_size}: a DSS is whole shards")
 
 
     def __init__(self, sizer: StragglerSizer, judgements_per_round: int = 0) -> None:
@@ -45,7 +47,8 @@ class DualSearchAllocator(Policy):
     def build(cls, core: Core, *, dual_search: DualSearchParams, rebalance: RebalanceParams, dss_max: int,
               **params: Any) -> DualSearchAllocator:
         return cls(StragglerSizer(dual_search, rebalance, base_dss=core.cycle_samples, base_batch_size=core.batch_size,
-                                  dss_step=core.shard_size, dss_max=dss_max),
+                                  dss_step=core.shard_size,
+                                  dss_max=dss_max if dual_search.dss_max is None else min(dss_max, dual_search.dss_max)),
                    judgements_per_round=dual_search.judgements_per_round)
 
     def join(self, worker_id: str, capacity: float | None = None) -> None:

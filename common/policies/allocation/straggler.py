@@ -104,6 +104,11 @@ class DualSearchParams(BaseModel):
                                          "(0 = the paper's IQR rule only).")
     # Hermes Sec. IV-A judges the cluster after every iteration; each judgement is a pass over every worker's
     # latest time (and a search per outlier), which at 1,000 simulated devices cost more than the cycle itself.
+    # At 1,000 devices with the slots going to the fastest (concurrency.admit fastest) the IQR judges them "fast"
+    # against the median of every device that reported and grows their DSS, so one-step deltas became 2-4 steps
+    # (docs/simulation.md, "Hermes beating the device alone").
+    dss_max: int | None = Field(
+        default=None, gt=0, description="Upper bound on any worker's DSS (at least shard_size); None: the train set.")
     judgements_per_round: int = Field(
         default=8, ge=0, description="Judge the cluster after every max(1, workers // this) cycle reports: this "
         "many times per round of reports, so the cost per report does not grow with the cluster; every report "

@@ -53,3 +53,17 @@ def test_balance_band_zero_reaches_the_sizer():
     alloc = build_config("hermes", **{"dual_search.balance_band": 0}).build_policy("allocation", dss_max=4096)
     assert alloc.sizer.search.balance_band == 0
     assert build_config("hermes").build_policy("allocation", dss_max=4096).sizer.search.balance_band == 0.2
+
+
+def test_dss_max_bounds_the_fast_workers_growth():
+    # Unbounded, HL8's fast w4 grows from 128 to 672 samples (above); dual_search.dss_max stops it at the bound,
+    # and the slow w3 is still cut.
+    alloc, _cfg = alloc_for("hermes", shard_size=16, **{"dual_search.dss_max": 256})
+    c = Cluster(alloc, HL8)
+    c.run(3)
+    got = {w: r for _, w, r in c.log}
+    assert got["w4"].kind == "fast" and got["w4"].workload.dss == 256
+    assert got["w3"].workload.dss == 80
+    assert build_config("hermes").dual_search.dss_max is None  # off unless set
+    with pytest.raises(ValueError, match="dss_max=8 < shard_size=16"):
+        alloc_for("hermes", shard_size=16, **{"dual_search.dss_max": 8})
