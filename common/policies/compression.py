@@ -28,7 +28,7 @@ Layouts (little endian, one buffer):
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -75,6 +75,12 @@ class TopKParams(BaseModel):
     # 8 bytes per kept element: a ratio of 1/16 is 1/8 of fp32's bytes.
     ratio: float = Field(default=0.01, gt=0.0, le=1.0, description="Share of the elements kept (the largest by "
                                                                    "magnitude); 8 bytes each.")
+    selection: Literal["sampled", "full"] = Field(
+        default="sampled", description="How the k largest are found: sampled (DGC's sampled threshold, Lin et al. "
+                                       "2018 Sec. 3, as a prefilter; the same k elements, 2.4-2.7x faster at 1.2M) or "
+                                       "full (torch.topk over every element).")
+    sample: float = Field(default=0.01, gt=0.0, le=1.0, description="Share of the elements sampled to estimate "
+                                                                    "the threshold (selection=sampled).")
 
 
 class PowerSgdParams(BaseModel):
@@ -172,7 +178,8 @@ class TopK(Compression):
     def make(cls, core: Core, *, topk: TopKParams | None = None, **sections: Any) -> Codec:
         from hermes.common.codecs import TopKCodec
 
-        return TopKCodec((topk or TopKParams()).ratio)
+        p = topk or TopKParams()
+        return TopKCodec(p.ratio, p.selection, p.sample)
 
 
 @register("compression", "powersgd")
