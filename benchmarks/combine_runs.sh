@@ -7,7 +7,12 @@ if [ $# -lt 2 ] || [ -z "$1" ] || [[ "$1" == */* ]]; then
   echo "usage: $0 NAME SRC:K [SRC:K ...]   (NAME: a folder name under runs/)" >&2; exit 2
 fi
 NAME=$1; shift
+# Only a folder this script made (its marker) is replaced: never a real run's results.
+if [ -e "runs/$NAME" ] && [ ! -e "runs/$NAME/.combined" ]; then
+  echo "runs/$NAME exists and was not made by $0: choose another NAME" >&2; exit 2
+fi
 rm -rf -- "runs/$NAME"
+mkdir -p "runs/$NAME" && touch "runs/$NAME/.combined"
 for pair in "$@"; do
   src=${pair%:*}; k=${pair#*:}
   for d in runs/"$src"/runs/*/*/r0; do
