@@ -24,6 +24,10 @@ pytestmark = pytest.mark.integration
 # (samples, micro-batch, accumulation) per rank: unequal sizes, a short last micro-batch, one accumulating rank.
 # Only a hang fails on time (issue 32).
 HANG_S = 120
+# The group's timeout in the dead-peer test: long enough for both spawned ranks to import torch and join on a
+# loaded machine (3 s was not: under 3 busy loops beside the suite the dying rank's join timed out waiting for rank
+# 0, 2026-11-28), short against HANG_S; the survivor learns of the death from the closed connection, not from it.
+JOIN_S = 30.0
 RANKS = [(5, 5, 1), (11, 4, 3), (16, 16, 1)]
 
 
@@ -114,7 +118,7 @@ def test_weighted_allreduce_equals_the_single_process_gradient_of_the_union(tmp_
 def _lonely_rank(port: int, out: str) -> None:
     from hermes.client.collective import CollectiveError, CollectiveGroup, Rendezvous
 
-    group = CollectiveGroup(Rendezvous(rank=0, world_size=2, master_addr="127.0.0.1", master_port=port, timeout_seconds=3.0), torch.device("cpu"))
+    group = CollectiveGroup(Rendezvous(rank=0, world_size=2, master_addr="127.0.0.1", master_port=port, timeout_seconds=JOIN_S), torch.device("cpu"))
     t0 = time.monotonic()
     try:
         group.reduce_gradients(list(_model().parameters()), 1.0, False)
@@ -128,7 +132,7 @@ def _lonely_rank(port: int, out: str) -> None:
 def _dying_rank(port: int) -> None:
     from hermes.client.collective import CollectiveGroup, Rendezvous
 
-    CollectiveGroup(Rendezvous(rank=1, world_size=2, master_addr="127.0.0.1", master_port=port, timeout_seconds=3.0), torch.device("cpu"))
+    CollectiveGroup(Rendezvous(rank=1, world_size=2, master_addr="127.0.0.1", master_port=port, timeout_seconds=JOIN_S), torch.device("cpu"))
     raise SystemExit(17)  # dies before its first all-reduce, without a goodbye
 
 
