@@ -27,7 +27,7 @@ from hermes.server.coordinator import (
     GroupTooSmall,
     RegroupRefused,
 )
-from tests.integration.test_collective import RANKS, _data, _model
+from tests.integration.test_collective import JOIN_S, RANKS, _data, _model
 
 pytestmark = pytest.mark.integration
 
@@ -134,7 +134,7 @@ def _rank_main(rank: int, port: int, out: str, lr: float) -> None:
     model = _model()
     trainer = LocalTrainer(model, lr=lr, momentum=0.0, weight_decay=0.0, device=torch.device("cpu"),
                            precision="fp32")
-    rv = Rendezvous(rank=rank, world_size=len(RANKS), master_addr="127.0.0.1", master_port=port, timeout_seconds=5.0, generation=0, store_prefix="gen0/")
+    rv = Rendezvous(rank=rank, world_size=len(RANKS), master_addr="127.0.0.1", master_port=port, timeout_seconds=JOIN_S, generation=0, store_prefix="gen0/")
     group = CollectiveGroup(rv, torch.device("cpu"))
     start = sum(n for n, _, _ in RANKS[:rank])
     n, batch_size, acc = RANKS[rank]
