@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import cProfile
 import itertools
 import json
@@ -23,6 +24,7 @@ import statistics
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -164,15 +166,15 @@ def plane_main(codec_name: str, out: str, rcvhwm: int | None = None) -> None:
     a task per request, the reply's send) on one thread, under cProfile until the parent says stop. ``rcvhwm``:
     the data plane's ROUTER with this RCVHWM instead of its 1 (an experiment, ``--rcvhwm``)."""
     import zmq
-    import zmq.asyncio
 
     if rcvhwm is not None:
-        setsockopt = zmq.asyncio.Socket.setsockopt
+        # The data plane's socket is a plain zmq.Socket (server/dataplane.py): patched there.
+        setsockopt = zmq.Socket.setsockopt
 
         def patched(self: Any, option: int, value: Any) -> None:
             setsockopt(self, option, rcvhwm if option == zmq.RCVHWM else value)
 
-        zmq.asyncio.Socket.setsockopt = patched  # type: ignore[method-assign]
+        zmq.Socket.setsockopt = patched  # type: ignore[method-assign]
 
     from hermes.server.dataplane import DataPlane
 
@@ -206,8 +208,10 @@ def plane_main(codec_name: str, out: str, rcvhwm: int | None = None) -> None:
     asyncio.run(serve())
 
 
-def served(codec_name: str, pushes: int, out: str, top: int, rcvhwm: int | None = None) -> None:
-    """The same pushes through the real data plane in a process of its own, profiled there (``plane_main``)."""
+@contextlib.contextmanager
+def plane_client(cmd: list[str], codec_name: str) -> Iterator[tuple[Any, Any, dict[str, Any]]]:
+    """A ``plane_main`` child started by ``cmd`` and a ``DataClient`` to it: yields the client, a push of
+    ``codec_name`` encoded for the child's model and its body; the child is told to stop on the way out."""
     import subprocess
 
     import torch
@@ -215,31 +219,40 @@ def served(codec_name: str, pushes: int, out: str, top: int, rcvhwm: int | None 
     from hermes.client.transport import DataClient
     from hermes.common.codecs import Int8Codec, PowerSgdCodec, TopKCodec
     from hermes.common.tensors import ModelSpec
-    from hermes.common.wire import MsgType
 
-    child = subprocess.Popen([sys.executable, __file__, "--plane", codec_name, out,
-                              *([] if rcvhwm is None else [str(rcvhwm)])], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert child.stdin is not None and child.stdout is not None
     try:
         info = json.loads(child.stdout.readline())
         spec = ModelSpec.from_dict(info["spec"])
         dc = DataClient(f"tcp://127.0.0.1:{info['port']}", info["worker"], info["token"], timeout=60.0)
-        version = 0
         delta = torch.randn(spec.numel, generator=torch.Generator().manual_seed(1)) * 1e-6
-        codecs = {"topk": TopKCodec(0.01), "int8": Int8Codec(1024, True, 0), "powersgd": PowerSgdCodec(4, 0)}
-        enc = codecs[codec_name].encode(delta, spec.shapes)
+        makers = {"topk": lambda: TopKCodec(0.01), "int8": lambda: Int8Codec(1024, True, 0),
+                  "powersgd": lambda: PowerSgdCodec(4, 0)}
+        enc = makers[codec_name]().encode(delta, spec.shapes)
         body = {"samples": 32, "loss": 1.0, "codec": enc.spec.model_dump(exclude_none=True)}
+        try:
+            yield dc, enc, body
+        finally:
+            dc.close()
+    finally:
+        child.stdin.write("stop\n")
+        child.stdin.close()
+        child.wait(timeout=60)
+
+
+def served(codec_name: str, pushes: int, out: str, top: int, rcvhwm: int | None = None) -> None:
+    """The same pushes through the real data plane in a process of its own, profiled there (``plane_main``)."""
+    from hermes.common.wire import MsgType
+
+    cmd = [sys.executable, __file__, "--plane", codec_name, out, *([] if rcvhwm is None else [str(rcvhwm)])]
+    with plane_client(cmd, codec_name) as (dc, enc, body):
+        version = 0
         t0 = time.perf_counter()
         for _ in range(pushes):
             rep = dc.request(MsgType.PUSH_UPDATE, body, payload=enc.data, model_version=version, idempotent=False)
             version = rep.header.model_version
         print(f"{pushes} pushes through the data plane: {(time.perf_counter() - t0) / pushes * 1e3:.3f} ms each")
-        dc.close()
-    finally:
-        child.stdin.write("stop\n")
-        child.stdin.close()
-        child.wait(timeout=60)
     if out != "-":
         stats = pstats.Stats(out)
         stats.sort_stats("tottime").print_stats(top)

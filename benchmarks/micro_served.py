@@ -12,9 +12,7 @@ tool (thread CPU, nice 15 is fine): the comparison with the bare pair is ``herme
 from __future__ import annotations
 
 import functools
-import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -66,27 +64,14 @@ def child(codec: str) -> None:
 
 
 def parent(mode: str, n: int) -> None:
+    import micro_profile
     import torch
 
-    from hermes.client.transport import DataClient
-    from hermes.common.codecs import Int8Codec, PowerSgdCodec, TopKCodec
-    from hermes.common.tensors import ModelSpec
     from hermes.common.wire import MsgType
 
     torch.set_num_threads(1)
     codec = "topk" if mode == "pull" else mode
-    proc = subprocess.Popen([sys.executable, __file__, "--child", codec], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True)
-    assert proc.stdin is not None and proc.stdout is not None
-    try:
-        info = json.loads(proc.stdout.readline())
-        spec = ModelSpec.from_dict(info["spec"])
-        dc = DataClient(f"tcp://127.0.0.1:{info['port']}", info["worker"], info["token"], timeout=60.0)
-        delta = torch.randn(spec.numel, generator=torch.Generator().manual_seed(1)) * 1e-6
-        makers = {"topk": lambda: TopKCodec(0.01), "int8": lambda: Int8Codec(1024, True, 0),
-                  "powersgd": lambda: PowerSgdCodec(4, 0)}
-        enc = makers[codec]().encode(delta, spec.shapes)
-        body = {"samples": 32, "loss": 1.0, "codec": enc.spec.model_dump(exclude_none=True)}
+    with micro_profile.plane_client([sys.executable, __file__, "--child", codec], codec) as (dc, enc, body):
         version = 0
 
         def push() -> None:
@@ -109,11 +94,6 @@ def parent(mode: str, n: int) -> None:
             fn()
         print(f"{mode}: agent thread {(time.thread_time() - t0) / n * 1e3:.3f} ms CPU, wall "
               f"{(time.perf_counter() - w0) / n * 1e3:.3f} ms a request (load {os.getloadavg()[0]:.1f})")
-        dc.close()
-    finally:
-        proc.stdin.write("stop\n")
-        proc.stdin.close()
-        proc.wait(timeout=60)
 
 
 def main(argv: list[str]) -> int:
