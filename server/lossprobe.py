@@ -108,11 +108,11 @@ class LossProbe:
         for payload, weight in terms:
             for off, piece in payload.fp32_pieces():
                 after[off : off + piece.numel()].add_(piece, alpha=weight)
-        measured = after.clone()
-        loss = self._score(after, stats_out=measured)
+        # The measured statistics land in the delta's own ranges (zero elsewhere), then w' taken off them: no second model-sized copy.
         delta = torch.zeros_like(after)
+        loss = self._score(after, stats_out=delta)
         for lo, hi in self.stat_ranges:
-            torch.sub(measured[lo:hi], after[lo:hi], out=delta[lo:hi])
+            delta[lo:hi].sub_(after[lo:hi])
         return Payload(dtype=torch.float32, chunks=(delta,), shapes=((delta.numel(),),)), loss
 
     def set_global(self, version: int, loss: float) -> None:
