@@ -42,13 +42,11 @@ class StepPacer:
     """Seconds to sleep after one step of an emulated device ``slowdown`` times slower than this host."""
 
     def __init__(self, slowdown: float, mode: SlowdownMode = "cpu", window: int = DEFAULT_WINDOW) -> None:
-        if not math.isfinite(slowdown) or slowdown < 1.0:
-            raise ValueError(f"slowdown must be a finite number >= 1, got {slowdown!r}")
+        self.set_slowdown(slowdown)
         if mode not in SLOWDOWN_MODES:
             raise ValueError(f"slowdown mode must be one of {', '.join(SLOWDOWN_MODES)}, got {mode!r}")
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window!r}")
-        self.slowdown = float(slowdown)
         self.mode: SlowdownMode = mode
         self._per_sample: deque[float] = deque(maxlen=window)
         self._overslept = 0.0
