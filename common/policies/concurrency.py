@@ -42,7 +42,9 @@ claims' bounds), "quickest" by samples a second of the whole turn as the
 server's clock times it, from the slot's grant to the push (Oort's round
 duration: a fast device behind a slow uplink is not quick).
 A worker never observed is tried while fewer than ``explore`` x limit slots
-(at least one) are held by untried workers, oldest first; otherwise the
+(at least one) are held by untried workers, oldest first (``explore_order``
+"declared": the highest declared capacity first, Oort's use of a client's
+reported device capacity before it has been seen); otherwise the
 fastest known waits first. With 1,000 devices whose median is 6x slower
 than the fastest, the C slots then go to the fast devices, whose deltas are
 short and fresh (docs/simulation.md, "The 1,000-device table").
@@ -88,3 +90,10 @@ class ConcurrencyParams(BaseModel):
     explore: float = Field(
         default=0.1, ge=0.0, le=1.0, description="With admit 'fastest': the share of the limit that untried workers "
         "may hold at once (at least one slot): Oort's bounded exploration.")
+    # Under a gate a tried turn is 3+ cycles (2 warm-up losses, then the z-score), so the exploration share tries
+    # devices 3-6x slower than without one: on 1,000 devices (hermes, 48 slots, 55 virtual s) 115 were tried and 42
+    # of the 48 fastest never trained (docs/simulation.md, "Hermes with its own gate at 1,000 devices").
+    explore_order: Literal["arrival", "declared"] = Field(
+        default="arrival", description="With admit 'fastest' or 'quickest': which untried worker the exploration "
+        "share tries next: 'arrival', the longest-waiting; 'declared', the highest compute capacity the worker "
+        "declared when it registered (hints flops, else cores; none declared: after those that did, oldest first).")

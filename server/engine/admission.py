@@ -25,7 +25,8 @@ are in the policy module) gives a freed slot to the waiting worker with the
 highest observed speed instead of the longest-waiting one: speeds come from
 the ``cycle`` telemetry facts (dss / compute_seconds after the claims'
 bounds, the median of the last 5), and untried workers go first while fewer
-than ``explore`` x limit slots hold untried workers.
+than ``explore`` x limit slots hold untried workers (the oldest first, or with
+``explore_order`` "declared" the one declaring the most compute).
 """
 
 from __future__ import annotations
@@ -48,7 +49,8 @@ __all__ = ["Admission"]
 class Admission:
     def __init__(self, limit: int, telemetry: Telemetry, *, hold_pull: bool = True,
                  skipped_ends_turn: bool = True, admit: str = "fifo", explore: float = 0.1,
-                 clock: Callable[[], float] | None = None) -> None:
+                 clock: Callable[[], float] | None = None,
+                 declared: Callable[[str], float | None] | None = None) -> None:
         self.limit = limit
         # concurrency.admit "fastest" / "quickest": a freed slot goes to the fastest waiting worker (Oort's
         # system utility), by samples a second of compute / of its whole turn (transfers and replies included).
@@ -62,6 +64,8 @@ class Admission:
         self.turn_samples: dict[str, int] = {}
         # Untried workers may hold at most this many slots at once (Oort's bounded exploration), at least one.
         self.explore_slots = max(1, math.ceil(explore * limit))
+        # concurrency.explore_order "declared": the untried worker tried next is the one declaring the most compute.
+        self.declared = declared
         self.speeds: dict[str, deque[float]] = {}
         # concurrency.turn_ends "cycle": a cycle the gate did not push ends the turn too ("push": only a push).
         self.skipped_ends_turn = skipped_ends_turn
@@ -199,6 +203,7 @@ class Admission:
     def _candidate(self, trying: int) -> tuple[str | None, float | None]:
         """The waiting worker "fastest" would admit next, with its speed (None: untried); void entries skipped."""
         untried: str | None = None
+        untried_capacity = -math.inf
         best: str | None = None
         best_speed = -1.0
         for worker_id, future in self.waiting.items():
@@ -206,12 +211,19 @@ class Admission:
                 continue
             speed = self.speed(worker_id)
             if speed is None:
-                if untried is None:
+                if self.declared is not None:
+                    capacity = self.declared(worker_id)
+                    capacity = -1.0 if capacity is None else capacity
+                    if untried is None or capacity > untried_capacity:  # the oldest of equals
+                        untried, untried_capacity = worker_id, capacity
+                elif untried is None:
                     untried = worker_id
                     if trying < self.explore_slots:
                         return worker_id, None
             elif speed > best_speed:
                 best, best_speed = worker_id, speed
+        if untried is not None and self.declared is not None and trying < self.explore_slots:
+            return untried, None
         if best is not None:
             return best, best_speed
         return untried, None

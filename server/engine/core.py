@@ -186,7 +186,8 @@ class Engine:
                                    hold_pull=config.concurrency.hold_pull,
                                    skipped_ends_turn=config.concurrency.turn_ends == "cycle",
                                    admit=config.concurrency.admit, explore=config.concurrency.explore,
-                                   clock=clock.monotonic)
+                                   clock=clock.monotonic, declared=self._declared_capacity
+                                   if config.concurrency.explore_order == "declared" else None)
         if not self.admission.open:
             self.telemetry.subscribe(lambda fact, fields: self.on_loop(self.admission.listener, fact, fields))
         self.handlers = Handlers(
@@ -356,6 +357,11 @@ class Engine:
         if not self.shutting_down:
             for hook in self.on_stop:
                 hook(reason)
+
+    def _declared_capacity(self, worker_id: str) -> float | None:
+        """The compute a worker declared when it registered (concurrency.explore_order "declared")."""
+        rec = self.registry.get(worker_id)
+        return None if rec is None else rec.declared_capacity
 
     def _screening_probe(self, settings: ScreeningSettings) -> LossProbe | None:
         """The loss probe screening judges large updates with: the rule's, else one of its own."""
