@@ -109,6 +109,13 @@ class DualSearchParams(BaseModel):
     # (docs/simulation.md, "Hermes beating the device alone").
     dss_max: int | None = Field(
         default=None, gt=0, description="Upper bound on any worker's DSS (at least shard_size); None: the train set.")
+    # With concurrency.admit fastest the C slots stay with the fastest devices, but every device the exploration
+    # share tried keeps its last (slow) time in the judgement: the median sits among devices that no longer train,
+    # and the slot holders are all "fast" outliers (docs/simulation.md, "Hermes with its own gate at 1,000 devices").
+    recent_reports: int | None = Field(
+        default=None, gt=0, description="Judge only the workers with a cycle among the last this many cycle reports "
+        "(the ones training now, under a concurrency.limit: about 2 x limit); None: every worker with enough "
+        "observations (Hermes Sec. IV-A judges the whole cluster).")
     judgements_per_round: int = Field(
         default=8, ge=0, description="Judge the cluster after every max(1, workers // this) cycle reports: this "
         "many times per round of reports, so the cost per report does not grow with the cluster; every report "
@@ -162,6 +169,10 @@ class StragglerSizer:
         self._workload: dict[str, tuple[int, int]] = {}
         self._memory_cap: dict[str, int] = {}
         self._seen: dict[str, int] = {}
+        # dual_search.recent_reports: the report count, and each worker's at its last report (not checkpointed: after
+        # a restore a worker counts as recent until it reports).
+        self._reports = 0
+        self._last_report: dict[str, int] = {}
 
     def observe(self, worker_id: str, dss: int, batch_size: int, seconds: float) -> None:
         """One finished cycle: the workload it actually ran and how long it took."""
@@ -176,6 +187,8 @@ class StragglerSizer:
         if seconds <= 0:
             raise ValueError(f"seconds must be a finite number > 0, got {seconds!r}")
         seen = self._seen[worker_id] = self._seen.get(worker_id, 0) + 1
+        self._reports += 1
+        self._last_report[worker_id] = self._reports
         if seen <= self.rebalance_params.warmup_cycles:
             return
         hist = self._history.setdefault(worker_id, deque(maxlen=self.history))
@@ -187,6 +200,7 @@ class StragglerSizer:
         self._workload.pop(worker_id, None)
         self._memory_cap.pop(worker_id, None)
         self._seen.pop(worker_id, None)
+        self._last_report.pop(worker_id, None)
 
     def state_dict(self) -> dict[str, Any]:
         """Plain JSON-able state for a server checkpoint."""
@@ -247,6 +261,9 @@ class StragglerSizer:
         latest = {
             w: hist[-1] for w, hist in sorted(self._history.items()) if len(hist) >= self.rebalance_params.min_observations
         }
+        if cfg.recent_reports is not None:
+            since = self._reports - cfg.recent_reports
+            latest = {w: o for w, o in latest.items() if self._last_report.get(w, self._reports) > since}
         if not latest:
             return {}
         times = {w: self._comparable_seconds(w, o) for w, o in latest.items()}

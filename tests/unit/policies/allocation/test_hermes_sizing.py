@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from hermes.common.config import build_config
+from hermes.common.policies.allocation import CycleObservation
 from hermes.common.policies.allocation.hermes_sizing import DualSearchAllocator
 
 from .cluster import HL8, Cluster, alloc_for
@@ -67,3 +68,30 @@ def test_dss_max_bounds_the_fast_workers_growth():
     assert build_config("hermes").dual_search.dss_max is None  # off unless set
     with pytest.raises(ValueError, match="dss_max=8 < shard_size=16"):
         alloc_for("hermes", shard_size=16, **{"dual_search.dss_max": 8})
+
+
+def _judge(recent: int | None) -> dict[str, str]:
+    """Five devices tried once and gone idle (1 s cycles), then five in training (four at 0.1 s, one at 0.5 s): who
+    the search resizes, and which way."""
+    extra = {} if recent is None else {"dual_search.recent_reports": recent}
+    alloc = build_config("hermes", shard_size=16, cycle_samples=128, **extra).build_policy("allocation", dss_max=4096)
+    for w in ("s1", "s2", "s3", "s4", "s5"):
+        for _ in range(3):  # warm-up 1 + min_observations 2
+            alloc.observe(w, CycleObservation(128, 32, 1.0))
+    for _ in range(4):
+        for w, t in (("a1", 0.1), ("a2", 0.1), ("a3", 0.1), ("a4", 0.1), ("a5", 0.5)):
+            alloc.observe(w, CycleObservation(128, 32, t))
+    return {w: r.kind for w, r in alloc.rebalance().items()}
+
+
+def test_recent_reports_judges_only_the_workers_training_now():
+    # Every worker with a history (Hermes Sec. IV-A): the median, 0.75 s, lies between the idle devices' 1 s and
+    # the 0.1 s of the four training, which are "fast" and grown (and the idle ones cut, though they do not train).
+    got = _judge(None)
+    assert {w: got[w] for w in ("a1", "a2", "a3", "a4")} == dict.fromkeys(("a1", "a2", "a3", "a4"), "fast")
+    assert {got[w] for w in ("s1", "s2", "s3", "s4", "s5")} == {"slow"}
+    # The last 10 reports are the five training now: their median is 0.1 s and only the 0.5 s one is cut.
+    assert _judge(10) == {"a5": "slow"}
+    assert build_config("hermes").dual_search.recent_reports is None  # off unless set
+    with pytest.raises(ValueError):
+        build_config("hermes", **{"dual_search.recent_reports": 0})
