@@ -43,7 +43,7 @@ def bn_stat_ranges(spec: ModelSpec) -> list[tuple[int, int]]:
 class LossProbe:
     def __init__(
         self, task: Task, spec: ModelSpec, state: ModelState, validation: Any, *, samples: int, seed: int,
-        metrics: ServerMetrics, batch_size: int = 1024, recalibrate: bool = False,
+        metrics: ServerMetrics, batch_size: int = 1024, recalibrate: bool = False, rotate: bool = False,
     ) -> None:
         self.task = task
         self.state = state
@@ -57,6 +57,10 @@ class LossProbe:
         self.stat_ranges = bn_stat_ranges(spec) if self._bn else []
         idx = np.sort(np.random.default_rng([seed, 0x1055]).permutation(len(validation))[:samples])
         self.x, self.y = batch_of(validation, idx.tolist())
+        # loss.probe_rotation: each version scored on its own draw (the newest two kept: a candidate scored
+        # against version v may be folded after v + 1 appeared).
+        self._rotation: tuple[Any, int, int] | None = (validation, samples, seed) if rotate else None
+        self._drawn: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._lock = threading.Lock()  # one replica, one scoring at a time
         self._global: tuple[int, float] | None = None
         self._descent: tuple[int, torch.Tensor] | None = None
@@ -65,12 +69,29 @@ class LossProbe:
     def recalibrates(self) -> bool:
         return bool(self.stat_ranges)
 
+    def samples_for(self, version: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The probe's samples for models scored while ``version`` is current: the fixed subset, or with
+        rotation a draw of its own for each version (seeded by the run's seed and the version)."""
+        if self._rotation is None:
+            return self.x, self.y
+        drawn = self._drawn.get(version)
+        if drawn is None:
+            validation, samples, seed = self._rotation
+            rng = np.random.default_rng([seed, 0x1055, version])
+            idx = np.sort(rng.choice(len(validation), size=min(samples, len(validation)), replace=False))
+            drawn = batch_of(validation, idx.tolist())
+            self._drawn = {v: d for v, d in self._drawn.items() if v >= version - 1}
+            self._drawn[version] = drawn
+        return drawn
+
     @torch.inference_mode()
-    def _score(self, flat: torch.Tensor, stats_out: torch.Tensor | None = None) -> float:
+    def _score(self, flat: torch.Tensor, stats_out: torch.Tensor | None = None, version: int | None = None) -> float:
         """The probe loss of ``flat``; with recalibration, scored with its BatchNorm statistics measured on the
-        probe's samples, which go into ``stats_out`` (the flat layout) when given."""
+        probe's samples, which go into ``stats_out`` (the flat layout) when given. ``version``: whose samples
+        (rotation; default the current version's)."""
         with self._lock:
             t0 = time.perf_counter()
+            x, y = self.samples_for(self.state.version if version is None else version)
             load_flat(self.model, flat)
             for m in self._bn:
                 # momentum None: a cumulative average over the batches, the statistics of the samples themselves.
@@ -79,8 +100,8 @@ class LossProbe:
                 m.train()
             total = 0.0
             try:
-                for i in range(0, len(self.y), self.batch_size):
-                    xb, yb = self.x[i : i + self.batch_size], self.y[i : i + self.batch_size]
+                for i in range(0, len(y), self.batch_size):
+                    xb, yb = x[i : i + self.batch_size], y[i : i + self.batch_size]
                     if self.task.transform is not None:  # as the evaluator scores (train False)
                         xb, yb = self.task.transform(xb, yb, False)
                     total += float(self.task.loss(self.model(xb), yb)) * len(yb)
@@ -92,7 +113,7 @@ class LossProbe:
                 for lo, hi in self.stat_ranges:
                     stats_out[lo:hi] = measured[lo:hi]
             self.metrics.loss_eval_seconds.observe(time.perf_counter() - t0)
-            return total / max(1, len(self.y))
+            return total / max(1, len(y))
 
     def recalibration(self, terms: Sequence[tuple[Payload, float]]) -> tuple[Payload, float] | None:
         """The fold's BatchNorm statistics measured instead of added (loss.bn_stats recalibrate; the SWA
@@ -116,8 +137,10 @@ class LossProbe:
         return Payload(dtype=torch.float32, chunks=(delta,), shapes=((delta.numel(),),)), loss
 
     def set_global(self, version: int, loss: float) -> None:
-        """The probe loss of ``version`` measured by its fold (recalibration), cached as global_loss's."""
-        self._global = (version, loss)
+        """The probe loss of ``version`` measured by its fold (recalibration), cached as global_loss's; with
+        rotation it was measured on the previous version's samples, so the next global_loss scores it afresh."""
+        if self._rotation is None:
+            self._global = (version, loss)
 
     def loss_of(self, flat: torch.Tensor) -> float:
         """The probe loss of any model (screening's effect test)."""
@@ -132,7 +155,7 @@ class LossProbe:
         if cached is not None and cached[0] == self.state.version:
             return cached
         version, flat = self.state.snapshot()
-        self._global = (version, self._score(flat))
+        self._global = (version, self._score(flat, version=version))
         return self._global
 
     def descent(self) -> torch.Tensor:
@@ -147,13 +170,14 @@ class LossProbe:
             return cached[1]
         version, flat = self.state.snapshot()
         with self._lock:
+            x, y = self.samples_for(version)
             load_flat(self.model, flat)
             self.model.zero_grad(set_to_none=True)
-            n = max(1, len(self.y))
+            n = max(1, len(y))
             with torch.enable_grad():
-                for i in range(0, len(self.y), self.batch_size):
-                    yb = self.y[i : i + self.batch_size]
-                    loss = self.task.loss(self.model(self.x[i : i + self.batch_size]), yb) * (len(yb) / n)
+                for i in range(0, len(y), self.batch_size):
+                    yb = y[i : i + self.batch_size]
+                    loss = self.task.loss(self.model(x[i : i + self.batch_size]), yb) * (len(yb) / n)
                     loss.backward()
             # In the flat vector's layout (float_state: parameters and float buffers); a buffer has no gradient.
             grads = [v.grad if v.grad is not None else torch.zeros_like(v) for _, v in float_state(self.model)]

@@ -40,6 +40,13 @@ class LossParams(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     eval_samples: int = Field(
         default=512, gt=0, description="Validation samples each candidate model is scored on (Hermes Alg. 2).")
+    # A deviation (docs/papers.md): Hermes Alg. 2 scores on a fixed validation subset. On 8 fixed samples the
+    # global model's loss fell to 0.01 late in training (1,000 devices, docs/simulation.md, "Why hermes is slow
+    # late"), so every whole delta scored 3-5x worse and the Eq. 5-6 share collapsed.
+    probe_rotation: bool = Field(
+        default=False, description="Score each model version on its own eval_samples validation samples, drawn "
+        "afresh per version from the whole validation split (deterministic by seed and version), so the fold "
+        "cannot come to favour a fixed subset. false: one fixed subset for the run (Hermes Alg. 2).")
     # A deviation (docs/papers.md): a convex blend of two models moves the global model
     # at most as far as one of them, so four workers' blended progress is about one
     # worker's. 'pull' adds each worker's own progress instead (w <- w + a * delta).

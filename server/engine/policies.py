@@ -202,7 +202,8 @@ def build_policies(
     probe = None
     if rule.needs_candidate_loss:
         probe = LossProbe(task, spec, state, validation, samples=config.loss.eval_samples, seed=config.seed,
-                          metrics=metrics, recalibrate=config.loss.bn_stats == "recalibrate")
+                          metrics=metrics, recalibrate=config.loss.bn_stats == "recalibrate",
+                          rotate=config.loss.probe_rotation)
     # Allocators that measure compute power (partition) answer it; the others leave it to throughput.
     power_of = allocator.power if isinstance(allocator, PowerMeter) else None
     # Robust rules group a barrier's round or a buffer; under a sync that folds one update at a time they run
