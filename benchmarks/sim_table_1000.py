@@ -110,6 +110,20 @@ CELLS: dict[str, list[str]] = {
     "hermes-fastest-c48-p1": _fast_hermes("0.3", 48, "--set", "gate=always", "--set", "loss.concurrency_scale=3",
                                           "--set", "loss.eval_samples=8", "--set", "shard_size=32",
                                           "--set", "dual_search.dss_max=32", "--set", "loss.sharpness=1"),
+    # Branch simhermes7: hermes-fastest-c48-p1 with the preset's z-score gate on (8 validation samples a cycle; push
+    # when the loss is at or below its window's mean, z <= 0, the threshold relaxed by 0.1 after every silent
+    # cycle), the dual search free to resize (no DSS bound; judging the workers with a cycle among the last 96
+    # reports, about the 48 training, by the paper's IQR rule alone), and the untried devices tried in the order of
+    # the compute they declared (concurrency.explore_order declared): with the gate a tried turn lasts 3+ cycles,
+    # the exploration share tried 115 devices in 55 virtual s and 42 of the 48 fastest never trained
+    # (docs/simulation.md, "Hermes with its own gate at 1,000 devices").
+    "hermes-fastest-c48-gate": _fast_hermes("0.3", 48, "--set", "zscore.validation_samples=8",
+                                            "--set", "zscore.alpha=0", "--set", "zscore.lam=1",
+                                            "--set", "concurrency.explore_order=declared",
+                                            "--set", "dual_search.recent_reports=96",
+                                            "--set", "dual_search.balance_band=0",
+                                            "--set", "loss.concurrency_scale=3", "--set", "loss.eval_samples=8",
+                                            "--set", "shard_size=32", "--set", "loss.sharpness=1"),
     "bsp": ["--preset", "bsp", *LOCAL, "--set", "cycle_samples=512", "--max-seconds", "60"],
 }
 
