@@ -79,7 +79,9 @@ class LossProbe:
             validation, samples, seed = self._rotation
             rng = np.random.default_rng([seed, 0x1055, version])
             idx = np.sort(rng.choice(len(validation), size=min(samples, len(validation)), replace=False))
-            drawn = batch_of(validation, idx.tolist())
+            # Drawn outside inference mode (_score's): descent() takes gradients through the same samples.
+            with torch.inference_mode(False):
+                drawn = batch_of(validation, idx.tolist())
             self._drawn = {v: d for v, d in self._drawn.items() if v >= version - 1}
             self._drawn[version] = drawn
         return drawn

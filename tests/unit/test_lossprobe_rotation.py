@@ -88,6 +88,17 @@ def test_with_rotation_the_global_and_candidate_losses_use_the_current_versions_
     assert abs(same - loss) < 1e-6  # the model plus nothing, on the same draw
 
 
+def test_with_rotation_the_descent_direction_takes_gradients_on_samples_a_scoring_drew():
+    # Screening's direction test (LossProbe.descent) after the loss of the same version was scored in inference
+    # mode: the draw must be usable by autograd.
+    probe, state = _probe(rotate=True)
+    _step(state)
+    probe.global_loss()
+    direction = probe.descent()
+    assert direction.shape == (state.numel,) and bool(torch.isfinite(direction).all())
+    assert float(direction.abs().sum()) > 0
+
+
 def test_the_config_switch_reaches_the_engines_probe():
     clock = ManualClock()
     on = _engine(clock, preset="hermes", **{"loss.probe_rotation": True, "loss.eval_samples": 8})
