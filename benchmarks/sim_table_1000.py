@@ -116,14 +116,17 @@ CELLS: dict[str, list[str]] = {
     # reports, about the 48 training, by the paper's IQR rule alone), and the untried devices tried in the order of
     # the compute they declared (concurrency.explore_order declared): with the gate a tried turn lasts 3+ cycles,
     # the exploration share tried 115 devices in 55 virtual s and 42 of the 48 fastest never trained
-    # (docs/simulation.md, "Hermes with its own gate at 1,000 devices").
+    # (docs/simulation.md, "Hermes with its own gate at 1,000 devices"). No resync (zscore.resync_factor 1e9: only
+    # a non-finite loss resyncs, Hermes Alg. 1; the preset's 4): late in training a loss on 8 validation samples
+    # 4x its window's lowest is noise, and 20% of the cycles after 60 virtual s were thrown away as "diverged".
     "hermes-fastest-c48-gate": _fast_hermes("0.3", 48, "--set", "zscore.validation_samples=8",
                                             "--set", "zscore.alpha=0", "--set", "zscore.lam=1",
                                             "--set", "concurrency.explore_order=declared",
                                             "--set", "dual_search.recent_reports=96",
                                             "--set", "dual_search.balance_band=0",
                                             "--set", "loss.concurrency_scale=3", "--set", "loss.eval_samples=8",
-                                            "--set", "shard_size=32", "--set", "loss.sharpness=1"),
+                                            "--set", "shard_size=32", "--set", "loss.sharpness=1",
+                                            "--set", "zscore.resync_factor=1e9"),
     "bsp": ["--preset", "bsp", *LOCAL, "--set", "cycle_samples=512", "--max-seconds", "60"],
 }
 
