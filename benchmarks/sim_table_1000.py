@@ -14,7 +14,9 @@ The cells ``fedbuff-fastest`` and ``hermes-fastest`` (branch sim-table4) give th
 (``concurrency.admit=fastest``, Oort's system utility); docs/simulation.md, "The 1,000-device table with fast-device
 admission", has their exploration and why even they lose to the device alone here. The cells ``hermes-fastest-c48``
 and ``hermes-fastest-c48-p1`` (branch simhermes6) are the ``hermes`` preset with fedbuff-fastest-c48's settings;
-"Hermes beating the device alone at 1,000 devices" there has their exploration and figures.
+"Hermes beating the device alone at 1,000 devices" there has their exploration and figures. The cell
+``hermes-fastest-c48-gate`` (branch simhermes7) turns the preset's gate and dual search back on: "Hermes with its
+own gate at 1,000 devices".
 
 Each cell is one ``hermes-sim`` process, one torch thread, at normal priority under ``flock -w 900
 /work/locks/sim.lock`` (``--lock``; ``--lock ''`` runs without it), inside ``/usr/bin/time -v`` (peak RSS) and
