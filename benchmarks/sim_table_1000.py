@@ -64,6 +64,15 @@ def _fast_hermes(lr: str, slots: int, *extra: str) -> list[str]:
             "--set", "dual_search.mbs_min=32", "--set", "dual_search.mbs_max=32", *extra, "--max-seconds", "150"]
 
 
+# The settings of the cells with Hermes' gate on (branch simhermes7; CELLS says why each).
+_GATE = (
+    "--set", "zscore.validation_samples=8", "--set", "zscore.alpha=1", "--set", "zscore.lam=1",
+    "--set", "zscore.resync_factor=1e9", "--set", "concurrency.explore_order=declared",
+    "--set", "dual_search.recent_reports=96", "--set", "dual_search.balance_band=0",
+    "--set", "loss.concurrency_scale=3", "--set", "loss.eval_samples=8", "--set", "shard_size=32",
+    "--set", "loss.sharpness=1",
+)
+
 # Virtual-second budgets: the distributed cells are bounded so that one fits the sim lock's 8 minutes of wall time on
 # this loaded 2-core machine (2026-11-27, load 11-19: a run got a fifth to a third of a core and simulated 0.07-0.4
 # virtual s a wall s, with a 15 virtual s exit grace after the budget); alone runs to its target.
@@ -121,14 +130,10 @@ CELLS: dict[str, list[str]] = {
     # (docs/simulation.md, "Hermes with its own gate at 1,000 devices"). No resync (zscore.resync_factor 1e9: only
     # a non-finite loss resyncs, Hermes Alg. 1; the preset's 4): late in training a loss on 8 validation samples
     # 4x its window's lowest is noise, and 20% of the cycles after 60 virtual s were thrown away as "diverged".
-    "hermes-fastest-c48-gate": _fast_hermes("0.3", 48, "--set", "zscore.validation_samples=8",
-                                            "--set", "zscore.alpha=1", "--set", "zscore.lam=1",
-                                            "--set", "concurrency.explore_order=declared",
-                                            "--set", "dual_search.recent_reports=96",
-                                            "--set", "dual_search.balance_band=0",
-                                            "--set", "loss.concurrency_scale=3", "--set", "loss.eval_samples=8",
-                                            "--set", "shard_size=32", "--set", "loss.sharpness=1",
-                                            "--set", "zscore.resync_factor=1e9"),
+    "hermes-fastest-c48-gate": _fast_hermes("0.3", 48, *_GATE),
+    # The same with the server's probe drawn afresh per model version (loss.probe_rotation): each version's candidates
+    # and the version itself scored on its own 8 validation samples (docs/simulation.md, "Hermes with its own gate").
+    "hermes-fastest-c48-gate-rot": _fast_hermes("0.3", 48, *_GATE, "--set", "loss.probe_rotation=true"),
     "bsp": ["--preset", "bsp", *LOCAL, "--set", "cycle_samples=512", "--max-seconds", "60"],
 }
 
