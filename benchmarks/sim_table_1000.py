@@ -133,6 +133,8 @@ CELLS: dict[str, list[str]] = {
     "hermes-fastest-c48-gate": _fast_hermes("0.3", 48, *_GATE),
     # The same with the server's probe drawn afresh per model version (loss.probe_rotation): each version's candidates
     # and the version itself scored on its own 8 validation samples (docs/simulation.md, "Hermes with its own gate").
+    # 0.98 at 95.1, 105.1, 120.1, 110.1 virtual s on seeds 0-3: 2.74x, 2.71x, 3.87x, 2.95x alone (the fixed probe:
+    # 105.1, 120.1, 130.1, 135.1 s, 2.48x, 2.38x, 3.58x, 2.41x; 2026-11-28, under the sim lock).
     "hermes-fastest-c48-gate-rot": _fast_hermes("0.3", 48, *_GATE, "--set", "loss.probe_rotation=true"),
     "bsp": ["--preset", "bsp", *LOCAL, "--set", "cycle_samples=512", "--max-seconds", "60"],
 }
