@@ -192,20 +192,41 @@ def plane_main(codec_name: str, out: str, rcvhwm: int | None = None) -> None:
             prof.enable()
         c0, n0 = time.thread_time(), sum(engine.message_counts.values())
         s0 = int(Path(f"/proc/self/task/{threading.get_native_id()}/schedstat").read_text().split()[2])
+        w0 = _switches()
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
         c1, n1 = time.thread_time(), sum(engine.message_counts.values())
         if prof is not None:
             prof.disable()
             prof.dump_stats(out)
         slices = int(Path(f"/proc/self/task/{threading.get_native_id()}/schedstat").read_text().split()[2]) - s0
-        print(f"data plane loop thread: {(c1 - c0) / max(1, n1 - n0) * 1e3:.3f} ms CPU a request, "
-              f"{slices / max(1, n1 - n0):.2f} runs on a CPU a request ({n1 - n0} requests)", file=sys.stderr)
+        w1 = _switches()
+        n = max(1, n1 - n0)
+        print(f"data plane loop thread: {(c1 - c0) / n * 1e3:.3f} ms CPU a request, "
+              f"{slices / n:.2f} runs on a CPU a request ({n1 - n0} requests)", file=sys.stderr)
+        # Voluntary switches are the thread's own waits (a wake-up each); involuntary ones, preemption by load.
+        me = threading.get_native_id()
+        for tid in sorted(w1):
+            vol = (w1[tid][0] - w0.get(tid, (0, 0))[0]) / n
+            invol = (w1[tid][1] - w0.get(tid, (0, 0))[1]) / n
+            if vol + invol >= 0.05:
+                name = "loop" if tid == me else Path(f"/proc/self/task/{tid}/comm").read_text().strip()
+                print(f"  thread {name}: {vol:.2f} wake-ups, {invol:.2f} preemptions a request", file=sys.stderr)
         await plane.stop()
 
     import torch
 
     torch.set_num_threads(1)
     asyncio.run(serve())
+
+
+def _switches() -> dict[int, tuple[int, int]]:
+    """Voluntary and involuntary context switches of each of this process's threads."""
+    out = {}
+    for task in Path("/proc/self/task").iterdir():
+        with contextlib.suppress(OSError):
+            fields = dict(line.split(":", 1) for line in (task / "status").read_text().splitlines() if ":" in line)
+            out[int(task.name)] = (int(fields["voluntary_ctxt_switches"]), int(fields["nonvoluntary_ctxt_switches"]))
+    return out
 
 
 @contextlib.contextmanager
