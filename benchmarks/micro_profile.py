@@ -206,11 +206,11 @@ def plane_main(codec_name: str, out: str, rcvhwm: int | None = None) -> None:
         # Voluntary switches are the thread's own waits (a wake-up each); involuntary ones, preemption by load.
         me = threading.get_native_id()
         for tid in sorted(w1):
-            vol = (w1[tid][0] - w0.get(tid, (0, 0))[0]) / n
-            invol = (w1[tid][1] - w0.get(tid, (0, 0))[1]) / n
+            vol, invol, cpu = ((a - b) / n for a, b in zip(w1[tid], w0.get(tid, (0, 0, 0))))
             if vol + invol >= 0.05:
                 name = "loop" if tid == me else Path(f"/proc/self/task/{tid}/comm").read_text().strip()
-                print(f"  thread {name}: {vol:.2f} wake-ups, {invol:.2f} preemptions a request", file=sys.stderr)
+                print(f"  thread {name}: {vol:.2f} wake-ups, {invol:.2f} preemptions, {cpu / 1e6:.3f} ms CPU a request",
+                      file=sys.stderr)
         await plane.stop()
 
     import torch
@@ -219,13 +219,16 @@ def plane_main(codec_name: str, out: str, rcvhwm: int | None = None) -> None:
     asyncio.run(serve())
 
 
-def _switches() -> dict[int, tuple[int, int]]:
-    """Voluntary and involuntary context switches of each of this process's threads."""
+def _switches() -> dict[int, tuple[int, int, int]]:
+    """Voluntary and involuntary context switches and CPU nanoseconds (schedstat) of each of this process's
+    threads."""
     out = {}
     for task in Path("/proc/self/task").iterdir():
         with contextlib.suppress(OSError):
             fields = dict(line.split(":", 1) for line in (task / "status").read_text().splitlines() if ":" in line)
-            out[int(task.name)] = (int(fields["voluntary_ctxt_switches"]), int(fields["nonvoluntary_ctxt_switches"]))
+            cpu_ns = int((task / "schedstat").read_text().split()[0])
+            out[int(task.name)] = (int(fields["voluntary_ctxt_switches"]), int(fields["nonvoluntary_ctxt_switches"]),
+                                   cpu_ns)
     return out
 
 
