@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from typing import TYPE_CHECKING, Protocol
 
 from hermes.client.federated_eval import DeviceEvaluator
@@ -125,7 +126,11 @@ def run_cycles(host: Host, job: Job, session: Session, topology: Topology) -> st
         stats.compute_seconds += result.compute_seconds
         stats.wait_seconds += result.wait_seconds
         stats.last_loss = result.loss
+        # The device's CPU between cycles (gate validation, encoding, rebase) is slowed like its training in
+        # the nominal slowdown mode (common/pace.py); what it waited for replies is not device time.
+        t0, cpu0, waited0 = time.perf_counter(), time.thread_time(), stats.wait_seconds
         stop = topology.finish_cycle(work, result)
+        trainer.pace_overhead(t0, cpu0, stats.wait_seconds - waited0)
         if stop is not None:
             return stop
         host.progress(session)

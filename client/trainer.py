@@ -112,6 +112,7 @@ class LocalTrainer:
         train_step: TrainStepFn | None = None,
         transform: TransformFn | None = None,
         slowdown_mode: SlowdownMode = "cpu",
+        nominal_sample_seconds: float | None = None,
     ) -> None:
         self.device = device
         self.reset_jump = reset_jump
@@ -126,7 +127,7 @@ class LocalTrainer:
         self.model = model.to(device)
         self.precision = precision
         self.slowdown = slowdown
-        self._pacer = StepPacer(max(1.0, slowdown), slowdown_mode)
+        self._pacer = StepPacer(max(1.0, slowdown), slowdown_mode, nominal_sample_seconds=nominal_sample_seconds)
         self.loss_fn = loss
         if optimizer is None:
             # torch.optim.SGD's update without its torch._dynamo import (common/lean_sgd.py: ~1 s of start-up).
@@ -284,6 +285,17 @@ class LocalTrainer:
             # ``waited``: the step's wall time holds a collective's waiting, which is no part of its compute.
             work = self._work_seconds(t0, cpu0)
             pause = self._pacer.sleep_seconds(work, samples, None if waited else time.perf_counter() - t0)
+            if pause > 0:
+                t1 = time.perf_counter()
+                time.sleep(pause)
+                self._pacer.slept(pause, time.perf_counter() - t1)
+
+    def pace_overhead(self, t0: float, cpu0: float, waited: float = 0.0) -> None:
+        """The device's CPU since ``t0`` outside its training steps (``waited``: seconds of it spent waiting
+        for replies), slowed like its training where the slowdown mode says so (common/pace.py: ``nominal``)."""
+        if self.slowdown > 1.0:
+            self._pacer.set_slowdown(self.slowdown)
+            pause = self._pacer.overhead_seconds(time.thread_time() - cpu0, time.perf_counter() - t0 - waited)
             if pause > 0:
                 t1 = time.perf_counter()
                 time.sleep(pause)
