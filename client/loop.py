@@ -95,6 +95,14 @@ def cycle_record(work: Work, result: CycleResult, *, pushed: bool, decision: str
 
 def run_cycles(host: Host, job: Job, session: Session, topology: Topology) -> str:
     """Cycles until a hook says stop; returns why ("" when the operator's stop ended them)."""
+    try:
+        return _cycles(host, job, session, topology)
+    finally:
+        cpu, slept = job.trainer.between_cycles
+        log.info("between cycles: %.3fs of CPU, %.3fs slept to slow it with the device", cpu, slept)
+
+
+def _cycles(host: Host, job: Job, session: Session, topology: Topology) -> str:
     trainer, stats = job.trainer, host.stats
     task = job.task
     device_eval = (DeviceEvaluator(task, host.worker_name)
