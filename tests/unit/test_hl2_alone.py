@@ -216,7 +216,7 @@ def test_bench_pace_flag_slows_the_cluster_and_alone_alike() -> None:
         args = spec.testbed_args(suite, Path("/tmp/x"))
         assert args[args.index("--pace") + 1] == "6", label  # HL2's fastest device is hl1's speed
     default = suite_from_args(build_parser().parse_args(["hl2-alone", "--out", "/tmp/x"]))
-    assert default.pace == 5.0
+    assert default.pace == 6.0
 
 
 def test_seed_table_splits_a_repeats_folder_into_its_seeds(tmp_path: Path) -> None:
