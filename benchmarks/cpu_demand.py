@@ -85,7 +85,9 @@ def record(root: int, out: Path, interval: float) -> None:
                 if p != root:
                     continue
                 for q in chain:
-                    if q not in known:
+                    # Read again until it differs from its parent's: a child seen between fork and exec
+                    # still shows the testbed's command line (an agent counted as the testbed, 2026-11-28).
+                    if q not in known or known[q][0] == "testbed":
                         cmd = _cmdline(q)
                         m = _OUT.search(cmd) if "hermes.deploy.testbed" in cmd else None
                         known[q] = (role_of(cmd), m.group(1) if m else None)
