@@ -389,7 +389,7 @@ BUILTIN: dict[str, dict[str, Any]] = {
         # Pace 6 since the nominal rule (2026-11-28, sixth pass): the smallest at which every device, alone
         # included, held its nominal step at p50 (within 5%) in every run measured on this shared host: at pace 4
         # the fastest agent's p50 was 1.24x its nominal and the cluster took 1.45 of the 2 cores; at pace 5 four
-        # of twelve runs had a device 1.07-1.16x over; at pace 6 every device 0.99-1.01x (docs/compression.md).
+        # of twelve runs had a device 1.07-1.16x over; at pace 6 every device 0.98-1.05x (docs/compression.md).
         "pace": 6.0,
         "ddp_eval_every": 5, "baseline": "alone",
         # floor (common/pace.py), alone included: real devices do not share cores, so a step waiting for one of
