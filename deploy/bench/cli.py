@@ -137,6 +137,8 @@ def cmd_suite(args: argparse.Namespace) -> int:
             print("hermes-bench: --skip-unknown runs the other variants", file=sys.stderr)
         return 2
     if args.dry_run:
+        if suite.slowdown_mode == "nominal" and suite.nominal_sample_ms is None and suite.engine == "testbed":
+            print("# --nominal-sample-ms: measured before the first run (deploy/bench/nominal.py), then passed to every run")
         for spec in plan(suite):
             command = "hermes-sim" if suite.engine == "sim" else "hermes-testbed"
             print(f"{spec.key}: {command} {' '.join(spec.args(suite, spec.run_dir(Path(args.out))))}")
