@@ -137,7 +137,7 @@ class Agent:
         session = self._register(device)
         self._check_data_plane(session)
         job = Job.from_registration(session, device, opts.slowdown, task, model,
-                                   slowdown_mode=opts.slowdown_mode)
+                                   slowdown_mode=opts.slowdown_mode, nominal_sample_ms=opts.nominal_sample_ms)
         if self.local is not None:
             self.local.configure(job.config, gate=job.gate is not None)
         log.info("registered as %s (%s); preset=%s task=%s model=%s (%d params) precision=%s device=%s data plane %s",

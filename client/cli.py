@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import signal
 import sys
@@ -62,7 +63,11 @@ def build_parser() -> HermesParser:
     p.add_argument("--slowdown-mode", choices=SLOWDOWN_MODES, default="cpu",
                    help="how the slowdown is emulated: cpu multiplies each step's work (default), floor its "
                         "uncontended cost, so contention from co-located processes does not slow it further "
-                        "(common/pace.py)")
+                        "(common/pace.py); nominal: floor from --nominal-sample-ms, and the device's CPU between "
+                        "cycles slowed too")
+    p.add_argument("--nominal-sample-ms", type=float, default=None,
+                   help="--slowdown-mode nominal: the task's uncontended train-step cost per sample, in ms "
+                        "(hermes-bench measures it)")
     p.add_argument("--slowdown-schedule", default="",
                    help="speed changes mid-run as SECONDS:SLOWDOWN pairs, e.g. '30:8,60:1'")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
@@ -107,6 +112,9 @@ def _usage_problem(args: argparse.Namespace) -> str | None:
         return problem
     if args.slowdown < 1.0:
         return f"--slowdown {args.slowdown:g}: must be >= 1 (1 = this device's own speed)"
+    if (args.slowdown_mode == "nominal") != (args.nominal_sample_ms is not None) or not (
+            args.nominal_sample_ms is None or 0 < args.nominal_sample_ms < math.inf):
+        return "--nominal-sample-ms (a number of ms > 0) goes with --slowdown-mode nominal, and only with it"
     for flag, value in (("--threads", args.threads), ("--cores", args.cores)):
         if value is not None and value < 0:
             return f"{flag} {value:g}: must be >= 0 (0 or unset: decided from this device)"
@@ -163,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
 
     agent = Agent(AgentOptions(
         server=args.server, name=name, threads=args.threads, slowdown=args.slowdown, device=args.device,
-        slowdown_mode=args.slowdown_mode,
+        slowdown_mode=args.slowdown_mode, nominal_sample_ms=args.nominal_sample_ms,
         request_timeout=args.request_timeout, connect_retries=args.connect_retries,
         progress=not args.no_progress, max_cycles=args.max_cycles,
         slowdown_schedule=parse_schedule(args.slowdown_schedule),

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from typing import TYPE_CHECKING, Protocol
 
 from hermes.client.federated_eval import DeviceEvaluator
@@ -94,6 +95,14 @@ def cycle_record(work: Work, result: CycleResult, *, pushed: bool, decision: str
 
 def run_cycles(host: Host, job: Job, session: Session, topology: Topology) -> str:
     """Cycles until a hook says stop; returns why ("" when the operator's stop ended them)."""
+    try:
+        return _cycles(host, job, session, topology)
+    finally:
+        cpu, slept = job.trainer.between_cycles
+        log.info("between cycles: %.3fs of CPU, %.3fs slept to slow it with the device", cpu, slept)
+
+
+def _cycles(host: Host, job: Job, session: Session, topology: Topology) -> str:
     trainer, stats = job.trainer, host.stats
     task = job.task
     device_eval = (DeviceEvaluator(task, host.worker_name)
@@ -125,7 +134,11 @@ def run_cycles(host: Host, job: Job, session: Session, topology: Topology) -> st
         stats.compute_seconds += result.compute_seconds
         stats.wait_seconds += result.wait_seconds
         stats.last_loss = result.loss
+        # The device's CPU between cycles (gate validation, encoding, rebase) is slowed like its training in
+        # the nominal slowdown mode (common/pace.py); what it waited for replies is not device time.
+        t0, cpu0, waited0 = time.perf_counter(), time.thread_time(), stats.wait_seconds
         stop = topology.finish_cycle(work, result)
+        trainer.pace_overhead(t0, cpu0, stats.wait_seconds - waited0)
         if stop is not None:
             return stop
         host.progress(session)

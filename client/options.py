@@ -21,6 +21,8 @@ class AgentOptions:
     # How the slowdown is emulated (common/pace.py): 'cpu' multiplies each step's work, 'floor' its
     # uncontended cost.
     slowdown_mode: SlowdownMode = "cpu"
+    # slowdown_mode 'nominal': every device's uncontended cost per sample, in ms (the bench measures it once).
+    nominal_sample_ms: float | None = None
     device: str = "auto"
     request_timeout: float = 30.0
     connect_retries: int = 8

@@ -154,7 +154,8 @@ class Job:
     @classmethod
     def from_registration(cls, session: Session, device: torch.device,
                           slowdown: float, task: Task, model: nn.Module | None = None,
-                          local_data: Any = None, slowdown_mode: SlowdownMode = "cpu") -> Job:
+                          local_data: Any = None, slowdown_mode: SlowdownMode = "cpu",
+                          nominal_sample_ms: float | None = None) -> Job:
         """The job of the first registration; ``model`` is the task's model the start-up check built."""
         reg, config, worker_id = session.reg, session.config, session.worker_id
         spec = ModelSpec.from_dict(reg.model_spec)
@@ -175,6 +176,7 @@ class Job:
             slowdown=slowdown, seed=zlib.crc32(worker_id.encode()), loss=task.loss, optimizer=task.optimizer,
             reset_jump=config.optimizer_reset_jump, proximal_rho=config.proximal_rho(),
             train_step=task.train_step, transform=task.transform, slowdown_mode=slowdown_mode,
+            nominal_sample_seconds=None if nominal_sample_ms is None else nominal_sample_ms / 1000.0,
         )
         gate: ZScoreGate | None = config.build_policy("gate")
         return cls(spec=spec, config=config, precision=precision, wire_dtype=dtype_from_name(config.wire_dtype),

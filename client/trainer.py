@@ -112,6 +112,7 @@ class LocalTrainer:
         train_step: TrainStepFn | None = None,
         transform: TransformFn | None = None,
         slowdown_mode: SlowdownMode = "cpu",
+        nominal_sample_seconds: float | None = None,
     ) -> None:
         self.device = device
         self.reset_jump = reset_jump
@@ -126,7 +127,9 @@ class LocalTrainer:
         self.model = model.to(device)
         self.precision = precision
         self.slowdown = slowdown
-        self._pacer = StepPacer(max(1.0, slowdown), slowdown_mode)
+        self._pacer = StepPacer(max(1.0, slowdown), slowdown_mode, nominal_sample_seconds=nominal_sample_seconds)
+        # The work between cycles (pace_overhead): its CPU seconds and the seconds slept for it, summed.
+        self.between_cycles = [0.0, 0.0]
         self.loss_fn = loss
         if optimizer is None:
             # torch.optim.SGD's update without its torch._dynamo import (common/lean_sgd.py: ~1 s of start-up).
@@ -288,6 +291,20 @@ class LocalTrainer:
                 t1 = time.perf_counter()
                 time.sleep(pause)
                 self._pacer.slept(pause, time.perf_counter() - t1)
+
+    def pace_overhead(self, t0: float, cpu0: float, waited: float = 0.0) -> None:
+        """The device's CPU since ``t0`` outside its training steps (``waited``: seconds of it spent waiting
+        for replies), slowed like its training where the slowdown mode says so (common/pace.py: ``nominal``)."""
+        if self.slowdown > 1.0:
+            self._pacer.set_slowdown(self.slowdown)
+            cpu = time.thread_time() - cpu0
+            pause = self._pacer.overhead_seconds(cpu, time.perf_counter() - t0 - waited)
+            self.between_cycles[0] += cpu
+            if pause > 0:
+                t1 = time.perf_counter()
+                time.sleep(pause)
+                self._pacer.slept(pause, time.perf_counter() - t1)
+                self.between_cycles[1] += pause
 
     def _work_seconds(self, t0: float, cpu0: float) -> float:
         """The step's own work, which the emulated slowdown multiplies.

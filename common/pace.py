@@ -20,6 +20,16 @@ sleeping after each step. Two rules for how long:
   profile's speed. Measured first with the step's CPU time in place of its wall time (2026-11-28): the
   fastest agent's median step did not move (23-24 ms against 13.2 ms nominal), since the time lost was
   waiting for a core and waking from the sleep, not CPU time.
+- ``nominal`` (the ``hl2-alone`` suite's since 2026-11-28, branch hl2nom7): ``floor`` with one fixed nominal
+  cost per sample for every device and for ``alone`` (``--nominal-sample-ms``: ``hermes-bench`` measures the
+  task's uncontended train step once per invocation, in a fresh process before any run starts,
+  ``deploy/bench/nominal.py``). Under ``floor`` each side paced from its own loop's least cost, which differ
+  (``alone``'s ``deploy/ddp_rank.py`` against the agents' ``LocalTrainer``): at pace 6 ``alone`` ran 17.3-18.8
+  ms a step against the agents' 14.0-15.9 (docs/compression.md, fifth pass). The mode also slows the agent's
+  device CPU outside its training steps (gate validation, the push's encoding, the rebase on a pulled model:
+  3-12 ms a cycle on the fastest HL2 agent at pace 4), which a device S times slower pays S times
+  (``hermes-sim`` charges it; ``cpu`` and ``floor`` leave it unslowed): that stretch lasts S times its thread
+  CPU time on the wall clock, waiting for replies left out (``overhead_seconds``).
 
 Not from a paper: an emulation rule of this testbed, chosen per run (``hermes-testbed --slowdown-mode``).
 """
@@ -30,8 +40,8 @@ import math
 from collections import deque
 from typing import Literal
 
-SlowdownMode = Literal["cpu", "floor"]
-SLOWDOWN_MODES: tuple[SlowdownMode, ...] = ("cpu", "floor")
+SlowdownMode = Literal["cpu", "floor", "nominal"]
+SLOWDOWN_MODES: tuple[SlowdownMode, ...] = ("cpu", "floor", "nominal")
 
 # Steps over which the least work per sample is taken: long enough that a few quiet steps are in it, short
 # enough that a device whose real cost changes (a schedule, a bigger batch) is followed within a cycle or two.
@@ -41,13 +51,21 @@ DEFAULT_WINDOW = 64
 class StepPacer:
     """Seconds to sleep after one step of an emulated device ``slowdown`` times slower than this host."""
 
-    def __init__(self, slowdown: float, mode: SlowdownMode = "cpu", window: int = DEFAULT_WINDOW) -> None:
+    def __init__(self, slowdown: float, mode: SlowdownMode = "cpu", window: int = DEFAULT_WINDOW,
+                 nominal_sample_seconds: float | None = None) -> None:
         self.set_slowdown(slowdown)
         if mode not in SLOWDOWN_MODES:
             raise ValueError(f"slowdown mode must be one of {', '.join(SLOWDOWN_MODES)}, got {mode!r}")
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window!r}")
+        if mode == "nominal" and not (nominal_sample_seconds is not None and math.isfinite(nominal_sample_seconds)
+                                      and nominal_sample_seconds > 0):
+            raise ValueError(f"slowdown mode 'nominal' needs a nominal cost per sample > 0 (--nominal-sample-ms), "
+                             f"got {nominal_sample_seconds!r}")
+        if mode != "nominal" and nominal_sample_seconds is not None:
+            raise ValueError(f"a nominal cost per sample is used by slowdown mode 'nominal' only, not {mode!r}")
         self.mode: SlowdownMode = mode
+        self.nominal_sample_seconds = nominal_sample_seconds
         self._per_sample: deque[float] = deque(maxlen=window)
         self._overslept = 0.0
 
@@ -64,13 +82,26 @@ class StepPacer:
             return 0.0
         if self.mode == "cpu" or samples <= 0:
             return max(0.0, work) * (self.slowdown - 1.0)
-        self._per_sample.append(max(0.0, work) / samples)
-        nominal = self.slowdown * min(self._per_sample) * samples
+        if self.nominal_sample_seconds is not None:
+            per_sample = self.nominal_sample_seconds  # one cost for every device and alone: not its own loop's
+        else:
+            self._per_sample.append(max(0.0, work) / samples)
+            per_sample = min(self._per_sample)
+        nominal = self.slowdown * per_sample * samples
         spent = max(0.0, work if elapsed is None else elapsed)
         credit, self._overslept = min(self._overslept, nominal), 0.0
         return max(0.0, nominal - spent - credit)
 
+    def overhead_seconds(self, cpu: float, elapsed: float) -> float:
+        """After the device's work outside its steps (``cpu`` thread CPU seconds in ``elapsed`` wall seconds,
+        waiting for replies left out): how long to sleep so that it lasts ``slowdown`` times its CPU time.
+        ``nominal`` mode only; the other modes leave that work unslowed (0), as every run before them did."""
+        if self.mode != "nominal" or self.slowdown <= 1.0:
+            return 0.0
+        return max(0.0, self.slowdown * max(0.0, cpu) - max(0.0, elapsed))
+
     def slept(self, requested: float, actual: float) -> None:
-        """How long the last sleep really took: in ``floor`` mode its overshoot shortens the next step's sleep."""
-        if self.mode == "floor":
-            self._overslept = max(0.0, actual - requested)
+        """How long the last sleep really took: in ``floor`` and ``nominal`` modes its overshoot shortens the
+        next step's sleep (a step's and the work after it's, added up until the next step spends them)."""
+        if self.mode != "cpu":
+            self._overslept += max(0.0, actual - requested)

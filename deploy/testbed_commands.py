@@ -90,6 +90,8 @@ def agent_args(a: argparse.Namespace, wp: WorkerProfile, *, server_url: str,
         args += ["--task", a.task]
     if getattr(a, "slowdown_mode", "cpu") != "cpu":
         args += ["--slowdown-mode", a.slowdown_mode]
+    if getattr(a, "nominal_sample_ms", None) is not None:
+        args += ["--nominal-sample-ms", f"{a.nominal_sample_ms:.6g}"]
     if schedules:
         args += ["--slowdown-schedule", ",".join(f"{t:g}:{s * a.pace:.6g}" for t, s in schedules[wp.index]),
                 # One clock for every agent, the testbed's: phases line up however long each takes to start.

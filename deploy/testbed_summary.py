@@ -94,6 +94,7 @@ def build_summary(a: argparse.Namespace, srv: dict[str, Any], *, outcome: str, w
         "model": None if getattr(a, "task", None) else a.model,
         "speed_schedule": a.speed_schedule or None,
         "pace": a.pace,
+        **({"nominal_sample_ms": a.nominal_sample_ms} if getattr(a, "nominal_sample_ms", None) is not None else {}),
         "topology": a.topology,
         "outcome": outcome,
         "wall_seconds": round(wall, 3),

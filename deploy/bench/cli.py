@@ -55,9 +55,12 @@ def add_suite_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-seconds", type=float, help="wall-clock budget of each run")
     p.add_argument("--seed", type=int, help="seed of the first repeat")
     p.add_argument("--churn", metavar="SPEC", help="agents leave and come back in every run (hermes-testbed --churn)")
-    p.add_argument("--slowdown-mode", choices=("cpu", "floor"),
+    p.add_argument("--slowdown-mode", choices=("cpu", "floor", "nominal"),
                    help="how every run's emulated devices slow down, alone included (hermes-testbed "
-                        "--slowdown-mode; default: the suite's: cpu, floor for hl2-alone)")
+                        "--slowdown-mode; default: the suite's: cpu, nominal for hl2-alone)")
+    p.add_argument("--nominal-sample-ms", type=float,
+                   help="slowdown mode nominal: every device's cost per sample in ms (default: measured once per "
+                        "invocation before the runs, deploy/bench/nominal.py)")
     p.add_argument("--pace", type=float,
                    help="every device slowed alike by this factor, alone included (hermes-testbed --pace; default: the "
                         "suite's)")
@@ -93,7 +96,7 @@ def suite_from_args(args: argparse.Namespace) -> Suite:
     suite = suite.with_changes(
         repeats=args.repeats, clients=args.clients, dataset=args.dataset, model=args.model,
         target_accuracy=args.target_accuracy, max_seconds=args.max_seconds, seed=args.seed, churn=args.churn,
-        slowdown_mode=args.slowdown_mode, pace=args.pace,
+        slowdown_mode=args.slowdown_mode, pace=args.pace, nominal_sample_ms=args.nominal_sample_ms,
         profiles=[x.strip() for x in args.profiles.split(",") if x.strip()] if args.profiles else None,
         links=[x.strip() for x in args.links.split(",") if x.strip()] if args.links else None,
     )
@@ -134,6 +137,8 @@ def cmd_suite(args: argparse.Namespace) -> int:
             print("hermes-bench: --skip-unknown runs the other variants", file=sys.stderr)
         return 2
     if args.dry_run:
+        if suite.slowdown_mode == "nominal" and suite.nominal_sample_ms is None and suite.engine == "testbed":
+            print("# --nominal-sample-ms: measured before the first run (deploy/bench/nominal.py), then passed to every run")
         for spec in plan(suite):
             command = "hermes-sim" if suite.engine == "sim" else "hermes-testbed"
             print(f"{spec.key}: {command} {' '.join(spec.args(suite, spec.run_dir(Path(args.out))))}")

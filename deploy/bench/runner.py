@@ -74,6 +74,8 @@ class RunSpec:
             **({"engine": "sim", "server_cost": suite.server_cost} if suite.engine == "sim" else {}),
             **({"jitter": suite.jitter} if suite.engine == "sim" and suite.jitter else {}),
             **({"pace": suite.pace} if suite.pace != 1.0 else {}),
+            **({"slowdown_mode": suite.slowdown_mode, "nominal_sample_ms": suite.nominal_sample_ms}
+               if suite.slowdown_mode == "nominal" else {}),
             **({"ddp_eval_every": suite.ddp_eval_every}
                if suite.ddp_eval_every != 20 and self.variant.runner != "testbed" else {}),
             **({"ddp_hook": self.variant.ddp_hook, "ddp_powersgd_rank": self.variant.ddp_powersgd_rank}
@@ -100,6 +102,8 @@ class RunSpec:
             args += ["--pace", f"{pace:.6g}"]
         if suite.slowdown_mode != "cpu":
             args += ["--slowdown-mode", suite.slowdown_mode]
+        if suite.slowdown_mode == "nominal" and suite.nominal_sample_ms is not None:
+            args += ["--nominal-sample-ms", f"{suite.nominal_sample_ms:.6g}"]
         server_threads = self.variant.server_threads or suite.server_threads
         if server_threads is not None and self.variant.runner == "testbed":
             args += ["--server-threads", str(server_threads)]
@@ -208,13 +212,46 @@ def launch_sim(args: list[str], run_dir: Path, timeout: float) -> tuple[int | No
     return launch_module("hermes.sim.cli", args, run_dir, timeout, log_name="sim.log", what="hermes-sim")
 
 
+def measure_nominal(suite: Suite) -> dict[str, Any]:
+    """The task's uncontended cost per sample, in a fresh process (deploy/bench/nominal.py): its JSON."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HERMES_")}
+    env["OMP_NUM_THREADS"] = "1"
+    done = subprocess.run([sys.executable, "-m", "hermes.deploy.bench.nominal", "--dataset", suite.dataset,
+                           "--model", suite.model, "--overrides", json.dumps(suite.overrides)],
+                          capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL, timeout=600)
+    if done.returncode != 0:
+        raise RuntimeError(f"the nominal-cost probe exited with {done.returncode}: {done.stderr.strip()[-500:]}")
+    figure: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return figure
+
+
+def with_nominal(suite: Suite, out: Path, probe: Callable[[Suite], dict[str, Any]],
+                 progress: Callable[[str], None]) -> Suite:
+    """``slowdown_mode = "nominal"`` without a figure: the one of the folder's earlier invocation (its finished
+    runs were paced by it), else measured now, before any run."""
+    if suite.engine != "testbed" or suite.slowdown_mode != "nominal" or suite.nominal_sample_ms is not None:
+        return suite
+    previous = read_object(out / "results.json")
+    recorded = ((previous or {}).get("suite") or {}).get("nominal_sample_ms")
+    if isinstance(recorded, (int, float)) and recorded > 0:
+        progress(f"nominal cost {recorded:.6g} ms a sample, as this folder's earlier invocation measured it")
+        return suite.with_changes(nominal_sample_ms=float(recorded))
+    figure = probe(suite)
+    progress(f"nominal cost {figure['nominal_sample_ms']:.6g} ms a sample (median {figure.get('median_sample_ms')}, "
+             f"batch {figure.get('batch_size')}, {figure.get('steps')} steps), measured before the runs")
+    (out / "nominal.json").write_text(json.dumps({**figure, "loadavg": loadavg()}, indent=1))
+    return suite.with_changes(nominal_sample_ms=float(figure["nominal_sample_ms"]))
+
+
 def execute(suite: Suite, out: Path, *, launcher: Launcher | None = None,
-            progress: Callable[[str], None] = lambda line: None, clock: Clock = SYSTEM_CLOCK) -> dict[str, Any]:
+            progress: Callable[[str], None] = lambda line: None, clock: Clock = SYSTEM_CLOCK,
+            probe: Callable[[Suite], dict[str, Any]] = measure_nominal) -> dict[str, Any]:
     """Run whatever is not finished yet; return (and write) ``results.json``."""
     if launcher is None:
         launcher = launch_sim if suite.engine == "sim" else launch_testbed
     out = out.resolve()
     out.mkdir(parents=True, exist_ok=True)
+    suite = with_nominal(suite, out, probe, progress)
     specs = plan(suite)
     todo = [s for s in specs if not is_finished(s, suite, out)]
     todo_keys = {s.key for s in todo}

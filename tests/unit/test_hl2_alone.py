@@ -100,17 +100,18 @@ def test_local_task_gives_each_agent_its_part_and_keeps_the_builtin_splits_for_a
     assert sum(sizes) == n_train - n_val and max(sizes) - min(sizes) <= 1
 
 
-def test_the_hl2_suite_paces_every_run_by_floor_alone_included() -> None:
+def test_the_hl2_suite_paces_every_run_by_one_nominal_alone_included() -> None:
     from hermes.deploy.bench.runner import plan
     from hermes.deploy.bench.suites import builtin_suite
 
     # Real devices do not share cores: the cluster's agents must not be slowed for waiting on the emulating
-    # machine's (issue 31's fairness rule), and alone must be paced by the same rule.
-    suite = builtin_suite("hl2-alone")
+    # machine's (issue 31's fairness rule), and alone must be paced by the same rule and the same nominal cost.
+    suite = builtin_suite("hl2-alone").with_changes(nominal_sample_ms=0.1)
     for label in ("alone", "hermes-topk-local"):
         spec = next(s for s in plan(suite) if s.variant.label == label and s.link == "lte")
         args = spec.testbed_args(suite, Path("/tmp/x"))
-        assert args[args.index("--slowdown-mode") + 1] == "floor", label
+        assert args[args.index("--slowdown-mode") + 1] == "nominal", label
+        assert args[args.index("--nominal-sample-ms") + 1] == "0.1", label
     edge = builtin_suite("edge-lte")
     spec = next(s for s in plan(edge) if s.variant.label == "alone")
     assert "--slowdown-mode" not in spec.testbed_args(edge, Path("/tmp/x"))
@@ -215,7 +216,7 @@ def test_bench_pace_flag_slows_the_cluster_and_alone_alike() -> None:
         args = spec.testbed_args(suite, Path("/tmp/x"))
         assert args[args.index("--pace") + 1] == "6", label  # HL2's fastest device is hl1's speed
     default = suite_from_args(build_parser().parse_args(["hl2-alone", "--out", "/tmp/x"]))
-    assert default.pace == 4.0
+    assert default.pace == 6.0
 
 
 def test_seed_table_splits_a_repeats_folder_into_its_seeds(tmp_path: Path) -> None:

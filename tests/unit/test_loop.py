@@ -21,9 +21,13 @@ def _work(n: int = 4) -> Work:
 
 class _Trainer:
     slowdown = 1.0
+    between_cycles = (0.0, 0.0)
 
     def set_lr(self, lr: float) -> None:
         self.lr = lr
+
+    def pace_overhead(self, t0: float, cpu0: float, waited: float = 0.0) -> None:
+        pass
 
     def train_cycle(self, x, y, batch_size, accumulation, *, steps=None, grad_hook=None) -> CycleResult:
         return CycleResult(samples=len(y), steps=1, loss=0.5, compute_seconds=0.01, wait_seconds=0.0, stopped=False)

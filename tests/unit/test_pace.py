@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -133,3 +134,151 @@ def test_the_mode_reaches_agents_the_ddp_peer_and_every_bench_run():
             assert ("--slowdown-mode" in run_args) == present
             if present:
                 assert run_args[run_args.index("--slowdown-mode") + 1] == "floor"
+
+
+def test_nominal_mode_holds_every_step_at_slowdown_times_the_given_cost():
+    # 0.1 ms a sample: a step of 32 at S = 4 lasts 12.8 ms whatever its own loop's least cost.
+    pacer = StepPacer(4.0, "nominal", nominal_sample_seconds=0.0001)
+    assert pacer.sleep_seconds(0.003, 32) == pytest.approx(0.0098)
+    # A cheaper step does not lower the reference (floor's would: 4 x 2 ms = 8 ms).
+    assert pacer.sleep_seconds(0.002, 32, elapsed=0.002) == pytest.approx(0.0108)
+    # Waiting for a core within the nominal step does not slow the device; beyond it, no sleep.
+    assert pacer.sleep_seconds(0.003, 32, elapsed=0.010) == pytest.approx(0.0028)
+    assert pacer.sleep_seconds(0.003, 32, elapsed=0.020) == 0.0
+    # Per sample: half a step's samples, half its nominal time.
+    assert pacer.sleep_seconds(0.001, 16) == pytest.approx(0.0054)
+    # Two loops of different own costs (alone's, an agent's) get the same step: not so under floor.
+    alone, agent = (StepPacer(6.0, "nominal", nominal_sample_seconds=0.0001) for _ in range(2))
+    assert 0.0035 + alone.sleep_seconds(0.0035, 32) == pytest.approx(0.0033 + agent.sleep_seconds(0.0033, 32))
+    floor_alone, floor_agent = StepPacer(6.0, "floor"), StepPacer(6.0, "floor")
+    assert 0.0035 + floor_alone.sleep_seconds(0.0035, 32) > 0.0033 + floor_agent.sleep_seconds(0.0033, 32) + 0.001
+
+
+def test_nominal_mode_slows_the_work_between_cycles_and_the_others_do_not():
+    pacer = StepPacer(4.0, "nominal", nominal_sample_seconds=0.0001)
+    # 5 ms of CPU (gate, encode, rebase) lasts 20 ms: 7 ms of wall already spent (waiting for a core in it).
+    assert pacer.overhead_seconds(0.005, 0.007) == pytest.approx(0.013)
+    assert pacer.overhead_seconds(0.005, 0.030) == 0.0
+    # Its late wake-up is made up in the next step, with the step's own.
+    pacer.slept(0.013, 0.016)
+    assert pacer.sleep_seconds(0.003, 32, elapsed=0.003) == pytest.approx(0.0128 - 0.003 - 0.003)
+    for other in (StepPacer(4.0), StepPacer(4.0, "floor")):
+        assert other.overhead_seconds(0.005, 0.005) == 0.0
+    assert StepPacer(1.0, "nominal", nominal_sample_seconds=0.0001).overhead_seconds(0.005, 0.0) == 0.0
+
+
+def test_nominal_mode_needs_its_cost_and_only_it_takes_one():
+    for bad in (None, 0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="nominal"):
+            StepPacer(2.0, "nominal", nominal_sample_seconds=bad)
+    with pytest.raises(ValueError, match="nominal"):
+        StepPacer(2.0, "floor", nominal_sample_seconds=0.001)
+    from hermes.client.cli import _usage_problem
+    base = ["--server", "http://127.0.0.1:1"]
+    assert "nominal" in (_usage_problem(build_parser().parse_args([*base, "--slowdown-mode", "nominal"])) or "")
+    assert "nominal" in (_usage_problem(build_parser().parse_args([*base, "--nominal-sample-ms", "0.1"])) or "")
+    assert "nominal" in (_usage_problem(build_parser().parse_args(
+        [*base, "--slowdown-mode", "nominal", "--nominal-sample-ms", "0"])) or "")
+    assert _usage_problem(build_parser().parse_args(
+        [*base, "--slowdown-mode", "nominal", "--nominal-sample-ms", "0.1"])) is None
+
+
+@pytest.mark.parametrize(("mode", "nominal", "expected"), [("nominal", 0.0001, [0.009]), ("floor", None, [])])
+def test_the_agent_loop_slows_its_work_between_cycles_in_nominal_mode_only(monkeypatch, mode, nominal, expected):
+    from hermes.client import loop as loop_mod
+
+    # A scripted clock: the topology's finish_cycle takes 4 ms of CPU and 10 ms of wall, 3 ms of it waiting
+    # for a reply; at S = 4 the stretch lasts 16 ms of device time, so 16 - (10 - 3) = 9 ms of sleep.
+    clock, cpu, slept = [0.0], [0.0], []
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        clock[0] += seconds
+
+    fake_time = SimpleNamespace(perf_counter=lambda: clock[0], thread_time=lambda: cpu[0], sleep=sleep)
+    monkeypatch.setattr("hermes.client.trainer.time", fake_time)
+    monkeypatch.setattr(loop_mod, "time", fake_time)
+    trainer = LocalTrainer(build_model("cnn", input_shape=(1, 8, 8), num_classes=10), lr=0.01,
+                           device=torch.device("cpu"), precision="fp32", slowdown=4.0, slowdown_mode=mode,
+                           nominal_sample_seconds=nominal)
+    stats = SimpleNamespace(cycles=0, samples=0, compute_seconds=0.0, wait_seconds=0.0, last_loss=None)
+    result = SimpleNamespace(samples=32, compute_seconds=0.0, wait_seconds=0.0, loss=0.1)
+    works = iter([SimpleNamespace(epoch=0, lr=0.01, batch_size=32, accumulation=1)])
+
+    class Topology:
+        grad_hook = None
+
+        def start_cycle(self):
+            return None
+
+        def steps(self, work, n):
+            return None
+
+        def stop_signal(self, signal):
+            return "no more work"
+
+        def finish_cycle(self, work, result):
+            clock[0] += 0.010
+            cpu[0] += 0.004
+            stats.wait_seconds += 0.003
+            return "stop"
+
+    session = SimpleNamespace(prefetcher=SimpleNamespace(next=lambda: next(works)),
+                              cycle_samples=lambda work: (torch.zeros(32, 1, 8, 8), torch.zeros(32)))
+    host = SimpleNamespace(stats=stats, slowdown_now=lambda: 4.0, worker_name="w")
+    job = SimpleNamespace(trainer=trainer, task=None)
+    monkeypatch.setattr(trainer, "train_cycle", lambda *a, **k: result)
+    assert loop_mod.run_cycles(host, job, session, Topology()) == "stop"
+    assert slept == pytest.approx(expected)
+
+
+def test_nominal_reaches_agents_and_every_bench_run(tmp_path):
+    a = argparse.Namespace(pace=4.0, device="cpu", topology="ps", task=None, slowdown_mode="nominal",
+                           nominal_sample_ms=0.103)
+    wp = worker_profiles("hl2", 4)[0]
+    args = agent_args(a, wp, server_url="http://127.0.0.1:1", schedules=None, schedule_origin=0.0)
+    assert args[args.index("--nominal-sample-ms") + 1] == "0.103"
+    assert args[args.index("--slowdown-mode") + 1] == "nominal"
+    # The bench measures the nominal once, before any run, hands it to every run and records it.
+    from hermes.deploy.bench.runner import execute
+
+    variants = [{"label": "alone", "preset": "bsp", "runner": "alone"}, {"label": "hermes", "preset": "hermes"}]
+    suite = build_suite({"name": "s", "variants": variants, "profiles": ["hl2"], "slowdown_mode": "nominal",
+                         "baseline": "alone", "repeats": 2})
+    probes, launched = [], []
+
+    def probe(s):
+        probes.append(s.name)
+        return {"nominal_sample_ms": 0.103, "median_sample_ms": 0.11, "batch_size": 32, "steps": 3}
+
+    def launcher(run_args, run_dir, timeout):
+        launched.append(run_args)
+        (run_dir / "summary.json").write_text("{}")
+        return 0, None
+
+    results = execute(suite, tmp_path, launcher=launcher, probe=probe)
+    assert probes == ["s"] and len(launched) == 4
+    assert all(r[r.index("--nominal-sample-ms") + 1] == "0.103" for r in launched)
+    assert results["suite"]["nominal_sample_ms"] == 0.103
+    assert json.loads((tmp_path / "nominal.json").read_text())["nominal_sample_ms"] == 0.103
+    # A resumed invocation keeps the folder's nominal (its finished runs were paced by it): no probe, no rerun.
+    launched.clear()
+    execute(suite, tmp_path, launcher=launcher, probe=probe)
+    assert probes == ["s"] and launched == []
+    # cpu and floor suites never probe.
+    execute(suite.with_changes(slowdown_mode="floor"), tmp_path / "f", launcher=launcher, probe=probe)
+    assert probes == ["s"]
+
+
+def test_the_probe_measures_a_cost_per_sample_in_a_fresh_process():
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "hermes.deploy.bench.nominal", "--dataset", "digits", "--model",
+                           "cnn", "--steps", "5", "--warmup", "1"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    figure = json.loads(done.stdout.strip().splitlines()[-1])
+    assert 0 < figure["nominal_sample_ms"] <= figure["median_sample_ms"] and figure["steps"] == 5
+    bad = subprocess.run([sys.executable, "-m", "hermes.deploy.bench.nominal", "--dataset", "digits", "--model",
+                          "cnn", "--overrides", "{nope"], capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "not JSON" in bad.stderr
