@@ -58,6 +58,8 @@ from typing import Any
 
 import numpy as np
 
+from hermes.common.pace import StepPacer
+
 # benchmarks/sim_host_calibrate.py on 2026-11-27 19:43 UTC (20 repeats, load average 18.5 before and after:
 # CPU seconds of one thread, which other processes' load delays but inflates little): the paper's CNN (hidden
 # 320) on mnist1d, 128 samples in batches of 32 in 16.13 ms of CPU, 953,600 training FLOPs a sample.
@@ -117,6 +119,15 @@ SLEEPER_CREDIT_S: tuple[tuple[float, float], ...] = (
     (6.0, 0.00115),
     (8.0, 0.00079),
 )
+# The testbed's ``--slowdown-mode floor`` (common/pace.py, ``HostSpec.floor``): a slowed agent's step lasts S times
+# the least thread CPU per sample its pacer has seen, times its samples. (B, least CPU seconds a sample in a step of
+# B samples): benchmarks/sim_host_floor.py measure (PLACEHOLDER). Linear between, the nearest row's outside.
+FLOOR_STEP_S: tuple[tuple[float, float], ...] = (
+    (16.0, 0.0000900),
+    (32.0, 0.0000670),
+    (64.0, 0.0000490),
+    (128.0, 0.0000400),
+)
 # Below this many CPU seconds a job counts as finished (float rounding of the shares; far below any cost).
 EPS_S = 1e-12
 
@@ -144,6 +155,10 @@ class HostSpec:
     # sleeper's lag); the rest of the step, and every busy thread, share what is left. 0: fluid sharing only.
     # "auto": the measured credit at the host's load when the burst starts (SLEEPER_CREDIT_S).
     sleeper: float | str = 0.0
+    # 1: the testbed's ``--slowdown-mode floor`` (common/pace.py): a slowed agent's step lasts S times its least
+    # cost (FLOOR_STEP_S) on the virtual clock, paced by the agent's own StepPacer, unless its CPU burst on the
+    # host takes longer; 0: the ``cpu`` rule (sleep S - 1 times the step's CPU), as every run before 2026-11-28.
+    floor: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.cores > 0 or not self.thread_flops > 0:
@@ -154,6 +169,8 @@ class HostSpec:
             raise HostError("host batch_cost must be 0 (off) or 1 (the measured costs)")
         if self.wakeups not in (0.0, 1.0):
             raise HostError("host wakeups must be 0 (off) or 1 (the measured latencies)")
+        if self.floor not in (0.0, 1.0):
+            raise HostError("host floor must be 0 (the cpu slowdown rule) or 1 (--slowdown-mode floor)")
         if self.sleeper != SLEEPER_AUTO and not (
                 isinstance(self.sleeper, (int, float)) and 0.0 <= self.sleeper < 1.0):
             raise HostError(f"host sleeper must be CPU seconds in [0, 1) or {SLEEPER_AUTO!r}")
@@ -209,6 +226,7 @@ class Host:
         self.runnable_seconds = 0.0
         self.stretch_seconds = 0.0  # wall (virtual) seconds jobs spent beyond their CPU seconds
         self.wakeup_seconds_total = 0.0  # virtual seconds threads waited to be scheduled (wake)
+        self._pacers: dict[str, StepPacer] = {}  # HostSpec.floor: each slowed agent's own pacer
 
     def rate(self, n: int | None = None) -> float:
         """The share of a core each of ``n`` runnable jobs gets (Kleinrock's processor sharing, one thread each)."""
@@ -319,6 +337,18 @@ class Host:
             self.wakeup_seconds_total += seconds
             await asyncio.sleep(seconds)
 
+    def step_sleep(self, key: str, flops: float, samples: float, elapsed: float, sleep: float) -> float:
+        """Seconds a device ``key`` at ``flops`` sleeps after a step of ``samples`` samples whose CPU burst took
+        ``elapsed`` virtual seconds; ``sleep`` is the ``cpu`` rule's (``split``). With ``spec.floor`` the agent's
+        StepPacer (common/pace.py, the same rule the testbed runs) decides from the step's least cost
+        (FLOOR_STEP_S, its ``work``) and ``elapsed``; the simulated sleep wakes on time (nothing overslept)."""
+        if not self.spec.floor or sleep <= 0 or samples <= 0:
+            return sleep
+        pacer = self._pacers.get(key)
+        if pacer is None:
+            pacer = self._pacers[key] = StepPacer(max(1.0, self.spec.thread_flops / flops), "floor")
+        return pacer.sleep_seconds(nominal_step_seconds(samples), max(1, round(samples)), elapsed)
+
     def cycle_factor(self, samples: int, steps: int) -> float:
         """A cycle's time in ``steps`` steps over the FLOPs model's (which is right at REFERENCE_BATCH): a sample's
         cost at the cycle's batch (``samples / steps``) over its cost at REFERENCE_BATCH (BATCH_COST)."""
@@ -342,7 +372,7 @@ class Host:
         return {"cores": self.spec.cores, "background": self.spec.background,
                 "thread_flops": self.spec.thread_flops, "cpu_seconds": round(self.cpu_seconds, 6),
                 "mean_runnable_jobs": round(mean, 4), "stretch_seconds": round(self.stretch_seconds, 6),
-                "wakeups": self.spec.wakeups, "sleeper": self.spec.sleeper, "wakeup_seconds": round(self.wakeup_seconds_total, 6),
+                "wakeups": self.spec.wakeups, "sleeper": self.spec.sleeper, "floor": self.spec.floor, "wakeup_seconds": round(self.wakeup_seconds_total, 6),
                 "mean_load": round(mean + self.spec.background, 4) if math.isfinite(mean) else None}
 
 
@@ -367,3 +397,9 @@ def on_host(profiles: list[Any], population: str, spec: HostSpec) -> list[Any]:
         return profiles
     slowdowns = [wp.slowdown for wp in worker_profiles(base, len(profiles))]
     return [replace(p, flops=spec.thread_flops / s) for p, s in zip(profiles, slowdowns)]
+
+
+def nominal_step_seconds(samples: float, table: tuple[tuple[float, float], ...] = FLOOR_STEP_S) -> float:
+    """A step of ``samples`` samples at its least CPU cost on this machine (FLOOR_STEP_S): the nominal step of an
+    unslowed agent under ``--slowdown-mode floor``, S times it a slowed one's."""
+    return samples * interpolate(table, samples, 1) if samples > 0 else 0.0
