@@ -4,6 +4,9 @@
     python benchmarks/sim_host_calibration.py sim --testbed DIR... --out SIMDIR [--cells lan/asp,...] [--seeds 0,1,2]
                                              [--seed-background] [--host-extra ,sleeper=auto]
     python benchmarks/sim_host_calibration.py table --testbed DIR... --sim SIMDIR [--json FILE]
+    # the floor rule's cells (hermes-testbed --slowdown-mode floor; docs/simulation.md):
+    python benchmarks/sim_host_calibration.py sim --testbed DIR... --out SIMDIR --target 0.9 --background 0 \
+        --jitter 0 --host-extra ,floor=1
 
 Testbed side: ``hermes-bench run benchmarks/suites/sim-calibration.toml`` folders (any number; a cell's runs are
 pooled over them). For each run:
@@ -46,7 +49,13 @@ JITTER = 0.23
 TASK = ["--dataset", "mnist1d", "--set", "num_samples=20000", "--set", 'model_kwargs={"hidden": 320}']
 
 
+# --target: one target for every cell (the floor rule's testbed runs reach 0.9 in every cell re-run).
+TARGET_OVERRIDE: float | None = None
+
+
 def target_of(link: str, preset: str) -> float:
+    if TARGET_OVERRIDE is not None:
+        return TARGET_OVERRIDE
     return TARGETS.get((link, preset), TARGET)
 
 
@@ -172,7 +181,9 @@ def sim_main(a: argparse.Namespace) -> int:
     wanted = [tuple(c.split("/")) for c in a.cells.split(",")] if a.cells else sorted(cells)
     for link, preset in wanted:
         runs = cells.get((link, preset))
-        if runs:
+        if a.background is not None:  # one background for every cell (the floor rule's runs: 0)
+            b = a.background
+        elif runs:
             b = round(cell_background(runs), 2)
         elif (link, preset) in previous:
             b = round(float(previous[(link, preset)]["background"]), 2)
@@ -184,7 +195,7 @@ def sim_main(a: argparse.Namespace) -> int:
             out = Path(a.out) / f"{link}-{preset}-s{seed}"
             if (out / "summary.json").exists():
                 continue
-            if a.seed_background:  # the testbed run of this seed's own background, not the cell's median
+            if a.seed_background and a.background is None:  # the testbed run of this seed's own background, not the cell's median
                 mine = [r["background"] for r in runs or [] if int(r["seed"]) == seed and r["background"] is not None]
                 if not mine:
                     print(f"{link}/{preset} seed {seed}: no testbed run of that seed", file=sys.stderr)
@@ -192,7 +203,7 @@ def sim_main(a: argparse.Namespace) -> int:
                 b = round(float(mine[0]), 2)
             cmd = [sys.executable, "-m", "hermes.sim.cli", "--population", "hl8", "--preset", preset, *TASK,
                    "--target-accuracy", str(target_of(link, preset)), "--max-seconds", str(budget), "--seed", str(seed),
-                   "--link", link, "--host", f"testbed:background={b}{a.host_extra}", "--jitter", str(JITTER),
+                   "--link", link, "--host", f"testbed:background={b}{a.host_extra}", "--jitter", str(a.jitter),
                    "--out", str(out), "--quiet"]
             print(" ".join(cmd), flush=True)
             subprocess.run(cmd, check=False)
@@ -296,7 +307,16 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--earlier", default=None, help="FILE:link/preset,...: testbed runs kept in an earlier table's JSON")
     t.add_argument("--sim", required=True)
     t.add_argument("--json", default=None)
+    for q in (m, t):
+        q.add_argument("--target", type=float, default=None,
+                       help="one target accuracy for every cell (default: 0.9, or TARGETS' lower one)")
+    m.add_argument("--background", type=float, default=None,
+                   help="this background for every cell and seed (default: the testbed runs' own)")
+    m.add_argument("--jitter", type=float, default=JITTER,
+                   help=f"per-cycle compute noise sigma (default {JITTER}, the cpu rule's; the floor rule's runs: 0)")
     a = p.parse_args(argv)
+    global TARGET_OVERRIDE
+    TARGET_OVERRIDE = getattr(a, "target", None)
     return {"share": share_main, "sim": sim_main, "table": table_main}[a.cmd](a)
 
 

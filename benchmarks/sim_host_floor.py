@@ -91,6 +91,11 @@ def held(run: Path, table: tuple[tuple[float, float], ...]) -> list[dict[str, An
                 slow[e["worker"]] = float(e.get("slowdown") or 1.0)
             elif e.get("event") == "cycle" and e.get("dss") and e.get("compute_seconds") is not None:
                 by[(e["worker"], int(e["dss"]), int(e.get("batch_size") or 32))].append(float(e["compute_seconds"]))
+    summary = json.loads((run / "summary.json").read_text()) if (run / "summary.json").exists() else {}
+    if summary.get("engine") == "sim":  # a hermes-sim run: S from its devices' FLOP/s (its joins say 1)
+        workers = summary.get("workers", [])
+        top = max((float(x.get("flops") or 0.0) for x in workers), default=0.0)
+        slow = {x["id"]: top / float(x["flops"]) for x in workers if x.get("flops")}
     rows = []
     for (w, dss, mbs), secs in sorted(by.items(), key=lambda kv: (slow.get(kv[0][0], 1.0), kv[0])):
         steps = -(-dss // mbs)
