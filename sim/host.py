@@ -120,13 +120,20 @@ SLEEPER_CREDIT_S: tuple[tuple[float, float], ...] = (
     (8.0, 0.00079),
 )
 # The testbed's ``--slowdown-mode floor`` (common/pace.py, ``HostSpec.floor``): a slowed agent's step lasts S times
-# the least thread CPU per sample its pacer has seen, times its samples. (B, least CPU seconds a sample in a step of
-# B samples): benchmarks/sim_host_floor.py measure (PLACEHOLDER). Linear between, the nearest row's outside.
+# the least thread CPU a sample its pacer has seen over its last 64 steps, times its samples. (B, CPU seconds a
+# sample in a step of B samples), the nominal steps the testbed's slowed agents held in this rule's first runs
+# (lan hermes-paper seeds 0-2, 2026-11-28 06:48-06:56 UTC; benchmarks/sim_host_floor.py steps): the median held
+# step / S over the agent-runs of >= 100 cycles, 67.0 us at B = 32 (five, 59.6-69.3) and 48.4 us at B = 64 (seven,
+# 46.2-54.8; 49.0 used, 1.2% above). A 64-step window's least lies above the least of many steps:
+# ``benchmarks/sim_host_floor.py measure`` (800 steps a batch, 2026-11-28 07:03 UTC, load 10.3 -> 9.6;
+# docs/bench/sim-calibration-7/floor-steps.json) gave 58.6 and 43.1 us (the held steps are 1.14x and 1.12x it),
+# and at B = 16 and 128, where no agent ran, 88.8 and 36.1 us: those rows are it times 1.13. Linear between,
+# the nearest row's outside.
 FLOOR_STEP_S: tuple[tuple[float, float], ...] = (
-    (16.0, 0.0000900),
+    (16.0, 0.0001003),
     (32.0, 0.0000670),
     (64.0, 0.0000490),
-    (128.0, 0.0000400),
+    (128.0, 0.0000408),
 )
 # Below this many CPU seconds a job counts as finished (float rounding of the shares; far below any cost).
 EPS_S = 1e-12
