@@ -271,12 +271,23 @@ def table_main(a: argparse.Namespace) -> int:
         row["testbed_session"] = "previous" if old else "this"
         rows.append(row)
         mixed = any(r.get("earlier") for r in runs)
+        if a.floor:  # the floor rule's cells: no core share, every sim at background 0
+            row["rule"] = "floor"
+            out.append(f"| {link} | {preset} | floor | {t:g} | {row['testbed_reached']} | {_fmt(tb_med)} | "
+                       f"{_fmt(_median(tb_m), 0)} | {row['sim_reached']} | {_fmt(sm_med)} | {_fmt(_median(sm_m), 0)} | "
+                       f"{_fmt(tr, 2)} {'ok' if ok_t else 'MISS'} | {_fmt(mr, 2)} {'ok' if ok_m else 'MISS'} |")
+            continue
         out.append(f"| {link} | {preset}{' (a)' if old else ''}{' (b)' if mixed else ''} | {t:g} | {row['testbed_reached']} | {_fmt(tb_med)} | {_fmt(_median(tb_m), 0)} | "
                    f"{_fmt(row['share'], 2)} | {b:.1f} ({'/'.join(f'{x:.1f}' for x in sim_b) or '-'}) | {row['sim_reached']} | {_fmt(sm_med)} | {_fmt(_median(sm_m), 0)} | "
                    f"{_fmt(tr, 2)} {'ok' if ok_t else 'MISS'} | {_fmt(mr, 2)} {'ok' if ok_m else 'MISS'} |")
-    print("| link | preset | target | testbed reached | testbed train s | testbed messages | testbed core share | "
+    if a.floor:
+        print("| link | preset | rule | target | testbed reached | testbed train s | testbed messages | sim reached | "
+              "sim s (virtual) | sim messages | time ratio | message ratio |")
+        print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    else:
+        print("| link | preset | target | testbed reached | testbed train s | testbed messages | testbed core share | "
           "background (sim's) | sim reached | sim s (virtual) | sim messages | time ratio | message ratio |")
-    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+        print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     print("\n".join(out))
     passed = sum(r["time_ok"] and r["messages_ok"] for r in rows)
     print(f"\n{passed} of {len(rows)} cells within both tolerances")
@@ -307,6 +318,8 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--earlier", default=None, help="FILE:link/preset,...: testbed runs kept in an earlier table's JSON")
     t.add_argument("--sim", required=True)
     t.add_argument("--json", default=None)
+    t.add_argument("--floor", action="store_true",
+                   help="the floor rule's table: no core share or background columns (its sims run at background 0)")
     for q in (m, t):
         q.add_argument("--target", type=float, default=None,
                        help="one target accuracy for every cell (default: 0.9, or TARGETS' lower one)")
