@@ -119,7 +119,9 @@ def steps(a: argparse.Namespace) -> int:
             for r in held(run, table):
                 if r["cycles"] < a.min_cycles:
                     continue
-                print(f"| {Path(r['run']).parts[-5] if len(Path(r['run']).parts) > 5 else r['run']} | {r['worker']} | "
+                parts = Path(r["run"]).parts
+                label = f"{parts[-5]}/{parts[-1]}" if len(parts) > 5 and parts[-4] == "runs" else r["run"]
+                print(f"| {label} | {r['worker']} | "
                       f"{r['slowdown']:g} | {r['dss']}/{r['mbs']} | {r['cycles']} | {r['step_ms']:.1f} | "
                       f"{r['nominal_ms']:.1f} | {r['ratio']:.2f} |")
     return 0
