@@ -46,6 +46,8 @@ TARGET = 0.9
 # 0.88-0.89 at 300 s).
 TARGETS = {("lan", "hermes-paper"): 0.85, ("lte", "fedbuff"): 0.85}
 JITTER = 0.23
+# --fast-rate: cores enough that no job of the 4-agent run ever shares one (the floor rule's "no contention").
+FAST_RATE_CORES = 8.0
 TASK = ["--dataset", "mnist1d", "--set", "num_samples=20000", "--set", 'model_kwargs={"hidden": 320}']
 
 
@@ -98,6 +100,31 @@ def share(summary: dict[str, Any], events: Path | None = None) -> float | None:
     return cpu / wall if wall else None
 
 
+def fast_flops(events: Path) -> float | None:
+    """The unslowed agent's training FLOP/s at REFERENCE_BATCH over its cycles (the floor rule's S = 1 agent has no
+    slack: it runs at whatever share of a core it gets), from a run's events: its cycles' samples x FLOPs x the
+    batch's cost factor (``Host.cycle_factor``) over their compute seconds."""
+    if not events.exists():
+        return None
+    host = Host(HostSpec())
+    slow: dict[str, float] = {}
+    work = secs = 0.0
+    for line in events.open():
+        if '"join"' not in line and '"cycle"' not in line:
+            continue
+        try:
+            e = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if e.get("event") == "join":
+            slow[e["worker"]] = float(e.get("slowdown") or 1.0)
+        elif e.get("event") == "cycle" and e.get("dss") and slow.get(e["worker"]) == 1.0:
+            n = int(e["dss"])
+            work += n * TRAIN_FLOPS * host.cycle_factor(n, -(-n // max(1, int(e.get("batch_size") or 32))))
+            secs += float(e.get("compute_seconds") or 0.0)
+    return work / secs if secs > 0 else None
+
+
 def background(r: float, slowdowns: list[float], cores: float = CORES) -> float:
     others = sum(1 / (1 + (s - 1) * r) for s in slowdowns if s > 1)
     return max(0.0, cores / r - 1 - others)
@@ -123,6 +150,7 @@ def testbed_runs(dirs: list[str]) -> dict[tuple[str, str], list[dict[str, Any]]]
                 "key": f"{d}:{run['key']}", "seed": run["seed"], "target": t, "train_s": secs, "messages": msgs,
                 "stopped_messages": summ["messages_total"], "share": r,
                 "background": background(r, slow) if r else None, "load_before": run.get("loadavg_before"),
+                "fast_flops": fast_flops(Path(d) / run["run_dir"] / "events.jsonl"),
                 "load_after": run.get("loadavg_after"), "final_accuracy": summ.get("final_accuracy")})
     return cells
 
@@ -156,7 +184,9 @@ def cell_background(runs: list[dict[str, Any]]) -> float:
 def share_main(a: argparse.Namespace) -> int:
     for (link, preset), runs in sorted(testbed_runs(a.dirs).items()):
         for r in runs:
+            ff = f"{r['fast_flops'] / 1e9:.2f}" if r.get("fast_flops") else "-"
             print(f"{link:4} {preset:13} seed {r['seed']} share {r['share']:.3f} background {r['background']:.2f} "
+                  f"S=1 GFLOP/s {ff} "
                   f"train s {r['train_s']} messages {r['messages']} load {r['load_before']} -> {r['load_after']}")
         print(f"{link:4} {preset:13} cell background {cell_background(runs):.2f}")
     return 0
@@ -201,9 +231,16 @@ def sim_main(a: argparse.Namespace) -> int:
                     print(f"{link}/{preset} seed {seed}: no testbed run of that seed", file=sys.stderr)
                     continue
                 b = round(float(mine[0]), 2)
+            extra = a.host_extra
+            if a.fast_rate:  # no contention; every agent at this seed's testbed S = 1 agent's rate over its slowdown
+                mine_f = [r.get("fast_flops") for r in runs or [] if int(r["seed"]) == seed and r.get("fast_flops")]
+                if not mine_f:
+                    print(f"{link}/{preset} seed {seed}: no testbed run of that seed with an S = 1 rate", file=sys.stderr)
+                    continue
+                extra += f",cores={FAST_RATE_CORES:g},thread_flops={float(mine_f[0]):.4g}"
             cmd = [sys.executable, "-m", "hermes.sim.cli", "--population", "hl8", "--preset", preset, *TASK,
                    "--target-accuracy", str(target_of(link, preset)), "--max-seconds", str(budget), "--seed", str(seed),
-                   "--link", link, "--host", f"testbed:background={b}{a.host_extra}", "--jitter", str(a.jitter),
+                   "--link", link, "--host", f"testbed:background={b}{extra}", "--jitter", str(a.jitter),
                    "--out", str(out), "--quiet"]
             print(" ".join(cmd), flush=True)
             subprocess.run(cmd, check=False)
@@ -310,6 +347,9 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--seeds", default="0,1,2")
     m.add_argument("--max-seconds", type=float, default=None)
     m.add_argument("--host-extra", default="", help="appended to each run's --host spec, e.g. ',wakeups=0'")
+    m.add_argument("--fast-rate", action="store_true",
+                   help="the floor rule's S = 1 model: no contention (cores 8) and the host's thread rate that seed's "
+                        "testbed run's unslowed agent trained at (fast_flops)")
     m.add_argument("--seed-background", action="store_true",
                    help="each seed at the background of the testbed run with that seed (else the cell's median)")
     t = sub.add_parser("table")
