@@ -39,6 +39,10 @@ policy; it is processor sharing. With ``--host`` the simulation models it:
   ``benchmarks/sim_host_sleeper.py``): 0.35-1.5 ms at K = 1-8, not the 5 ms fitted to seed 3; with it
   ``hermes-paper``'s cells miss by more than without (docs/simulation.md), so it is off by default too.
 
+* ``floor=1``: the testbed's ``--slowdown-mode floor`` (common/pace.py) instead of the ``cpu`` rule above: a slowed
+  agent's step lasts S times its least cost (``FLOOR_STEP_S``) unless its CPU burst on the host takes longer; the
+  agent's own ``StepPacer`` decides each sleep (``Host.step_sleep``), as on the testbed.
+
 The constants are this machine's, measured by ``benchmarks/sim_host_calibrate.py`` (one torch thread,
 ``time.thread_time``): an agent thread's training FLOP/s and an agent's CPU per message. ``background``
 is not a constant of the machine but of the moment: the other processes that want a core while the run
