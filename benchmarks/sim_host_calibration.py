@@ -4,6 +4,9 @@
     python benchmarks/sim_host_calibration.py sim --testbed DIR... --out SIMDIR [--cells lan/asp,...] [--seeds 0,1,2]
                                              [--seed-background] [--host-extra ,sleeper=auto]
     python benchmarks/sim_host_calibration.py table --testbed DIR... --sim SIMDIR [--json FILE]
+    # the floor rule's cells (hermes-testbed --slowdown-mode floor; docs/simulation.md):
+    python benchmarks/sim_host_calibration.py sim --testbed DIR... --out SIMDIR --target 0.9 --background 0 \
+        --jitter 0 --host-extra ,floor=1
 
 Testbed side: ``hermes-bench run benchmarks/suites/sim-calibration.toml`` folders (any number; a cell's runs are
 pooled over them). For each run:
@@ -43,10 +46,18 @@ TARGET = 0.9
 # 0.88-0.89 at 300 s).
 TARGETS = {("lan", "hermes-paper"): 0.85, ("lte", "fedbuff"): 0.85}
 JITTER = 0.23
+# --fast-rate: cores enough that no job of the 4-agent run ever shares one (the floor rule's "no contention").
+FAST_RATE_CORES = 8.0
 TASK = ["--dataset", "mnist1d", "--set", "num_samples=20000", "--set", 'model_kwargs={"hidden": 320}']
 
 
+# --target: one target for every cell (the floor rule's testbed runs reach 0.9 in every cell re-run).
+TARGET_OVERRIDE: float | None = None
+
+
 def target_of(link: str, preset: str) -> float:
+    if TARGET_OVERRIDE is not None:
+        return TARGET_OVERRIDE
     return TARGETS.get((link, preset), TARGET)
 
 
@@ -89,6 +100,31 @@ def share(summary: dict[str, Any], events: Path | None = None) -> float | None:
     return cpu / wall if wall else None
 
 
+def fast_flops(events: Path) -> float | None:
+    """The unslowed agent's training FLOP/s at REFERENCE_BATCH over its cycles (the floor rule's S = 1 agent has no
+    slack: it runs at whatever share of a core it gets), from a run's events: its cycles' samples x FLOPs x the
+    batch's cost factor (``Host.cycle_factor``) over their compute seconds."""
+    if not events.exists():
+        return None
+    host = Host(HostSpec())
+    slow: dict[str, float] = {}
+    work = secs = 0.0
+    for line in events.open():
+        if '"join"' not in line and '"cycle"' not in line:
+            continue
+        try:
+            e = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if e.get("event") == "join":
+            slow[e["worker"]] = float(e.get("slowdown") or 1.0)
+        elif e.get("event") == "cycle" and e.get("dss") and slow.get(e["worker"]) == 1.0:
+            n = int(e["dss"])
+            work += n * TRAIN_FLOPS * host.cycle_factor(n, -(-n // max(1, int(e.get("batch_size") or 32))))
+            secs += float(e.get("compute_seconds") or 0.0)
+    return work / secs if secs > 0 else None
+
+
 def background(r: float, slowdowns: list[float], cores: float = CORES) -> float:
     others = sum(1 / (1 + (s - 1) * r) for s in slowdowns if s > 1)
     return max(0.0, cores / r - 1 - others)
@@ -114,6 +150,7 @@ def testbed_runs(dirs: list[str]) -> dict[tuple[str, str], list[dict[str, Any]]]
                 "key": f"{d}:{run['key']}", "seed": run["seed"], "target": t, "train_s": secs, "messages": msgs,
                 "stopped_messages": summ["messages_total"], "share": r,
                 "background": background(r, slow) if r else None, "load_before": run.get("loadavg_before"),
+                "fast_flops": fast_flops(Path(d) / run["run_dir"] / "events.jsonl"),
                 "load_after": run.get("loadavg_after"), "final_accuracy": summ.get("final_accuracy")})
     return cells
 
@@ -147,7 +184,9 @@ def cell_background(runs: list[dict[str, Any]]) -> float:
 def share_main(a: argparse.Namespace) -> int:
     for (link, preset), runs in sorted(testbed_runs(a.dirs).items()):
         for r in runs:
+            ff = f"{r['fast_flops'] / 1e9:.2f}" if r.get("fast_flops") else "-"
             print(f"{link:4} {preset:13} seed {r['seed']} share {r['share']:.3f} background {r['background']:.2f} "
+                  f"S=1 GFLOP/s {ff} "
                   f"train s {r['train_s']} messages {r['messages']} load {r['load_before']} -> {r['load_after']}")
         print(f"{link:4} {preset:13} cell background {cell_background(runs):.2f}")
     return 0
@@ -172,7 +211,9 @@ def sim_main(a: argparse.Namespace) -> int:
     wanted = [tuple(c.split("/")) for c in a.cells.split(",")] if a.cells else sorted(cells)
     for link, preset in wanted:
         runs = cells.get((link, preset))
-        if runs:
+        if a.background is not None:  # one background for every cell (the floor rule's runs: 0)
+            b = a.background
+        elif runs:
             b = round(cell_background(runs), 2)
         elif (link, preset) in previous:
             b = round(float(previous[(link, preset)]["background"]), 2)
@@ -184,15 +225,22 @@ def sim_main(a: argparse.Namespace) -> int:
             out = Path(a.out) / f"{link}-{preset}-s{seed}"
             if (out / "summary.json").exists():
                 continue
-            if a.seed_background:  # the testbed run of this seed's own background, not the cell's median
+            if a.seed_background and a.background is None:  # the testbed run of this seed's own background, not the cell's median
                 mine = [r["background"] for r in runs or [] if int(r["seed"]) == seed and r["background"] is not None]
                 if not mine:
                     print(f"{link}/{preset} seed {seed}: no testbed run of that seed", file=sys.stderr)
                     continue
                 b = round(float(mine[0]), 2)
+            extra = a.host_extra
+            if a.fast_rate:  # no contention; every agent at this seed's testbed S = 1 agent's rate over its slowdown
+                mine_f = [r.get("fast_flops") for r in runs or [] if int(r["seed"]) == seed and r.get("fast_flops")]
+                if not mine_f:
+                    print(f"{link}/{preset} seed {seed}: no testbed run of that seed with an S = 1 rate", file=sys.stderr)
+                    continue
+                extra += f",cores={FAST_RATE_CORES:g},thread_flops={float(mine_f[0]):.4g}"
             cmd = [sys.executable, "-m", "hermes.sim.cli", "--population", "hl8", "--preset", preset, *TASK,
                    "--target-accuracy", str(target_of(link, preset)), "--max-seconds", str(budget), "--seed", str(seed),
-                   "--link", link, "--host", f"testbed:background={b}{a.host_extra}", "--jitter", str(JITTER),
+                   "--link", link, "--host", f"testbed:background={b}{extra}", "--jitter", str(a.jitter),
                    "--out", str(out), "--quiet"]
             print(" ".join(cmd), flush=True)
             subprocess.run(cmd, check=False)
@@ -260,12 +308,23 @@ def table_main(a: argparse.Namespace) -> int:
         row["testbed_session"] = "previous" if old else "this"
         rows.append(row)
         mixed = any(r.get("earlier") for r in runs)
+        if a.floor:  # the floor rule's cells: no core share, every sim at background 0
+            row["rule"] = "floor"
+            out.append(f"| {link} | {preset} | floor | {t:g} | {row['testbed_reached']} | {_fmt(tb_med)} | "
+                       f"{_fmt(_median(tb_m), 0)} | {row['sim_reached']} | {_fmt(sm_med)} | {_fmt(_median(sm_m), 0)} | "
+                       f"{_fmt(tr, 2)} {'ok' if ok_t else 'MISS'} | {_fmt(mr, 2)} {'ok' if ok_m else 'MISS'} |")
+            continue
         out.append(f"| {link} | {preset}{' (a)' if old else ''}{' (b)' if mixed else ''} | {t:g} | {row['testbed_reached']} | {_fmt(tb_med)} | {_fmt(_median(tb_m), 0)} | "
                    f"{_fmt(row['share'], 2)} | {b:.1f} ({'/'.join(f'{x:.1f}' for x in sim_b) or '-'}) | {row['sim_reached']} | {_fmt(sm_med)} | {_fmt(_median(sm_m), 0)} | "
                    f"{_fmt(tr, 2)} {'ok' if ok_t else 'MISS'} | {_fmt(mr, 2)} {'ok' if ok_m else 'MISS'} |")
-    print("| link | preset | target | testbed reached | testbed train s | testbed messages | testbed core share | "
+    if a.floor:
+        print("| link | preset | rule | target | testbed reached | testbed train s | testbed messages | sim reached | "
+              "sim s (virtual) | sim messages | time ratio | message ratio |")
+        print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    else:
+        print("| link | preset | target | testbed reached | testbed train s | testbed messages | testbed core share | "
           "background (sim's) | sim reached | sim s (virtual) | sim messages | time ratio | message ratio |")
-    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+        print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     print("\n".join(out))
     passed = sum(r["time_ok"] and r["messages_ok"] for r in rows)
     print(f"\n{passed} of {len(rows)} cells within both tolerances")
@@ -288,6 +347,9 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--seeds", default="0,1,2")
     m.add_argument("--max-seconds", type=float, default=None)
     m.add_argument("--host-extra", default="", help="appended to each run's --host spec, e.g. ',wakeups=0'")
+    m.add_argument("--fast-rate", action="store_true",
+                   help="the floor rule's S = 1 model: no contention (cores 8) and the host's thread rate that seed's "
+                        "testbed run's unslowed agent trained at (fast_flops)")
     m.add_argument("--seed-background", action="store_true",
                    help="each seed at the background of the testbed run with that seed (else the cell's median)")
     t = sub.add_parser("table")
@@ -296,7 +358,18 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--earlier", default=None, help="FILE:link/preset,...: testbed runs kept in an earlier table's JSON")
     t.add_argument("--sim", required=True)
     t.add_argument("--json", default=None)
+    t.add_argument("--floor", action="store_true",
+                   help="the floor rule's table: no core share or background columns (its sims run at background 0)")
+    for q in (m, t):
+        q.add_argument("--target", type=float, default=None,
+                       help="one target accuracy for every cell (default: 0.9, or TARGETS' lower one)")
+    m.add_argument("--background", type=float, default=None,
+                   help="this background for every cell and seed (default: the testbed runs' own)")
+    m.add_argument("--jitter", type=float, default=JITTER,
+                   help=f"per-cycle compute noise sigma (default {JITTER}, the cpu rule's; the floor rule's runs: 0)")
     a = p.parse_args(argv)
+    global TARGET_OVERRIDE
+    TARGET_OVERRIDE = getattr(a, "target", None)
     return {"share": share_main, "sim": sim_main, "table": table_main}[a.cmd](a)
 
 

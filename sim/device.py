@@ -193,7 +193,8 @@ class SimDevice:
             raise Offline
         await self.sim.driver.until(t)
 
-    async def busy(self, seconds: float, steps: int, *, slowed: bool = True, after_wait: bool = True) -> float:
+    async def busy(self, seconds: float, steps: int, *, slowed: bool = True, after_wait: bool = True,
+                   samples: int = 0) -> float:
         """``seconds`` of this device's own work on the simulated host (sim/host.py), in ``steps`` steps, each its CPU
         burst on the shared cores and then its slowdown's sleep, as a testbed agent's; the virtual seconds it took.
         ``slowed=False``: work the testbed agent does not slow (its gate's validation pass, ``LocalTrainer.evaluate``,
@@ -207,6 +208,7 @@ class SimDevice:
         if not slowed:
             sleep = 0.0
         for i in range(max(1, steps) if seconds > 0 else 0):
+            t_step = self.sim.driver.now()
             burst = asyncio.ensure_future(host.run(cpu / max(1, steps), woken=sleep > 0 or (i == 0 and after_wait)))
             if self.offline_at is None:
                 await burst
@@ -216,7 +218,10 @@ class SimDevice:
                     burst.cancel()
                     await asyncio.gather(burst, return_exceptions=True)
                     raise Offline
-            await self.until(self.sim.driver.now() + sleep / max(1, steps))
+            # The slowdown's sleep by the testbed's rule (HostSpec.floor: the agent's StepPacer).
+            pause = host.step_sleep(self.profile.device_id, self.profile.flops, samples / max(1, steps),
+                                    self.sim.driver.now() - t_step, sleep / max(1, steps))
+            await self.until(self.sim.driver.now() + pause)
         return self.sim.driver.now() - t0
 
     async def request(self, type_: MsgType, body: dict[str, Any], **kw: Any) -> Message:
@@ -538,7 +543,7 @@ class SimDevice:
                     await self.until(sim.driver.now() + compute + gate_eval)
                 else:  # the testbed's shared cores (sim/host.py): the time it took is what the agent reports
                     steps = -(-len(y) // max(1, work.batch_size))
-                    compute = await self.busy(compute * sim.host.cycle_factor(len(y), steps), steps)
+                    compute = await self.busy(compute * sim.host.cycle_factor(len(y), steps), steps, samples=len(y))
                     # The validation follows the training: after a sleep only if the agent is slowed.
                     await self.busy(gate_eval, 1, slowed=False, after_wait=sim.host.split(1.0, self.profile.flops)[1] > 0)
             except Offline:

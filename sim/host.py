@@ -39,6 +39,10 @@ policy; it is processor sharing. With ``--host`` the simulation models it:
   ``benchmarks/sim_host_sleeper.py``): 0.35-1.5 ms at K = 1-8, not the 5 ms fitted to seed 3; with it
   ``hermes-paper``'s cells miss by more than without (docs/simulation.md), so it is off by default too.
 
+* ``floor=1``: the testbed's ``--slowdown-mode floor`` (common/pace.py) instead of the ``cpu`` rule above: a slowed
+  agent's step lasts S times its least cost (``FLOOR_STEP_S``) unless its CPU burst on the host takes longer; the
+  agent's own ``StepPacer`` decides each sleep (``Host.step_sleep``), as on the testbed.
+
 The constants are this machine's, measured by ``benchmarks/sim_host_calibrate.py`` (one torch thread,
 ``time.thread_time``): an agent thread's training FLOP/s and an agent's CPU per message. ``background``
 is not a constant of the machine but of the moment: the other processes that want a core while the run
@@ -57,6 +61,8 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import numpy as np
+
+from hermes.common.pace import StepPacer
 
 # benchmarks/sim_host_calibrate.py on 2026-11-27 19:43 UTC (20 repeats, load average 18.5 before and after:
 # CPU seconds of one thread, which other processes' load delays but inflates little): the paper's CNN (hidden
@@ -117,6 +123,22 @@ SLEEPER_CREDIT_S: tuple[tuple[float, float], ...] = (
     (6.0, 0.00115),
     (8.0, 0.00079),
 )
+# The testbed's ``--slowdown-mode floor`` (common/pace.py, ``HostSpec.floor``): a slowed agent's step lasts S times
+# the least thread CPU a sample its pacer has seen over its last 64 steps, times its samples. (B, CPU seconds a
+# sample in a step of B samples), the nominal steps the testbed's slowed agents held in this rule's first runs
+# (lan hermes-paper seeds 0-2, 2026-11-28 06:48-06:56 UTC; benchmarks/sim_host_floor.py steps): the median held
+# step / S over the agent-runs of >= 100 cycles, 67.0 us at B = 32 (five, 59.6-69.3) and 48.4 us at B = 64 (seven,
+# 46.2-54.8; 49.0 used, 1.2% above). A 64-step window's least lies above the least of many steps:
+# ``benchmarks/sim_host_floor.py measure`` (800 steps a batch, 2026-11-28 07:03 UTC, load 10.3 -> 9.6;
+# docs/bench/sim-calibration-7/floor-steps.json) gave 58.6 and 43.1 us (the held steps are 1.14x and 1.12x it),
+# and at B = 16 and 128, where no agent ran, 88.8 and 36.1 us: those rows are it times 1.13. Linear between,
+# the nearest row's outside.
+FLOOR_STEP_S: tuple[tuple[float, float], ...] = (
+    (16.0, 0.0001003),
+    (32.0, 0.0000670),
+    (64.0, 0.0000490),
+    (128.0, 0.0000408),
+)
 # Below this many CPU seconds a job counts as finished (float rounding of the shares; far below any cost).
 EPS_S = 1e-12
 
@@ -144,6 +166,10 @@ class HostSpec:
     # sleeper's lag); the rest of the step, and every busy thread, share what is left. 0: fluid sharing only.
     # "auto": the measured credit at the host's load when the burst starts (SLEEPER_CREDIT_S).
     sleeper: float | str = 0.0
+    # 1: the testbed's ``--slowdown-mode floor`` (common/pace.py): a slowed agent's step lasts S times its least
+    # cost (FLOOR_STEP_S) on the virtual clock, paced by the agent's own StepPacer, unless its CPU burst on the
+    # host takes longer; 0: the ``cpu`` rule (sleep S - 1 times the step's CPU), as every run before 2026-11-28.
+    floor: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.cores > 0 or not self.thread_flops > 0:
@@ -154,6 +180,8 @@ class HostSpec:
             raise HostError("host batch_cost must be 0 (off) or 1 (the measured costs)")
         if self.wakeups not in (0.0, 1.0):
             raise HostError("host wakeups must be 0 (off) or 1 (the measured latencies)")
+        if self.floor not in (0.0, 1.0):
+            raise HostError("host floor must be 0 (the cpu slowdown rule) or 1 (--slowdown-mode floor)")
         if self.sleeper != SLEEPER_AUTO and not (
                 isinstance(self.sleeper, (int, float)) and 0.0 <= self.sleeper < 1.0):
             raise HostError(f"host sleeper must be CPU seconds in [0, 1) or {SLEEPER_AUTO!r}")
@@ -209,6 +237,7 @@ class Host:
         self.runnable_seconds = 0.0
         self.stretch_seconds = 0.0  # wall (virtual) seconds jobs spent beyond their CPU seconds
         self.wakeup_seconds_total = 0.0  # virtual seconds threads waited to be scheduled (wake)
+        self._pacers: dict[str, StepPacer] = {}  # HostSpec.floor: each slowed agent's own pacer
 
     def rate(self, n: int | None = None) -> float:
         """The share of a core each of ``n`` runnable jobs gets (Kleinrock's processor sharing, one thread each)."""
@@ -319,6 +348,18 @@ class Host:
             self.wakeup_seconds_total += seconds
             await asyncio.sleep(seconds)
 
+    def step_sleep(self, key: str, flops: float, samples: float, elapsed: float, sleep: float) -> float:
+        """Seconds a device ``key`` at ``flops`` sleeps after a step of ``samples`` samples whose CPU burst took
+        ``elapsed`` virtual seconds; ``sleep`` is the ``cpu`` rule's (``split``). With ``spec.floor`` the agent's
+        StepPacer (common/pace.py, the same rule the testbed runs) decides from the step's least cost
+        (FLOOR_STEP_S, its ``work``) and ``elapsed``; the simulated sleep wakes on time (nothing overslept)."""
+        if not self.spec.floor or sleep <= 0 or samples <= 0:
+            return sleep
+        pacer = self._pacers.get(key)
+        if pacer is None:
+            pacer = self._pacers[key] = StepPacer(max(1.0, self.spec.thread_flops / flops), "floor")
+        return pacer.sleep_seconds(nominal_step_seconds(samples), max(1, round(samples)), elapsed)
+
     def cycle_factor(self, samples: int, steps: int) -> float:
         """A cycle's time in ``steps`` steps over the FLOPs model's (which is right at REFERENCE_BATCH): a sample's
         cost at the cycle's batch (``samples / steps``) over its cost at REFERENCE_BATCH (BATCH_COST)."""
@@ -342,7 +383,7 @@ class Host:
         return {"cores": self.spec.cores, "background": self.spec.background,
                 "thread_flops": self.spec.thread_flops, "cpu_seconds": round(self.cpu_seconds, 6),
                 "mean_runnable_jobs": round(mean, 4), "stretch_seconds": round(self.stretch_seconds, 6),
-                "wakeups": self.spec.wakeups, "sleeper": self.spec.sleeper, "wakeup_seconds": round(self.wakeup_seconds_total, 6),
+                "wakeups": self.spec.wakeups, "sleeper": self.spec.sleeper, "floor": self.spec.floor, "wakeup_seconds": round(self.wakeup_seconds_total, 6),
                 "mean_load": round(mean + self.spec.background, 4) if math.isfinite(mean) else None}
 
 
@@ -367,3 +408,9 @@ def on_host(profiles: list[Any], population: str, spec: HostSpec) -> list[Any]:
         return profiles
     slowdowns = [wp.slowdown for wp in worker_profiles(base, len(profiles))]
     return [replace(p, flops=spec.thread_flops / s) for p, s in zip(profiles, slowdowns)]
+
+
+def nominal_step_seconds(samples: float, table: tuple[tuple[float, float], ...] = FLOOR_STEP_S) -> float:
+    """A step of ``samples`` samples at its least CPU cost on this machine (FLOOR_STEP_S): the nominal step of an
+    unslowed agent under ``--slowdown-mode floor``, S times it a slowed one's."""
+    return samples * interpolate(table, samples, 1) if samples > 0 else 0.0
