@@ -7,19 +7,27 @@ codec with error feedback) and ``Session._adopt`` (the pull that rebases: DaSGD,
 
 from __future__ import annotations
 
-from types import SimpleNamespace
+import threading
+import time
+from types import MethodType, SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
 from torch import nn
 
-from hermes.client.session import Session
+from hermes.client import topology
+from hermes.client.prefetch import Work
+from hermes.client.session import AgentStats, Session
 from hermes.client.trainer import LocalTrainer
 from hermes.common.codecs import decode
 from hermes.common.config import build_config
 from hermes.common.policies import base as policies
+from hermes.common.policies.gate import GateDecision
 from hermes.common.tensors import spec_of
+from hermes.common.wire import MsgType
+
+HANG_S = 30.0  # a background pull on a fake client answers at once; this only bounds a hang
 
 
 def _trainer(momentum: float = 0.9) -> LocalTrainer:
@@ -127,3 +135,64 @@ def test_error_feedback_and_the_rebase_lose_nothing_and_send_nothing_twice(ratio
     residual = codec.state_dict()["residual"]
     assert torch.allclose(sent1 + sent2 + residual, progress, atol=1e-5)
     assert float(residual.norm()) > 0  # top-k held something back: the sum above is not vacuous
+
+
+class _HoldingGate:
+    """The z-score gate's answer when the validation loss did not improve enough: hold (no resync)."""
+
+    def observe(self, loss: float) -> GateDecision:
+        return GateDecision(push=False, z=0.5, alpha=-1.3, silent_cycles=1, reason="above_threshold")
+
+
+def test_overlap_pull_rebases_a_held_cycle_on_the_newer_model_keeping_every_unpushed_change():
+    """overlap_pull (issue 31): a cycle the gate holds asks for the newer model in the background; the next
+    cycle's end rebases on it against the base the local model trained from, so nothing unpushed is lost."""
+    trainer = _trainer()
+    old_base = trainer.flat().clone()
+    newer = old_base + torch.linspace(-0.02, 0.02, old_base.numel())  # others' progress, folded meanwhile
+    requests: list[tuple[Any, ...]] = []
+
+    class Client:
+        def request(self, type_: MsgType, body: dict[str, Any], **kw: Any) -> Any:
+            requests.append((type_, body, kw["model_version"]))
+            return _reply(newer, 9)
+
+        def close(self) -> None:
+            pass
+
+    session = SimpleNamespace(outbox=object(), data_client=Client, base=old_base, version=3,
+                              pull_dtype="float32", pull_codec=None, shapes=spec_of(trainer.model, "mlp").shapes)
+    session.load_pull_reply = MethodType(Session.load_pull_reply, session)
+    session._adopt = MethodType(Session._adopt, session)
+    job = SimpleNamespace(trainer=trainer, gate=_HoldingGate(), from_baseline=False,
+                          config=SimpleNamespace(overlap_push=True, overlap_pull=True))
+    host = SimpleNamespace(stats=AgentStats(started=0.0), stop_requested=threading.Event(),
+                           note_skipped_cycle=lambda job, session, cycle: None,
+                           report_if_due=lambda job, session: None)
+    validation = _data(9)
+    pp = topology.PushPull(host, job, session, baseline=None, validation=validation, max_cycles=None,  # type: ignore[arg-type]
+                           request_timeout=5.0)
+    assert pp.overlap is not None
+    x, y = _data(1)
+    work = Work(epoch=0, shards=(0,), x=x, y=y, batch_size=16, lr=0.1, fetched_bytes=0)
+    assert pp.finish_cycle(work, trainer.train_cycle(x, y, 16)) is None  # held: the pull goes out
+    deadline = time.monotonic() + HANG_S
+    while not pp.overlap.answered and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert pp.overlap.answered
+    assert [(t, b["if_newer"], v) for t, b, v in requests] == [(MsgType.PULL_MODEL, True, 3)]
+    result = trainer.train_cycle(*_data(2), batch_size=16)  # trained while the pull was in flight
+    unpushed = trainer.flat() - old_base  # both cycles' change: neither was pushed
+    assert pp.finish_cycle(work, result) is None  # the reply is in: rebase (then held again, another pull)
+    pp.overlap.close()
+    assert session.version == 9 and torch.equal(session.base, newer) and host.stats.pulls == 1
+    # The newer model plus every change since the old base, which the next push's delta (since base) carries whole.
+    assert torch.allclose(trainer.flat(), newer + unpushed, atol=1e-6)
+    assert torch.allclose(trainer.flat() - session.base, unpushed, atol=1e-6)
+    assert trainer.state_resets == 0
+
+
+def test_overlap_pull_needs_overlap_push():
+    assert build_config("hermes", overlap_pull=True).overlap_pull
+    with pytest.raises(ValueError, match="overlap_pull .* needs overlap_push"):
+        build_config("hermes", overlap_push=False, overlap_pull=True)
