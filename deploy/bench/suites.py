@@ -371,6 +371,17 @@ ALONE_VARIANTS = [
     # measure again, not the suite's setting.
     {"label": "hermes-topk-local-1t", "preset": "hermes", "server_threads": 1,
      "overrides": {**_TOPK_INT8, "task": _LOCAL_TASK}},
+    # lte, algorithm pass (2026-11-28, hl2algo7; docs/compression.md): overlap_pull, a cycle the gate holds
+    # rebases on the newer model in the background, so the held agent's next push is folded less stale
+    # (hermes-sim, scaled lte: median staleness 2 -> 1 versions); and the agents' lr halved: in hermes-sim even a
+    # push folded 0 versions stale scored worse than the global model it was trained from (median candidate /
+    # global loss 1.04-1.11 at lr 0.1 with momentum 0.9), a local path that overshoots.
+    {"label": "hermes-topk-local-opull", "preset": "hermes",
+     "overrides": {**_TOPK_INT8, "task": _LOCAL_TASK, "overlap_pull": True}},
+    {"label": "hermes-topk-local-lr05", "preset": "hermes",
+     "overrides": {**_TOPK_INT8, "task": _LOCAL_TASK, "lr": 0.05}},
+    {"label": "hermes-topk-local-opull-lr05", "preset": "hermes",
+     "overrides": {**_TOPK_INT8, "task": _LOCAL_TASK, "overlap_pull": True, "lr": 0.05}},
 ]
 
 
