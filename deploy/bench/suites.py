@@ -375,7 +375,8 @@ ALONE_VARIANTS = [
     # rebases on the newer model in the background, so the held agent's next push is folded less stale
     # (hermes-sim, scaled lte: median staleness 2 -> 1 versions); and the agents' lr halved: in hermes-sim even a
     # push folded 0 versions stale scored worse than the global model it was trained from (median candidate /
-    # global loss 1.04-1.11 at lr 0.1 with momentum 0.9), a local path that overshoots.
+    # global loss 1.04-1.11 at lr 0.1 with momentum 0.9), a local path that overshoots. Medians of 3 on the testbed
+    # (lte / lan): hermes-topk-local 1.11x / 1.46x alone, -opull 0.91x / 1.60x, -lr05 1.15x / 1.46x: none shown to help.
     {"label": "hermes-topk-local-opull", "preset": "hermes",
      "overrides": {**_TOPK_INT8, "task": _LOCAL_TASK, "overlap_pull": True}},
     {"label": "hermes-topk-local-lr05", "preset": "hermes",
