@@ -383,6 +383,11 @@ ALONE_VARIANTS = [
      "overrides": {**_TOPK_INT8, "task": _LOCAL_TASK, "lr": 0.05}},
     {"label": "hermes-topk-local-opull-lr05", "preset": "hermes",
      "overrides": {**_TOPK_INT8, "task": _LOCAL_TASK, "overlap_pull": True, "lr": 0.05}},
+    # The gate on 512 validation samples (the preset's 128): in hermes-sim (scaled lte, seeds 0-2) its pushes scored
+    # 1.02x the global model's loss at staleness 0 against 1.12x, and the cluster needed 42,624-42,688 samples in
+    # 2 of 3 seeds against 49,280-52,288: a gate that fires on its split's noise pushes noise (docs/compression.md).
+    {"label": "hermes-topk-local-v512", "preset": "hermes",
+     "overrides": {**_TOPK_INT8, "task": _LOCAL_TASK, "zscore.validation_samples": 512}},
 ]
 
 
