@@ -317,6 +317,12 @@ class Session:
             return True
         return answer.model == "unchanged"
 
+    def load_pull_reply(self, trainer: LocalTrainer, reply: Any, pushed: torch.Tensor) -> None:
+        """A pull's reply taken later (overlap_pull): rebased on (``pushed``: the base the local model trained
+        from) when it brings a newer model."""
+        if reply.payload is not None:
+            self._adopt(trainer, reply, pushed)
+
     def _adopt(self, trainer: LocalTrainer, reply: Any, pushed: torch.Tensor | None) -> None:
         # No copy: the tensor views the received frame, which it keeps alive (torch.frombuffer holds
         # the buffer), and nothing writes to it; deltas are computed as new tensors.

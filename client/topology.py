@@ -138,6 +138,8 @@ class PushPull:
         # (an older one) cannot bring the model back in the push's reply.
         self.overlap = (OverlappedPush(session.data_client)
                         if job.config.overlap_push and session.outbox is not None else None)
+        # overlap_pull: what is in flight is a pull asked for while the gate held, not a push.
+        self.pulling = False
 
     def train(self) -> str:
         """The cycles of this session; returns why they stopped."""
@@ -206,6 +208,8 @@ class PushPull:
                     session.pull(trainer, st, force=True)
                     trainer.reset_state()
                     st.resyncs += 1
+                elif self.overlap is not None and job.config.overlap_pull:
+                    self._pull_held()
                 return None
         local, delta, update = update_of(job, self.baseline if job.from_baseline else session.base, result, cycle,
                                          base_version=self.baseline_version if job.from_baseline else None)
@@ -254,12 +258,33 @@ class PushPull:
         job.trainer.reset_state()
         return None
 
+    def _pull_held(self) -> None:
+        """overlap_pull: the gate held this cycle's change; ask for the newer model in the background. Its
+        reply is rebased on like a push's, against the base the local model trained from, so every change
+        not yet pushed stays on top of the newer model and goes with the next push."""
+        assert self.overlap is not None
+        session = self.session
+        assert session.base is not None, "a session pulls the model before its first cycle"
+        body = request_body(PullModel(if_newer=True, dtype=session.pull_dtype, codec=session.pull_codec))
+        version, timeout = session.version, self.request_timeout
+
+        def pull(client: DataClient) -> Message:
+            return client.request(MsgType.PULL_MODEL, body, model_version=version, timeout=timeout)
+
+        self.overlap.send(pull, pushed=session.base)
+        self.pulling = True
+
     def _settle(self) -> Stop:
         """Take the overlapped push's reply (waiting for it if need be) and rebase on its model."""
         assert self.overlap is not None
         waited = self.overlap.waited_seconds
         reply, pushed = self.overlap.take()
         self.host.stats.wait_seconds += self.overlap.waited_seconds - waited
+        if self.pulling:
+            self.pulling = False
+            self.host.stats.pulls += 1
+            self.session.load_pull_reply(self.job.trainer, reply, pushed)
+            return None
         return self._receive(reply, pushed=pushed)
 
     def _receive(self, reply: Message, pushed: torch.Tensor | None) -> Stop:

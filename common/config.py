@@ -233,6 +233,13 @@ class RunConfig(BaseModel):
         "with the reply in it rebases: its model becomes the server's plus what it learned since the push "
         "(DaSGD's delayed averaging). One push in flight at a time; the exchange hides behind training, and "
         "updates are staler by the cycles it takes. Needs combine_messages.")
+    # issue 31 (lte): while the gate holds, an agent trained on a model ever more versions old, so its next push
+    # was folded stale against a global model that had moved on without it (docs/compression.md, "algorithm pass").
+    overlap_pull: bool = Field(
+        default=False, description="With overlap_push: a cycle the gate holds (no push in flight) asks for the "
+        "newer model in the background, and the first cycle that ends with it in rebases on it, keeping every "
+        "change not yet pushed (the model becomes the server's plus the change since the last base: DaSGD's "
+        "delayed averaging applied to a pull), so the next push is folded less stale.")
 
     @model_validator(mode="before")
     @classmethod
@@ -313,6 +320,8 @@ class RunConfig(BaseModel):
         policies.check_compatible(self.chosen_policies(), self.core, self.sections())
         if self.overlap_push:
             self._check_overlap()
+        elif self.overlap_pull:
+            raise ValueError("overlap_pull rebases like overlap_push's reply: it needs overlap_push")
         if self.concurrency.limit:
             self._check_concurrency()
         check_choice(self.compression, topology=self.topology)

@@ -172,6 +172,8 @@ class SimDevice:
         # overlap_push: the push in flight and the weights it carried.
         self.inflight: asyncio.Future[Message] | None = None
         self.inflight_pushed: torch.Tensor | None = None
+        # overlap_pull: what is in flight is a pull asked for while the gate held, not a push.
+        self.inflight_pull = False
         self.offline_at: float | None = None
         self._job: Job | None = None
         # compression.push: the agent's codec and its error-feedback residual, one per device for its life (the
@@ -590,6 +592,8 @@ class SimDevice:
                     await self.pull(force=True)
                     self.opt_state = None
                     st.resyncs += 1
+                elif sim.config.overlap_pull and self.outbox is not None and self.inflight is None:
+                    self.send_pull()
                 continue
             if self.outbox is not None:
                 cycles, stats = self.outbox.take()
@@ -633,11 +637,26 @@ class SimDevice:
         self.local, self.opt_state = None, None
         return False
 
+    def send_pull(self) -> None:
+        """overlap_pull (client.topology.PushPull._pull_held): the newer model asked for in the background; the
+        unpushed change is the device's weights less the base it trained from, which it is rebased with."""
+        body = request_body(PullModel(if_newer=True, dtype=self.sim.pull_dtype, codec=self.sim.pull_codec))
+        send = self.sim.driver.request(self, MsgType.PULL_MODEL, body, model_version=self.version or 0,
+                                       channel="overlap")
+        self.inflight, self.inflight_pushed = asyncio.ensure_future(send), self.sim.versions[self.version]  # type: ignore[index]
+        self.inflight_pull = True
+
     async def settle(self) -> bool:
         """The overlapped push's reply, rebased on; True when it says stop."""
         assert self.inflight is not None
         reply, pushed = self.inflight.result(), self.inflight_pushed
         self.inflight, self.inflight_pushed = None, None
+        if self.inflight_pull:
+            self.inflight_pull = False
+            self.totals.pulls += 1
+            if reply.payload is not None:
+                self.adopt(reply, pushed)
+            return False
         return await self.receive(reply, pushed)
 
     async def skipped(self, cycle: Any) -> None:

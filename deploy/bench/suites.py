@@ -375,6 +375,23 @@ ALONE_VARIANTS = [
     # measure again, not the suite's setting.
     {"label": "hermes-topk-local-1t", "preset": "hermes", "server_threads": 1,
      "overrides": {**_TOPK_INT8, "task": _LOCAL_TASK}},
+    # lte, algorithm pass (2026-11-28, hl2algo7; docs/compression.md): overlap_pull, a cycle the gate holds
+    # rebases on the newer model in the background, so the held agent's next push is folded less stale
+    # (hermes-sim, scaled lte: median staleness 2 -> 1 versions); and the agents' lr halved: in hermes-sim even a
+    # push folded 0 versions stale scored worse than the global model it was trained from (median candidate /
+    # global loss 1.04-1.11 at lr 0.1 with momentum 0.9), a local path that overshoots. Medians of 3 on the testbed
+    # (lte / lan): hermes-topk-local 1.11x / 1.46x alone, -opull 0.91x / 1.60x, -lr05 1.15x / 1.46x: none shown to help.
+    {"label": "hermes-topk-local-opull", "preset": "hermes",
+     "overrides": {**_TOPK_INT8, "task": _LOCAL_TASK, "overlap_pull": True}},
+    {"label": "hermes-topk-local-lr05", "preset": "hermes",
+     "overrides": {**_TOPK_INT8, "task": _LOCAL_TASK, "lr": 0.05}},
+    {"label": "hermes-topk-local-opull-lr05", "preset": "hermes",
+     "overrides": {**_TOPK_INT8, "task": _LOCAL_TASK, "overlap_pull": True, "lr": 0.05}},
+    # The gate on 512 validation samples (the preset's 128): in hermes-sim (scaled lte, seeds 0-2) its pushes scored
+    # 1.02x the global model's loss at staleness 0 against 1.12x, and the cluster needed 42,624-42,688 samples in
+    # 2 of 3 seeds against 49,280-52,288: a gate that fires on its split's noise pushes noise (docs/compression.md).
+    {"label": "hermes-topk-local-v512", "preset": "hermes",
+     "overrides": {**_TOPK_INT8, "task": _LOCAL_TASK, "zscore.validation_samples": 512}},
 ]
 
 
