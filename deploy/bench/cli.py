@@ -115,7 +115,7 @@ def render(out: Path, results: dict[str, Any]) -> list[Path]:
 
 
 def cmd_suite(args: argparse.Namespace) -> int:
-    from hermes.deploy.bench.runner import execute, plan
+    from hermes.deploy.bench.runner import ProbeError, execute, plan
 
     try:
         suite = suite_from_args(args)
@@ -152,6 +152,9 @@ def cmd_suite(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         _say(f"interrupted; finished runs are kept in {out}: run the same command again to resume")
         return 130
+    except ProbeError as exc:
+        print(f"hermes-bench: {exc}; no run started, set --nominal-sample-ms to skip the probe", file=sys.stderr)
+        return 2
     pngs = render(out, results)
     _say(f"wrote {out / 'results.json'}, {out / 'report.md'} and {len(pngs)} plots")
     return 0 if all(r["status"] == "ok" for r in results["runs"]) else 1

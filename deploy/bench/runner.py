@@ -212,16 +212,29 @@ def launch_sim(args: list[str], run_dir: Path, timeout: float) -> tuple[int | No
     return launch_module("hermes.sim.cli", args, run_dir, timeout, log_name="sim.log", what="hermes-sim")
 
 
-def measure_nominal(suite: Suite) -> dict[str, Any]:
+class ProbeError(RuntimeError):
+    """The nominal-cost probe failed: no run starts (a one-line error in ``hermes-bench``)."""
+
+
+def measure_nominal(suite: Suite, timeout: float = 600.0) -> dict[str, Any]:
     """The task's uncontended cost per sample, in a fresh process (deploy/bench/nominal.py): its JSON."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("HERMES_")}
     env["OMP_NUM_THREADS"] = "1"
-    done = subprocess.run([sys.executable, "-m", "hermes.deploy.bench.nominal", "--dataset", suite.dataset,
-                           "--model", suite.model, "--overrides", json.dumps(suite.overrides)],
-                          capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL, timeout=600)
+    try:
+        done = subprocess.run([sys.executable, "-m", "hermes.deploy.bench.nominal", "--dataset", suite.dataset,
+                               "--model", suite.model, "--overrides", json.dumps(suite.overrides)],
+                              capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        raise ProbeError(f"the nominal-cost probe took more than {timeout:g} s") from exc
     if done.returncode != 0:
-        raise RuntimeError(f"the nominal-cost probe exited with {done.returncode}: {done.stderr.strip()[-500:]}")
-    figure: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise ProbeError(f"the nominal-cost probe exited with {done.returncode}: {last}")
+    try:
+        figure: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+        if not float(figure["nominal_sample_ms"]) > 0:
+            raise ValueError("nominal_sample_ms must be > 0")
+    except (IndexError, KeyError, TypeError, ValueError) as exc:
+        raise ProbeError(f"the nominal-cost probe printed no usable figure: {exc}") from exc
     return figure
 
 

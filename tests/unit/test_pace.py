@@ -282,3 +282,36 @@ def test_the_probe_measures_a_cost_per_sample_in_a_fresh_process():
     bad = subprocess.run([sys.executable, "-m", "hermes.deploy.bench.nominal", "--dataset", "digits", "--model",
                           "cnn", "--overrides", "{nope"], capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "not JSON" in bad.stderr
+
+
+def test_a_failing_probe_is_one_line_and_starts_no_run(tmp_path, monkeypatch, capsys):
+    import subprocess
+
+    from hermes.deploy.bench import cli, runner
+
+    suite = build_suite({"name": "s", "variants": [{"label": "alone", "preset": "bsp", "runner": "alone"}],
+                         "profiles": ["hl2"], "slowdown_mode": "nominal", "baseline": "alone"})
+
+    def failed(*a, **k):
+        return subprocess.CompletedProcess(a, 1, stdout="", stderr="Traceback...\nValueError: no such dataset")
+
+    monkeypatch.setattr(runner.subprocess, "run", failed)
+    with pytest.raises(runner.ProbeError, match="exited with 1: ValueError: no such dataset"):
+        runner.measure_nominal(suite)
+    monkeypatch.setattr(runner.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, stdout="hi\n"))
+    with pytest.raises(runner.ProbeError, match="no usable figure"):
+        runner.measure_nominal(suite)
+
+    def slow(*a, **k):
+        raise subprocess.TimeoutExpired(a, 600)
+
+    monkeypatch.setattr(runner.subprocess, "run", slow)
+    with pytest.raises(runner.ProbeError, match="more than 600 s"):
+        runner.measure_nominal(suite)
+    # Through the command: one line, exit 2, nothing launched.
+    launched = []
+    monkeypatch.setattr(runner, "launch_testbed", lambda *a, **k: launched.append(a) or (0, None))
+    assert cli.main(["hl2-alone", "--out", str(tmp_path / "o"), "--links", "lte", "--repeats", "1",
+                     "--variants", "alone"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "nominal-cost probe took more than 600 s" in err[0] and launched == []
