@@ -24,7 +24,7 @@ import statistics
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -263,6 +263,20 @@ def plane_client(cmd: list[str], codec_name: str) -> Iterator[tuple[Any, Any, di
         child.stdin.write("stop\n")
         child.stdin.close()
         child.wait(timeout=60)
+
+
+def applied_pusher(dc: Any, body: dict[str, Any], payload: Any, version: int = 0) -> Callable[[], None]:
+    """A served push that must come back applied, each one sent with the version the last reply gave."""
+    from hermes.common.wire import MsgType
+
+    def push() -> None:
+        nonlocal version
+        rep = dc.request(MsgType.PUSH_UPDATE, body, payload=payload, model_version=version, idempotent=False)
+        if rep.header.body.get("status") != "applied":
+            raise RuntimeError(f"push not applied: {rep.header.body}")
+        version = rep.header.model_version
+
+    return push
 
 
 def served(codec_name: str, pushes: int, out: str, top: int, rcvhwm: int | None = None) -> None:

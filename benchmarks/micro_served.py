@@ -72,14 +72,7 @@ def parent(mode: str, n: int) -> None:
     torch.set_num_threads(1)
     codec = "topk" if mode == "pull" else mode
     with micro_profile.plane_client([sys.executable, __file__, "--child", codec], codec) as (dc, enc, body):
-        version = 0
-
-        def push() -> None:
-            nonlocal version
-            rep = dc.request(MsgType.PUSH_UPDATE, body, payload=enc.data, model_version=version, idempotent=False)
-            if rep.header.body.get("status") != "applied":
-                raise RuntimeError(f"push not applied: {rep.header.body}")
-            version = rep.header.model_version
+        push = micro_profile.applied_pusher(dc, body, enc.data)
 
         def pull() -> None:
             rep = dc.request(MsgType.PULL_MODEL, {"dtype": "float32", "codec": {"name": "int8", "chunk": 1024}})

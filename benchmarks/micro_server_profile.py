@@ -51,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
     from bench_foundation import JOIN_TOKEN, MLP_HIDDEN, free_ports, start, wait_healthy
+    from micro_profile import applied_pusher
 
     from hermes.client.transport import ControlClient, DataClient
     from hermes.common.codecs import TopKCodec
@@ -80,12 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         enc = TopKCodec(0.01).encode(delta, spec.shapes)
         body = {"samples": 32, "loss": 1.0, "codec": enc.spec.model_dump(exclude_none=True)}
 
-        def push() -> None:
-            nonlocal version
-            rep = dc.request(MsgType.PUSH_UPDATE, body, payload=enc.data, model_version=version, idempotent=False)
-            if rep.header.body.get("status") != "applied":
-                raise RuntimeError(f"push not applied: {rep.header.body}")
-            version = rep.header.model_version
+        push = applied_pusher(dc, body, enc.data, version)
 
         def loop_cpu() -> float:
             return int(Path(f"/proc/{proc.pid}/task/{proc.pid}/schedstat").read_text().split()[0]) / 1e9
