@@ -26,6 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hl2_alone_breakdown import events as read_events
+
 TICK = os.sysconf("SC_CLK_TCK")
 _WORKER = re.compile(r"--name\s+(worker-\d+)")
 _OUT = re.compile(r"--out\s+(\S+)")
@@ -106,11 +108,7 @@ def _window(run: str, bench_out: Path | None) -> tuple[float, float] | None:
     events = run_dir / "events.jsonl"
     if events.is_file():
         joins, end = [], None
-        for line in events.read_text(errors="replace").splitlines():
-            try:
-                e = json.loads(line)
-            except ValueError:
-                continue
+        for e in read_events(events):
             if e.get("event") == "join":
                 joins.append(float(e["ts"]))
             elif e.get("event") == "target_reached":

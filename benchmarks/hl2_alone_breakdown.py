@@ -21,6 +21,7 @@ import argparse
 import json
 import re
 import statistics
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +63,17 @@ def run_rows(run_dir: Path, record: dict[str, Any]) -> tuple[dict[str, Any], lis
     return head, rows
 
 
-def _pct(xs: list[float], q: float) -> float | None:
+def events(path: Path) -> Iterator[dict[str, Any]]:
+    """A run's ``events.jsonl``, record by record; a line cut by the run's end is skipped."""
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            yield json.loads(line)
+        except ValueError:
+            continue
+
+
+def pct(xs: list[float], q: float) -> float | None:
+    """The q-quantile of ``xs`` by rank (None: no values)."""
     if not xs:
         return None
     xs = sorted(xs)
@@ -78,11 +89,7 @@ def exchange_row(run_dir: Path) -> dict[str, Any] | None:
     shares: list[float] = []
     evals: list[float] = []
     t0 = t_end = None
-    for line in path.read_text(errors="replace").splitlines():
-        try:
-            e = json.loads(line)
-        except ValueError:
-            continue  # a line cut by the run's end
+    for e in events(path):
         kind = e.get("event")
         if kind == "join" and t0 is None:
             t0 = e.get("ts")
@@ -95,8 +102,8 @@ def exchange_row(run_dir: Path) -> dict[str, Any] | None:
             t_end = e.get("ts")
             break
     span = (t_end - t0) if (t0 is not None and t_end is not None) else None
-    return {"updates": len(stale), "stale_p50": _pct(stale, 0.5), "stale_p90": _pct(stale, 0.9),
-            "share_p50": _pct(shares, 0.5), "evals": len(evals), "eval_s": sum(evals),
+    return {"updates": len(stale), "stale_p50": pct(stale, 0.5), "stale_p90": pct(stale, 0.9),
+            "share_p50": pct(shares, 0.5), "evals": len(evals), "eval_s": sum(evals),
             "eval_share": (sum(evals) / span) if span else None}
 
 

@@ -18,23 +18,15 @@ import json
 from pathlib import Path
 from typing import Any
 
-
-def _pct(xs: list[float], q: float) -> float | None:
-    if not xs:
-        return None
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))]
+from hl2_alone_breakdown import events as read_events
+from hl2_alone_breakdown import pct
 
 
 def agent_steps(events: Path, batch: int = 32) -> dict[str, list[float]]:
     """ms per step of each worker (by name) up to the target, from a run's ``events.jsonl``."""
     names: dict[str, str] = {}
     steps: dict[str, list[float]] = {}
-    for line in events.read_text(errors="replace").splitlines():
-        try:
-            e = json.loads(line)
-        except ValueError:
-            continue  # a line cut by the run's end
+    for e in read_events(events):
         kind = e.get("event")
         if kind == "join":
             names[str(e.get("worker"))] = str(e.get("name"))
@@ -67,7 +59,7 @@ def rows(out: Path) -> list[dict[str, Any]]:
                 slowdown = pace / speed
                 xs = agent_steps(run_dir / "events.jsonl").get(str(w.get("name")), []) \
                     if (run_dir / "events.jsonl").is_file() else []
-                p5, p50, p95 = _pct(xs, 0.05), _pct(xs, 0.5), _pct(xs, 0.95)
+                p5, p50, p95 = pct(xs, 0.05), pct(xs, 0.5), pct(xs, 0.95)
             nom = slowdown * float(nominal) * batch if nominal else None
             found.append({"run": rec.get("key"), "device": w.get("name"), "speed": speed, "p5": p5, "p50": p50,
                           "p95": p95, "nominal": nom, "ratio": (p50 / nom) if (p50 and nom) else None})
