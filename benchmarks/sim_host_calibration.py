@@ -100,6 +100,26 @@ def share(summary: dict[str, Any], events: Path | None = None) -> float | None:
     return cpu / wall if wall else None
 
 
+def joins_and_cycles(events: Path) -> tuple[dict[str, float], list[dict[str, Any]]]:
+    """A run's joins (each worker's emulated slowdown) and its cycles with a DSS, from its ``events.jsonl``
+    (a line cut by the run's end skipped)."""
+    slow: dict[str, float] = {}
+    cycles: list[dict[str, Any]] = []
+    with events.open() as f:
+        for line in f:
+            if '"join"' not in line and '"cycle"' not in line:
+                continue
+            try:
+                e = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if e.get("event") == "join":
+                slow[e["worker"]] = float(e.get("slowdown") or 1.0)
+            elif e.get("event") == "cycle" and e.get("dss"):
+                cycles.append(e)
+    return slow, cycles
+
+
 def fast_flops(events: Path) -> float | None:
     """The unslowed agent's training FLOP/s at REFERENCE_BATCH over its cycles (the floor rule's S = 1 agent has no
     slack: it runs at whatever share of a core it gets), from a run's events: its cycles' samples x FLOPs x the
@@ -107,18 +127,10 @@ def fast_flops(events: Path) -> float | None:
     if not events.exists():
         return None
     host = Host(HostSpec())
-    slow: dict[str, float] = {}
+    slow, cycles = joins_and_cycles(events)
     work = secs = 0.0
-    for line in events.open():
-        if '"join"' not in line and '"cycle"' not in line:
-            continue
-        try:
-            e = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if e.get("event") == "join":
-            slow[e["worker"]] = float(e.get("slowdown") or 1.0)
-        elif e.get("event") == "cycle" and e.get("dss") and slow.get(e["worker"]) == 1.0:
+    for e in cycles:
+        if slow.get(e["worker"]) == 1.0:
             n = int(e["dss"])
             work += n * TRAIN_FLOPS * host.cycle_factor(n, -(-n // max(1, int(e.get("batch_size") or 32))))
             secs += float(e.get("compute_seconds") or 0.0)

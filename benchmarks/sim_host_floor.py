@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from sim_host_calibration import joins_and_cycles
 
 from hermes.sim.host import FLOOR_STEP_S, nominal_step_seconds
 
@@ -79,18 +80,11 @@ def _runs(path: Path) -> list[Path]:
 
 
 def held(run: Path, table: tuple[tuple[float, float], ...]) -> list[dict[str, Any]]:
-    slow: dict[str, float] = {}
+    slow, cycles = joins_and_cycles(run / "events.jsonl")
     by: dict[tuple[str, int, int], list[float]] = defaultdict(list)
-    with (run / "events.jsonl").open() as f:
-        for line in f:
-            try:
-                e = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if e.get("event") == "join":
-                slow[e["worker"]] = float(e.get("slowdown") or 1.0)
-            elif e.get("event") == "cycle" and e.get("dss") and e.get("compute_seconds") is not None:
-                by[(e["worker"], int(e["dss"]), int(e.get("batch_size") or 32))].append(float(e["compute_seconds"]))
+    for e in cycles:
+        if e.get("compute_seconds") is not None:
+            by[(e["worker"], int(e["dss"]), int(e.get("batch_size") or 32))].append(float(e["compute_seconds"]))
     summary = json.loads((run / "summary.json").read_text()) if (run / "summary.json").exists() else {}
     if summary.get("engine") == "sim":  # a hermes-sim run: S from its devices' FLOP/s (its joins say 1)
         workers = summary.get("workers", [])
