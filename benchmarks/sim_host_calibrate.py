@@ -24,6 +24,7 @@ import json
 import statistics
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -46,6 +47,16 @@ def _cpu(fn: Callable[[], object], repeats: int) -> list[float]:
     return out
 
 
+def calibration_trainer(hidden: int) -> tuple[Any, Any, Any, Any]:
+    """The calibration workload's task, spec, training split and agent trainer (mnist1d 20k, the CNN of
+    ``hidden``), the spec as the server builds it (Engine._initial_state)."""
+    cfg = build_config("asp", dataset="mnist1d", num_samples=20000, model_kwargs={"hidden": hidden})
+    task = resolve_task(cfg.task, cfg)
+    train, _validation, _test = load_splits(cfg, task)
+    spec = spec_of(task.model(), cfg.model, task=task.name, input_shape=tuple(batch_of(train, [0])[0].shape[1:]))
+    return task, spec, train, build_trainer(task, cfg, spec)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--repeats", type=int, default=30)
@@ -53,12 +64,7 @@ def main() -> int:
     p.add_argument("--json", default=None, help="also write the figures here")
     a = p.parse_args()
     torch.set_num_threads(1)
-    cfg = build_config("asp", dataset="mnist1d", num_samples=20000, model_kwargs={"hidden": a.hidden})
-    task = resolve_task(cfg.task, cfg)
-    train, _validation, _test = load_splits(cfg, task)
-    # The spec as the server builds it (Engine._initial_state).
-    spec = spec_of(task.model(), cfg.model, task=task.name, input_shape=tuple(batch_of(train, [0])[0].shape[1:]))
-    trainer = build_trainer(task, cfg, spec)
+    task, spec, train, trainer = calibration_trainer(a.hidden)
     x, y = batch_of(train, list(range(128)))
     train_flops, _ = flops_per_sample(task, spec, train)
     load_before = loadavg()

@@ -38,20 +38,13 @@ BATCHES = (16, 32, 64, 128)
 
 def measure(a: argparse.Namespace) -> int:
     import torch
+    from sim_host_calibrate import calibration_trainer
 
-    from hermes.common.config import build_config
-    from hermes.common.task_registry import batch_of, resolve_task
-    from hermes.common.tensors import spec_of
+    from hermes.common.task_registry import batch_of
     from hermes.deploy.bench.machine import loadavg
-    from hermes.server.shardstore import load_splits
-    from hermes.sim.executor import build_trainer
 
     torch.set_num_threads(1)
-    cfg = build_config("asp", dataset="mnist1d", num_samples=20000, model_kwargs={"hidden": a.hidden})
-    task = resolve_task(cfg.task, cfg)
-    train, _validation, _test = load_splits(cfg, task)
-    spec = spec_of(task.model(), cfg.model, task=task.name, input_shape=tuple(batch_of(train, [0])[0].shape[1:]))
-    trainer = build_trainer(task, cfg, spec)
+    _task, _spec, train, trainer = calibration_trainer(a.hidden)
     load_before = loadavg()
     by_batch: dict[str, dict[str, float]] = {}
     for bs in BATCHES:
