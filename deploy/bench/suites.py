@@ -392,6 +392,21 @@ ALONE_VARIANTS = [
     # 2 of 3 seeds against 49,280-52,288: a gate that fires on its split's noise pushes noise (docs/compression.md).
     {"label": "hermes-topk-local-v512", "preset": "hermes",
      "overrides": {**_TOPK_INT8, "task": _LOCAL_TASK, "zscore.validation_samples": 512}},
+    # Synchronous local SGD with batches split by declared capacity (OmniLearn Eq. 4a): every device ends its
+    # round together, and the batch-weighted average of the deltas is a large-batch step (lr 0.1 for a global
+    # batch of 128 against alone's 0.025 at 32).
+    {"label": "bsp-static-local", "preset": "bsp",
+     "overrides": {"allocation": "static", "lr": 0.1, "cycle_samples": 256, "task": _LOCAL_TASK}},
+    {"label": "bsp-static-topk-local", "preset": "bsp",
+     "overrides": {"allocation": "static", "lr": 0.1, "cycle_samples": 256, **_TOPK_INT8, "task": _LOCAL_TASK}},
+    {"label": "bsp-static-b24-local", "preset": "bsp",
+     "overrides": {"allocation": "static", "lr": 0.1, "batch_size": 24, "cycle_samples": 192, "task": _LOCAL_TASK}},
+    {"label": "bsp-static-b24-topk-local", "preset": "bsp",
+     "overrides": {"allocation": "static", "lr": 0.1, "batch_size": 24, "cycle_samples": 192, **_TOPK_INT8,
+                   "task": _LOCAL_TASK}},
+    {"label": "bsp-static-b24-int8-local", "preset": "bsp",
+     "overrides": {"allocation": "static", "lr": 0.1, "batch_size": 24, "cycle_samples": 192,
+                   "compression.push": "int8", "compression.pull": "int8", "task": _LOCAL_TASK}},
 ]
 
 
