@@ -416,3 +416,71 @@ def test_data_plane_answers_at_once_and_continues_waiting_requests_in_tasks() ->
         ctx.term()
         loop.call_soon_threadsafe(loop.stop)
         thread.join(HANG_S)
+
+
+def test_data_plane_in_flight_budget_counts_waiting_requests() -> None:
+    """``max_inflight_bytes`` bounds the bytes of requests being handled: requests waiting in their tasks hold
+    theirs, one that would go over is refused ``unavailable`` (counted and logged), and once they are answered
+    the next is admitted. (A request answered on the turn it arrives holds its bytes only while it runs.)"""
+    import asyncio
+    import logging
+    import threading
+
+    from hermes.server.dataplane import DataPlane
+
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+
+    def on_loop(fn):  # noqa: ANN001, ANN202 - a test helper
+        async def call():  # noqa: ANN202
+            return fn()
+        return asyncio.run_coroutine_threadsafe(call(), loop).result(HANG_S)
+
+    engine = on_loop(_StubEngine)
+    pad = b"x" * 4000
+    plane = DataPlane(engine, "127.0.0.1", 0, max_inflight_bytes=10_000)  # type: ignore[arg-type]
+    port = asyncio.run_coroutine_threadsafe(plane.start(), loop).result(HANG_S)
+    ctx = zmq.Context()
+    socks = [ctx.socket(zmq.DEALER) for _ in range(3)]
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    logging.getLogger("hermes.server.dataplane").addHandler(handler)
+    try:
+        for s in socks:
+            s.setsockopt(zmq.LINGER, 0)
+            s.connect(f"tcp://127.0.0.1:{port}")
+
+        def ask(sock: zmq.Socket, seq: int, **body: object) -> None:
+            sock.send_multipart([Header(type=MsgType.REPORT_STATS, worker="w", seq=seq, body=dict(body)).pack(),
+                                 pad])
+
+        def answer(sock: zmq.Socket) -> Header:
+            assert sock.poll(int(HANG_S * 1000))
+            return Header.unpack(sock.recv_multipart()[0])
+
+        ask(socks[0], 1, wait=True)
+        ask(socks[1], 2, wait=True)
+        deadline = time.monotonic() + HANG_S
+        while on_loop(lambda: len(plane._inflight)) != 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        ask(socks[2], 3)  # 3 x ~4 KB > 10,000 bytes
+        refused = answer(socks[2])
+        assert refused.type is MsgType.ERROR and refused.body["code"] == ErrorCode.UNAVAILABLE.value
+        hits = on_loop(lambda: engine.metrics.limit_hits.labels(limit="inflight_bytes")._value.get())
+        assert hits == 1 and any("in-flight memory budget hit" in r.getMessage() for r in records)
+        on_loop(engine.gate.set)
+        assert {answer(socks[0]).seq, answer(socks[1]).seq} == {1, 2}
+        ask(socks[2], 4)
+        assert answer(socks[2]).body == {"before": None, "own": 4}
+        assert on_loop(lambda: (len(plane._inflight), plane.inflight_bytes)) == (0, 0)
+        asyncio.run_coroutine_threadsafe(plane.stop(), loop).result(HANG_S)
+    finally:
+        logging.getLogger("hermes.server.dataplane").removeHandler(handler)
+        for s in socks:
+            s.close(linger=0)
+        ctx.term()
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(HANG_S)
