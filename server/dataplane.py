@@ -65,6 +65,8 @@ class DataPlane:
         self._sock: zmq.Socket | None = None
         # Set by the loop's reader on the socket's FD; cleared when a receive finds nothing (_serve).
         self._readable = asyncio.Event()
+        # True while the receive loop's own turn sends (_start, its error replies): see _send.
+        self._at_once = False
         self._fd: int | None = None
         self._task: asyncio.Task | None = None
         self._inflight: set[asyncio.Task] = set()
@@ -150,7 +152,11 @@ class DataPlane:
                 self._trimmer.note_refused(size)
                 self.engine.metrics.errors.labels(code=code.value).inc()
                 if self._error_budget.allow("error replies") == 0.0:
-                    await self._send(identity, error_frames(code, message, seq=_seq_of(frames[1:])))
+                    self._at_once = True
+                    try:
+                        await self._send(identity, error_frames(code, message, seq=_seq_of(frames[1:])))
+                    finally:
+                        self._at_once = False
                 else:
                     self.engine.metrics.limit_hits.labels(limit="error_replies").inc()
             # A ready recv completes without yielding: give the control plane its turn before the next
@@ -169,6 +175,7 @@ class DataPlane:
         where it waits. In a copy of the context, as a task's: the handler sets the request's context variable."""
         coro = self._handle(identity, frames, header, size)
         context = contextvars.copy_context()
+        self._at_once = True
         try:
             waiting = context.run(coro.send, None)
         except StopIteration:
@@ -179,6 +186,8 @@ class DataPlane:
             self._release(identity, size)
             log.exception("request from %s failed outside its handler", identity.hex())
             return
+        finally:
+            self._at_once = False
         task = asyncio.get_running_loop().create_task(_Resumed(coro, waiting), context=context)
         self._inflight.add(task)
         task.add_done_callback(functools.partial(self._done, identity=identity, size=size))
@@ -257,8 +266,10 @@ class DataPlane:
                 log.info("could not reply to %s: %s", identity.hex(), exc)
                 break
         # A send processes the socket's pending commands, which can consume the FD's signal of a message
-        # that came in: wake the receive loop if one is waiting.
-        self._on_fd()
+        # that came in: wake the receive loop if one is waiting. Not needed for a send of the receive loop's
+        # own turn (its error replies, a request answered at once): it reads EVENTS itself next.
+        if not self._at_once:
+            self._on_fd()
 
 
 class _Resumed(Coroutine[Any, Any, None]):
