@@ -170,7 +170,7 @@ class DataPlane:
     def _start(self, identity: bytes, frames: list, header: Header, size: int) -> None:
         """Handle an admitted request at once, on the loop turn that received it, as Python 3.12's eager tasks
         do: most requests finish without waiting, and a task of their own (its scheduling, its step, its done
-        callback: two of a push's four loop turns) cost ~0.05 ms of the loop's CPU a top-k push (issue 31). A
+        callback) took two of a top-k push's four loop turns (issue 31; docs/compression.md, micro8). A
         request that has to wait (a barrier, the step lock, a worker thread) goes on in a task of its own from
         where it waits. In a copy of the context, as a task's: the handler sets the request's context variable."""
         coro = self._handle(identity, frames, header, size)
@@ -181,7 +181,12 @@ class DataPlane:
         except StopIteration:
             self._release(identity, size)
             return
-        except (Exception, asyncio.CancelledError):
+        except asyncio.CancelledError:
+            # A handler that met a cancelled future ends as its task would have: cancelled, without a reply.
+            self._release(identity, size)
+            log.info("request from %s cancelled", identity.hex())
+            return
+        except Exception:
             # _handle answers every failure itself: this is a bug, logged as a task's would be; the loop goes on.
             self._release(identity, size)
             log.exception("request from %s failed outside its handler", identity.hex())
