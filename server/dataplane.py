@@ -1,6 +1,7 @@
 """ZeroMQ data plane: an asyncio ROUTER socket in front of the engine.
 
-Each request is handled in its own task so a worker held at a barrier never
+Each request is handled on the loop turn that received it, and goes on in a
+task of its own when it has to wait, so a worker held at a barrier never
 blocks the others. Every failure becomes an error reply, a counter and a log
 line; the loop itself only stops when told to.
 """
@@ -33,7 +34,7 @@ _POLLIN = int(zmq.POLLIN)
 
 
 class DataPlane:
-    """The ROUTER loop: admits a request cheaply, then hands it to the engine in a task of its own.
+    """The ROUTER loop: admits a request cheaply, then hands it to the engine (a task of its own if it waits).
 
     Admission, before any task or tensor work: the header must decode and
     name a registered worker (garbage and strangers are counted, answered
