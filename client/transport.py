@@ -266,8 +266,8 @@ class DataClient:
                                   f"server's limit of {self.max_message_bytes} bytes")
             assert self._sock is not None
             sent_at = time.monotonic()
-            self._sock.send_multipart(frames, copy=False)
-            self.counter.bytes_sent += sum(len(f) for f in frames)
+            _send_parts(self._sock, frames)
+            self.counter.bytes_sent += size
             reply = self._await_reply(self._seq, wait)
             if reply is not None:
                 self.counter.answered_at = max(self.counter.answered_at, sent_at)
@@ -290,7 +290,7 @@ class DataClient:
             if slice_ms != self._rcvtimeo:
                 self._sock.rcvtimeo = self._rcvtimeo = slice_ms
             try:
-                frames = self._sock.recv_multipart(copy=False)
+                frames = _recv_parts(self._sock)
             except zmq.Again:
                 if self.cancel is not None and self.cancel.is_set():
                     raise RequestCancelled(f"wait for reply {seq} cancelled") from None
@@ -311,3 +311,26 @@ class DataClient:
                 log.warning("reply %d without a valid server signature dropped", seq)
                 continue
             return msg
+
+
+# Plain ints: pyzmq's flag enums build an enum object an operation (issue 31: the agent's CPU a push).
+_SNDMORE = int(zmq.SNDMORE)
+
+
+def _send_parts(sock: zmq.Socket, frames: list[Any]) -> None:
+    """``send_multipart(frames, copy=False)`` without its type check a part and its flag enums (the frames are
+    ``encode``'s: bytes, memoryviews, zmq.Frames). Blocking, as that is (a DEALER queues while it can)."""
+    last = len(frames) - 1
+    for i, part in enumerate(frames):
+        sock.send(part, 0 if i == last else _SNDMORE, copy=False)
+
+
+def _recv_parts(sock: zmq.Socket) -> list[zmq.Frame]:
+    """``recv_multipart(copy=False)``: the first part waits (``zmq.Again`` after the receive timeout); the rest of
+    a message arrives with it, ended by the frames' own ``more`` flag, not a RCVMORE getsockopt a part."""
+    frame = sock.recv(copy=False)
+    frames = [frame]
+    while frame.more:
+        frame = sock.recv(copy=False)
+        frames.append(frame)
+    return frames

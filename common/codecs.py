@@ -317,8 +317,10 @@ class TopKCodec(Codec):
         n, k = _numel(shapes), spec.k or 0
         idx, off = _view(data, 0, k, torch.int32)
         values, _ = _view(data, off, k, torch.float32)
-        if k and (int(idx.min()) < 0 or int(idx.max()) >= n):
-            raise CodecError(f"topk index out of range [0, {n})")
+        if k:
+            low, high = torch.aminmax(idx)  # one call, not min() then max() (issue 31)
+            if int(low) < 0 or int(high) >= n:
+                raise CodecError(f"topk index out of range [0, {n})")
         out = torch.zeros(n, dtype=torch.float32) if scratch is None else scratch.zeros(n, idx)
         # int32 indices as they came: no int64 copy of them.
         out[idx] = values

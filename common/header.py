@@ -206,8 +206,12 @@ class Header:
         for key, kind, default in _SIGNATURE:
             value = get(key, default)
             fields[key] = value if type(value) is kind else _field(obj, key, kind, default)
-        return cls(type=msg_type, proto=proto, shapes=tuple(shapes), frame_bytes=tuple(frame_bytes), body=body,
-                   **fields)
+        # Every field is given: set at once, not through the frozen dataclass's __init__ (a setattr a field,
+        # ~2 us of a request's ~6 us unpack, issue 31; the same object: no __post_init__, no slots).
+        out = object.__new__(cls)
+        out.__dict__.update(type=msg_type, proto=proto, shapes=tuple(shapes), frame_bytes=tuple(frame_bytes),
+                            body=body, **fields)
+        return out
 
 
 _MISSING = object()

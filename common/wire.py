@@ -245,22 +245,29 @@ def encode(
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # read-only bytes, never written through
             flat = torch.frombuffer(flat, dtype=torch.uint8) if len(flat) else torch.empty(0, dtype=torch.uint8)
-    cached = isinstance(flat, PreparedPayload)
-    prepared = flat if isinstance(flat, PreparedPayload) else prepare(flat, max_frame_bytes=max_frame_bytes)
-    numel = prepared.tensor.numel()
+    if isinstance(flat, PreparedPayload):
+        frames: Sequence[memoryview] = flat.frames
+        dtype, numel = flat.dtype, flat.tensor.numel()
+        checksum = 0 if key is not None else flat.checksum
+        out: Sequence[Any] = flat.zmq_frames if frames else frames
+    else:
+        # Framed here, not through a PreparedPayload sent once (issue 31: the agent's push); the frames' views
+        # keep the tensor's memory alive as the PreparedPayload's tensor did.
+        frames = out = split_frames(flat, max_frame_bytes)
+        dtype, numel = dtype_name(flat.dtype), flat.numel()
+        checksum = 0 if key is not None else checksum_of(frames)
     if header.shapes and numel_of(header.shapes) != numel:
         raise ValueError(f"shapes describe {numel_of(header.shapes)} elements but tensor has {numel}")
     full = _replaced(
         header,
-        dtype=prepared.dtype,
+        dtype=dtype,
         shapes=header.shapes or ((numel,),),
-        frame_bytes=tuple(len(f) for f in prepared.frames),
-        checksum=0 if key is not None else prepared.checksum,
+        frame_bytes=tuple(len(f) for f in frames),
+        checksum=checksum,
         nonce="",
         mac="",
     )
-    out = prepared.zmq_frames if cached and prepared.frames else prepared.frames
-    return [_pack_signed(full, prepared.frames, key), *out]
+    return [_pack_signed(full, frames, key), *out]
 
 
 def _replaced(header: Header, **fields: Any) -> Header:

@@ -1,6 +1,7 @@
 """ZeroMQ data plane: an asyncio ROUTER socket in front of the engine.
 
-Each request is handled in its own task so a worker held at a barrier never
+Each request is handled on the loop turn that received it, and goes on in a
+task of its own when it has to wait, so a worker held at a barrier never
 blocks the others. Every failure becomes an error reply, a counter and a log
 line; the loop itself only stops when told to.
 """
@@ -8,9 +9,11 @@ line; the loop itself only stops when told to.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import logging
-from typing import cast
+from collections.abc import Coroutine, Generator
+from typing import Any, cast
 
 import msgpack
 import zmq
@@ -31,7 +34,7 @@ _POLLIN = int(zmq.POLLIN)
 
 
 class DataPlane:
-    """The ROUTER loop: admits a request cheaply, then hands it to the engine in a task of its own.
+    """The ROUTER loop: admits a request cheaply, then hands it to the engine (a task of its own if it waits).
 
     Admission, before any task or tensor work: the header must decode and
     name a registered worker (garbage and strangers are counted, answered
@@ -63,6 +66,8 @@ class DataPlane:
         self._sock: zmq.Socket | None = None
         # Set by the loop's reader on the socket's FD; cleared when a receive finds nothing (_serve).
         self._readable = asyncio.Event()
+        # True while the receive loop's own turn sends (_start, its error replies): see _send.
+        self._at_once = False
         self._fd: int | None = None
         self._task: asyncio.Task | None = None
         self._inflight: set[asyncio.Task] = set()
@@ -142,19 +147,56 @@ class DataPlane:
             if isinstance(admitted, Header):
                 self._per_peer[identity] = self._per_peer.get(identity, 0) + 1
                 self.inflight_bytes += size
-                task = asyncio.create_task(self._handle(identity, frames[1:], admitted, size))
-                self._inflight.add(task)
-                task.add_done_callback(functools.partial(self._done, identity=identity, size=size))
+                self._start(identity, frames[1:], admitted, size)
             else:
                 code, message = admitted
                 self._trimmer.note_refused(size)
                 self.engine.metrics.errors.labels(code=code.value).inc()
                 if self._error_budget.allow("error replies") == 0.0:
-                    await self._send(identity, error_frames(code, message, seq=_seq_of(frames[1:])))
+                    self._at_once = True
+                    try:
+                        await self._send(identity, error_frames(code, message, seq=_seq_of(frames[1:])))
+                    finally:
+                        self._at_once = False
                 else:
                     self.engine.metrics.limit_hits.labels(limit="error_replies").inc()
-            # A ready recv completes without yielding: give the control plane its turn.
-            await asyncio.sleep(0)
+            # A ready recv completes without yielding: give the control plane its turn before the next
+            # message; with none queued, wait for one (reading EVENTS re-arms the FD, as after zmq.Again).
+            self._readable.clear()
+            if cast(int, self._sock.get(_EVENTS)) & _POLLIN:
+                await asyncio.sleep(0)
+            else:
+                await self._readable.wait()
+
+    def _start(self, identity: bytes, frames: list, header: Header, size: int) -> None:
+        """Handle an admitted request at once, on the loop turn that received it, as Python 3.12's eager tasks
+        do: most requests finish without waiting, and a task of their own (its scheduling, its step, its done
+        callback) took two of a top-k push's four loop turns (issue 31; docs/compression.md, micro8). A
+        request that has to wait (a barrier, the step lock, a worker thread) goes on in a task of its own from
+        where it waits. In a copy of the context, as a task's: the handler sets the request's context variable."""
+        coro = self._handle(identity, frames, header, size)
+        context = contextvars.copy_context()
+        self._at_once = True
+        try:
+            waiting = context.run(coro.send, None)
+        except StopIteration:
+            self._release(identity, size)
+            return
+        except asyncio.CancelledError:
+            # A handler that met a cancelled future ends as its task would have: cancelled, without a reply.
+            self._release(identity, size)
+            log.info("request from %s cancelled", identity.hex())
+            return
+        except Exception:
+            # _handle answers every failure itself: this is a bug, logged as a task's would be; the loop goes on.
+            self._release(identity, size)
+            log.exception("request from %s failed outside its handler", identity.hex())
+            return
+        finally:
+            self._at_once = False
+        task = asyncio.get_running_loop().create_task(_Resumed(coro, waiting), context=context)
+        self._inflight.add(task)
+        task.add_done_callback(functools.partial(self._done, identity=identity, size=size))
 
     def _admit(self, identity: bytes, frames: list, size: int) -> Header | tuple[ErrorCode, str]:
         """The request's header to handle it, or the (code, message) it is refused with: cheap checks
@@ -181,6 +223,10 @@ class DataPlane:
 
     def _done(self, task: asyncio.Task, *, identity: bytes, size: int) -> None:
         self._inflight.discard(task)
+        self._release(identity, size)
+
+    def _release(self, identity: bytes, size: int) -> None:
+        """A request is over: its bytes and its place in its peer's count are free."""
         self.inflight_bytes -= size
         left = self._per_peer.get(identity, 1) - 1
         if left:
@@ -226,8 +272,52 @@ class DataPlane:
                 log.info("could not reply to %s: %s", identity.hex(), exc)
                 break
         # A send processes the socket's pending commands, which can consume the FD's signal of a message
-        # that came in: wake the receive loop if one is waiting.
-        self._on_fd()
+        # that came in: wake the receive loop if one is waiting. Not needed for a send of the receive loop's
+        # own turn (its error replies, a request answered at once): it reads EVENTS itself next.
+        if not self._at_once:
+            self._on_fd()
+
+
+class _Resumed(Coroutine[Any, Any, None]):
+    """The rest of a coroutine whose first step already ran and yielded ``waiting``: what ``yield from`` would
+    be from there on, so a task can take it over (``DataPlane._start``). Its first ``send`` hands the task what
+    the coroutine waits on; then every ``send`` and ``throw`` (a cancel) goes to the coroutine."""
+
+    def __init__(self, coro: Coroutine[Any, Any, None], waiting: Any) -> None:
+        self._coro = coro
+        self._waiting: Any = waiting
+        self._first = True
+
+    def send(self, value: Any) -> Any:
+        if self._first:
+            self._first = False
+            waiting, self._waiting = self._waiting, None
+            return waiting
+        return self._coro.send(value)
+
+    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:
+        # Thrown before the task's first step (a cancel): into the coroutine, where it waits.
+        self._first, self._waiting = False, None
+        if val is None and tb is None:
+            return self._coro.throw(typ)
+        return self._coro.throw(typ, val, tb)
+
+    def close(self) -> None:
+        self._coro.close()
+
+    def __await__(self) -> Generator[Any, Any, None]:
+        # A task drives it by send and throw; awaited, it is driven the same way.
+        try:
+            waiting = self.send(None)
+            while True:
+                try:
+                    value = yield waiting
+                except BaseException as exc:  # noqa: BLE001 - everything thrown in goes to the coroutine
+                    waiting = self.throw(exc)
+                else:
+                    waiting = self.send(value)
+        except StopIteration:
+            return
 
 
 def _recv_message(sock: zmq.Socket) -> list[zmq.Frame]:

@@ -126,7 +126,11 @@ class Claims:
         return self.settings.enabled and self.settings.claims
 
     def _of(self, worker_id: str) -> _Worker:
-        return self.workers.setdefault(worker_id, _Worker())
+        # Not setdefault: its default, five deques and a dict, was built on every call, twice a push (issue 31).
+        me = self.workers.get(worker_id)
+        if me is None:
+            me = self.workers[worker_id] = _Worker()
+        return me
 
     def on_assign(self, worker_id: str, cycle_samples: int, *, batch_size: int | None = None, accumulation: int = 1,
                   lr: float | None = None) -> int:

@@ -113,6 +113,7 @@ class Handlers:
         # reply entry), the latest version only.
         self._int8_models: dict[int, tuple[int, PreparedPayload, CodecSpec, dict[str, Any]]] = {}
         self._topk_scratch = DenseScratch()
+        self._message_counters: dict[MsgType, Any] = {}
         self._by_type: dict[MsgType, Callable[[WorkerRecord, Message], Awaitable[Frames]]] = {
             MsgType.PUSH_UPDATE: self.on_push,
             MsgType.PULL_MODEL: self.on_pull,
@@ -149,7 +150,12 @@ class Handlers:
         worker.server_bytes_in += size
         worker.messages += 1
         self.counters.count_message(h.type.value)
-        self.metrics.messages.labels(type=h.type.value).inc()
+        counter = self._message_counters.get(h.type)
+        if counter is None:
+            # The series of a type, made on its first message as before, then kept: labels() takes a lock and
+            # builds its key on every call (issue 31).
+            counter = self._message_counters[h.type] = self.metrics.messages.labels(type=h.type.value)
+        counter.inc()
         reply = await handler(worker, msg)
         out = sum(len(f) for f in reply)
         worker.server_bytes_out += out

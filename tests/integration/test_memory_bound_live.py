@@ -122,9 +122,12 @@ def test_64_peers_of_maximum_size_frames_stay_under_the_memory_bound(server_fact
     bound = PEERS * socket_frame_cap(LIMIT) + 4 * LIMIT + SLACK
     peak = _mem(srv)["VmHWM"] - base
     assert peak <= bound, f"peak RSS +{peak / MiB:.0f} MiB over the bound {bound / MiB:.0f} MiB"
-    # 64 × 4 MiB arriving at once overran the 8 MiB in-flight budget: refused, and reported.
-    assert srv.counter("hermes_limit_hits_total", limit="inflight_bytes") > 0
-    assert "in-flight memory budget hit" in srv.log_text()
+    # Each too-large frame is refused on the loop turn that receives it (issue 31: a request handled at once),
+    # so it holds no in-flight bytes once answered; before, an answered request stayed counted until its task's
+    # done callback a turn later, and those counts "overran" the 8 MiB budget. A refusal for the budget, if
+    # any, is reported; the budget itself, with requests that wait: tests/unit/test_hot_path_equivalence.py.
+    if srv.counter("hermes_limit_hits_total", limit="inflight_bytes") > 0:
+        assert "in-flight memory budget hit" in srv.log_text()
     # Returned to the OS once the burst is over (frame buffers are their own mappings).
     wait_for(lambda: _mem(srv)["VmRSS"] - base < 32 * MiB, 10, "RSS to come back near its baseline")
     assert srv.healthz()["status"] == "ok"

@@ -238,3 +238,249 @@ def test_agent_waits_in_slices_for_a_late_reply_and_stops_on_cancel() -> None:
         dc.close()
         router.close(linger=0)
         ctx.term()
+
+
+def test_unpack_sets_the_fields_the_constructor_sets() -> None:
+    h = _full_header()
+    got = Header.unpack(h.pack())
+    assert type(got) is Header and got.__dict__ == h.__dict__ and repr(got) == repr(h)
+    assert set(got.__dict__) == {f.name for f in dataclasses.fields(Header)}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        got.seq = 10  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("max_frame_bytes", [1 << 20, 1000])
+def test_encode_frames_a_tensor_as_a_prepared_payload_does(max_frame_bytes: int) -> None:
+    """A tensor framed in ``encode`` (no PreparedPayload) gives the bytes, the header fields and the checksum
+    that framing it as a PreparedPayload gives; signed, the MAC verifies; its errors are the same."""
+    import torch
+
+    from hermes.common.wire import decode, prepare, verify_mac
+
+    t = torch.arange(2500, dtype=torch.float32)
+    h = Header(type=MsgType.PUSH_UPDATE, worker="w", session="s", seq=3, body={"samples": 1})
+    plain = encode(h, t, max_frame_bytes=max_frame_bytes)
+    framed = encode(h, prepare(t, max_frame_bytes=max_frame_bytes))
+    assert len(plain) == len(framed) == 1 + -(-t.numel() * 4 // max_frame_bytes)
+    assert plain[0] == framed[0]  # unsigned: the same header bytes, checksum included
+    assert [bytes(f) for f in plain[1:]] == [f.bytes for f in framed[1:]]
+    key = b"k" * 32
+    signed = encode(h, t, key=key, max_frame_bytes=max_frame_bytes)
+    msg = decode(signed)
+    assert verify_mac(signed[0], msg.header, signed[1:], key)
+    want = Header.unpack(framed[0])
+    assert (msg.header.dtype, msg.header.shapes, msg.header.frame_bytes, msg.header.checksum) == (
+        want.dtype, want.shapes, want.frame_bytes, 0)
+    assert msg.payload is not None and torch.equal(msg.payload.flat(), t)
+    raw = encode(h, bytes(range(200)), key=key)  # bytes: sent as uint8, as before
+    assert Header.unpack(raw[0]).dtype == "uint8" and bytes(raw[1]) == bytes(range(200))
+    with pytest.raises(ValueError, match="shapes describe 3 elements"):
+        encode(dataclasses.replace(h, shapes=((3,),)), t)
+    with pytest.raises(ProtocolError) as err:
+        encode(h, torch.zeros(3, dtype=torch.complex64))
+    assert err.value.code is ErrorCode.BAD_DTYPE
+
+
+def test_agent_sends_and_receives_messages_whole() -> None:
+    """The agent's part-by-part send and receive (client/transport.py) over a real DEALER/ROUTER pair: messages
+    stay whole and in order; with nothing to receive the receive timeout raises ``zmq.Again``."""
+    from hermes.client.transport import _recv_parts, _send_parts
+
+    ctx = zmq.Context()
+    router, dealer = ctx.socket(zmq.ROUTER), ctx.socket(zmq.DEALER)
+    try:
+        for s in (router, dealer):
+            s.setsockopt(zmq.LINGER, 0)
+        port = router.bind_to_random_port("tcp://127.0.0.1")
+        dealer.connect(f"tcp://127.0.0.1:{port}")
+        dealer.rcvtimeo = 50
+        with pytest.raises(zmq.Again):
+            _recv_parts(dealer)
+        payload = bytes(range(256)) * 400  # above pyzmq's copy threshold: sent zero-copy
+        _send_parts(dealer, [b"head", memoryview(payload), zmq.Frame(b"tail")])
+        _send_parts(dealer, [b"alone"])
+        got = []
+        for _ in range(2):
+            assert router.poll(int(HANG_S * 1000))
+            got.append(router.recv_multipart())
+        assert got[0][1:] == [b"head", payload, b"tail"] and got[1][1:] == [b"alone"]
+        router.send_multipart([got[0][0], b"r1", payload])
+        router.send_multipart([got[0][0], b"r2"])
+        dealer.rcvtimeo = int(HANG_S * 1000)
+        assert [f.bytes for f in _recv_parts(dealer)] == [b"r1", payload]
+        assert [f.bytes for f in _recv_parts(dealer)] == [b"r2"]
+    finally:
+        router.close(linger=0)
+        dealer.close(linger=0)
+        ctx.term()
+
+
+class _StubEngine:
+    """What the data plane asks of an engine, with a handler that answers at once, or waits for ``gate`` (as a
+    push held at a barrier does), or refuses; each reply says what a context variable held when the handler
+    started (nothing, unless a request's context leaked into the next) and when it answered (its own seq)."""
+
+    max_message_bytes = 1 << 20
+
+    def __init__(self) -> None:
+        import asyncio
+        import contextvars
+        from types import SimpleNamespace
+
+        from hermes.common.clock import SYSTEM_CLOCK
+        from hermes.server.metrics import ServerMetrics
+
+        self.clock = SYSTEM_CLOCK
+        self.metrics = ServerMetrics()
+        self.registry = SimpleNamespace(get=lambda worker: worker or None)
+        self.gate = asyncio.Event()
+        self.var: contextvars.ContextVar[int] = contextvars.ContextVar("stub_request")
+
+    async def handle(self, frames: list, header: Header | None = None) -> list:
+        import asyncio
+
+        assert header is not None
+        before = self.var.get(None)
+        self.var.set(header.seq)
+        if header.body.get("wait"):
+            await self.gate.wait()
+            await asyncio.sleep(0)  # a bare yield too
+        if header.body.get("refuse"):
+            raise ProtocolError(ErrorCode.BAD_REQUEST, "refused")
+        return [Header(type=MsgType.STATS_ACK, seq=header.seq, body={"before": before, "own": self.var.get()}).pack()]
+
+
+def test_data_plane_answers_at_once_and_continues_waiting_requests_in_tasks() -> None:
+    """The data plane runs each request's handler on the turn that received it: one that answers at once is
+    answered and forgotten (no task, nothing left counted); one that waits goes on in a task, counted in flight,
+    while others are answered, and ends with its own context; a refusal is an error reply; stopping cancels a
+    request still waiting."""
+    import asyncio
+    import threading
+
+    from hermes.server.dataplane import DataPlane
+
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+
+    def on_loop(fn):  # noqa: ANN001, ANN202 - a test helper
+        async def call():  # noqa: ANN202
+            return fn()
+        return asyncio.run_coroutine_threadsafe(call(), loop).result(HANG_S)
+
+    engine = on_loop(_StubEngine)
+    plane = DataPlane(engine, "127.0.0.1", 0)  # type: ignore[arg-type]
+    port = asyncio.run_coroutine_threadsafe(plane.start(), loop).result(HANG_S)
+    ctx = zmq.Context()
+    socks = [ctx.socket(zmq.DEALER) for _ in range(3)]
+    try:
+        for s in socks:
+            s.setsockopt(zmq.LINGER, 0)
+            s.connect(f"tcp://127.0.0.1:{port}")
+
+        def ask(sock: zmq.Socket, seq: int, **body: object) -> None:
+            sock.send(Header(type=MsgType.REPORT_STATS, worker="w", seq=seq, body=dict(body)).pack())
+
+        def answer(sock: zmq.Socket) -> Header:
+            assert sock.poll(int(HANG_S * 1000))
+            return Header.unpack(sock.recv())
+
+        ask(socks[0], 1, wait=True)
+        ask(socks[1], 2)
+        got = answer(socks[1])  # answered while the first waits
+        assert (got.seq, got.body) == (2, {"before": None, "own": 2})
+        assert on_loop(lambda: (len(plane._inflight), plane.inflight_bytes > 0)) == (1, True)
+        ask(socks[1], 3, refuse=True)
+        refused = answer(socks[1])
+        assert refused.type is MsgType.ERROR and refused.body["code"] == ErrorCode.BAD_REQUEST.value
+        on_loop(engine.gate.set)
+        got = answer(socks[0])
+        assert (got.seq, got.body) == (1, {"before": None, "own": 1})
+        for seq in range(4, 9):
+            ask(socks[1], seq)
+            assert answer(socks[1]).body == {"before": None, "own": seq}
+        assert on_loop(lambda: (len(plane._inflight), plane.inflight_bytes, plane._per_peer)) == (0, 0, {})
+        on_loop(engine.gate.clear)
+        ask(socks[2], 9, wait=True)
+        deadline = time.monotonic() + HANG_S
+        while on_loop(lambda: len(plane._inflight)) != 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        task = on_loop(lambda: next(iter(plane._inflight)))
+        asyncio.run_coroutine_threadsafe(plane.stop(), loop).result(HANG_S)
+        assert task.cancelled()
+    finally:
+        for s in socks:
+            s.close(linger=0)
+        ctx.term()
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(HANG_S)
+
+
+def test_data_plane_in_flight_budget_counts_waiting_requests() -> None:
+    """``max_inflight_bytes`` bounds the bytes of requests being handled: requests waiting in their tasks hold
+    theirs, one that would go over is refused ``unavailable`` (counted and logged), and once they are answered
+    the next is admitted. (A request answered on the turn it arrives holds its bytes only while it runs.)"""
+    import asyncio
+    import logging
+    import threading
+
+    from hermes.server.dataplane import DataPlane
+
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+
+    def on_loop(fn):  # noqa: ANN001, ANN202 - a test helper
+        async def call():  # noqa: ANN202
+            return fn()
+        return asyncio.run_coroutine_threadsafe(call(), loop).result(HANG_S)
+
+    engine = on_loop(_StubEngine)
+    pad = b"x" * 4000
+    plane = DataPlane(engine, "127.0.0.1", 0, max_inflight_bytes=10_000)  # type: ignore[arg-type]
+    port = asyncio.run_coroutine_threadsafe(plane.start(), loop).result(HANG_S)
+    ctx = zmq.Context()
+    socks = [ctx.socket(zmq.DEALER) for _ in range(3)]
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    logging.getLogger("hermes.server.dataplane").addHandler(handler)
+    try:
+        for s in socks:
+            s.setsockopt(zmq.LINGER, 0)
+            s.connect(f"tcp://127.0.0.1:{port}")
+
+        def ask(sock: zmq.Socket, seq: int, **body: object) -> None:
+            sock.send_multipart([Header(type=MsgType.REPORT_STATS, worker="w", seq=seq, body=dict(body)).pack(),
+                                 pad])
+
+        def answer(sock: zmq.Socket) -> Header:
+            assert sock.poll(int(HANG_S * 1000))
+            return Header.unpack(sock.recv_multipart()[0])
+
+        ask(socks[0], 1, wait=True)
+        ask(socks[1], 2, wait=True)
+        deadline = time.monotonic() + HANG_S
+        while on_loop(lambda: len(plane._inflight)) != 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        ask(socks[2], 3)  # 3 x ~4 KB > 10,000 bytes
+        refused = answer(socks[2])
+        assert refused.type is MsgType.ERROR and refused.body["code"] == ErrorCode.UNAVAILABLE.value
+        hits = on_loop(lambda: engine.metrics.limit_hits.labels(limit="inflight_bytes")._value.get())
+        assert hits == 1 and any("in-flight memory budget hit" in r.getMessage() for r in records)
+        on_loop(engine.gate.set)
+        assert {answer(socks[0]).seq, answer(socks[1]).seq} == {1, 2}
+        ask(socks[2], 4)
+        assert answer(socks[2]).body == {"before": None, "own": 4}
+        assert on_loop(lambda: (len(plane._inflight), plane.inflight_bytes)) == (0, 0)
+        asyncio.run_coroutine_threadsafe(plane.stop(), loop).result(HANG_S)
+    finally:
+        logging.getLogger("hermes.server.dataplane").removeHandler(handler)
+        for s in socks:
+            s.close(linger=0)
+        ctx.term()
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(HANG_S)
