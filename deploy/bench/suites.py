@@ -409,6 +409,15 @@ ALONE_VARIANTS = [
     {"label": "bsp-static-b24-topk-local", "preset": "bsp",
      "overrides": {"allocation": "static", "lr": 0.1, "batch_size": 24, "cycle_samples": 192, **_TOPK_INT8,
                    "task": _LOCAL_TASK}},
+    # Sixteen devices of the HL2 pattern (--clients 16 --pace 24: the same demand on the cores as 4 at pace 6):
+    # 16 steps a round at batch 16 (a global 256), so that a round's compute (420 ms for the fastest) outlasts its
+    # exchange on lte (about 285 ms). Medians of 3, 2026-11-28 11:02-11:14 UTC: lte 1.56x alone (-topk-local;
+    # per seed 1.61, 1.49, 1.32), lan 2.07x (1.83x with top-k); docs/compression.md, ninth pass.
+    {"label": "bsp-static-b16-h16-local", "preset": "bsp",
+     "overrides": {"allocation": "static", "lr": 0.1, "batch_size": 16, "cycle_samples": 256, "task": _LOCAL_TASK}},
+    {"label": "bsp-static-b16-h16-topk-local", "preset": "bsp",
+     "overrides": {"allocation": "static", "lr": 0.1, "batch_size": 16, "cycle_samples": 256, **_TOPK_INT8,
+                   "task": _LOCAL_TASK}},
 ]
 
 
@@ -417,8 +426,8 @@ BUILTIN: dict[str, dict[str, Any]] = {
         "description": "A 4-agent HL2 cluster against its fastest device alone (the other three have twice "
                        "its compute), on lan, lte and constrained links; mnist1d 20k, the paper-size CNN, target "
                        "0.9, pace 6, every run paced by --slowdown-mode nominal; asp and hermes with and without top-k "
-                       "pushes, and synchronous local SGD with batches split by declared cores (bsp-static-*; "
-                       "issue 31).",
+                       "pushes, and synchronous local SGD with batches split by declared cores (bsp-static-*; with "
+                       "16 devices: --clients 16 --pace 24; issue 31).",
         "variants": ALONE_VARIANTS, "profiles": ["hl2"], "links": ["lan", "lte", "constrained"], "clients": 4,
         "repeats": 3, "dataset": "mnist1d", "target_accuracy": 0.9, "max_seconds": 90.0,
         # Pace 6 since the nominal rule (2026-11-28, sixth pass): the smallest at which every device, alone
