@@ -4,8 +4,11 @@ send over a real ZeroMQ pair, and the codecs' cached element count."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
+from collections.abc import Iterator
+from types import SimpleNamespace
 
 import msgpack
 import pytest
@@ -350,11 +353,11 @@ class _StubEngine:
         return [Header(type=MsgType.STATS_ACK, seq=header.seq, body={"before": before, "own": self.var.get()}).pack()]
 
 
-def test_data_plane_answers_at_once_and_continues_waiting_requests_in_tasks() -> None:
-    """The data plane runs each request's handler on the turn that received it: one that answers at once is
-    answered and forgotten (no task, nothing left counted); one that waits goes on in a task, counted in flight,
-    while others are answered, and ends with its own context; a refusal is an error reply; stopping cancels a
-    request still waiting."""
+@contextlib.contextmanager
+def _served_plane(**plane_kwargs: object) -> Iterator[SimpleNamespace]:
+    """A ``DataPlane`` over ``_StubEngine`` on an event loop of its own thread, and three DEALERs connected to it:
+    ``on_loop(fn)`` runs ``fn`` on that loop; ``ask``/``answer`` send a REPORT_STATS request (``pad``: a second
+    frame of those bytes) and read a reply's header."""
     import asyncio
     import threading
 
@@ -369,8 +372,25 @@ def test_data_plane_answers_at_once_and_continues_waiting_requests_in_tasks() ->
             return fn()
         return asyncio.run_coroutine_threadsafe(call(), loop).result(HANG_S)
 
+    def ask(sock: zmq.Socket, seq: int, pad: bytes = b"", **body: object) -> None:
+        head = Header(type=MsgType.REPORT_STATS, worker="w", seq=seq, body=dict(body)).pack()
+        sock.send_multipart([head, pad] if pad else [head])
+
+    def answer(sock: zmq.Socket) -> Header:
+        assert sock.poll(int(HANG_S * 1000))
+        return Header.unpack(sock.recv_multipart()[0])
+
+    def wait_inflight(n: int) -> None:
+        deadline = time.monotonic() + HANG_S
+        while on_loop(lambda: len(plane._inflight)) != n:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+
+    def stop() -> None:
+        asyncio.run_coroutine_threadsafe(plane.stop(), loop).result(HANG_S)
+
     engine = on_loop(_StubEngine)
-    plane = DataPlane(engine, "127.0.0.1", 0)  # type: ignore[arg-type]
+    plane = DataPlane(engine, "127.0.0.1", 0, **plane_kwargs)  # type: ignore[arg-type]
     port = asyncio.run_coroutine_threadsafe(plane.start(), loop).result(HANG_S)
     ctx = zmq.Context()
     socks = [ctx.socket(zmq.DEALER) for _ in range(3)]
@@ -378,14 +398,23 @@ def test_data_plane_answers_at_once_and_continues_waiting_requests_in_tasks() ->
         for s in socks:
             s.setsockopt(zmq.LINGER, 0)
             s.connect(f"tcp://127.0.0.1:{port}")
+        yield SimpleNamespace(engine=engine, plane=plane, socks=socks, on_loop=on_loop, ask=ask, answer=answer,
+                              wait_inflight=wait_inflight, stop=stop)
+    finally:
+        for s in socks:
+            s.close(linger=0)
+        ctx.term()
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(HANG_S)
 
-        def ask(sock: zmq.Socket, seq: int, **body: object) -> None:
-            sock.send(Header(type=MsgType.REPORT_STATS, worker="w", seq=seq, body=dict(body)).pack())
 
-        def answer(sock: zmq.Socket) -> Header:
-            assert sock.poll(int(HANG_S * 1000))
-            return Header.unpack(sock.recv())
-
+def test_data_plane_answers_at_once_and_continues_waiting_requests_in_tasks() -> None:
+    """The data plane runs each request's handler on the turn that received it: one that answers at once is
+    answered and forgotten (no task, nothing left counted); one that waits goes on in a task, counted in flight,
+    while others are answered, and ends with its own context; a refusal is an error reply; stopping cancels a
+    request still waiting."""
+    with _served_plane() as t:
+        plane, socks, on_loop, ask, answer = t.plane, t.socks, t.on_loop, t.ask, t.answer
         ask(socks[0], 1, wait=True)
         ask(socks[1], 2)
         got = answer(socks[1])  # answered while the first waits
@@ -394,93 +423,48 @@ def test_data_plane_answers_at_once_and_continues_waiting_requests_in_tasks() ->
         ask(socks[1], 3, refuse=True)
         refused = answer(socks[1])
         assert refused.type is MsgType.ERROR and refused.body["code"] == ErrorCode.BAD_REQUEST.value
-        on_loop(engine.gate.set)
+        on_loop(t.engine.gate.set)
         got = answer(socks[0])
         assert (got.seq, got.body) == (1, {"before": None, "own": 1})
         for seq in range(4, 9):
             ask(socks[1], seq)
             assert answer(socks[1]).body == {"before": None, "own": seq}
         assert on_loop(lambda: (len(plane._inflight), plane.inflight_bytes, plane._per_peer)) == (0, 0, {})
-        on_loop(engine.gate.clear)
+        on_loop(t.engine.gate.clear)
         ask(socks[2], 9, wait=True)
-        deadline = time.monotonic() + HANG_S
-        while on_loop(lambda: len(plane._inflight)) != 1:
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        t.wait_inflight(1)
         task = on_loop(lambda: next(iter(plane._inflight)))
-        asyncio.run_coroutine_threadsafe(plane.stop(), loop).result(HANG_S)
+        t.stop()
         assert task.cancelled()
-    finally:
-        for s in socks:
-            s.close(linger=0)
-        ctx.term()
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(HANG_S)
 
 
 def test_data_plane_in_flight_budget_counts_waiting_requests() -> None:
     """``max_inflight_bytes`` bounds the bytes of requests being handled: requests waiting in their tasks hold
     theirs, one that would go over is refused ``unavailable`` (counted and logged), and once they are answered
     the next is admitted. (A request answered on the turn it arrives holds its bytes only while it runs.)"""
-    import asyncio
     import logging
-    import threading
 
-    from hermes.server.dataplane import DataPlane
-
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-
-    def on_loop(fn):  # noqa: ANN001, ANN202 - a test helper
-        async def call():  # noqa: ANN202
-            return fn()
-        return asyncio.run_coroutine_threadsafe(call(), loop).result(HANG_S)
-
-    engine = on_loop(_StubEngine)
     pad = b"x" * 4000
-    plane = DataPlane(engine, "127.0.0.1", 0, max_inflight_bytes=10_000)  # type: ignore[arg-type]
-    port = asyncio.run_coroutine_threadsafe(plane.start(), loop).result(HANG_S)
-    ctx = zmq.Context()
-    socks = [ctx.socket(zmq.DEALER) for _ in range(3)]
     records: list[logging.LogRecord] = []
     handler = logging.Handler()
     handler.emit = records.append  # type: ignore[method-assign]
     logging.getLogger("hermes.server.dataplane").addHandler(handler)
     try:
-        for s in socks:
-            s.setsockopt(zmq.LINGER, 0)
-            s.connect(f"tcp://127.0.0.1:{port}")
-
-        def ask(sock: zmq.Socket, seq: int, **body: object) -> None:
-            sock.send_multipart([Header(type=MsgType.REPORT_STATS, worker="w", seq=seq, body=dict(body)).pack(),
-                                 pad])
-
-        def answer(sock: zmq.Socket) -> Header:
-            assert sock.poll(int(HANG_S * 1000))
-            return Header.unpack(sock.recv_multipart()[0])
-
-        ask(socks[0], 1, wait=True)
-        ask(socks[1], 2, wait=True)
-        deadline = time.monotonic() + HANG_S
-        while on_loop(lambda: len(plane._inflight)) != 2:
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
-        ask(socks[2], 3)  # 3 x ~4 KB > 10,000 bytes
-        refused = answer(socks[2])
-        assert refused.type is MsgType.ERROR and refused.body["code"] == ErrorCode.UNAVAILABLE.value
-        hits = on_loop(lambda: engine.metrics.limit_hits.labels(limit="inflight_bytes")._value.get())
-        assert hits == 1 and any("in-flight memory budget hit" in r.getMessage() for r in records)
-        on_loop(engine.gate.set)
-        assert {answer(socks[0]).seq, answer(socks[1]).seq} == {1, 2}
-        ask(socks[2], 4)
-        assert answer(socks[2]).body == {"before": None, "own": 4}
-        assert on_loop(lambda: (len(plane._inflight), plane.inflight_bytes)) == (0, 0)
-        asyncio.run_coroutine_threadsafe(plane.stop(), loop).result(HANG_S)
+        with _served_plane(max_inflight_bytes=10_000) as t:
+            plane, socks, on_loop, ask, answer = t.plane, t.socks, t.on_loop, t.ask, t.answer
+            ask(socks[0], 1, pad, wait=True)
+            ask(socks[1], 2, pad, wait=True)
+            t.wait_inflight(2)
+            ask(socks[2], 3, pad)  # 3 x ~4 KB > 10,000 bytes
+            refused = answer(socks[2])
+            assert refused.type is MsgType.ERROR and refused.body["code"] == ErrorCode.UNAVAILABLE.value
+            hits = on_loop(lambda: t.engine.metrics.limit_hits.labels(limit="inflight_bytes")._value.get())
+            assert hits == 1 and any("in-flight memory budget hit" in r.getMessage() for r in records)
+            on_loop(t.engine.gate.set)
+            assert {answer(socks[0]).seq, answer(socks[1]).seq} == {1, 2}
+            ask(socks[2], 4, pad)
+            assert answer(socks[2]).body == {"before": None, "own": 4}
+            assert on_loop(lambda: (len(plane._inflight), plane.inflight_bytes)) == (0, 0)
+            t.stop()
     finally:
         logging.getLogger("hermes.server.dataplane").removeHandler(handler)
-        for s in socks:
-            s.close(linger=0)
-        ctx.term()
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(HANG_S)
