@@ -126,6 +126,11 @@ class Payload:
             total += float(torch.dot(piece, piece))
         return math.sqrt(total) if math.isfinite(total) else math.inf
 
+    def know_norm(self, sum_of_squares: float) -> None:
+        """Set ``norm`` from a sum of squares the decoder read more cheaply than a pass over the payload (a top-k
+        push's k values: the rest are zeros), under the same rule: inf unless finite."""
+        self.__dict__["norm"] = math.sqrt(sum_of_squares) if math.isfinite(sum_of_squares) else math.inf
+
     @cached_property
     def widened(self) -> tuple[torch.Tensor, ...] | None:
         """The chunks in fp32, one buffer, for a half-precision payload of at most

@@ -19,7 +19,7 @@ Layouts (little endian, one buffer):
 - ``fp16`` / ``bf16``: the n halves.
 - ``int8`` (QSGD, Alistarh et al. 2017, with s = 127 levels and one scale per
   chunk as 8-bit hivemind does): ceil(n / chunk) fp32 scales, then n int8.
-- ``topk`` (Lin et al. 2018, DGC; Stich et al. 2018): k int32 indices, then k fp32 values.
+- ``topk`` (Lin et al. 2018, DGC; Stich et al. 2018): k int32 indices (strictly increasing), then k fp32 values.
 - ``powersgd`` (Vogels et al. 2019, Alg. 1): in spec order, for a matrix-shaped
   entry that rank r compresses ((m + n) r < m n) the fp32 factors P (m x r) then
   Q (n x r); every other entry (vectors, biases) as its fp32 values.

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from hermes.common.clock import Clock
-from hermes.common.codecs import DenseScratch, Int8Codec
+from hermes.common.codecs import DenseScratch, Int8Codec, TopKCodec
 from hermes.common.codecs import decode as decode_codec
 from hermes.common.messages import (
     MAX_SHARDS_PER_FETCH,
@@ -78,11 +78,15 @@ def decompressed(spec: ModelSpec, payload: Payload | None, codec: CodecSpec,
     if payload is None or payload.dtype != torch.uint8:
         raise ProtocolError(ErrorCode.BAD_DTYPE, f"a {codec.name} push travels as uint8 bytes, not "
                                                  f"{'nothing' if payload is None else payload.dtype}")
+    data = payload.flat()
     try:
-        flat = decode_codec(payload.flat(), codec, spec.shapes, scratch)
+        flat = decode_codec(data, codec, spec.shapes, scratch)
     except CodecError as exc:
         raise ProtocolError(ErrorCode.BAD_SHAPE, str(exc)) from None
-    return Payload(dtype=torch.float32, chunks=(flat,), shapes=spec.shapes)
+    out = Payload(dtype=torch.float32, chunks=(flat,), shapes=spec.shapes)
+    if codec.name == "topk":
+        out.know_norm(TopKCodec.sum_of_squares(data, codec))  # k values, not n: a dense pass saved (issue 31)
+    return out
 
 
 class Handlers:

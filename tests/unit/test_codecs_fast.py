@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from hermes.common.codec_spec import CodecSpec
+from hermes.common.codec_spec import CodecError, CodecSpec
 from hermes.common.codecs import Int8Codec, PowerSgdCodec, TopKCodec, decode, powersgd_matrix
 
 
@@ -95,7 +95,7 @@ def test_decoded_vectors_do_not_alias_the_received_buffer() -> None:
 
 def test_topk_decode_into_a_reused_zero_vector_is_bit_for_bit_a_fresh_one() -> None:
     """DenseScratch: the k elements the last decode wrote are zeroed again instead of a new zero vector a push;
-    every decode equals torch.zeros + the scatter, bit for bit (-0.0 and a sender's repeated indices included)."""
+    every decode equals torch.zeros + the scatter, bit for bit (-0.0 included)."""
     from hermes.common.codecs import DenseScratch
 
     scratch, shapes, gen = DenseScratch(), ((50, 20), (40,)), torch.Generator().manual_seed(3)
@@ -112,11 +112,40 @@ def test_topk_decode_into_a_reused_zero_vector_is_bit_for_bit_a_fresh_one() -> N
         else:
             assert got.data_ptr() == first  # the last result was dropped: its memory is reused
         del got
-    # A sender's repeated indices: the last value wins, as with a fresh vector.
-    idx, values = torch.tensor([5, 9, 5, 1000], dtype=torch.int32), torch.tensor([1.0, 2.0, 3.0, 4.0])
-    data = torch.cat([idx.view(torch.uint8), values.view(torch.uint8)])
-    spec = CodecSpec(name="topk", k=4)
-    assert torch.equal(decode(data, spec, shapes, scratch), decode(data, spec, shapes))
+
+
+@pytest.mark.parametrize("indices", [[5, 9, 5, 1000], [5, 9, 9, 1000], [9, 5, 7, 1000], [0, 0]])
+def test_topk_indices_out_of_order_or_repeated_are_refused_and_the_scratch_stays_right(indices: list[int]) -> None:
+    """A sender's repeated or unordered indices are one CodecError (encode sends each once, ascending), with or
+    without the reused vector; the next good decode is still bit for bit a fresh one."""
+    from hermes.common.codecs import DenseScratch
+
+    scratch, shapes = DenseScratch(), ((50, 20), (40,))
+    idx = torch.tensor(indices, dtype=torch.int32)
+    data = torch.cat([idx.view(torch.uint8), torch.ones(len(indices)).view(torch.uint8)])
+    spec = CodecSpec(name="topk", k=len(indices))
+    for s in (scratch, None):
+        with pytest.raises(CodecError, match="strictly increasing"):
+            decode(data, spec, shapes, s)
+    enc = TopKCodec(0.05).encode(torch.randn(1040, generator=torch.Generator().manual_seed(4)), shapes)
+    assert torch.equal(decode(enc.data, enc.spec, shapes, scratch), decode(enc.data, enc.spec, shapes))
+
+
+def test_topk_sum_of_squares_is_the_decoded_updates_squared_norm() -> None:
+    """The server's norm of a top-k push read from its k values: the dense vector's, to fp32 rounding; inf and nan
+    values make it non-finite as a dense pass would."""
+    shapes = ((300, 20), (7,))
+    for seed in range(5):
+        enc = TopKCodec(0.01).encode(torch.randn(6007, generator=torch.Generator().manual_seed(seed)) * 10.0**seed,
+                                     shapes)
+        dense = decode(enc.data, enc.spec, shapes)
+        assert TopKCodec.sum_of_squares(enc.data, enc.spec) == pytest.approx(float(torch.dot(dense, dense)),
+                                                                              rel=1e-6)
+    for bad in (math.inf, math.nan):
+        delta = torch.zeros(6007)
+        delta[11] = bad
+        enc = TopKCodec(0.01).encode(delta, shapes)
+        assert not math.isfinite(TopKCodec.sum_of_squares(enc.data, enc.spec))
 
 
 def test_topk_scratch_never_writes_a_vector_someone_still_holds() -> None:
@@ -137,3 +166,24 @@ def test_topk_scratch_never_writes_a_vector_someone_still_holds() -> None:
     del view, other
     again = decode(a_enc.data, a_enc.spec, shapes, scratch)
     assert torch.equal(again, kept)
+
+
+def test_a_topk_push_reaches_screening_with_its_dense_norm_and_a_disordered_one_is_refused() -> None:
+    """The server's decompressed top-k push carries the norm of its dense update (read from the k values) and the
+    same bits as a plain decode; a push whose indices repeat is refused as a bad shape, one line."""
+    from hermes.common.tensors import ModelSpec
+    from hermes.common.wire import ErrorCode, Payload, ProtocolError
+    from hermes.server.engine.handlers import decompressed
+
+    spec = ModelSpec(name="m", entries=(("w", (300, 20)), ("b", (7,))))
+    enc = TopKCodec(0.01).encode(torch.randn(6007, generator=torch.Generator().manual_seed(1)), spec.shapes)
+    sent = Payload(dtype=torch.uint8, chunks=(enc.data,), shapes=((enc.data.numel(),),))
+    got = decompressed(spec, sent, enc.spec)
+    dense = decode(enc.data, enc.spec, spec.shapes)
+    assert torch.equal(got.flat(), dense)
+    assert got.norm == pytest.approx(math.sqrt(float(torch.dot(dense, dense))), rel=1e-6)
+    idx = torch.tensor([3, 3], dtype=torch.int32)
+    bad = torch.cat([idx.view(torch.uint8), torch.ones(2).view(torch.uint8)])
+    with pytest.raises(ProtocolError, match="strictly increasing") as exc:
+        decompressed(spec, Payload(dtype=torch.uint8, chunks=(bad,), shapes=((16,),)), CodecSpec(name="topk", k=2))
+    assert exc.value.code == ErrorCode.BAD_SHAPE
