@@ -286,7 +286,7 @@ def bench_compressed_dataplane(repeats: int, log_dir: str, threads: int | None, 
     finite check and ``add_``; ``pieces`` splits ours."""
     import torch
     from bench_foundation import JOIN_TOKEN, MLP_HIDDEN, BareRouter, ServerProcess, _pair, split_sizes
-    from micro_bare import BareWorkRouter, bare_decode
+    from micro_bare import BareWorkRouter, bare_check, bare_decode
 
     from hermes.client.transport import ControlClient, DataClient
     from hermes.common.codec_spec import CodecSpec
@@ -355,8 +355,7 @@ def bench_compressed_dataplane(repeats: int, log_dir: str, threads: int | None, 
                 def bare_apply(bs: dict[str, Any] = bare_spec, raw: memoryview = raw,
                                reuse: dict[str, Any] = reuse) -> None:
                     d = bare_decode(bs, raw, reuse)
-                    if not torch.isfinite(d.sum()):
-                        raise ValueError("non-finite update")
+                    bare_check(bs, raw, d)
                     bare_model.add_(d)
 
                 pieces = timed_ms({

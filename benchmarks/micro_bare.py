@@ -45,6 +45,21 @@ def _matrix(shape: list[int], rank: int) -> tuple[int, int] | None:
     return None if (m + n) * rank >= m * n else (m, n)
 
 
+def bare_check(spec: dict[str, Any], buf: Any, delta: Any) -> None:
+    """The finite check, one fp32 pass: over a top-k push's k values (the rest are zeros; our server reads its
+    norm there too, ``TopKCodec.sum_of_squares``, since 2026-11-28), over the dense update otherwise."""
+    import torch
+
+    if spec["codec"] == "topk":
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # a read-only received frame, only read
+            checked = torch.frombuffer(buf, dtype=torch.float32, count=spec["k"], offset=4 * spec["k"])
+    else:
+        checked = delta
+    if not torch.isfinite(checked.sum()):
+        raise ValueError("non-finite update")
+
+
 def bare_decode(spec: dict[str, Any], buf: Any, reuse: dict[str, Any] | None = None) -> Any:
     """The dense fp32 update of one compressed payload (``buf``: the received frame's bytes). ``reuse``: top-k
     writes into the zero vector kept there, the last push's elements zeroed again (what our server does,
@@ -146,8 +161,7 @@ def router_main(port: int) -> None:
             bufs = [f.buffer for f in frames[2:]]
             bare_mac(bufs)
             delta = bare_decode(spec, bufs[0], reuse)
-            if not torch.isfinite(delta.sum()):
-                raise ValueError("non-finite update")
+            bare_check(spec, bufs[0], delta)
             model.add_(delta)
             del delta
             # The ack authenticated as ours is (its MAC, the agent checks it): the same MAC both ways.
@@ -177,6 +191,10 @@ class BareWorkRouter:
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
+        # Our agent's threshold (client/transport.py SEND_COPY_BELOW, not imported: micro_ab runs this file
+        # against older revisions): a top-1% push's 80 KB frame is copied on both sides, not released through
+        # pyzmq's garbage thread on one.
+        self.sock.copy_threshold = 128 * 1024
         self.sock.connect(f"tcp://127.0.0.1:{self.port}")
 
     def push(self, spec: dict[str, Any], payload: list[Any]) -> None:

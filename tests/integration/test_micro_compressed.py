@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from benchmarks.micro import bench_compressed_dataplane, ratio_rows
-from benchmarks.micro_bare import bare_decode, bare_quantise
+from benchmarks.micro_bare import bare_check, bare_decode, bare_quantise
 from hermes.common.codec_spec import CodecSpec
 from hermes.common.codecs import Int8Codec, PowerSgdCodec, TopKCodec, decode
 
@@ -56,7 +56,16 @@ def test_the_bare_work_decodes_what_our_codecs_encode() -> None:
     for codec in (TopKCodec(0.05), Int8Codec(16, True, 0), PowerSgdCodec(2, 0)):
         enc = codec.encode(x, shapes)
         spec = {**enc.spec.model_dump(exclude_none=True), "codec": enc.spec.name, "shapes": [list(s) for s in shapes]}
-        assert torch.equal(bare_decode(spec, memoryview(enc.data.numpy())), decode(enc.data, enc.spec, shapes))
+        raw = memoryview(enc.data.numpy())
+        assert torch.equal(bare_decode(spec, raw), decode(enc.data, enc.spec, shapes))
+        bare_check(spec, raw, bare_decode(spec, raw))
+    # The bare finite check reads what ours reads: a top-k push's non-finite value is caught from its k values.
+    bad = x.clone()
+    bad[3] = math.inf
+    enc = TopKCodec(0.05).encode(bad, shapes)
+    spec = {**enc.spec.model_dump(exclude_none=True), "codec": "topk", "shapes": [list(s) for s in shapes]}
+    with pytest.raises(ValueError, match="non-finite"):
+        bare_check(spec, memoryview(enc.data.numpy()), bare_decode(spec, memoryview(enc.data.numpy())))
     ours = Int8Codec(16, False, 0).encode(x, shapes).data
     theirs = bare_quantise(x, 16)
     assert theirs.numel() == ours.numel()
