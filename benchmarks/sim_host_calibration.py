@@ -201,10 +201,14 @@ def share_main(a: argparse.Namespace) -> int:
     for (link, preset), runs in sorted(testbed_runs(a.dirs).items()):
         for r in runs:
             ff = f"{r['fast_flops'] / 1e9:.2f}" if r.get("fast_flops") else "-"
-            print(f"{link:4} {preset:13} seed {r['seed']} share {r['share']:.3f} background {r['background']:.2f} "
+            # No share: no worker's compute seconds exceed the sleep the cpu rule would add (a floor-rule run).
+            sh = "-" if r["share"] is None else f"{r['share']:.3f}"
+            bg = "-" if r["background"] is None else f"{r['background']:.2f}"
+            print(f"{link:4} {preset:13} seed {r['seed']} share {sh} background {bg} "
                   f"S=1 GFLOP/s {ff} "
                   f"train s {r['train_s']} messages {r['messages']} load {r['load_before']} -> {r['load_after']}")
-        print(f"{link:4} {preset:13} cell background {cell_background(runs):.2f}")
+        if any(r["background"] is not None for r in runs):
+            print(f"{link:4} {preset:13} cell background {cell_background(runs):.2f}")
     return 0
 
 
