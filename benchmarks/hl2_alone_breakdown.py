@@ -77,7 +77,7 @@ def own_seconds(records: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
 
     The server's claims floor (``server/engine/claims.py``) raises a cycle's ``compute_seconds`` to a quarter of
     the wall time from its assignment to its push, which on a slow link is mostly the push's transfer: every fp32
-    cycle on lte (docs/simulation.md, "the lte stall"). Since 2026-11-28 a raised cycle's event carries
+    bsp cycle on lte (docs/simulation.md, "the lte stall"). Since 2026-11-28 a raised cycle's event carries
     ``claimed_compute_seconds``; before, the claim is the first ``claim_clamped`` of that worker's
     ``compute_seconds`` since its previous cycle (the claims judge a report, then the engine records it)."""
     claimed: dict[str, float] = {}

@@ -7,8 +7,8 @@ nominal ms a sample x batch`` (``slowdown`` = the suite's pace over the device's
 sample from ``results.json``'s suite, ``slowdown_mode = "nominal"``). An agent's step: each training cycle's
 compute seconds (its sleeps included, the work between cycles not) over its samples, times ``batch``, from
 the server's ``cycle`` events up to the evaluation that reached the target: the agent's own seconds, not the
-claims floor's raise of them (``hl2_alone_breakdown.own_seconds``; on lte every fp32 cycle was raised). ``alone``'s: each step's wall time
-(sleep included), from its summary (``step_ms``, ``deploy/ddp_rank.py``). ``p50 / nominal`` above 1 is a device
+claims floor's raise of them (``hl2_alone_breakdown.own_seconds``; on lte every fp32 bsp cycle was raised).
+``alone``'s: each step's wall time (sleep included), from its summary (``step_ms``, ``deploy/ddp_rank.py``). ``p50 / nominal`` above 1 is a device
 that did not hold its nominal speed: the pace rule of docs/compression.md (sixth pass). Prints Markdown.
 """
 

@@ -78,7 +78,7 @@ def at_target(summary: dict[str, Any], target: float, start: float) -> tuple[flo
 def share(summary: dict[str, Any], events: Path | None = None) -> float | None:
     """From the workers' totals; with the run's events each worker's CPU is priced by its cycles' batch sizes
     (``Host.cycle_factor``: the per-step part of a step; 1 at batch 32), and its compute seconds are its own:
-    the summary's sum holds what the server's claims floor raised them to (on lte every fp32 cycle)."""
+    the summary's sum holds what the server's claims floor raised them to (on lte 42-100% of fp32 cycles)."""
     factor: dict[str, list[float]] = {}
     raised: dict[str, float] = {}
     if events is not None and events.exists():

@@ -216,7 +216,7 @@ class Membership:
         worker.record_cycle(elapsed, cycle)
         wid = worker.id
         # A clamped report's event keeps the agent's own seconds too: the elapsed-time floor counts the link's
-        # transfers in its window, so on a slow link it raises honest cycles (lte fp32: every cycle, 1.3x;
+        # transfers in its window, so on a slow link it raises honest cycles (bsp on lte, fp32: every cycle, 1.3x;
         # docs/simulation.md, "the lte stall"), and the step times read from the events must not be the bound's.
         own = {} if report.compute_seconds == claimed else {"claimed_compute_seconds": claimed}
         self.telemetry.emit("cycle", worker=wid, elapsed=elapsed, **cycle, **own)

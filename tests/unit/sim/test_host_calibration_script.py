@@ -67,7 +67,7 @@ def test_seed_background_runs_each_seed_at_its_own_testbed_runs_background(tmp_p
 
 
 def test_a_cycle_s_compute_seconds_are_the_agent_s_own_where_the_claims_floor_raised_them(tmp_path):
-    # The "lte stall" (docs/simulation.md, 2026-11-28): the server's claims floor raised every fp32 cycle on lte to
+    # The "lte stall" (docs/simulation.md, 2026-11-28): the server's claims floor raised every fp32 bsp and fedbuff cycle on lte to
     # a quarter of its window, the push's transfer included, and the step tables read the raise as the agents'
     # steps (12x the S = 1 agent's least cost). Before the cycle event kept the claim, its claim_clamped did.
     events = tmp_path / "events.jsonl"
