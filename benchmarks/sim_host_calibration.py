@@ -77,10 +77,9 @@ def at_target(summary: dict[str, Any], target: float, start: float) -> tuple[flo
 
 def share(summary: dict[str, Any], events: Path | None = None) -> float | None:
     """From the workers' totals; with the run's events each worker's CPU is priced by its cycles' batch sizes
-    (``Host.cycle_factor``: the per-step part of a step; 1 at batch 32), and its compute seconds are its own:
-    the summary's sum holds what the server's claims floor raised them to (on lte 42-100% of fp32 cycles)."""
+    (``Host.cycle_factor``: the per-step part of a step; 1 at batch 32). A worker's ``compute_seconds`` in the
+    summary is the agent's own report, never the claims floor's raise (that is in the ``cycle`` events only)."""
     factor: dict[str, list[float]] = {}
-    raised: dict[str, float] = {}
     if events is not None and events.exists():
         host = Host(HostSpec())
         for e in joins_and_cycles(events)[1]:
@@ -88,14 +87,12 @@ def share(summary: dict[str, Any], events: Path | None = None) -> float | None:
             acc = factor.setdefault(e["worker"], [0.0, 0.0])
             acc[0] += n * host.cycle_factor(n, -(-n // max(1, int(e.get("batch_size") or 32))))
             acc[1] += n
-            raised[e["worker"]] = raised.get(e["worker"], 0.0) + float(e.get("compute_seconds") or 0.0) - float(
-                e.get("own_compute_seconds") or 0.0)
     cpu = wall = 0.0
     for w in summary.get("workers", []):
         f = factor.get(w.get("id"), [1.0, 1.0])
         c = (w.get("samples") or 0) * TRAIN_FLOPS / THREAD_FLOPS * (f[0] / f[1] if f[1] else 1.0)
         s = float(w.get("slowdown") or 1.0)
-        busy = (w.get("compute_seconds") or 0.0) - raised.get(w.get("id"), 0.0) - (s - 1) * c
+        busy = (w.get("compute_seconds") or 0.0) - (s - 1) * c
         if c > 0 and busy > 0:
             cpu, wall = cpu + c, wall + busy
     return cpu / wall if wall else None

@@ -91,6 +91,7 @@ def test_a_cycle_s_compute_seconds_are_the_agent_s_own_where_the_claims_floor_ra
     # The unslowed agent's rate is its samples over its own seconds, not over the raised ones.
     assert hc.fast_flops(events) == pytest.approx(
         3 * 128 * hc.TRAIN_FLOPS * hc.Host(hc.HostSpec()).cycle_factor(128, 4) / 0.06)
-    # The CPU share: the summary's totals (the raised seconds summed) less the raise.
-    summary = {"workers": [{"id": "w1", "samples": 384, "slowdown": 1.0, "compute_seconds": 0.25}]}
+    # The CPU share takes the summary's totals, which are the agents' own reports (the server's registry keeps their
+    # stats, not the floor's raise): raised cycles in the events leave it alone.
+    summary = {"workers": [{"id": "w1", "samples": 384, "slowdown": 1.0, "compute_seconds": 0.06}]}
     assert hc.share(summary, events) == pytest.approx(384 * hc.TRAIN_FLOPS / hc.THREAD_FLOPS / 0.06)
