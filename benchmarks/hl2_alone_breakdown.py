@@ -21,7 +21,7 @@ import argparse
 import json
 import re
 import statistics
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +70,26 @@ def events(path: Path) -> Iterator[dict[str, Any]]:
             yield json.loads(line)
         except ValueError:
             continue
+
+
+def own_seconds(records: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    """The records, each ``cycle`` with ``own_compute_seconds``: the agent's claim, not the server's bound.
+
+    The server's claims floor (``server/engine/claims.py``) raises a cycle's ``compute_seconds`` to a quarter of
+    the wall time from its assignment to its push, which on a slow link is mostly the push's transfer: every fp32
+    bsp cycle on lte (docs/simulation.md, "the lte stall"). Since 2026-11-28 a raised cycle's event carries
+    ``claimed_compute_seconds``; before, the claim is the first ``claim_clamped`` of that worker's
+    ``compute_seconds`` since its previous cycle (the claims judge a report, then the engine records it)."""
+    claimed: dict[str, float] = {}
+    for e in records:
+        kind, worker = e.get("event"), str(e.get("worker"))
+        if kind == "claim_clamped" and e.get("field") == "compute_seconds":
+            claimed.setdefault(worker, float(e["claimed"]))
+        elif kind == "cycle":
+            first = claimed.pop(worker, None)
+            own = e.get("claimed_compute_seconds", first)
+            e = {**e, "own_compute_seconds": e.get("compute_seconds") if own is None else own}
+        yield e
 
 
 def pct(xs: list[float], q: float) -> float | None:

@@ -6,8 +6,9 @@ Per run and device: p5, p50 and p95 of its ms per step of ``batch`` samples and 
 nominal ms a sample x batch`` (``slowdown`` = the suite's pace over the device's speed; the nominal cost per
 sample from ``results.json``'s suite, ``slowdown_mode = "nominal"``). An agent's step: each training cycle's
 compute seconds (its sleeps included, the work between cycles not) over its samples, times ``batch``, from
-the server's ``cycle`` events up to the evaluation that reached the target. ``alone``'s: each step's wall time
-(sleep included), from its summary (``step_ms``, ``deploy/ddp_rank.py``). ``p50 / nominal`` above 1 is a device
+the server's ``cycle`` events up to the evaluation that reached the target: the agent's own seconds, not the
+claims floor's raise of them (``hl2_alone_breakdown.own_seconds``; on lte every fp32 bsp cycle was raised).
+``alone``'s: each step's wall time (sleep included), from its summary (``step_ms``, ``deploy/ddp_rank.py``). ``p50 / nominal`` above 1 is a device
 that did not hold its nominal speed: the pace rule of docs/compression.md (sixth pass). Prints Markdown.
 """
 
@@ -19,14 +20,14 @@ from pathlib import Path
 from typing import Any
 
 from hl2_alone_breakdown import events as read_events
-from hl2_alone_breakdown import pct
+from hl2_alone_breakdown import own_seconds, pct
 
 
 def agent_steps(events: Path, batch: int = 32) -> dict[str, list[float]]:
     """ms per step of each worker (by name) up to the target, from a run's ``events.jsonl``."""
     names: dict[str, str] = {}
     steps: dict[str, list[float]] = {}
-    for e in read_events(events):
+    for e in own_seconds(read_events(events)):
         kind = e.get("event")
         if kind == "join":
             names[str(e.get("worker"))] = str(e.get("name"))
@@ -34,7 +35,7 @@ def agent_steps(events: Path, batch: int = 32) -> dict[str, list[float]]:
             n = float(e["dss"]) / batch  # steps of alone's batch, whatever the cycle's own
             if n >= 1:
                 name = names.get(str(e.get("worker")), str(e.get("worker")))
-                steps.setdefault(name, []).append(1000.0 * float(e["compute_seconds"]) / n)
+                steps.setdefault(name, []).append(1000.0 * float(e["own_compute_seconds"]) / n)
         elif kind == "target_reached":
             break
     return steps

@@ -37,6 +37,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from hl2_alone_breakdown import own_seconds
+
 from hermes.sim.host import CORES, THREAD_FLOPS, Host, HostSpec
 
 TRAIN_FLOPS = 953_600.0  # the calibration task's training FLOPs a sample (sim.run.flops_per_sample)
@@ -75,16 +77,12 @@ def at_target(summary: dict[str, Any], target: float, start: float) -> tuple[flo
 
 def share(summary: dict[str, Any], events: Path | None = None) -> float | None:
     """From the workers' totals; with the run's events each worker's CPU is priced by its cycles' batch sizes
-    (``Host.cycle_factor``: the per-step part of a step; 1 at batch 32)."""
+    (``Host.cycle_factor``: the per-step part of a step; 1 at batch 32). A worker's ``compute_seconds`` in the
+    summary is the agent's own report, never the claims floor's raise (that is in the ``cycle`` events only)."""
     factor: dict[str, list[float]] = {}
     if events is not None and events.exists():
         host = Host(HostSpec())
-        for line in events.open():
-            if '"cycle"' not in line:
-                continue
-            e = json.loads(line)
-            if e.get("event") != "cycle" or not e.get("dss"):
-                continue
+        for e in joins_and_cycles(events)[1]:
             n = int(e["dss"])
             acc = factor.setdefault(e["worker"], [0.0, 0.0])
             acc[0] += n * host.cycle_factor(n, -(-n // max(1, int(e.get("batch_size") or 32))))
@@ -102,21 +100,24 @@ def share(summary: dict[str, Any], events: Path | None = None) -> float | None:
 
 def joins_and_cycles(events: Path) -> tuple[dict[str, float], list[dict[str, Any]]]:
     """A run's joins (each worker's emulated slowdown) and its cycles with a DSS, from its ``events.jsonl``
-    (a line cut by the run's end skipped)."""
+    (a line cut by the run's end skipped); each cycle with ``own_compute_seconds``, the agent's own seconds
+    where the server's claims floor raised them (``hl2_alone_breakdown.own_seconds``)."""
     slow: dict[str, float] = {}
     cycles: list[dict[str, Any]] = []
+    records: list[dict[str, Any]] = []
     with events.open() as f:
         for line in f:
-            if '"join"' not in line and '"cycle"' not in line:
+            if '"join"' not in line and '"cycle"' not in line and '"claim_clamped"' not in line:
                 continue
             try:
-                e = json.loads(line)
+                records.append(json.loads(line))
             except json.JSONDecodeError:
                 continue
-            if e.get("event") == "join":
-                slow[e["worker"]] = float(e.get("slowdown") or 1.0)
-            elif e.get("event") == "cycle" and e.get("dss"):
-                cycles.append(e)
+    for e in own_seconds(records):
+        if e.get("event") == "join":
+            slow[e["worker"]] = float(e.get("slowdown") or 1.0)
+        elif e.get("event") == "cycle" and e.get("dss"):
+            cycles.append(e)
     return slow, cycles
 
 
@@ -133,7 +134,7 @@ def fast_flops(events: Path) -> float | None:
         if slow.get(e["worker"]) == 1.0:
             n = int(e["dss"])
             work += n * TRAIN_FLOPS * host.cycle_factor(n, -(-n // max(1, int(e.get("batch_size") or 32))))
-            secs += float(e.get("compute_seconds") or 0.0)
+            secs += float(e.get("own_compute_seconds") or 0.0)
     return work / secs if secs > 0 else None
 
 
@@ -197,10 +198,14 @@ def share_main(a: argparse.Namespace) -> int:
     for (link, preset), runs in sorted(testbed_runs(a.dirs).items()):
         for r in runs:
             ff = f"{r['fast_flops'] / 1e9:.2f}" if r.get("fast_flops") else "-"
-            print(f"{link:4} {preset:13} seed {r['seed']} share {r['share']:.3f} background {r['background']:.2f} "
+            # No share: no worker's compute seconds exceed the sleep the cpu rule would add (a floor-rule run).
+            sh = "-" if r["share"] is None else f"{r['share']:.3f}"
+            bg = "-" if r["background"] is None else f"{r['background']:.2f}"
+            print(f"{link:4} {preset:13} seed {r['seed']} share {sh} background {bg} "
                   f"S=1 GFLOP/s {ff} "
                   f"train s {r['train_s']} messages {r['messages']} load {r['load_before']} -> {r['load_after']}")
-        print(f"{link:4} {preset:13} cell background {cell_background(runs):.2f}")
+        if any(r["background"] is not None for r in runs):
+            print(f"{link:4} {preset:13} cell background {cell_background(runs):.2f}")
     return 0
 
 

@@ -76,8 +76,8 @@ def held(run: Path, table: tuple[tuple[float, float], ...]) -> list[dict[str, An
     slow, cycles = joins_and_cycles(run / "events.jsonl")
     by: dict[tuple[str, int, int], list[float]] = defaultdict(list)
     for e in cycles:
-        if e.get("compute_seconds") is not None:
-            by[(e["worker"], int(e["dss"]), int(e.get("batch_size") or 32))].append(float(e["compute_seconds"]))
+        if e.get("own_compute_seconds") is not None:
+            by[(e["worker"], int(e["dss"]), int(e.get("batch_size") or 32))].append(float(e["own_compute_seconds"]))
     summary = json.loads((run / "summary.json").read_text()) if (run / "summary.json").exists() else {}
     if summary.get("engine") == "sim":  # a hermes-sim run: S from its devices' FLOP/s (its joins say 1)
         workers = summary.get("workers", [])

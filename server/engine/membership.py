@@ -209,12 +209,17 @@ class Membership:
         """Record one local training cycle (``on_push``: riding on its own update's push); feed the
         allocator; resize stragglers."""
         elapsed = self.run_clock.elapsed()
+        claimed = report.compute_seconds
         if self.claims is not None:
             report = self.claims.cycle(worker.id, report, on_push=on_push)
         cycle = report.fields()
         worker.record_cycle(elapsed, cycle)
         wid = worker.id
-        self.telemetry.emit("cycle", worker=wid, elapsed=elapsed, **cycle)
+        # A clamped report's event keeps the agent's own seconds too: the elapsed-time floor counts the link's
+        # transfers in its window, so on a slow link it raises honest cycles (bsp on lte, fp32: every cycle, 1.3x;
+        # docs/simulation.md, "the lte stall"), and the step times read from the events must not be the bound's.
+        own = {} if report.compute_seconds == claimed else {"claimed_compute_seconds": claimed}
+        self.telemetry.emit("cycle", worker=wid, elapsed=elapsed, **cycle, **own)
         self.allocator.observe(wid, CycleObservation(report.dss, report.batch_size, report.compute_seconds,
                                                      report.accumulation))
         self.apply_resizes(self.allocator.rebalance(), elapsed)

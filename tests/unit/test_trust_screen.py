@@ -376,6 +376,36 @@ def test_gate_skipped_cycles_share_the_window_of_the_push_that_follows():
     assert claims.windows_public()["closed"] == 1
 
 
+def test_a_cycle_the_floor_raises_keeps_the_agent_s_own_seconds_in_its_event():
+    # The "lte stall" (docs/simulation.md, 2026-11-28): the floor's window holds the link's transfers (an fp32
+    # push of 434 KB at lte's 10 Mbit/s is 350 ms), so it raised every honest cycle of a run on lte, and the step
+    # times read from the ``cycle`` events were the bound's (1.3x nominal), not the agent's (1.01x). The event
+    # keeps both: what the server used, and what the agent claimed.
+    engine, clock = _engine_pushes(ScreeningSettings())
+    seen: list[tuple[str, dict]] = []
+    engine.telemetry.subscribe(lambda fact, fields: seen.append((fact, dict(fields))))
+    lan, lte = _Agent(engine, clock, "lan"), _Agent(engine, clock, "lte")
+
+    async def push(agent: _Agent, compute_seconds: float, wall: float) -> None:
+        handed = engine.claims.on_assign(agent.rec.id, 64, batch_size=32, lr=0.05)
+        clock.advance(wall)
+        await agent.request(MsgType.PUSH_UPDATE, {"samples": 64, "cycle": {
+            "dss": 64, "batch_size": 32, "compute_seconds": compute_seconds, "assignment": handed}},
+            payload=agent.delta(1e-3), model_version=engine.state.version)
+
+    async def go() -> None:
+        await push(lan, 0.5, 1.0)  # half its window: as claimed
+        await push(lte, 0.125, 0.65)  # 0.19 of its window (a cycle on lte): raised to a quarter of it
+
+    _run(go())
+    cycles = {f["worker"]: f for fact, f in seen if fact == "cycle"}
+    assert cycles[lan.rec.id]["compute_seconds"] == 0.5 and "claimed_compute_seconds" not in cycles[lan.rec.id]
+    assert cycles[lte.rec.id]["compute_seconds"] == pytest.approx(0.1625)
+    assert cycles[lte.rec.id]["claimed_compute_seconds"] == 0.125
+    # The allocator saw the raised seconds, as before: only the record of the claim is new.
+    assert [f["bound"] for fact, f in seen if fact == "claim_clamped"] == [pytest.approx(0.1625)]
+
+
 def test_a_report_without_an_assignment_id_has_no_floor():
     # Agents before CycleReport.assignment (and ids the server never handed this worker): the floor is off.
     claims, clock, seen = _claims(min_compute_fraction=0.5)

@@ -64,3 +64,34 @@ def test_seed_background_runs_each_seed_at_its_own_testbed_runs_background(tmp_p
     # With it, each seed at its own run's; a seed the testbed has no run of is one line on stderr, not run.
     assert hosts("--seed-background") == ["testbed:background=6.66,sleeper=auto", "testbed:background=4.05,sleeper=auto"]
     assert "lan/hermes-paper seed 2: no testbed run of that seed" in capsys.readouterr().err
+
+
+def test_a_cycle_s_compute_seconds_are_the_agent_s_own_where_the_claims_floor_raised_them(tmp_path):
+    # The "lte stall" (docs/simulation.md, 2026-11-28): the server's claims floor raised every fp32 bsp and fedbuff cycle on lte to
+    # a quarter of its window, the push's transfer included, and the step tables read the raise as the agents'
+    # steps (12x the S = 1 agent's least cost). Before the cycle event kept the claim, its claim_clamped did.
+    events = tmp_path / "events.jsonl"
+    records = [
+        {"event": "join", "worker": "w1", "slowdown": 1.0},
+        {"event": "join", "worker": "w2", "slowdown": 4.0},
+        {"event": "claim_clamped", "worker": "w1", "field": "compute_seconds", "claimed": 0.01, "bound": 0.1},
+        {"event": "claim_clamped", "worker": "w1", "field": "compute_seconds", "claimed": 0.1, "bound": 0.12},
+        {"event": "claim_clamped", "worker": "w2", "field": "samples", "claimed": 999, "bound": 128},
+        {"event": "cycle", "worker": "w1", "dss": 128, "batch_size": 32, "compute_seconds": 0.12},  # an old run's
+        {"event": "cycle", "worker": "w2", "dss": 128, "batch_size": 32, "compute_seconds": 0.04},  # not raised
+        {"event": "cycle", "worker": "w1", "dss": 128, "batch_size": 32, "compute_seconds": 0.1,
+         "claimed_compute_seconds": 0.02},  # since 2026-11-28
+        {"event": "cycle", "worker": "w1", "dss": 128, "batch_size": 32, "compute_seconds": 0.03},
+    ]
+    events.write_text("".join(json.dumps(r) + "\n" for r in records))
+    slow, cycles = hc.joins_and_cycles(events)
+    assert slow == {"w1": 1.0, "w2": 4.0}
+    assert [(c["worker"], c["own_compute_seconds"]) for c in cycles] == [
+        ("w1", 0.01), ("w2", 0.04), ("w1", 0.02), ("w1", 0.03)]
+    # The unslowed agent's rate is its samples over its own seconds, not over the raised ones.
+    assert hc.fast_flops(events) == pytest.approx(
+        3 * 128 * hc.TRAIN_FLOPS * hc.Host(hc.HostSpec()).cycle_factor(128, 4) / 0.06)
+    # The CPU share takes the summary's totals, which are the agents' own reports (the server's registry keeps their
+    # stats, not the floor's raise): raised cycles in the events leave it alone.
+    summary = {"workers": [{"id": "w1", "samples": 384, "slowdown": 1.0, "compute_seconds": 0.06}]}
+    assert hc.share(summary, events) == pytest.approx(384 * hc.TRAIN_FLOPS / hc.THREAD_FLOPS / 0.06)
