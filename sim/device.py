@@ -199,8 +199,9 @@ class SimDevice:
                    samples: int = 0) -> float:
         """``seconds`` of this device's own work on the simulated host (sim/host.py), in ``steps`` steps, each its CPU
         burst on the shared cores and then its slowdown's sleep, as a testbed agent's; the virtual seconds it took.
-        ``slowed=False``: work the testbed agent does not slow (its gate's validation pass, ``LocalTrainer.evaluate``,
-        has no ``_emulate_slowdown``): the CPU burst alone. A step that follows a block of the thread (the slowdown's
+        ``slowed=False``: work the testbed agent does not slow as a step (its gate's validation pass,
+        ``LocalTrainer.evaluate``, has no ``_emulate_slowdown``): the CPU burst alone, and under
+        ``HostSpec.nominal`` the sleep that stretches it to S x pace times its CPU (``Host.overhead_sleep``). A step that follows a block of the thread (the slowdown's
         sleep after each step; ``after_wait``: the reply it waited on before the first) is a woken sleeper's burst
         (HostSpec.sleeper)."""
         host = self.sim.host
@@ -220,9 +221,14 @@ class SimDevice:
                     burst.cancel()
                     await asyncio.gather(burst, return_exceptions=True)
                     raise Offline
-            # The slowdown's sleep by the testbed's rule (HostSpec.floor: the agent's StepPacer).
-            pause = host.step_sleep(self.profile.device_id, self.profile.flops, samples / max(1, steps),
-                                    self.sim.driver.now() - t_step, sleep / max(1, steps))
+            # The slowdown's sleep by the testbed's rule (HostSpec.floor / nominal: the agent's StepPacer); work
+            # that is no training step is slowed only under nominal (LocalTrainer.pace_overhead).
+            if slowed:
+                pause = host.step_sleep(self.profile.device_id, self.profile.flops, samples / max(1, steps),
+                                        self.sim.driver.now() - t_step, sleep / max(1, steps))
+            else:
+                pause = host.overhead_sleep(self.profile.device_id, self.profile.flops, cpu / max(1, steps),
+                                            self.sim.driver.now() - t_step)
             await self.until(self.sim.driver.now() + pause)
         return self.sim.driver.now() - t0
 
