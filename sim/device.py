@@ -471,13 +471,16 @@ class SimDevice:
             shards = [s for w in assignments for s in w.shards]
             inline = dict(zip(shards, _records(reply, first, shards)))
         works = []
+        # Each Work names its assignment as the agent's prefetcher does (client/prefetch.py): the server's claims
+        # floor (server/engine/claims.py) times a cycle from it, and is off for a report that names none.
         for w in assignments:
             if w.data.source == "local":
                 # The server sized the cycle; the device draws it from its own set (client.prefetch.Prefetcher._draw).
                 assert self.local_set is not None and w.local_samples is not None, "a local run's device holds data"
                 x, y = self.local_set.draw(w.local_samples)
                 works.append(Work(epoch=w.epoch, shards=(), x=x, y=y, batch_size=w.batch_size, lr=w.lr,
-                                  fetched_bytes=0, cycle_samples=w.local_samples, accumulation=w.accumulation))
+                                  fetched_bytes=0, cycle_samples=w.local_samples, accumulation=w.accumulation,
+                                  assignment=w.assignment))
                 continue
             if w.shards and not all(s in inline for s in w.shards):
                 for i in range(0, len(w.shards), MAX_SHARDS_PER_FETCH):
@@ -488,7 +491,8 @@ class SimDevice:
             samples = records_to_tensors([inline[s] for s in w.shards])
             works.append(Work(epoch=w.epoch, shards=tuple(w.shards), x=None if samples is None else samples[0],
                               y=None if samples is None else samples[1], batch_size=w.batch_size, lr=w.lr,
-                              fetched_bytes=0, cycle_samples=w.cycle_samples or None, accumulation=w.accumulation))
+                              fetched_bytes=0, cycle_samples=w.cycle_samples or None, accumulation=w.accumulation,
+                              assignment=w.assignment))
         return works
 
     async def next_work(self) -> Work | None:
