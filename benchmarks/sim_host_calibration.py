@@ -213,18 +213,21 @@ def all_testbed_runs(a: argparse.Namespace) -> dict[tuple[str, str], list[dict[s
     return cells
 
 
-def cell_background(runs: list[dict[str, Any]]) -> float:
-    return statistics.median(r["background"] for r in runs if r["background"] is not None)
+def cell_background(runs: list[dict[str, Any]]) -> float | None:
+    """The median of the runs' backgrounds; None where none has one (under the nominal rule every agent sleeps,
+    the unslowed one too, so ``share`` prices no run)."""
+    xs = [r["background"] for r in runs if r["background"] is not None]
+    return statistics.median(xs) if xs else None
 
 
 def share_main(a: argparse.Namespace) -> int:
     for (link, preset), runs in sorted(testbed_runs(a.dirs).items()):
         for r in runs:
             ff = f"{r['fast_flops'] / 1e9:.2f}" if r.get("fast_flops") else "-"
-            print(f"{link:4} {preset:13} seed {r['seed']} share {r['share']:.3f} background {r['background']:.2f} "
+            print(f"{link:4} {preset:13} seed {r['seed']} share {_fmt(r['share'], 3)} background {_fmt(r['background'], 2)} "
                   f"S=1 GFLOP/s {ff} "
                   f"train s {r['train_s']} messages {r['messages']} load {r['load_before']} -> {r['load_after']}")
-        print(f"{link:4} {preset:13} cell background {cell_background(runs):.2f}")
+        print(f"{link:4} {preset:13} cell background {_fmt(cell_background(runs), 2)}")
     return 0
 
 
@@ -250,7 +253,7 @@ def sim_main(a: argparse.Namespace) -> int:
         if a.background is not None:  # one background for every cell (the floor rule's runs: 0)
             b = a.background
         elif runs:
-            b = round(cell_background(runs), 2)
+            b = round(cell_background(runs) or 0.0, 2)
         elif (link, preset) in previous:
             b = round(float(previous[(link, preset)]["background"]), 2)
         else:
@@ -361,7 +364,7 @@ def table_main(a: argparse.Namespace) -> int:
                        f"{_fmt(tr, 2)} {'ok' if ok_t else 'MISS'} | {_fmt(mr, 2)} {'ok' if ok_m else 'MISS'} |")
             continue
         out.append(f"| {link} | {preset}{' (a)' if old else ''}{' (b)' if mixed else ''} | {t:g} | {row['testbed_reached']} | {_fmt(tb_med)} | {_fmt(_median(tb_m), 0)} | "
-                   f"{_fmt(row['share'], 2)} | {b:.1f} ({'/'.join(f'{x:.1f}' for x in sim_b) or '-'}) | {row['sim_reached']} | {_fmt(sm_med)} | {_fmt(_median(sm_m), 0)} | "
+                   f"{_fmt(row['share'], 2)} | {_fmt(b)} ({'/'.join(f'{x:.1f}' for x in sim_b) or '-'}) | {row['sim_reached']} | {_fmt(sm_med)} | {_fmt(_median(sm_m), 0)} | "
                    f"{_fmt(tr, 2)} {'ok' if ok_t else 'MISS'} | {_fmt(mr, 2)} {'ok' if ok_m else 'MISS'} |")
     if rule:
         print("| link | preset | rule | target | testbed reached | testbed train s | testbed messages | sim reached | "
