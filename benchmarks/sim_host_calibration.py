@@ -278,7 +278,8 @@ def sim_main(a: argparse.Namespace) -> int:
                     continue
                 extra += f",cores={FAST_RATE_CORES:g},thread_flops={float(mine_f[0]):.4g}"
             if a.nominal:  # every agent paced to S x pace x the testbed's nominal; its thread at the nominal's rate
-                settings = nominal_settings(a.testbed, link, preset)
+                given = [float(x) for x in a.nominal_settings.split(",")] if a.nominal_settings else None
+                settings = (given[0], given[1]) if given else nominal_settings(a.testbed, link, preset)
                 if settings is None:
                     print(f"{link}/{preset}: its testbed runs are not under --slowdown-mode nominal", file=sys.stderr)
                     continue
@@ -378,9 +379,9 @@ def table_main(a: argparse.Namespace) -> int:
     print("\n| link | preset | seed | testbed train s | testbed messages | sim s (virtual) | sim messages |")
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
     for row in rows:
-        sims = {str(x["seed"]): x for x in row["sim_runs"]}
+        by_seed = {str(x["seed"]): x for x in row["sim_runs"]}
         for r in sorted(row["testbed_runs"], key=lambda r: int(r.get("seed") or 0)):
-            x = sims.get(str(r.get("seed")), {})
+            x = by_seed.get(str(r.get("seed")), {})
             print(f"| {row['link']} | {row['preset']} | {r.get('seed')} | {_fmt(r.get('train_s'))} | "
                   f"{_fmt(r.get('messages'), 0)} | {_fmt(x.get('train_s'))} | {_fmt(x.get('messages'), 0)} |")
     passed = sum(r["time_ok"] and r["messages_ok"] for r in rows)
@@ -409,6 +410,9 @@ def main(argv: list[str] | None = None) -> int:
                         "testbed run's unslowed agent trained at (fast_flops)")
     m.add_argument("--nominal", action="store_true",
                    help="the nominal rule: --host nominal=MS,pace=P from the testbed folders' recorded settings")
+    m.add_argument("--nominal-settings", default=None, metavar="MS,PACE",
+                   help="with --nominal: this nominal cost a sample (ms) and pace instead of the testbed folders' "
+                        "(a cell whose testbed runs are not in yet)")
     m.add_argument("--nominal-thread", action=argparse.BooleanOptionalAction, default=True,
                    help="with --nominal: the host's thread rate at the nominal cost a sample (TRAIN_FLOPS / it; "
                         "default), else THREAD_FLOPS")
