@@ -7,6 +7,11 @@
     # the floor rule's cells (hermes-testbed --slowdown-mode floor; docs/simulation.md):
     python benchmarks/sim_host_calibration.py sim --testbed DIR... --out SIMDIR --target 0.9 --background 0 \
         --jitter 0 --host-extra ,floor=1
+    # the nominal rule's (hermes-testbed --slowdown-mode nominal --pace P): the nominal cost and the pace each
+    # testbed folder recorded (results.json's suite), the host's thread at the nominal cost (docs/simulation.md):
+    python benchmarks/sim_host_calibration.py sim --testbed DIR... --out SIMDIR --target 0.9 --background 0 \
+        --jitter 0 --nominal
+    python benchmarks/sim_host_calibration.py table --testbed DIR... --sim SIMDIR --target 0.9 --rule nominal
 
 Testbed side: ``hermes-bench run benchmarks/suites/sim-calibration.toml`` folders (any number; a cell's runs are
 pooled over them). For each run:
@@ -138,6 +143,25 @@ def fast_flops(events: Path) -> float | None:
     return work / secs if secs > 0 else None
 
 
+def nominal_settings(dirs: list[str], link: str, preset: str) -> tuple[float, float] | None:
+    """(nominal ms a sample, pace) of the cell's testbed runs under ``--slowdown-mode nominal`` (each folder's
+    ``results.json`` suite: ``nominal_sample_ms``, ``pace``); None if they ran under another rule. One figure per
+    cell: its folders must agree (the calibration passes one ``--nominal-sample-ms`` to all of them)."""
+    seen = set()
+    for d in dirs:
+        res = json.loads((Path(d) / "results.json").read_text())
+        suite = res.get("suite") or {}
+        if not any(r.get("status") == "ok" and (r["link"] or "lan") == link and r["preset"] == preset
+                   for r in res["runs"]):
+            continue
+        if suite.get("slowdown_mode") != "nominal":
+            return None
+        seen.add((float(suite["nominal_sample_ms"]), float(suite.get("pace") or 1.0)))
+    if len(seen) > 1:
+        raise SystemExit(f"{link}/{preset}: its testbed folders ran at different nominal costs or paces: {sorted(seen)}")
+    return seen.pop() if seen else None
+
+
 def background(r: float, slowdowns: list[float], cores: float = CORES) -> float:
     others = sum(1 / (1 + (s - 1) * r) for s in slowdowns if s > 1)
     return max(0.0, cores / r - 1 - others)
@@ -190,22 +214,21 @@ def all_testbed_runs(a: argparse.Namespace) -> dict[tuple[str, str], list[dict[s
     return cells
 
 
-def cell_background(runs: list[dict[str, Any]]) -> float:
-    return statistics.median(r["background"] for r in runs if r["background"] is not None)
+def cell_background(runs: list[dict[str, Any]]) -> float | None:
+    """The median of the runs' backgrounds; None where none has one (under the nominal rule every agent sleeps,
+    the unslowed one too, so ``share`` prices no run)."""
+    xs = [r["background"] for r in runs if r["background"] is not None]
+    return statistics.median(xs) if xs else None
 
 
 def share_main(a: argparse.Namespace) -> int:
     for (link, preset), runs in sorted(testbed_runs(a.dirs).items()):
         for r in runs:
             ff = f"{r['fast_flops'] / 1e9:.2f}" if r.get("fast_flops") else "-"
-            # No share: no worker's compute seconds exceed the sleep the cpu rule would add (a floor-rule run).
-            sh = "-" if r["share"] is None else f"{r['share']:.3f}"
-            bg = "-" if r["background"] is None else f"{r['background']:.2f}"
-            print(f"{link:4} {preset:13} seed {r['seed']} share {sh} background {bg} "
+            print(f"{link:4} {preset:13} seed {r['seed']} share {_fmt(r['share'], 3)} background {_fmt(r['background'], 2)} "
                   f"S=1 GFLOP/s {ff} "
                   f"train s {r['train_s']} messages {r['messages']} load {r['load_before']} -> {r['load_after']}")
-        if any(r["background"] is not None for r in runs):
-            print(f"{link:4} {preset:13} cell background {cell_background(runs):.2f}")
+        print(f"{link:4} {preset:13} cell background {_fmt(cell_background(runs), 2)}")
     return 0
 
 
@@ -231,7 +254,7 @@ def sim_main(a: argparse.Namespace) -> int:
         if a.background is not None:  # one background for every cell (the floor rule's runs: 0)
             b = a.background
         elif runs:
-            b = round(cell_background(runs), 2)
+            b = round(cell_background(runs) or 0.0, 2)
         elif (link, preset) in previous:
             b = round(float(previous[(link, preset)]["background"]), 2)
         else:
@@ -255,6 +278,16 @@ def sim_main(a: argparse.Namespace) -> int:
                     print(f"{link}/{preset} seed {seed}: no testbed run of that seed with an S = 1 rate", file=sys.stderr)
                     continue
                 extra += f",cores={FAST_RATE_CORES:g},thread_flops={float(mine_f[0]):.4g}"
+            if a.nominal:  # every agent paced to S x pace x the testbed's nominal; its thread at the nominal's rate
+                given = [float(x) for x in a.nominal_settings.split(",")] if a.nominal_settings else None
+                settings = (given[0], given[1]) if given else nominal_settings(a.testbed, link, preset)
+                if settings is None:
+                    print(f"{link}/{preset}: its testbed runs are not under --slowdown-mode nominal", file=sys.stderr)
+                    continue
+                ms, pace = settings
+                extra += f",nominal={ms:g},pace={pace:g}"
+                if a.nominal_thread:
+                    extra += f",thread_flops={TRAIN_FLOPS / (ms / 1000.0):.6g}"
             cmd = [sys.executable, "-m", "hermes.sim.cli", "--population", "hl8", "--preset", preset, *TASK,
                    "--target-accuracy", str(target_of(link, preset)), "--max-seconds", str(budget), "--seed", str(seed),
                    "--link", link, "--host", f"testbed:background={b}{extra}", "--jitter", str(a.jitter),
@@ -280,6 +313,7 @@ def _fmt(x: float | None, nd: int = 1) -> str:
 
 
 def table_main(a: argparse.Namespace) -> int:
+    rule = a.rule or ("floor" if a.floor else None)
     cells: dict[tuple[str, str], Any] = dict(all_testbed_runs(a))
     previous = previous_cells(a.previous)
     for key in previous:
@@ -325,16 +359,16 @@ def table_main(a: argparse.Namespace) -> int:
         row["testbed_session"] = "previous" if old else "this"
         rows.append(row)
         mixed = any(r.get("earlier") for r in runs)
-        if a.floor:  # the floor rule's cells: no core share, every sim at background 0
-            row["rule"] = "floor"
-            out.append(f"| {link} | {preset} | floor | {t:g} | {row['testbed_reached']} | {_fmt(tb_med)} | "
+        if rule:  # the floor and nominal rules' cells: no core share, every sim at background 0
+            row["rule"] = rule
+            out.append(f"| {link} | {preset} | {rule} | {t:g} | {row['testbed_reached']} | {_fmt(tb_med)} | "
                        f"{_fmt(_median(tb_m), 0)} | {row['sim_reached']} | {_fmt(sm_med)} | {_fmt(_median(sm_m), 0)} | "
                        f"{_fmt(tr, 2)} {'ok' if ok_t else 'MISS'} | {_fmt(mr, 2)} {'ok' if ok_m else 'MISS'} |")
             continue
         out.append(f"| {link} | {preset}{' (a)' if old else ''}{' (b)' if mixed else ''} | {t:g} | {row['testbed_reached']} | {_fmt(tb_med)} | {_fmt(_median(tb_m), 0)} | "
-                   f"{_fmt(row['share'], 2)} | {b:.1f} ({'/'.join(f'{x:.1f}' for x in sim_b) or '-'}) | {row['sim_reached']} | {_fmt(sm_med)} | {_fmt(_median(sm_m), 0)} | "
+                   f"{_fmt(row['share'], 2)} | {_fmt(b)} ({'/'.join(f'{x:.1f}' for x in sim_b) or '-'}) | {row['sim_reached']} | {_fmt(sm_med)} | {_fmt(_median(sm_m), 0)} | "
                    f"{_fmt(tr, 2)} {'ok' if ok_t else 'MISS'} | {_fmt(mr, 2)} {'ok' if ok_m else 'MISS'} |")
-    if a.floor:
+    if rule:
         print("| link | preset | rule | target | testbed reached | testbed train s | testbed messages | sim reached | "
               "sim s (virtual) | sim messages | time ratio | message ratio |")
         print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
@@ -343,6 +377,14 @@ def table_main(a: argparse.Namespace) -> int:
           "background (sim's) | sim reached | sim s (virtual) | sim messages | time ratio | message ratio |")
         print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     print("\n".join(out))
+    print("\n| link | preset | seed | testbed train s | testbed messages | sim s (virtual) | sim messages |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
+    for row in rows:
+        by_seed = {str(x["seed"]): x for x in row["sim_runs"]}
+        for r in sorted(row["testbed_runs"], key=lambda r: int(r.get("seed") or 0)):
+            x = by_seed.get(str(r.get("seed")), {})
+            print(f"| {row['link']} | {row['preset']} | {r.get('seed')} | {_fmt(r.get('train_s'))} | "
+                  f"{_fmt(r.get('messages'), 0)} | {_fmt(x.get('train_s'))} | {_fmt(x.get('messages'), 0)} |")
     passed = sum(r["time_ok"] and r["messages_ok"] for r in rows)
     print(f"\n{passed} of {len(rows)} cells within both tolerances")
     if a.json:
@@ -367,6 +409,14 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--fast-rate", action="store_true",
                    help="the floor rule's S = 1 model: no contention (cores 8) and the host's thread rate that seed's "
                         "testbed run's unslowed agent trained at (fast_flops)")
+    m.add_argument("--nominal", action="store_true",
+                   help="the nominal rule: --host nominal=MS,pace=P from the testbed folders' recorded settings")
+    m.add_argument("--nominal-settings", default=None, metavar="MS,PACE",
+                   help="with --nominal: this nominal cost a sample (ms) and pace instead of the testbed folders' "
+                        "(a cell whose testbed runs are not in yet)")
+    m.add_argument("--nominal-thread", action=argparse.BooleanOptionalAction, default=True,
+                   help="with --nominal: the host's thread rate at the nominal cost a sample (TRAIN_FLOPS / it; "
+                        "default), else THREAD_FLOPS")
     m.add_argument("--seed-background", action="store_true",
                    help="each seed at the background of the testbed run with that seed (else the cell's median)")
     t = sub.add_parser("table")
@@ -377,6 +427,9 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--json", default=None)
     t.add_argument("--floor", action="store_true",
                    help="the floor rule's table: no core share or background columns (its sims run at background 0)")
+    t.add_argument("--rule", default=None,
+                   help="the rule column's word for a table without core share or background (e.g. nominal; "
+                        "--floor is --rule floor)")
     for q in (m, t):
         q.add_argument("--target", type=float, default=None,
                        help="one target accuracy for every cell (default: 0.9, or TARGETS' lower one)")

@@ -199,8 +199,9 @@ class SimDevice:
                    samples: int = 0) -> float:
         """``seconds`` of this device's own work on the simulated host (sim/host.py), in ``steps`` steps, each its CPU
         burst on the shared cores and then its slowdown's sleep, as a testbed agent's; the virtual seconds it took.
-        ``slowed=False``: work the testbed agent does not slow (its gate's validation pass, ``LocalTrainer.evaluate``,
-        has no ``_emulate_slowdown``): the CPU burst alone. A step that follows a block of the thread (the slowdown's
+        ``slowed=False``: work the testbed agent does not slow as a step (its gate's validation pass,
+        ``LocalTrainer.evaluate``, has no ``_emulate_slowdown``): the CPU burst alone, and under
+        ``HostSpec.nominal`` the sleep that stretches it to S x pace times its CPU (``Host.overhead_sleep``). A step that follows a block of the thread (the slowdown's
         sleep after each step; ``after_wait``: the reply it waited on before the first) is a woken sleeper's burst
         (HostSpec.sleeper)."""
         host = self.sim.host
@@ -220,9 +221,14 @@ class SimDevice:
                     burst.cancel()
                     await asyncio.gather(burst, return_exceptions=True)
                     raise Offline
-            # The slowdown's sleep by the testbed's rule (HostSpec.floor: the agent's StepPacer).
-            pause = host.step_sleep(self.profile.device_id, self.profile.flops, samples / max(1, steps),
-                                    self.sim.driver.now() - t_step, sleep / max(1, steps))
+            # The slowdown's sleep by the testbed's rule (HostSpec.floor / nominal: the agent's StepPacer); work
+            # that is no training step is slowed only under nominal (LocalTrainer.pace_overhead).
+            if slowed:
+                pause = host.step_sleep(self.profile.device_id, self.profile.flops, samples / max(1, steps),
+                                        self.sim.driver.now() - t_step, sleep / max(1, steps))
+            else:
+                pause = host.overhead_sleep(self.profile.device_id, self.profile.flops, cpu / max(1, steps),
+                                            self.sim.driver.now() - t_step)
             await self.until(self.sim.driver.now() + pause)
         return self.sim.driver.now() - t0
 
@@ -465,13 +471,16 @@ class SimDevice:
             shards = [s for w in assignments for s in w.shards]
             inline = dict(zip(shards, _records(reply, first, shards)))
         works = []
+        # Each Work names its assignment as the agent's prefetcher does (client/prefetch.py): the server's claims
+        # floor (server/engine/claims.py) times a cycle from it, and is off for a report that names none.
         for w in assignments:
             if w.data.source == "local":
                 # The server sized the cycle; the device draws it from its own set (client.prefetch.Prefetcher._draw).
                 assert self.local_set is not None and w.local_samples is not None, "a local run's device holds data"
                 x, y = self.local_set.draw(w.local_samples)
                 works.append(Work(epoch=w.epoch, shards=(), x=x, y=y, batch_size=w.batch_size, lr=w.lr,
-                                  fetched_bytes=0, cycle_samples=w.local_samples, accumulation=w.accumulation))
+                                  fetched_bytes=0, cycle_samples=w.local_samples, accumulation=w.accumulation,
+                                  assignment=w.assignment))
                 continue
             if w.shards and not all(s in inline for s in w.shards):
                 for i in range(0, len(w.shards), MAX_SHARDS_PER_FETCH):
@@ -482,7 +491,8 @@ class SimDevice:
             samples = records_to_tensors([inline[s] for s in w.shards])
             works.append(Work(epoch=w.epoch, shards=tuple(w.shards), x=None if samples is None else samples[0],
                               y=None if samples is None else samples[1], batch_size=w.batch_size, lr=w.lr,
-                              fetched_bytes=0, cycle_samples=w.cycle_samples or None, accumulation=w.accumulation))
+                              fetched_bytes=0, cycle_samples=w.cycle_samples or None, accumulation=w.accumulation,
+                              assignment=w.assignment))
         return works
 
     async def next_work(self) -> Work | None:

@@ -33,6 +33,7 @@ from hermes.common.clock import Clock
 from hermes.common.wire import Header, Message, MsgType, decode, encode
 from hermes.server.engine import Engine
 from hermes.server.heartbeat import HeartbeatMonitor
+from hermes.sim.devices import DeviceProfile
 from hermes.sim.host import Host
 from hermes.sim.server_cost import MeasuredCost
 
@@ -99,6 +100,7 @@ class Endpoint(Protocol):
     bytes_sent: int
     bytes_received: int
     answered_at: float
+    profile: DeviceProfile  # its key and rate for the host's pacers (HostSpec.nominal)
 
 
 class Driver:
@@ -176,10 +178,17 @@ class Driver:
         finally:
             mine.set_result(None)
 
-    async def agent_cpu(self, nbytes: int, per_byte: float) -> None:
-        """An agent's encoding of what it sends, or its decoding of what it got, on the shared host."""
+    async def agent_cpu(self, nbytes: int, per_byte: float, paced: Endpoint | None = None) -> None:
+        """An agent's encoding of what it sends, or its decoding of what it got, on the shared host. ``paced``:
+        the device whose loop thread does it (its main channel's requests; the prefetcher's and the overlapped
+        push's run on threads of their own): under HostSpec.nominal that CPU is slowed like its steps."""
         if self.host is not None:
-            await self.host.run(nbytes * per_byte)
+            t0, cpu = self.now(), nbytes * per_byte
+            await self.host.run(cpu)
+            if paced is not None:
+                pause = self.host.overhead_sleep(paced.profile.device_id, paced.profile.flops, cpu, self.now() - t0)
+                if pause > 0:
+                    await self.until(self.now() + pause)
 
     async def measured_turn(self, ops: tuple[str, ...], frames: list[bytes]) -> list[bytes]:
         """--server-cost measured: the message waits for the server's CPU, the engine handles it, and the
@@ -223,7 +232,8 @@ class Driver:
         frames = encode(header, payload, key=dev.key)
         size = sum(len(f) for f in frames)
         dev.bytes_sent += size
-        await self.agent_cpu(size, self.host.spec.send_cpu_s_per_byte if self.host else 0.0)
+        paced = dev if channel == "main" else None
+        await self.agent_cpu(size, self.host.spec.send_cpu_s_per_byte if self.host else 0.0, paced)
         await self.carry(dev, size, "up")
         if self.host is not None:  # the server's threads wake for it (half a round trip's wake-ups)
             await self.host.wake("rtt", 0.5)
@@ -249,7 +259,7 @@ class Driver:
         await self.carry(dev, out, "down")
         if self.host is not None:  # the agent's threads wake for the reply
             await self.host.wake("rtt", 0.5)
-        await self.agent_cpu(out, self.host.spec.receive_cpu_s_per_byte if self.host else 0.0)
+        await self.agent_cpu(out, self.host.spec.receive_cpu_s_per_byte if self.host else 0.0, paced)
         dev.bytes_received += out
         # As the agent's TrafficCounter: the newest answered request's send time (the server's last_seen).
         dev.answered_at = max(dev.answered_at, sent_at)

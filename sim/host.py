@@ -42,6 +42,14 @@ policy; it is processor sharing. With ``--host`` the simulation models it:
 * ``floor=1``: the testbed's ``--slowdown-mode floor`` (common/pace.py) instead of the ``cpu`` rule above: a slowed
   agent's step lasts S times its least cost (``FLOOR_STEP_S``) unless its CPU burst on the host takes longer; the
   agent's own ``StepPacer`` decides each sleep (``Host.step_sleep``), as on the testbed.
+* ``nominal=MS,pace=P``: the testbed's ``--slowdown-mode nominal`` at ``--pace P`` (common/pace.py) instead: every
+  agent, the unslowed one included, paces each step to ``S x P x MS`` a sample (``hermes-bench``'s per-invocation
+  probe, ``deploy/bench/nominal.py``; the run's ``results.json`` says it), its own ``StepPacer`` in ``nominal`` mode
+  deciding each sleep, and its CPU outside the steps (the gate's validation, a push's encoding and its reply's
+  decoding) lasts ``S x P`` times that CPU (``StepPacer.overhead_seconds``, as ``LocalTrainer.pace_overhead``).
+  Its bursts still run on the host's cores; with ``thread_flops`` at the probe's rate and no ``background``, a
+  step is its nominal time whenever the run's own jobs leave its burst room, which is what the testbed's pace
+  is chosen for (docs/simulation.md, the nominal rule).
 
 The constants are this machine's, measured by ``benchmarks/sim_host_calibrate.py`` (one torch thread,
 ``time.thread_time``): an agent thread's training FLOP/s and an agent's CPU per message. ``background``
@@ -170,6 +178,12 @@ class HostSpec:
     # cost (FLOOR_STEP_S) on the virtual clock, paced by the agent's own StepPacer, unless its CPU burst on the
     # host takes longer; 0: the ``cpu`` rule (sleep S - 1 times the step's CPU), as every run before 2026-11-28.
     floor: float = 0.0
+    # > 0: the testbed's ``--slowdown-mode nominal`` (common/pace.py) with this nominal cost a sample in ms
+    # (``--nominal-sample-ms``): every agent's step lasts S x ``pace`` x it a sample unless its burst takes longer,
+    # and its CPU outside steps S x ``pace`` times that CPU. 0: off.
+    nominal: float = 0.0
+    # The testbed's ``--pace``: every agent slowed alike by it (with ``nominal`` only).
+    pace: float = 1.0
 
     def __post_init__(self) -> None:
         if not self.cores > 0 or not self.thread_flops > 0:
@@ -182,6 +196,14 @@ class HostSpec:
             raise HostError("host wakeups must be 0 (off) or 1 (the measured latencies)")
         if self.floor not in (0.0, 1.0):
             raise HostError("host floor must be 0 (the cpu slowdown rule) or 1 (--slowdown-mode floor)")
+        if not (math.isfinite(self.nominal) and self.nominal >= 0):
+            raise HostError("host nominal must be a cost a sample in ms > 0 (--slowdown-mode nominal), or 0 (off)")
+        if self.nominal and self.floor:
+            raise HostError("host floor and nominal are two slowdown rules: set one")
+        if not (math.isfinite(self.pace) and self.pace >= 1.0):
+            raise HostError("host pace must be >= 1")
+        if self.pace != 1.0 and not self.nominal:
+            raise HostError("host pace needs nominal (the testbed's --pace is modelled under --slowdown-mode nominal)")
         if self.sleeper != SLEEPER_AUTO and not (
                 isinstance(self.sleeper, (int, float)) and 0.0 <= self.sleeper < 1.0):
             raise HostError(f"host sleeper must be CPU seconds in [0, 1) or {SLEEPER_AUTO!r}")
@@ -237,7 +259,8 @@ class Host:
         self.runnable_seconds = 0.0
         self.stretch_seconds = 0.0  # wall (virtual) seconds jobs spent beyond their CPU seconds
         self.wakeup_seconds_total = 0.0  # virtual seconds threads waited to be scheduled (wake)
-        self._pacers: dict[str, StepPacer] = {}  # HostSpec.floor: each slowed agent's own pacer
+        self._pacers: dict[str, StepPacer] = {}  # HostSpec.floor / nominal: each paced agent's own pacer
+        self.overhead_sleep_seconds = 0.0  # HostSpec.nominal: virtual seconds agents slept for their non-step CPU
 
     def rate(self, n: int | None = None) -> float:
         """The share of a core each of ``n`` runnable jobs gets (Kleinrock's processor sharing, one thread each)."""
@@ -348,17 +371,45 @@ class Host:
             self.wakeup_seconds_total += seconds
             await asyncio.sleep(seconds)
 
+    def pacer(self, key: str, flops: float) -> StepPacer:
+        """Device ``key``'s own StepPacer (common/pace.py), the testbed agent's class: ``floor`` mode at its
+        slowdown, or with ``spec.nominal`` ``nominal`` mode at its slowdown times ``spec.pace``."""
+        pacer = self._pacers.get(key)
+        if pacer is None:
+            slowdown = max(1.0, self.spec.thread_flops / flops)
+            if self.spec.nominal:
+                pacer = StepPacer(slowdown * self.spec.pace, "nominal",
+                                  nominal_sample_seconds=self.spec.nominal / 1000.0)
+            else:
+                pacer = StepPacer(slowdown, "floor")
+            self._pacers[key] = pacer
+        return pacer
+
     def step_sleep(self, key: str, flops: float, samples: float, elapsed: float, sleep: float) -> float:
         """Seconds a device ``key`` at ``flops`` sleeps after a step of ``samples`` samples whose CPU burst took
         ``elapsed`` virtual seconds; ``sleep`` is the ``cpu`` rule's (``split``). With ``spec.floor`` the agent's
         StepPacer (common/pace.py, the same rule the testbed runs) decides from the step's least cost
-        (FLOOR_STEP_S, its ``work``) and ``elapsed``; the simulated sleep wakes on time (nothing overslept)."""
+        (FLOOR_STEP_S, its ``work``) and ``elapsed``; with ``spec.nominal`` it paces every agent's step (the
+        unslowed one's too, at ``spec.pace``) to the fixed nominal cost. The simulated sleep wakes on time
+        (nothing overslept)."""
+        if self.spec.nominal:
+            if samples <= 0:  # work the testbed does not pace as a step (overhead_sleep's)
+                return 0.0
+            return self.pacer(key, flops).sleep_seconds(elapsed, max(1, round(samples)), elapsed)
         if not self.spec.floor or sleep <= 0 or samples <= 0:
             return sleep
-        pacer = self._pacers.get(key)
-        if pacer is None:
-            pacer = self._pacers[key] = StepPacer(max(1.0, self.spec.thread_flops / flops), "floor")
-        return pacer.sleep_seconds(nominal_step_seconds(samples), max(1, round(samples)), elapsed)
+        return self.pacer(key, flops).sleep_seconds(nominal_step_seconds(samples), max(1, round(samples)), elapsed)
+
+    def overhead_sleep(self, key: str, flops: float, cpu: float, elapsed: float) -> float:
+        """Seconds device ``key`` sleeps after ``cpu`` CPU seconds of its work outside training steps that took
+        ``elapsed`` virtual seconds: with ``spec.nominal`` its pacer's ``overhead_seconds`` (the stretch lasts
+        S x pace times its CPU, as ``LocalTrainer.pace_overhead``); otherwise 0 (the other rules leave it
+        unslowed)."""
+        if not self.spec.nominal or cpu <= 0:
+            return 0.0
+        pause = self.pacer(key, flops).overhead_seconds(cpu, elapsed)
+        self.overhead_sleep_seconds += pause
+        return pause
 
     def cycle_factor(self, samples: int, steps: int) -> float:
         """A cycle's time in ``steps`` steps over the FLOPs model's (which is right at REFERENCE_BATCH): a sample's
@@ -383,7 +434,9 @@ class Host:
         return {"cores": self.spec.cores, "background": self.spec.background,
                 "thread_flops": self.spec.thread_flops, "cpu_seconds": round(self.cpu_seconds, 6),
                 "mean_runnable_jobs": round(mean, 4), "stretch_seconds": round(self.stretch_seconds, 6),
-                "wakeups": self.spec.wakeups, "sleeper": self.spec.sleeper, "floor": self.spec.floor, "wakeup_seconds": round(self.wakeup_seconds_total, 6),
+                "wakeups": self.spec.wakeups, "sleeper": self.spec.sleeper, "floor": self.spec.floor,
+                "nominal": self.spec.nominal, "pace": self.spec.pace,
+                "overhead_sleep_seconds": round(self.overhead_sleep_seconds, 6), "wakeup_seconds": round(self.wakeup_seconds_total, 6),
                 "mean_load": round(mean + self.spec.background, 4) if math.isfinite(mean) else None}
 
 

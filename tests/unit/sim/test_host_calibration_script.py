@@ -95,3 +95,39 @@ def test_a_cycle_s_compute_seconds_are_the_agent_s_own_where_the_claims_floor_ra
     # stats, not the floor's raise): raised cycles in the events leave it alone.
     summary = {"workers": [{"id": "w1", "samples": 384, "slowdown": 1.0, "compute_seconds": 0.06}]}
     assert hc.share(summary, events) == pytest.approx(384 * hc.TRAIN_FLOPS / hc.THREAD_FLOPS / 0.06)
+
+
+def _bench_folder(path: Path, mode: str, ms: float | None, pace: float, link: str = "lte") -> str:
+    suite = {"slowdown_mode": mode, "pace": pace, **({"nominal_sample_ms": ms} if ms is not None else {})}
+    path.mkdir(parents=True)
+    (path / "results.json").write_text(json.dumps({"suite": suite, "runs": [
+        {"status": "ok", "link": link, "preset": "hermes-paper"}]}))
+    return str(path)
+
+
+def test_a_cells_nominal_settings_come_from_its_testbed_folders_and_must_agree(tmp_path):
+    a = _bench_folder(tmp_path / "a", "nominal", 0.0516, 3.0)
+    b = _bench_folder(tmp_path / "b", "nominal", 0.0516, 3.0)
+    assert hc.nominal_settings([a, b], "lte", "hermes-paper") == (0.0516, 3.0)
+    # A folder without that cell's runs does not count; a cell under another rule has none.
+    other = _bench_folder(tmp_path / "c", "nominal", 0.07, 2.0, link="lan")
+    assert hc.nominal_settings([a, other], "lte", "hermes-paper") == (0.0516, 3.0)
+    assert hc.nominal_settings([_bench_folder(tmp_path / "d", "floor", None, 1.0)], "lte", "hermes-paper") is None
+    with pytest.raises(SystemExit, match="different nominal costs or paces"):
+        hc.nominal_settings([a, _bench_folder(tmp_path / "e", "nominal", 0.0516, 2.0)], "lte", "hermes-paper")
+
+
+def test_sim_nominal_runs_each_seed_at_the_testbeds_nominal_pace_and_the_nominals_thread_rate(tmp_path, monkeypatch):
+    folder = _bench_folder(tmp_path / "tb", "nominal", 0.05, 3.0)
+    commands: list[list[str]] = []
+    monkeypatch.setattr(hc.subprocess, "run", lambda cmd, check: commands.append(cmd))
+    monkeypatch.setattr(hc, "testbed_runs", lambda dirs: {})
+    hc.main(["sim", "--testbed", folder, "--out", str(tmp_path / "sim"), "--cells", "lte/hermes-paper", "--seeds", "0,1",
+             "--background", "0", "--jitter", "0", "--nominal"])
+    hosts = [cmd[cmd.index("--host") + 1] for cmd in commands]
+    assert hosts == [f"testbed:background=0.0,nominal=0.05,pace=3,thread_flops={hc.TRAIN_FLOPS / 0.00005:.6g}"] * 2
+    # The settings given by hand (a cell whose testbed runs are not in yet), and the host's own thread rate.
+    commands.clear()
+    hc.main(["sim", "--out", str(tmp_path / "sim2"), "--cells", "lan/bsp", "--seeds", "0", "--background", "0",
+             "--nominal", "--nominal-settings", "0.06,2", "--no-nominal-thread"])
+    assert commands[0][commands[0].index("--host") + 1] == "testbed:background=0.0,nominal=0.06,pace=2"
