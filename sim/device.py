@@ -210,9 +210,10 @@ class SimDevice:
         cpu, sleep = host.split(seconds, self.profile.flops)
         if not slowed:
             sleep = 0.0
+        step_cpu = cpu / max(1, steps)
         for i in range(max(1, steps) if seconds > 0 else 0):
             t_step = self.sim.driver.now()
-            burst = asyncio.ensure_future(host.run(cpu / max(1, steps), woken=sleep > 0 or (i == 0 and after_wait)))
+            burst = asyncio.ensure_future(host.run(step_cpu, woken=sleep > 0 or (i == 0 and after_wait)))
             if self.offline_at is None:
                 await burst
             else:
@@ -227,7 +228,7 @@ class SimDevice:
                 pause = host.step_sleep(self.profile.device_id, self.profile.flops, samples / max(1, steps),
                                         self.sim.driver.now() - t_step, sleep / max(1, steps))
             else:
-                pause = host.overhead_sleep(self.profile.device_id, self.profile.flops, cpu / max(1, steps),
+                pause = host.overhead_sleep(self.profile.device_id, self.profile.flops, step_cpu,
                                             self.sim.driver.now() - t_step)
             await self.until(self.sim.driver.now() + pause)
         return self.sim.driver.now() - t0
