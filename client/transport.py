@@ -255,7 +255,7 @@ class DataClient:
         wait = self.timeout if timeout is None else timeout
         for attempt in range(attempts):
             self._seq += 1
-            header = Header(
+            header = Header.make(
                 type=type_, worker=self.worker_id, session=self.session, seq=self._seq, ts=self.clock.now_ms(),
                 model_version=model_version, shapes=shapes, body=body or {},
             )

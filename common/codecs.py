@@ -323,6 +323,12 @@ class TopKCodec(Codec):
     @staticmethod
     def decode_data(data: torch.Tensor, spec: CodecSpec, shapes: Shapes,
                     scratch: DenseScratch | None = None) -> torch.Tensor:
+        return TopKCodec.decode_values(data, spec, shapes, scratch)[0]
+
+    @staticmethod
+    def decode_values(data: torch.Tensor, spec: CodecSpec, shapes: Shapes,
+                      scratch: DenseScratch | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The dense update and the k values it was written from (a view of ``data``: read them before it goes)."""
         n, k = _numel(shapes), spec.k or 0
         idx, off = _view(data, 0, k, torch.int32)
         values, _ = _view(data, off, k, torch.float32)
@@ -339,7 +345,7 @@ class TopKCodec(Codec):
         out = torch.zeros(n, dtype=torch.float32) if scratch is None else scratch.zeros(n, idx)
         # int32 indices as they came: no int64 copy of them.
         out[idx] = values
-        return out
+        return out, values
 
 
 def powersgd_matrix(shape: tuple[int, ...], rank: int) -> tuple[int, int] | None:
@@ -442,6 +448,25 @@ def decode(data: torch.Tensor | bytes | memoryview, spec: CodecSpec, shapes: Sha
     """The fp32 vector of a received buffer; CodecError when its size does not follow from ``spec`` and ``shapes``
     (checked before anything is allocated from the buffer's content). ``scratch``: a top-k decode's zeroed
     vector, reused (``DenseScratch``)."""
+    codec, data = _checked(data, spec, shapes)
+    if scratch is not None and codec is TopKCodec:
+        return TopKCodec.decode_data(data, spec, shapes, scratch)
+    return codec.decode_data(data, spec, shapes)
+
+
+def decode_topk(data: torch.Tensor | bytes | memoryview, spec: CodecSpec, shapes: Shapes,
+                scratch: DenseScratch | None = None) -> tuple[torch.Tensor, float]:
+    """``decode`` of a top-k payload and its squared L2 norm, from the k values it read (``sum_of_squares``
+    without a second view of them: on a push's cold caches each torch call counts, issue 31)."""
+    if spec.name != "topk":
+        raise CodecError(f"decode_topk of a {spec.name!r} payload")
+    _, data = _checked(data, spec, shapes)
+    out, values = TopKCodec.decode_values(data, spec, shapes, scratch)
+    return out, float(torch.dot(values, values))
+
+
+def _checked(data: torch.Tensor | bytes | memoryview, spec: CodecSpec, shapes: Shapes) -> tuple[type[Codec], torch.Tensor]:
+    """The codec of ``spec`` and ``data`` as a flat uint8 tensor whose size follows from ``spec`` and ``shapes``."""
     if not isinstance(data, torch.Tensor):
         data = torch.frombuffer(bytearray(data), dtype=torch.uint8) if len(data) else torch.empty(0, dtype=torch.uint8)
     if data.dtype != torch.uint8:
@@ -453,9 +478,7 @@ def decode(data: torch.Tensor | bytes | memoryview, spec: CodecSpec, shapes: Sha
     want = codec.expected_bytes(spec, shapes)
     if data.numel() != want:
         raise CodecError(f"{spec.name} payload of {data.numel()} bytes; the model's shapes and {spec} make {want}")
-    if scratch is not None and codec is TopKCodec:
-        return TopKCodec.decode_data(data.reshape(-1), spec, shapes, scratch)
-    return codec.decode_data(data.reshape(-1), spec, shapes)
+    return codec, data.reshape(-1)
 
 
 class ErrorFeedback:

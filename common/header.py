@@ -6,6 +6,7 @@ The wire format as a whole (frames, MAC, checksum) is documented in
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import functools
 import math
@@ -158,6 +159,17 @@ class Header:
         return packed
 
     @classmethod
+    def make(cls, **fields: Any) -> Header:
+        """``Header(**fields)`` for the hot paths that name the fields literally (a request's header, a reply's):
+        the same object, without the frozen dataclass's setattr a field (2.5 against 0.6 us hot, more on a
+        request's cold caches; issue 31). No ``__post_init__``, no slots, no derived state, as ``unpack`` relies."""
+        out = object.__new__(cls)
+        out.__dict__.update(_DEFAULTS, **fields)
+        if "body" not in fields:
+            out.__dict__["body"] = {}  # its own, as default_factory makes it
+        return out
+
+    @classmethod
     def unpack(cls, raw: bytes | memoryview) -> Header:
         if len(raw) > MAX_HEADER_BYTES:
             raise ProtocolError(ErrorCode.TOO_LARGE, f"header of {len(raw)} bytes exceeds {MAX_HEADER_BYTES}")
@@ -215,6 +227,10 @@ class Header:
 
 
 _MISSING = object()
+
+# Header.make's defaults: every field's that has one, but body's (a fresh dict each); ``type`` has none.
+_DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(Header)
+                             if f.default is not dataclasses.MISSING}
 
 # The header's scalar fields with their types and defaults, read by ``Header.unpack`` (before and after body).
 _SCALARS: tuple[tuple[str, type, Any], ...] = (

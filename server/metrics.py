@@ -33,6 +33,8 @@ class ServerMetrics:
         self.bytes_in = Counter("hermes_bytes_received_total", "Data-plane bytes received", registry=r)
         self.bytes_out = Counter("hermes_bytes_sent_total", "Data-plane bytes sent", registry=r)
         self.updates = Counter("hermes_updates_total", "Pushed updates by outcome", ["outcome"], registry=r)
+        # Every fold's series, made once: labels() takes a lock and builds its key a call (issue 31).
+        self.updates_applied = self.updates.labels(outcome="applied")
         self.model_version = Gauge("hermes_model_version", "Global model version", registry=r)
         self.workers = Gauge("hermes_workers", "Registered workers by state", ["state"], registry=r)
         self.staleness = Histogram(

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from hermes.common.clock import Clock
-from hermes.common.codecs import DenseScratch, Int8Codec, TopKCodec
+from hermes.common.codecs import DenseScratch, Int8Codec, decode_topk
 from hermes.common.codecs import decode as decode_codec
 from hermes.common.messages import (
     MAX_SHARDS_PER_FETCH,
@@ -80,12 +80,16 @@ def decompressed(spec: ModelSpec, payload: Payload | None, codec: CodecSpec,
                                                  f"{'nothing' if payload is None else payload.dtype}")
     data = payload.flat()
     try:
-        flat = decode_codec(data, codec, spec.shapes, scratch)
+        if codec.name == "topk":
+            # The norm from the k values the decode read, not n: a dense pass saved (issue 31).
+            flat, sum_of_squares = decode_topk(data, codec, spec.shapes, scratch)
+        else:
+            flat, sum_of_squares = decode_codec(data, codec, spec.shapes, scratch), None
     except CodecError as exc:
         raise ProtocolError(ErrorCode.BAD_SHAPE, str(exc)) from None
     out = Payload(dtype=torch.float32, chunks=(flat,), shapes=spec.shapes)
-    if codec.name == "topk":
-        out.know_norm(TopKCodec.sum_of_squares(data, codec))  # k values, not n: a dense pass saved (issue 31)
+    if sum_of_squares is not None:
+        out.know_norm(sum_of_squares)
     return out
 
 
@@ -169,8 +173,8 @@ class Handlers:
     def reply(self, type_: MsgType, worker: WorkerRecord, seq: int, body: dict[str, Any],
               payload: bytes | None = None) -> Frames:
         body = {**body, "stop": self.step.stopping}
-        header = Header(type=type_, worker=worker.id, seq=seq, model_version=self.state.version, body=body,
-                        session=_request.get().session)
+        header = Header.make(type=type_, worker=worker.id, seq=seq, model_version=self.state.version, body=body,
+                             session=_request.get().session)
         return encode(header, payload, key=worker.key)
 
     async def on_push(self, worker: WorkerRecord, msg: Message) -> Frames:

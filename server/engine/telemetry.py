@@ -26,7 +26,7 @@ def _applied(m: ServerMetrics, f: Fields) -> None:
     for staleness in f["staleness"]:
         # Staleness against the model the update was folded into.
         m.staleness.observe(staleness)
-        m.updates.labels(outcome="applied").inc()
+        m.updates_applied.inc()
 
 
 def _evaluation(m: ServerMetrics, f: Fields) -> None:
