@@ -42,11 +42,11 @@ def child(codec: str) -> None:
     handle = core.Engine.handle
 
     @functools.wraps(handle)
-    async def timed(self: Any, frames: Any, header: Any = None) -> Any:
+    async def timed(self: Any, frames: Any, header: Any = None, size: Any = None) -> Any:
         # Every offload of a 1M-parameter request runs inline: the thread's CPU across the await is handle's.
         t0 = time.thread_time()
         try:
-            return await handle(self, frames, header)
+            return await handle(self, frames, header, size)
         finally:
             _HANDLE["seconds"] += time.thread_time() - t0
             _HANDLE["calls"] += 1

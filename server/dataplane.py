@@ -236,7 +236,7 @@ class DataPlane:
 
     async def _handle(self, identity: bytes, frames: list, header: Header | None = None, size: int = 0) -> None:
         try:
-            reply = await self.engine.handle(frames, header)
+            reply = await self.engine.handle(frames, header, size)
         except ProtocolError as exc:
             self._trimmer.note_refused(size)
             self.engine.metrics.errors.labels(code=exc.code.value).inc()

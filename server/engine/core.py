@@ -554,9 +554,10 @@ class Engine:
 
     # ---- the public surface of the rooms ---------------------------------------
 
-    async def handle(self, frames: Sequence[Any], header: Header | None = None) -> list[Any]:
-        """Reply frames for one request; ``header``: its first frame, when the data plane already unpacked it."""
-        return await self.handlers.handle(frames, header)
+    async def handle(self, frames: Sequence[Any], header: Header | None = None, size: int | None = None) -> list[Any]:
+        """Reply frames for one request; ``header``: its first frame, when the data plane already unpacked it;
+        ``size``: its bytes, when the data plane already counted them."""
+        return await self.handlers.handle(frames, header, size)
 
     def register(self, name: str, **info: Any) -> tuple[WorkerRecord, bool]:
         rec, rejoined = self.membership.register(name, **info)

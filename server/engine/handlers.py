@@ -134,10 +134,12 @@ class Handlers:
     def going_away() -> ProtocolError:
         return ProtocolError(ErrorCode.UNAVAILABLE, "server is shutting down; retry after it restarts")
 
-    async def handle(self, frames: Sequence[Any], header: Header | None = None) -> Frames:
+    async def handle(self, frames: Sequence[Any], header: Header | None = None, size: int | None = None) -> Frames:
         """Reply frames for one request; raises ProtocolError for bad input. ``header``: the
-        first frame already unpacked (by the data plane's admission), not unpacked again."""
-        size = sum(len(f.buffer) if hasattr(f, "buffer") else len(f) for f in frames)
+        first frame already unpacked (by the data plane's admission), not unpacked again; ``size``: the
+        frames' bytes, as the data plane counted them."""
+        if size is None:
+            size = sum(len(f.buffer) if hasattr(f, "buffer") else len(f) for f in frames)
         self.metrics.bytes_in.inc(size)
         if self.step.shutting_down:
             raise self.going_away()

@@ -339,7 +339,7 @@ class _StubEngine:
         self.gate = asyncio.Event()
         self.var: contextvars.ContextVar[int] = contextvars.ContextVar("stub_request")
 
-    async def handle(self, frames: list, header: Header | None = None) -> list:
+    async def handle(self, frames: list, header: Header | None = None, size: int | None = None) -> list:
         import asyncio
 
         assert header is not None
