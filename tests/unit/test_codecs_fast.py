@@ -187,3 +187,22 @@ def test_a_topk_push_reaches_screening_with_its_dense_norm_and_a_disordered_one_
     with pytest.raises(ProtocolError, match="strictly increasing") as exc:
         decompressed(spec, Payload(dtype=torch.uint8, chunks=(bad,), shapes=((16,),)), CodecSpec(name="topk", k=2))
     assert exc.value.code == ErrorCode.BAD_SHAPE
+
+
+def test_decode_topk_gives_decodes_vector_and_the_sum_of_squares_of_its_values() -> None:
+    """The push handler's one call: the same dense vector as ``decode`` (with and without the reused zero vector)
+    and ``sum_of_squares``' figure exactly (the same fp32 dot over the same k values); refusals as ``decode``'s."""
+    from hermes.common.codecs import DenseScratch, decode_topk
+
+    shapes, scratch = ((300, 20), (7,)), DenseScratch()
+    for seed in range(3):
+        enc = TopKCodec(0.02).encode(torch.randn(6007, generator=torch.Generator().manual_seed(seed)), shapes)
+        for s in (None, scratch):
+            flat, ss = decode_topk(enc.data, enc.spec, shapes, s)
+            assert torch.equal(flat, decode(enc.data, enc.spec, shapes))
+            assert ss == TopKCodec.sum_of_squares(enc.data, enc.spec)
+            del flat
+    with pytest.raises(CodecError, match="make"):
+        decode_topk(enc.data[:-4], enc.spec, shapes)
+    with pytest.raises(CodecError, match="decode_topk of a 'int8'"):
+        decode_topk(enc.data, CodecSpec(name="int8", chunk=64), shapes)

@@ -389,3 +389,28 @@ def test_checksum_covers_frame_boundaries_in_order():
 
 def test_default_limit_is_large():
     assert DEFAULT_MAX_MESSAGE_BYTES >= 64 * 1024 * 1024
+
+
+def test_a_uint8_payload_is_sent_as_one_view_of_its_memory_and_a_strided_one_as_a_copy():
+    """The compressed push's path (one torch call): a contiguous uint8 tensor's frame is its own memory; a strided
+    one goes the general way (a contiguous copy) with the same bytes; a payload over the frame limit is still cut."""
+    t = torch.arange(200, dtype=torch.uint8)
+    (frame,) = split_frames(t)
+    t[3] = 99
+    assert frame[3] == 99  # a view, not a copy
+    strided = t[::2]
+    assert bytes(split_frames(strided)[0]) == bytes(strided.contiguous().numpy())
+    assert [len(f) for f in split_frames(t, 64)] == [64, 64, 64, 8]
+    msg = decode(encode(Header(type=MsgType.PUSH_UPDATE), t))
+    assert torch.equal(msg.payload.chunks[0], t)
+
+
+def test_header_make_is_the_dataclass_header():
+    """Header.make (the hot paths' constructor) builds the object Header(...) does: equal, packed alike, a body of
+    its own when none is given."""
+    fields = {"type": MsgType.PUSH_UPDATE, "worker": "w-1", "session": "s", "seq": 7, "ts": 5, "model_version": 3,
+              "shapes": ((2, 3),), "body": {"samples": 32}}
+    assert Header.make(**fields) == Header(**fields)
+    assert Header.make(**fields).pack() == Header(**fields).pack()
+    a, b = Header.make(type=MsgType.PULL_MODEL), Header.make(type=MsgType.PULL_MODEL)
+    assert a == Header(type=MsgType.PULL_MODEL) and a.body == {} and a.body is not b.body
