@@ -85,7 +85,7 @@ def _as_bytes_view(t: torch.Tensor) -> memoryview:
         # A compressed payload (bytes as uint8): one torch call, not six. Each request runs on cold caches after its
         # wait, where the six cost ~20 us of the agent's encode, not their ~3 us hot (issue 31, 2026-11-28).
         try:
-            view = memoryview(t.numpy())
+            view = t.numpy().data
         except (RuntimeError, TypeError):  # a GPU tensor, or one that requires grad
             view = None
         if view is not None and view.contiguous:
