@@ -1,5 +1,6 @@
 """Per testbed run (lock -> end, from lock-load.log): the sampler's 1-min loads and other people's processes (>5% CPU over 2 s)."""
-import re, sys
+import re
+
 log = open("runs/cal11-tb/lock-load.log").read().splitlines()
 samples = []  # (hh:mm:ss, load1, [lines])
 for line in open("runs/cal11-tb/sampler.log"):
@@ -8,8 +9,8 @@ for line in open("runs/cal11-tb/sampler.log"):
         samples.append([p[1], float(p[2]), []])
     elif samples and "ni " in line and "cpu " in line:
         samples[-1][2].append(line.strip())
-for l in log:
-    m = re.match(r"TESTBED (\S+) lock (\S+) load1 (\S+) -> end (\S+) load1 (\S+)", l)
+for entry in log:
+    m = re.match(r"TESTBED (\S+) lock (\S+) load1 (\S+) -> end (\S+) load1 (\S+)", entry)
     if not m:
         continue
     name, a, la, b, lb = m.groups()
