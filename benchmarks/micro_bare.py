@@ -47,7 +47,7 @@ def _matrix(shape: list[int], rank: int) -> tuple[int, int] | None:
 
 def bare_check(spec: dict[str, Any], buf: Any, delta: Any) -> None:
     """The finite check, one fp32 pass: over a top-k push's k values (the rest are zeros; our server reads its
-    norm there too, ``TopKCodec.sum_of_squares``, since 2026-11-28), over the dense update otherwise."""
+    norm there too, ``codecs.decode_topk``, since 2026-11-28), over the dense update otherwise."""
     import torch
 
     if spec["codec"] == "topk":

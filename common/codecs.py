@@ -312,15 +312,6 @@ class TopKCodec(Codec):
         return 8 * spec.k
 
     @staticmethod
-    def sum_of_squares(data: torch.Tensor, spec: CodecSpec) -> float:
-        """The decoded update's squared L2 norm from the k values sent, without reading the dense vector:
-        the other n - k elements are zeros and ``decode_data`` refuses an index sent twice. The same sum as
-        over the dense vector, in another order (fp32 dot either way)."""
-        k = spec.k or 0
-        values, _ = _view(data.reshape(-1), 4 * k, k, torch.float32)
-        return float(torch.dot(values, values))
-
-    @staticmethod
     def decode_data(data: torch.Tensor, spec: CodecSpec, shapes: Shapes,
                     scratch: DenseScratch | None = None) -> torch.Tensor:
         return TopKCodec.decode_values(data, spec, shapes, scratch)[0]
@@ -334,7 +325,7 @@ class TopKCodec(Codec):
         values, _ = _view(data, off, k, torch.float32)
         if k:
             # Strictly increasing, as encode sends them: the first and last then bound them all, and no index
-            # comes twice, so the update's norm is its k values' (sum_of_squares) and no write order decides
+            # comes twice, so the update's norm is its k values' (decode_topk) and no write order decides
             # which of two values lands. Read through numpy: 3.8 us at k = 10,000 against torch's 14 (four small
             # ops' dispatch; issue 31, 2026-11-28), where a dense norm was 78 us.
             ids = idx.numpy()
@@ -456,8 +447,10 @@ def decode(data: torch.Tensor | bytes | memoryview, spec: CodecSpec, shapes: Sha
 
 def decode_topk(data: torch.Tensor | bytes | memoryview, spec: CodecSpec, shapes: Shapes,
                 scratch: DenseScratch | None = None) -> tuple[torch.Tensor, float]:
-    """``decode`` of a top-k payload and its squared L2 norm, from the k values it read (``sum_of_squares``
-    without a second view of them: on a push's cold caches each torch call counts, issue 31)."""
+    """``decode`` of a top-k payload and its squared L2 norm from the k values it read, without reading the dense
+    vector: the other n - k elements are zeros and the decode refuses an index sent twice. The same sum as over the
+    dense vector, in another order (fp32 dot either way); one view of the values, not a second one (on a push's
+    cold caches each torch call counts, issue 31)."""
     if spec.name != "topk":
         raise CodecError(f"decode_topk of a {spec.name!r} payload")
     _, data = _checked(data, spec, shapes)

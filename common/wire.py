@@ -86,7 +86,7 @@ def _as_bytes_view(t: torch.Tensor) -> memoryview:
         # wait, where the six cost ~20 us of the agent's encode, not their ~3 us hot (issue 31, 2026-11-28).
         try:
             view = t.numpy().data
-        except (RuntimeError, TypeError):  # a GPU tensor, or one that requires grad
+        except (RuntimeError, TypeError):  # not in CPU memory (numpy() refuses it): the general way below
             view = None
         if view is not None and view.contiguous:
             return view

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from hermes.common.codec_spec import CodecError, CodecSpec
-from hermes.common.codecs import Int8Codec, PowerSgdCodec, TopKCodec, decode, powersgd_matrix
+from hermes.common.codecs import Int8Codec, PowerSgdCodec, TopKCodec, decode, decode_topk, powersgd_matrix
 
 
 def plain_int8(x: torch.Tensor, chunk: int, gen: torch.Generator | None) -> torch.Tensor:
@@ -131,7 +131,7 @@ def test_topk_indices_out_of_order_or_repeated_are_refused_and_the_scratch_stays
     assert torch.equal(decode(enc.data, enc.spec, shapes, scratch), decode(enc.data, enc.spec, shapes))
 
 
-def test_topk_sum_of_squares_is_the_decoded_updates_squared_norm() -> None:
+def test_topk_norm_from_the_k_values_is_the_decoded_updates_squared_norm() -> None:
     """The server's norm of a top-k push read from its k values: the dense vector's, to fp32 rounding; inf and nan
     values make it non-finite as a dense pass would."""
     shapes = ((300, 20), (7,))
@@ -139,13 +139,13 @@ def test_topk_sum_of_squares_is_the_decoded_updates_squared_norm() -> None:
         enc = TopKCodec(0.01).encode(torch.randn(6007, generator=torch.Generator().manual_seed(seed)) * 10.0**seed,
                                      shapes)
         dense = decode(enc.data, enc.spec, shapes)
-        assert TopKCodec.sum_of_squares(enc.data, enc.spec) == pytest.approx(float(torch.dot(dense, dense)),
+        assert decode_topk(enc.data, enc.spec, shapes)[1] == pytest.approx(float(torch.dot(dense, dense)),
                                                                               rel=1e-6)
     for bad in (math.inf, math.nan):
         delta = torch.zeros(6007)
         delta[11] = bad
         enc = TopKCodec(0.01).encode(delta, shapes)
-        assert not math.isfinite(TopKCodec.sum_of_squares(enc.data, enc.spec))
+        assert not math.isfinite(decode_topk(enc.data, enc.spec, shapes)[1])
 
 
 def test_topk_scratch_never_writes_a_vector_someone_still_holds() -> None:
@@ -191,8 +191,8 @@ def test_a_topk_push_reaches_screening_with_its_dense_norm_and_a_disordered_one_
 
 def test_decode_topk_gives_decodes_vector_and_the_sum_of_squares_of_its_values() -> None:
     """The push handler's one call: the same dense vector as ``decode`` (with and without the reused zero vector)
-    and ``sum_of_squares``' figure exactly (the same fp32 dot over the same k values); refusals as ``decode``'s."""
-    from hermes.common.codecs import DenseScratch, decode_topk
+    and exactly the fp32 dot of the k values sent; refusals as ``decode``'s."""
+    from hermes.common.codecs import DenseScratch
 
     shapes, scratch = ((300, 20), (7,)), DenseScratch()
     for seed in range(3):
@@ -200,7 +200,8 @@ def test_decode_topk_gives_decodes_vector_and_the_sum_of_squares_of_its_values()
         for s in (None, scratch):
             flat, ss = decode_topk(enc.data, enc.spec, shapes, s)
             assert torch.equal(flat, decode(enc.data, enc.spec, shapes))
-            assert ss == TopKCodec.sum_of_squares(enc.data, enc.spec)
+            values = TopKCodec.decode_values(enc.data, enc.spec, shapes)[1]  # the k values, viewed where they lie
+            assert ss == float(torch.dot(values, values))
             del flat
     with pytest.raises(CodecError, match="make"):
         decode_topk(enc.data[:-4], enc.spec, shapes)
