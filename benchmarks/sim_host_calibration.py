@@ -188,7 +188,8 @@ def testbed_runs(dirs: list[str]) -> dict[tuple[str, str], list[dict[str, Any]]]
                 "stopped_messages": summ["messages_total"], "share": r,
                 "background": background(r, slow) if r else None, "load_before": run.get("loadavg_before"),
                 "fast_flops": fast_flops(Path(d) / run["run_dir"] / "events.jsonl"),
-                "load_after": run.get("loadavg_after"), "final_accuracy": summ.get("final_accuracy")})
+                "load_after": run.get("loadavg_after"), "final_accuracy": summ.get("final_accuracy"),
+                "precisions": sorted({str(w.get("precision")) for w in summ["workers"] if w.get("precision")})})
     return cells
 
 
@@ -245,6 +246,19 @@ def previous_cells(path: str | None) -> dict[tuple[str, str], dict[str, Any]]:
     return out
 
 
+def cell_precision(wanted: str, runs: list[dict[str, Any]], cell: str) -> str | None:
+    """The precision the cell's sims train in: ``wanted``, or with ``testbed`` the one its testbed agents chose
+    (``precision auto`` times the device: bf16 on this machine, 2026-11-28); None (and why) when they differ."""
+    if wanted != "testbed":
+        return wanted
+    chosen = {p for r in runs for p in r.get("precisions") or []}
+    if len(chosen) != 1:
+        print(f"{cell}: its testbed agents trained in {sorted(chosen) or 'no recorded precision'}; give --precision",
+              file=sys.stderr)
+        return None
+    return chosen.pop()
+
+
 def sim_main(a: argparse.Namespace) -> int:
     cells = all_testbed_runs(a)
     previous = previous_cells(a.previous)
@@ -288,7 +302,11 @@ def sim_main(a: argparse.Namespace) -> int:
                 extra += f",nominal={ms:g},pace={pace:g}"
                 if a.nominal_thread:
                     extra += f",thread_flops={TRAIN_FLOPS / (ms / 1000.0):.6g}"
+            precision = cell_precision(a.precision, runs or [], f"{link}/{preset}")
+            if precision is None:
+                continue
             cmd = [sys.executable, "-m", "hermes.sim.cli", "--population", "hl8", "--preset", preset, *TASK,
+                   *(["--set", f"precision={precision}"] if precision != "auto" else []),
                    "--target-accuracy", str(target_of(link, preset)), "--max-seconds", str(budget), "--seed", str(seed),
                    "--link", link, "--host", f"testbed:background={b}{extra}", "--jitter", str(a.jitter),
                    "--out", str(out), "--quiet"]
@@ -417,6 +435,9 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--nominal-thread", action=argparse.BooleanOptionalAction, default=True,
                    help="with --nominal: the host's thread rate at the nominal cost a sample (TRAIN_FLOPS / it; "
                         "default), else THREAD_FLOPS")
+    m.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16", "testbed"],
+                   help="the sims' training precision: auto (the simulator's, fp32), fp32, bf16, or testbed: the one "
+                        "the cell's testbed agents chose (needs --testbed)")
     m.add_argument("--seed-background", action="store_true",
                    help="each seed at the background of the testbed run with that seed (else the cell's median)")
     t = sub.add_parser("table")

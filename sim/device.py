@@ -714,7 +714,7 @@ class SimDevice:
     def stats_body(self, *, final: bool = False, cycle: Any = None) -> ReportStats:
         st = self.totals
         return ReportStats(samples=st.samples, compute_seconds=st.compute_seconds, wait_seconds=st.wait_seconds,
-                           bytes_sent=self.bytes_sent, bytes_received=self.bytes_received, precision="fp32",
+                           bytes_sent=self.bytes_sent, bytes_received=self.bytes_received, precision=self.sim.precision,
                            final=final, cycle=cycle)
 
     async def report_if_due(self) -> None:

@@ -44,7 +44,7 @@ from hermes.common.tensors import ModelSpec, build_checked, load_flat
 log = logging.getLogger(__name__)
 
 __all__ = ["CycleInputs", "CycleOutputs", "Executor", "LocalExecutor", "RayExecutor", "RayMissing",
-           "build_trainer", "run_cycle"]
+           "build_trainer", "run_cycle", "sim_precision"]
 
 # The optimizer's state by parameter position (the optimizer keys it by Parameter object, which
 # neither another trainer nor another process shares): {index: {name: tensor or number}}.
@@ -86,10 +86,22 @@ class Executor(Protocol):
     def close(self) -> None: ...
 
 
+def sim_precision(config: RunConfig) -> str:
+    """The precision simulated devices train in: the run config's when it forces one, fp32 for ``auto``.
+
+    An agent resolves ``auto`` by timing its own device (client/precision.py); a simulated device has no
+    hardware to time, and a measurement here would make the result depend on the machine running the
+    simulation. fp32 is the deviation (README's table); ``--set precision=bf16`` trains as agents that chose bf16
+    do (this machine's: bf16 2.50 ms a step against fp32 6.55, 2026-11-28), and changes the numerics, not the
+    virtual time (a device's compute time comes from its profile).
+    """
+    return "fp32" if config.precision == "auto" else config.precision
+
+
 def build_trainer(task: Task, config: RunConfig, spec: ModelSpec) -> LocalTrainer:
-    """The agent's trainer for this task and run config (client.session.Job.create's, in fp32 on the CPU)."""
+    """The agent's trainer for this task and run config (client.session.Job.create's, on the CPU)."""
     return LocalTrainer(build_checked(task.model, spec), lr=config.lr, momentum=config.momentum,
-                        weight_decay=config.weight_decay, device=torch.device("cpu"), precision="fp32",
+                        weight_decay=config.weight_decay, device=torch.device("cpu"), precision=sim_precision(config),
                         seed=config.seed, loss=task.loss, optimizer=task.optimizer,
                         reset_jump=config.optimizer_reset_jump, proximal_rho=config.proximal_rho(),
                         train_step=task.train_step, transform=task.transform)

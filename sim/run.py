@@ -192,7 +192,9 @@ class Simulation:
         load_flat(self.trainer.model, self.engine.state.snapshot()[1])
         # FedAsync's proximal term (Xie et al. 2019 Sec. 4): each cycle is anchored at the device's pulled model.
         self.proximal = bool(self.trainer.proximal_rho)
-        self.job = Job(spec=spec, config=config, precision="fp32", wire_dtype=dtype_from_name(config.wire_dtype),
+        self.precision = self.trainer.precision  # sim_precision(config): auto trains in fp32
+        self.job = Job(spec=spec, config=config, precision=self.precision,
+                       wire_dtype=dtype_from_name(config.wire_dtype),
                        trainer=self.trainer, gate=None, from_baseline=config.pushes_from_baseline(),
                        validation_shards=[], data_source=KafkaRanges(), task=self.task)
         self.train_flops, self.eval_flops = flops_per_sample(self.task, spec, self.engine.train)

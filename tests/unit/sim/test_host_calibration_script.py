@@ -131,3 +131,29 @@ def test_sim_nominal_runs_each_seed_at_the_testbeds_nominal_pace_and_the_nominal
     hc.main(["sim", "--out", str(tmp_path / "sim2"), "--cells", "lan/bsp", "--seeds", "0", "--background", "0",
              "--nominal", "--nominal-settings", "0.06,2", "--no-nominal-thread"])
     assert commands[0][commands[0].index("--host") + 1] == "testbed:background=0.0,nominal=0.06,pace=2"
+
+
+def test_sim_trains_in_the_precision_the_cells_testbed_agents_chose_or_the_one_given(tmp_path, monkeypatch, capsys):
+    commands: list[list[str]] = []
+    monkeypatch.setattr(hc.subprocess, "run", lambda cmd, check: commands.append(cmd))
+    runs = {("lte", "hermes"): [{"seed": 0, "background": None, "precisions": ["bf16"]},
+                                {"seed": 1, "background": None, "precisions": ["bf16"]}],
+            ("lan", "hermes"): [{"seed": 0, "background": None, "precisions": ["bf16"]},
+                                {"seed": 1, "background": None, "precisions": ["fp32"]}]}
+    monkeypatch.setattr(hc, "testbed_runs", lambda dirs: runs)
+    base = ["sim", "--testbed", "tb", "--seeds", "0", "--background", "0", "--jitter", "0"]
+
+    def precisions(cmds: list[list[str]]) -> list[str | None]:
+        return [next((c[i + 1] for i, x in enumerate(c) if x == "--set" and c[i + 1].startswith("precision=")), None)
+                for c in cmds]
+
+    hc.main([*base, "--out", str(tmp_path / "a"), "--cells", "lte/hermes", "--precision", "testbed"])
+    assert precisions(commands) == ["precision=bf16"]
+    # Agents that chose differently: no sim, and the reason.
+    commands.clear()
+    hc.main([*base, "--out", str(tmp_path / "b"), "--cells", "lan/hermes", "--precision", "testbed"])
+    assert commands == [] and "trained in ['bf16', 'fp32']; give --precision" in capsys.readouterr().err
+    # Given, or the simulator's own (no --set).
+    hc.main([*base, "--out", str(tmp_path / "c"), "--cells", "lan/hermes", "--precision", "fp32"])
+    hc.main([*base, "--out", str(tmp_path / "d"), "--cells", "lan/hermes"])
+    assert precisions(commands) == ["precision=fp32", None]

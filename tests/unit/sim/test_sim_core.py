@@ -128,3 +128,22 @@ def test_equal_time_events_run_by_device_then_by_the_order_they_were_scheduled()
 
     run_virtual(clock, main)
     assert ran == [(-1, "server"), (1, "b"), (1, "d"), (2, "c"), (3, "a")]
+
+
+def test_devices_train_in_the_precision_the_run_forces_and_in_fp32_for_auto(tmp_path):
+    from hermes.sim.executor import sim_precision
+
+    assert sim_precision(_config()) == "fp32"  # auto: a simulated device has no hardware to time
+    assert sim_precision(_config(precision="bf16")) == "bf16"
+    sim32, fp32 = _run(tmp_path, "fp32", preset="asp", config={"max_updates": 40, "target_accuracy": None})
+    sim16, bf16 = _run(tmp_path, "bf16", preset="asp", config={"max_updates": 40, "target_accuracy": None,
+                                                                 "precision": "bf16"})
+    assert sim32.trainer.precision == "fp32" and sim16.trainer.precision == "bf16"
+    assert {w["precision"] for w in fp32["workers"]} == {"fp32"}
+    assert {w["precision"] for w in bf16["workers"]} == {"bf16"}
+    # bf16 autocast changes the numerics the devices train with (the same virtual schedule, other weights).
+    assert fp32["final_loss"] != bf16["final_loss"]
+    # and stays deterministic: the same seed in bf16 gives the same run.
+    _, again = _run(tmp_path, "bf16-again", preset="asp", config={"max_updates": 40, "target_accuracy": None,
+                                                                    "precision": "bf16"})
+    assert deterministic_view(again) == deterministic_view(bf16)
