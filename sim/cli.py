@@ -54,6 +54,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "names); default: the population's own")
     p.add_argument("--server-link", type=float, default=1000.0, metavar="MBPS",
                    help="the server's own link, each way, shared by every device (default 1000; inf: unlimited)")
+    p.add_argument("--framing", choices=("tcp", "none"), default="none",
+                   help="what a link's rate carries: tcp, the messages' TCP segments with their 66 bytes of "
+                        "Ethernet/IP/TCP headers each (what the testbed's shaped links meter), or none, the "
+                        "messages alone")
+    p.add_argument("--device-link", choices=("per-message", "queue"), default="per-message",
+                   help="a device's link: each message with the whole link to itself (default), or one queue a "
+                        "direction that its messages take whole, first come first served (an upper bound on "
+                        "the sharing of the testbed's shaped link; docs/simulation.md)")
     p.add_argument("--server-cost", choices=("calibrated", "measured", "none"), default="calibrated",
                    help="what engine operations cost the server's CPU: the calibrated model (default, "
                         "deterministic), this process's measured CPU time (not deterministic), or nothing")
@@ -120,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     from hermes.deploy.testbed_summary import format_summary
     from hermes.server.outdir import OutDirError, default_out_dir
     from hermes.sim.host import HostError, on_host, parse_host
-    from hermes.sim.links import ServerLink, transfer_seconds
+    from hermes.sim.links import ServerLink, framed_transfer_seconds, transfer_seconds
     from hermes.sim.populations import PopulationError, build_population
     from hermes.sim.run import SimError, Simulation
     from hermes.sim.server_cost import by_name
@@ -150,13 +158,15 @@ def main(argv: list[str] | None = None) -> int:
 
         profiles = homogeneous(profiles)
     out = Path(args.out) if args.out else default_out_dir(config.preset, root="runs/sim")
-    link = None if math.isinf(args.server_link) else ServerLink(args.server_link, args.server_link)
+    framed = args.framing == "tcp"
+    link = None if math.isinf(args.server_link) else ServerLink(args.server_link, args.server_link, framed=framed)
     try:
-        sim = Simulation(config, profiles, out=out, transfer=transfer_seconds, server_link=link,
+        sim = Simulation(config, profiles, out=out, transfer=framed_transfer_seconds if framed else transfer_seconds,
+                         server_link=link,
                          cost=by_name(args.server_cost), population=args.population, link=args.link,
                          heartbeat_interval=args.heartbeat_interval, heartbeat_timeout=args.heartbeat_timeout,
                          split=args.split, ray=args.ray, alone=args.alone, jitter=args.jitter,
-                         host=host, charge_model=args.charge_model)
+                         host=host, charge_model=args.charge_model, device_queue=args.device_link == "queue")
         summary = sim.run()
     except (SimError, OutDirError, TaskError) as exc:
         print(f"hermes-sim: {exc}", file=sys.stderr)

@@ -21,6 +21,7 @@ def test_the_cli_writes_the_testbed_summary_and_refuses_to_overwrite_it(tmp_path
     assert s["reached_target"] and s["engine"] == "sim" and s["clients"] == 4 and s["config"]["seed"] == 3
     assert s["seconds_to_target"] == s["target_reached_at"]["seconds"]
     assert "virtual seconds" in capsys.readouterr().out
+    assert s["link_model"] == {"transfer": "transfer_seconds", "device_link": "per-message"}
     assert main(["--population", "hl8", "--out", str(out), *DIGITS]) == 2
     assert "earlier run" in capsys.readouterr().err
 
@@ -34,6 +35,26 @@ def test_bad_flags_are_one_line_and_exit_2(tmp_path, capsys, argv, says):
     assert main([*argv, "--out", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err.strip()
     assert says in err and len(err.splitlines()) == 1
+
+
+def test_the_link_model_flags_reach_the_run_and_its_summary(tmp_path):
+    # A thin lte link, where the 66 bytes of headers a segment and a device's messages queued behind its
+    # overlapped push cost time (hermes: a push in flight while the next cycle's requests go out): each flag alone
+    # makes the devices of the same run (same seed) wait longer for replies.
+    base = ["--population", "hl8", "--preset", "hermes", "--link", "lte", "--server-cost", "none", "--quiet", *DIGITS]
+    runs = {}
+    for name, extra in {"plain": [], "framed": ["--framing", "tcp"], "queue": ["--device-link", "queue"]}.items():
+        assert main([*base, *extra, "--out", str(tmp_path / name)]) == 0
+        runs[name] = json.loads((tmp_path / name / "summary.json").read_text())
+    assert runs["framed"]["link_model"] == {"transfer": "framed_transfer_seconds", "device_link": "per-message"}
+    assert runs["queue"]["link_model"] == {"transfer": "transfer_seconds", "device_link": "queue"}
+    assert runs["plain"]["messages_total"] > 0
+
+    def waited(summary):
+        return sum(w["wait_seconds"] for w in summary["workers"]) / sum(w["cycles"] for w in summary["workers"])
+
+    for name in ("framed", "queue"):
+        assert waited(runs[name]) > waited(runs["plain"])
 
 
 def test_version_and_help(capsys):

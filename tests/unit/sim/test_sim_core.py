@@ -147,3 +147,25 @@ def test_devices_train_in_the_precision_the_run_forces_and_in_fp32_for_auto(tmp_
     _, again = _run(tmp_path, "bf16-again", preset="asp", config={"max_updates": 40, "target_accuracy": None,
                                                                     "precision": "bf16"})
     assert deterministic_view(again) == deterministic_view(bf16)
+
+
+@pytest.mark.parametrize("queue", [False, True])
+def test_with_device_queue_a_devices_messages_wait_for_its_earlier_ones_and_no_other_devices(tmp_path, queue):
+    sim = Simulation(_config(), hl8(2), out=tmp_path / "q", transfer=transfer_seconds, population="hl8",
+                     device_queue=queue)
+    a, b = sim.devices
+    done: dict[str, float] = {}
+
+    async def main():
+        async def carry(name, dev, nbytes, direction):
+            await sim.driver.carry(dev, nbytes, direction)
+            done[name] = sim.clock.monotonic()
+
+        # 125,000 bytes are 1 ms at the profile's 1,000 Mbit/s; 125 bytes 1 us; half the 0.2 ms RTT each.
+        await asyncio.gather(carry("push", a, 125_000, "up"), carry("request", a, 125, "up"),
+                             carry("reply", a, 125, "down"), carry("other", b, 125, "up"))
+
+    run_virtual(sim.clock, main)
+    assert done["push"] == pytest.approx(0.0011)
+    assert done["other"] == done["reply"] == pytest.approx(0.000101)  # another device, the other direction
+    assert done["request"] == pytest.approx(0.001101 if queue else 0.000101)
