@@ -60,15 +60,18 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def stale_namespaces() -> list[str]:
+    """The link namespaces whose testbed is gone (hlkPID-i of a PID no longer running)."""
+    names = (line.split()[0] for line in _run("ip", "netns", "list").splitlines() if line.split())
+    return [n for n in names if (m := _NS.match(n)) and not _alive(int(m.group(1)))]
+
+
 def sweep_stale() -> int:
     """Delete the namespaces and service addresses of testbeds that are gone; how many things went."""
     removed = 0
-    for line in _run("ip", "netns", "list").splitlines():
-        name = line.split()[0] if line.split() else ""
-        m = _NS.match(name)
-        if m and not _alive(int(m.group(1))):
-            subprocess.run(["ip", "netns", "delete", name], capture_output=True, check=False)
-            removed += 1
+    for name in stale_namespaces():
+        subprocess.run(["ip", "netns", "delete", name], capture_output=True, check=False)
+        removed += 1
     for line in _run("ip", "-o", "-4", "addr", "show", "dev", "lo").splitlines():
         m = _LABEL.search(line)
         if m and not _alive(int(m.group(1))):
