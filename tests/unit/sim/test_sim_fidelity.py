@@ -74,3 +74,32 @@ def test_a_device_that_goes_offline_while_saying_goodbye_just_stops(tmp_path, mo
 
     monkeypatch.setattr(device, "request", gone)
     asyncio.run(device.goodbye())  # the agent exits either way; nothing escapes
+
+
+def test_only_the_cycles_the_gate_judges_pay_for_its_validation_pass(tmp_path, monkeypatch):
+    # hermes overlaps its pushes: a cycle that ends with a push in flight is reported in-flight, unjudged, and
+    # (as the agent's PushPull._exchange) does not evaluate the validation split; on a thin link most cycles do.
+    from hermes.sim.device import SimDevice
+
+    validated: dict[str, list[float]] = {}
+    real = SimDevice.validate
+
+    async def validate(self):
+        t0 = self.sim.driver.now()
+        await real(self)
+        validated.setdefault(self.worker_id, []).append(self.sim.driver.now() - t0)
+
+    monkeypatch.setattr(SimDevice, "validate", validate)
+    cfg = build_config("hermes", dataset="digits", model="mlp", seed=0, max_updates=40)
+    slow = [dataclasses.replace(d, up_mbps=2.0, down_mbps=2.0, rtt_s=0.05) for d in _devices()]
+    s = Simulation(cfg, slow, out=tmp_path / "gate", transfer=transfer_seconds).run()
+    events = [json.loads(line) for line in (tmp_path / "gate" / "events.jsonl").read_text().splitlines()]
+    cycles = [e for e in events if e["event"] == "cycle"]
+    assert s["config"]["overlap_push"] and any(c["decision"] == "in-flight" for c in cycles)
+    for w in s["workers"]:
+        device, passes = w["device"], validated[w["id"]]
+        in_flight = sum(c["worker"] == w["id"] and c["decision"] == "in-flight" for c in cycles)
+        # Judged: each gate skip and each push (the last push's reply may not be in when the run stops).
+        assert device["gate_skips"] + device["pushes"] <= len(passes) <= device["gate_skips"] + device["pushes"] + 1
+        assert in_flight > 0 and len(passes) <= device["cycles"] - in_flight
+        assert all(t > 0 for t in passes)
