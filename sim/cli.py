@@ -58,10 +58,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="what a link's rate carries: tcp, the messages' TCP segments with their 66 bytes of "
                         "Ethernet/IP/TCP headers each (what the testbed's shaped links meter), or none, the "
                         "messages alone")
-    p.add_argument("--device-link", choices=("per-message", "queue"), default="per-message",
-                   help="a device's link: each message with the whole link to itself (default), or one queue a "
-                        "direction that its messages take whole, first come first served (an upper bound on "
-                        "the sharing of the testbed's shaped link; docs/simulation.md)")
+    p.add_argument("--device-link", type=device_link, default=0.0, metavar="per-message|queue[:SHARE]",
+                   help="a device's link: each message with the whole link to itself (per-message, default), or one "
+                        "queue a direction where a message waits for SHARE (0-1, default 1: first come first "
+                        "served) of the bytes queued before it (the testbed's lte link: about 0.65)")
     p.add_argument("--server-cost", choices=("calibrated", "measured", "none"), default="calibrated",
                    help="what engine operations cost the server's CPU: the calibrated model (default, "
                         "deterministic), this process's measured CPU time (not deterministic), or nothing")
@@ -89,6 +89,21 @@ def build_parser() -> argparse.ArgumentParser:
                         "real (default: the run's own model's FLOPs)")
     p.add_argument("--quiet", action="store_true", help="no summary table at the end")
     return p
+
+
+def device_link(text: str) -> float:
+    """``--device-link``: per-message (0) or queue[:SHARE], the share of a device's backlog a message waits for."""
+    name, _, share = text.partition(":")
+    if name == "per-message" and not share:
+        return 0.0
+    if name == "queue":
+        try:
+            value = float(share) if share else 1.0
+        except ValueError:
+            value = -1.0
+        if 0.0 < value <= 1.0:
+            return value
+    raise argparse.ArgumentTypeError(f"{text!r}: per-message, queue or queue:SHARE with SHARE in (0, 1]")
 
 
 def config_from(args: argparse.Namespace) -> Any:
@@ -166,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
                          cost=by_name(args.server_cost), population=args.population, link=args.link,
                          heartbeat_interval=args.heartbeat_interval, heartbeat_timeout=args.heartbeat_timeout,
                          split=args.split, ray=args.ray, alone=args.alone, jitter=args.jitter,
-                         host=host, charge_model=args.charge_model, device_queue=args.device_link == "queue")
+                         host=host, charge_model=args.charge_model, backlog_share=args.device_link)
         summary = sim.run()
     except (SimError, OutDirError, TaskError) as exc:
         print(f"hermes-sim: {exc}", file=sys.stderr)

@@ -4,7 +4,7 @@ A device's request is encoded as an agent encodes it (``hermes.common.wire.encod
 signed with its key), so its size is the real encoded size. Its time:
 
 1. the device's uplink (``transfer_seconds``: half its RTT and the bytes at its up rate; with
-   ``device_queue`` one queue a direction for all of the agent's messages), and the server's own link
+   ``backlog_share`` one queue a direction for all of the agent's messages), and the server's own link
    (``ServerLink``: one FIFO shared by every device);
 2. the server's CPU: one FIFO of engine operations, each costing what the cost
    model says (``ServerCost.seconds``); the engine handles the message when its
@@ -107,17 +107,18 @@ class Endpoint(Protocol):
 class Driver:
     def __init__(self, engine: Engine, clock: Clock, *, transfer: Transfer, server_link: ServerLinkModel | None,
                  cost: ServerCostModel, heartbeat_timeout: float, host: Host | None = None,
-                 device_queue: bool = False) -> None:
+                 backlog_share: float = 0.0) -> None:
         self.engine = engine
         self.clock = clock
         self.transfer = transfer
         self.server_link = server_link
-        # device_queue: a device's link is one queue a direction, whole messages first come first served (when its
-        # last byte queued is through, by (device, direction)). Off by default: each message has the whole link to
-        # itself. On lte the queue made hermes' agents wait 2-3x the testbed's (utilisation 0.30-0.49 against its
-        # 0.61-0.69, 2026-11-28): a TCP sender keeps only its window of a push queued ahead of another
-        # connection's request, not the whole push (docs/simulation.md).
-        self.device_queue = device_queue
+        # backlog_share: a device's link is one queue a direction, and a message waits for this share of the bytes
+        # queued there before it (its link's backlog, when its last byte queued is through, by (device,
+        # direction)); 1: whole messages first come first served. 0 (the default): each message has the whole link
+        # to itself, nothing tracked. The testbed's lte link measured about 0.65 (docs/simulation.md).
+        if not 0.0 <= backlog_share <= 1.0:
+            raise ValueError(f"backlog_share must be within [0, 1], got {backlog_share}")
+        self.backlog_share = backlog_share
         self.link_free: dict[tuple[int, str], float] = {}
         self.cost = cost
         self.params = engine.spec.numel
@@ -218,16 +219,19 @@ class Driver:
     async def carry(self, dev: Endpoint, nbytes: int, direction: Literal["up", "down"]) -> None:
         """``nbytes`` over the device's link (transfer_seconds: half the RTT each way) and the server's shared one.
 
-        With ``device_queue`` the device's link is one queue a direction: a message starts when the messages
-        queued before it, from any of the agent's connections (its loop's, its prefetcher's, its overlapped
-        push's), are through, as one tbf a direction shapes a testbed agent's veth pair (deploy/netlab.py); the
-        relay's RTT/2 comes after the shaping (deploy/links.py)."""
+        With ``backlog_share`` the device's link is one queue a direction, for all of the agent's connections (its
+        loop's, its prefetcher's, its overlapped push's), as one tbf a direction shapes a testbed agent's veth pair
+        (deploy/netlab.py; the relay's RTT/2 comes after the shaping, deploy/links.py): a message waits for that
+        share of the bytes queued before it, and its own bytes lengthen the queue. 1 is first come first served
+        whole messages; TCP over the testbed's tbf lets a new connection's request past part of a push in flight
+        (a share of about 0.65 measured on its lte link, docs/simulation.md)."""
         mbps = dev.up_mbps if direction == "up" else dev.down_mbps
         t0 = start = self.now()
-        if self.device_queue:
+        if self.backlog_share:
             key = (id(dev), direction)
-            start = max(t0, self.link_free.get(key, t0))
-            self.link_free[key] = start + self.transfer(nbytes, mbps, 0.0)
+            free = self.link_free.get(key, t0)
+            start = t0 + self.backlog_share * max(0.0, free - t0)
+            self.link_free[key] = max(free, t0) + self.transfer(nbytes, mbps, 0.0)
         done = start + self.transfer(nbytes, mbps, dev.rtt_s)
         if self.server_link is not None:
             done = max(done, self.server_link.reserve(t0, nbytes, direction))

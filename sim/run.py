@@ -139,7 +139,7 @@ class Simulation:
                  heartbeat_interval: float = 2.0, heartbeat_timeout: float = 10.0,
                  executor: Executor | None = None, split: str | Split | None = None, ray: str | None = None,
                  alone: bool = False, jitter: float = 0.0, host: HostSpec | None = None,
-                 charge_model: str | None = None, device_queue: bool = False) -> None:
+                 charge_model: str | None = None, backlog_share: float = 0.0) -> None:
         if alone:  # the population's fastest device by itself, with all the data (sim/reference.py)
             profiles = fastest_alone(profiles)
         if not profiles:
@@ -180,7 +180,7 @@ class Simulation:
             raise SimError("--host takes the calibrated (or no) server cost, not the measured one")
         self.driver = Driver(self.engine, self.clock, transfer=transfer, server_link=server_link,
                              cost=cost if cost is not None else ZeroCost(), heartbeat_timeout=heartbeat_timeout,
-                             device_queue=device_queue,
+                             backlog_share=backlog_share,
                              host=self.host)
         self.combine = bool(config.combine_messages)
         # The codecs as an agent applies them (client.session): compression.push per device (sim/device.py);
@@ -329,7 +329,8 @@ class Simulation:
                                        "charged_model": self.charge_model}
         summary["compute_jitter"] = self.jitter
         summary["link_model"] = {"transfer": getattr(self.transfer, "__name__", repr(self.transfer)),
-                                 "device_link": "queue" if self.driver.device_queue else "per-message"}
+                                 "device_link": (f"queue:{self.driver.backlog_share:g}" if self.driver.backlog_share
+                                                 else "per-message")}
         summary["host"] = self.host.stats(self.clock.monotonic()) if self.host is not None else None
         # Model copies the devices held: versions (shared) at their peak, own weights at the end.
         summary["sim"] = {"peak_versions_held": self.versions.peak,

@@ -43,11 +43,11 @@ def test_the_link_model_flags_reach_the_run_and_its_summary(tmp_path):
     # makes the devices of the same run (same seed) wait longer for replies.
     base = ["--population", "hl8", "--preset", "hermes", "--link", "lte", "--server-cost", "none", "--quiet", *DIGITS]
     runs = {}
-    for name, extra in {"plain": [], "framed": ["--framing", "tcp"], "queue": ["--device-link", "queue"]}.items():
+    for name, extra in {"plain": [], "framed": ["--framing", "tcp"], "queue": ["--device-link", "queue:0.65"]}.items():
         assert main([*base, *extra, "--out", str(tmp_path / name)]) == 0
         runs[name] = json.loads((tmp_path / name / "summary.json").read_text())
     assert runs["framed"]["link_model"] == {"transfer": "framed_transfer_seconds", "device_link": "per-message"}
-    assert runs["queue"]["link_model"] == {"transfer": "transfer_seconds", "device_link": "queue"}
+    assert runs["queue"]["link_model"] == {"transfer": "transfer_seconds", "device_link": "queue:0.65"}
     assert runs["plain"]["messages_total"] > 0
 
     def waited(summary):
@@ -79,3 +79,14 @@ def test_train_with_more_agents_than_the_process_path_takes_simulates_every_one(
     assert len(workers) == agents and len({w["name"] for w in workers}) == agents
     assert all(w["device"]["registrations"] == 1 and w["device"]["cycles"] >= 1 for w in workers)
     assert result.model_path is not None and result.model_path.is_file()
+
+
+def test_device_link_reads_per_message_queue_and_a_share():
+    import argparse
+
+    from hermes.sim.cli import device_link
+
+    assert (device_link("per-message"), device_link("queue"), device_link("queue:0.65")) == (0.0, 1.0, 0.65)
+    for bad in ("queue:0", "queue:1.5", "queue:x", "fifo", "per-message:1"):
+        with pytest.raises(argparse.ArgumentTypeError, match="per-message, queue or queue:SHARE"):
+            device_link(bad)

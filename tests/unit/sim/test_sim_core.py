@@ -149,10 +149,10 @@ def test_devices_train_in_the_precision_the_run_forces_and_in_fp32_for_auto(tmp_
     assert deterministic_view(again) == deterministic_view(bf16)
 
 
-@pytest.mark.parametrize("queue", [False, True])
-def test_with_device_queue_a_devices_messages_wait_for_its_earlier_ones_and_no_other_devices(tmp_path, queue):
+@pytest.mark.parametrize("share", [0.0, 1.0, 0.5])
+def test_with_a_backlog_share_a_devices_messages_wait_for_its_earlier_ones_and_no_other_devices(tmp_path, share):
     sim = Simulation(_config(), hl8(2), out=tmp_path / "q", transfer=transfer_seconds, population="hl8",
-                     device_queue=queue)
+                     backlog_share=share)
     a, b = sim.devices
     done: dict[str, float] = {}
 
@@ -168,4 +168,5 @@ def test_with_device_queue_a_devices_messages_wait_for_its_earlier_ones_and_no_o
     run_virtual(sim.clock, main)
     assert done["push"] == pytest.approx(0.0011)
     assert done["other"] == done["reply"] == pytest.approx(0.000101)  # another device, the other direction
-    assert done["request"] == pytest.approx(0.001101 if queue else 0.000101)
+    # The request waits for that share of the push's 1 ms still queued (all of it: both start at 0).
+    assert done["request"] == pytest.approx(0.000101 + share * 0.001)
