@@ -309,6 +309,7 @@ def sim_main(a: argparse.Namespace) -> int:
                    *(["--set", f"precision={precision}"] if precision != "auto" else []),
                    "--target-accuracy", str(target_of(link, preset)), "--max-seconds", str(budget), "--seed", str(seed),
                    "--link", link, "--host", f"testbed:background={b}{extra}", "--jitter", str(a.jitter),
+                   *(["--device-link", a.device_link] if a.device_link else []),
                    "--out", str(out), "--quiet"]
             print(" ".join(cmd), flush=True)
             subprocess.run(cmd, check=False)
@@ -438,6 +439,8 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16", "testbed"],
                    help="the sims' training precision: auto (the simulator's, fp32), fp32, bf16, or testbed: the one "
                         "the cell's testbed agents chose (needs --testbed)")
+    m.add_argument("--device-link", default=None, metavar="per-message|queue[:SHARE]",
+                   help="hermes-sim's --device-link for every run (default: the simulator's, per-message)")
     m.add_argument("--seed-background", action="store_true",
                    help="each seed at the background of the testbed run with that seed (else the cell's median)")
     t = sub.add_parser("table")

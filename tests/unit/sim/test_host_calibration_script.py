@@ -157,3 +157,7 @@ def test_sim_trains_in_the_precision_the_cells_testbed_agents_chose_or_the_one_g
     hc.main([*base, "--out", str(tmp_path / "c"), "--cells", "lan/hermes", "--precision", "fp32"])
     hc.main([*base, "--out", str(tmp_path / "d"), "--cells", "lan/hermes"])
     assert precisions(commands) == ["precision=fp32", None]
+    # The device link's model goes to every run as given; none given, the simulator's own.
+    hc.main([*base, "--out", str(tmp_path / "e"), "--cells", "lan/hermes", "--device-link", "queue:0.65"])
+    assert commands[-1][commands[-1].index("--device-link") + 1] == "queue:0.65"
+    assert all("--device-link" not in c for c in commands[:-1])
