@@ -153,7 +153,19 @@ def run_virtual(clock: VirtualClock, main: Callable[[], Any]) -> Any:
         return loop.run_until_complete(main())
     finally:
         try:
+            _cancel_pending(loop)
             loop.run_until_complete(loop.shutdown_asyncgens())
         finally:
             asyncio.set_event_loop(None)
             loop.close()
+
+
+def _cancel_pending(loop: asyncio.AbstractEventLoop) -> None:
+    """What is still pending when ``main`` returns (a request a device abandoned as the run stopped: its
+    prefetch) is cancelled and run to its end, as ``asyncio.run`` does, instead of destroyed pending (asyncio
+    logged "Task was destroyed but it is pending!" after a hermes run without overlap_push)."""
+    pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+    for t in pending:
+        t.cancel()
+    if pending:
+        loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))

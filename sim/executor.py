@@ -91,7 +91,7 @@ def sim_precision(config: RunConfig) -> str:
 
     An agent resolves ``auto`` by timing its own device (client/precision.py); a simulated device has no
     hardware to time, and a measurement here would make the result depend on the machine running the
-    simulation. fp32 is the deviation (README's table); ``--set precision=bf16`` trains as agents that chose bf16
+    simulation. fp32 is the deviation (docs/simulation.md's table); ``--set precision=bf16`` trains as agents that chose bf16
     do (this machine's: bf16 2.50 ms a step against fp32 6.55, 2026-11-28), and changes the numerics, not the
     virtual time (a device's compute time comes from its profile).
     """

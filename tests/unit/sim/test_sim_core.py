@@ -170,3 +170,25 @@ def test_with_a_backlog_share_a_devices_messages_wait_for_its_earlier_ones_and_n
     assert done["other"] == done["reply"] == pytest.approx(0.000101)  # another device, the other direction
     # The request waits for that share of the push's 1 ms still queued (all of it: both start at 0).
     assert done["request"] == pytest.approx(0.000101 + share * 0.001)
+
+
+def test_a_task_left_pending_when_the_run_ends_is_cancelled_not_destroyed(caplog):
+    clock = VirtualClock(start=0.0)
+    left: list[asyncio.Task] = []
+    ended: list[str] = []
+
+    async def abandoned():
+        try:
+            await asyncio.sleep(3600.0)
+        except asyncio.CancelledError:
+            ended.append("cancelled")
+            raise
+
+    async def main():
+        left.append(asyncio.ensure_future(abandoned()))
+        await asyncio.sleep(1.0)
+        return "done"
+
+    assert run_virtual(clock, main) == "done"
+    assert ended == ["cancelled"] and left[0].cancelled()
+    assert "destroyed but it is pending" not in caplog.text
