@@ -274,25 +274,17 @@ def encode(
         checksum = 0 if key is not None else checksum_of(frames)
     if header.shapes and numel_of(header.shapes) != numel:
         raise ValueError(f"shapes describe {numel_of(header.shapes)} elements but tensor has {numel}")
-    full = _replaced(
-        header,
-        dtype=dtype,
-        shapes=header.shapes or ((numel,),),
-        frame_bytes=tuple(len(f) for f in frames),
-        checksum=checksum,
-        nonce="",
-        mac="",
-    )
+    # dataclasses.replace without its generic pass over every field and the frozen __init__: a third of a push's
+    # encode outside the MAC (issue 31).
+    full = Header.assemble(header.__dict__, {
+        "dtype": dtype,
+        "shapes": header.shapes or ((numel,),),
+        "frame_bytes": tuple(len(f) for f in frames),
+        "checksum": checksum,
+        "nonce": "",
+        "mac": "",
+    })
     return [_pack_signed(full, frames, key), *out]
-
-
-def _replaced(header: Header, **fields: Any) -> Header:
-    """``dataclasses.replace(header, **fields)`` without its generic pass over every field and the frozen
-    ``__init__``: a third of a push's encode outside the MAC (issue 31). The same object: Header has no
-    ``__post_init__``, no slots and no derived state; ``fields`` are its own names (replace would check)."""
-    out = object.__new__(Header)
-    out.__dict__.update(header.__dict__, **fields)
-    return out
 
 
 def _pack_signed(header: Header, frames: Sequence[Any], key: bytes | None) -> bytes:

@@ -16,7 +16,7 @@ import zmq
 
 from hermes.common import codecs
 from hermes.common.header import PROTOCOL_VERSION, ErrorCode, Header, MsgType, ProtocolError
-from hermes.common.wire import _replaced, encode
+from hermes.common.wire import encode
 from hermes.server.dataplane import _recv_message, _send_message
 
 HANG_S = 30.0
@@ -28,13 +28,13 @@ def _full_header() -> Header:
                   body={"samples": 32, "codec": {"name": "topk", "k": 3}}, nonce="n" * 32, mac="m" * 32)
 
 
-def test_replaced_is_dataclasses_replace() -> None:
+def test_assembled_from_a_header_is_dataclasses_replace() -> None:
     h = _full_header()
     changes = dict(dtype="uint8", shapes=((10,),), frame_bytes=(10,), checksum=0, nonce="", mac="")
-    got, want = _replaced(h, **changes), dataclasses.replace(h, **changes)
+    got, want = Header.assemble(h.__dict__, changes), dataclasses.replace(h, **changes)
     assert got == want and got.__dict__ == want.__dict__
     assert h.dtype == "float32"  # the original is untouched
-    # What makes the copy the same object: no slots, no __post_init__ (a change here must revisit _replaced).
+    # What makes the copy the same object: no slots, no __post_init__ (a change here must revisit Header.assemble).
     assert not hasattr(Header, "__slots__") and not hasattr(Header, "__post_init__")
 
 
