@@ -302,7 +302,7 @@ def bench_compressed_dataplane(repeats: int, log_dir: str, threads: int | None, 
     me = os.getpid()
     screening_window = ScreeningSettings().window
     bare = BareRouter()
-    work = BareWorkRouter()
+    work = BareWorkRouter(threads or 1)
     server = ServerProcess(hidden or MLP_HIDDEN[size], ["eval_max_samples=1"], log_dir, threads)
     try:
         reg = ControlClient(server.url, join_token=JOIN_TOKEN).register(
@@ -604,7 +604,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="1M-parameter cases only, few repeats (a minute or two)")
     p.add_argument("--kafka", default=None, metavar="HOST:PORT", help="a running broker (default: start Tansu)")
     p.add_argument("--skip-kafka", action="store_true", help="leave out the shard-fetch comparison")
-    p.add_argument("--threads", type=int, default=None, help="torch threads here and in the server")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads here, in the server and in the bare router (default 1: the same on both "
+                        "sides, as every figure in docs/ was measured; above 1 the server's OpenMP workers sleep "
+                        "between requests, OMP_WAIT_POLICY=PASSIVE, and so do the bare router's)")
     p.add_argument("--only", default=",".join(SECTIONS), metavar="SECTION[,SECTION]",
                    help=f"run only these sections (of {', '.join(SECTIONS)})")
     p.add_argument("--repeats", type=int, default=None,

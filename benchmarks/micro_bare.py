@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 import warnings
@@ -132,13 +133,13 @@ def bare_quantise(model: Any, chunk: int) -> Any:
     return data
 
 
-def router_main(port: int) -> None:
+def router_main(port: int, threads: int = 1) -> None:
     """[b"W" + json spec, *payload] -> MAC, decode, finite check, add; an ack frame and its MAC.
     [b"Q" + json {"chunk", "numel"}] -> quantise the model, MAC, send a header-sized frame and the bytes.
     [b"stop"] -> ack and exit."""
     import torch
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(threads)
     ctx = zmq.Context()
     sock = ctx.socket(zmq.ROUTER)
     sock.setsockopt(zmq.LINGER, 0)
@@ -178,11 +179,15 @@ def router_main(port: int) -> None:
 class BareWorkRouter:
     """The DEALER end, talking to ``router_main`` in a process of its own."""
 
-    def __init__(self) -> None:
+    def __init__(self, threads: int = 1) -> None:
         self.port = free_port()
+        # The server's torch threads and OpenMP wait policy (hermes.server sets PASSIVE unless the user set one):
+        # the same tensor work under the same threading on both sides.
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads),
+               "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
         self.proc: subprocess.Popen[str] = subprocess.Popen(
-            [sys.executable, str(Path(__file__).resolve()), "--router", str(self.port)], stdout=subprocess.PIPE,
-            text=True)
+            [sys.executable, str(Path(__file__).resolve()), "--router", str(self.port), str(threads)],
+            stdout=subprocess.PIPE, text=True, env=env)
         assert self.proc.stdout is not None  # stdout=PIPE
         line = self.proc.stdout.readline()
         if line.strip() != "ready":
@@ -228,4 +233,4 @@ class BareWorkRouter:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--router"]:
-        router_main(int(sys.argv[2]))
+        router_main(int(sys.argv[2]), int(sys.argv[3]) if len(sys.argv) > 3 else 1)
