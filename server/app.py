@@ -24,11 +24,13 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import torch
 import zmq
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
+from hermes import server as server_package
 from hermes.common.datasource import SampleSource, check_dtypes
 from hermes.common.kafka_layout import KafkaUnavailable
 from hermes.common.policies.topology import topology_of
@@ -167,6 +169,10 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     app.state.data_plane_address = f"tcp://{settings.advertise_host}:{port}"
     log.info("hermes server ready: preset=%s task=%s (fingerprint %s) model=%s data plane %s",
              config.preset, ctx.task.name, engine.spec.fingerprint, engine.spec.name, app.state.data_plane_address)
+    if server_package.OMP_SPINS and torch.get_num_threads() > 1:
+        log.info("torch was imported before hermes.server: its %d OpenMP threads busy-wait between requests "
+                 "(server/__init__.py); set OMP_WAIT_POLICY=PASSIVE before importing torch to stop them",
+                 torch.get_num_threads())
     try:
         yield
     finally:

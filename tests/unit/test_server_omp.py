@@ -26,3 +26,12 @@ def _policy(before: str = "", **env: str) -> str:
 def test_the_server_sets_a_passive_openmp_wait_policy_only_when_it_can_take_effect(before: str, env: dict[str, str],
                                                                                     expected: str) -> None:
     assert _policy(before, **env) == expected
+
+
+@pytest.mark.parametrize(("before", "spins"), [("", "False"), ("import torch; ", "True")])
+def test_the_server_knows_when_torch_came_first_and_its_workers_spin(before: str, spins: str) -> None:
+    code = f"{before}import hermes.server; print(hermes.server.OMP_SPINS)"
+    clean = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    out = subprocess.run([sys.executable, "-c", code], env=clean, capture_output=True, text=True, timeout=120,
+                         check=True)
+    assert out.stdout.strip() == spins

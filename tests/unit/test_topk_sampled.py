@@ -112,3 +112,24 @@ def test_selection_is_a_switch_in_the_topk_section() -> None:
         build_config("asp", **{"compression.push": "topk", "topk.selection": "guess"})
     with pytest.raises(ValueError, match="full or sampled"):
         TopKCodec(0.01, "guess")
+
+
+@pytest.mark.parametrize("ratio", [0.01, 0.05])
+@pytest.mark.parametrize("ties", [False, True])
+def test_the_numpy_passes_pick_what_the_torch_passes_pick(ratio: float, ties: bool) -> None:
+    """A CPU fp32 magnitude takes numpy's compare and nonzero; a tensor numpy cannot view (bf16, CUDA, one
+    that needs grad) takes torch's (``TopKCodec._kept``): the same indices from the same magnitudes."""
+    x = _layered(3).abs()
+    if ties:
+        x = (x * 4).round() / 4  # many equal magnitudes around the k-th
+    codec = TopKCodec(ratio, "sampled")
+    k = codec.k_of(N)
+    via_numpy = codec.select(x, k)
+    with torch.no_grad():
+        via_torch = codec.select(x.clone().requires_grad_(True), k)
+    assert via_numpy.dtype == via_torch.dtype == torch.int64
+    assert torch.equal(via_numpy, via_torch)
+    assert int(via_numpy.numel()) == k
+    rest = torch.ones(N, dtype=torch.bool)
+    rest[via_numpy] = False
+    assert float(x[via_numpy].min()) >= float(x[rest].max())
