@@ -310,10 +310,11 @@ class Session:
         self._adopt(trainer, reply, pushed)
 
     def load_model_reply(self, trainer: LocalTrainer, reply: Any, answer: PushReply,
-                         pushed: torch.Tensor | None = None) -> bool:
-        """A push reply that answered the pull too (combine_messages); False: it did not, pull."""
+                         pushed: torch.Tensor | None = None, *, local: torch.Tensor | None = None) -> bool:
+        """A push reply that answered the pull too (combine_messages); False: it did not, pull. ``local``: the
+        local model's flat vector, when the caller has it (``LocalTrainer.load``)."""
         if answer.model == "included" and reply.payload is not None:
-            self._adopt(trainer, reply, pushed)
+            self._adopt(trainer, reply, pushed, local)
             return True
         return answer.model == "unchanged"
 
@@ -323,7 +324,8 @@ class Session:
         if reply.payload is not None:
             self._adopt(trainer, reply, pushed)
 
-    def _adopt(self, trainer: LocalTrainer, reply: Any, pushed: torch.Tensor | None) -> None:
+    def _adopt(self, trainer: LocalTrainer, reply: Any, pushed: torch.Tensor | None,
+               local: torch.Tensor | None = None) -> None:
         # No copy: the tensor views the received frame, which it keeps alive (torch.frombuffer holds
         # the buffer), and nothing writes to it; deltas are computed as new tensors.
         flat = reply.payload.flat()
@@ -332,7 +334,10 @@ class Session:
             flat = decode_codec(flat, CodecSpec.model_validate(codec), self.shapes)
         elif flat.dtype != torch.float32:  # pull_dtype: trained, and measured from, in fp32
             flat = flat.float()
-        trainer.load(flat if pushed is None else rebase(flat, trainer.flat(), pushed))
+        if pushed is None:
+            trainer.load(flat, local=local)
+        else:
+            trainer.load(rebase(flat, trainer.flat(), pushed))
         self.version, self.base = reply.header.model_version, flat
 
     def stats_body(self, stats: AgentStats, precision: str, *, final: bool = False,

@@ -235,7 +235,9 @@ class PushPull:
         # A barrier may hold the reply for as long as the slowest worker's cycle.
         reply = push(session.data, max(600.0, self.request_timeout))
         st.wait_seconds += time.perf_counter() - t0
-        return self._receive(reply, pushed=None)
+        # The model the push was made from is the local model still (nothing trained since): the load's reset
+        # check measures the pulled model's jump from it rather than flattening the model again.
+        return self._receive(reply, pushed=None, local=local)
 
     def _drop_diverged(self, work: Work, result: CycleResult) -> Stop:
         """A cycle whose loss is NaN or infinite: not pushed (the server refuses such a push), the
@@ -287,8 +289,9 @@ class PushPull:
             return None
         return self._receive(reply, pushed=pushed)
 
-    def _receive(self, reply: Message, pushed: torch.Tensor | None) -> Stop:
-        """Count a push's reply and load (``pushed``: rebase on) the model it brings; a reason: stop."""
+    def _receive(self, reply: Message, pushed: torch.Tensor | None, local: torch.Tensor | None = None) -> Stop:
+        """Count a push's reply and load (``pushed``: rebase on) the model it brings; a reason: stop. ``local``:
+        the local model as a flat vector, when the caller has it and nothing has trained since."""
         session, st, trainer = self.session, self.host.stats, self.job.trainer
         st.pushes += 1
         answer = parse_reply(PushReply, reply.header.body, "PUSH_REPLY")
@@ -318,7 +321,7 @@ class PushPull:
             session.pull(trainer, st, force=True, base=True)
             self.baseline, self.baseline_version = session.base, session.version
             return None
-        if session.outbox is not None and session.load_model_reply(trainer, reply, answer, pushed):
+        if session.outbox is not None and session.load_model_reply(trainer, reply, answer, pushed, local=local):
             st.pulls += 1  # answered by the push's reply, as the server counts it
         else:
             session.pull(trainer, st, force=False, pushed=pushed)

@@ -323,11 +323,14 @@ class LocalTrainer:
     def flat(self) -> torch.Tensor:
         return flatten(self.model).cpu()
 
-    def load(self, flat: torch.Tensor) -> None:
-        """The pulled model's weights; the optimizer's state is kept unless the model jumped far."""
+    def load(self, flat: torch.Tensor, *, local: torch.Tensor | None = None) -> None:
+        """The pulled model's weights; the optimizer's state is kept unless the model jumped far. ``local``: this
+        model's flat vector as ``flat()`` gave it, when the caller holds it and nothing changed the model since
+        (a push's: the jump is measured from it instead of flattening the model again, one pass over it saved an
+        exchange, which the emulation multiplies by the device's slowdown; issue 31)."""
         flat = flat.to(self.device)
         if self.optimizer.state and self.reset_jump is not None:
-            here = flatten(self.model)
+            here = flatten(self.model) if local is None else local.to(self.device)
             if float(torch.linalg.vector_norm(flat - here)) > self.reset_jump * max(
                     float(torch.linalg.vector_norm(here)), 1e-12):
                 log.info("pulled model is far from the local one: optimizer state reset")

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from hermes.client import topology
+from hermes.client import trainer as trainer_module
 from hermes.client.prefetch import Work
 from hermes.client.session import AgentStats, Session
 from hermes.client.trainer import LocalTrainer
@@ -110,6 +111,22 @@ def test_only_a_far_jump_resets_the_momentum():
     assert trainer.state_resets == 0
     trainer.load(here * 2.0)  # 0.7 / 1.3 = 54% away: reset
     assert trainer.state_resets == 1 and not trainer.optimizer.state
+
+
+@pytest.mark.parametrize(("jump", "resets"), [(1.3, 0), (2.0, 1)])
+def test_the_pushed_flat_given_to_the_load_decides_as_the_model_does(monkeypatch: pytest.MonkeyPatch, jump: float,
+                                                                      resets: int):
+    """A push's reply: the load's reset check reads the flat vector the push was made from (the same model,
+    nothing trained since) instead of flattening the model again; the same decision, and the model loaded."""
+    trainer = _trainer()
+    trainer.train_cycle(*_data(1), batch_size=16)
+    local = trainer.flat()
+    flattened: list[int] = []
+    real = trainer_module.flatten
+    monkeypatch.setattr(trainer_module, "flatten", lambda *a, **k: flattened.append(1) or real(*a, **k))
+    trainer.load(local * jump, local=local)
+    assert flattened == [] and trainer.state_resets == resets
+    assert torch.equal(real(trainer.model), local * jump)
 
 
 @pytest.mark.parametrize("ratio", [0.05, 0.25])
