@@ -413,6 +413,8 @@ ALONE_VARIANTS = [
     # 16 steps a round at batch 16 (a global 256), so that a round's compute (420 ms for the fastest) outlasts its
     # exchange on lte (about 285 ms). Medians of 3, 2026-11-28 11:02-11:14 UTC: lte 1.56x alone (-topk-local;
     # per seed 1.61, 1.49, 1.32; 1.60x over seeds 0-4), lan 2.07x (1.83x with top-k); docs/compression.md, ninth pass.
+    # Again 19:51-20:43 UTC, two sets of seeds 0-4 on lte (-topk-local): 1.44x and 1.67x on their medians, 1.55x on
+    # the ten runs' (per seed 1.09-2.25): a set of five can land under 1.5x (docs/compression.md, session 13).
     {"label": "bsp-static-b16-h16-local", "preset": "bsp",
      "overrides": {"allocation": "static", "lr": 0.1, "batch_size": 16, "cycle_samples": 256, "task": _LOCAL_TASK}},
     {"label": "bsp-static-b16-h16-topk-local", "preset": "bsp",
