@@ -13,6 +13,7 @@ import sys
 # 1.9-2.4 ms. libgomp reads the variable when torch loads it, so only a process that imports the server before
 # torch gets it (hermes-server, uvicorn's factory); a value the user set wins (OMP_WAIT_POLICY=ACTIVE restores
 # the spin). Agents train back to back, where the spin is what keeps the next region's start cheap: left alone.
+
 # True when torch was loaded first with no policy set (hermes.Server after the user's `import torch`): its workers
 # spin, and the server says so once it is ready (server/app.py).
 OMP_SPINS = "torch" in sys.modules and "OMP_WAIT_POLICY" not in os.environ
