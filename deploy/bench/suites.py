@@ -69,6 +69,12 @@ class Variant(BaseModel):
     server_threads: int | None = Field(default=None, ge=1)
 
 
+# The variant every suite gets (Suite.alone): the fastest device training by itself on the suite's task, at the
+# cluster's pace (RunSpec.testbed_args, hermes-sim --alone), with the bsp preset's optimizer.
+ALONE_LABEL = "alone"
+ALONE: dict[str, Any] = {"label": ALONE_LABEL, "preset": "bsp", "runner": "alone"}
+
+
 class Suite(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -117,6 +123,9 @@ class Suite(BaseModel):
     server_threads: int | None = Field(default=None, ge=1)
     # The DDP peer (and alone) evaluate every this many steps; their clock leaves evaluations out.
     ddp_eval_every: int = Field(default=20, ge=1)
+    # Every suite measures the fastest device alone beside its cluster (issue 31: what distribution must beat):
+    # a variant ``alone`` (preset bsp's optimizer, runner alone) is added unless one is there or this is false.
+    alone: bool = True
 
     @field_validator("churn")
     @classmethod
@@ -139,6 +148,14 @@ class Suite(BaseModel):
             if not isinstance(presets, (list, tuple)):
                 raise ValueError("presets: expected a list of preset names")
             data["variants"] = [{"label": p, "preset": p} for p in presets]
+        # The fastest device alone (``alone``), in the same call: the presets' variants must be there first.
+        if isinstance(data, dict) and data.get("alone", True) and isinstance(data.get("variants"), (list, tuple)):
+            def is_alone(v: Any) -> bool:
+                get = v.get if isinstance(v, dict) else lambda k: getattr(v, k, None)
+                return bool(get("runner") == "alone" or get("label") == ALONE_LABEL)
+
+            if not any(is_alone(v) for v in data["variants"]):
+                data = {**data, "variants": [*data["variants"], dict(ALONE)]}
         return data
 
     @field_validator("profiles")
@@ -199,7 +216,9 @@ class Suite(BaseModel):
         missing = [x for x in labels if x not in known]
         if missing:
             raise SuiteError(f"--variants: {missing} not in suite {self.name!r}; its variants: {known}")
-        data = {**self.model_dump(), "variants": [v.model_dump() for v in self.variants if v.label in labels]}
+        # The variants asked for, and only those: no alone added back unless it was asked for.
+        data = {**self.model_dump(), "variants": [v.model_dump() for v in self.variants if v.label in labels],
+                "alone": False}
         if self.baseline not in labels:
             data["baseline"] = None
         return build_suite(data)

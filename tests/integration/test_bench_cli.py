@@ -28,15 +28,20 @@ def test_tiny_suite_end_to_end_then_resume(tmp_path):
     out = tmp_path / "out"
     proc = bench("run", str(suite), "--out", str(out))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "[1/2] hl8/bsp/r0" in proc.stdout and "[2/2] hl8/hermes/r0" in proc.stdout
-    assert "ETA" in proc.stdout
+    # Every suite measures the fastest device alone too (issue 31): the third run.
+    assert "[1/3] hl8/bsp/r0" in proc.stdout and "[2/3] hl8/hermes/r0" in proc.stdout
+    assert "[3/3] hl8/alone/r0" in proc.stdout and "ETA" in proc.stdout
 
     results = json.loads((out / "results.json").read_text())
-    assert [r["key"] for r in results["runs"]] == ["hl8/bsp/r0", "hl8/hermes/r0"]
+    assert [r["key"] for r in results["runs"]] == ["hl8/bsp/r0", "hl8/hermes/r0", "hl8/alone/r0"]
     for r in results["runs"]:
         assert r["status"] == "ok", r
         on_disk = json.loads((out / r["run_dir"] / "summary.json").read_text())
-        assert r["summary"] == on_disk and on_disk["preset"] == r["preset"] and on_disk["clients"] == 2
+        assert r["summary"] == on_disk
+        if r["key"].endswith("/alone/r0"):  # one device, the DDP peer with one rank, at the profile's top speed
+            assert on_disk["clients"] == 1 and on_disk["preset"] == "ddp"
+        else:
+            assert on_disk["preset"] == r["preset"] and on_disk["clients"] == 2
     assert results["machine"]["cpu_count"] and results["versions"]["torch"]
 
     report = (out / "report.md").read_text()
@@ -56,7 +61,7 @@ def test_tiny_suite_end_to_end_then_resume(tmp_path):
     again = bench("run", str(suite), "--out", str(out))
     assert again.returncode == 0, again.stderr[-3000:]
     # Nothing re-run is told by the counts and the untouched summaries, not by the wall clock (issue 32).
-    assert "2 already finished" in again.stdout and "0 to run" in again.stdout
+    assert "3 already finished" in again.stdout and "0 to run" in again.stdout
     assert {p: p.stat().st_mtime for p in mtimes} == mtimes
 
     # The report re-renders from results.json alone.

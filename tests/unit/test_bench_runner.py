@@ -40,8 +40,9 @@ class FakeTestbed:
 
 
 def small_suite(**changes):
+    # The runner's mechanics on two variants: the fastest device alone, which every suite gets, left out here.
     return build_suite({"name": "t", "presets": ["bsp", "hermes"], "profiles": ["hl8"], "repeats": 2,
-                        "max_seconds": 5, **changes})
+                        "max_seconds": 5, "alone": False, **changes})
 
 
 def test_plan_interleaves_variants_within_each_repeat():
@@ -104,7 +105,7 @@ def test_a_variant_with_screening_off_starts_the_testbed_without_it(tmp_path):
     # Issue 29's defences' cost: the same preset with the server's update screening off, side by side.
     suite = build_suite({"name": "t", "variants": [{"label": "h", "preset": "hermes"},
                                                    {"label": "h-off", "preset": "hermes", "screening": False}],
-                         "baseline": None, "repeats": 1})
+                         "baseline": None, "repeats": 1, "alone": False})
     fake = FakeTestbed()
     execute(suite, tmp_path, launcher=fake)
     on, off = fake.calls
@@ -143,8 +144,8 @@ def test_suite_from_toml(tmp_path):
     f.write_text('presets = ["bsp", "hermes"]\nprofiles = ["hl4", "hl8"]\nrepeats = 3\nmax_seconds = 30\n'
                  '[overrides]\nbatch_size = 16\n')
     s = load_suite(f)
-    assert s.name == "mine" and [v.label for v in s.variants] == ["bsp", "hermes"]
-    assert s.overrides == {"batch_size": 16} and len(plan(s)) == 12
+    assert s.name == "mine" and [v.label for v in s.variants] == ["bsp", "hermes", "alone"]
+    assert s.overrides == {"batch_size": 16} and len(plan(s)) == 18
     f.write_text("repeats = [")
     with pytest.raises(SuiteError, match="not valid TOML"):
         load_suite(f)
@@ -197,3 +198,27 @@ def test_report_times_older_results_again_from_their_event_logs(tmp_path):
     assert results["runs"][0]["events"]["train_start_elapsed"] == 4.0
     assert results["runs"][1]["events"] == {"x": 1} and results["runs"][2]["events"] == {}
     assert refresh_events(tmp_path, results) == 0  # already current
+
+
+def test_every_suite_measures_the_fastest_device_alone(tmp_path):
+    """Issue 31: an ``alone`` baseline in every suite, the built-in ones and a user's file, unless it says
+    ``alone = false``; ``--variants`` keeps only what it names; the alone run is one device at the profile's
+    fastest speed times the suite's pace, no link."""
+    from hermes.deploy.bench.suites import BUILTIN, builtin_suite
+
+    for name in BUILTIN:
+        runners = {v.label: v.runner for v in builtin_suite(name).variants}
+        assert runners.get("alone") == "alone", name
+    f = tmp_path / "mine.toml"
+    f.write_text('presets = ["hermes"]\nbaseline = "hermes"\n')
+    assert [v.label for v in load_suite(f).variants] == ["hermes", "alone"]
+    f.write_text('presets = ["hermes"]\nbaseline = "hermes"\nalone = false\n')
+    assert [v.label for v in load_suite(f).variants] == ["hermes"]
+    suite = build_suite({"name": "t", "presets": ["bsp", "hermes"], "profiles": ["hl4"], "links": ["lte"],
+                         "pace": 2.0, "repeats": 1})
+    assert [v.label for v in suite.only_variants(["hermes"]).variants] == ["hermes"]
+    assert [v.label for v in suite.with_changes(repeats=2).variants] == ["bsp", "hermes", "alone"]
+    alone = next(s for s in plan(suite) if s.variant.label == "alone")
+    args = alone.testbed_args(suite, tmp_path)
+    at = {k: args[args.index(k) + 1] for k in ("--clients", "--profile", "--pace", "--peer")}
+    assert at == {"--clients": "1", "--profile": "hl1", "--pace": "2", "--peer": "ddp"} and "--link" not in args

@@ -111,7 +111,7 @@ def test_the_journal_check_names_what_was_lost(tmp_path, final, applied, journal
 def test_a_suite_takes_a_churn_spec_and_refuses_a_bad_one():
     suite = builtin_suite("churn")
     assert suite.churn and suite.clients == 8 and suite.profiles == ("hl8",)
-    assert len(suite.variants) == 15
+    assert len(suite.variants) == 16 and suite.variants[-1].label == "alone"  # 15 presets and the device alone
     with pytest.raises(SuiteError, match="churn"):
         build_suite({"name": "x", "presets": ["bsp"], "churn": "random:offline=2"})
     assert build_suite({"name": "x", "presets": ["bsp"]}).churn is None
